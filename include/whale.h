@@ -1,0 +1,182 @@
+/*
+ * whale.h — public interface of libwhale, the nanowhale.c engine.
+ *
+ * Conventions (SQLite style):
+ *   - every function that can fail returns a whale_code (0 = WHALE_OK) and,
+ *     on failure, fills the caller's whale_err with a one-line message that
+ *     names the file / tensor / field / argument and the problem;
+ *   - the library never calls exit() and keeps no global mutable state;
+ *   - objects are opaque and freed with their *_free function (NULL is fine).
+ */
+#ifndef WHALE_H
+#define WHALE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- errors */
+
+typedef enum {
+    WHALE_OK = 0,
+    WHALE_ERR_ARG = 1,         /* bad argument or option value */
+    WHALE_ERR_IO = 2,          /* cannot open / read / write a file */
+    WHALE_ERR_FORMAT = 3,      /* a file's content is malformed or lies */
+    WHALE_ERR_NOMEM = 4,       /* allocation failed */
+    WHALE_ERR_RANGE = 5,       /* value outside what the model supports (token id, position) */
+    WHALE_ERR_UNSUPPORTED = 6, /* valid input using a feature we do not implement */
+    WHALE_ERR_INTERNAL = 7     /* a bug or a failing backend (oneDNN) */
+} whale_code;
+
+#define WHALE_ERR_MSG_MAX 1024
+typedef struct {
+    whale_code code;
+    char msg[WHALE_ERR_MSG_MAX];
+} whale_err;
+
+/* Set err (if non-NULL) and return code. printf-style message, no newline. */
+whale_code whale_errf(whale_err *err, whale_code code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+const char *whale_code_name(whale_code code);
+/* Process exit status the CLI uses for an error code (see docs/cli.md). */
+int whale_exit_status(whale_code code);
+
+/* ---------------------------------------------------------------- dtypes */
+
+typedef enum {
+    WHALE_F32 = 0,
+    WHALE_F16,
+    WHALE_BF16,
+    WHALE_I8,
+    WHALE_U8,
+    WHALE_I32,
+    WHALE_I64,
+    WHALE_DTYPE_COUNT
+} whale_dtype;
+
+size_t whale_dtype_size(whale_dtype dt);
+/* safetensors spelling: "F32", "F16", "BF16", "I8", "U8", "I32", "I64" */
+const char *whale_dtype_name(whale_dtype dt);
+/* returns 0 and sets *dt, or -1 if the name is unknown */
+int whale_dtype_from_name(const char *name, whale_dtype *dt);
+
+/* ---------------------------------------------------------------- tensors */
+
+#define WHALE_MAX_DIMS 8
+typedef struct {
+    whale_dtype dtype;
+    int ndim;
+    int64_t shape[WHALE_MAX_DIMS];
+    void *data;
+} whale_tensor;
+
+int64_t whale_shape_numel(int ndim, const int64_t *shape);
+
+/* ---------------------------------------------------------------- threads */
+
+/* Number of threads for OpenMP regions and oneDNN (0 = all cores). */
+void whale_set_threads(int n);
+int whale_get_threads(void);
+
+/* ---------------------------------------------------------------- models */
+
+typedef struct whale_model whale_model;
+
+typedef enum { WHALE_FAMILY_NANOWHALE = 0, WHALE_FAMILY_COUNT } whale_family;
+
+/* Load a Hugging Face model directory (config.json + model.safetensors or
+ * model.safetensors.index.json). Loading is strict: every missing,
+ * unexpected or wrong-shape tensor is reported. */
+whale_code whale_model_load(const char *dir, whale_model **out, whale_err *err);
+
+/* Random initialisation. preset: "nanowhale-100m", "debug", "tiny", or a
+ * path to a config.json. Weights follow the family's reference init. */
+whale_code whale_model_init(const char *preset, uint64_t seed, whale_model **out, whale_err *err);
+
+/* Write config.json + model.safetensors into dir (created if missing); files
+ * are written to a temporary name, fsynced and renamed. */
+whale_code whale_model_save(const whale_model *m, const char *dir, whale_err *err);
+
+void whale_model_free(whale_model *m);
+
+whale_family whale_model_family(const whale_model *m);
+int whale_model_vocab_size(const whale_model *m);
+int whale_model_max_positions(const whale_model *m);
+int64_t whale_model_param_count(const whale_model *m);
+/* End-of-sequence ids from the config (at most cap written); returns count. */
+int whale_model_eos_ids(const whale_model *m, int32_t *ids, int cap);
+/* FLOPs of a forward pass of B×S new tokens after p0 cached positions with
+ * logits for logit_rows rows (2 per multiply-add; matrix products and attention). */
+double whale_model_forward_flops(const whale_model *m, int B, int S, int p0, int logit_rows);
+/* Weight bytes one decoding step must read (the bandwidth bound of decode). */
+double whale_model_decode_weight_bytes(const whale_model *m);
+/* Human-readable architecture summary (whale info). */
+void whale_model_print_info(const whale_model *m, FILE *f);
+
+/* Parameters by Hugging Face name, in state_dict order. */
+int whale_model_num_params(const whale_model *m);
+const char *whale_model_param_name(const whale_model *m, int i);
+whale_tensor whale_model_param(const whale_model *m, int i);
+
+/* ---------------------------------------------------------------- running */
+
+/* A session owns every buffer a forward pass needs, sized once for at most
+ * max_batch sequences of max_seq positions, plus the KV cache. Positions
+ * continue from the cache: forward() appends S positions to each sequence. */
+typedef struct whale_session whale_session;
+
+whale_code whale_session_new(whale_model *m, int max_batch, int max_seq,
+                             whale_session **out, whale_err *err);
+void whale_session_free(whale_session *s);
+/* Forget the KV cache (next forward starts at position 0). */
+void whale_session_reset(whale_session *s);
+int whale_session_cached(const whale_session *s);
+
+/* Run B sequences of S new tokens (ids [B*S], row-major). logits, if not
+ * NULL, receives [B, S, V] when all_logits, else [B, V] for the last
+ * position. Token ids are checked against the vocabulary. */
+whale_code whale_session_forward(whale_session *s, const int32_t *ids, int B, int S,
+                                 float *logits, int all_logits, whale_err *err);
+
+/* Mean shifted cross-entropy of logits [B,S,V] against ids [B,S] (targets
+ * are ids[:,1:]; an id of -100 is ignored). Returns the number of scored
+ * tokens in *count (loss is NaN when count is 0). */
+double whale_cross_entropy(const float *logits, const int32_t *ids, int B, int S, int V,
+                           int64_t *count);
+
+/* Intermediate-tensor tracing: when set, the model calls fn after each
+ * traced op with a name such as "layers.0.hc_attn.comb". Zero cost when
+ * unset. Used by tests against the reference and by numerics tools. */
+typedef void (*whale_trace_fn)(void *user, const char *name, const whale_tensor *t);
+void whale_session_set_trace(whale_session *s, whale_trace_fn fn, void *user);
+
+/* ---------------------------------------------------------------- sampling */
+
+typedef struct {
+    float temperature;    /* 0 = greedy */
+    int top_k;            /* 0 = off */
+    float top_p;          /* 1 = off */
+    float min_p;          /* 0 = off */
+    float repeat_penalty; /* 1 = off; HF semantics (divide positive, multiply negative) */
+    int repeat_last_n;    /* window of previous tokens penalised; -1 = all */
+    uint64_t seed;
+} whale_sampler_params;
+
+whale_sampler_params whale_sampler_defaults(void);
+
+typedef struct whale_sampler whale_sampler;
+whale_code whale_sampler_new(const whale_sampler_params *p, int vocab, whale_sampler **out,
+                             whale_err *err);
+void whale_sampler_free(whale_sampler *s);
+/* Pick the next token from logits [vocab] (modified in place). history holds
+ * the ids seen so far (prompt + generated) for the repetition penalty. */
+int32_t whale_sample(whale_sampler *s, float *logits, const int32_t *history, int n_history);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

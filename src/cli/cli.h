@@ -1,0 +1,28 @@
+/* Command-line front end: shared helpers for the subcommands. */
+#ifndef WHALE_CLI_H
+#define WHALE_CLI_H
+
+#include "whale.h"
+
+/* Report an error (one line on stderr, "whale: <message>") and return the
+ * exit status for it. */
+int cli_fail(const whale_err *err);
+/* Usage error: prints "whale CMD: message" + hint and returns 2. */
+int cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Option value parsing; each returns 0 or a usage error status. */
+int cli_int(const char *cmd, const char *opt, const char *val, long lo, long hi, long *out);
+int cli_float(const char *cmd, const char *opt, const char *val, double lo, double hi, double *out);
+/* argv[*i] is an option that takes a value: returns it and advances *i, or NULL. */
+const char *cli_value(int argc, char **argv, int *i);
+
+/* Parse "0,15,27" into ids (malloc'd). */
+int cli_parse_id_list(const char *cmd, const char *text, int32_t **ids, int *n);
+
+int cmd_info(int argc, char **argv);
+int cmd_init(int argc, char **argv);
+int cmd_score(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+#endif

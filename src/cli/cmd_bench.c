@@ -1,0 +1,133 @@
+/* whale bench: tokens/s and GFLOP/s of forward, prefill and decode, printed
+ * next to the ceiling this machine reaches (oneDNN f32 GEMM rate measured on
+ * the spot; for decode the weight bytes per token over the read bandwidth). */
+#include "cli/cli.h"
+
+#include "core/core.h"
+#include "kernels/gemm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static double gemm_ceiling(whale_err *err) {
+    whale_gemm *g;
+    if (whale_gemm_new(&g, err)) return 0;
+    double a = whale_gemm_measure_gflops(g, 1024, 1280, 320, 5);
+    double b = whale_gemm_measure_gflops(g, 1024, 320, 1280, 5);
+    whale_gemm_free(g);
+    return a > b ? a : b;
+}
+
+static void random_ids(int32_t *ids, size_t n, int vocab, whale_rng *r) {
+    for (size_t i = 0; i < n; i++) ids[i] = (int32_t)(whale_rng_u64(r) % (uint64_t)vocab);
+}
+
+int cmd_bench(int argc, char **argv) {
+    const char *dir = NULL, *preset = NULL, *what = "forward";
+    long batch = -1, seq = -1, context = 128, threads = 0, reps = 3, tokens = 32;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            puts("usage: whale bench (-m DIR | --preset NAME) --what forward|prefill|decode [options]\n"
+                 "  --batch B --seq-len T   forward shape (default 4 × 256; prefill: 1 × 512)\n"
+                 "  --context C             decode: tokens already in the KV cache (default 128)\n"
+                 "  --tokens N              decode: tokens to generate (default 32)\n"
+                 "  --reps R                repetitions, best reported (default 3)\n"
+                 "  --threads N             (default: all cores)\n"
+                 "prints one JSON line per measurement");
+            return 0;
+        }
+        if (!(v = cli_value(argc, argv, &i))) return cli_usage("bench", "%s needs a value", a);
+        int bad = 0;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
+        else if (!strcmp(a, "--preset")) preset = v;
+        else if (!strcmp(a, "--what")) what = v;
+        else if (!strcmp(a, "--batch")) bad = cli_int("bench", a, v, 1, 4096, &batch);
+        else if (!strcmp(a, "--seq-len")) bad = cli_int("bench", a, v, 1, 1 << 20, &seq);
+        else if (!strcmp(a, "--context")) bad = cli_int("bench", a, v, 1, 1 << 20, &context);
+        else if (!strcmp(a, "--tokens")) bad = cli_int("bench", a, v, 1, 1 << 20, &tokens);
+        else if (!strcmp(a, "--reps")) bad = cli_int("bench", a, v, 1, 1000, &reps);
+        else if (!strcmp(a, "--threads")) bad = cli_int("bench", a, v, 1, 1024, &threads);
+        else return cli_usage("bench", "unknown option \"%s\"", a);
+        if (bad) return bad;
+    }
+    if (!dir == !preset) return cli_usage("bench", "give exactly one of -m DIR or --preset NAME");
+    int mode = !strcmp(what, "forward") ? 0 : !strcmp(what, "prefill") ? 1 : !strcmp(what, "decode") ? 2 : -1;
+    if (mode < 0) return cli_usage("bench", "--what must be forward, prefill or decode, got \"%s\"", what);
+    if (batch < 0) batch = mode == 0 ? 4 : 1;
+    if (seq < 0) seq = mode == 0 ? 256 : 512;
+    if (mode != 0 && batch != 1) return cli_usage("bench", "--batch applies to --what forward only");
+    whale_set_threads((int)threads);
+
+    whale_err err;
+    whale_model *m;
+    if (dir ? whale_model_load(dir, &m, &err) : whale_model_init(preset, 0, &m, &err)) return cli_fail(&err);
+    int V = whale_model_vocab_size(m);
+    int ctx_total = mode == 2 ? (int)(context + tokens) : (int)seq;
+    whale_session *s = NULL;
+    int32_t *ids = NULL;
+    float *logits = NULL;
+    int status = 0;
+    size_t rows = mode == 0 ? (size_t)batch * seq : (size_t)batch;
+    ids = malloc(sizeof(int32_t) * (size_t)batch * (mode == 2 ? ctx_total : seq));
+    logits = whale_alloc(sizeof(float) * rows * V);
+    if (!ids || !logits) {
+        whale_errf(&err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of logits", rows * V * 4 / 1048576.0);
+        status = cli_fail(&err);
+        goto out;
+    }
+    if (whale_session_new(m, (int)batch, ctx_total, &s, &err)) {
+        status = cli_fail(&err);
+        goto out;
+    }
+    whale_rng rng;
+    whale_rng_seed(&rng, 1);
+    random_ids(ids, (size_t)batch * (mode == 2 ? ctx_total : seq), V, &rng);
+
+    double ceiling = gemm_ceiling(&err);
+    const char *label = dir ? dir : preset;
+    double best = 1e30;
+    for (int r = 0; r < reps + 1; r++) { /* first run warms caches and oneDNN primitives */
+        whale_session_reset(s);
+        double t0 = whale_now(), dt;
+        if (mode == 2) {
+            if (whale_session_forward(s, ids, 1, (int)context, logits, 0, &err)) goto fail;
+            t0 = whale_now();
+            for (int k = 0; k < tokens; k++)
+                if (whale_session_forward(s, ids + context + k, 1, 1, logits, 0, &err)) goto fail;
+        } else if (whale_session_forward(s, ids, (int)batch, (int)seq, logits, mode == 0, &err))
+            goto fail;
+        dt = whale_now() - t0;
+        if (r > 0 && dt < best) best = dt;
+    }
+    if (mode == 2) {
+        double flops = 0;
+        for (int k = 0; k < tokens; k++) flops += whale_model_forward_flops(m, 1, 1, (int)context + k, 1);
+        double bw = whale_measure_read_bandwidth((size_t)512 << 20, 3);
+        double bytes = whale_model_decode_weight_bytes(m);
+        double tps = tokens / best, bound = bw * 1e9 / bytes;
+        printf("{\"what\": \"decode\", \"model\": \"%s\", \"dtype\": \"f32\", \"threads\": %d, \"context\": %ld, "
+               "\"tokens\": %ld, \"tokens_per_s\": %.2f, \"gflops\": %.2f, \"weight_mb_per_token\": %.1f, "
+               "\"read_gb_s\": %.1f, \"bound_tokens_per_s\": %.1f, \"pct_of_bound\": %.1f}\n",
+               label, whale_get_threads(), context, tokens, tps, flops / best / 1e9, bytes / 1e6, bw, bound,
+               100 * tps / bound);
+    } else {
+        double flops = whale_model_forward_flops(m, (int)batch, (int)seq, 0, mode == 0 ? (int)(batch * seq) : (int)batch);
+        double gf = flops / best / 1e9;
+        printf("{\"what\": \"%s\", \"model\": \"%s\", \"dtype\": \"f32\", \"threads\": %d, \"batch\": %ld, "
+               "\"seq_len\": %ld, \"tokens_per_s\": %.1f, \"seconds\": %.4f, \"gflops\": %.1f, "
+               "\"ceiling_gflops\": %.1f, \"pct_of_ceiling\": %.1f}\n",
+               what, label, whale_get_threads(), batch, seq, batch * seq / best, best, gf, ceiling,
+               100 * gf / ceiling);
+    }
+    goto out;
+fail:
+    status = cli_fail(&err);
+out:
+    free(ids);
+    free(logits);
+    whale_session_free(s);
+    whale_model_free(m);
+    return status;
+}

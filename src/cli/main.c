@@ -1,0 +1,115 @@
+/* whale: the nanowhale.c command-line program. */
+#include "cli/cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char usage_text[] =
+    "usage: whale COMMAND [options]\n"
+    "\n"
+    "commands:\n"
+    "  info      -m DIR                        architecture, parameter counts, memory\n"
+    "  init      --preset NAME|FILE.json --out DIR [--seed N]   random weights, HF layout\n"
+    "  score     -m DIR --ids FILE [--logits-out FILE]          loss / perplexity of token ids\n"
+    "  generate  -m DIR --ids 0,15,27 [-n N] [sampling options] generate token ids\n"
+    "  bench     (-m DIR | --preset NAME) --what forward|prefill|decode   speed\n"
+    "\n"
+    "Run 'whale COMMAND --help' for a command's options. Exit status: 0 ok, 2 usage,\n"
+    "3 i/o, 4 malformed input, 5 out of range, 6 unsupported, 7 out of memory, 1 other.\n";
+
+int cli_fail(const whale_err *err) {
+    fprintf(stderr, "whale: %s\n", err->msg);
+    return whale_exit_status(err->code);
+}
+
+int cli_usage(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "whale %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, " (see 'whale %s --help')\n", cmd);
+    return 2;
+}
+
+int cli_int(const char *cmd, const char *opt, const char *val, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(val, &end, 10);
+    if (errno || end == val || *end || v < lo || v > hi)
+        return cli_usage(cmd, "%s expects an integer in [%ld, %ld], got \"%s\"", opt, lo, hi, val);
+    *out = v;
+    return 0;
+}
+
+int cli_float(const char *cmd, const char *opt, const char *val, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(val, &end);
+    if (errno || end == val || *end || !(v >= lo && v <= hi))
+        return cli_usage(cmd, "%s expects a number in [%g, %g], got \"%s\"", opt, lo, hi, val);
+    *out = v;
+    return 0;
+}
+
+const char *cli_value(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) return NULL;
+    return argv[++*i];
+}
+
+int cli_parse_id_list(const char *cmd, const char *text, int32_t **ids, int *n) {
+    int cap = 16, count = 0;
+    int32_t *out = malloc(sizeof(int32_t) * cap);
+    const char *p = text;
+    while (out) {
+        while (*p == ' ') p++;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < INT32_MIN || v > INT32_MAX) {
+            free(out);
+            return cli_usage(cmd, "--ids expects comma-separated integers, got \"%s\"", text);
+        }
+        if (count == cap) {
+            int32_t *grown = realloc(out, sizeof(int32_t) * (cap *= 2));
+            if (!grown) break;
+            out = grown;
+        }
+        out[count++] = (int32_t)v;
+        p = end;
+        while (*p == ' ') p++;
+        if (*p == 0) {
+            *ids = out;
+            *n = count;
+            return 0;
+        }
+        if (*p != ',') {
+            free(out);
+            return cli_usage(cmd, "--ids expects comma-separated integers, got \"%s\"", text);
+        }
+        p++;
+    }
+    free(out);
+    fprintf(stderr, "whale: out of memory\n");
+    return 7;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        fputs(usage_text, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    static const struct {
+        const char *name;
+        int (*fn)(int, char **);
+    } cmds[] = {{"info", cmd_info}, {"init", cmd_init}, {"score", cmd_score}, {"generate", cmd_generate}, {"bench", cmd_bench}};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "whale: unknown command \"%s\"\n%s", cmd, usage_text);
+    return 2;
+}

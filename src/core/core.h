@@ -1,0 +1,42 @@
+/* Internal helpers shared by every part of the library. */
+#ifndef WHALE_CORE_H
+#define WHALE_CORE_H
+
+#include "whale.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+
+/* 64-byte aligned allocation (AVX-512 rows, cache lines); free with free().
+ * Returns NULL on failure (or for 0 bytes). */
+void *whale_alloc(size_t bytes);
+void *whale_calloc(size_t bytes);
+
+/* Overflow-checked size arithmetic: returns 0 on overflow. */
+int whale_mul_size(size_t a, size_t b, size_t *out);
+
+/* ---- random numbers: splitmix64-seeded xoshiro256**, no global state ---- */
+typedef struct {
+    uint64_t s[4];
+} whale_rng;
+
+void whale_rng_seed(whale_rng *r, uint64_t seed);
+uint64_t whale_rng_u64(whale_rng *r);
+/* uniform in [0, 1) with 24 random bits (exactly representable in float) */
+float whale_rng_uniform(whale_rng *r);
+/* standard normal (Box–Muller in double, deterministic across runs) */
+double whale_rng_normal(whale_rng *r);
+
+/* ---- files ---- */
+/* Write a whole buffer to path via path.tmp, fsync, rename; no partial file
+ * is left behind on failure. */
+whale_code whale_write_file_atomic(const char *path, const void *data, size_t n, whale_err *err);
+/* Read a whole file (NUL-terminated for convenience). */
+whale_code whale_read_file(const char *path, char **data, size_t *n, whale_err *err);
+/* mkdir -p for one level (the directory itself); ok if it exists. */
+whale_code whale_mkdir(const char *dir, whale_err *err);
+
+/* Monotonic wall clock in seconds. */
+double whale_now(void);
+
+#endif

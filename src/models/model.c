@@ -1,0 +1,432 @@
+/* Family-independent model plumbing: the parameter table, strict binding of
+ * checkpoint tensors, loading, saving and config-field helpers. */
+#include "models/model.h"
+
+#include "core/core.h"
+#include "io/safetensors.h"
+#include "kernels/convert.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <string.h>
+#include <sys/stat.h>
+
+whale_param *whale_model_add_param(whale_model *m, int cap, float **slot, int decay, int used,
+                                   int ndim, const int64_t *shape, const char *fmt, ...) {
+    if (m->n_params >= cap) return NULL;
+    whale_param *p = &m->params[m->n_params++];
+    memset(p, 0, sizeof *p);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->name, sizeof p->name, fmt, ap);
+    va_end(ap);
+    p->ndim = ndim;
+    for (int i = 0; i < ndim; i++) p->shape[i] = shape[i];
+    p->slot = slot;
+    p->decay = decay;
+    p->used = used;
+    return p;
+}
+
+static int64_t param_numel(const whale_param *p) { return whale_shape_numel(p->ndim, p->shape); }
+
+whale_code whale_model_alloc_params(whale_model *m, whale_err *err) {
+    size_t total = 0;
+    for (int i = 0; i < m->n_params; i++) total += ((size_t)param_numel(&m->params[i]) + 15) & ~(size_t)15;
+    free(m->owned);
+    m->owned = whale_calloc(total * sizeof(float));
+    if (!m->owned && total)
+        return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %zu bytes of weights", total * 4);
+    size_t off = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        whale_param *p = &m->params[i];
+        p->data = m->owned + off;
+        *p->slot = p->data;
+        off += ((size_t)param_numel(p) + 15) & ~(size_t)15;
+    }
+    return WHALE_OK;
+}
+
+static void shape_str(char *buf, size_t cap, int ndim, const int64_t *shape) {
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < ndim && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? "," : "", (long long)shape[i]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+/* Appends "item" to a comma-separated list kept within a fixed budget. */
+static void list_add(char *buf, size_t cap, int *count, const char *item) {
+    size_t n = strlen(buf);
+    if (*count < 6 && n + strlen(item) + 3 < cap)
+        snprintf(buf + n, cap - n, "%s%s", *count ? ", " : "", item);
+    (*count)++;
+}
+
+static const char *strip_prefix(const char *name) {
+    static const char prefix[] = "_orig_mod.";
+    return strncmp(name, prefix, sizeof prefix - 1) == 0 ? name + sizeof prefix - 1 : name;
+}
+
+whale_code whale_model_bind(whale_model *m, whale_st *st, const char *path, whale_err *err) {
+    char missing[512] = "", unexpected[512] = "", badshape[512] = "", baddtype[512] = "";
+    int n_missing = 0, n_unexpected = 0, n_badshape = 0, n_baddtype = 0;
+    const whale_st_entry **found = calloc((size_t)m->n_params + 1, sizeof *found);
+    if (!found) return whale_errf(err, WHALE_ERR_NOMEM, "%s: out of memory", path);
+
+    /* Each checkpoint tensor must name exactly one parameter. */
+    for (int i = 0; i < whale_st_count(st); i++) {
+        const whale_st_entry *e = whale_st_at(st, i);
+        const char *name = strip_prefix(e->name);
+        int j;
+        for (j = 0; j < m->n_params; j++)
+            if (strcmp(m->params[j].name, name) == 0) break;
+        if (j == m->n_params) {
+            list_add(unexpected, sizeof unexpected, &n_unexpected, e->name);
+            continue;
+        }
+        if (found[j]) { /* "x" and "_orig_mod.x" both present */
+            list_add(unexpected, sizeof unexpected, &n_unexpected, e->name);
+            continue;
+        }
+        found[j] = e;
+        whale_param *p = &m->params[j];
+        int ok = e->ndim == p->ndim;
+        for (int d = 0; ok && d < p->ndim; d++) ok = e->shape[d] == p->shape[d];
+        if (!ok) {
+            char want[64], got[64], item[200];
+            shape_str(want, sizeof want, p->ndim, p->shape);
+            shape_str(got, sizeof got, e->ndim, e->shape);
+            snprintf(item, sizeof item, "%s is %s, expected %s", name, got, want);
+            list_add(badshape, sizeof badshape, &n_badshape, item);
+        }
+        if (e->dtype != WHALE_F32 && e->dtype != WHALE_BF16 && e->dtype != WHALE_F16) {
+            char item[160];
+            snprintf(item, sizeof item, "%s is %s", name, whale_dtype_name(e->dtype));
+            list_add(baddtype, sizeof baddtype, &n_baddtype, item);
+        }
+    }
+    for (int j = 0; j < m->n_params; j++)
+        if (!found[j]) list_add(missing, sizeof missing, &n_missing, m->params[j].name);
+
+    if (n_missing || n_unexpected || n_badshape || n_baddtype) {
+        char msg[WHALE_ERR_MSG_MAX];
+        size_t n = (size_t)snprintf(msg, sizeof msg, "%s: checkpoint does not match config:", path);
+#define PART(cnt, what, list)                                                                  \
+    if (cnt && n < sizeof msg)                                                                 \
+        n += (size_t)snprintf(msg + n, sizeof msg - n, " %d %s (%s%s);", cnt, what, list,       \
+                              cnt > 6 ? ", ..." : "");
+        PART(n_missing, "missing", missing)
+        PART(n_unexpected, "unexpected", unexpected)
+        PART(n_badshape, "wrong shape", badshape)
+        PART(n_baddtype, "not a float dtype", baddtype)
+#undef PART
+        free(found);
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s", msg);
+    }
+
+    /* Zero-copy for aligned F32; everything else is converted into one buffer. */
+    size_t owned = 0;
+    for (int j = 0; j < m->n_params; j++) {
+        const whale_st_entry *e = found[j];
+        if (e->dtype != WHALE_F32 || ((uintptr_t)e->data & 3))
+            owned += ((size_t)param_numel(&m->params[j]) + 15) & ~(size_t)15;
+    }
+    free(m->owned);
+    m->owned = NULL;
+    if (owned) {
+        m->owned = whale_alloc(owned * sizeof(float));
+        if (!m->owned) {
+            free(found);
+            return whale_errf(err, WHALE_ERR_NOMEM, "%s: cannot allocate %zu bytes to convert weights",
+                              path, owned * 4);
+        }
+    }
+    size_t off = 0;
+    for (int j = 0; j < m->n_params; j++) {
+        whale_param *p = &m->params[j];
+        const whale_st_entry *e = found[j];
+        size_t n = (size_t)param_numel(p);
+        if (e->dtype == WHALE_F32 && !((uintptr_t)e->data & 3)) {
+            p->data = (float *)e->data; /* read-only mapping: never written */
+        } else {
+            p->data = m->owned + off;
+            off += (n + 15) & ~(size_t)15;
+            if (e->dtype == WHALE_F32) memcpy(p->data, e->data, n * 4);
+            else if (e->dtype == WHALE_BF16) whale_bf16_to_f32(p->data, e->data, n);
+            else whale_f16_to_f32(p->data, e->data, n);
+        }
+        *p->slot = p->data;
+    }
+    free(found);
+    return WHALE_OK;
+}
+
+/* ------------------------------------------------------------ JSON fields */
+
+static whale_code json_number(const cJSON *obj, const char *key, int required, const cJSON **out,
+                              const char *file, whale_err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    *out = NULL;
+    if (!v || cJSON_IsNull(v)) {
+        if (required) return whale_errf(err, WHALE_ERR_FORMAT, "%s: missing required field \"%s\"", file, key);
+        return WHALE_OK;
+    }
+    if (!cJSON_IsNumber(v))
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: field \"%s\" must be a number", file, key);
+    *out = v;
+    return WHALE_OK;
+}
+
+whale_code whale_json_int(const cJSON *obj, const char *key, int required, long long def,
+                          long long lo, long long hi, long long *out, const char *file,
+                          whale_err *err) {
+    const cJSON *v;
+    whale_code c = json_number(obj, key, required, &v, file, err);
+    if (c) return c;
+    if (!v) {
+        *out = def;
+        return WHALE_OK;
+    }
+    double d = v->valuedouble;
+    if (d != floor(d))
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: field \"%s\" must be an integer, got %g", file, key, d);
+    if (d < (double)lo || d > (double)hi)
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: field \"%s\" = %g is out of range [%lld, %lld]",
+                          file, key, d, lo, hi);
+    *out = (long long)d;
+    return WHALE_OK;
+}
+
+whale_code whale_json_float(const cJSON *obj, const char *key, int required, double def, double lo,
+                            double hi, double *out, const char *file, whale_err *err) {
+    const cJSON *v;
+    whale_code c = json_number(obj, key, required, &v, file, err);
+    if (c) return c;
+    double d = v ? v->valuedouble : def;
+    if (!(d >= lo && d <= hi))
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: field \"%s\" = %g is out of range [%g, %g]", file,
+                          key, d, lo, hi);
+    *out = d;
+    return WHALE_OK;
+}
+
+whale_code whale_json_bool(const cJSON *obj, const char *key, int def, int *out, const char *file,
+                           whale_err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v || cJSON_IsNull(v)) {
+        *out = def;
+        return WHALE_OK;
+    }
+    if (!cJSON_IsBool(v))
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: field \"%s\" must be true or false", file, key);
+    *out = cJSON_IsTrue(v);
+    return WHALE_OK;
+}
+
+/* ------------------------------------------------------------ public API */
+
+static whale_code parse_json_file(const char *path, cJSON **out, whale_err *err) {
+    char *text;
+    size_t n;
+    whale_code c = whale_read_file(path, &text, &n, err);
+    if (c) return c;
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(text, n + 1, &end, 1); /* text is NUL-terminated */
+    if (!j) {
+        size_t off = end && end >= text ? (size_t)(end - text) : 0;
+        free(text);
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: invalid JSON near byte %zu", path, off);
+    }
+    free(text);
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: top level must be a JSON object", path);
+    }
+    *out = j;
+    return WHALE_OK;
+}
+
+static whale_code model_from_config(const cJSON *cfg, const char *file, whale_model **out, whale_err *err) {
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(cfg, "model_type");
+    if (!cJSON_IsString(mt))
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: missing \"model_type\"", file);
+    if (strcmp(mt->valuestring, "deepseek_v4") == 0) return nanowhale_from_config(cfg, file, out, err);
+    return whale_errf(err, WHALE_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not supported (supported: deepseek_v4)",
+                      file, mt->valuestring);
+}
+
+whale_code whale_model_load(const char *dir, whale_model **out, whale_err *err) {
+    *out = NULL;
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return whale_errf(err, WHALE_ERR_IO, "%s: not a model directory", dir);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    cJSON *cfg;
+    whale_code c = parse_json_file(path, &cfg, err);
+    if (c) return c;
+    whale_model *m;
+    c = model_from_config(cfg, path, &m, err);
+    cJSON_Delete(cfg);
+    if (c) return c;
+    whale_st *st;
+    c = whale_st_open_dir(dir, &st, err);
+    if (c) {
+        whale_model_free(m);
+        return c;
+    }
+    c = whale_model_bind(m, st, whale_st_count(st) ? whale_st_at(st, 0)->file : dir, err);
+    if (c) {
+        whale_st_close(st);
+        whale_model_free(m);
+        return c;
+    }
+    m->source = st;
+    *out = m;
+    return WHALE_OK;
+}
+
+whale_code whale_model_init(const char *preset, uint64_t seed, whale_model **out, whale_err *err) {
+    *out = NULL;
+    cJSON *cfg;
+    whale_code c;
+    const char *file = preset;
+    size_t n = strlen(preset);
+    if (n > 5 && strcmp(preset + n - 5, ".json") == 0) c = parse_json_file(preset, &cfg, err);
+    else {
+        c = nanowhale_preset_config(preset, &cfg, err);
+        file = preset;
+    }
+    if (c) return c;
+    whale_model *m;
+    c = model_from_config(cfg, file, &m, err);
+    cJSON_Delete(cfg);
+    if (c) return c;
+    if ((c = whale_model_alloc_params(m, err)) || (c = nanowhale_init_weights(m, seed, err))) {
+        whale_model_free(m);
+        return c;
+    }
+    *out = m;
+    return WHALE_OK;
+}
+
+whale_code whale_model_save(const whale_model *m, const char *dir, whale_err *err) {
+    whale_code c = whale_mkdir(dir, err);
+    if (c) return c;
+    cJSON *cfg;
+    if ((c = m->ops->config_to_json(m, &cfg, err))) return c;
+    char *text = cJSON_Print(cfg);
+    cJSON_Delete(cfg);
+    if (!text) return whale_errf(err, WHALE_ERR_NOMEM, "%s: cannot render config.json", dir);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t tn = strlen(text);
+    char *withnl = malloc(tn + 2);
+    if (!withnl) {
+        free(text);
+        return whale_errf(err, WHALE_ERR_NOMEM, "%s: out of memory", path);
+    }
+    memcpy(withnl, text, tn);
+    withnl[tn] = '\n';
+    free(text);
+    c = whale_write_file_atomic(path, withnl, tn + 1, err);
+    free(withnl);
+    if (c) return c;
+
+    whale_st_item *items = calloc((size_t)m->n_params, sizeof *items);
+    if (!items) return whale_errf(err, WHALE_ERR_NOMEM, "%s: out of memory", dir);
+    for (int i = 0; i < m->n_params; i++) {
+        const whale_param *p = &m->params[i];
+        items[i] = (whale_st_item){p->name, WHALE_F32, p->ndim, p->shape, p->data};
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    c = whale_st_write(path, items, m->n_params, NULL, err);
+    free(items);
+    return c;
+}
+
+void whale_model_free(whale_model *m) {
+    if (!m) return;
+    if (m->ops && m->ops->free_impl) m->ops->free_impl(m);
+    free(m->params);
+    free(m->owned);
+    if (m->source) whale_st_close(m->source);
+    free(m);
+}
+
+whale_family whale_model_family(const whale_model *m) { return m->family; }
+int whale_model_vocab_size(const whale_model *m) { return m->vocab_size; }
+int whale_model_max_positions(const whale_model *m) { return m->max_positions; }
+int whale_model_num_params(const whale_model *m) { return m->n_params; }
+const char *whale_model_param_name(const whale_model *m, int i) { return m->params[i].name; }
+
+int64_t whale_model_param_count(const whale_model *m) {
+    int64_t n = 0;
+    for (int i = 0; i < m->n_params; i++) n += param_numel(&m->params[i]);
+    return n;
+}
+
+whale_tensor whale_model_param(const whale_model *m, int i) {
+    whale_tensor t = {.dtype = WHALE_F32, .ndim = m->params[i].ndim, .data = m->params[i].data};
+    for (int d = 0; d < t.ndim; d++) t.shape[d] = m->params[i].shape[d];
+    return t;
+}
+
+int whale_model_eos_ids(const whale_model *m, int32_t *ids, int cap) {
+    int n = m->n_eos < cap ? m->n_eos : cap;
+    for (int i = 0; i < n; i++) ids[i] = m->eos_ids[i];
+    return n;
+}
+
+void whale_model_print_info(const whale_model *m, FILE *f) { m->ops->print_info(m, f); }
+
+double whale_model_forward_flops(const whale_model *m, int B, int S, int p0, int logit_rows) {
+    return m->ops->forward_flops(m, B, S, p0, logit_rows);
+}
+
+double whale_model_decode_weight_bytes(const whale_model *m) { return m->ops->decode_weight_bytes(m); }
+
+/* ------------------------------------------------------------ sessions */
+
+whale_code whale_session_new(whale_model *m, int max_batch, int max_seq, whale_session **out,
+                             whale_err *err) {
+    *out = NULL;
+    if (max_batch < 1) return whale_errf(err, WHALE_ERR_ARG, "batch size must be >= 1, got %d", max_batch);
+    if (max_seq < 1) return whale_errf(err, WHALE_ERR_ARG, "sequence length must be >= 1, got %d", max_seq);
+    if (max_seq > m->max_positions)
+        return whale_errf(err, WHALE_ERR_RANGE,
+                          "sequence length %d exceeds the model's max_position_embeddings %d", max_seq,
+                          m->max_positions);
+    return m->ops->session_new(m, max_batch, max_seq, out, err);
+}
+
+void whale_session_free(whale_session *s) {
+    if (s) s->free_fn(s);
+}
+
+void whale_session_reset(whale_session *s) { s->cached = 0; }
+int whale_session_cached(const whale_session *s) { return s->cached; }
+
+void whale_session_set_trace(whale_session *s, whale_trace_fn fn, void *user) {
+    s->trace = fn;
+    s->trace_user = user;
+}
+
+whale_code whale_session_forward(whale_session *s, const int32_t *ids, int B, int S, float *logits,
+                                 int all_logits, whale_err *err) {
+    const whale_model *m = s->model;
+    if (B < 1 || B > s->max_batch)
+        return whale_errf(err, WHALE_ERR_ARG, "batch %d outside the session's 1..%d", B, s->max_batch);
+    if (S < 1) return whale_errf(err, WHALE_ERR_ARG, "need at least one token per sequence");
+    if (s->cached + S > s->max_seq)
+        return whale_errf(err, WHALE_ERR_RANGE,
+                          "position %d exceeds the session's context of %d (max_position_embeddings %d)",
+                          s->cached + S - 1, s->max_seq, m->max_positions);
+    for (long i = 0; i < (long)B * S; i++)
+        if (ids[i] < 0 || ids[i] >= m->vocab_size)
+            return whale_errf(err, WHALE_ERR_RANGE, "token id %d at index %ld is outside the vocabulary [0, %d)",
+                              ids[i], i, m->vocab_size);
+    whale_code c = s->forward_fn(s, ids, B, S, logits, all_logits, err);
+    if (c == WHALE_OK) s->cached += S;
+    return c;
+}

@@ -1,0 +1,723 @@
+/*
+ * nanowhale: the DeepSeek-V4-style architecture of nanowhale-100m.
+ *
+ *   X0 = [E[tok]] × M streams                      (hyper-connection state)
+ *   per block:  y,post,comb = HC_pre(X; attn)      X = HC_post(Attn(norm(y)), X, post, comb)
+ *               y,post,comb = HC_pre(X; ffn)       X = HC_post(MoE(norm(y)),  X, post, comb)
+ *   head:       h = HC_head(X); logits = lm_head(norm(h))
+ *
+ * Attention: low-rank q (wq_a → q_norm → wq_b → per-head RMS), one shared
+ * key/value head (wkv → kv_norm, used as both K and V), half-split RoPE on
+ * the last R dims rotated by −angle, output de-rotated at the query position,
+ * block-diagonal grouped wo_a, then wo_b.
+ * MoE: sqrt(softplus) gate, bias for selection only, top-K normalised and
+ * scaled, SwiGLU experts accumulated in ascending expert order, plus one
+ * shared expert. Section numbers (§) refer to docs/architecture.md.
+ */
+#include "models/nanowhale.h"
+
+#include "core/core.h"
+#include "kernels/gemm.h"
+#include "kernels/hc.h"
+#include "kernels/ops.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ config */
+
+static whale_code parse_config(const cJSON *j, const char *file, nw_config *c, whale_err *err) {
+    long long v;
+    double d;
+    whale_code e;
+#define INT_FIELD(key, req, def, lo, hi, dst)                                              \
+    if ((e = whale_json_int(j, key, req, def, lo, hi, &v, file, err))) return e;            \
+    dst = (int)v;
+#define FLOAT_FIELD(key, req, def, lo, hi, dst)                                            \
+    if ((e = whale_json_float(j, key, req, def, lo, hi, &d, file, err))) return e;          \
+    dst = (float)d;
+    const int BIG = 1 << 24;
+    INT_FIELD("vocab_size", 1, 0, 1, BIG, c->vocab)
+    INT_FIELD("hidden_size", 1, 0, 1, 65536, c->D)
+    INT_FIELD("num_hidden_layers", 1, 0, 1, 1024, c->L)
+    INT_FIELD("num_attention_heads", 1, 0, 1, 1024, c->H)
+    INT_FIELD("head_dim", 1, 0, 1, 4096, c->Dh)
+    INT_FIELD("qk_rope_head_dim", 1, 0, 0, 4096, c->R)
+    INT_FIELD("q_lora_rank", 1, 0, 1, 65536, c->Q)
+    INT_FIELD("o_groups", 1, 0, 1, 1024, c->G)
+    INT_FIELD("o_lora_rank", 1, 0, 1, 65536, c->Ro)
+    INT_FIELD("moe_intermediate_size", 1, 0, 1, 1 << 20, c->F)
+    INT_FIELD("n_routed_experts", 1, 0, 1, 4096, c->E)
+    INT_FIELD("num_experts_per_tok", 1, 0, 1, 4096, c->K)
+    INT_FIELD("hc_mult", 1, 0, 1, 64, c->M)
+    INT_FIELD("hc_sinkhorn_iters", 0, 20, 1, 1000, c->sinkhorn_iters)
+    INT_FIELD("num_hash_layers", 0, 0, 0, 1024, c->num_hash_layers)
+    INT_FIELD("max_position_embeddings", 1, 0, 1, 1 << 20, c->max_pos)
+    FLOAT_FIELD("hc_eps", 0, 1e-6, 0, 1, c->hc_eps)
+    FLOAT_FIELD("rms_norm_eps", 0, 1e-6, 0, 1, c->norm_eps)
+    FLOAT_FIELD("rope_theta", 0, 10000.0, 1e-6, 1e30, c->rope_theta)
+    FLOAT_FIELD("routed_scaling_factor", 0, 1.0, 0, 1e6, c->route_scale)
+    FLOAT_FIELD("swiglu_limit", 0, 0.0, 0, 1e30, c->swiglu_limit)
+    FLOAT_FIELD("initializer_range", 0, 0.02, 0, 10, c->init_range)
+#undef INT_FIELD
+#undef FLOAT_FIELD
+    if ((e = whale_json_bool(j, "tie_word_embeddings", 0, &c->tie_embeddings, file, err))) return e;
+
+    const cJSON *sf = cJSON_GetObjectItemCaseSensitive(j, "scoring_func");
+    c->scoring = NW_SCORE_SQRTSOFTPLUS;
+    if (sf && !cJSON_IsNull(sf)) {
+        if (!cJSON_IsString(sf)) return whale_errf(err, WHALE_ERR_FORMAT, "%s: field \"scoring_func\" must be a string", file);
+        if (strcmp(sf->valuestring, "sqrtsoftplus") == 0) c->scoring = NW_SCORE_SQRTSOFTPLUS;
+        else if (strcmp(sf->valuestring, "softmax") == 0) c->scoring = NW_SCORE_SOFTMAX;
+        else if (strcmp(sf->valuestring, "sigmoid") == 0) c->scoring = NW_SCORE_SIGMOID;
+        else
+            return whale_errf(err, WHALE_ERR_UNSUPPORTED,
+                              "%s: field \"scoring_func\" = \"%s\" is not supported (sqrtsoftplus, softmax, sigmoid)",
+                              file, sf->valuestring);
+    }
+    /* Cross-field consistency: each message names the fields involved. */
+    if (c->R > c->Dh || c->R % 2)
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: qk_rope_head_dim (%d) must be even and at most head_dim (%d)",
+                          file, c->R, c->Dh);
+    if ((c->H * c->Dh) % c->G || c->H % c->G)
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: num_attention_heads (%d) must be divisible by o_groups (%d)",
+                          file, c->H, c->G);
+    if (c->K > c->E)
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: num_experts_per_tok (%d) exceeds n_routed_experts (%d)", file,
+                          c->K, c->E);
+    if (c->num_hash_layers > c->L)
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: num_hash_layers (%d) exceeds num_hidden_layers (%d)", file,
+                          c->num_hash_layers, c->L);
+    if ((int64_t)c->vocab * c->D > ((int64_t)1 << 34))
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: vocab_size × hidden_size is implausibly large", file);
+    c->mix = (2 + c->M) * c->M;
+    return WHALE_OK;
+}
+
+/* Presets: the 100m model and the debug model of the original project, a
+ * tiny model for fast tests and a small one for the training demo. */
+static const struct preset {
+    const char *name;
+    int vocab, D, L, H, Dh, R, Q, G, Ro, F, E, K, M, sinkhorn, max_pos;
+} presets[] = {
+    {"nanowhale-100m", 129280, 320, 8, 8, 96, 32, 160, 2, 80, 640, 4, 2, 4, 2, 2048},
+    {"debug", 129280, 64, 2, 4, 32, 16, 32, 2, 16, 128, 4, 2, 4, 5, 512},
+    {"tiny", 512, 64, 2, 4, 32, 16, 32, 2, 16, 96, 4, 2, 4, 3, 128},
+};
+
+whale_code nanowhale_preset_config(const char *name, cJSON **out, whale_err *err) {
+    const struct preset *p = NULL;
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (strcmp(presets[i].name, name) == 0) p = &presets[i];
+    if (!p)
+        return whale_errf(err, WHALE_ERR_ARG,
+                          "unknown preset \"%s\" (nanowhale-100m, debug, tiny, or a config .json file)", name);
+    cJSON *j = cJSON_CreateObject();
+    cJSON *arch = cJSON_AddArrayToObject(j, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString("DeepseekV4ForCausalLM"));
+    cJSON_AddStringToObject(j, "model_type", "deepseek_v4");
+    cJSON_AddNumberToObject(j, "vocab_size", p->vocab);
+    cJSON_AddNumberToObject(j, "hidden_size", p->D);
+    cJSON_AddNumberToObject(j, "num_hidden_layers", p->L);
+    cJSON_AddNumberToObject(j, "num_attention_heads", p->H);
+    cJSON_AddNumberToObject(j, "num_key_value_heads", 1);
+    cJSON_AddNumberToObject(j, "head_dim", p->Dh);
+    cJSON_AddNumberToObject(j, "qk_rope_head_dim", p->R);
+    cJSON_AddNumberToObject(j, "nope_head_dim", p->Dh - p->R);
+    cJSON_AddNumberToObject(j, "q_lora_rank", p->Q);
+    cJSON_AddNumberToObject(j, "o_groups", p->G);
+    cJSON_AddNumberToObject(j, "o_lora_rank", p->Ro);
+    cJSON_AddNumberToObject(j, "moe_intermediate_size", p->F);
+    cJSON_AddNumberToObject(j, "n_routed_experts", p->E);
+    cJSON_AddNumberToObject(j, "n_shared_experts", 1);
+    cJSON_AddNumberToObject(j, "num_experts_per_tok", p->K);
+    cJSON_AddNumberToObject(j, "hc_mult", p->M);
+    cJSON_AddNumberToObject(j, "hc_sinkhorn_iters", p->sinkhorn);
+    cJSON_AddNumberToObject(j, "hc_eps", 1e-6);
+    cJSON_AddNumberToObject(j, "num_hash_layers", 0);
+    cJSON_AddNumberToObject(j, "swiglu_limit", 0.0);
+    cJSON_AddStringToObject(j, "scoring_func", "sqrtsoftplus");
+    cJSON_AddNumberToObject(j, "routed_scaling_factor", 1.5);
+    cJSON_AddStringToObject(j, "topk_method", "noaux_tc");
+    cJSON_AddTrueToObject(j, "norm_topk_prob");
+    cJSON_AddNumberToObject(j, "max_position_embeddings", p->max_pos);
+    cJSON_AddNumberToObject(j, "rms_norm_eps", 1e-6);
+    cJSON_AddNumberToObject(j, "rope_theta", 10000.0);
+    cJSON_AddNumberToObject(j, "initializer_range", 0.02);
+    cJSON_AddFalseToObject(j, "tie_word_embeddings");
+    cJSON_AddFalseToObject(j, "attention_bias");
+    cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
+    cJSON *cr = cJSON_AddArrayToObject(j, "compress_ratios");
+    for (int i = 0; i <= p->L; i++) cJSON_AddItemToArray(cr, cJSON_CreateNumber(0));
+    cJSON_AddStringToObject(j, "hidden_act", "silu");
+    cJSON_AddNumberToObject(j, "bos_token_id", 0);
+    cJSON_AddNumberToObject(j, "eos_token_id", 1);
+    cJSON_AddStringToObject(j, "dtype", "float32");
+    *out = j;
+    return WHALE_OK;
+}
+
+/* ------------------------------------------------------------------ params */
+
+static whale_code register_params(whale_model *m, nw_model *nw, whale_err *err) {
+    const nw_config *c = &nw->c;
+    int cap = 6 + c->L * (16 + 3 * c->E + 5) + 4;
+    m->params = calloc((size_t)cap, sizeof *m->params);
+    nw->layers = calloc((size_t)c->L, sizeof *nw->layers);
+    nw->expert_ptrs = calloc((size_t)c->L * 3 * c->E, sizeof(float *));
+    if (!m->params || !nw->layers || !nw->expert_ptrs)
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory building the parameter table");
+    int64_t D = c->D, MD = (int64_t)c->M * c->D, mix = c->mix;
+#define P(slot, decay, used, ...) whale_model_add_param(m, cap, slot, decay, used, __VA_ARGS__)
+#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
+    P(&nw->hc_head_fn, 1, 1, 2, SHAPE(c->M, MD), "model.hc_head_fn");
+    P(&nw->hc_head_base, 1, 1, 1, SHAPE(c->M), "model.hc_head_base");
+    P(&nw->hc_head_scale, 1, 1, 1, SHAPE(1), "model.hc_head_scale");
+    P(&nw->embed, 1, 1, 2, SHAPE(c->vocab, D), "model.embed_tokens.weight");
+    for (int l = 0; l < c->L; l++) {
+        nw_layer *ly = &nw->layers[l];
+        ly->w1 = nw->expert_ptrs + (size_t)l * 3 * c->E;
+        ly->w2 = ly->w1 + c->E;
+        ly->w3 = ly->w2 + c->E;
+        const char *pre = "model.layers";
+        P(&ly->hc_attn_fn, 1, 1, 2, SHAPE(mix, MD), "%s.%d.hc_attn_fn", pre, l);
+        P(&ly->hc_ffn_fn, 1, 1, 2, SHAPE(mix, MD), "%s.%d.hc_ffn_fn", pre, l);
+        P(&ly->hc_attn_base, 1, 1, 1, SHAPE(mix), "%s.%d.hc_attn_base", pre, l);
+        P(&ly->hc_ffn_base, 1, 1, 1, SHAPE(mix), "%s.%d.hc_ffn_base", pre, l);
+        P(&ly->hc_attn_scale, 1, 1, 1, SHAPE(3), "%s.%d.hc_attn_scale", pre, l);
+        P(&ly->hc_ffn_scale, 1, 1, 1, SHAPE(3), "%s.%d.hc_ffn_scale", pre, l);
+        P(&ly->attn_sink, 1, 0, 1, SHAPE(c->H), "%s.%d.attn.attn_sink", pre, l);
+        P(&ly->wq_a, 1, 1, 2, SHAPE(c->Q, D), "%s.%d.attn.wq_a.weight", pre, l);
+        P(&ly->q_norm, 0, 1, 1, SHAPE(c->Q), "%s.%d.attn.q_norm.weight", pre, l);
+        P(&ly->wq_b, 1, 1, 2, SHAPE((int64_t)c->H * c->Dh, c->Q), "%s.%d.attn.wq_b.weight", pre, l);
+        P(&ly->wkv, 1, 1, 2, SHAPE(c->Dh, D), "%s.%d.attn.wkv.weight", pre, l);
+        P(&ly->kv_norm, 0, 1, 1, SHAPE(c->Dh), "%s.%d.attn.kv_norm.weight", pre, l);
+        P(&ly->wo_a, 1, 1, 2, SHAPE((int64_t)c->G * c->Ro, (int64_t)c->H * c->Dh / c->G), "%s.%d.attn.wo_a.weight", pre, l);
+        P(&ly->wo_b, 1, 1, 2, SHAPE(D, (int64_t)c->G * c->Ro), "%s.%d.attn.wo_b.weight", pre, l);
+        P(&ly->gate_w, 1, 1, 2, SHAPE(c->E, D), "%s.%d.ffn.gate.weight", pre, l);
+        if (l >= c->num_hash_layers) P(&ly->gate_b, 0, 1, 1, SHAPE(c->E), "%s.%d.ffn.gate.bias", pre, l);
+        for (int e = 0; e < c->E; e++) {
+            P(&ly->w1[e], 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.experts.%d.w1.weight", pre, l, e);
+            P(&ly->w2[e], 1, 1, 2, SHAPE(D, c->F), "%s.%d.ffn.experts.%d.w2.weight", pre, l, e);
+            P(&ly->w3[e], 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.experts.%d.w3.weight", pre, l, e);
+        }
+        P(&ly->sw1, 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.shared_expert.w1.weight", pre, l);
+        P(&ly->sw2, 1, 1, 2, SHAPE(D, c->F), "%s.%d.ffn.shared_expert.w2.weight", pre, l);
+        P(&ly->sw3, 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.shared_expert.w3.weight", pre, l);
+        P(&ly->attn_norm, 0, 1, 1, SHAPE(D), "%s.%d.attn_norm.weight", pre, l);
+        P(&ly->ffn_norm, 0, 1, 1, SHAPE(D), "%s.%d.ffn_norm.weight", pre, l);
+    }
+    P(&nw->norm, 0, 1, 1, SHAPE(D), "model.norm.weight");
+    if (!c->tie_embeddings) P(&nw->lm_head, 1, 1, 2, SHAPE(c->vocab, D), "lm_head.weight");
+#undef P
+#undef SHAPE
+    return WHALE_OK;
+}
+
+static void nw_free_impl(whale_model *m) {
+    nw_model *nw = m->impl;
+    if (!nw) return;
+    cJSON_Delete(nw->config_json);
+    free(nw->layers);
+    free(nw->expert_ptrs);
+    free(nw->rope_cos);
+    free(nw->rope_sin);
+    free(nw);
+}
+
+static whale_code nw_config_to_json(const whale_model *m, cJSON **out, whale_err *err) {
+    const nw_model *nw = m->impl;
+    *out = cJSON_Duplicate(nw->config_json, 1);
+    return *out ? WHALE_OK : whale_errf(err, WHALE_ERR_NOMEM, "out of memory copying config");
+}
+
+/* Spec §5 distributions: Normal(0, initializer_range) for linears, embeddings
+ * and the gate; Normal(0, 0.01) for HC fn matrices; ones for norm weights and
+ * HC scales; zeros for HC bases, gate bias and attn_sink. */
+whale_code nanowhale_init_weights(whale_model *m, uint64_t seed, whale_err *err) {
+    nw_model *nw = m->impl;
+    whale_rng rng;
+    whale_rng_seed(&rng, seed);
+    for (int i = 0; i < m->n_params; i++) {
+        whale_param *p = &m->params[i];
+        int64_t n = whale_shape_numel(p->ndim, p->shape);
+        const char *name = p->name;
+        size_t len = strlen(name);
+        float fill = NAN, std = nw->c.init_range;
+        if (strstr(name, "norm.weight") || strstr(name, "_scale")) fill = 1.0f;
+        else if (strstr(name, "_base") || strstr(name, "gate.bias") || strstr(name, "attn_sink")) fill = 0.0f;
+        else if (len >= 3 && strcmp(name + len - 3, "_fn") == 0) std = 0.01f;
+        if (!isnan(fill))
+            for (int64_t k = 0; k < n; k++) p->data[k] = fill;
+        else
+            for (int64_t k = 0; k < n; k++) p->data[k] = (float)(whale_rng_normal(&rng) * std);
+    }
+    return WHALE_OK;
+}
+
+/* ------------------------------------------------------------------ info */
+
+/* 110369621 -> "110,369,621" */
+static const char *fmt_count(char *buf, int64_t v) {
+    char tmp[32];
+    int n = snprintf(tmp, sizeof tmp, "%lld", (long long)v), o = 0;
+    for (int i = 0; i < n; i++) {
+        if (i && tmp[i - 1] != '-' && (n - i) % 3 == 0) buf[o++] = ',';
+        buf[o++] = tmp[i];
+    }
+    buf[o] = 0;
+    return buf;
+}
+
+static void nw_print_info(const whale_model *m, FILE *f) {
+    const nw_model *nw = m->impl;
+    const nw_config *c = &nw->c;
+    int64_t g_embed = 0, g_attn = 0, g_gate = 0, g_routed = 0, g_shared = 0, g_norm = 0, g_hc = 0, g_head = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const whale_param *p = &m->params[i];
+        int64_t n = whale_shape_numel(p->ndim, p->shape);
+        const char *s = p->name;
+        if (strstr(s, "embed_tokens")) g_embed += n;
+        else if (strcmp(s, "lm_head.weight") == 0) g_head += n;
+        else if (strstr(s, "hc_")) g_hc += n;
+        else if (strstr(s, ".experts.")) g_routed += n;
+        else if (strstr(s, "shared_expert")) g_shared += n;
+        else if (strstr(s, "ffn.gate")) g_gate += n;
+        else if (strstr(s, "attn_norm") || strstr(s, "ffn_norm") || strcmp(s, "model.norm.weight") == 0) g_norm += n;
+        else g_attn += n; /* attention projections, q/kv norms, attn_sink */
+    }
+    int64_t total = whale_model_param_count(m);
+    int64_t active = total - g_embed - g_routed + g_routed / c->E * c->K;
+    fprintf(f, "architecture      nanowhale (DeepSeek-V4 style, model_type deepseek_v4)\n");
+    fprintf(f, "layers            %d, hidden %d, heads %d × %d (rope %d, nope %d), one shared K=V head\n", c->L,
+            c->D, c->H, c->Dh, c->R, c->Dh - c->R);
+    fprintf(f, "low-rank q / out  q_lora_rank %d; o_groups %d × o_lora_rank %d\n", c->Q, c->G, c->Ro);
+    fprintf(f, "moe               %d routed experts, top-%d, + 1 shared; intermediate %d; scoring %s; scale %g\n",
+            c->E, c->K, c->F,
+            c->scoring == NW_SCORE_SQRTSOFTPLUS ? "sqrtsoftplus" : c->scoring == NW_SCORE_SOFTMAX ? "softmax" : "sigmoid",
+            (double)c->route_scale);
+    fprintf(f, "hyper-connections %d streams, %d Sinkhorn iterations, eps %g\n", c->M, c->sinkhorn_iters,
+            (double)c->hc_eps);
+    fprintf(f, "vocab             %d; max positions %d; rope theta %g; rms eps %g; lm_head %s\n", c->vocab,
+            c->max_pos, (double)c->rope_theta, (double)c->norm_eps, c->tie_embeddings ? "tied" : "untied");
+    char nb[32];
+    fprintf(f, "parameters        %s total\n", fmt_count(nb, total));
+    fprintf(f, "  embeddings      %s\n", fmt_count(nb, g_embed));
+    fprintf(f, "  attention       %s\n", fmt_count(nb, g_attn));
+    fprintf(f, "  gate            %s\n", fmt_count(nb, g_gate));
+    fprintf(f, "  routed experts  %s\n", fmt_count(nb, g_routed));
+    fprintf(f, "  shared experts  %s\n", fmt_count(nb, g_shared));
+    fprintf(f, "  norms           %s\n", fmt_count(nb, g_norm));
+    fprintf(f, "  hyper-conn.     %s\n", fmt_count(nb, g_hc));
+    fprintf(f, "  lm_head         %s\n", fmt_count(nb, g_head));
+    fprintf(f, "  used per token  %s (all but the embedding table and unselected experts)\n", fmt_count(nb, active));
+    fprintf(f, "weights memory    fp32 %.1f MiB, bf16/fp16 %.1f MiB, int8 %.1f MiB\n", total * 4 / 1048576.0,
+            total * 2 / 1048576.0, total / 1048576.0);
+    fprintf(f, "unused tensors    attn.attn_sink (%d layers): loaded, never read by the forward pass\n", c->L);
+    fprintf(f, "no gradient       ffn.gate.bias: used only to select experts\n");
+    fprintf(f, "inert config      num_key_value_heads, n_shared_experts, sliding_window, compress_ratios,\n"
+               "                  index_*, num_nextn_predict_layers, rope_scaling, hidden_act: accepted, ignored\n");
+}
+
+/* ------------------------------------------------------------------ session */
+
+typedef struct {
+    whale_session base;
+    whale_gemm *gemm;
+    int T;               /* max tokens per forward = max_batch × max_seq */
+    int32_t *pos;        /* [T] */
+    float *X, *X2;       /* [T, M, D] hyper-connection state (ping-pong) */
+    float *rstd;         /* [T] */
+    float *mix;          /* [T, mix] */
+    float *pre, *post;   /* [T, M] */
+    float *comb;         /* [T, M, M] */
+    float *y, *yn;       /* [T, D] */
+    float *qlat;         /* [T, Q] */
+    float *q, *att;      /* [T, H·Dh] */
+    float *kv;           /* [T, Dh] */
+    float *z;            /* [T, G·Ro] */
+    float *out;          /* [T, D] sub-layer output */
+    float *glog;         /* [T, E] */
+    int32_t *topk;       /* [T, K] */
+    float *topw;         /* [T, K] */
+    int32_t *ex_tok;     /* [T] tokens routed to the current expert */
+    float *ex_w;         /* [T] their routing weights */
+    float *ex_in;        /* [T, D] */
+    float *h1, *h3;      /* [T, F] */
+    float *ex_out;       /* [T, D] */
+    float *last;         /* [max_batch, D] last-position rows for logits */
+    float *att_work;
+    float *kcache;       /* [L, max_batch, max_seq, Dh] rotated kv (K = V) */
+} nw_session;
+
+static whale_code nw_forward(whale_session *base, const int32_t *ids, int B, int S, float *logits,
+                             int all_logits, whale_err *err);
+
+static void nw_session_free(whale_session *base) {
+    nw_session *s = (nw_session *)base;
+    whale_gemm_free(s->gemm);
+    float **bufs[] = {&s->X, &s->X2, &s->rstd, &s->mix, &s->pre, &s->post, &s->comb, &s->y, &s->yn,
+                      &s->qlat, &s->q, &s->att, &s->kv, &s->z, &s->out, &s->glog, &s->topw, &s->ex_w,
+                      &s->ex_in, &s->h1, &s->h3, &s->ex_out, &s->last, &s->att_work, &s->kcache};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(*bufs[i]);
+    free(s->pos);
+    free(s->topk);
+    free(s->ex_tok);
+    free(s);
+}
+
+static whale_code nw_session_new(whale_model *m, int max_batch, int max_seq, whale_session **out,
+                                 whale_err *err) {
+    const nw_config *c = &((nw_model *)m->impl)->c;
+    nw_session *s = calloc(1, sizeof *s);
+    if (!s) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory creating a session");
+    s->base.model = m;
+    s->base.max_batch = max_batch;
+    s->base.max_seq = max_seq;
+    s->base.free_fn = nw_session_free;
+    s->base.forward_fn = nw_forward;
+    size_t T = (size_t)max_batch * max_seq;
+    s->T = (int)T;
+    whale_code e = whale_gemm_new(&s->gemm, err);
+    if (e) {
+        free(s);
+        return e;
+    }
+    size_t HD = (size_t)c->H * c->Dh, MD = (size_t)c->M * c->D;
+    struct {
+        float **p;
+        size_t n;
+    } bufs[] = {
+        {&s->X, T * MD}, {&s->X2, T * MD}, {&s->rstd, T}, {&s->mix, T * c->mix}, {&s->pre, T * c->M},
+        {&s->post, T * c->M}, {&s->comb, T * c->M * c->M}, {&s->y, T * c->D}, {&s->yn, T * c->D},
+        {&s->qlat, T * c->Q}, {&s->q, T * HD}, {&s->att, T * HD}, {&s->kv, T * c->Dh},
+        {&s->z, T * c->G * c->Ro}, {&s->out, T * c->D}, {&s->glog, T * c->E}, {&s->topw, T * c->K},
+        {&s->ex_w, T}, {&s->ex_in, T * c->D}, {&s->h1, T * c->F}, {&s->h3, T * c->F},
+        {&s->ex_out, T * c->D}, {&s->last, (size_t)max_batch * c->D},
+        {&s->att_work, k_attention_work_floats(max_seq, c->H)},
+        {&s->kcache, (size_t)c->L * max_batch * max_seq * c->Dh},
+    };
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        *bufs[i].p = whale_alloc(bufs[i].n * sizeof(float));
+        total += bufs[i].n * sizeof(float);
+        if (!*bufs[i].p) {
+            nw_session_free(&s->base);
+            return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of activations for batch %d × %d",
+                              total / 1048576.0, max_batch, max_seq);
+        }
+    }
+    s->pos = malloc(T * sizeof(int32_t));
+    s->topk = malloc(T * c->K * sizeof(int32_t));
+    s->ex_tok = malloc(T * sizeof(int32_t));
+    if (!s->pos || !s->topk || !s->ex_tok) {
+        nw_session_free(&s->base);
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory creating a session");
+    }
+    *out = &s->base;
+    return WHALE_OK;
+}
+
+/* ------------------------------------------------------------------ forward */
+
+static void trace(nw_session *s, whale_dtype dt, void *data, int ndim, const int64_t *shape, const char *fmt,
+                  ...) __attribute__((format(printf, 6, 7)));
+static void trace(nw_session *s, whale_dtype dt, void *data, int ndim, const int64_t *shape, const char *fmt,
+                  ...) {
+    char name[128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    whale_tensor t = {.dtype = dt, .ndim = ndim, .data = data};
+    for (int i = 0; i < ndim; i++) t.shape[i] = shape[i];
+    s->base.trace(s->base.trace_user, name, &t);
+}
+#define TRACE(dt, data, ndim, shape, ...) \
+    do {                                 \
+        if (s->base.trace) trace(s, dt, data, ndim, (const int64_t[])shape, __VA_ARGS__); \
+    } while (0)
+#define DIMS(...) {__VA_ARGS__}
+
+/* HC_pre (§3.5): y = Σ_m pre_m X_m with pre/post/comb from the normalised mixes. */
+static whale_code hc_pre(nw_session *s, const nw_config *c, int T, const float *fn, const float *scale,
+                         const float *base, whale_err *err) {
+    int MD = c->M * c->D;
+    k_hc_rstd(s->rstd, s->X, T, MD, c->norm_eps);
+    whale_code e = whale_gemm_nt(s->gemm, T, c->mix, MD, s->X, MD, fn, MD, s->mix, c->mix, 0, err);
+    if (e) return e;
+#pragma omp parallel for schedule(static) if (T > 64)
+    for (int t = 0; t < T; t++) {
+        float *mx = s->mix + (size_t)t * c->mix;
+        for (int i = 0; i < c->mix; i++) mx[i] *= s->rstd[t];
+        k_hc_coeffs(mx, scale, base, c->M, c->sinkhorn_iters, c->hc_eps, s->pre + (size_t)t * c->M,
+                    s->post + (size_t)t * c->M, s->comb + (size_t)t * c->M * c->M);
+    }
+    k_hc_reduce(s->y, s->X, s->pre, T, c->M, c->D);
+    return WHALE_OK;
+}
+
+/* HC_post (§3.6): new state from the sub-layer output, then swap buffers. */
+static void hc_post(nw_session *s, const nw_config *c, int T) {
+    k_hc_expand(s->X2, s->out, s->X, s->post, s->comb, T, c->M, c->D);
+    float *t = s->X;
+    s->X = s->X2;
+    s->X2 = t;
+}
+
+/* Attention (§3.7) of yn [T, D] into out [T, D]; appends K=V to the cache. */
+static whale_code attention(nw_session *s, const nw_model *nw, const nw_layer *ly, int l, int B, int S,
+                            whale_err *err) {
+    const nw_config *c = &nw->c;
+    whale_gemm *g = s->gemm;
+    int T = B * S, HD = c->H * c->Dh, p0 = s->base.cached, gin = HD / c->G;
+    whale_code e;
+    if ((e = whale_gemm_nt(g, T, c->Q, c->D, s->yn, c->D, ly->wq_a, c->D, s->qlat, c->Q, 0, err))) return e;
+    k_rmsnorm(s->qlat, s->qlat, ly->q_norm, T, c->Q, c->norm_eps, NULL);
+    if ((e = whale_gemm_nt(g, T, HD, c->Q, s->qlat, c->Q, ly->wq_b, c->Q, s->q, HD, 0, err))) return e;
+    k_rmsnorm(s->q, s->q, NULL, (long)T * c->H, c->Dh, c->norm_eps, NULL); /* per head, no weight */
+    if ((e = whale_gemm_nt(g, T, c->Dh, c->D, s->yn, c->D, ly->wkv, c->D, s->kv, c->Dh, 0, err))) return e;
+    k_rmsnorm(s->kv, s->kv, ly->kv_norm, T, c->Dh, c->norm_eps, NULL);
+    k_rope(s->q, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
+    k_rope(s->kv, T, c->Dh, 1, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
+
+    size_t seq_stride = (size_t)s->base.max_seq * c->Dh;
+    float *layer_cache = s->kcache + (size_t)l * s->base.max_batch * seq_stride;
+    float scale = 1.0f / sqrtf((float)c->Dh);
+    for (int b = 0; b < B; b++) {
+        float *kc = layer_cache + b * seq_stride;
+        memcpy(kc + (size_t)p0 * c->Dh, s->kv + (size_t)b * S * c->Dh, sizeof(float) * S * c->Dh);
+        if ((e = k_attention(g, s->att + (size_t)b * S * HD, s->q + (size_t)b * S * HD, kc, kc, c->Dh, S, p0,
+                             c->H, 1, c->Dh, scale, s->att_work, err)))
+            return e;
+    }
+    k_rope(s->att, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 1); /* de-rotate */
+    /* grouped low-rank output: group g maps its heads' H·Dh/G values to Ro */
+    for (int gi = 0; gi < c->G; gi++)
+        if ((e = whale_gemm_nt(g, T, c->Ro, gin, s->att + (size_t)gi * gin, HD, ly->wo_a + (size_t)gi * c->Ro * gin,
+                               gin, s->z + (size_t)gi * c->Ro, c->G * c->Ro, 0, err)))
+            return e;
+    return whale_gemm_nt(g, T, c->D, c->G * c->Ro, s->z, c->G * c->Ro, ly->wo_b, c->G * c->Ro, s->out, c->D, 0, err);
+}
+
+/* Gate (§3.8): scores s = f(l); top-K by s + bias; weights from unbiased s. */
+static void gate_route(const nw_config *c, const float *logit, const float *bias, int32_t *idx, float *w) {
+    float sc[64], sel[64];
+    int E = c->E;
+    if (c->scoring == NW_SCORE_SOFTMAX) {
+        float mx = -INFINITY, sum = 0;
+        for (int e = 0; e < E; e++) mx = fmaxf(mx, logit[e]);
+        for (int e = 0; e < E; e++) sum += (sc[e] = expf(logit[e] - mx));
+        for (int e = 0; e < E; e++) sc[e] /= sum;
+    } else {
+        for (int e = 0; e < E; e++) {
+            float x = logit[e];
+            if (c->scoring == NW_SCORE_SIGMOID) sc[e] = 1.0f / (1.0f + expf(-x));
+            else sc[e] = sqrtf(x > 20.0f ? x : log1pf(expf(x))); /* softplus with PyTorch's threshold */
+        }
+    }
+    for (int e = 0; e < E; e++) sel[e] = bias ? sc[e] + bias[e] : sc[e];
+    for (int k = 0; k < c->K; k++) { /* descending; ties go to the lower index */
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if (sel[e] > -INFINITY && (best < 0 || sel[e] > sel[best])) best = e;
+        if (best < 0) best = 0;
+        idx[k] = best;
+        sel[best] = -INFINITY;
+    }
+    float sum = 0;
+    for (int k = 0; k < c->K; k++) sum += (w[k] = sc[idx[k]]);
+    for (int k = 0; k < c->K; k++) {
+        if (c->scoring != NW_SCORE_SOFTMAX) w[k] = w[k] / (sum + 1e-20f);
+        w[k] = w[k] * c->route_scale;
+    }
+}
+
+static whale_code swiglu_expert(nw_session *s, const nw_config *c, int n, const float *x, const float *w1,
+                                const float *w2, const float *w3, float limit, float *out, whale_err *err) {
+    whale_code e;
+    if ((e = whale_gemm_nt(s->gemm, n, c->F, c->D, x, c->D, w1, c->D, s->h1, c->F, 0, err))) return e;
+    if ((e = whale_gemm_nt(s->gemm, n, c->F, c->D, x, c->D, w3, c->D, s->h3, c->F, 0, err))) return e;
+    k_swiglu(s->h1, s->h3, (long)n * c->F, limit);
+    return whale_gemm_nt(s->gemm, n, c->D, c->F, s->h1, c->F, w2, c->F, out, c->D, 0, err);
+}
+
+/* MoE (§3.8) of yn [T, D] into out [T, D]. */
+static whale_code moe(nw_session *s, const nw_config *c, const nw_layer *ly, int l, int T, whale_err *err) {
+    whale_code e;
+    if ((e = whale_gemm_nt(s->gemm, T, c->E, c->D, s->yn, c->D, ly->gate_w, c->D, s->glog, c->E, 0, err))) return e;
+    for (int t = 0; t < T; t++)
+        gate_route(c, s->glog + (size_t)t * c->E, ly->gate_b, s->topk + (size_t)t * c->K, s->topw + (size_t)t * c->K);
+    TRACE(WHALE_I32, s->topk, 2, DIMS(T, c->K), "layers.%d.ffn.topk_idx", l);
+    TRACE(WHALE_F32, s->topw, 2, DIMS(T, c->K), "layers.%d.ffn.topk_weight", l);
+
+    memset(s->out, 0, sizeof(float) * (size_t)T * c->D);
+    for (int ex = 0; ex < c->E; ex++) { /* ascending expert index: the reference's summation order */
+        int n = 0;
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < c->K; k++)
+                if (s->topk[(size_t)t * c->K + k] == ex) {
+                    s->ex_tok[n] = t;
+                    s->ex_w[n] = s->topw[(size_t)t * c->K + k];
+                    memcpy(s->ex_in + (size_t)n * c->D, s->yn + (size_t)t * c->D, sizeof(float) * c->D);
+                    n++;
+                }
+        if (!n) continue;
+        if ((e = swiglu_expert(s, c, n, s->ex_in, ly->w1[ex], ly->w2[ex], ly->w3[ex], c->swiglu_limit, s->ex_out, err)))
+            return e;
+#pragma omp parallel for schedule(static) if (n > 64)
+        for (int i = 0; i < n; i++) {
+            float *o = s->out + (size_t)s->ex_tok[i] * c->D;
+            const float *r = s->ex_out + (size_t)i * c->D;
+            for (int d = 0; d < c->D; d++) o[d] += s->ex_w[i] * r[d];
+        }
+    }
+    if ((e = swiglu_expert(s, c, T, s->yn, ly->sw1, ly->sw2, ly->sw3, 0.0f, s->ex_out, err))) return e;
+    for (size_t i = 0; i < (size_t)T * c->D; i++) s->out[i] += s->ex_out[i];
+    return WHALE_OK;
+}
+
+static whale_code nw_forward(whale_session *base, const int32_t *ids, int B, int S, float *logits,
+                             int all_logits, whale_err *err) {
+    nw_session *s = (nw_session *)base;
+    const nw_model *nw = base->model->impl;
+    const nw_config *c = &nw->c;
+    int T = B * S, D = c->D, M = c->M;
+    whale_code e;
+
+    for (int t = 0; t < T; t++) {
+        s->pos[t] = base->cached + t % S;
+        const float *row = nw->embed + (size_t)ids[t] * D;
+        for (int m = 0; m < M; m++) memcpy(s->X + ((size_t)t * M + m) * D, row, sizeof(float) * D);
+    }
+
+    for (int l = 0; l < c->L; l++) {
+        const nw_layer *ly = &nw->layers[l];
+        if ((e = hc_pre(s, c, T, ly->hc_attn_fn, ly->hc_attn_scale, ly->hc_attn_base, err))) return e;
+        TRACE(WHALE_F32, s->pre, 2, DIMS(T, M), "layers.%d.hc_attn.pre", l);
+        TRACE(WHALE_F32, s->post, 2, DIMS(T, M), "layers.%d.hc_attn.post", l);
+        TRACE(WHALE_F32, s->comb, 3, DIMS(T, M, M), "layers.%d.hc_attn.comb", l);
+        k_rmsnorm(s->yn, s->y, ly->attn_norm, T, D, c->norm_eps, NULL);
+        if ((e = attention(s, nw, ly, l, B, S, err))) return e;
+        TRACE(WHALE_F32, s->out, 2, DIMS(T, D), "layers.%d.attn.out", l);
+        hc_post(s, c, T);
+
+        if ((e = hc_pre(s, c, T, ly->hc_ffn_fn, ly->hc_ffn_scale, ly->hc_ffn_base, err))) return e;
+        TRACE(WHALE_F32, s->pre, 2, DIMS(T, M), "layers.%d.hc_ffn.pre", l);
+        TRACE(WHALE_F32, s->post, 2, DIMS(T, M), "layers.%d.hc_ffn.post", l);
+        TRACE(WHALE_F32, s->comb, 3, DIMS(T, M, M), "layers.%d.hc_ffn.comb", l);
+        k_rmsnorm(s->yn, s->y, ly->ffn_norm, T, D, c->norm_eps, NULL);
+        if ((e = moe(s, c, ly, l, T, err))) return e;
+        TRACE(WHALE_F32, s->out, 2, DIMS(T, D), "layers.%d.ffn.out", l);
+        hc_post(s, c, T);
+    }
+
+    /* HC head (§3.9): sigmoid reduction of the streams, final norm, lm_head. */
+    int MD = M * D;
+    k_hc_rstd(s->rstd, s->X, T, MD, c->norm_eps);
+    if ((e = whale_gemm_nt(s->gemm, T, M, MD, s->X, MD, nw->hc_head_fn, MD, s->mix, M, 0, err))) return e;
+    for (int t = 0; t < T; t++) {
+        float *mx = s->mix + (size_t)t * M;
+        for (int m = 0; m < M; m++) mx[m] *= s->rstd[t];
+        k_hc_head_coeffs(mx, nw->hc_head_scale, nw->hc_head_base, M, c->hc_eps, s->pre + (size_t)t * M);
+    }
+    k_hc_reduce(s->y, s->X, s->pre, T, M, D);
+    k_rmsnorm(s->yn, s->y, nw->norm, T, D, c->norm_eps, NULL);
+    TRACE(WHALE_F32, s->yn, 2, DIMS(T, D), "final_hidden");
+    if (!logits) return WHALE_OK;
+    const float *head = c->tie_embeddings ? nw->embed : nw->lm_head;
+    if (all_logits) return whale_gemm_nt(s->gemm, T, c->vocab, D, s->yn, D, head, D, logits, c->vocab, 0, err);
+    for (int b = 0; b < B; b++) memcpy(s->last + (size_t)b * D, s->yn + ((size_t)b * S + S - 1) * D, sizeof(float) * D);
+    return whale_gemm_nt(s->gemm, B, c->vocab, D, s->last, D, head, D, logits, c->vocab, 0, err);
+}
+
+/* ------------------------------------------------------------------ costs */
+
+/* Weights every token multiplies with (per layer): HC mixes, attention
+ * projections, gate, K routed experts and the shared expert. */
+static double layer_macs_per_token(const nw_config *c) {
+    double HD = (double)c->H * c->Dh;
+    double hc = 2.0 * c->mix * c->M * c->D;
+    double attn = (double)c->D * c->Q + (double)c->Q * HD + (double)c->D * c->Dh + HD * c->Ro + (double)c->G * c->Ro * c->D;
+    double moe = (double)c->E * c->D + (c->K + 1) * 3.0 * c->D * c->F;
+    return hc + attn + moe;
+}
+
+static double nw_forward_flops(const whale_model *m, int B, int S, int p0, int logit_rows) {
+    const nw_config *c = &((const nw_model *)m->impl)->c;
+    double T = (double)B * S;
+    /* causal attention: query s sees p0+s+1 keys; QK^T and PV both 2·Dh per key per head */
+    double keys = (double)B * ((double)S * p0 + (double)S * (S + 1) / 2.0);
+    double attn = 4.0 * keys * c->H * c->Dh * c->L;
+    double head = 2.0 * c->M * c->M * c->D * T + 2.0 * (double)logit_rows * c->vocab * c->D;
+    return 2.0 * T * layer_macs_per_token(c) * c->L + attn + head;
+}
+
+static double nw_decode_weight_bytes(const whale_model *m) {
+    const nw_config *c = &((const nw_model *)m->impl)->c;
+    return 4.0 * (layer_macs_per_token(c) * c->L + (double)c->M * c->M * c->D + (double)c->vocab * c->D);
+}
+
+/* ------------------------------------------------------------------ entry */
+
+static const whale_model_ops nw_ops = {
+    .family_name = "nanowhale",
+    .free_impl = nw_free_impl,
+    .config_to_json = nw_config_to_json,
+    .print_info = nw_print_info,
+    .session_new = nw_session_new,
+    .forward_flops = nw_forward_flops,
+    .decode_weight_bytes = nw_decode_weight_bytes,
+};
+
+whale_code nanowhale_from_config(const cJSON *cfg, const char *file, whale_model **out, whale_err *err) {
+    *out = NULL;
+    whale_model *m = calloc(1, sizeof *m);
+    nw_model *nw = calloc(1, sizeof *nw);
+    if (!m || !nw) {
+        free(m);
+        free(nw);
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    }
+    m->family = WHALE_FAMILY_NANOWHALE;
+    m->ops = &nw_ops;
+    m->impl = nw;
+    whale_code e = parse_config(cfg, file, &nw->c, err);
+    if (e) {
+        whale_model_free(m);
+        return e;
+    }
+    const nw_config *c = &nw->c;
+    nw->config_json = cJSON_Duplicate(cfg, 1);
+    size_t rn = (size_t)c->max_pos * (c->R / 2 ? c->R / 2 : 1);
+    nw->rope_cos = whale_alloc(rn * sizeof(float));
+    nw->rope_sin = whale_alloc(rn * sizeof(float));
+    if (!nw->config_json || !nw->rope_cos || !nw->rope_sin) {
+        whale_model_free(m);
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    }
+    k_rope_table(nw->rope_cos, nw->rope_sin, c->max_pos, c->R, c->rope_theta);
+    if ((e = register_params(m, nw, err))) {
+        whale_model_free(m);
+        return e;
+    }
+    m->vocab_size = c->vocab;
+    m->max_positions = c->max_pos;
+    /* eos_token_id may be a number or a list */
+    const cJSON *eos = cJSON_GetObjectItemCaseSensitive(cfg, "eos_token_id");
+    if (cJSON_IsNumber(eos)) m->eos_ids[m->n_eos++] = (int32_t)eos->valuedouble;
+    else if (cJSON_IsArray(eos)) {
+        const cJSON *it;
+        cJSON_ArrayForEach(it, eos) if (cJSON_IsNumber(it) && m->n_eos < 8) m->eos_ids[m->n_eos++] = (int32_t)it->valuedouble;
+    }
+    for (int i = 0; i < m->n_eos; i++)
+        if (m->eos_ids[i] < 0 || m->eos_ids[i] >= c->vocab) {
+            int bad = m->eos_ids[i];
+            whale_model_free(m);
+            return whale_errf(err, WHALE_ERR_FORMAT, "%s: eos_token_id %d is outside the vocabulary [0, %d)", file, bad,
+                              c->vocab);
+        }
+    *out = m;
+    return WHALE_OK;
+}
