@@ -251,10 +251,7 @@ int cmd_generate(int argc, char **argv) {
     int st = cli_parse_id_list("generate", ids_text, &prompt, &n_prompt);
     if (st) return st;
     whale_set_threads((int)threads);
-    if (seed < 0) {
-        seed = (long)time(NULL);
-        fprintf(stderr, "whale: seed %ld\n", seed);
-    }
+    if (seed < 0) seed = (long)time(NULL); /* reported with the timings */
 
     whale_err err;
     whale_model *m = NULL;
@@ -333,8 +330,8 @@ int cmd_generate(int argc, char **argv) {
     }
     printf("\n");
     double t_gen = whale_now() - t1;
-    fprintf(stderr, "whale: prompt %d tokens in %.1f ms (%.1f tokens/s); generated %d tokens in %.1f ms (%.1f tokens/s)\n",
-            n_prompt, t_prompt * 1e3, n_prompt / (t_prompt > 0 ? t_prompt : 1e-9), produced, t_gen * 1e3,
+    fprintf(stderr, "whale: seed %ld; prompt %d tokens in %.1f ms (%.1f tokens/s); generated %d tokens in %.1f ms (%.1f tokens/s)\n",
+            seed, n_prompt, t_prompt * 1e3, n_prompt / (t_prompt > 0 ? t_prompt : 1e-9), produced, t_gen * 1e3,
             produced > 1 ? (produced - 1) / t_gen : 0.0);
 out:
     free(prompt);

@@ -99,9 +99,13 @@ int cli_parse_id_list(const char *cmd, const char *text, int32_t **ids, int *n) 
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
-        fputs(usage_text, argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+    if (argc < 2) {
+        fprintf(stderr, "usage: whale COMMAND [options] (commands: info init score generate bench; see 'whale --help')\n");
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        fputs(usage_text, stdout);
+        return 0;
     }
     const char *cmd = argv[1];
     static const struct {
@@ -110,6 +114,6 @@ int main(int argc, char **argv) {
     } cmds[] = {{"info", cmd_info}, {"init", cmd_init}, {"score", cmd_score}, {"generate", cmd_generate}, {"bench", cmd_bench}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "whale: unknown command \"%s\"\n%s", cmd, usage_text);
+    fprintf(stderr, "whale: unknown command \"%s\" (see 'whale --help')\n", cmd);
     return 2;
 }

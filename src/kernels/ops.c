@@ -61,6 +61,54 @@ void k_swiglu(float *g, const float *u, long n, float limit) {
     }
 }
 
+void k_gate_route(int scoring, int E, int K, float scale, const float *logit, const float *bias, int32_t *idx,
+                  float *w) {
+    float sc[256], sel[256];
+    if (E > 256) E = 256; /* configs are validated to at most 256 experts */
+    if (scoring == NW_SCORE_SOFTMAX) {
+        float mx = -INFINITY, sum = 0;
+        for (int e = 0; e < E; e++) mx = fmaxf(mx, logit[e]);
+        for (int e = 0; e < E; e++) sum += (sc[e] = expf(logit[e] - mx));
+        for (int e = 0; e < E; e++) sc[e] /= sum;
+    } else {
+        for (int e = 0; e < E; e++) {
+            float x = logit[e];
+            if (scoring == NW_SCORE_SIGMOID) sc[e] = 1.0f / (1.0f + expf(-x));
+            else sc[e] = sqrtf(x > 20.0f ? x : log1pf(expf(x)));
+        }
+    }
+    for (int e = 0; e < E; e++) sel[e] = bias ? sc[e] + bias[e] : sc[e];
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if (sel[e] > -INFINITY && (best < 0 || sel[e] > sel[best])) best = e;
+        if (best < 0) /* NaN scores: keep going deterministically, the NaN shows up downstream */
+            for (int e = 0; e < E && best < 0; e++) {
+                int taken = 0;
+                for (int k2 = 0; k2 < k; k2++) taken |= idx[k2] == e;
+                if (!taken) best = e;
+            }
+        idx[k] = best;
+        sel[best] = -INFINITY;
+    }
+    float sum = 0;
+    for (int k = 0; k < K; k++) sum += (w[k] = sc[idx[k]]);
+    for (int k = 0; k < K; k++) {
+        if (scoring != NW_SCORE_SOFTMAX) w[k] = w[k] / (sum + 1e-20f);
+        w[k] = w[k] * scale;
+    }
+}
+
+whale_code k_grouped_linear(whale_gemm *g, float *out, const float *in, const float *W, int T, int G, int n_in,
+                            int n_out, whale_err *err) {
+    for (int gi = 0; gi < G; gi++) {
+        whale_code e = whale_gemm_nt(g, T, n_out, n_in, in + (size_t)gi * n_in, G * n_in, W + (size_t)gi * n_out * n_in,
+                                     n_in, out + (size_t)gi * n_out, G * n_out, 0, err);
+        if (e) return e;
+    }
+    return WHALE_OK;
+}
+
 /* ------------------------------------------------------------ attention */
 
 enum { ATT_QBLOCK = 64, ATT_DIRECT_ROWS = 32 };

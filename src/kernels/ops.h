@@ -26,6 +26,20 @@ void k_rope(float *x, long rows, int ld, int nh, int hd, int R, const int32_t *p
  * [−limit, limit] and g to at most limit first. */
 void k_swiglu(float *g, const float *u, long n, float limit);
 
+/* Mixture-of-experts routing for one token. scores s_e = f(logit_e) with f
+ * sqrt(softplus) (PyTorch softplus: x itself above 20), softmax or sigmoid;
+ * the K experts with the largest s_e + bias_e (bias may be NULL; ties go to
+ * the lower index) are chosen, in descending order; their weights are the
+ * unbiased s, normalised by (Σ s + 1e-20) except for softmax, times scale. */
+enum { NW_SCORE_SQRTSOFTPLUS = 0, NW_SCORE_SOFTMAX = 1, NW_SCORE_SIGMOID = 2 };
+void k_gate_route(int scoring, int E, int K, float scale, const float *logit, const float *bias, int32_t *idx,
+                  float *w);
+
+/* Block-diagonal linear: out[t, g·n_out + r] = Σ_d in[t, g·n_in + d] · W[g·n_out + r, d]
+ * for G groups (W is [G·n_out, n_in], the layout of nanowhale's wo_a). */
+whale_code k_grouped_linear(whale_gemm *g, float *out, const float *in, const float *W, int T, int G, int n_in,
+                            int n_out, whale_err *err);
+
 /* Causal attention of S new query tokens (positions p0..p0+S−1) over keys
  * 0..p0+S−1, for Hq query heads sharing Hkv key/value heads.
  * q [S, Hq·Dh], out [S, Hq·Dh] (contiguous rows); k, v [p0+S rows, stride ldkv],

@@ -48,7 +48,7 @@ static whale_code parse_config(const cJSON *j, const char *file, nw_config *c, w
     INT_FIELD("o_groups", 1, 0, 1, 1024, c->G)
     INT_FIELD("o_lora_rank", 1, 0, 1, 65536, c->Ro)
     INT_FIELD("moe_intermediate_size", 1, 0, 1, 1 << 20, c->F)
-    INT_FIELD("n_routed_experts", 1, 0, 1, 4096, c->E)
+    INT_FIELD("n_routed_experts", 1, 0, 1, 256, c->E)
     INT_FIELD("num_experts_per_tok", 1, 0, 1, 4096, c->K)
     INT_FIELD("hc_mult", 1, 0, 1, 64, c->M)
     INT_FIELD("hc_sinkhorn_iters", 0, 20, 1, 1000, c->sinkhorn_iters)
@@ -471,7 +471,7 @@ static whale_code attention(nw_session *s, const nw_model *nw, const nw_layer *l
                             whale_err *err) {
     const nw_config *c = &nw->c;
     whale_gemm *g = s->gemm;
-    int T = B * S, HD = c->H * c->Dh, p0 = s->base.cached, gin = HD / c->G;
+    int T = B * S, HD = c->H * c->Dh, p0 = s->base.cached, gin = HD / c->G; /* wo_a input per group */
     whale_code e;
     if ((e = whale_gemm_nt(g, T, c->Q, c->D, s->yn, c->D, ly->wq_a, c->D, s->qlat, c->Q, 0, err))) return e;
     k_rmsnorm(s->qlat, s->qlat, ly->q_norm, T, c->Q, c->norm_eps, NULL);
@@ -493,45 +493,8 @@ static whale_code attention(nw_session *s, const nw_model *nw, const nw_layer *l
             return e;
     }
     k_rope(s->att, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 1); /* de-rotate */
-    /* grouped low-rank output: group g maps its heads' H·Dh/G values to Ro */
-    for (int gi = 0; gi < c->G; gi++)
-        if ((e = whale_gemm_nt(g, T, c->Ro, gin, s->att + (size_t)gi * gin, HD, ly->wo_a + (size_t)gi * c->Ro * gin,
-                               gin, s->z + (size_t)gi * c->Ro, c->G * c->Ro, 0, err)))
-            return e;
+    if ((e = k_grouped_linear(g, s->z, s->att, ly->wo_a, T, c->G, gin, c->Ro, err))) return e;
     return whale_gemm_nt(g, T, c->D, c->G * c->Ro, s->z, c->G * c->Ro, ly->wo_b, c->G * c->Ro, s->out, c->D, 0, err);
-}
-
-/* Gate (§3.8): scores s = f(l); top-K by s + bias; weights from unbiased s. */
-static void gate_route(const nw_config *c, const float *logit, const float *bias, int32_t *idx, float *w) {
-    float sc[64], sel[64];
-    int E = c->E;
-    if (c->scoring == NW_SCORE_SOFTMAX) {
-        float mx = -INFINITY, sum = 0;
-        for (int e = 0; e < E; e++) mx = fmaxf(mx, logit[e]);
-        for (int e = 0; e < E; e++) sum += (sc[e] = expf(logit[e] - mx));
-        for (int e = 0; e < E; e++) sc[e] /= sum;
-    } else {
-        for (int e = 0; e < E; e++) {
-            float x = logit[e];
-            if (c->scoring == NW_SCORE_SIGMOID) sc[e] = 1.0f / (1.0f + expf(-x));
-            else sc[e] = sqrtf(x > 20.0f ? x : log1pf(expf(x))); /* softplus with PyTorch's threshold */
-        }
-    }
-    for (int e = 0; e < E; e++) sel[e] = bias ? sc[e] + bias[e] : sc[e];
-    for (int k = 0; k < c->K; k++) { /* descending; ties go to the lower index */
-        int best = -1;
-        for (int e = 0; e < E; e++)
-            if (sel[e] > -INFINITY && (best < 0 || sel[e] > sel[best])) best = e;
-        if (best < 0) best = 0;
-        idx[k] = best;
-        sel[best] = -INFINITY;
-    }
-    float sum = 0;
-    for (int k = 0; k < c->K; k++) sum += (w[k] = sc[idx[k]]);
-    for (int k = 0; k < c->K; k++) {
-        if (c->scoring != NW_SCORE_SOFTMAX) w[k] = w[k] / (sum + 1e-20f);
-        w[k] = w[k] * c->route_scale;
-    }
 }
 
 static whale_code swiglu_expert(nw_session *s, const nw_config *c, int n, const float *x, const float *w1,
@@ -548,7 +511,8 @@ static whale_code moe(nw_session *s, const nw_config *c, const nw_layer *ly, int
     whale_code e;
     if ((e = whale_gemm_nt(s->gemm, T, c->E, c->D, s->yn, c->D, ly->gate_w, c->D, s->glog, c->E, 0, err))) return e;
     for (int t = 0; t < T; t++)
-        gate_route(c, s->glog + (size_t)t * c->E, ly->gate_b, s->topk + (size_t)t * c->K, s->topw + (size_t)t * c->K);
+        k_gate_route(c->scoring, c->E, c->K, c->route_scale, s->glog + (size_t)t * c->E, ly->gate_b,
+                     s->topk + (size_t)t * c->K, s->topw + (size_t)t * c->K);
     TRACE(WHALE_I32, s->topk, 2, DIMS(T, c->K), "layers.%d.ffn.topk_idx", l);
     TRACE(WHALE_F32, s->topw, 2, DIMS(T, c->K), "layers.%d.ffn.topk_weight", l);
 
@@ -713,10 +677,10 @@ whale_code nanowhale_from_config(const cJSON *cfg, const char *file, whale_model
     }
     for (int i = 0; i < m->n_eos; i++)
         if (m->eos_ids[i] < 0 || m->eos_ids[i] >= c->vocab) {
-            int bad = m->eos_ids[i];
+            e = whale_errf(err, WHALE_ERR_FORMAT, "%s: eos_token_id %d is outside the vocabulary [0, %d)", file,
+                           m->eos_ids[i], c->vocab);
             whale_model_free(m);
-            return whale_errf(err, WHALE_ERR_FORMAT, "%s: eos_token_id %d is outside the vocabulary [0, %d)", file, bad,
-                              c->vocab);
+            return e;
         }
     *out = m;
     return WHALE_OK;

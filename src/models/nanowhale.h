@@ -4,7 +4,7 @@
 
 #include "models/model.h"
 
-enum { NW_SCORE_SQRTSOFTPLUS = 0, NW_SCORE_SOFTMAX = 1, NW_SCORE_SIGMOID = 2 };
+#include "kernels/ops.h"
 
 typedef struct {
     int vocab, D, L, H, Dh, R, Q, G, Ro, F, E, K, M;

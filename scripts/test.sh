@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Run the test suite twice: the optimised build, then a build with
+# AddressSanitizer + UndefinedBehaviorSanitizer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+
+echo "== tests (release build)"
+ctest --test-dir build --output-on-failure -j2
+
+echo "== tests (address + undefined-behaviour sanitizers)"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DWHALE_SANITIZE=ON >/dev/null
+cmake --build build-asan -j"$(nproc)" >/dev/null
+ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} \
+UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1} \
+    ctest --test-dir build-asan --output-on-failure -j2

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Command-line behaviour: results, exit statuses and one-line errors that
+# name the file or argument, with no partial output files left behind.
+# usage: commands.sh WHALE_BIN TEST_DATA_DIR
+set -u
+WHALE=$1
+DATA=$2
+TINY=$DATA/tiny
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fails=0 checks=0
+
+# expect STATUS PATTERN -- command...: exit status and a stderr line matching PATTERN
+expect() {
+    local want=$1 pattern=$2
+    shift 3
+    checks=$((checks + 1))
+    "$@" >"$TMP/out" 2>"$TMP/err"
+    local got=$?
+    if [ "$got" != "$want" ] || { [ -n "$pattern" ] && ! grep -Eq -- "$pattern" "$TMP/err"; }; then
+        echo "FAIL: $* -> status $got (want $want), stderr: $(cat "$TMP/err")" >&2
+        fails=$((fails + 1))
+    elif [ "$want" != 0 ] && [ "$(wc -l <"$TMP/err")" != 1 ]; then
+        echo "FAIL: $* -> error is not one line: $(cat "$TMP/err")" >&2
+        fails=$((fails + 1))
+    fi
+}
+check() { # check DESCRIPTION CONDITION...
+    local what=$1
+    shift
+    checks=$((checks + 1))
+    if ! "$@"; then
+        echo "FAIL: $what" >&2
+        fails=$((fails + 1))
+    fi
+}
+
+# usage
+expect 2 'usage' -- "$WHALE"
+expect 2 'unknown command' -- "$WHALE" frobnicate
+expect 2 'unknown option "--bogus"' -- "$WHALE" info -m "$TINY" --bogus
+expect 2 '--top-p expects a number' -- "$WHALE" generate -m "$TINY" --ids 1 --top-p 2
+
+# info
+expect 0 '' -- "$WHALE" info -m "$TINY"
+check "info shows the parameter count" grep -q 'parameters' "$TMP/out"
+expect 3 'not a model directory' -- "$WHALE" info -m "$TMP/nothing"
+
+# score
+echo '[[1, 2, 3, 4], [5, 6, 7, 8]]' >"$TMP/ids.json"
+expect 0 '' -- "$WHALE" score -m "$TINY" --ids "$TMP/ids.json" --logits-out "$TMP/logits.safetensors"
+check "score prints loss/tokens/ppl" grep -Eq '^\{"loss": [0-9.]+, "tokens": 6, "ppl": [0-9.]+\}$' "$TMP/out"
+check "logits file has 2*4*512 floats" test "$(stat -c %s "$TMP/logits.safetensors")" -gt $((2 * 4 * 512 * 4))
+echo 'not json' >"$TMP/bad.json"
+expect 4 'bad.json: not valid JSON' -- "$WHALE" score -m "$TINY" --ids "$TMP/bad.json"
+echo '[[1, 2, 3], [4, 5]]' >"$TMP/ragged.json"
+expect 4 'ragged.json: row 1 has 2 ids' -- "$WHALE" score -m "$TINY" --ids "$TMP/ragged.json"
+echo '[[1, 2, 512]]' >"$TMP/range.json"
+expect 5 'range.json: row 0, column 2: token id 512 is outside the vocabulary' -- \
+    "$WHALE" score -m "$TINY" --ids "$TMP/range.json"
+echo '[[1, -3]]' >"$TMP/neg.json"
+expect 5 'token id -3' -- "$WHALE" score -m "$TINY" --ids "$TMP/neg.json"
+echo '[[1, 2.5]]' >"$TMP/frac.json"
+expect 4 'not an integer' -- "$WHALE" score -m "$TINY" --ids "$TMP/frac.json"
+expect 3 'missing.json: cannot open' -- "$WHALE" score -m "$TINY" --ids "$TMP/missing.json"
+# longer than max_position_embeddings (128)
+python_free_ids=$(seq -s, 1 130)
+echo "[[${python_free_ids}]]" >"$TMP/long.json"
+expect 5 'exceeds the model.s max_position_embeddings 128' -- "$WHALE" score -m "$TINY" --ids "$TMP/long.json"
+# unwritable output: the target is a directory, so the final rename fails
+mkdir "$TMP/adir"
+expect 3 'adir' -- "$WHALE" score -m "$TINY" --ids "$TMP/ids.json" --logits-out "$TMP/adir"
+check "no temporary file left behind" test ! -e "$TMP/adir.tmp"
+expect 3 'cannot create' -- "$WHALE" score -m "$TINY" --ids "$TMP/ids.json" --logits-out "$TMP/no/such/dir/l.safetensors"
+
+# generate
+expect 0 'generated 16 tokens' -- "$WHALE" generate -m "$TINY" --ids 0,15,27 -n 16 --temperature 0 --ignore-eos
+cp "$TMP/out" "$TMP/greedy1"
+expect 0 '' -- "$WHALE" generate -m "$TINY" --ids 0,15,27 -n 16 --temperature 0 --ignore-eos --threads 1
+check "greedy output does not depend on threads" cmp -s "$TMP/out" "$TMP/greedy1"
+check "16 ids printed" test "$(tr ',' '\n' <"$TMP/greedy1" | grep -c .)" = 16
+expect 0 '' -- "$WHALE" generate -m "$TINY" --ids 3,4 -n 20 --seed 7 --temperature 1 --top-k 40 --ignore-eos
+cp "$TMP/out" "$TMP/seeded"
+expect 0 '' -- "$WHALE" generate -m "$TINY" --ids 3,4 -n 20 --seed 7 --temperature 1 --top-k 40 --ignore-eos
+check "same seed, same sample" cmp -s "$TMP/out" "$TMP/seeded"
+expect 5 'token id 999' -- "$WHALE" generate -m "$TINY" --ids 1,999 -n 4
+expect 5 'exceeds max_position_embeddings' -- "$WHALE" generate -m "$TINY" --ids 1,2 -n 200
+expect 2 '--ids expects comma-separated integers' -- "$WHALE" generate -m "$TINY" --ids 1,x
+
+# init
+expect 0 'wrote' -- "$WHALE" init --preset tiny --seed 5 --out "$TMP/init"
+expect 0 '' -- "$WHALE" info -m "$TMP/init"
+expect 2 'unknown preset "huge"' -- "$WHALE" init --preset huge --out "$TMP/x"
+expect 3 'cannot create directory' -- "$WHALE" init --preset tiny --out "$TMP/no/such/place"
+
+# bench (tiny shapes; only the output format is checked here)
+expect 0 '' -- "$WHALE" bench -m "$TINY" --what forward --batch 1 --seq-len 8 --reps 1
+check "bench prints tokens_per_s" grep -q '"tokens_per_s"' "$TMP/out"
+expect 0 '' -- "$WHALE" bench -m "$TINY" --what decode --context 8 --tokens 4 --reps 1
+check "decode bench prints its bound" grep -q '"bound_tokens_per_s"' "$TMP/out"
+
+echo "cli: $((checks - fails)) passed, $fails failed"
+[ "$fails" = 0 ]
