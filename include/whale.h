@@ -173,10 +173,13 @@ whale_code whale_sampler_new(const whale_sampler_params *p, int vocab, whale_sam
                              whale_err *err);
 void whale_sampler_free(whale_sampler *s);
 /* Pick the next token from logits [vocab] (modified in place). history holds
- * the ids seen so far (prompt + generated) for the repetition penalty. */
+ * the ids seen so far (prompt + generated) for the repetition penalty.
+ * Returns -1 when no logit is finite (all NaN / -inf): the caller reports it. */
 int32_t whale_sample(whale_sampler *s, float *logits, const int32_t *history, int n_history);
 
 #ifdef __cplusplus
 }
 #endif
+
+#include "whale_tokenizer.h"
 #endif

@@ -17,6 +17,8 @@ static const char usage_text[] =
     "  score     -m DIR --ids FILE [--logits-out FILE]          loss / perplexity of token ids\n"
     "  generate  -m DIR --ids 0,15,27 [-n N] [sampling options] generate token ids\n"
     "  bench     (-m DIR | --preset NAME) --what forward|prefill|decode   speed\n"
+    "  tokenize  -m DIR \"text\" | --file F [--show]                text to token ids\n"
+    "  detokenize -m DIR --ids 1,2,3 [--skip-special]                token ids to text\n"
     "\n"
     "Run 'whale COMMAND --help' for a command's options. Exit status: 0 ok, 2 usage,\n"
     "3 i/o, 4 malformed input, 5 out of range, 6 unsupported, 7 out of memory, 1 other.\n";
@@ -100,7 +102,7 @@ int cli_parse_id_list(const char *cmd, const char *text, int32_t **ids, int *n) 
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: whale COMMAND [options] (commands: info init score generate bench; see 'whale --help')\n");
+        fprintf(stderr, "usage: whale COMMAND [options] (commands: info init score generate bench tokenize detokenize; see 'whale --help')\n");
         return 2;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
@@ -111,7 +113,8 @@ int main(int argc, char **argv) {
     static const struct {
         const char *name;
         int (*fn)(int, char **);
-    } cmds[] = {{"info", cmd_info}, {"init", cmd_init}, {"score", cmd_score}, {"generate", cmd_generate}, {"bench", cmd_bench}};
+    } cmds[] = {{"info", cmd_info}, {"init", cmd_init}, {"score", cmd_score}, {"generate", cmd_generate}, {"bench", cmd_bench},
+                  {"tokenize", cmd_tokenize}, {"detokenize", cmd_detokenize}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "whale: unknown command \"%s\" (see 'whale --help')\n", cmd);

@@ -320,35 +320,58 @@ static void nw_print_info(const whale_model *m, FILE *f) {
                "                  index_*, num_nextn_predict_layers, rope_scaling, hidden_act: accepted, ignored\n");
 }
 
-/* ------------------------------------------------------------------ session */
+/* ------------------------------------------------------------------ activations */
+
+/* What HC_pre and the sub-layer norm produce (saved for the backward pass). */
+typedef struct {
+    float *rstd;      /* [T] 1/rms of the flattened streams */
+    float *mix;       /* [T, mix] rstd · (X · fnᵀ) */
+    float *pre, *post; /* [T, M] */
+    float *comb;      /* [T, M, M] */
+    float *y;         /* [T, D] Σ_m pre_m X_m */
+    float *norm_rstd; /* [T] */
+    float *yn;        /* [T, D] normalised sub-layer input */
+} nw_hc_acts;
+
+/* Everything one layer's forward produces that its backward needs. An
+ * inference session has one set shared by all layers; a training session
+ * has one per layer. The same forward code fills either. */
+typedef struct {
+    nw_hc_acts hca, hcf;
+    float *qlat_raw, *qlat_rstd, *qlat; /* [T, Q], [T], [T, Q] */
+    float *q_raw, *q_rstd, *q;          /* [T, H·Dh], [T·H], [T, H·Dh] (normed, rotated) */
+    float *kv_raw, *kv_rstd, *kv;       /* [T, Dh], [T], [T, Dh] (normed, rotated) */
+    float *att, *att_d;                 /* [T, H·Dh] attention output, then de-rotated */
+    float *z;                           /* [T, G·Ro] */
+    float *a;                           /* [T, D] attention sub-layer output */
+    float *glog;                        /* [T, E] gate logits */
+    int32_t *topk;                      /* [T, K] */
+    float *topw;                        /* [T, K] */
+    int32_t *ex_off;                    /* [E+1] rows of each expert in the ex_* buffers */
+    int32_t *ex_tok;                    /* [K·T] token of each routed row */
+    float *ex_w;                        /* [K·T] its routing weight */
+    float *ex_g, *ex_u, *ex_h;          /* [K·T, F] w1 and w3 outputs, SwiGLU */
+    float *ex_out;                      /* [K·T, D] expert outputs before weighting */
+    float *sh_g, *sh_u, *sh_h;          /* [T, F] shared expert */
+    float *f;                           /* [T, D] MoE sub-layer output */
+} nw_layer_acts;
 
 typedef struct {
     whale_session base;
     whale_gemm *gemm;
-    int T;               /* max tokens per forward = max_batch × max_seq */
-    int32_t *pos;        /* [T] */
-    float *X, *X2;       /* [T, M, D] hyper-connection state (ping-pong) */
-    float *rstd;         /* [T] */
-    float *mix;          /* [T, mix] */
-    float *pre, *post;   /* [T, M] */
-    float *comb;         /* [T, M, M] */
-    float *y, *yn;       /* [T, D] */
-    float *qlat;         /* [T, Q] */
-    float *q, *att;      /* [T, H·Dh] */
-    float *kv;           /* [T, Dh] */
-    float *z;            /* [T, G·Ro] */
-    float *out;          /* [T, D] sub-layer output */
-    float *glog;         /* [T, E] */
-    int32_t *topk;       /* [T, K] */
-    float *topw;         /* [T, K] */
-    int32_t *ex_tok;     /* [T] tokens routed to the current expert */
-    float *ex_w;         /* [T] their routing weights */
-    float *ex_in;        /* [T, D] */
-    float *h1, *h3;      /* [T, F] */
-    float *ex_out;       /* [T, D] */
-    float *last;         /* [max_batch, D] last-position rows for logits */
+    int T;              /* max tokens per forward = max_batch × max_seq */
+    int n_act_sets;     /* 1 (inference) or L (training) */
+    int32_t *pos;       /* [T] */
+    float **X;          /* [2L+1] HC states [T, M, D]: X[2l] enters layer l, X[2l+1] after its attention */
+    float *xbuf;        /* storage behind X */
+    nw_layer_acts *acts;
+    float *head_rstd, *head_mix, *head_pre, *h, *hn_rstd, *hn; /* HC head and final norm */
+    float *ex_in;       /* [T, D] rows gathered for one expert */
+    float *last;        /* [max_batch, D] last-position rows for logits */
     float *att_work;
-    float *kcache;       /* [L, max_batch, max_seq, Dh] rotated kv (K = V) */
+    float *kcache;      /* [L, max_batch, max_seq, Dh] rotated kv (K = V), inference only */
+    void **allocs;      /* every buffer, for freeing */
+    int n_allocs, cap_allocs;
 } nw_session;
 
 static whale_code nw_forward(whale_session *base, const int32_t *ids, int B, int S, float *logits,
@@ -357,18 +380,57 @@ static whale_code nw_forward(whale_session *base, const int32_t *ids, int B, int
 static void nw_session_free(whale_session *base) {
     nw_session *s = (nw_session *)base;
     whale_gemm_free(s->gemm);
-    float **bufs[] = {&s->X, &s->X2, &s->rstd, &s->mix, &s->pre, &s->post, &s->comb, &s->y, &s->yn,
-                      &s->qlat, &s->q, &s->att, &s->kv, &s->z, &s->out, &s->glog, &s->topw, &s->ex_w,
-                      &s->ex_in, &s->h1, &s->h3, &s->ex_out, &s->last, &s->att_work, &s->kcache};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(*bufs[i]);
-    free(s->pos);
-    free(s->topk);
-    free(s->ex_tok);
+    for (int i = 0; i < s->n_allocs; i++) free(s->allocs[i]);
+    free(s->allocs);
+    free(s->acts);
+    free(s->X);
     free(s);
 }
 
-static whale_code nw_session_new(whale_model *m, int max_batch, int max_seq, whale_session **out,
-                                 whale_err *err) {
+/* Allocates n elements of size sz, remembered for nw_session_free. */
+static void *sess_alloc(nw_session *s, size_t n, size_t sz, size_t *total) {
+    if (s->n_allocs == s->cap_allocs) {
+        int cap = s->cap_allocs ? 2 * s->cap_allocs : 64;
+        void **grown = realloc(s->allocs, sizeof(void *) * (size_t)cap);
+        if (!grown) return NULL;
+        s->allocs = grown;
+        s->cap_allocs = cap;
+    }
+    void *p = whale_alloc(n * sz > 0 ? n * sz : 64);
+    if (p) s->allocs[s->n_allocs++] = p;
+    *total += n * sz;
+    return p;
+}
+
+static int alloc_hc_acts(nw_session *s, nw_hc_acts *h, const nw_config *c, size_t T, size_t *tot) {
+    return (h->rstd = sess_alloc(s, T, 4, tot)) && (h->mix = sess_alloc(s, T * c->mix, 4, tot)) &&
+           (h->pre = sess_alloc(s, T * c->M, 4, tot)) && (h->post = sess_alloc(s, T * c->M, 4, tot)) &&
+           (h->comb = sess_alloc(s, T * c->M * c->M, 4, tot)) && (h->y = sess_alloc(s, T * c->D, 4, tot)) &&
+           (h->norm_rstd = sess_alloc(s, T, 4, tot)) && (h->yn = sess_alloc(s, T * c->D, 4, tot));
+}
+
+static int alloc_layer_acts(nw_session *s, nw_layer_acts *a, const nw_config *c, size_t T, size_t *tot) {
+    size_t HD = (size_t)c->H * c->Dh, KT = (size_t)c->K * T;
+    return alloc_hc_acts(s, &a->hca, c, T, tot) && alloc_hc_acts(s, &a->hcf, c, T, tot) &&
+           (a->qlat_raw = sess_alloc(s, T * c->Q, 4, tot)) && (a->qlat_rstd = sess_alloc(s, T, 4, tot)) &&
+           (a->qlat = sess_alloc(s, T * c->Q, 4, tot)) && (a->q_raw = sess_alloc(s, T * HD, 4, tot)) &&
+           (a->q_rstd = sess_alloc(s, T * c->H, 4, tot)) && (a->q = sess_alloc(s, T * HD, 4, tot)) &&
+           (a->kv_raw = sess_alloc(s, T * c->Dh, 4, tot)) && (a->kv_rstd = sess_alloc(s, T, 4, tot)) &&
+           (a->kv = sess_alloc(s, T * c->Dh, 4, tot)) && (a->att = sess_alloc(s, T * HD, 4, tot)) &&
+           (a->att_d = sess_alloc(s, T * HD, 4, tot)) && (a->z = sess_alloc(s, T * c->G * c->Ro, 4, tot)) &&
+           (a->a = sess_alloc(s, T * c->D, 4, tot)) && (a->glog = sess_alloc(s, T * c->E, 4, tot)) &&
+           (a->topk = sess_alloc(s, T * c->K, 4, tot)) && (a->topw = sess_alloc(s, T * c->K, 4, tot)) &&
+           (a->ex_off = sess_alloc(s, (size_t)c->E + 1, 4, tot)) && (a->ex_tok = sess_alloc(s, KT, 4, tot)) &&
+           (a->ex_w = sess_alloc(s, KT, 4, tot)) && (a->ex_g = sess_alloc(s, KT * c->F, 4, tot)) &&
+           (a->ex_u = sess_alloc(s, KT * c->F, 4, tot)) && (a->ex_h = sess_alloc(s, KT * c->F, 4, tot)) &&
+           (a->ex_out = sess_alloc(s, KT * c->D, 4, tot)) && (a->sh_g = sess_alloc(s, T * c->F, 4, tot)) &&
+           (a->sh_u = sess_alloc(s, T * c->F, 4, tot)) && (a->sh_h = sess_alloc(s, T * c->F, 4, tot)) &&
+           (a->f = sess_alloc(s, T * c->D, 4, tot));
+}
+
+/* training=1 keeps every layer's activations (and no KV cache). */
+static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, int training, nw_session **out,
+                                    whale_err *err) {
     const nw_config *c = &((nw_model *)m->impl)->c;
     nw_session *s = calloc(1, sizeof *s);
     if (!s) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory creating a session");
@@ -377,46 +439,42 @@ static whale_code nw_session_new(whale_model *m, int max_batch, int max_seq, wha
     s->base.max_seq = max_seq;
     s->base.free_fn = nw_session_free;
     s->base.forward_fn = nw_forward;
-    size_t T = (size_t)max_batch * max_seq;
+    size_t T = (size_t)max_batch * max_seq, MD = (size_t)c->M * c->D, tot = 0;
     s->T = (int)T;
+    s->n_act_sets = training ? c->L : 1;
     whale_code e = whale_gemm_new(&s->gemm, err);
     if (e) {
         free(s);
         return e;
     }
-    size_t HD = (size_t)c->H * c->Dh, MD = (size_t)c->M * c->D;
-    struct {
-        float **p;
-        size_t n;
-    } bufs[] = {
-        {&s->X, T * MD}, {&s->X2, T * MD}, {&s->rstd, T}, {&s->mix, T * c->mix}, {&s->pre, T * c->M},
-        {&s->post, T * c->M}, {&s->comb, T * c->M * c->M}, {&s->y, T * c->D}, {&s->yn, T * c->D},
-        {&s->qlat, T * c->Q}, {&s->q, T * HD}, {&s->att, T * HD}, {&s->kv, T * c->Dh},
-        {&s->z, T * c->G * c->Ro}, {&s->out, T * c->D}, {&s->glog, T * c->E}, {&s->topw, T * c->K},
-        {&s->ex_w, T}, {&s->ex_in, T * c->D}, {&s->h1, T * c->F}, {&s->h3, T * c->F},
-        {&s->ex_out, T * c->D}, {&s->last, (size_t)max_batch * c->D},
-        {&s->att_work, k_attention_work_floats(max_seq, c->H)},
-        {&s->kcache, (size_t)c->L * max_batch * max_seq * c->Dh},
-    };
-    size_t total = 0;
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
-        *bufs[i].p = whale_alloc(bufs[i].n * sizeof(float));
-        total += bufs[i].n * sizeof(float);
-        if (!*bufs[i].p) {
-            nw_session_free(&s->base);
-            return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of activations for batch %d × %d",
-                              total / 1048576.0, max_batch, max_seq);
-        }
-    }
-    s->pos = malloc(T * sizeof(int32_t));
-    s->topk = malloc(T * c->K * sizeof(int32_t));
-    s->ex_tok = malloc(T * sizeof(int32_t));
-    if (!s->pos || !s->topk || !s->ex_tok) {
+    int n_states = training ? 2 * c->L + 1 : 2, ok = 1;
+    s->X = calloc((size_t)2 * c->L + 1, sizeof(float *));
+    s->acts = calloc((size_t)s->n_act_sets, sizeof *s->acts);
+    ok = s->X && s->acts && (s->xbuf = sess_alloc(s, (size_t)n_states * T * MD, 4, &tot));
+    for (int i = 0; ok && i <= 2 * c->L; i++) s->X[i] = s->xbuf + (size_t)(training ? i : i % 2) * T * MD;
+    for (int l = 0; ok && l < s->n_act_sets; l++) ok = alloc_layer_acts(s, &s->acts[l], c, T, &tot);
+    ok = ok && (s->pos = sess_alloc(s, T, 4, &tot)) && (s->head_rstd = sess_alloc(s, T, 4, &tot)) &&
+         (s->head_mix = sess_alloc(s, T * c->M, 4, &tot)) && (s->head_pre = sess_alloc(s, T * c->M, 4, &tot)) &&
+         (s->h = sess_alloc(s, T * c->D, 4, &tot)) && (s->hn_rstd = sess_alloc(s, T, 4, &tot)) &&
+         (s->hn = sess_alloc(s, T * c->D, 4, &tot)) && (s->ex_in = sess_alloc(s, T * c->D, 4, &tot)) &&
+         (s->last = sess_alloc(s, (size_t)max_batch * c->D, 4, &tot)) &&
+         (s->att_work = sess_alloc(s, k_attention_work_floats(max_seq, c->H), 4, &tot)) &&
+         (training || (s->kcache = sess_alloc(s, (size_t)c->L * max_batch * max_seq * c->Dh, 4, &tot)));
+    if (!ok) {
         nw_session_free(&s->base);
-        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory creating a session");
+        return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of activations for batch %d × %d",
+                          tot / 1048576.0, max_batch, max_seq);
     }
-    *out = &s->base;
+    *out = s;
     return WHALE_OK;
+}
+
+static whale_code nw_session_new(whale_model *m, int max_batch, int max_seq, whale_session **out,
+                                 whale_err *err) {
+    nw_session *s = NULL;
+    whale_code e = nw_session_create(m, max_batch, max_seq, 0, &s, err);
+    *out = e ? NULL : &s->base;
+    return e;
 }
 
 /* ------------------------------------------------------------------ forward */
@@ -440,105 +498,171 @@ static void trace(nw_session *s, whale_dtype dt, void *data, int ndim, const int
     } while (0)
 #define DIMS(...) {__VA_ARGS__}
 
-/* HC_pre (§3.5): y = Σ_m pre_m X_m with pre/post/comb from the normalised mixes. */
-static whale_code hc_pre(nw_session *s, const nw_config *c, int T, const float *fn, const float *scale,
-                         const float *base, whale_err *err) {
+/* HC_pre (§3.5) of state X, then the sub-layer's RMSNorm. */
+static whale_code hc_pre(nw_session *s, const nw_config *c, int T, const float *X, const float *fn,
+                         const float *scale, const float *base, const float *norm_w, nw_hc_acts *h,
+                         whale_err *err) {
     int MD = c->M * c->D;
-    k_hc_rstd(s->rstd, s->X, T, MD, c->norm_eps);
-    whale_code e = whale_gemm_nt(s->gemm, T, c->mix, MD, s->X, MD, fn, MD, s->mix, c->mix, 0, err);
+    k_hc_rstd(h->rstd, X, T, MD, c->norm_eps);
+    whale_code e = whale_gemm_nt(s->gemm, T, c->mix, MD, X, MD, fn, MD, h->mix, c->mix, 0, err);
     if (e) return e;
 #pragma omp parallel for schedule(static) if (T > 64)
     for (int t = 0; t < T; t++) {
-        float *mx = s->mix + (size_t)t * c->mix;
-        for (int i = 0; i < c->mix; i++) mx[i] *= s->rstd[t];
-        k_hc_coeffs(mx, scale, base, c->M, c->sinkhorn_iters, c->hc_eps, s->pre + (size_t)t * c->M,
-                    s->post + (size_t)t * c->M, s->comb + (size_t)t * c->M * c->M);
+        float *mx = h->mix + (size_t)t * c->mix;
+        for (int i = 0; i < c->mix; i++) mx[i] *= h->rstd[t];
+        k_hc_coeffs(mx, scale, base, c->M, c->sinkhorn_iters, c->hc_eps, h->pre + (size_t)t * c->M,
+                    h->post + (size_t)t * c->M, h->comb + (size_t)t * c->M * c->M);
     }
-    k_hc_reduce(s->y, s->X, s->pre, T, c->M, c->D);
+    k_hc_reduce(h->y, X, h->pre, T, c->M, c->D);
+    k_rmsnorm(h->yn, h->y, norm_w, T, c->D, c->norm_eps, h->norm_rstd);
     return WHALE_OK;
 }
 
-/* HC_post (§3.6): new state from the sub-layer output, then swap buffers. */
-static void hc_post(nw_session *s, const nw_config *c, int T) {
-    k_hc_expand(s->X2, s->out, s->X, s->post, s->comb, T, c->M, c->D);
-    float *t = s->X;
-    s->X = s->X2;
-    s->X2 = t;
+static void trace_hc(nw_session *s, const nw_config *c, const nw_hc_acts *h, int T, int l, const char *which) {
+    TRACE(WHALE_F32, h->pre, 2, DIMS(T, c->M), "layers.%d.%s.pre", l, which);
+    TRACE(WHALE_F32, h->post, 2, DIMS(T, c->M), "layers.%d.%s.post", l, which);
+    TRACE(WHALE_F32, h->comb, 3, DIMS(T, c->M, c->M), "layers.%d.%s.comb", l, which);
 }
 
-/* Attention (§3.7) of yn [T, D] into out [T, D]; appends K=V to the cache. */
-static whale_code attention(nw_session *s, const nw_model *nw, const nw_layer *ly, int l, int B, int S,
-                            whale_err *err) {
+/* Attention (§3.7) of yn [T, D] into a->a [T, D]. Keys/values come from the
+ * KV cache (inference: this step's kv appended) or from a->kv (training). */
+static whale_code attention(nw_session *s, const nw_model *nw, const nw_layer *ly, nw_layer_acts *a,
+                            const float *yn, int l, int B, int S, whale_err *err) {
     const nw_config *c = &nw->c;
     whale_gemm *g = s->gemm;
     int T = B * S, HD = c->H * c->Dh, p0 = s->base.cached, gin = HD / c->G; /* wo_a input per group */
     whale_code e;
-    if ((e = whale_gemm_nt(g, T, c->Q, c->D, s->yn, c->D, ly->wq_a, c->D, s->qlat, c->Q, 0, err))) return e;
-    k_rmsnorm(s->qlat, s->qlat, ly->q_norm, T, c->Q, c->norm_eps, NULL);
-    if ((e = whale_gemm_nt(g, T, HD, c->Q, s->qlat, c->Q, ly->wq_b, c->Q, s->q, HD, 0, err))) return e;
-    k_rmsnorm(s->q, s->q, NULL, (long)T * c->H, c->Dh, c->norm_eps, NULL); /* per head, no weight */
-    if ((e = whale_gemm_nt(g, T, c->Dh, c->D, s->yn, c->D, ly->wkv, c->D, s->kv, c->Dh, 0, err))) return e;
-    k_rmsnorm(s->kv, s->kv, ly->kv_norm, T, c->Dh, c->norm_eps, NULL);
-    k_rope(s->q, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
-    k_rope(s->kv, T, c->Dh, 1, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
+    if ((e = whale_gemm_nt(g, T, c->Q, c->D, yn, c->D, ly->wq_a, c->D, a->qlat_raw, c->Q, 0, err))) return e;
+    k_rmsnorm(a->qlat, a->qlat_raw, ly->q_norm, T, c->Q, c->norm_eps, a->qlat_rstd);
+    if ((e = whale_gemm_nt(g, T, HD, c->Q, a->qlat, c->Q, ly->wq_b, c->Q, a->q_raw, HD, 0, err))) return e;
+    k_rmsnorm(a->q, a->q_raw, NULL, (long)T * c->H, c->Dh, c->norm_eps, a->q_rstd); /* per head, no weight */
+    if ((e = whale_gemm_nt(g, T, c->Dh, c->D, yn, c->D, ly->wkv, c->D, a->kv_raw, c->Dh, 0, err))) return e;
+    k_rmsnorm(a->kv, a->kv_raw, ly->kv_norm, T, c->Dh, c->norm_eps, a->kv_rstd);
+    k_rope(a->q, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
+    k_rope(a->kv, T, c->Dh, 1, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
 
     size_t seq_stride = (size_t)s->base.max_seq * c->Dh;
-    float *layer_cache = s->kcache + (size_t)l * s->base.max_batch * seq_stride;
     float scale = 1.0f / sqrtf((float)c->Dh);
     for (int b = 0; b < B; b++) {
-        float *kc = layer_cache + b * seq_stride;
-        memcpy(kc + (size_t)p0 * c->Dh, s->kv + (size_t)b * S * c->Dh, sizeof(float) * S * c->Dh);
-        if ((e = k_attention(g, s->att + (size_t)b * S * HD, s->q + (size_t)b * S * HD, kc, kc, c->Dh, S, p0,
-                             c->H, 1, c->Dh, scale, s->att_work, err)))
+        float *kv = a->kv + (size_t)b * S * c->Dh;
+        if (s->kcache) {
+            kv = s->kcache + ((size_t)l * s->base.max_batch + b) * seq_stride;
+            memcpy(kv + (size_t)p0 * c->Dh, a->kv + (size_t)b * S * c->Dh, sizeof(float) * S * c->Dh);
+        }
+        if ((e = k_attention(g, a->att + (size_t)b * S * HD, a->q + (size_t)b * S * HD, kv, kv, c->Dh, S, p0, c->H,
+                             1, c->Dh, scale, s->att_work, err)))
             return e;
     }
-    k_rope(s->att, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 1); /* de-rotate */
-    if ((e = k_grouped_linear(g, s->z, s->att, ly->wo_a, T, c->G, gin, c->Ro, err))) return e;
-    return whale_gemm_nt(g, T, c->D, c->G * c->Ro, s->z, c->G * c->Ro, ly->wo_b, c->G * c->Ro, s->out, c->D, 0, err);
+    memcpy(a->att_d, a->att, sizeof(float) * (size_t)T * HD);
+    k_rope(a->att_d, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 1); /* de-rotate */
+    if ((e = k_grouped_linear(g, a->z, a->att_d, ly->wo_a, T, c->G, gin, c->Ro, err))) return e;
+    return whale_gemm_nt(g, T, c->D, c->G * c->Ro, a->z, c->G * c->Ro, ly->wo_b, c->G * c->Ro, a->a, c->D, 0, err);
 }
 
+/* SwiGLU expert on n rows of x: g = x·w1ᵀ, u = x·w3ᵀ, h = silu(g)·u, out = h·w2ᵀ. */
 static whale_code swiglu_expert(nw_session *s, const nw_config *c, int n, const float *x, const float *w1,
-                                const float *w2, const float *w3, float limit, float *out, whale_err *err) {
+                                const float *w2, const float *w3, float limit, float *g, float *u, float *h,
+                                float *out, whale_err *err) {
     whale_code e;
-    if ((e = whale_gemm_nt(s->gemm, n, c->F, c->D, x, c->D, w1, c->D, s->h1, c->F, 0, err))) return e;
-    if ((e = whale_gemm_nt(s->gemm, n, c->F, c->D, x, c->D, w3, c->D, s->h3, c->F, 0, err))) return e;
-    k_swiglu(s->h1, s->h3, (long)n * c->F, limit);
-    return whale_gemm_nt(s->gemm, n, c->D, c->F, s->h1, c->F, w2, c->F, out, c->D, 0, err);
+    if ((e = whale_gemm_nt(s->gemm, n, c->F, c->D, x, c->D, w1, c->D, g, c->F, 0, err))) return e;
+    if ((e = whale_gemm_nt(s->gemm, n, c->F, c->D, x, c->D, w3, c->D, u, c->F, 0, err))) return e;
+    memcpy(h, g, sizeof(float) * (size_t)n * c->F);
+    k_swiglu(h, u, (long)n * c->F, limit);
+    return whale_gemm_nt(s->gemm, n, c->D, c->F, h, c->F, w2, c->F, out, c->D, 0, err);
 }
 
-/* MoE (§3.8) of yn [T, D] into out [T, D]. */
-static whale_code moe(nw_session *s, const nw_config *c, const nw_layer *ly, int l, int T, whale_err *err) {
+/* MoE (§3.8) of yn [T, D] into a->f [T, D]. */
+static whale_code moe(nw_session *s, const nw_config *c, const nw_layer *ly, nw_layer_acts *a, const float *yn,
+                      int l, int T, whale_err *err) {
     whale_code e;
-    if ((e = whale_gemm_nt(s->gemm, T, c->E, c->D, s->yn, c->D, ly->gate_w, c->D, s->glog, c->E, 0, err))) return e;
+    if ((e = whale_gemm_nt(s->gemm, T, c->E, c->D, yn, c->D, ly->gate_w, c->D, a->glog, c->E, 0, err))) return e;
     for (int t = 0; t < T; t++)
-        k_gate_route(c->scoring, c->E, c->K, c->route_scale, s->glog + (size_t)t * c->E, ly->gate_b,
-                     s->topk + (size_t)t * c->K, s->topw + (size_t)t * c->K);
-    TRACE(WHALE_I32, s->topk, 2, DIMS(T, c->K), "layers.%d.ffn.topk_idx", l);
-    TRACE(WHALE_F32, s->topw, 2, DIMS(T, c->K), "layers.%d.ffn.topk_weight", l);
+        k_gate_route(c->scoring, c->E, c->K, c->route_scale, a->glog + (size_t)t * c->E, ly->gate_b,
+                     a->topk + (size_t)t * c->K, a->topw + (size_t)t * c->K);
+    TRACE(WHALE_I32, a->topk, 2, DIMS(T, c->K), "layers.%d.ffn.topk_idx", l);
+    TRACE(WHALE_F32, a->topw, 2, DIMS(T, c->K), "layers.%d.ffn.topk_weight", l);
 
-    memset(s->out, 0, sizeof(float) * (size_t)T * c->D);
-    for (int ex = 0; ex < c->E; ex++) { /* ascending expert index: the reference's summation order */
-        int n = 0;
+    /* rows of each expert, in token order */
+    int n = 0;
+    for (int ex = 0; ex < c->E; ex++) {
+        a->ex_off[ex] = n;
         for (int t = 0; t < T; t++)
             for (int k = 0; k < c->K; k++)
-                if (s->topk[(size_t)t * c->K + k] == ex) {
-                    s->ex_tok[n] = t;
-                    s->ex_w[n] = s->topw[(size_t)t * c->K + k];
-                    memcpy(s->ex_in + (size_t)n * c->D, s->yn + (size_t)t * c->D, sizeof(float) * c->D);
-                    n++;
+                if (a->topk[(size_t)t * c->K + k] == ex) {
+                    a->ex_tok[n] = t;
+                    a->ex_w[n++] = a->topw[(size_t)t * c->K + k];
                 }
-        if (!n) continue;
-        if ((e = swiglu_expert(s, c, n, s->ex_in, ly->w1[ex], ly->w2[ex], ly->w3[ex], c->swiglu_limit, s->ex_out, err)))
+    }
+    a->ex_off[c->E] = n;
+
+    memset(a->f, 0, sizeof(float) * (size_t)T * c->D);
+    for (int ex = 0; ex < c->E; ex++) { /* ascending expert index: the reference's summation order */
+        int r0 = a->ex_off[ex], ne = a->ex_off[ex + 1] - r0;
+        if (!ne) continue;
+        for (int i = 0; i < ne; i++)
+            memcpy(s->ex_in + (size_t)i * c->D, yn + (size_t)a->ex_tok[r0 + i] * c->D, sizeof(float) * c->D);
+        size_t fo = (size_t)r0 * c->F;
+        float *out = a->ex_out + (size_t)r0 * c->D;
+        if ((e = swiglu_expert(s, c, ne, s->ex_in, ly->w1[ex], ly->w2[ex], ly->w3[ex], c->swiglu_limit, a->ex_g + fo,
+                               a->ex_u + fo, a->ex_h + fo, out, err)))
             return e;
-#pragma omp parallel for schedule(static) if (n > 64)
-        for (int i = 0; i < n; i++) {
-            float *o = s->out + (size_t)s->ex_tok[i] * c->D;
-            const float *r = s->ex_out + (size_t)i * c->D;
-            for (int d = 0; d < c->D; d++) o[d] += s->ex_w[i] * r[d];
+#pragma omp parallel for schedule(static) if (ne > 64)
+        for (int i = 0; i < ne; i++) { /* one expert never sees a token twice: no write conflicts */
+            float *o = a->f + (size_t)a->ex_tok[r0 + i] * c->D, w = a->ex_w[r0 + i];
+            const float *r = out + (size_t)i * c->D;
+            for (int d = 0; d < c->D; d++) o[d] += w * r[d];
         }
     }
-    if ((e = swiglu_expert(s, c, T, s->yn, ly->sw1, ly->sw2, ly->sw3, 0.0f, s->ex_out, err))) return e;
-    for (size_t i = 0; i < (size_t)T * c->D; i++) s->out[i] += s->ex_out[i];
+    if ((e = swiglu_expert(s, c, T, yn, ly->sw1, ly->sw2, ly->sw3, 0.0f, a->sh_g, a->sh_u, a->sh_h, s->ex_in, err)))
+        return e;
+    for (size_t i = 0; i < (size_t)T * c->D; i++) a->f[i] += s->ex_in[i];
+    return WHALE_OK;
+}
+
+/* All layers and the HC head: ids [B·S] → hn [T, D] (final-norm output). */
+static whale_code forward_hidden(nw_session *s, const int32_t *ids, int B, int S, whale_err *err) {
+    const nw_model *nw = s->base.model->impl;
+    const nw_config *c = &nw->c;
+    int T = B * S, D = c->D, M = c->M, MD = M * D;
+    whale_code e;
+
+    for (int t = 0; t < T; t++) {
+        s->pos[t] = s->base.cached + t % S;
+        const float *row = nw->embed + (size_t)ids[t] * D;
+        for (int m = 0; m < M; m++) memcpy(s->X[0] + ((size_t)t * M + m) * D, row, sizeof(float) * D);
+    }
+    for (int l = 0; l < c->L; l++) {
+        const nw_layer *ly = &nw->layers[l];
+        nw_layer_acts *a = &s->acts[s->n_act_sets > 1 ? l : 0];
+        const float *Xin = s->X[2 * l];
+        float *Xmid = s->X[2 * l + 1], *Xout = s->X[2 * l + 2];
+        if ((e = hc_pre(s, c, T, Xin, ly->hc_attn_fn, ly->hc_attn_scale, ly->hc_attn_base, ly->attn_norm, &a->hca, err)))
+            return e;
+        trace_hc(s, c, &a->hca, T, l, "hc_attn");
+        if ((e = attention(s, nw, ly, a, a->hca.yn, l, B, S, err))) return e;
+        TRACE(WHALE_F32, a->a, 2, DIMS(T, D), "layers.%d.attn.out", l);
+        k_hc_expand(Xmid, a->a, Xin, a->hca.post, a->hca.comb, T, M, D); /* HC_post (§3.6) */
+
+        if ((e = hc_pre(s, c, T, Xmid, ly->hc_ffn_fn, ly->hc_ffn_scale, ly->hc_ffn_base, ly->ffn_norm, &a->hcf, err)))
+            return e;
+        trace_hc(s, c, &a->hcf, T, l, "hc_ffn");
+        if ((e = moe(s, c, ly, a, a->hcf.yn, l, T, err))) return e;
+        TRACE(WHALE_F32, a->f, 2, DIMS(T, D), "layers.%d.ffn.out", l);
+        k_hc_expand(Xout, a->f, Xmid, a->hcf.post, a->hcf.comb, T, M, D);
+    }
+
+    /* HC head (§3.9): sigmoid reduction of the streams, then the final norm. */
+    const float *X = s->X[2 * c->L];
+    k_hc_rstd(s->head_rstd, X, T, MD, c->norm_eps);
+    if ((e = whale_gemm_nt(s->gemm, T, M, MD, X, MD, nw->hc_head_fn, MD, s->head_mix, M, 0, err))) return e;
+    for (int t = 0; t < T; t++) {
+        float *mx = s->head_mix + (size_t)t * M;
+        for (int m = 0; m < M; m++) mx[m] *= s->head_rstd[t];
+        k_hc_head_coeffs(mx, nw->hc_head_scale, nw->hc_head_base, M, c->hc_eps, s->head_pre + (size_t)t * M);
+    }
+    k_hc_reduce(s->h, X, s->head_pre, T, M, D);
+    k_rmsnorm(s->hn, s->h, nw->norm, T, D, c->norm_eps, s->hn_rstd);
+    TRACE(WHALE_F32, s->hn, 2, DIMS(T, D), "final_hidden");
     return WHALE_OK;
 }
 
@@ -547,52 +671,12 @@ static whale_code nw_forward(whale_session *base, const int32_t *ids, int B, int
     nw_session *s = (nw_session *)base;
     const nw_model *nw = base->model->impl;
     const nw_config *c = &nw->c;
-    int T = B * S, D = c->D, M = c->M;
-    whale_code e;
-
-    for (int t = 0; t < T; t++) {
-        s->pos[t] = base->cached + t % S;
-        const float *row = nw->embed + (size_t)ids[t] * D;
-        for (int m = 0; m < M; m++) memcpy(s->X + ((size_t)t * M + m) * D, row, sizeof(float) * D);
-    }
-
-    for (int l = 0; l < c->L; l++) {
-        const nw_layer *ly = &nw->layers[l];
-        if ((e = hc_pre(s, c, T, ly->hc_attn_fn, ly->hc_attn_scale, ly->hc_attn_base, err))) return e;
-        TRACE(WHALE_F32, s->pre, 2, DIMS(T, M), "layers.%d.hc_attn.pre", l);
-        TRACE(WHALE_F32, s->post, 2, DIMS(T, M), "layers.%d.hc_attn.post", l);
-        TRACE(WHALE_F32, s->comb, 3, DIMS(T, M, M), "layers.%d.hc_attn.comb", l);
-        k_rmsnorm(s->yn, s->y, ly->attn_norm, T, D, c->norm_eps, NULL);
-        if ((e = attention(s, nw, ly, l, B, S, err))) return e;
-        TRACE(WHALE_F32, s->out, 2, DIMS(T, D), "layers.%d.attn.out", l);
-        hc_post(s, c, T);
-
-        if ((e = hc_pre(s, c, T, ly->hc_ffn_fn, ly->hc_ffn_scale, ly->hc_ffn_base, err))) return e;
-        TRACE(WHALE_F32, s->pre, 2, DIMS(T, M), "layers.%d.hc_ffn.pre", l);
-        TRACE(WHALE_F32, s->post, 2, DIMS(T, M), "layers.%d.hc_ffn.post", l);
-        TRACE(WHALE_F32, s->comb, 3, DIMS(T, M, M), "layers.%d.hc_ffn.comb", l);
-        k_rmsnorm(s->yn, s->y, ly->ffn_norm, T, D, c->norm_eps, NULL);
-        if ((e = moe(s, c, ly, l, T, err))) return e;
-        TRACE(WHALE_F32, s->out, 2, DIMS(T, D), "layers.%d.ffn.out", l);
-        hc_post(s, c, T);
-    }
-
-    /* HC head (§3.9): sigmoid reduction of the streams, final norm, lm_head. */
-    int MD = M * D;
-    k_hc_rstd(s->rstd, s->X, T, MD, c->norm_eps);
-    if ((e = whale_gemm_nt(s->gemm, T, M, MD, s->X, MD, nw->hc_head_fn, MD, s->mix, M, 0, err))) return e;
-    for (int t = 0; t < T; t++) {
-        float *mx = s->mix + (size_t)t * M;
-        for (int m = 0; m < M; m++) mx[m] *= s->rstd[t];
-        k_hc_head_coeffs(mx, nw->hc_head_scale, nw->hc_head_base, M, c->hc_eps, s->pre + (size_t)t * M);
-    }
-    k_hc_reduce(s->y, s->X, s->pre, T, M, D);
-    k_rmsnorm(s->yn, s->y, nw->norm, T, D, c->norm_eps, NULL);
-    TRACE(WHALE_F32, s->yn, 2, DIMS(T, D), "final_hidden");
-    if (!logits) return WHALE_OK;
+    int T = B * S, D = c->D;
+    whale_code e = forward_hidden(s, ids, B, S, err);
+    if (e || !logits) return e;
     const float *head = c->tie_embeddings ? nw->embed : nw->lm_head;
-    if (all_logits) return whale_gemm_nt(s->gemm, T, c->vocab, D, s->yn, D, head, D, logits, c->vocab, 0, err);
-    for (int b = 0; b < B; b++) memcpy(s->last + (size_t)b * D, s->yn + ((size_t)b * S + S - 1) * D, sizeof(float) * D);
+    if (all_logits) return whale_gemm_nt(s->gemm, T, c->vocab, D, s->hn, D, head, D, logits, c->vocab, 0, err);
+    for (int b = 0; b < B; b++) memcpy(s->last + (size_t)b * D, s->hn + ((size_t)b * S + S - 1) * D, sizeof(float) * D);
     return whale_gemm_nt(s->gemm, B, c->vocab, D, s->last, D, head, D, logits, c->vocab, 0, err);
 }
 

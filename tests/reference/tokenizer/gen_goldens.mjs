@@ -1,0 +1,93 @@
+// Golden encodings for tests/test_tokenizer.c, made with Hugging Face's own
+// tokenizers: `tokenizers` (the Rust library's Node binding, the reference)
+// and `@huggingface/tokenizers` (the pure-JS port, as a cross-check).
+//
+//   cd tests/reference/tokenizer && npm ci && node gen_goldens.mjs
+//
+// Reads tests/data/tokenizer/corpus.jsonl and the tokenizer files fetched by
+// scripts/fetch-tokenizers.sh ($WHALE_TOKENIZERS, default .cache/tokenizers),
+// writes tests/data/tokenizer/golden-<name>.json, and golden-synthetic.json
+// for small tokenizers built by synthetic.mjs. Entries the two libraries
+// disagree on are listed on stderr and marked "js_differs" in the golden.
+import fs from "node:fs";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { Tokenizer as RustTokenizer } from "tokenizers";
+import { Tokenizer as JsTokenizer } from "@huggingface/tokenizers";
+import { generatedTexts } from "./generated.mjs";
+import { syntheticGoldens } from "./synthetic.mjs";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const root = path.resolve(here, "../../..");
+const dataDir = path.join(root, "tests/data/tokenizer");
+const tokDir = process.env.WHALE_TOKENIZERS
+  ? path.resolve(process.env.WHALE_TOKENIZERS)
+  : path.join(root, ".cache/tokenizers");
+
+const corpus = fs
+  .readFileSync(path.join(dataDir, "corpus.jsonl"), "utf8")
+  .split("\n")
+  .filter((l) => l.trim() !== "")
+  .map((l) => JSON.parse(l));
+
+const sameIds = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
+
+async function run(name) {
+  const dir = path.join(tokDir, name);
+  const json = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer.json"), "utf8"));
+  const config = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer_config.json"), "utf8"));
+  const rust = RustTokenizer.fromFile(path.join(dir, "tokenizer.json"));
+  const js = new JsTokenizer(json, config);
+
+  const entries = [];
+  let jsDiffs = 0;
+  for (const { name: entryName, text } of corpus) {
+    const enc = await rust.encode(text, null, { addSpecialTokens: false });
+    const ids = Array.from(enc.getIds());
+    const decoded = ids.length ? await rust.decode(ids, false) : "";
+    const decodedSkip = ids.length ? await rust.decode(ids, true) : "";
+    const jsIds = js.encode(text, { add_special_tokens: false }).ids;
+    const e = { name: entryName, ids, decoded, decoded_skip_special: decodedSkip };
+    if (!sameIds(ids, jsIds)) {
+      e.js_differs = true;
+      jsDiffs++;
+      console.error(`${name}: ${entryName}: JS port differs\n  rust ${JSON.stringify(ids)}\n  js   ${JSON.stringify(jsIds)}`);
+    }
+    entries.push(e);
+  }
+
+  const generated = [];
+  for (const { name: genName, rule, text } of generatedTexts()) {
+    const enc = await rust.encode(text, null, { addSpecialTokens: false });
+    const ids = Array.from(enc.getIds());
+    const jsIds = js.encode(text, { add_special_tokens: false }).ids;
+    const g = { name: genName, rule, bytes: Buffer.byteLength(text), ids };
+    if (!sameIds(ids, jsIds)) {
+      g.js_differs = true;
+      jsDiffs++;
+      console.error(`${name}: ${genName}: JS port differs (${ids.length} vs ${jsIds.length} ids)`);
+    }
+    generated.push(g);
+  }
+
+  const out = {
+    tokenizer: name,
+    reference: "tokenizers 0.23.2 (Rust, Node binding); cross-checked with @huggingface/tokenizers 0.2.0",
+    add_special_tokens: false,
+    vocab_size_with_added: rust.getVocabSize(true),
+    entries,
+    generated,
+  };
+  const file = path.join(dataDir, `golden-${name}.json`);
+  fs.writeFileSync(file, JSON.stringify(out) + "\n");
+  console.log(`${file}: ${entries.length} corpus entries, ${generated.length} generated, JS port differs on ${jsDiffs}`);
+}
+
+for (const name of ["deepseek_v3", "qwen3"]) await run(name);
+
+// small tokenizers for the features the real files do not use
+const qwenJson = JSON.parse(fs.readFileSync(path.join(tokDir, "qwen3", "tokenizer.json"), "utf8"));
+const synthetic = await syntheticGoldens(qwenJson);
+const synthFile = path.join(dataDir, "golden-synthetic.json");
+fs.writeFileSync(synthFile, JSON.stringify({ reference: "tokenizers 0.23.2 (Rust, Node binding)", variants: synthetic }) + "\n");
+console.log(`${synthFile}: ${synthetic.length} tokenizers, ${synthetic.reduce((a, v) => a + v.cases.length, 0)} cases`);
