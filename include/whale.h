@@ -177,6 +177,28 @@ void whale_sampler_free(whale_sampler *s);
  * Returns -1 when no logit is finite (all NaN / -inf): the caller reports it. */
 int32_t whale_sample(whale_sampler *s, float *logits, const int32_t *history, int n_history);
 
+/* ---------------------------------------------------------------- generation */
+
+typedef struct {
+    int prompt_tokens;    /* tokens fed before the first sample */
+    int generated;        /* tokens sampled (including a stop token) */
+    int stopped;          /* 1 if a stop id ended generation */
+    double prompt_seconds, gen_seconds;
+} whale_gen_stats;
+
+/* Called with each sampled id; return non-zero to stop after it. */
+typedef int (*whale_token_fn)(void *user, int32_t id);
+
+/* Generate into ids: ids[0..*n_ids) is the whole context; positions the
+ * session has not cached yet are fed first (a prompt, or a new chat turn; if
+ * the cache holds more than *n_ids it is reset). Then up to max_new tokens
+ * are sampled and appended (cap bounds *n_ids), stopping after any id in
+ * stop_ids. A sampled token is fed to the model only when another one
+ * follows, so the cache ends one token short of *n_ids. */
+whale_code whale_generate(whale_session *s, whale_sampler *sm, int32_t *ids, int *n_ids, int cap, int max_new,
+                          const int32_t *stop_ids, int n_stop, whale_token_fn on_token, void *user,
+                          whale_gen_stats *stats, whale_err *err);
+
 #ifdef __cplusplus
 }
 #endif

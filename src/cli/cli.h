@@ -19,6 +19,9 @@ const char *cli_value(int argc, char **argv, int *i);
 /* Parse "0,15,27" into ids (malloc'd). */
 int cli_parse_id_list(const char *cmd, const char *text, int32_t **ids, int *n);
 
+/* The model folder's tokenizer, checked against the model's vocabulary. */
+whale_code cli_load_tokenizer(const char *dir, const whale_model *m, whale_tokenizer **tok, whale_err *err);
+
 int cmd_info(int argc, char **argv);
 int cmd_init(int argc, char **argv);
 int cmd_score(int argc, char **argv);

@@ -42,19 +42,44 @@ int cmd_info(int argc, char **argv) {
 
 /* ------------------------------------------------------------------ init */
 
+/* Copy the tokenizer files of src (a folder) into the model folder dst. */
+static whale_code copy_tokenizer_files(const char *src, const char *dst, whale_err *err) {
+    static const char *const names[] = {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"};
+    for (int i = 0; i < 3; i++) {
+        char from[4096], to[4096], *data;
+        size_t n;
+        snprintf(from, sizeof from, "%s/%s", src, names[i]);
+        snprintf(to, sizeof to, "%s/%s", dst, names[i]);
+        FILE *probe = fopen(from, "rb");
+        if (!probe) {
+            if (i == 0) return whale_errf(err, WHALE_ERR_IO, "%s: cannot open (--tokenizer needs a folder with tokenizer.json)", from);
+            continue; /* the others are optional */
+        }
+        fclose(probe);
+        whale_code c = whale_read_file(from, &data, &n, err);
+        if (c) return c;
+        c = whale_write_file_atomic(to, data, n, err);
+        free(data);
+        if (c) return c;
+    }
+    return WHALE_OK;
+}
+
 int cmd_init(int argc, char **argv) {
-    const char *preset = NULL, *out = NULL;
+    const char *preset = NULL, *out = NULL, *tokenizer = NULL;
     long seed = 0;
     if (wants_help(argc, argv)) {
-        puts("usage: whale init --preset nanowhale-100m|debug|tiny|FILE.json --out DIR [--seed N]\n"
-             "  writes config.json + model.safetensors with the reference initialisation");
+        puts("usage: whale init --preset nanowhale-100m|debug|tiny|FILE.json --out DIR [--seed N] [--tokenizer DIR]\n"
+             "  writes config.json + model.safetensors with the reference initialisation;\n"
+             "  --tokenizer copies tokenizer.json (+ tokenizer_config.json, chat_template.jinja) into DIR");
         return 0;
     }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
-        if (!strcmp(a, "--preset") || !strcmp(a, "--out") || !strcmp(a, "--seed")) {
+        if (!strcmp(a, "--preset") || !strcmp(a, "--out") || !strcmp(a, "--seed") || !strcmp(a, "--tokenizer")) {
             if (!(v = cli_value(argc, argv, &i))) return cli_usage("init", "%s needs a value", a);
             if (!strcmp(a, "--preset")) preset = v;
+            else if (!strcmp(a, "--tokenizer")) tokenizer = v;
             else if (!strcmp(a, "--out")) out = v;
             else if (cli_int("init", a, v, 0, 0x7fffffffffffffffL, &seed)) return 2;
         } else return cli_usage("init", "unknown option \"%s\"", a);
@@ -64,6 +89,12 @@ int cmd_init(int argc, char **argv) {
     whale_model *m;
     if (whale_model_init(preset, (uint64_t)seed, &m, &err)) return cli_fail(&err);
     whale_code c = whale_model_save(m, out, &err);
+    if (!c && tokenizer) {
+        whale_tokenizer *tok = NULL;
+        c = cli_load_tokenizer(tokenizer, m, &tok, &err); /* refuse a tokenizer that does not fit */
+        whale_tokenizer_free(tok);
+        if (!c) c = copy_tokenizer_files(tokenizer, out, &err);
+    }
     if (!c) fprintf(stderr, "whale: wrote %s (%lld parameters, seed %ld)\n", out, (long long)whale_model_param_count(m), seed);
     whale_model_free(m);
     return c ? cli_fail(&err) : 0;
@@ -203,12 +234,55 @@ out:
 
 /* ------------------------------------------------------------------ generate */
 
+typedef struct {
+    whale_detokenizer *detok; /* NULL: print ids */
+    int count;
+    whale_err *err;
+    int failed;
+} gen_printer;
+
+static int print_token(void *user, int32_t id) {
+    gen_printer *p = user;
+    if (p->detok) {
+        const char *text;
+        size_t len;
+        if (whale_detokenizer_push(p->detok, id, &text, &len, p->err)) {
+            p->failed = 1;
+            return 1;
+        }
+        fwrite(text, 1, len, stdout);
+    } else {
+        printf("%s%d", p->count ? "," : "", id);
+    }
+    p->count++;
+    fflush(stdout);
+    return 0;
+}
+
+/* Text prompts need the model folder's tokenizer, whose ids must fit the
+ * model's embedding. */
+whale_code cli_load_tokenizer(const char *dir, const whale_model *m, whale_tokenizer **tok, whale_err *err) {
+    whale_code c = whale_tokenizer_load(dir, tok, err);
+    if (c) return c;
+    int tv = whale_tokenizer_vocab_size(*tok), mv = whale_model_vocab_size(m);
+    if (tv > mv) {
+        whale_tokenizer_free(*tok);
+        *tok = NULL;
+        return whale_errf(err, WHALE_ERR_FORMAT,
+                          "%s: the tokenizer has %d ids but the model's embedding only %d rows (mismatched tokenizer?)",
+                          dir, tv, mv);
+    }
+    return WHALE_OK;
+}
+
 int cmd_generate(int argc, char **argv) {
-    const char *dir = NULL, *ids_text = NULL;
+    const char *dir = NULL, *ids_text = NULL, *prompt_text = NULL;
     long n_new = 32, threads = 0, seed = -1, top_k = 50, ignore_eos = 0;
     double temperature = 0.7, top_p = 0.9, min_p = 0.0, rep = 1.0;
     if (wants_help(argc, argv)) {
-        puts("usage: whale generate -m DIR --ids 0,15,27 [-n N] [options]\n"
+        puts("usage: whale generate -m DIR (-p TEXT | --ids 0,15,27) [-n N] [options]\n"
+             "  -p, --prompt TEXT    text prompt (needs the model folder's tokenizer.json); streams text\n"
+             "  --ids LIST           token-id prompt; prints the generated ids\n"
              "  -n N                 tokens to generate (default 32)\n"
              "  --temperature T      0 = greedy (default 0.7)\n"
              "  --top-k K            0 = off (default 50)\n"
@@ -218,7 +292,7 @@ int cmd_generate(int argc, char **argv) {
              "  --seed S             sampling seed (default: from the clock, printed)\n"
              "  --ignore-eos         do not stop at the end-of-sequence id\n"
              "  --threads N          (default: all cores)\n"
-             "prints the generated ids on stdout as they are produced; speed on stderr");
+             "output on stdout as it is produced; prompt and generation speed on stderr");
         return 0;
     }
     for (int i = 1; i < argc; i++) {
@@ -234,6 +308,7 @@ int cmd_generate(int argc, char **argv) {
         int bad = 0;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "--ids")) ids_text = v;
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) prompt_text = v;
         else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens")) bad = cli_int("generate", a, v, 0, 1 << 24, &n_new);
         else if (!strcmp(a, "--temperature")) bad = cli_float("generate", a, v, 0, 1e6, &temperature);
         else if (!strcmp(a, "--top-k")) bad = cli_int("generate", a, v, 0, 1 << 30, &top_k);
@@ -245,38 +320,45 @@ int cmd_generate(int argc, char **argv) {
         else return cli_usage("generate", "unknown option \"%s\"", a);
         if (bad) return bad;
     }
-    if (!dir || !ids_text) return cli_usage("generate", "-m DIR and --ids are required");
-    int32_t *prompt;
-    int n_prompt;
-    int st = cli_parse_id_list("generate", ids_text, &prompt, &n_prompt);
-    if (st) return st;
+    if (!dir || !ids_text == !prompt_text) return cli_usage("generate", "-m DIR and one of -p TEXT or --ids are required");
     whale_set_threads((int)threads);
     if (seed < 0) seed = (long)time(NULL); /* reported with the timings */
 
     whale_err err;
     whale_model *m = NULL;
+    whale_tokenizer *tok = NULL;
+    whale_detokenizer *detok = NULL;
     whale_session *s = NULL;
     whale_sampler *sm = NULL;
-    int32_t *hist = NULL;
-    float *logits = NULL;
-    int status = 0;
-    if (whale_model_load(dir, &m, &err)) {
-        status = cli_fail(&err);
-        goto out;
-    }
+    int32_t *prompt = NULL, *ids = NULL;
+    int n_prompt = 0, status = 0;
+    if (ids_text && (status = cli_parse_id_list("generate", ids_text, &prompt, &n_prompt))) return status;
+    if (whale_model_load(dir, &m, &err)) goto fail;
     int V = whale_model_vocab_size(m), maxpos = whale_model_max_positions(m);
+    if (prompt_text && !*prompt_text) {
+        whale_errf(&err, WHALE_ERR_ARG, "-p: the prompt is empty");
+        goto fail;
+    }
+    if (prompt_text) {
+        if (cli_load_tokenizer(dir, m, &tok, &err) ||
+            whale_tokenizer_encode(tok, prompt_text, strlen(prompt_text), 1, &prompt, &n_prompt, &err) ||
+            whale_detokenizer_new(tok, 1, &detok, &err))
+            goto fail;
+        if (n_prompt == 0) {
+            whale_errf(&err, WHALE_ERR_ARG, "-p: the prompt is empty (it encodes to no tokens)");
+            goto fail;
+        }
+    }
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= V) {
             whale_errf(&err, WHALE_ERR_RANGE, "--ids: token id %d at position %d is outside the vocabulary [0, %d)",
                        prompt[i], i, V);
-            status = cli_fail(&err);
-            goto out;
+            goto fail;
         }
     if (n_prompt + n_new > maxpos) {
-        whale_errf(&err, WHALE_ERR_RANGE, "prompt (%d) + -n (%ld) exceeds max_position_embeddings %d", n_prompt,
+        whale_errf(&err, WHALE_ERR_RANGE, "prompt (%d tokens) + -n (%ld) exceeds max_position_embeddings %d", n_prompt,
                    n_new, maxpos);
-        status = cli_fail(&err);
-        goto out;
+        goto fail;
     }
     whale_sampler_params sp = whale_sampler_defaults();
     sp.temperature = (float)temperature;
@@ -285,60 +367,45 @@ int cmd_generate(int argc, char **argv) {
     sp.min_p = (float)min_p;
     sp.repeat_penalty = (float)rep;
     sp.seed = (uint64_t)seed;
-    hist = malloc(sizeof(int32_t) * (size_t)(n_prompt + n_new + 1));
-    logits = whale_alloc(sizeof(float) * (size_t)V);
-    if (!hist || !logits) {
+    int cap = n_prompt + (int)n_new;
+    ids = malloc(sizeof(int32_t) * (size_t)(cap + 1));
+    if (!ids) {
         whale_errf(&err, WHALE_ERR_NOMEM, "out of memory");
-        status = cli_fail(&err);
-        goto out;
+        goto fail;
     }
-    if (whale_sampler_new(&sp, V, &sm, &err) || whale_session_new(m, 1, n_prompt + (int)n_new, &s, &err)) {
-        status = cli_fail(&err);
-        goto out;
-    }
-    memcpy(hist, prompt, sizeof(int32_t) * n_prompt);
-    int32_t eos[8];
-    int n_eos = ignore_eos ? 0 : whale_model_eos_ids(m, eos, 8);
+    memcpy(ids, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    if (whale_sampler_new(&sp, V, &sm, &err) || whale_session_new(m, 1, cap, &s, &err)) goto fail;
+    int32_t stop[9];
+    int n_stop = ignore_eos ? 0 : whale_model_eos_ids(m, stop, 8);
+    if (!ignore_eos && tok && whale_tokenizer_role_id(tok, WHALE_TOKEN_EOS) >= 0)
+        stop[n_stop++] = whale_tokenizer_role_id(tok, WHALE_TOKEN_EOS);
 
-    double t0 = whale_now();
-    if (n_new > 0 && whale_session_forward(s, prompt, 1, n_prompt, logits, 0, &err)) {
-        status = cli_fail(&err);
-        goto out;
-    }
-    double t_prompt = whale_now() - t0, t1 = whale_now();
-    int produced = 0;
-    for (; produced < n_new; produced++) {
-        int32_t tok = whale_sample(sm, logits, hist, n_prompt + produced);
-        if (tok < 0) {
-            whale_errf(&err, WHALE_ERR_INTERNAL, "every logit is NaN or -inf at generated token %d", produced);
-            status = cli_fail(&err);
-            goto out;
-        }
-        hist[n_prompt + produced] = tok;
-        printf("%s%d", produced ? "," : "", tok);
-        fflush(stdout);
-        int stop = 0;
-        for (int k = 0; k < n_eos; k++) stop |= tok == eos[k];
-        if (stop) {
-            produced++;
-            break;
-        }
-        if (produced + 1 < n_new && whale_session_forward(s, &tok, 1, 1, logits, 0, &err)) {
-            status = cli_fail(&err);
-            goto out;
-        }
+    gen_printer pr = {detok, 0, &err, 0};
+    whale_gen_stats st;
+    int n_ids = n_prompt;
+    if (whale_generate(s, sm, ids, &n_ids, cap, (int)n_new, stop, n_stop, print_token, &pr, &st, &err) || pr.failed)
+        goto fail;
+    if (detok) {
+        const char *text;
+        size_t len;
+        if (whale_detokenizer_flush(detok, &text, &len, &err)) goto fail;
+        fwrite(text, 1, len, stdout);
     }
     printf("\n");
-    double t_gen = whale_now() - t1;
-    fprintf(stderr, "whale: seed %ld; prompt %d tokens in %.1f ms (%.1f tokens/s); generated %d tokens in %.1f ms (%.1f tokens/s)\n",
-            seed, n_prompt, t_prompt * 1e3, n_prompt / (t_prompt > 0 ? t_prompt : 1e-9), produced, t_gen * 1e3,
-            produced > 1 ? (produced - 1) / t_gen : 0.0);
+    fprintf(stderr,
+            "whale: seed %ld; prompt %d tokens in %.1f ms (%.1f tokens/s); generated %d tokens in %.1f ms (%.1f tokens/s)\n",
+            seed, st.prompt_tokens, st.prompt_seconds * 1e3, st.prompt_tokens / (st.prompt_seconds > 0 ? st.prompt_seconds : 1e-9),
+            st.generated, st.gen_seconds * 1e3, st.generated > 1 ? (st.generated - 1) / st.gen_seconds : 0.0);
+    goto out;
+fail:
+    status = cli_fail(&err);
 out:
     free(prompt);
-    free(hist);
-    free(logits);
+    free(ids);
     whale_sampler_free(sm);
     whale_session_free(s);
+    whale_detokenizer_free(detok);
+    whale_tokenizer_free(tok);
     whale_model_free(m);
     return status;
 }

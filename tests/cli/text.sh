@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Text in, text out through the CLI with the real DeepSeek-V3 tokenizer
+# (fetched by scripts/fetch-tokenizers.sh).
+# usage: text.sh WHALE_BIN TEST_DATA_DIR
+set -u
+WHALE=$1
+DATA=$2
+TOK=${WHALE_TOKENIZERS:-$DATA/../../.cache/tokenizers}/deepseek_v3
+if [ ! -s "$TOK/tokenizer.json" ]; then
+    echo "text.sh: $TOK/tokenizer.json missing: run scripts/fetch-tokenizers.sh" >&2
+    exit 1
+fi
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fails=0 checks=0
+check() {
+    local what=$1
+    shift
+    checks=$((checks + 1))
+    if ! "$@"; then
+        echo "FAIL: $what" >&2
+        fails=$((fails + 1))
+    fi
+}
+
+# tokenize / detokenize round trip, pieces shown
+text='你是谁？我是由 nanowhale 开发的 AI 助手。Hello, world! 12345'
+ids=$("$WHALE" tokenize -m "$TOK" "$text")
+check "tokenize prints ids" grep -Eq '^[0-9]+(,[0-9]+)+$' <<<"$ids"
+back=$("$WHALE" detokenize -m "$TOK" --ids "$ids")
+check "detokenize(tokenize(s)) == s" test "$back" = "$text"
+"$WHALE" tokenize -m "$TOK" --show "Hello world" >"$TMP/show"
+check "--show lists one piece per line" test "$(wc -l <"$TMP/show")" = 2
+"$WHALE" tokenize -m "$TOK" "<｜User｜>hi<｜Assistant｜>" >"$TMP/special"
+check "chat markers are single ids" grep -q '^128803,' "$TMP/special"
+
+# a tiny model that uses this tokenizer (its embedding must cover every id)
+cat >"$TMP/cfg.json" <<'JSON'
+{"model_type": "deepseek_v4", "vocab_size": 128815, "hidden_size": 32, "num_hidden_layers": 1,
+ "num_attention_heads": 2, "head_dim": 16, "qk_rope_head_dim": 8, "q_lora_rank": 16, "o_groups": 1,
+ "o_lora_rank": 8, "moe_intermediate_size": 32, "n_routed_experts": 2, "num_experts_per_tok": 1,
+ "hc_mult": 2, "hc_sinkhorn_iters": 2, "max_position_embeddings": 64, "eos_token_id": 1}
+JSON
+"$WHALE" init --preset "$TMP/cfg.json" --out "$TMP/model" --tokenizer "$TOK" 2>/dev/null
+check "init copies the tokenizer" test -s "$TMP/model/tokenizer.json"
+"$WHALE" generate -m "$TMP/model" -p "Once upon a time" -n 12 --seed 3 --ignore-eos >"$TMP/gen" 2>"$TMP/err"
+check "generate -p streams text and reports speed" grep -q 'generated 12 tokens' "$TMP/err"
+check "generated text is valid UTF-8" iconv -f UTF-8 -t UTF-8 "$TMP/gen" -o /dev/null
+"$WHALE" generate -m "$TMP/model" -p "" -n 4 >/dev/null 2>"$TMP/err"
+check "empty prompt is an error" grep -q 'prompt is empty' "$TMP/err"
+"$WHALE" init --preset tiny --out "$TMP/small" --tokenizer "$TOK" 2>"$TMP/err"
+check "a tokenizer larger than the embedding is refused" grep -q 'the tokenizer has 128815 ids but the model' "$TMP/err"
+
+echo "text: $((checks - fails)) passed, $fails failed"
+[ "$fails" = 0 ]
