@@ -154,6 +154,27 @@ double whale_cross_entropy(const float *logits, const int32_t *ids, int B, int S
 typedef void (*whale_trace_fn)(void *user, const char *name, const whale_tensor *t);
 void whale_session_set_trace(whale_session *s, whale_trace_fn fn, void *user);
 
+/* ---------------------------------------------------------------- training */
+
+/* A training session keeps every layer's activations for the backward pass
+ * (no KV cache) and one fp32 gradient buffer laid out like the parameters. */
+whale_code whale_train_session_new(whale_model *m, int max_batch, int seq, whale_session **out,
+                                   whale_err *err);
+/* Gradient of parameter i (same shape as whale_model_param(m, i)); NULL for
+ * an inference session. */
+float *whale_session_grad(whale_session *s, int param_index);
+void whale_session_zero_grad(whale_session *s);
+/* Number of scored targets in ids/labels [B,S]: labels follow Hugging Face
+ * (labels[b][s] is what position s−1 should predict, −100 = ignored; NULL
+ * means labels = ids). */
+int64_t whale_count_targets(const int32_t *labels, int B, int S);
+/* Forward and backward on ids [B,S]: *loss receives the mean cross-entropy
+ * over the *count scored targets, and the gradient of loss_scale × that mean
+ * is ADDED to the session's gradients (loss_scale = count / total count
+ * averages correctly over accumulated micro-batches). */
+whale_code whale_session_train_step(whale_session *s, const int32_t *ids, const int32_t *labels, int B, int S,
+                                    double loss_scale, double *loss, int64_t *count, whale_err *err);
+
 /* ---------------------------------------------------------------- sampling */
 
 typedef struct {

@@ -1,8 +1,25 @@
 #include "kernels/hc.h"
 
 #include <math.h>
+#include <string.h>
 
 static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* Dot product with 16 independent fp32 lanes (vectorisable, fixed order),
+ * combined in double. */
+static double dot16(const float *a, const float *b, int n) {
+    float lane[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; k++) lane[k] += a[i + k] * b[i + k];
+    double s = 0;
+    for (int k = 0; k < 16; k++) s += lane[k];
+    for (; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
+/* Largest hc_mult the backward handles (the config allows at most 64). */
+enum { HC_MAXM = 64, HC_MAXMIX = (2 + HC_MAXM) * HC_MAXM, HC_TAPE = 4096 };
 
 void k_hc_coeffs(const float *mix, const float *scale, const float *base, int M, int iters, float eps,
                  float *pre, float *post, float *comb) {
@@ -44,12 +61,158 @@ void k_hc_coeffs(const float *mix, const float *scale, const float *base, int M,
     }
 }
 
+/* One Sinkhorn normalisation step on C [M×M], exactly as k_hc_coeffs does
+ * it: even steps normalise columns, odd steps rows (col, row, col, ...). */
+static void sinkhorn_step(float *C, int M, int step, float eps) {
+    int col = step % 2 == 0;
+    for (int a = 0; a < M; a++) {
+        /* line a: column a (stride M) or row a (stride 1) */
+        float *c = col ? C + a : C + (long)a * M;
+        int st = col ? M : 1;
+        float sum = 0;
+        for (int b = 0; b < M; b++) sum += c[b * st];
+        sum += eps;
+        for (int b = 0; b < M; b++) c[b * st] /= sum;
+    }
+}
+
+/* Backward of one step: g (gradient wrt its output) becomes the gradient
+ * wrt its input a; z = a/(Σa + eps) ⇒ ∂a = (∂z − Σ ∂z·z)/(Σa + eps). */
+static void sinkhorn_step_backward(float *g, const float *a, int M, int step, float eps) {
+    int col = step % 2 == 0;
+    for (int l = 0; l < M; l++) {
+        const float *al = col ? a + l : a + (long)l * M;
+        float *gl = col ? g + l : g + (long)l * M;
+        int st = col ? M : 1;
+        float sum = 0;
+        for (int b = 0; b < M; b++) sum += al[b * st];
+        sum += eps;
+        float dot = 0;
+        for (int b = 0; b < M; b++) dot += gl[b * st] * (al[b * st] / sum);
+        for (int b = 0; b < M; b++) gl[b * st] = (gl[b * st] - dot) / sum;
+    }
+}
+
+/* Gradient of comb with respect to the softmax arguments C_raw·s2 + Cb.
+ * The inputs of all Sinkhorn steps are kept on a small tape when they fit;
+ * otherwise each one is recomputed from the softmax output (cost quadratic in
+ * the step count, but only for unusually many iterations or streams). */
+static void hc_comb_backward(const float *cm, const float *cb, float s2, int M, int iters, float eps,
+                             const float *dcomb, float *dz) {
+    float P[HC_MAXM * HC_MAXM], cur[HC_MAXM * HC_MAXM], g[HC_MAXM * HC_MAXM], tape[HC_TAPE];
+    int MM = M * M, nsteps = iters > 0 ? 2 * iters - 1 : 0, taped = nsteps * MM <= HC_TAPE;
+    for (int i = 0; i < M; i++) { /* row softmax, as the forward */
+        float *row = P + i * M, mx = -INFINITY;
+        for (int j = 0; j < M; j++) {
+            float c = cm[i * M + j] * s2;
+            row[j] = c + cb[i * M + j];
+            if (row[j] > mx) mx = row[j];
+        }
+        float sum = 0;
+        for (int j = 0; j < M; j++) {
+            row[j] = expf(row[j] - mx);
+            sum += row[j];
+        }
+        for (int j = 0; j < M; j++) row[j] = row[j] / sum;
+    }
+    if (taped) {
+        for (int i = 0; i < MM; i++) cur[i] = P[i] + eps;
+        for (int st = 0; st < nsteps; st++) {
+            memcpy(tape + (long)st * MM, cur, sizeof(float) * MM);
+            sinkhorn_step(cur, M, st, eps);
+        }
+    }
+    memcpy(g, dcomb, sizeof(float) * MM);
+    for (int st = nsteps - 1; st >= 0; st--) {
+        const float *a = tape + (long)st * MM;
+        if (!taped) {
+            for (int i = 0; i < MM; i++) cur[i] = P[i] + eps;
+            for (int s = 0; s < st; s++) sinkhorn_step(cur, M, s, eps);
+            a = cur;
+        }
+        sinkhorn_step_backward(g, a, M, st, eps);
+    }
+    for (int i = 0; i < M; i++) { /* softmax rows; the +eps has no gradient */
+        const float *p = P + i * M, *gi = g + i * M;
+        float dot = 0;
+        for (int j = 0; j < M; j++) dot += gi[j] * p[j];
+        for (int j = 0; j < M; j++) dz[i * M + j] = p[j] * (gi[j] - dot);
+    }
+}
+
+/* Gradient of one token's coefficients with respect to the sigmoid/softmax
+ * arguments z = mix·s + base ([(2+M)·M], or [M] for the head's pre only). */
+static void hc_dz(const float *mix, const float *scale, const float *base, int M, int iters, float eps,
+                  const float *dpre, const float *dpost, const float *dcomb, float *dz, int pre_only) {
+    for (int m = 0; m < M; m++) {
+        float a = mix[m] * scale[0];
+        float sg = sigmoidf(a + base[m]);
+        dz[m] = dpre[m] * sg * (1.0f - sg);
+    }
+    if (pre_only) return;
+    for (int m = 0; m < M; m++) {
+        float b = mix[M + m] * scale[1];
+        float sg = sigmoidf(b + base[M + m]);
+        dz[M + m] = dpost ? 2.0f * dpost[m] * sg * (1.0f - sg) : 0.0f;
+    }
+    if (dcomb) hc_comb_backward(mix + 2 * M, base + 2 * M, scale[2], M, iters, eps, dcomb, dz + 2 * M);
+    else memset(dz + 2 * M, 0, sizeof(float) * M * M);
+}
+
+/* From dz [T, nm] (in dmix) to the parameter gradients and dmix = dz·s.
+ * Scale group of entry c: pre (c < M) → 0, post (c < 2M) → 1, comb → 2. */
+static void hc_param_grads(const float *mix, const float *scale, int M, int nm, float *dmix, float *dscale,
+                           float *dbase, long T) {
+    double sb[HC_MAXMIX] = {0}, ss[3] = {0};
+    for (long t = 0; t < T; t++) { /* token order: deterministic sums */
+        const float *dz = dmix + t * nm, *mx = mix + t * nm;
+        for (int c = 0; c < nm; c++) {
+            sb[c] += dz[c];
+            ss[c < M ? 0 : c < 2 * M ? 1 : 2] += (double)dz[c] * mx[c];
+        }
+    }
+    for (int c = 0; c < nm; c++) dbase[c] += (float)sb[c];
+    for (int k = 0; k < (nm > M ? 3 : 1); k++) dscale[k] += (float)ss[k];
+#pragma omp parallel for schedule(static) if (T * nm > 65536)
+    for (long t = 0; t < T; t++)
+        for (int c = 0; c < nm; c++) dmix[t * nm + c] *= scale[c < M ? 0 : c < 2 * M ? 1 : 2];
+}
+
+void k_hc_coeffs_backward(const float *mix, const float *scale, const float *base, int M, int iters, float eps,
+                          const float *dpre, const float *dpost, const float *dcomb, float *dmix, float *dscale,
+                          float *dbase) {
+    k_hc_coeffs_backward_rows(mix, scale, base, M, iters, eps, dpre, dpost, dcomb, dmix, dscale, dbase, 1);
+}
+
+void k_hc_coeffs_backward_rows(const float *mix, const float *scale, const float *base, int M, int iters, float eps,
+                               const float *dpre, const float *dpost, const float *dcomb, float *dmix, float *dscale,
+                               float *dbase, long T) {
+    int nm = (2 + M) * M;
+#pragma omp parallel for schedule(static) if (T > 64)
+    for (long t = 0; t < T; t++)
+        hc_dz(mix + t * nm, scale, base, M, iters, eps, dpre + t * M, dpost ? dpost + t * M : NULL,
+              dcomb ? dcomb + t * M * M : NULL, dmix + t * nm, 0);
+    hc_param_grads(mix, scale, M, nm, dmix, dscale, dbase, T);
+}
+
 void k_hc_head_coeffs(const float *mix, const float *scale, const float *base, int M, float eps,
                       float *pre) {
     for (int m = 0; m < M; m++) {
         float a = mix[m] * scale[0];
         pre[m] = sigmoidf(a + base[m]) + eps;
     }
+}
+
+void k_hc_head_coeffs_backward(const float *mix, const float *scale, const float *base, int M, float eps,
+                               const float *dpre, float *dmix, float *dscale, float *dbase) {
+    k_hc_head_coeffs_backward_rows(mix, scale, base, M, eps, dpre, dmix, dscale, dbase, 1);
+}
+
+void k_hc_head_coeffs_backward_rows(const float *mix, const float *scale, const float *base, int M, float eps,
+                                    const float *dpre, float *dmix, float *dscale, float *dbase, long T) {
+#pragma omp parallel for schedule(static) if (T > 256)
+    for (long t = 0; t < T; t++) hc_dz(mix + t * M, scale, base, M, 0, eps, dpre + t * M, NULL, NULL, dmix + t * M, 1);
+    hc_param_grads(mix, scale, M, M, dmix, dscale, dbase, T);
 }
 
 void k_hc_reduce(float *y, const float *X, const float *pre, long rows, int M, int D) {
@@ -60,6 +223,19 @@ void k_hc_reduce(float *y, const float *X, const float *pre, long rows, int M, i
         for (int d = 0; d < D; d++) yr[d] = p[0] * Xr[d];
         for (int m = 1; m < M; m++)
             for (int d = 0; d < D; d++) yr[d] += p[m] * Xr[(long)m * D + d];
+    }
+}
+
+void k_hc_reduce_backward(float *dX, float *dpre, const float *dy, const float *X, const float *pre, long rows,
+                          int M, int D) {
+#pragma omp parallel for schedule(static) if (rows * M * D > 65536)
+    for (long r = 0; r < rows; r++) {
+        const float *dyr = dy + r * D, *Xr = X + r * M * D, *p = pre + r * M;
+        float *dXr = dX + r * M * D;
+        for (int m = 0; m < M; m++) {
+            dpre[r * M + m] = (float)dot16(dyr, Xr + (long)m * D, D);
+            for (int d = 0; d < D; d++) dXr[(long)m * D + d] += p[m] * dyr[d];
+        }
     }
 }
 
@@ -80,6 +256,32 @@ void k_hc_expand(float *Xout, const float *o, const float *X, const float *post,
     }
 }
 
+void k_hc_expand_backward(float *dout, float *dX, float *dpost, float *dcomb, const float *dXout, const float *o,
+                          const float *X, const float *post, const float *comb, long rows, int M, int D) {
+#pragma omp parallel for schedule(static) if (rows * M * D > 65536)
+    for (long r = 0; r < rows; r++) {
+        const float *orow = o + r * D, *Xr = X + r * M * D, *pr = post + r * M, *cr = comb + r * M * M;
+        const float *g = dXout + r * M * D;
+        float *dor = dout + r * D, *dXr = dX + r * M * D;
+        for (int d = 0; d < D; d++) dor[d] = pr[0] * g[d];
+        for (int i = 1; i < M; i++)
+            for (int d = 0; d < D; d++) dor[d] += pr[i] * g[(long)i * D + d];
+        for (int i = 0; i < M; i++) {
+            const float *gi = g + (long)i * D;
+            dpost[r * M + i] = (float)dot16(gi, orow, D);
+            for (int j = 0; j < M; j++) dcomb[(r * M + i) * M + j] = (float)dot16(gi, Xr + (long)j * D, D);
+        }
+        for (int j = 0; j < M; j++) {
+            float *dxj = dXr + (long)j * D;
+            for (int i = 0; i < M; i++) {
+                float c = cr[i * M + j];
+                const float *gi = g + (long)i * D;
+                for (int d = 0; d < D; d++) dxj[d] += c * gi[d];
+            }
+        }
+    }
+}
+
 void k_hc_rstd(float *rstd, const float *X, long rows, int MD, float eps) {
 #pragma omp parallel for schedule(static) if (rows * MD > 65536)
     for (long r = 0; r < rows; r++) {
@@ -87,5 +289,16 @@ void k_hc_rstd(float *rstd, const float *X, long rows, int MD, float eps) {
         double ss = 0;
         for (int i = 0; i < MD; i++) ss += (double)x[i] * x[i];
         rstd[r] = (float)(1.0 / sqrt(ss / MD + (double)eps));
+    }
+}
+
+void k_rstd_backward(float *dx, const float *x, const float *rstd, const float *drstd, long rows, int n) {
+#pragma omp parallel for schedule(static) if (rows * n > 65536)
+    for (long r = 0; r < rows; r++) {
+        double rs = rstd[r];
+        float c = (float)(-(double)drstd[r] * rs * rs * rs / n);
+        const float *xr = x + r * n;
+        float *dxr = dx + r * n;
+        for (int i = 0; i < n; i++) dxr[i] += c * xr[i];
     }
 }

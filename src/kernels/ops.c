@@ -19,6 +19,40 @@ void k_rmsnorm(float *y, const float *x, const float *w, long rows, int n, float
     }
 }
 
+/* Columns per dw block: each block is summed by one thread over all rows. */
+enum { NORM_DW_COLS = 32 };
+
+void k_rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, const float *w, const float *rstd,
+                        long rows, int n) {
+    /* dw first: dx may overwrite dy. */
+    if (dw) {
+        int nb = (n + NORM_DW_COLS - 1) / NORM_DW_COLS;
+#pragma omp parallel for schedule(static) if (rows * n > 16384)
+        for (int b = 0; b < nb; b++) {
+            int c0 = b * NORM_DW_COLS, c1 = c0 + NORM_DW_COLS < n ? c0 + NORM_DW_COLS : n;
+            double acc[NORM_DW_COLS] = {0};
+            for (long r = 0; r < rows; r++) {
+                const float *dyr = dy + r * n, *xr = x + r * n;
+                float rs = rstd[r];
+                for (int i = c0; i < c1; i++) acc[i - c0] += (double)dyr[i] * (xr[i] * rs);
+            }
+            for (int i = c0; i < c1; i++) dw[i] += (float)acc[i - c0];
+        }
+    }
+#pragma omp parallel for schedule(static) if (rows * n > 16384)
+    for (long r = 0; r < rows; r++) {
+        const float *dyr = dy + r * n, *xr = x + r * n;
+        float *dxr = dx + r * n;
+        double rs = rstd[r], dot = 0;
+        for (int i = 0; i < n; i++) dot += (double)(w ? dyr[i] * w[i] : dyr[i]) * xr[i];
+        float a = (float)rs, c = (float)(rs * rs * rs * dot / n);
+        for (int i = 0; i < n; i++) {
+            float gi = w ? dyr[i] * w[i] : dyr[i];
+            dxr[i] = a * gi - c * xr[i];
+        }
+    }
+}
+
 void k_rope_table(float *cos_t, float *sin_t, int max_pos, int R, float theta) {
     int half = R / 2;
     for (int j = 0; j < half; j++) {
@@ -49,6 +83,11 @@ void k_rope(float *x, long rows, int ld, int nh, int hd, int R, const int32_t *p
     }
 }
 
+void k_rope_backward(float *dx, long rows, int ld, int nh, int hd, int R, const int32_t *pos,
+                     const float *cos_t, const float *sin_t, int inverse) {
+    k_rope(dx, rows, ld, nh, hd, R, pos, cos_t, sin_t, !inverse);
+}
+
 void k_swiglu(float *g, const float *u, long n, float limit) {
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (long i = 0; i < n; i++) {
@@ -58,6 +97,25 @@ void k_swiglu(float *g, const float *u, long n, float limit) {
             gi = fminf(gi, limit);
         }
         g[i] = gi / (1.0f + expf(-gi)) * ui;
+    }
+}
+
+void k_swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u, long n, float limit) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (long i = 0; i < n; i++) {
+        float gi = g[i], ui = u[i], d = dh[i];
+        int gpass = 1, upass = 1;
+        if (limit > 0) {
+            /* torch.clamp passes the gradient for min <= x <= max */
+            upass = ui >= -limit && ui <= limit;
+            gpass = gi <= limit;
+            ui = fminf(fmaxf(ui, -limit), limit);
+            gi = fminf(gi, limit);
+        }
+        float sg = 1.0f / (1.0f + expf(-gi));
+        float silu = gi * sg, dsilu = sg * (1.0f + gi * (1.0f - sg));
+        dg[i] = gpass ? d * ui * dsilu : 0.0f;
+        du[i] = upass ? d * silu : 0.0f;
     }
 }
 
@@ -99,12 +157,73 @@ void k_gate_route(int scoring, int E, int K, float scale, const float *logit, co
     }
 }
 
+void k_gate_route_backward(int scoring, int E, int K, float scale, const float *logit, const int32_t *idx,
+                           const float *dw, float *dlogit) {
+    float sc[256], ds[256];
+    if (E > 256) E = 256; /* as in the forward */
+    /* scores exactly as the forward computes them */
+    if (scoring == NW_SCORE_SOFTMAX) {
+        float mx = -INFINITY, sum = 0;
+        for (int e = 0; e < E; e++) mx = fmaxf(mx, logit[e]);
+        for (int e = 0; e < E; e++) sum += (sc[e] = expf(logit[e] - mx));
+        for (int e = 0; e < E; e++) sc[e] /= sum;
+    } else {
+        for (int e = 0; e < E; e++) {
+            float x = logit[e];
+            if (scoring == NW_SCORE_SIGMOID) sc[e] = 1.0f / (1.0f + expf(-x));
+            else sc[e] = sqrtf(x > 20.0f ? x : log1pf(expf(x)));
+        }
+    }
+    /* gradient with respect to the scores s (nonzero only where chosen) */
+    for (int e = 0; e < E; e++) ds[e] = 0;
+    if (scoring == NW_SCORE_SOFTMAX) {
+        for (int k = 0; k < K; k++) ds[idx[k]] += scale * dw[k];
+    } else {
+        float sum = 0, dot = 0;
+        for (int k = 0; k < K; k++) sum += sc[idx[k]];
+        float T = sum + 1e-20f;
+        for (int k = 0; k < K; k++) dot += dw[k] * (sc[idx[k]] / T);
+        for (int k = 0; k < K; k++) ds[idx[k]] += scale / T * (dw[k] - dot);
+    }
+    /* through the scoring function */
+    if (scoring == NW_SCORE_SOFTMAX) {
+        float dot = 0;
+        for (int e = 0; e < E; e++) dot += ds[e] * sc[e];
+        for (int e = 0; e < E; e++) dlogit[e] = sc[e] * (ds[e] - dot);
+    } else {
+        for (int e = 0; e < E; e++) {
+            float x = logit[e], s = sc[e], d;
+            if (ds[e] == 0.0f) d = 0.0f; /* unchosen: also avoids 0·inf below */
+            else if (scoring == NW_SCORE_SIGMOID) d = ds[e] * s * (1.0f - s);
+            else if (s == 0.0f) d = 0.0f; /* softplus underflowed: see ops.h */
+            else if (x > 20.0f) d = ds[e] * (0.5f / s);
+            else d = ds[e] * (1.0f / (1.0f + expf(-x))) * (0.5f / s);
+            dlogit[e] = d;
+        }
+    }
+}
+
 whale_code k_grouped_linear(whale_gemm *g, float *out, const float *in, const float *W, int T, int G, int n_in,
                             int n_out, whale_err *err) {
     for (int gi = 0; gi < G; gi++) {
         whale_code e = whale_gemm_nt(g, T, n_out, n_in, in + (size_t)gi * n_in, G * n_in, W + (size_t)gi * n_out * n_in,
                                      n_in, out + (size_t)gi * n_out, G * n_out, 0, err);
         if (e) return e;
+    }
+    return WHALE_OK;
+}
+
+whale_code k_grouped_linear_backward(whale_gemm *g, float *din, float *dW, const float *dout, const float *in,
+                                     const float *W, int T, int G, int n_in, int n_out, whale_err *err) {
+    for (int gi = 0; gi < G; gi++) {
+        whale_code e;
+        const float *dog = dout + (size_t)gi * n_out;
+        if (din && (e = whale_gemm_nn(g, T, n_in, n_out, dog, G * n_out, W + (size_t)gi * n_out * n_in, n_in,
+                                      din + (size_t)gi * n_in, G * n_in, 0, err)))
+            return e;
+        if (dW && (e = whale_gemm_tn(g, n_out, n_in, T, dog, G * n_out, in + (size_t)gi * n_in, G * n_in,
+                                     dW + (size_t)gi * n_out * n_in, n_in, 1, err)))
+            return e;
     }
     return WHALE_OK;
 }
@@ -195,6 +314,127 @@ whale_code k_attention(whale_gemm *g, float *out, const float *q, const float *k
                 for (int r = 0; r < nq; r++) masked_softmax(work + (long)r * ctx, p0 + s0 + r + 1, ctx, scale);
                 c = whale_gemm_nn(g, nq, Dh, ctx, work, ctx, v + (long)j * Dh, ldkv,
                                   out + (long)s0 * Hq * Dh + (long)h * Dh, Hq * Dh, 0, err);
+                if (c) return c;
+            }
+        }
+    }
+    return WHALE_OK;
+}
+
+size_t k_attention_backward_work_floats(int max_ctx, int Hq) {
+    return 2 * k_attention_work_floats(max_ctx, Hq); /* probabilities and their gradient */
+}
+
+/* One row's score gradient from its probabilities p and dp = dO·vᵀ (in place):
+ * ds_t = p_t·(dp_t − Σ_u p_u·dp_u)·scale, where the scale folds in the
+ * forward's multiplication of the raw dot products. Masked entries become 0. */
+static void softmax_row_backward(float *dp, const float *p, int valid, int n, float scale) {
+    double dot = 0;
+    for (int t = 0; t < valid; t++) dot += (double)p[t] * dp[t];
+    float d = (float)dot;
+    for (int t = 0; t < valid; t++) dp[t] = p[t] * (dp[t] - d) * scale;
+    for (int t = valid; t < n; t++) dp[t] = 0;
+}
+
+/* Few query rows: per-row dot products; the sums over query rows into dk/dv
+ * run per key position, each by one thread in row order (deterministic). */
+static void attention_backward_direct(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                      const float *k, const float *v, int ldkv, int S, int p0, int Hq, int Hkv,
+                                      int Dh, float scale, float *work) {
+    int ctx = p0 + S, rep = Hq / Hkv, rows = S * Hq;
+    float *P = work, *dS = work + (size_t)rows * ctx;
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        int s = r / Hq, j = (r % Hq) / rep, valid = p0 + s + 1;
+        const float *qr = q + (long)r * Dh, *dor = dout + (long)r * Dh;
+        float *pr = P + (long)r * ctx, *dsr = dS + (long)r * ctx;
+        for (int t = 0; t < valid; t++) {
+            const float *kt = k + (long)t * ldkv + (long)j * Dh, *vt = v + (long)t * ldkv + (long)j * Dh;
+            float a = 0, b = 0;
+            for (int i = 0; i < Dh; i++) {
+                a += qr[i] * kt[i];
+                b += dor[i] * vt[i];
+            }
+            pr[t] = a;
+            dsr[t] = b;
+        }
+        masked_softmax(pr, valid, ctx, scale);
+        softmax_row_backward(dsr, pr, valid, ctx, scale);
+        float *dqr = dq + (long)r * Dh;
+        memset(dqr, 0, sizeof(float) * (size_t)Dh);
+        for (int t = 0; t < valid; t++) {
+            const float *kt = k + (long)t * ldkv + (long)j * Dh;
+            for (int i = 0; i < Dh; i++) dqr[i] += dsr[t] * kt[i];
+        }
+    }
+    /* dk then dv for each key row: correct also when dk == dv */
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < ctx; t++)
+        for (int j = 0; j < Hkv; j++) {
+            float *dkt = dk + (long)t * ldkv + (long)j * Dh, *dvt = dv + (long)t * ldkv + (long)j * Dh;
+            int s_first = t > p0 ? t - p0 : 0; /* first query row that sees key t */
+            for (int s = s_first; s < S; s++)
+                for (int h = j * rep; h < (j + 1) * rep; h++) {
+                    long r = (long)s * Hq + h;
+                    float w = dS[r * ctx + t];
+                    const float *qr = q + r * Dh;
+                    for (int i = 0; i < Dh; i++) dkt[i] += w * qr[i];
+                }
+            for (int s = s_first; s < S; s++)
+                for (int h = j * rep; h < (j + 1) * rep; h++) {
+                    long r = (long)s * Hq + h;
+                    float w = P[r * ctx + t];
+                    const float *dor = dout + r * Dh;
+                    for (int i = 0; i < Dh; i++) dvt[i] += w * dor[i];
+                }
+        }
+}
+
+/* GEMM path for one block of query rows (all heads sharing one K/V head):
+ * n rows of q/dout/dq with stride ldq, row r at query position p0+s0+r/per. */
+static whale_code attention_backward_block(whale_gemm *g, float *dq, float *dk, float *dv, const float *dout,
+                                           const float *q, const float *k, const float *v, int ldkv, int ldq, int n,
+                                           int per, int first_valid, int ctx, int Dh, float scale, float *P,
+                                           float *dS, whale_err *err) {
+    whale_code c;
+    if ((c = whale_gemm_nt(g, n, ctx, Dh, q, ldq, k, ldkv, P, ctx, 0, err))) return c;
+    if ((c = whale_gemm_nt(g, n, ctx, Dh, dout, ldq, v, ldkv, dS, ctx, 0, err))) return c;
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < n; r++) {
+        float *pr = P + (long)r * ctx;
+        masked_softmax(pr, first_valid + r / per, ctx, scale);
+        softmax_row_backward(dS + (long)r * ctx, pr, first_valid + r / per, ctx, scale);
+    }
+    if ((c = whale_gemm_nn(g, n, Dh, ctx, dS, ctx, k, ldkv, dq, ldq, 0, err))) return c;
+    if ((c = whale_gemm_tn(g, ctx, Dh, n, dS, ctx, q, ldq, dk, ldkv, 1, err))) return c;
+    return whale_gemm_tn(g, ctx, Dh, n, P, ctx, dout, ldq, dv, ldkv, 1, err);
+}
+
+whale_code k_attention_backward(whale_gemm *g, float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                const float *k, const float *v, int ldkv, int S, int p0, int Hq, int Hkv, int Dh,
+                                float scale, float *work, whale_err *err) {
+    if (S * Hq <= ATT_DIRECT_ROWS) {
+        attention_backward_direct(dq, dk, dv, dout, q, k, v, ldkv, S, p0, Hq, Hkv, Dh, scale, work);
+        return WHALE_OK;
+    }
+    int rep = Hq / Hkv;
+    float *P = work, *dS = work + k_attention_work_floats(p0 + S, Hq);
+    /* Same query blocks as the forward, so the recomputed probabilities are
+     * the forward's; dk/dv accumulate block after block in a fixed order. */
+    for (int s0 = 0; s0 < S; s0 += ATT_QBLOCK) {
+        int s1 = s0 + ATT_QBLOCK < S ? s0 + ATT_QBLOCK : S, nq = s1 - s0, ctx = p0 + s1;
+        long off = (long)s0 * Hq * Dh;
+        whale_code c;
+        if (Hkv == 1) {
+            c = attention_backward_block(g, dq + off, dk, dv, dout + off, q + off, k, v, ldkv, Dh, nq * Hq, Hq,
+                                         p0 + s0 + 1, ctx, Dh, scale, P, dS, err);
+            if (c) return c;
+        } else {
+            for (int h = 0; h < Hq; h++) {
+                long hoff = off + (long)h * Dh, koff = (long)(h / rep) * Dh;
+                c = attention_backward_block(g, dq + hoff, dk + koff, dv + koff, dout + hoff, q + hoff, k + koff,
+                                             v + koff, ldkv, Hq * Dh, nq, 1, p0 + s0 + 1, ctx, Dh, scale, P, dS,
+                                             err);
                 if (c) return c;
             }
         }

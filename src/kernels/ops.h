@@ -1,5 +1,8 @@
-/* Element-wise and row-wise operations of the forward pass. Each takes plain
- * row-major fp32 buffers; rows are processed in parallel with OpenMP. */
+/* Element-wise and row-wise operations of the forward pass, each followed by
+ * its backward. All take plain row-major fp32 buffers; rows are processed in
+ * parallel with OpenMP. Backward functions "write" (overwrite) input
+ * gradients of per-row inputs and "accumulate" (+=) gradients that sum over
+ * rows (weights, shared K/V), as each one states. */
 #ifndef WHALE_OPS_H
 #define WHALE_OPS_H
 
@@ -10,6 +13,16 @@
  * w may be NULL (weightless norm). y may alias x. rstd (optional) receives
  * rstd_r for the backward pass. Rows are n wide and contiguous. */
 void k_rmsnorm(float *y, const float *x, const float *w, long rows, int n, float eps, float *rstd);
+
+/* Backward of k_rmsnorm, given the forward input x and its saved rstd:
+ *   dx[r,i] = rstd_r·g_i − (rstd_r³/n)·(Σ_j g_j·x[r,j])·x[r,i],  g = dy ⊙ w (dy if w is NULL)
+ *   dw[i]  += Σ_r dy[r,i]·(x[r,i]·rstd_r)
+ * dx is overwritten and may alias dy. dw is accumulated (NULL skips it; must
+ * be NULL when w is). The dw sum over rows is split by columns, so every dw
+ * element is summed by one thread in row order: bit-identical results for
+ * any thread count. */
+void k_rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, const float *w, const float *rstd,
+                        long rows, int n);
 
 /* RoPE table: cos/sin [max_pos, R/2], inv_freq_j = 1/theta^(2j/R), angle = p·inv_freq_j,
  * all in fp32 as the reference computes it. */
@@ -22,9 +35,25 @@ void k_rope_table(float *cos_t, float *sin_t, int max_pos, int R, float theta);
 void k_rope(float *x, long rows, int ld, int nh, int hd, int R, const int32_t *pos,
             const float *cos_t, const float *sin_t, int inverse);
 
+/* Backward of k_rope(..., inverse): the rotation is orthogonal, so the input
+ * gradient is the output gradient rotated back, i.e. k_rope(..., !inverse)
+ * applied in place to dx (same rows, layout and positions). */
+void k_rope_backward(float *dx, long rows, int ld, int nh, int hd, int R, const int32_t *pos,
+                     const float *cos_t, const float *sin_t, int inverse);
+
 /* SwiGLU in place: g[i] = silu(g[i]) · u[i]; with limit > 0, u is clamped to
  * [−limit, limit] and g to at most limit first. */
 void k_swiglu(float *g, const float *u, long n, float limit);
+
+/* Backward of k_swiglu from its inputs g, u (before the in-place forward):
+ * h = silu(g')·u' with g' = min(g, limit), u' = clamp(u, −limit, limit) when
+ * limit > 0 (else g' = g, u' = u).
+ *   du = dh·silu(g') where −limit ≤ u ≤ limit, else 0
+ *   dg = dh·u'·silu'(g') where g ≤ limit, else 0
+ * Values exactly on a bound pass the gradient (PyTorch clamp convention).
+ * dg and du are overwritten; each element is read before it is written, so
+ * any of the buffers may alias one another element-for-element. */
+void k_swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u, long n, float limit);
 
 /* Mixture-of-experts routing for one token. scores s_e = f(logit_e) with f
  * sqrt(softplus) (PyTorch softplus: x itself above 20), softmax or sigmoid;
@@ -35,10 +64,31 @@ enum { NW_SCORE_SQRTSOFTPLUS = 0, NW_SCORE_SOFTMAX = 1, NW_SCORE_SIGMOID = 2 };
 void k_gate_route(int scoring, int E, int K, float scale, const float *logit, const float *bias, int32_t *idx,
                   float *w);
 
+/* Backward of k_gate_route for one token: dw [K] is the gradient with respect
+ * to the routing weights w, idx [K] the experts the forward chose; dlogit [E]
+ * is overwritten. The selection itself (and the bias) has no gradient, so
+ * only the chosen experts' unbiased scores carry it:
+ *  - sqrtsoftplus / sigmoid: w_k = scale·a_k/T, a_k = s[idx_k], T = Σ a + 1e-20
+ *    ⇒ ∂L/∂a_k = (scale/T)·(dw_k − Σ_j dw_j·a_j/T); unchosen experts get 0.
+ *    sqrt(softplus(l))' = sigmoid(l)/(2s) (1/(2s) above the threshold 20);
+ *    sigmoid' = s(1−s).
+ *  - softmax: w_k = scale·s[idx_k] (no normalisation); the gradient passes
+ *    through the softmax over all E logits, so unchosen logits get some too.
+ * Where softplus underflowed to s = 0 (l below about −103) the derivative is
+ * taken as 0: the exact value e^(l/2)/2 is below 1e-22 there, whereas the
+ * formula would give 0/0 = NaN. */
+void k_gate_route_backward(int scoring, int E, int K, float scale, const float *logit, const int32_t *idx,
+                           const float *dw, float *dlogit);
+
 /* Block-diagonal linear: out[t, g·n_out + r] = Σ_d in[t, g·n_in + d] · W[g·n_out + r, d]
  * for G groups (W is [G·n_out, n_in], the layout of nanowhale's wo_a). */
 whale_code k_grouped_linear(whale_gemm *g, float *out, const float *in, const float *W, int T, int G, int n_in,
                             int n_out, whale_err *err);
+
+/* Backward of k_grouped_linear: din [T, G·n_in] is overwritten, dW
+ * [G·n_out, n_in] accumulated; either may be NULL to skip it. */
+whale_code k_grouped_linear_backward(whale_gemm *g, float *din, float *dW, const float *dout, const float *in,
+                                     const float *W, int T, int G, int n_in, int n_out, whale_err *err);
 
 /* Causal attention of S new query tokens (positions p0..p0+S−1) over keys
  * 0..p0+S−1, for Hq query heads sharing Hkv key/value heads.
@@ -48,5 +98,17 @@ size_t k_attention_work_floats(int max_ctx, int Hq);
 whale_code k_attention(whale_gemm *g, float *out, const float *q, const float *k, const float *v,
                        int ldkv, int S, int p0, int Hq, int Hkv, int Dh, float scale, float *work,
                        whale_err *err);
+
+/* Backward of k_attention (same arguments), recomputing the probabilities
+ * from q and k. dout [S, Hq·Dh] is the output gradient; dq [S, Hq·Dh] is
+ * overwritten; dk and dv [p0+S rows, stride ldkv] are accumulated, including
+ * the p0 cached rows. dk and dv may be the same buffer (K = V: both
+ * contributions are then summed into it). work must hold
+ * k_attention_backward_work_floats() floats. Deterministic for a given
+ * thread count. */
+size_t k_attention_backward_work_floats(int max_ctx, int Hq);
+whale_code k_attention_backward(whale_gemm *g, float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                const float *k, const float *v, int ldkv, int S, int p0, int Hq, int Hkv, int Dh,
+                                float scale, float *work, whale_err *err);
 
 #endif

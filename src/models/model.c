@@ -400,6 +400,52 @@ whale_code whale_session_new(whale_model *m, int max_batch, int max_seq, whale_s
     return m->ops->session_new(m, max_batch, max_seq, out, err);
 }
 
+whale_code whale_train_session_new(whale_model *m, int max_batch, int seq, whale_session **out,
+                                   whale_err *err) {
+    *out = NULL;
+    if (max_batch < 1) return whale_errf(err, WHALE_ERR_ARG, "batch size must be >= 1, got %d", max_batch);
+    if (seq < 2) return whale_errf(err, WHALE_ERR_ARG, "training sequence length must be >= 2, got %d", seq);
+    if (seq > m->max_positions)
+        return whale_errf(err, WHALE_ERR_RANGE, "sequence length %d exceeds the model's max_position_embeddings %d",
+                          seq, m->max_positions);
+    return m->ops->train_session_new(m, max_batch, seq, out, err);
+}
+
+float *whale_session_grad(whale_session *s, int i) {
+    if (!s->grads || i < 0 || i >= s->model->n_params) return NULL;
+    return s->grads + s->grad_offsets[i];
+}
+
+void whale_session_zero_grad(whale_session *s) {
+    if (s->grads) memset(s->grads, 0, sizeof(float) * s->n_grad);
+}
+
+int64_t whale_count_targets(const int32_t *labels, int B, int S) {
+    int64_t n = 0;
+    for (int b = 0; b < B; b++)
+        for (int s = 1; s < S; s++) n += labels ? labels[(size_t)b * S + s] != -100 : 1;
+    return n;
+}
+
+whale_code whale_session_train_step(whale_session *s, const int32_t *ids, const int32_t *labels, int B, int S,
+                                    double loss_scale, double *loss, int64_t *count, whale_err *err) {
+    const whale_model *m = s->model;
+    if (!s->train_fn) return whale_errf(err, WHALE_ERR_ARG, "not a training session");
+    if (B < 1 || B > s->max_batch || S < 2 || S > s->max_seq)
+        return whale_errf(err, WHALE_ERR_ARG, "batch %d × %d outside the training session's %d × %d", B, S,
+                          s->max_batch, s->max_seq);
+    for (long i = 0; i < (long)B * S; i++) {
+        if (ids[i] < 0 || ids[i] >= m->vocab_size)
+            return whale_errf(err, WHALE_ERR_RANGE, "token id %d at index %ld is outside the vocabulary [0, %d)",
+                              ids[i], i, m->vocab_size);
+        if (labels && labels[i] != -100 && (labels[i] < 0 || labels[i] >= m->vocab_size))
+            return whale_errf(err, WHALE_ERR_RANGE, "label %d at index %ld is outside the vocabulary [0, %d)",
+                              labels[i], i, m->vocab_size);
+    }
+    s->cached = 0;
+    return s->train_fn(s, ids, labels, B, S, loss_scale, loss, count, err);
+}
+
 void whale_session_free(whale_session *s) {
     if (s) s->free_fn(s);
 }

@@ -27,6 +27,8 @@ typedef struct whale_model_ops {
     void (*print_info)(const whale_model *m, FILE *f);
     whale_code (*session_new)(whale_model *m, int max_batch, int max_seq, whale_session **out,
                               whale_err *err);
+    whale_code (*train_session_new)(whale_model *m, int max_batch, int seq, whale_session **out,
+                                    whale_err *err);
     /* multiply-add FLOPs (×2) of a forward of B×S new tokens after p0 cached
      * positions, with logits for logit_rows rows */
     double (*forward_flops)(const whale_model *m, int B, int S, int p0, int logit_rows);
@@ -56,6 +58,12 @@ struct whale_session {
     void (*free_fn)(whale_session *s);
     whale_code (*forward_fn)(whale_session *s, const int32_t *ids, int B, int S, float *logits,
                              int all_logits, whale_err *err);
+    /* training sessions only */
+    float *grads;          /* one buffer laid out like the parameters */
+    size_t *grad_offsets;  /* [n_params] */
+    size_t n_grad;         /* floats in grads */
+    whale_code (*train_fn)(whale_session *s, const int32_t *ids, const int32_t *labels, int B, int S,
+                           double loss_scale, double *loss, int64_t *count, whale_err *err);
 };
 
 /* Helpers shared by families. */

@@ -20,6 +20,7 @@
 #include "kernels/gemm.h"
 #include "kernels/hc.h"
 #include "kernels/ops.h"
+#include "train/loss.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -349,6 +350,7 @@ typedef struct {
     float *topw;                        /* [T, K] */
     int32_t *ex_off;                    /* [E+1] rows of each expert in the ex_* buffers */
     int32_t *ex_tok;                    /* [K·T] token of each routed row */
+    int32_t *ex_row;                    /* [T, K] routed row of each (token, slot) */
     float *ex_w;                        /* [K·T] its routing weight */
     float *ex_g, *ex_u, *ex_h;          /* [K·T, F] w1 and w3 outputs, SwiGLU */
     float *ex_out;                      /* [K·T, D] expert outputs before weighting */
@@ -372,14 +374,20 @@ typedef struct {
     float *kcache;      /* [L, max_batch, max_seq, Dh] rotated kv (K = V), inference only */
     void **allocs;      /* every buffer, for freeing */
     int n_allocs, cap_allocs;
+    struct nw_backward *bw; /* training sessions only */
 } nw_session;
 
 static whale_code nw_forward(whale_session *base, const int32_t *ids, int B, int S, float *logits,
                              int all_logits, whale_err *err);
 
+static void nw_backward_free(struct nw_backward *bw);
+
 static void nw_session_free(whale_session *base) {
     nw_session *s = (nw_session *)base;
     whale_gemm_free(s->gemm);
+    nw_backward_free(s->bw);
+    free(base->grads);
+    free(base->grad_offsets);
     for (int i = 0; i < s->n_allocs; i++) free(s->allocs[i]);
     free(s->allocs);
     free(s->acts);
@@ -421,6 +429,7 @@ static int alloc_layer_acts(nw_session *s, nw_layer_acts *a, const nw_config *c,
            (a->a = sess_alloc(s, T * c->D, 4, tot)) && (a->glog = sess_alloc(s, T * c->E, 4, tot)) &&
            (a->topk = sess_alloc(s, T * c->K, 4, tot)) && (a->topw = sess_alloc(s, T * c->K, 4, tot)) &&
            (a->ex_off = sess_alloc(s, (size_t)c->E + 1, 4, tot)) && (a->ex_tok = sess_alloc(s, KT, 4, tot)) &&
+           (a->ex_row = sess_alloc(s, KT, 4, tot)) &&
            (a->ex_w = sess_alloc(s, KT, 4, tot)) && (a->ex_g = sess_alloc(s, KT * c->F, 4, tot)) &&
            (a->ex_u = sess_alloc(s, KT * c->F, 4, tot)) && (a->ex_h = sess_alloc(s, KT * c->F, 4, tot)) &&
            (a->ex_out = sess_alloc(s, KT * c->D, 4, tot)) && (a->sh_g = sess_alloc(s, T * c->F, 4, tot)) &&
@@ -589,6 +598,7 @@ static whale_code moe(nw_session *s, const nw_config *c, const nw_layer *ly, nw_
         for (int t = 0; t < T; t++)
             for (int k = 0; k < c->K; k++)
                 if (a->topk[(size_t)t * c->K + k] == ex) {
+                    a->ex_row[(size_t)t * c->K + k] = n;
                     a->ex_tok[n] = t;
                     a->ex_w[n++] = a->topw[(size_t)t * c->K + k];
                 }
@@ -680,6 +690,305 @@ static whale_code nw_forward(whale_session *base, const int32_t *ids, int B, int
     return whale_gemm_nt(s->gemm, B, c->vocab, D, s->last, D, head, D, logits, c->vocab, 0, err);
 }
 
+/* ------------------------------------------------------------------ backward */
+
+/* Rows of the lm_head + cross-entropy processed at once: bounds the logits
+ * buffer to CE_CHUNK × V instead of T × V. */
+enum { CE_CHUNK = 256 };
+
+/* Gradient buffers (one set, reused by every layer) and the gradient
+ * pointers: gw has the model's structure with every weight pointer aimed at
+ * that weight's gradient. */
+struct nw_backward {
+    nw_model gw;
+    float *dXa, *dXb;                    /* [T, M, D] gradient of an HC state */
+    float *dsub, *dyn, *dy;              /* [T, D] sub-layer output / normed input / pre-norm input */
+    float *dmix, *drstd, *dpre, *dpost, *dcomb;
+    float *dz, *datt, *dq, *dqlat, *dkv; /* attention */
+    float *dtopw, *dglog;                /* gate */
+    float *de_out, *de_x, *dh, *dg, *du; /* one expert at a time: [T, D] ×2, [T, F] ×3 */
+    int32_t *tgt;                        /* [T] shifted targets */
+    float *logits;                       /* [CE_CHUNK, V] logits, then their gradient */
+    float *dhn;                          /* [T, D] */
+    float *att_work;
+};
+
+static void nw_backward_free(struct nw_backward *bw) {
+    if (!bw) return;
+    free(bw->gw.layers);
+    free(bw->gw.expert_ptrs);
+    free(bw); /* the buffers belong to the session's allocation list */
+}
+
+/* mix = rstd · (X·fnᵀ): gradients of fn and X (through the product and rstd)
+ * from dmix, which is consumed (scaled in place). */
+static whale_code mix_backward(nw_session *s, int T, int nmix, int MD, const float *X, const float *fn,
+                               const float *mix, const float *rstd, float *dmix, float *dX, float *gfn,
+                               whale_err *err) {
+    float *drstd = s->bw->drstd;
+#pragma omp parallel for schedule(static) if (T > 64)
+    for (int t = 0; t < T; t++) {
+        float *dm = dmix + (size_t)t * nmix;
+        const float *mx = mix + (size_t)t * nmix;
+        double acc = 0;
+        for (int k = 0; k < nmix; k++) acc += (double)dm[k] * mx[k];
+        drstd[t] = (float)(acc / rstd[t]); /* Σ dmix·(fn·x) with fn·x = mix/rstd */
+        for (int k = 0; k < nmix; k++) dm[k] *= rstd[t];
+    }
+    whale_code e;
+    if ((e = whale_gemm_tn(s->gemm, nmix, MD, T, dmix, nmix, X, MD, gfn, MD, 1, err))) return e;
+    if ((e = whale_gemm_nn(s->gemm, T, MD, nmix, dmix, nmix, fn, MD, dX, MD, 1, err))) return e;
+    k_rstd_backward(dX, X, rstd, drstd, T, MD);
+    return WHALE_OK;
+}
+
+/* Backward of hc_pre: dyn (gradient of the normed sub-layer input) and
+ * dpost/dcomb (from HC_post's backward) into dX (accumulated) and the
+ * HC parameters' and norm weight's gradients. */
+static whale_code hc_pre_backward(nw_session *s, const nw_config *c, int T, const float *X, const float *fn,
+                                  const float *scale, const float *base, const float *norm_w, const nw_hc_acts *h,
+                                  float *dX, float *gfn, float *gscale, float *gbase, float *gnorm,
+                                  whale_err *err) {
+    struct nw_backward *b = s->bw;
+    k_rmsnorm_backward(b->dy, gnorm, b->dyn, h->y, norm_w, h->norm_rstd, T, c->D);
+    k_hc_reduce_backward(dX, b->dpre, b->dy, X, h->pre, T, c->M, c->D);
+    k_hc_coeffs_backward_rows(h->mix, scale, base, c->M, c->sinkhorn_iters, c->hc_eps, b->dpre, b->dpost, b->dcomb,
+                              b->dmix, gscale, gbase, T);
+    return mix_backward(s, T, c->mix, c->M * c->D, X, fn, h->mix, h->rstd, b->dmix, dX, gfn, err);
+}
+
+/* Backward of attention(): b->dsub (gradient of a->a) into b->dyn (written). */
+static whale_code attention_backward(nw_session *s, const nw_model *nw, const nw_layer *ly, nw_layer *gl,
+                                     const nw_layer_acts *a, int B, int S, whale_err *err) {
+    const nw_config *c = &nw->c;
+    struct nw_backward *b = s->bw;
+    whale_gemm *g = s->gemm;
+    int T = B * S, HD = c->H * c->Dh, GR = c->G * c->Ro, gin = HD / c->G;
+    float scale = 1.0f / sqrtf((float)c->Dh);
+    whale_code e;
+    if ((e = whale_gemm_nn(g, T, GR, c->D, b->dsub, c->D, ly->wo_b, GR, b->dz, GR, 0, err)) ||
+        (e = whale_gemm_tn(g, c->D, GR, T, b->dsub, c->D, a->z, GR, gl->wo_b, GR, 1, err)) ||
+        (e = k_grouped_linear_backward(g, b->datt, gl->wo_a, b->dz, a->att_d, ly->wo_a, T, c->G, gin, c->Ro, err)))
+        return e;
+    k_rope_backward(b->datt, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 1);
+    memset(b->dkv, 0, sizeof(float) * (size_t)T * c->Dh);
+    for (int bi = 0; bi < B; bi++) {
+        const float *kv = a->kv + (size_t)bi * S * c->Dh;
+        float *dkv = b->dkv + (size_t)bi * S * c->Dh;
+        if ((e = k_attention_backward(g, b->dq + (size_t)bi * S * HD, dkv, dkv, b->datt + (size_t)bi * S * HD,
+                                      a->q + (size_t)bi * S * HD, kv, kv, c->Dh, S, 0, c->H, 1, c->Dh, scale,
+                                      b->att_work, err)))
+            return e;
+    }
+    k_rope_backward(b->dq, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
+    k_rope_backward(b->dkv, T, c->Dh, 1, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
+    k_rmsnorm_backward(b->dq, NULL, b->dq, a->q_raw, NULL, a->q_rstd, (long)T * c->H, c->Dh);
+    if ((e = whale_gemm_nn(g, T, c->Q, HD, b->dq, HD, ly->wq_b, c->Q, b->dqlat, c->Q, 0, err)) ||
+        (e = whale_gemm_tn(g, HD, c->Q, T, b->dq, HD, a->qlat, c->Q, gl->wq_b, c->Q, 1, err)))
+        return e;
+    k_rmsnorm_backward(b->dqlat, gl->q_norm, b->dqlat, a->qlat_raw, ly->q_norm, a->qlat_rstd, T, c->Q);
+    const float *yn = a->hca.yn;
+    if ((e = whale_gemm_nn(g, T, c->D, c->Q, b->dqlat, c->Q, ly->wq_a, c->D, b->dyn, c->D, 0, err)) ||
+        (e = whale_gemm_tn(g, c->Q, c->D, T, b->dqlat, c->Q, yn, c->D, gl->wq_a, c->D, 1, err)))
+        return e;
+    k_rmsnorm_backward(b->dkv, gl->kv_norm, b->dkv, a->kv_raw, ly->kv_norm, a->kv_rstd, T, c->Dh);
+    if ((e = whale_gemm_nn(g, T, c->D, c->Dh, b->dkv, c->Dh, ly->wkv, c->D, b->dyn, c->D, 1, err))) return e;
+    return whale_gemm_tn(g, c->Dh, c->D, T, b->dkv, c->Dh, yn, c->D, gl->wkv, c->D, 1, err);
+}
+
+/* Backward of one SwiGLU expert on n rows: dout [n, D] → dx [n, D] (written)
+ * and the expert's weight gradients. */
+static whale_code expert_backward(nw_session *s, const nw_config *c, int n, const float *x, const float *dout,
+                                  const float *gg, const float *uu, const float *hh, const float *w1,
+                                  const float *w2, const float *w3, float *g1, float *g2, float *g3, float limit,
+                                  float *dx, whale_err *err) {
+    struct nw_backward *b = s->bw;
+    whale_gemm *g = s->gemm;
+    whale_code e;
+    if ((e = whale_gemm_nn(g, n, c->F, c->D, dout, c->D, w2, c->F, b->dh, c->F, 0, err)) ||
+        (e = whale_gemm_tn(g, c->D, c->F, n, dout, c->D, hh, c->F, g2, c->F, 1, err)))
+        return e;
+    k_swiglu_backward(b->dg, b->du, b->dh, gg, uu, (long)n * c->F, limit);
+    if ((e = whale_gemm_nn(g, n, c->D, c->F, b->dg, c->F, w1, c->D, dx, c->D, 0, err)) ||
+        (e = whale_gemm_nn(g, n, c->D, c->F, b->du, c->F, w3, c->D, dx, c->D, 1, err)) ||
+        (e = whale_gemm_tn(g, c->F, c->D, n, b->dg, c->F, x, c->D, g1, c->D, 1, err)))
+        return e;
+    return whale_gemm_tn(g, c->F, c->D, n, b->du, c->F, x, c->D, g3, c->D, 1, err);
+}
+
+/* Backward of moe(): b->dsub (gradient of a->f) into b->dyn (written). */
+static whale_code moe_backward(nw_session *s, const nw_config *c, const nw_layer *ly, nw_layer *gl,
+                               const nw_layer_acts *a, int T, whale_err *err) {
+    struct nw_backward *b = s->bw;
+    const float *yn = a->hcf.yn, *df = b->dsub;
+    whale_code e;
+    if ((e = expert_backward(s, c, T, yn, df, a->sh_g, a->sh_u, a->sh_h, ly->sw1, ly->sw2, ly->sw3, gl->sw1, gl->sw2,
+                             gl->sw3, 0.0f, b->dyn, err)))
+        return e;
+    /* gradient of each routing weight: ⟨df, expert output⟩ */
+#pragma omp parallel for schedule(static) if (T > 64)
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < c->K; k++) {
+            const float *eo = a->ex_out + (size_t)a->ex_row[(size_t)t * c->K + k] * c->D, *d = df + (size_t)t * c->D;
+            double acc = 0;
+            for (int i = 0; i < c->D; i++) acc += (double)d[i] * eo[i];
+            b->dtopw[(size_t)t * c->K + k] = (float)acc;
+        }
+    for (int ex = 0; ex < c->E; ex++) {
+        int r0 = a->ex_off[ex], ne = a->ex_off[ex + 1] - r0;
+        if (!ne) continue;
+        for (int i = 0; i < ne; i++) {
+            int t = a->ex_tok[r0 + i];
+            float w = a->ex_w[r0 + i];
+            memcpy(s->ex_in + (size_t)i * c->D, yn + (size_t)t * c->D, sizeof(float) * c->D);
+            for (int d = 0; d < c->D; d++) b->de_out[(size_t)i * c->D + d] = w * df[(size_t)t * c->D + d];
+        }
+        size_t fo = (size_t)r0 * c->F;
+        if ((e = expert_backward(s, c, ne, s->ex_in, b->de_out, a->ex_g + fo, a->ex_u + fo, a->ex_h + fo, ly->w1[ex],
+                                 ly->w2[ex], ly->w3[ex], gl->w1[ex], gl->w2[ex], gl->w3[ex], c->swiglu_limit, b->de_x,
+                                 err)))
+            return e;
+        for (int i = 0; i < ne; i++) { /* row order: deterministic */
+            float *o = b->dyn + (size_t)a->ex_tok[r0 + i] * c->D;
+            const float *r = b->de_x + (size_t)i * c->D;
+            for (int d = 0; d < c->D; d++) o[d] += r[d];
+        }
+    }
+    for (int t = 0; t < T; t++)
+        k_gate_route_backward(c->scoring, c->E, c->K, c->route_scale, a->glog + (size_t)t * c->E,
+                              a->topk + (size_t)t * c->K, b->dtopw + (size_t)t * c->K, b->dglog + (size_t)t * c->E);
+    if ((e = whale_gemm_tn(s->gemm, c->E, c->D, T, b->dglog, c->E, yn, c->D, gl->gate_w, c->D, 1, err))) return e;
+    return whale_gemm_nn(s->gemm, T, c->D, c->E, b->dglog, c->E, ly->gate_w, c->D, b->dyn, c->D, 1, err);
+}
+
+static whale_code nw_train_step(whale_session *base, const int32_t *ids, const int32_t *labels, int B, int S,
+                                double loss_scale, double *loss_out, int64_t *count_out, whale_err *err) {
+    nw_session *s = (nw_session *)base;
+    const nw_model *nw = base->model->impl;
+    const nw_config *c = &nw->c;
+    struct nw_backward *b = s->bw;
+    nw_model *gw = &b->gw;
+    int T = B * S, D = c->D, M = c->M, MD = M * D, V = c->vocab;
+    whale_code e = forward_hidden(s, ids, B, S, err);
+    if (e) return e;
+
+    /* lm_head and cross-entropy in row chunks */
+    int64_t count = 0;
+    for (int t = 0; t < T; t++) {
+        int last = t % S == S - 1;
+        b->tgt[t] = last ? -100 : labels ? labels[t + 1] : ids[t + 1];
+        count += b->tgt[t] != -100;
+    }
+    const float *head = c->tie_embeddings ? nw->embed : nw->lm_head;
+    float *ghead = c->tie_embeddings ? gw->embed : gw->lm_head;
+    double total = 0;
+    for (int r0 = 0; r0 < T; r0 += CE_CHUNK) {
+        int n = T - r0 < CE_CHUNK ? T - r0 : CE_CHUNK;
+        if ((e = whale_gemm_nt(s->gemm, n, V, D, s->hn + (size_t)r0 * D, D, head, D, b->logits, V, 0, err))) return e;
+        int64_t cn;
+        double l = whale_cross_entropy_labels_backward(b->logits, b->logits, b->tgt + r0, 1, n, V, &cn);
+        if (cn) {
+            total += l * (double)cn;
+            float f = (float)(loss_scale * (double)cn / (double)count); /* chunk mean → batch mean */
+            for (size_t i = 0; i < (size_t)n * V; i++) b->logits[i] *= f;
+        }
+        if ((e = whale_gemm_nn(s->gemm, n, D, V, b->logits, V, head, D, b->dhn + (size_t)r0 * D, D, 0, err)) ||
+            (e = whale_gemm_tn(s->gemm, V, D, n, b->logits, V, s->hn + (size_t)r0 * D, D, ghead, D, 1, err)))
+            return e;
+    }
+    *loss_out = count ? total / (double)count : NAN;
+    *count_out = count;
+
+    /* final norm and HC head */
+    const float *Xf = s->X[2 * c->L];
+    float *dX = b->dXa, *dXo = b->dXb;
+    k_rmsnorm_backward(b->dy, gw->norm, b->dhn, s->h, nw->norm, s->hn_rstd, T, D);
+    memset(dX, 0, sizeof(float) * (size_t)T * MD);
+    k_hc_reduce_backward(dX, b->dpre, b->dy, Xf, s->head_pre, T, M, D);
+    k_hc_head_coeffs_backward_rows(s->head_mix, nw->hc_head_scale, nw->hc_head_base, M, c->hc_eps, b->dpre, b->dmix,
+                                   gw->hc_head_scale, gw->hc_head_base, T);
+    if ((e = mix_backward(s, T, M, MD, Xf, nw->hc_head_fn, s->head_mix, s->head_rstd, b->dmix, dX, gw->hc_head_fn, err)))
+        return e;
+
+    for (int l = c->L - 1; l >= 0; l--) {
+        const nw_layer *ly = &nw->layers[l];
+        nw_layer *gl = &gw->layers[l];
+        const nw_layer_acts *a = &s->acts[l];
+        const float *Xin = s->X[2 * l], *Xmid = s->X[2 * l + 1];
+        /* MoE sub-layer: dX holds the gradient of the layer's output state */
+        memset(dXo, 0, sizeof(float) * (size_t)T * MD);
+        k_hc_expand_backward(b->dsub, dXo, b->dpost, b->dcomb, dX, a->f, Xmid, a->hcf.post, a->hcf.comb, T, M, D);
+        if ((e = moe_backward(s, c, ly, gl, a, T, err)) ||
+            (e = hc_pre_backward(s, c, T, Xmid, ly->hc_ffn_fn, ly->hc_ffn_scale, ly->hc_ffn_base, ly->ffn_norm, &a->hcf,
+                                 dXo, gl->hc_ffn_fn, gl->hc_ffn_scale, gl->hc_ffn_base, gl->ffn_norm, err)))
+            return e;
+        /* attention sub-layer: dXo now holds the gradient of the middle state */
+        memset(dX, 0, sizeof(float) * (size_t)T * MD);
+        k_hc_expand_backward(b->dsub, dX, b->dpost, b->dcomb, dXo, a->a, Xin, a->hca.post, a->hca.comb, T, M, D);
+        if ((e = attention_backward(s, nw, ly, gl, a, B, S, err)) ||
+            (e = hc_pre_backward(s, c, T, Xin, ly->hc_attn_fn, ly->hc_attn_scale, ly->hc_attn_base, ly->attn_norm,
+                                 &a->hca, dX, gl->hc_attn_fn, gl->hc_attn_scale, gl->hc_attn_base, gl->attn_norm, err)))
+            return e;
+    }
+    /* embedding: every stream of X0 is a copy of the token's row */
+    for (int t = 0; t < T; t++) {
+        float *row = gw->embed + (size_t)ids[t] * D;
+        for (int m = 0; m < M; m++) {
+            const float *d = dX + ((size_t)t * M + m) * D;
+            for (int i = 0; i < D; i++) row[i] += d[i];
+        }
+    }
+    return WHALE_OK;
+}
+
+static whale_code nw_train_session_new(whale_model *m, int max_batch, int seq, whale_session **out, whale_err *err) {
+    const nw_model *nw = m->impl;
+    const nw_config *c = &nw->c;
+    nw_session *s = NULL;
+    whale_code e = nw_session_create(m, max_batch, seq, 1, &s, err);
+    if (e) return e;
+    whale_session *base = &s->base;
+    base->train_fn = nw_train_step;
+    size_t T = (size_t)max_batch * seq, MD = (size_t)c->M * c->D, HD = (size_t)c->H * c->Dh, tot = 0;
+    struct nw_backward *b = s->bw = calloc(1, sizeof *b);
+    base->grad_offsets = malloc(sizeof(size_t) * (size_t)m->n_params);
+    if (!b || !base->grad_offsets) goto nomem;
+    for (int i = 0; i < m->n_params; i++) {
+        base->grad_offsets[i] = base->n_grad;
+        base->n_grad += (size_t)whale_shape_numel(m->params[i].ndim, m->params[i].shape);
+    }
+    base->grads = whale_calloc(sizeof(float) * base->n_grad);
+    if (!base->grads) goto nomem;
+    /* Gradient pointers with the model's structure: register the same
+     * parameter table against gw, then aim each slot at its gradient. */
+    whale_model shadow = {0};
+    b->gw.c = *c;
+    if (register_params(&shadow, &b->gw, err)) {
+        free(shadow.params);
+        nw_session_free(base);
+        return err->code;
+    }
+    for (int i = 0; i < shadow.n_params; i++) *shadow.params[i].slot = base->grads + base->grad_offsets[i];
+    free(shadow.params);
+
+    size_t V = (size_t)c->vocab, ch = T < CE_CHUNK ? T : CE_CHUNK;
+#define A(ptr, n) ((ptr = sess_alloc(s, (n), 4, &tot)) != NULL)
+    if (!(A(b->dXa, T * MD) && A(b->dXb, T * MD) && A(b->dsub, T * c->D) && A(b->dyn, T * c->D) &&
+          A(b->dy, T * c->D) && A(b->dmix, T * c->mix) && A(b->drstd, T) && A(b->dpre, T * c->M) &&
+          A(b->dpost, T * c->M) && A(b->dcomb, T * c->M * c->M) && A(b->dz, T * c->G * c->Ro) && A(b->datt, T * HD) &&
+          A(b->dq, T * HD) && A(b->dqlat, T * c->Q) && A(b->dkv, T * c->Dh) && A(b->dtopw, T * c->K) &&
+          A(b->dglog, T * c->E) && A(b->de_out, T * c->D) && A(b->de_x, T * c->D) && A(b->dh, T * c->F) &&
+          A(b->dg, T * c->F) && A(b->du, T * c->F) && A(b->tgt, T) && A(b->logits, ch * V) && A(b->dhn, T * c->D) &&
+          A(b->att_work, k_attention_backward_work_floats(seq, c->H))))
+        goto nomem;
+#undef A
+    *out = base;
+    return WHALE_OK;
+nomem:
+    nw_session_free(base);
+    return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate training buffers for batch %d × %d", max_batch, seq);
+}
+
 /* ------------------------------------------------------------------ costs */
 
 /* Weights every token multiplies with (per layer): HC mixes, attention
@@ -715,6 +1024,7 @@ static const whale_model_ops nw_ops = {
     .config_to_json = nw_config_to_json,
     .print_info = nw_print_info,
     .session_new = nw_session_new,
+    .train_session_new = nw_train_session_new,
     .forward_flops = nw_forward_flops,
     .decode_weight_bytes = nw_decode_weight_bytes,
 };

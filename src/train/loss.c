@@ -1,8 +1,11 @@
 /* Mean shifted cross-entropy (the model's own loss): logits[:, :-1] against
- * ids[:, 1:], targets equal to -100 ignored. Accumulated in double. */
-#include "whale.h"
+ * ids[:, 1:], targets equal to -100 ignored. Accumulated in double. Below it,
+ * the training variants that also produce the gradient (train/loss.h). */
+#include "train/loss.h"
 
 #include <math.h>
+#include <omp.h>
+#include <string.h>
 
 double whale_cross_entropy(const float *logits, const int32_t *ids, int B, int S, int V, int64_t *count) {
     double total = 0;
@@ -24,4 +27,80 @@ double whale_cross_entropy(const float *logits, const int32_t *ids, int B, int S
     }
     if (count) *count = n;
     return n ? total / (double)n : NAN;
+}
+
+/* ------------------------------------------------------------ training */
+
+/* Target of row r: ids[r+1] in shifted mode (none for a sequence's last
+ * position), labels[r] otherwise; -1 when the row is not scored. */
+static int32_t row_target(const int32_t *t, int shifted, long r, int S, int V) {
+    int32_t y;
+    if (shifted) {
+        if ((int)(r % S) == S - 1) return -1;
+        y = t[r + 1];
+    } else {
+        y = t[r];
+    }
+    return y >= 0 && y < V ? y : -1;
+}
+
+/* Loss of every scored row, summed per thread over a contiguous slice of
+ * rows and the thread sums added in thread order (fixed for a given thread
+ * count). With dl, also writes the gradient (1/count scaling) in place. */
+static double ce_common(float *dl, const float *logits, const int32_t *t, int shifted, int B, int S, int V,
+                        int64_t *count) {
+    long rows = (long)B * S;
+    int64_t n = 0;
+    for (long r = 0; r < rows; r++) n += row_target(t, shifted, r, S, V) >= 0;
+    if (count) *count = n;
+    float inv_n = n ? 1.0f / (float)n : 0.0f;
+    double total = 0;
+#pragma omp parallel
+    {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        long r0 = rows * id / nt, r1 = rows * (id + 1) / nt;
+        double part = 0;
+        for (long r = r0; r < r1; r++) {
+            const float *row = logits + r * (long)V;
+            float *drow = dl ? dl + r * (long)V : NULL;
+            int32_t y = row_target(t, shifted, r, S, V);
+            if (y < 0) {
+                if (drow) memset(drow, 0, sizeof(float) * (size_t)V);
+                continue;
+            }
+            float mx = -INFINITY, ly = row[y]; /* read before drow may overwrite it */
+            for (int v = 0; v < V; v++)
+                if (row[v] > mx) mx = row[v];
+            double sum = 0;
+            if (drow) {
+                for (int v = 0; v < V; v++) sum += (drow[v] = expf(row[v] - mx));
+                float c = (float)(inv_n / sum);
+                for (int v = 0; v < V; v++) drow[v] *= c;
+                drow[y] -= inv_n;
+            } else {
+                for (int v = 0; v < V; v++) sum += expf(row[v] - mx);
+            }
+            part += log(sum) + mx - ly;
+        }
+#pragma omp for ordered schedule(static, 1)
+        for (int i = 0; i < nt; i++) {
+#pragma omp ordered
+            total += part;
+        }
+    }
+    return n ? total / (double)n : NAN;
+}
+
+double whale_cross_entropy_backward(float *dlogits, const float *logits, const int32_t *ids, int B, int S, int V,
+                                    int64_t *count) {
+    return ce_common(dlogits, logits, ids, 1, B, S, V, count);
+}
+
+double whale_cross_entropy_labels(const float *logits, const int32_t *labels, int B, int S, int V, int64_t *count) {
+    return ce_common(NULL, logits, labels, 0, B, S, V, count);
+}
+
+double whale_cross_entropy_labels_backward(float *dlogits, const float *logits, const int32_t *labels, int B, int S,
+                                           int V, int64_t *count) {
+    return ce_common(dlogits, logits, labels, 0, B, S, V, count);
 }

@@ -1,0 +1,28 @@
+/* Cross-entropy losses with their gradients, for training. The plain forward
+ * loss whale_cross_entropy is declared in whale.h. */
+#ifndef WHALE_TRAIN_LOSS_H
+#define WHALE_TRAIN_LOSS_H
+
+#include "whale.h"
+
+#include <stdint.h>
+
+/* Loss and gradient of whale_cross_entropy (the mean shifted loss: row (b,s)
+ * of logits is scored against ids[b,s+1]; targets of -100 or outside
+ * [0, V) and each sequence's last position are not scored).
+ * dlogits [B,S,V] is overwritten: (softmax(row) − onehot(target))/count on
+ * scored rows, 0 on the others. It may alias logits. Returns the loss (NaN
+ * when count is 0, then dlogits is all 0) and the scored count in *count.
+ * The loss equals whale_cross_entropy's up to rounding (exps are taken in
+ * fp32 here and summed in double). Deterministic for a given thread count. */
+double whale_cross_entropy_backward(float *dlogits, const float *logits, const int32_t *ids, int B, int S, int V,
+                                    int64_t *count);
+
+/* The same with explicit, already shifted labels: labels[b,s] is the target
+ * of row (b,s) itself, -100 (or anything outside [0, V)) for unscored rows.
+ * Mean over scored rows. */
+double whale_cross_entropy_labels(const float *logits, const int32_t *labels, int B, int S, int V, int64_t *count);
+double whale_cross_entropy_labels_backward(float *dlogits, const float *logits, const int32_t *labels, int B, int S,
+                                           int V, int64_t *count);
+
+#endif
