@@ -175,6 +175,40 @@ int64_t whale_count_targets(const int32_t *labels, int B, int S);
 whale_code whale_session_train_step(whale_session *s, const int32_t *ids, const int32_t *labels, int B, int S,
                                     double loss_scale, double *loss, int64_t *count, whale_err *err);
 
+/* Give every parameter its own writable fp32 memory (a loaded checkpoint is
+ * mapped read-only); needed before updating weights. */
+whale_code whale_model_make_writable(whale_model *m, whale_err *err);
+
+/* ---- optimiser: AdamW with decoupled weight decay (PyTorch semantics) ---- */
+typedef struct {
+    double beta1, beta2, eps, weight_decay;
+} whale_adamw_config;
+
+typedef struct whale_optimizer whale_optimizer;
+/* Moments are fp32, one pair per parameter element. Parameters with no
+ * gradient (attn_sink, gate.bias) are left untouched, as PyTorch skips them;
+ * norm weights and biases are not decayed (Hugging Face Trainer's rule). */
+whale_code whale_adamw_new(whale_model *m, const whale_adamw_config *cfg, whale_optimizer **out, whale_err *err);
+void whale_optimizer_free(whale_optimizer *o);
+/* One update of m's parameters from s's gradients with learning rate lr. */
+void whale_adamw_step(whale_optimizer *o, whale_session *s, double lr);
+int64_t whale_optimizer_steps(const whale_optimizer *o);
+/* Moments for checkpoints: m and v of parameter i. */
+float *whale_optimizer_moment(whale_optimizer *o, int which, int param_index);
+void whale_optimizer_set_steps(whale_optimizer *o, int64_t steps);
+
+/* Global L2 norm of the session's gradients (summed in double, fixed order). */
+double whale_grad_norm(whale_session *s);
+/* Clip to max_norm like torch.nn.utils.clip_grad_norm_: scale by
+ * max_norm / (norm + 1e-6) when that is below 1. Returns the norm before. */
+double whale_clip_grad_norm(whale_session *s, double max_norm);
+
+/* Learning-rate multiplier at optimiser step k (0-based) as Hugging Face's
+ * schedulers compute it: linear warmup over `warmup` steps from 0, then
+ * constant, linear decay to 0, or cosine decay to 0 at `total` steps. */
+typedef enum { WHALE_LR_CONSTANT = 0, WHALE_LR_LINEAR, WHALE_LR_COSINE } whale_lr_schedule;
+double whale_lr_multiplier(whale_lr_schedule sched, int64_t k, int64_t warmup, int64_t total);
+
 /* ---------------------------------------------------------------- sampling */
 
 typedef struct {

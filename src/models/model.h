@@ -18,6 +18,7 @@ typedef struct {
     float *data;      /* fp32 values: into the mmap (zero-copy) or owned memory */
     int decay;        /* 1 if weight decay applies (HF no-decay rule for norms/biases) */
     int used;         /* 0 for tensors the forward pass never reads (attn_sink) */
+    int no_grad;      /* 1 where no gradient can flow (unused, or selection-only like gate.bias) */
 } whale_param;
 
 typedef struct whale_model_ops {

@@ -188,7 +188,8 @@ static whale_code register_params(whale_model *m, nw_model *nw, whale_err *err) 
         P(&ly->hc_ffn_base, 1, 1, 1, SHAPE(mix), "%s.%d.hc_ffn_base", pre, l);
         P(&ly->hc_attn_scale, 1, 1, 1, SHAPE(3), "%s.%d.hc_attn_scale", pre, l);
         P(&ly->hc_ffn_scale, 1, 1, 1, SHAPE(3), "%s.%d.hc_ffn_scale", pre, l);
-        P(&ly->attn_sink, 1, 0, 1, SHAPE(c->H), "%s.%d.attn.attn_sink", pre, l);
+        whale_param *sink = P(&ly->attn_sink, 1, 0, 1, SHAPE(c->H), "%s.%d.attn.attn_sink", pre, l);
+        if (sink) sink->no_grad = 1; /* never read by the forward pass */
         P(&ly->wq_a, 1, 1, 2, SHAPE(c->Q, D), "%s.%d.attn.wq_a.weight", pre, l);
         P(&ly->q_norm, 0, 1, 1, SHAPE(c->Q), "%s.%d.attn.q_norm.weight", pre, l);
         P(&ly->wq_b, 1, 1, 2, SHAPE((int64_t)c->H * c->Dh, c->Q), "%s.%d.attn.wq_b.weight", pre, l);
@@ -197,7 +198,10 @@ static whale_code register_params(whale_model *m, nw_model *nw, whale_err *err) 
         P(&ly->wo_a, 1, 1, 2, SHAPE((int64_t)c->G * c->Ro, (int64_t)c->H * c->Dh / c->G), "%s.%d.attn.wo_a.weight", pre, l);
         P(&ly->wo_b, 1, 1, 2, SHAPE(D, (int64_t)c->G * c->Ro), "%s.%d.attn.wo_b.weight", pre, l);
         P(&ly->gate_w, 1, 1, 2, SHAPE(c->E, D), "%s.%d.ffn.gate.weight", pre, l);
-        if (l >= c->num_hash_layers) P(&ly->gate_b, 0, 1, 1, SHAPE(c->E), "%s.%d.ffn.gate.bias", pre, l);
+        if (l >= c->num_hash_layers) {
+            whale_param *gb = P(&ly->gate_b, 0, 1, 1, SHAPE(c->E), "%s.%d.ffn.gate.bias", pre, l);
+            if (gb) gb->no_grad = 1; /* only selects experts */
+        }
         for (int e = 0; e < c->E; e++) {
             P(&ly->w1[e], 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.experts.%d.w1.weight", pre, l, e);
             P(&ly->w2[e], 1, 1, 2, SHAPE(D, c->F), "%s.%d.ffn.experts.%d.w2.weight", pre, l, e);

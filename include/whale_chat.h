@@ -1,0 +1,110 @@
+/*
+ * whale_chat.h — chat templates without a Jinja engine.
+ *
+ * The two formats the project's models use are rendered natively, byte for
+ * byte as Hugging Face's apply_chat_template renders their real templates
+ * (tests/test_chat.c compares with goldens made by Jinja from those
+ * templates), for plain conversations of system / user / assistant messages:
+ *
+ *   WHALE_CHAT_DEEPSEEK  DeepSeek-V3 (nanowhale):
+ *                        BOS + every system message, in order, joined by
+ *                        "\n\n" (gathered in front wherever they stand) +
+ *                        "<｜User｜>{user}" / "<｜Assistant｜>{assistant}<｜end▁of▁sentence｜>"
+ *                        turns with nothing in between; generation prompt
+ *                        "<｜Assistant｜>".
+ *   WHALE_CHAT_CHATML    Qwen2.5 ChatML: "<|im_start|>{role}\n{content}<|im_end|>\n"
+ *                        per message, preceded by Qwen2.5's default system
+ *                        turn when the first message is not a system message;
+ *                        generation prompt "<|im_start|>assistant\n".
+ *   WHALE_CHAT_RAW       the original project's fallback without a template:
+ *                        "{role}: {content}" lines joined by "\n", then
+ *                        "\nassistant:" for the generation prompt.
+ *
+ * Tool messages, tool calls and thinking parts are refused with an error,
+ * never rendered differently from the real template. Unknown roles, which
+ * the real templates would silently drop, are refused too.
+ */
+#ifndef WHALE_CHAT_H
+#define WHALE_CHAT_H
+
+#include "whale.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { WHALE_CHAT_DEEPSEEK = 0, WHALE_CHAT_CHATML, WHALE_CHAT_RAW } whale_chat_format;
+
+/* role: "system", "user" or "assistant"; content: NUL-terminated UTF-8. */
+typedef struct {
+    const char *role;
+    const char *content;
+} whale_chat_message;
+
+/* Bytes [start, end) of the rendered text that an assistant turn is trained
+ * on: its content plus the closing end-of-turn token (<｜end▁of▁sentence｜> /
+ * <|im_end|>; the raw format has none). message is the index in msgs. */
+typedef struct {
+    size_t start, end;
+    int message;
+} whale_chat_span;
+
+/* Which format a model folder's template is: dir/chat_template.jinja, else
+ * dir/tokenizer_config.json "chat_template" (a string, or a list of
+ * {"name", "template"} of which "default" is used). The real DeepSeek-V3 and
+ * Qwen2.5 templates are recognised by their markers (see chat.c); a missing
+ * or unrecognised template is WHALE_ERR_UNSUPPORTED naming the file and
+ * suggesting --chat-template deepseek|chatml|raw. */
+whale_code whale_chat_detect(const char *model_dir, whale_chat_format *fmt, whale_err *err);
+
+/* "deepseek", "chatml" or "raw" (as --chat-template takes them). */
+whale_code whale_chat_format_from_name(const char *name, whale_chat_format *fmt, whale_err *err);
+const char *whale_chat_format_name(whale_chat_format fmt);
+
+/* Render n messages. bos_token is the DeepSeek format's BOS string (NULL =
+ * "<｜begin▁of▁sentence｜>", "" = none; the other formats use no BOS).
+ * *text is malloc'd and NUL-terminated (*len excludes the NUL). When spans
+ * is not NULL, *spans (malloc'd, NULL when *n_spans is 0) receives one span
+ * per assistant message, in order. Free both with free(). */
+whale_code whale_chat_render(whale_chat_format fmt, const whale_chat_message *msgs, int n,
+                             int add_generation_prompt, const char *bos_token, char **text,
+                             size_t *len, whale_chat_span **spans, int *n_spans, whale_err *err);
+
+/* Render and tokenize as apply_chat_template(tokenize=True) does: the whole
+ * text in one go, added tokens matched in it, no BOS/EOS added by the
+ * tokenizer (the DeepSeek format's BOS is the tokenizer's configured
+ * bos_token, else the default above). *ids and, if loss_mask is not NULL,
+ * *loss_mask (malloc'd, *n_ids entries each) are freed with free().
+ *
+ * loss_mask[i] is 1 for the tokens of assistant spans (content + end-of-turn
+ * token). A token that straddles a span boundary — it holds bytes of the
+ * template and of the content, e.g. ChatML's "\n" merged with the newlines
+ * an assistant reply starts with — is inside the mask: the rule of
+ * transformers' return_assistant_tokens_mask (every token from the one
+ * holding the span's first byte to the one holding its last). The ids are
+ * never changed to make boundaries line up. */
+whale_code whale_chat_encode(whale_tokenizer *tok, whale_chat_format fmt,
+                             const whale_chat_message *msgs, int n, int add_generation_prompt,
+                             int32_t **ids, uint8_t **loss_mask, int *n_ids, whale_err *err);
+
+/* End-of-turn strings generation stops at, NULL-terminated: DeepSeek
+ * "<｜end▁of▁sentence｜>"; ChatML "<|im_end|>", "<|endoftext|>" (Qwen2.5's
+ * generation_config stops at both); raw none (the model's EOS only). */
+const char *const *whale_chat_stop_strings(whale_chat_format fmt);
+/* Their ids in tok (strings that are not one token are left out); at most
+ * cap written, returns how many there are. Add the model's eos ids too. */
+int whale_chat_stop_ids(const whale_tokenizer *tok, whale_chat_format fmt, int32_t *ids, int cap);
+
+/* Messages from JSON: an array of {"role", "content"} objects, or an object
+ * holding one under "messages" (one line of an SFT .jsonl file). content
+ * must be a string. Non-empty "tool_calls", "function_call" or
+ * "reasoning_content" are refused (the native templates do not render them);
+ * other fields are ignored. *msgs is one malloc'd block (strings included):
+ * free it with free(). */
+whale_code whale_chat_parse_json(const char *json, size_t len, whale_chat_message **msgs, int *n,
+                                 whale_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,154 @@
+/* AdamW, gradient clipping and learning-rate schedules. The update follows
+ * torch.optim.AdamW: θ ← θ·(1 − lr·wd); m ← β1·m + (1−β1)·g;
+ * v ← β2·v + (1−β2)·g²; θ ← θ − lr/(1−β1ᵗ) · m / (sqrt(v)/sqrt(1−β2ᵗ) + ε). */
+#include "whale.h"
+
+#include "core/core.h"
+#include "io/safetensors.h"
+#include "models/model.h"
+
+#include <math.h>
+#include <string.h>
+
+struct whale_optimizer {
+    whale_model *model;
+    whale_adamw_config cfg;
+    int64_t steps;
+    float *m, *v;     /* laid out like the session gradients */
+    size_t *offsets;  /* [n_params] */
+};
+
+whale_code whale_model_make_writable(whale_model *m, whale_err *err) {
+    if (!m->source) return WHALE_OK; /* already in owned memory */
+    size_t total = 0;
+    for (int i = 0; i < m->n_params; i++)
+        total += ((size_t)whale_shape_numel(m->params[i].ndim, m->params[i].shape) + 15) & ~(size_t)15;
+    float *buf = whale_alloc(total * sizeof(float));
+    if (!buf) return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB for writable weights", total * 4 / 1048576.0);
+    size_t off = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        whale_param *p = &m->params[i];
+        size_t n = (size_t)whale_shape_numel(p->ndim, p->shape);
+        memcpy(buf + off, p->data, n * sizeof(float));
+        p->data = buf + off;
+        *p->slot = p->data;
+        off += (n + 15) & ~(size_t)15;
+    }
+    free(m->owned);
+    m->owned = buf;
+    whale_st_close(m->source);
+    m->source = NULL;
+    return WHALE_OK;
+}
+
+whale_code whale_adamw_new(whale_model *m, const whale_adamw_config *cfg, whale_optimizer **out, whale_err *err) {
+    *out = NULL;
+    if (!(cfg->beta1 >= 0 && cfg->beta1 < 1) || !(cfg->beta2 >= 0 && cfg->beta2 < 1))
+        return whale_errf(err, WHALE_ERR_ARG, "AdamW betas must be in [0, 1), got %g and %g", cfg->beta1, cfg->beta2);
+    if (!(cfg->eps > 0) || !(cfg->weight_decay >= 0))
+        return whale_errf(err, WHALE_ERR_ARG, "AdamW needs eps > 0 and weight decay >= 0");
+    whale_code c = whale_model_make_writable(m, err);
+    if (c) return c;
+    whale_optimizer *o = calloc(1, sizeof *o);
+    if (!o) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    o->model = m;
+    o->cfg = *cfg;
+    o->offsets = malloc(sizeof(size_t) * (size_t)m->n_params);
+    size_t n = 0;
+    for (int i = 0; o->offsets && i < m->n_params; i++) {
+        o->offsets[i] = n;
+        n += (size_t)whale_shape_numel(m->params[i].ndim, m->params[i].shape);
+    }
+    o->m = whale_calloc(n * sizeof(float));
+    o->v = whale_calloc(n * sizeof(float));
+    if (!o->offsets || !o->m || !o->v) {
+        whale_optimizer_free(o);
+        return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of AdamW moments", n * 8 / 1048576.0);
+    }
+    *out = o;
+    return WHALE_OK;
+}
+
+void whale_optimizer_free(whale_optimizer *o) {
+    if (!o) return;
+    free(o->m);
+    free(o->v);
+    free(o->offsets);
+    free(o);
+}
+
+int64_t whale_optimizer_steps(const whale_optimizer *o) { return o->steps; }
+void whale_optimizer_set_steps(whale_optimizer *o, int64_t steps) { o->steps = steps; }
+
+float *whale_optimizer_moment(whale_optimizer *o, int which, int i) {
+    if (i < 0 || i >= o->model->n_params) return NULL;
+    return (which ? o->v : o->m) + o->offsets[i];
+}
+
+void whale_adamw_step(whale_optimizer *o, whale_session *s, double lr) {
+    const whale_model *m = o->model;
+    const whale_adamw_config *c = &o->cfg;
+    o->steps++;
+    double bc1 = 1.0 - pow(c->beta1, (double)o->steps), bc2 = 1.0 - pow(c->beta2, (double)o->steps);
+    float step = (float)(lr / bc1), inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
+    float b1 = (float)c->beta1, b2 = (float)c->beta2, eps = (float)c->eps;
+    for (int i = 0; i < m->n_params; i++) {
+        const whale_param *p = &m->params[i];
+        if (p->no_grad) continue; /* PyTorch skips parameters without a gradient */
+        float decay = p->decay ? (float)(1.0 - lr * c->weight_decay) : 1.0f;
+        long n = (long)whale_shape_numel(p->ndim, p->shape);
+        float *w = p->data, *mm = o->m + o->offsets[i], *vv = o->v + o->offsets[i];
+        const float *g = whale_session_grad(s, i);
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (long k = 0; k < n; k++) {
+            mm[k] = b1 * mm[k] + (1.0f - b1) * g[k];
+            vv[k] = b2 * vv[k] + (1.0f - b2) * g[k] * g[k];
+            w[k] = w[k] * decay - step * mm[k] / (sqrtf(vv[k]) * inv_sqrt_bc2 + eps);
+        }
+    }
+}
+
+double whale_grad_norm(whale_session *s) {
+    double total = 0;
+    const float *g = s->grads;
+    /* fixed chunks summed in order: the same result for any thread count */
+    enum { CHUNK = 1 << 16 };
+    size_t n = s->n_grad, nchunks = (n + CHUNK - 1) / CHUNK;
+    double *part = malloc(sizeof(double) * (nchunks ? nchunks : 1));
+    if (!part) { /* fall back to one sequential sum */
+        for (size_t k = 0; k < n; k++) total += (double)g[k] * g[k];
+        return sqrt(total);
+    }
+#pragma omp parallel for schedule(static)
+    for (size_t ch = 0; ch < nchunks; ch++) {
+        double acc = 0;
+        size_t end = (ch + 1) * CHUNK < n ? (ch + 1) * CHUNK : n;
+        for (size_t k = ch * CHUNK; k < end; k++) acc += (double)g[k] * g[k];
+        part[ch] = acc;
+    }
+    for (size_t ch = 0; ch < nchunks; ch++) total += part[ch];
+    free(part);
+    return sqrt(total);
+}
+
+double whale_clip_grad_norm(whale_session *s, double max_norm) {
+    double norm = whale_grad_norm(s);
+    double coef = max_norm / (norm + 1e-6);
+    if (coef < 1.0) {
+        float f = (float)coef;
+#pragma omp parallel for schedule(static)
+        for (size_t k = 0; k < s->n_grad; k++) s->grads[k] *= f;
+    }
+    return norm;
+}
+
+double whale_lr_multiplier(whale_lr_schedule sched, int64_t k, int64_t warmup, int64_t total) {
+    if (k < warmup) return (double)k / (double)(warmup > 0 ? warmup : 1);
+    if (sched == WHALE_LR_CONSTANT) return 1.0;
+    double span = (double)(total - warmup), done = (double)(k - warmup);
+    if (span <= 0) return 0.0;
+    double frac = done / span;
+    if (frac > 1) frac = 1;
+    if (sched == WHALE_LR_LINEAR) return 1.0 - frac;
+    return 0.5 * (1.0 + cos(M_PI * frac));
+}
