@@ -171,9 +171,13 @@ int64_t whale_count_targets(const int32_t *labels, int B, int S);
 /* Forward and backward on ids [B,S]: *loss receives the mean cross-entropy
  * over the *count scored targets, and the gradient of loss_scale × that mean
  * is ADDED to the session's gradients (loss_scale = count / total count
- * averages correctly over accumulated micro-batches). */
-whale_code whale_session_train_step(whale_session *s, const int32_t *ids, const int32_t *labels, int B, int S,
-                                    double loss_scale, double *loss, int64_t *count, whale_err *err);
+ * averages correctly over accumulated micro-batches).
+ * pos [B,S] (RoPE positions) and seg [B,S] (for packed documents: the index
+ * within its sequence of the first token each position may attend to) may
+ * be NULL: positions 0..S−1 and plain causal attention. */
+whale_code whale_session_train_step(whale_session *s, const int32_t *ids, const int32_t *labels, const int32_t *pos,
+                                    const int32_t *seg, int B, int S, double loss_scale, double *loss,
+                                    int64_t *count, whale_err *err);
 
 /* Give every parameter its own writable fp32 memory (a loaded checkpoint is
  * mapped read-only); needed before updating weights. */

@@ -734,6 +734,7 @@ static void test_grouped_linear(whale_gemm *g, whale_rng *r, int T) {
 typedef struct {
     int S, p0, Hq, Hkv, Dh, ldkv;
     double scale, *q, *k, *v, *r, *sc;
+    const int32_t *seg; /* first key of each query (NULL: 0) */
 } att_ctx;
 
 static double att_loss(void *vc) {
@@ -742,18 +743,18 @@ static double att_loss(void *vc) {
     double L = 0;
     for (int s = 0; s < c->S; s++)
         for (int h = 0; h < c->Hq; h++) {
-            int j = h / rep, valid = c->p0 + s + 1;
+            int j = h / rep, valid = c->p0 + s + 1, lo = c->seg ? c->seg[s] : 0;
             const double *q = c->q + ((long)s * c->Hq + h) * Dh, *rr = c->r + ((long)s * c->Hq + h) * Dh;
             double mx = -INFINITY, z = 0;
-            for (int t = 0; t < valid; t++) {
+            for (int t = lo; t < valid; t++) {
                 const double *k = c->k + (long)t * c->ldkv + j * Dh;
                 double d = 0;
                 for (int i = 0; i < Dh; i++) d += q[i] * k[i];
                 c->sc[t] = d * c->scale;
                 mx = fmax(mx, c->sc[t]);
             }
-            for (int t = 0; t < valid; t++) z += (c->sc[t] = exp(c->sc[t] - mx));
-            for (int t = 0; t < valid; t++) {
+            for (int t = lo; t < valid; t++) z += (c->sc[t] = exp(c->sc[t] - mx));
+            for (int t = lo; t < valid; t++) {
                 const double *v = c->v + (long)t * c->ldkv + j * Dh;
                 double w = c->sc[t] / z, a = 0;
                 for (int i = 0; i < Dh; i++) a += rr[i] * v[i];
@@ -764,9 +765,19 @@ static double att_loss(void *vc) {
 }
 
 /* shared: one tensor is both K and V (nanowhale), so dk and dv are one buffer */
-static void test_attention(whale_gemm *g, whale_rng *r, int S, int p0, int Hq, int Hkv, int shared) {
+/* segmented: packed documents, each query sees keys from its document's start */
+static void test_attention(whale_gemm *g, whale_rng *r, int S, int p0, int Hq, int Hkv, int shared, int segmented) {
     enum { DH = 16 };
     int ctx = p0 + S, ldkv = Hkv * DH;
+    int32_t *seg = NULL;
+    if (segmented) {
+        seg = malloc(sizeof(int32_t) * (size_t)S);
+        int start = 0;
+        for (int t = 0; t < ctx; t++) {
+            if (t > 0 && whale_rng_u64(r) % 13 == 0) start = t; /* a new document */
+            if (t >= p0) seg[t - p0] = start;
+        }
+    }
     long nq = (long)S * Hq * DH, nkv = (long)ctx * ldkv;
     float *q = falloc(nq), *k = falloc(nkv), *v = shared ? k : falloc(nkv), *out = falloc(nq), *dout = falloc(nq);
     float *dq = falloc(nq), *dk = falloc(nkv), *dv = shared ? dk : falloc(nkv);
@@ -779,17 +790,17 @@ static void test_attention(whale_gemm *g, whale_rng *r, int S, int p0, int Hq, i
     fill(r, k, nkv, 1.0);
     if (!shared) fill(r, v, nkv, 1.0);
     fill(r, dout, nq, 1.0);
-    CHECK(k_attention(g, out, q, k, v, ldkv, S, p0, Hq, Hkv, DH, scale, work, &err) == WHALE_OK, "%s", err.msg);
+    CHECK(k_attention(g, out, q, k, v, ldkv, seg, S, p0, Hq, Hkv, DH, scale, work, &err) == WHALE_OK, "%s", err.msg);
     set(dq, nq, NAN);
     set(dk, nkv, ACC0);
     if (!shared) set(dv, nkv, ACC0);
-    CHECK(k_attention_backward(g, dq, dk, dv, dout, q, k, v, ldkv, S, p0, Hq, Hkv, DH, scale, work, &err) ==
+    CHECK(k_attention_backward(g, dq, dk, dv, dout, q, k, v, ldkv, seg, S, p0, Hq, Hkv, DH, scale, work, &err) ==
               WHALE_OK,
           "%s", err.msg);
     unacc(dk, nkv);
     if (!shared) unacc(dv, nkv);
     att_ctx c = {S, p0, Hq, Hkv, DH, ldkv, scale, to_d(q, nq), to_d(k, nkv), NULL, to_d(dout, nq),
-                 malloc(sizeof(double) * ctx)};
+                 malloc(sizeof(double) * ctx), seg};
     c.v = shared ? c.k : to_d(v, nkv);
     double mag, lf = fdot(dout, out, nq, &mag);
     check_fwd("k_attention_backward", lf, att_loss(&c), mag);
@@ -807,8 +818,8 @@ static void test_attention(whale_gemm *g, whale_rng *r, int S, int p0, int Hq, i
     for (int th = 1; th <= 2; th++) {
         omp_set_num_threads(th);
         set(dk2, nkv, 0), set(dv2, nkv, 0), set(dk3, nkv, 0), set(dv3, nkv, 0);
-        k_attention_backward(g, dq2, dk2, dv2, dout, q, k, v, ldkv, S, p0, Hq, Hkv, DH, scale, work, &err);
-        k_attention_backward(g, dq3, dk3, dv3, dout, q, k, v, ldkv, S, p0, Hq, Hkv, DH, scale, work, &err);
+        k_attention_backward(g, dq2, dk2, dv2, dout, q, k, v, ldkv, seg, S, p0, Hq, Hkv, DH, scale, work, &err);
+        k_attention_backward(g, dq3, dk3, dv3, dout, q, k, v, ldkv, seg, S, p0, Hq, Hkv, DH, scale, work, &err);
         CHECK(!memcmp(dq2, dq3, sizeof(float) * nq) && !memcmp(dk2, dk3, sizeof(float) * nkv) &&
                   !memcmp(dv2, dv3, sizeof(float) * nkv),
               "attention backward S=%d threads=%d not repeatable", S, th);
@@ -824,7 +835,7 @@ static void test_attention(whale_gemm *g, whale_rng *r, int S, int p0, int Hq, i
     free(dq2), free(dk2), free(dq3), free(dk3);
     if (!shared) free(dv2), free(dv3), free(c.v), free(v), free(dv);
     free(c.q), free(c.k), free(c.r), free(c.sc);
-    free(q), free(k), free(out), free(dout), free(dq), free(dk), free(work);
+    free(q), free(k), free(out), free(dout), free(dq), free(dk), free(work), free(seg);
 }
 
 /* ------------------------------------------------------------ cross-entropy */
@@ -962,14 +973,18 @@ int main(void) {
     test_grouped_linear(g, &r, 300); /* oneDNN path */
     /* direct path (few rows) and the blocked GEMM path; MQA with dk == dv,
      * GQA, a cache prefix p0 > 0 */
-    test_attention(g, &r, 1, 0, 8, 1, 1);
-    test_attention(g, &r, 1, 20, 4, 1, 1);
-    test_attention(g, &r, 3, 10, 4, 2, 0);
-    test_attention(g, &r, 5, 3, 2, 2, 0);
-    test_attention(g, &r, 130, 0, 4, 1, 1);
-    test_attention(g, &r, 100, 0, 4, 1, 0);
-    test_attention(g, &r, 70, 33, 4, 2, 0);
-    test_attention(g, &r, 70, 9, 4, 2, 1);
+    test_attention(g, &r, 1, 0, 8, 1, 1, 0);
+    test_attention(g, &r, 1, 20, 4, 1, 1, 0);
+    test_attention(g, &r, 3, 10, 4, 2, 0, 0);
+    test_attention(g, &r, 5, 3, 2, 2, 0, 0);
+    test_attention(g, &r, 130, 0, 4, 1, 1, 0);
+    test_attention(g, &r, 100, 0, 4, 1, 0, 0);
+    test_attention(g, &r, 70, 33, 4, 2, 0, 0);
+    test_attention(g, &r, 70, 9, 4, 2, 1, 0);
+    /* packed documents: block-diagonal causal masks */
+    test_attention(g, &r, 3, 20, 4, 2, 0, 1);
+    test_attention(g, &r, 130, 0, 4, 1, 1, 1);
+    test_attention(g, &r, 70, 9, 4, 2, 0, 1);
     test_cross_entropy(&r);
     test_cross_entropy_determinism(&r);
     whale_gemm_free(g);

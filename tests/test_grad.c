@@ -29,7 +29,7 @@ static void check_grads(const char *model_name, const char *golden_name) {
     CHECK(whale_train_session_new(m, B, S, &s, &err) == WHALE_OK, "%s", err.msg);
     double loss;
     int64_t count;
-    CHECK(whale_session_train_step(s, ids->data, labels->data, B, S, 1.0, &loss, &count, &err) == WHALE_OK, "%s",
+    CHECK(whale_session_train_step(s, ids->data, labels->data, NULL, NULL, B, S, 1.0, &loss, &count, &err) == WHALE_OK, "%s",
           err.msg);
     CHECK(count == whale_count_targets(labels->data, B, S), "count %lld", (long long)count);
     float lr = *(const float *)loss_ref->data;
@@ -71,13 +71,13 @@ static void check_grads(const char *model_name, const char *golden_name) {
     float *first = malloc(total * sizeof(float));
     memcpy(first, whale_session_grad(s, 0), total * sizeof(float));
     whale_session_zero_grad(s);
-    CHECK(whale_session_train_step(s, ids->data, labels->data, B, S, 1.0, &loss, &count, &err) == WHALE_OK, "%s",
+    CHECK(whale_session_train_step(s, ids->data, labels->data, NULL, NULL, B, S, 1.0, &loss, &count, &err) == WHALE_OK, "%s",
           err.msg);
     CHECK(memcmp(first, whale_session_grad(s, 0), total * sizeof(float)) == 0, "%s: repeated step differs", model_name);
     /* accumulation: two half-scaled steps equal one full step */
     whale_session_zero_grad(s);
     for (int k = 0; k < 2; k++)
-        whale_session_train_step(s, ids->data, labels->data, B, S, 0.5, &loss, &count, &err);
+        whale_session_train_step(s, ids->data, labels->data, NULL, NULL, B, S, 0.5, &loss, &count, &err);
     double dmax = 0, gmax = 0;
     const float *acc = whale_session_grad(s, 0);
     for (size_t k = 0; k < total; k++) {

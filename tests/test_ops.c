@@ -231,7 +231,7 @@ static void test_attention(whale_gemm *g, whale_rng *r, int S, int p0, int Hq, i
     fill(r, v, ctx * ldkv, 1.0);
     whale_err err;
     float scale = 1.0f / sqrtf(DH);
-    CHECK(k_attention(g, out, q, k, v, ldkv, S, p0, Hq, Hkv, DH, scale, work, &err) == WHALE_OK, "%s", err.msg);
+    CHECK(k_attention(g, out, q, k, v, ldkv, NULL, S, p0, Hq, Hkv, DH, scale, work, &err) == WHALE_OK, "%s", err.msg);
     double e = 0;
     for (int s = 0; s < S; s++)
         for (int h = 0; h < Hq; h++) {

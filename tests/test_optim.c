@@ -33,7 +33,7 @@ static void test_adamw_reference(void) {
         double loss;
         int64_t count;
         whale_session_zero_grad(s);
-        CHECK(whale_session_train_step(s, ids->data, labels->data, B, S, 1.0, &loss, &count, &err) == WHALE_OK, "%s",
+        CHECK(whale_session_train_step(s, ids->data, labels->data, NULL, NULL, B, S, 1.0, &loss, &count, &err) == WHALE_OK, "%s",
               err.msg);
         double norm = whale_clip_grad_norm(s, 1.0);
         CHECK(fabs(loss - losses[step]) <= 1e-5 * losses[step], "step %d loss %.8g vs %.8g", step, loss, losses[step]);

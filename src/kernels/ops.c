@@ -238,43 +238,47 @@ size_t k_attention_work_floats(int max_ctx, int Hq) {
     return rows * (size_t)max_ctx;
 }
 
-/* softmax of row[0..valid) scaled by `scale`; entries valid..n set to 0 */
-static void masked_softmax(float *row, int valid, int n, float scale) {
+/* softmax of row[lo..valid) scaled by `scale`; entries outside set to 0 */
+static void masked_softmax(float *row, int lo, int valid, int n, float scale) {
     float mx = -INFINITY;
-    for (int t = 0; t < valid; t++) {
+    for (int t = lo; t < valid; t++) {
         row[t] *= scale;
         if (row[t] > mx) mx = row[t];
     }
     float sum = 0;
-    for (int t = 0; t < valid; t++) {
+    for (int t = lo; t < valid; t++) {
         row[t] = expf(row[t] - mx);
         sum += row[t];
     }
     float inv = 1.0f / sum;
-    for (int t = 0; t < valid; t++) row[t] *= inv;
+    for (int t = 0; t < lo; t++) row[t] = 0;
+    for (int t = lo; t < valid; t++) row[t] *= inv;
     for (int t = valid; t < n; t++) row[t] = 0;
 }
 
+/* first key a query may see: its segment's start, or 0 */
+#define SEG_LO(seg, s) ((seg) ? (seg)[s] : 0)
+
 /* Few query rows (decoding): dot products directly, one row per iteration. */
 static void attention_direct(float *out, const float *q, const float *k, const float *v, int ldkv,
-                             int S, int p0, int Hq, int Hkv, int Dh, float scale, float *work) {
+                             const int32_t *seg, int S, int p0, int Hq, int Hkv, int Dh, float scale, float *work) {
     int ctx = p0 + S, rep = Hq / Hkv;
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < S * Hq; r++) {
         int s = r / Hq, h = r % Hq, j = h / rep;
         const float *qr = q + (long)r * Dh;
         float *sc = work + (long)r * ctx;
-        int valid = p0 + s + 1;
-        for (int t = 0; t < valid; t++) {
+        int valid = p0 + s + 1, lo = SEG_LO(seg, s);
+        for (int t = lo; t < valid; t++) {
             const float *kt = k + (long)t * ldkv + (long)j * Dh;
             float d = 0;
             for (int i = 0; i < Dh; i++) d += qr[i] * kt[i];
             sc[t] = d;
         }
-        masked_softmax(sc, valid, valid, scale);
+        masked_softmax(sc, lo, valid, valid, scale);
         float *o = out + (long)r * Dh;
         memset(o, 0, sizeof(float) * (size_t)Dh);
-        for (int t = 0; t < valid; t++) {
+        for (int t = lo; t < valid; t++) {
             const float *vt = v + (long)t * ldkv + (long)j * Dh;
             float p = sc[t];
             for (int i = 0; i < Dh; i++) o[i] += p * vt[i];
@@ -283,10 +287,10 @@ static void attention_direct(float *out, const float *q, const float *k, const f
 }
 
 whale_code k_attention(whale_gemm *g, float *out, const float *q, const float *k, const float *v,
-                       int ldkv, int S, int p0, int Hq, int Hkv, int Dh, float scale, float *work,
-                       whale_err *err) {
+                       int ldkv, const int32_t *seg, int S, int p0, int Hq, int Hkv, int Dh, float scale,
+                       float *work, whale_err *err) {
     if (S * Hq <= ATT_DIRECT_ROWS) {
-        attention_direct(out, q, k, v, ldkv, S, p0, Hq, Hkv, Dh, scale, work);
+        attention_direct(out, q, k, v, ldkv, seg, S, p0, Hq, Hkv, Dh, scale, work);
         return WHALE_OK;
     }
     int rep = Hq / Hkv;
@@ -301,7 +305,8 @@ whale_code k_attention(whale_gemm *g, float *out, const float *q, const float *k
             c = whale_gemm_nt(g, rows, ctx, Dh, q + (long)s0 * Hq * Dh, Dh, k, ldkv, work, ctx, 0, err);
             if (c) return c;
 #pragma omp parallel for schedule(static)
-            for (int r = 0; r < rows; r++) masked_softmax(work + (long)r * ctx, p0 + s0 + r / Hq + 1, ctx, scale);
+            for (int r = 0; r < rows; r++)
+                masked_softmax(work + (long)r * ctx, SEG_LO(seg, s0 + r / Hq), p0 + s0 + r / Hq + 1, ctx, scale);
             c = whale_gemm_nn(g, rows, Dh, ctx, work, ctx, v, ldkv, out + (long)s0 * Hq * Dh, Dh, 0, err);
             if (c) return c;
         } else {
@@ -311,7 +316,8 @@ whale_code k_attention(whale_gemm *g, float *out, const float *q, const float *k
                                   k + (long)j * Dh, ldkv, work, ctx, 0, err);
                 if (c) return c;
 #pragma omp parallel for schedule(static)
-                for (int r = 0; r < nq; r++) masked_softmax(work + (long)r * ctx, p0 + s0 + r + 1, ctx, scale);
+                for (int r = 0; r < nq; r++)
+                    masked_softmax(work + (long)r * ctx, SEG_LO(seg, s0 + r), p0 + s0 + r + 1, ctx, scale);
                 c = whale_gemm_nn(g, nq, Dh, ctx, work, ctx, v + (long)j * Dh, ldkv,
                                   out + (long)s0 * Hq * Dh + (long)h * Dh, Hq * Dh, 0, err);
                 if (c) return c;
@@ -328,27 +334,28 @@ size_t k_attention_backward_work_floats(int max_ctx, int Hq) {
 /* One row's score gradient from its probabilities p and dp = dO·vᵀ (in place):
  * ds_t = p_t·(dp_t − Σ_u p_u·dp_u)·scale, where the scale folds in the
  * forward's multiplication of the raw dot products. Masked entries become 0. */
-static void softmax_row_backward(float *dp, const float *p, int valid, int n, float scale) {
+static void softmax_row_backward(float *dp, const float *p, int lo, int valid, int n, float scale) {
     double dot = 0;
-    for (int t = 0; t < valid; t++) dot += (double)p[t] * dp[t];
+    for (int t = lo; t < valid; t++) dot += (double)p[t] * dp[t];
     float d = (float)dot;
-    for (int t = 0; t < valid; t++) dp[t] = p[t] * (dp[t] - d) * scale;
+    for (int t = 0; t < lo; t++) dp[t] = 0;
+    for (int t = lo; t < valid; t++) dp[t] = p[t] * (dp[t] - d) * scale;
     for (int t = valid; t < n; t++) dp[t] = 0;
 }
 
 /* Few query rows: per-row dot products; the sums over query rows into dk/dv
  * run per key position, each by one thread in row order (deterministic). */
 static void attention_backward_direct(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                                      const float *k, const float *v, int ldkv, int S, int p0, int Hq, int Hkv,
-                                      int Dh, float scale, float *work) {
+                                      const float *k, const float *v, int ldkv, const int32_t *seg, int S, int p0,
+                                      int Hq, int Hkv, int Dh, float scale, float *work) {
     int ctx = p0 + S, rep = Hq / Hkv, rows = S * Hq;
     float *P = work, *dS = work + (size_t)rows * ctx;
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
-        int s = r / Hq, j = (r % Hq) / rep, valid = p0 + s + 1;
+        int s = r / Hq, j = (r % Hq) / rep, valid = p0 + s + 1, lo = SEG_LO(seg, s);
         const float *qr = q + (long)r * Dh, *dor = dout + (long)r * Dh;
         float *pr = P + (long)r * ctx, *dsr = dS + (long)r * ctx;
-        for (int t = 0; t < valid; t++) {
+        for (int t = lo; t < valid; t++) {
             const float *kt = k + (long)t * ldkv + (long)j * Dh, *vt = v + (long)t * ldkv + (long)j * Dh;
             float a = 0, b = 0;
             for (int i = 0; i < Dh; i++) {
@@ -358,11 +365,11 @@ static void attention_backward_direct(float *dq, float *dk, float *dv, const flo
             pr[t] = a;
             dsr[t] = b;
         }
-        masked_softmax(pr, valid, ctx, scale);
-        softmax_row_backward(dsr, pr, valid, ctx, scale);
+        masked_softmax(pr, lo, valid, ctx, scale);
+        softmax_row_backward(dsr, pr, lo, valid, ctx, scale);
         float *dqr = dq + (long)r * Dh;
         memset(dqr, 0, sizeof(float) * (size_t)Dh);
-        for (int t = 0; t < valid; t++) {
+        for (int t = lo; t < valid; t++) {
             const float *kt = k + (long)t * ldkv + (long)j * Dh;
             for (int i = 0; i < Dh; i++) dqr[i] += dsr[t] * kt[i];
         }
@@ -394,16 +401,17 @@ static void attention_backward_direct(float *dq, float *dk, float *dv, const flo
  * n rows of q/dout/dq with stride ldq, row r at query position p0+s0+r/per. */
 static whale_code attention_backward_block(whale_gemm *g, float *dq, float *dk, float *dv, const float *dout,
                                            const float *q, const float *k, const float *v, int ldkv, int ldq, int n,
-                                           int per, int first_valid, int ctx, int Dh, float scale, float *P,
-                                           float *dS, whale_err *err) {
+                                           int per, const int32_t *seg, int first_valid, int ctx, int Dh,
+                                           float scale, float *P, float *dS, whale_err *err) {
     whale_code c;
     if ((c = whale_gemm_nt(g, n, ctx, Dh, q, ldq, k, ldkv, P, ctx, 0, err))) return c;
     if ((c = whale_gemm_nt(g, n, ctx, Dh, dout, ldq, v, ldkv, dS, ctx, 0, err))) return c;
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < n; r++) {
         float *pr = P + (long)r * ctx;
-        masked_softmax(pr, first_valid + r / per, ctx, scale);
-        softmax_row_backward(dS + (long)r * ctx, pr, first_valid + r / per, ctx, scale);
+        int lo = SEG_LO(seg, r / per);
+        masked_softmax(pr, lo, first_valid + r / per, ctx, scale);
+        softmax_row_backward(dS + (long)r * ctx, pr, lo, first_valid + r / per, ctx, scale);
     }
     if ((c = whale_gemm_nn(g, n, Dh, ctx, dS, ctx, k, ldkv, dq, ldq, 0, err))) return c;
     if ((c = whale_gemm_tn(g, ctx, Dh, n, dS, ctx, q, ldq, dk, ldkv, 1, err))) return c;
@@ -411,10 +419,10 @@ static whale_code attention_backward_block(whale_gemm *g, float *dq, float *dk, 
 }
 
 whale_code k_attention_backward(whale_gemm *g, float *dq, float *dk, float *dv, const float *dout, const float *q,
-                                const float *k, const float *v, int ldkv, int S, int p0, int Hq, int Hkv, int Dh,
-                                float scale, float *work, whale_err *err) {
+                                const float *k, const float *v, int ldkv, const int32_t *seg, int S, int p0, int Hq,
+                                int Hkv, int Dh, float scale, float *work, whale_err *err) {
     if (S * Hq <= ATT_DIRECT_ROWS) {
-        attention_backward_direct(dq, dk, dv, dout, q, k, v, ldkv, S, p0, Hq, Hkv, Dh, scale, work);
+        attention_backward_direct(dq, dk, dv, dout, q, k, v, ldkv, seg, S, p0, Hq, Hkv, Dh, scale, work);
         return WHALE_OK;
     }
     int rep = Hq / Hkv;
@@ -427,14 +435,14 @@ whale_code k_attention_backward(whale_gemm *g, float *dq, float *dk, float *dv, 
         whale_code c;
         if (Hkv == 1) {
             c = attention_backward_block(g, dq + off, dk, dv, dout + off, q + off, k, v, ldkv, Dh, nq * Hq, Hq,
-                                         p0 + s0 + 1, ctx, Dh, scale, P, dS, err);
+                                         seg ? seg + s0 : NULL, p0 + s0 + 1, ctx, Dh, scale, P, dS, err);
             if (c) return c;
         } else {
             for (int h = 0; h < Hq; h++) {
                 long hoff = off + (long)h * Dh, koff = (long)(h / rep) * Dh;
                 c = attention_backward_block(g, dq + hoff, dk + koff, dv + koff, dout + hoff, q + hoff, k + koff,
-                                             v + koff, ldkv, Hq * Dh, nq, 1, p0 + s0 + 1, ctx, Dh, scale, P, dS,
-                                             err);
+                                             v + koff, ldkv, Hq * Dh, nq, 1, seg ? seg + s0 : NULL, p0 + s0 + 1, ctx,
+                                             Dh, scale, P, dS, err);
                 if (c) return c;
             }
         }

@@ -93,11 +93,13 @@ whale_code k_grouped_linear_backward(whale_gemm *g, float *din, float *dW, const
 /* Causal attention of S new query tokens (positions p0..p0+S−1) over keys
  * 0..p0+S−1, for Hq query heads sharing Hkv key/value heads.
  * q [S, Hq·Dh], out [S, Hq·Dh] (contiguous rows); k, v [p0+S rows, stride ldkv],
- * head j at column j·Dh. work must hold k_attention_work_floats() floats. */
+ * head j at column j·Dh. seg (may be NULL) gives for each query s the first
+ * key it may see (block-diagonal masks for packed documents); keys seg[s]..p0+s
+ * are attended. work must hold k_attention_work_floats() floats. */
 size_t k_attention_work_floats(int max_ctx, int Hq);
 whale_code k_attention(whale_gemm *g, float *out, const float *q, const float *k, const float *v,
-                       int ldkv, int S, int p0, int Hq, int Hkv, int Dh, float scale, float *work,
-                       whale_err *err);
+                       int ldkv, const int32_t *seg, int S, int p0, int Hq, int Hkv, int Dh, float scale,
+                       float *work, whale_err *err);
 
 /* Backward of k_attention (same arguments), recomputing the probabilities
  * from q and k. dout [S, Hq·Dh] is the output gradient; dq [S, Hq·Dh] is
@@ -108,7 +110,7 @@ whale_code k_attention(whale_gemm *g, float *out, const float *q, const float *k
  * thread count. */
 size_t k_attention_backward_work_floats(int max_ctx, int Hq);
 whale_code k_attention_backward(whale_gemm *g, float *dq, float *dk, float *dv, const float *dout, const float *q,
-                                const float *k, const float *v, int ldkv, int S, int p0, int Hq, int Hkv, int Dh,
-                                float scale, float *work, whale_err *err);
+                                const float *k, const float *v, int ldkv, const int32_t *seg, int S, int p0, int Hq,
+                                int Hkv, int Dh, float scale, float *work, whale_err *err);
 
 #endif

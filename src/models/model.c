@@ -427,8 +427,9 @@ int64_t whale_count_targets(const int32_t *labels, int B, int S) {
     return n;
 }
 
-whale_code whale_session_train_step(whale_session *s, const int32_t *ids, const int32_t *labels, int B, int S,
-                                    double loss_scale, double *loss, int64_t *count, whale_err *err) {
+whale_code whale_session_train_step(whale_session *s, const int32_t *ids, const int32_t *labels, const int32_t *pos,
+                                    const int32_t *seg, int B, int S, double loss_scale, double *loss, int64_t *count,
+                                    whale_err *err) {
     const whale_model *m = s->model;
     if (!s->train_fn) return whale_errf(err, WHALE_ERR_ARG, "not a training session");
     if (B < 1 || B > s->max_batch || S < 2 || S > s->max_seq)
@@ -441,9 +442,15 @@ whale_code whale_session_train_step(whale_session *s, const int32_t *ids, const 
         if (labels && labels[i] != -100 && (labels[i] < 0 || labels[i] >= m->vocab_size))
             return whale_errf(err, WHALE_ERR_RANGE, "label %d at index %ld is outside the vocabulary [0, %d)",
                               labels[i], i, m->vocab_size);
+        if (pos && (pos[i] < 0 || pos[i] >= m->max_positions))
+            return whale_errf(err, WHALE_ERR_RANGE, "position %d at index %ld is outside [0, %d)", pos[i], i,
+                              m->max_positions);
+        if (seg && (seg[i] < 0 || seg[i] > (int32_t)(i % S)))
+            return whale_errf(err, WHALE_ERR_RANGE, "segment start %d at index %ld is not within its sequence",
+                              seg[i], i);
     }
     s->cached = 0;
-    return s->train_fn(s, ids, labels, B, S, loss_scale, loss, count, err);
+    return s->train_fn(s, ids, labels, pos, seg, B, S, loss_scale, loss, count, err);
 }
 
 void whale_session_free(whale_session *s) {

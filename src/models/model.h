@@ -63,8 +63,9 @@ struct whale_session {
     float *grads;          /* one buffer laid out like the parameters */
     size_t *grad_offsets;  /* [n_params] */
     size_t n_grad;         /* floats in grads */
-    whale_code (*train_fn)(whale_session *s, const int32_t *ids, const int32_t *labels, int B, int S,
-                           double loss_scale, double *loss, int64_t *count, whale_err *err);
+    whale_code (*train_fn)(whale_session *s, const int32_t *ids, const int32_t *labels, const int32_t *pos,
+                           const int32_t *seg, int B, int S, double loss_scale, double *loss, int64_t *count,
+                           whale_err *err);
 };
 
 /* Helpers shared by families. */

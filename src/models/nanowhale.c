@@ -367,7 +367,8 @@ typedef struct {
     whale_gemm *gemm;
     int T;              /* max tokens per forward = max_batch × max_seq */
     int n_act_sets;     /* 1 (inference) or L (training) */
-    int32_t *pos;       /* [T] */
+    int32_t *pos;       /* [T] RoPE positions */
+    const int32_t *seg; /* [T] first key each token may see (packed documents), or NULL */
     float **X;          /* [2L+1] HC states [T, M, D]: X[2l] enters layer l, X[2l+1] after its attention */
     float *xbuf;        /* storage behind X */
     nw_layer_acts *acts;
@@ -562,7 +563,8 @@ static whale_code attention(nw_session *s, const nw_model *nw, const nw_layer *l
             kv = s->kcache + ((size_t)l * s->base.max_batch + b) * seq_stride;
             memcpy(kv + (size_t)p0 * c->Dh, a->kv + (size_t)b * S * c->Dh, sizeof(float) * S * c->Dh);
         }
-        if ((e = k_attention(g, a->att + (size_t)b * S * HD, a->q + (size_t)b * S * HD, kv, kv, c->Dh, S, p0, c->H,
+        if ((e = k_attention(g, a->att + (size_t)b * S * HD, a->q + (size_t)b * S * HD, kv, kv, c->Dh,
+                             s->seg ? s->seg + (size_t)b * S : NULL, S, p0, c->H,
                              1, c->Dh, scale, s->att_work, err)))
             return e;
     }
@@ -634,14 +636,15 @@ static whale_code moe(nw_session *s, const nw_config *c, const nw_layer *ly, nw_
 }
 
 /* All layers and the HC head: ids [B·S] → hn [T, D] (final-norm output). */
-static whale_code forward_hidden(nw_session *s, const int32_t *ids, int B, int S, whale_err *err) {
+static whale_code forward_hidden(nw_session *s, const int32_t *ids, const int32_t *pos, int B, int S,
+                                 whale_err *err) {
     const nw_model *nw = s->base.model->impl;
     const nw_config *c = &nw->c;
     int T = B * S, D = c->D, M = c->M, MD = M * D;
     whale_code e;
 
     for (int t = 0; t < T; t++) {
-        s->pos[t] = s->base.cached + t % S;
+        s->pos[t] = pos ? pos[t] : s->base.cached + t % S;
         const float *row = nw->embed + (size_t)ids[t] * D;
         for (int m = 0; m < M; m++) memcpy(s->X[0] + ((size_t)t * M + m) * D, row, sizeof(float) * D);
     }
@@ -686,7 +689,8 @@ static whale_code nw_forward(whale_session *base, const int32_t *ids, int B, int
     const nw_model *nw = base->model->impl;
     const nw_config *c = &nw->c;
     int T = B * S, D = c->D;
-    whale_code e = forward_hidden(s, ids, B, S, err);
+    s->seg = NULL;
+    whale_code e = forward_hidden(s, ids, NULL, B, S, err);
     if (e || !logits) return e;
     const float *head = c->tie_embeddings ? nw->embed : nw->lm_head;
     if (all_logits) return whale_gemm_nt(s->gemm, T, c->vocab, D, s->hn, D, head, D, logits, c->vocab, 0, err);
@@ -780,7 +784,8 @@ static whale_code attention_backward(nw_session *s, const nw_model *nw, const nw
         const float *kv = a->kv + (size_t)bi * S * c->Dh;
         float *dkv = b->dkv + (size_t)bi * S * c->Dh;
         if ((e = k_attention_backward(g, b->dq + (size_t)bi * S * HD, dkv, dkv, b->datt + (size_t)bi * S * HD,
-                                      a->q + (size_t)bi * S * HD, kv, kv, c->Dh, S, 0, c->H, 1, c->Dh, scale,
+                                      a->q + (size_t)bi * S * HD, kv, kv, c->Dh, s->seg ? s->seg + (size_t)bi * S : NULL,
+                                      S, 0, c->H, 1, c->Dh, scale,
                                       b->att_work, err)))
             return e;
     }
@@ -865,15 +870,17 @@ static whale_code moe_backward(nw_session *s, const nw_config *c, const nw_layer
     return whale_gemm_nn(s->gemm, T, c->D, c->E, b->dglog, c->E, ly->gate_w, c->D, b->dyn, c->D, 1, err);
 }
 
-static whale_code nw_train_step(whale_session *base, const int32_t *ids, const int32_t *labels, int B, int S,
-                                double loss_scale, double *loss_out, int64_t *count_out, whale_err *err) {
+static whale_code nw_train_step(whale_session *base, const int32_t *ids, const int32_t *labels, const int32_t *pos,
+                                const int32_t *seg, int B, int S, double loss_scale, double *loss_out,
+                                int64_t *count_out, whale_err *err) {
     nw_session *s = (nw_session *)base;
     const nw_model *nw = base->model->impl;
     const nw_config *c = &nw->c;
     struct nw_backward *b = s->bw;
     nw_model *gw = &b->gw;
     int T = B * S, D = c->D, M = c->M, MD = M * D, V = c->vocab;
-    whale_code e = forward_hidden(s, ids, B, S, err);
+    s->seg = seg;
+    whale_code e = forward_hidden(s, ids, pos, B, S, err);
     if (e) return e;
 
     /* lm_head and cross-entropy in row chunks */
