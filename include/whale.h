@@ -96,6 +96,12 @@ whale_code whale_model_load(const char *dir, whale_model **out, whale_err *err);
 /* Random initialisation. preset: "nanowhale-100m", "debug", "tiny", or a
  * path to a config.json. Weights follow the family's reference init. */
 whale_code whale_model_init(const char *preset, uint64_t seed, whale_model **out, whale_err *err);
+/* The same with a JSON object of config fields that replace the preset's
+ * (e.g. {"vocab_size": 8192}); overrides may be NULL. */
+whale_code whale_model_init_config(const char *preset, const char *overrides, uint64_t seed, whale_model **out,
+                                   whale_err *err);
+/* The model's config.json text (malloc'd, compact). */
+whale_code whale_model_config_json(const whale_model *m, char **json, whale_err *err);
 
 /* Write config.json + model.safetensors into dir (created if missing); files
  * are written to a temporary name, fsynced and renamed. */

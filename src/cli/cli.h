@@ -22,12 +22,16 @@ int cli_parse_id_list(const char *cmd, const char *text, int32_t **ids, int *n);
 /* The model folder's tokenizer, checked against the model's vocabulary. */
 whale_code cli_load_tokenizer(const char *dir, const whale_model *m, whale_tokenizer **tok, whale_err *err);
 
+/* A JSON array of equal-length arrays of token ids, checked against vocab. */
+whale_code cli_read_ids_file(const char *path, int vocab, int32_t **ids, int *B, int *S, whale_err *err);
+
 int cmd_info(int argc, char **argv);
 int cmd_init(int argc, char **argv);
 int cmd_score(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_grad(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 
 #endif

@@ -103,7 +103,7 @@ int cmd_init(int argc, char **argv) {
 /* ------------------------------------------------------------------ score */
 
 /* JSON array of equal-length arrays of token ids -> ids [B*S] */
-static whale_code read_ids_file(const char *path, int vocab, int32_t **ids, int *B, int *S, whale_err *err) {
+whale_code cli_read_ids_file(const char *path, int vocab, int32_t **ids, int *B, int *S, whale_err *err) {
     char *text;
     size_t n;
     whale_code c = whale_read_file(path, &text, &n, err);
@@ -197,7 +197,7 @@ int cmd_score(int argc, char **argv) {
     float *logits = NULL;
     whale_session *s = NULL;
     int V = whale_model_vocab_size(m);
-    if (read_ids_file(ids_path, V, &ids, &B, &S, &err) || whale_session_new(m, B, S, &s, &err)) {
+    if (cli_read_ids_file(ids_path, V, &ids, &B, &S, &err) || whale_session_new(m, B, S, &s, &err)) {
         status = cli_fail(&err);
         goto out;
     }

@@ -539,10 +539,10 @@ static whale_code gemm(whale_gemm *g, const gemm_call *c, whale_err *err) {
     if (path == WHALE_GEMM_OWN) {
         if (s->kind == KIND_NT) {
             own_nt(c);
-            snprintf(g->last_impl, sizeof g->last_impl, "whale:gemv_nt");
+            snprintf(g->last_impl, sizeof g->last_impl, "whale:skinny_nt");
         } else {
             own_nn_tn(c);
-            snprintf(g->last_impl, sizeof g->last_impl, "whale:axpy_%s", kn);
+            snprintf(g->last_impl, sizeof g->last_impl, "whale:skinny_%s", kn);
         }
         g->stats.own_calls++;
         return WHALE_OK;

@@ -286,20 +286,32 @@ whale_code whale_model_load(const char *dir, whale_model **out, whale_err *err) 
     return WHALE_OK;
 }
 
-whale_code whale_model_init(const char *preset, uint64_t seed, whale_model **out, whale_err *err) {
+whale_code whale_model_init_config(const char *preset, const char *overrides, uint64_t seed, whale_model **out,
+                                   whale_err *err) {
     *out = NULL;
     cJSON *cfg;
     whale_code c;
-    const char *file = preset;
     size_t n = strlen(preset);
     if (n > 5 && strcmp(preset + n - 5, ".json") == 0) c = parse_json_file(preset, &cfg, err);
-    else {
-        c = nanowhale_preset_config(preset, &cfg, err);
-        file = preset;
-    }
+    else c = nanowhale_preset_config(preset, &cfg, err);
     if (c) return c;
+    if (overrides && *overrides) {
+        cJSON *ov = cJSON_Parse(overrides);
+        if (!cJSON_IsObject(ov)) {
+            cJSON_Delete(ov);
+            cJSON_Delete(cfg);
+            return whale_errf(err, WHALE_ERR_ARG, "config overrides must be a JSON object, got: %.80s", overrides);
+        }
+        cJSON *it;
+        cJSON_ArrayForEach(it, ov) {
+            cJSON *copy = cJSON_Duplicate(it, 1);
+            if (cJSON_HasObjectItem(cfg, it->string)) cJSON_ReplaceItemInObjectCaseSensitive(cfg, it->string, copy);
+            else cJSON_AddItemToObject(cfg, it->string, copy);
+        }
+        cJSON_Delete(ov);
+    }
     whale_model *m;
-    c = model_from_config(cfg, file, &m, err);
+    c = model_from_config(cfg, preset, &m, err);
     cJSON_Delete(cfg);
     if (c) return c;
     if ((c = whale_model_alloc_params(m, err)) || (c = nanowhale_init_weights(m, seed, err))) {
@@ -308,6 +320,19 @@ whale_code whale_model_init(const char *preset, uint64_t seed, whale_model **out
     }
     *out = m;
     return WHALE_OK;
+}
+
+whale_code whale_model_init(const char *preset, uint64_t seed, whale_model **out, whale_err *err) {
+    return whale_model_init_config(preset, NULL, seed, out, err);
+}
+
+whale_code whale_model_config_json(const whale_model *m, char **json, whale_err *err) {
+    cJSON *cfg;
+    whale_code c = m->ops->config_to_json(m, &cfg, err);
+    if (c) return c;
+    *json = cJSON_PrintUnformatted(cfg);
+    cJSON_Delete(cfg);
+    return *json ? WHALE_OK : whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
 }
 
 whale_code whale_model_save(const whale_model *m, const char *dir, whale_err *err) {

@@ -105,6 +105,8 @@ static const struct preset {
     {"nanowhale-100m", 129280, 320, 8, 8, 96, 32, 160, 2, 80, 640, 4, 2, 4, 2, 2048},
     {"debug", 129280, 64, 2, 4, 32, 16, 32, 2, 16, 128, 4, 2, 4, 5, 512},
     {"tiny", 512, 64, 2, 4, 32, 16, 32, 2, 16, 96, 4, 2, 4, 3, 128},
+    /* the README's training demo: ~3M parameters, learns on 2 cores in minutes */
+    {"small", 4096, 128, 4, 4, 32, 16, 64, 2, 32, 256, 4, 2, 4, 2, 512},
 };
 
 whale_code nanowhale_preset_config(const char *name, cJSON **out, whale_err *err) {
@@ -113,7 +115,7 @@ whale_code nanowhale_preset_config(const char *name, cJSON **out, whale_err *err
         if (strcmp(presets[i].name, name) == 0) p = &presets[i];
     if (!p)
         return whale_errf(err, WHALE_ERR_ARG,
-                          "unknown preset \"%s\" (nanowhale-100m, debug, tiny, or a config .json file)", name);
+                          "unknown preset \"%s\" (nanowhale-100m, debug, small, tiny, or a config .json file)", name);
     cJSON *j = cJSON_CreateObject();
     cJSON *arch = cJSON_AddArrayToObject(j, "architectures");
     cJSON_AddItemToArray(arch, cJSON_CreateString("DeepseekV4ForCausalLM"));

@@ -1,0 +1,248 @@
+/* Matrix-product benchmark: one JSON line per measurement.
+ *
+ *   OMP_NUM_THREADS=2 bench_gemm            standard shapes, decode, MoE,
+ *                                           read bandwidth
+ *   OMP_NUM_THREADS=2 bench_gemm --sweep    also every path over small and
+ *                                           medium M (how the shape rules
+ *                                           in gemm.h were chosen)
+ *
+ * Fields: kind, M, N, K, path (auto = the normal choice; own / exact /
+ * runtime forced), impl (what ran), ms and gflops (best of repeated calls),
+ * weights: "hot" (the same operand every call, so it sits in cache) or
+ * "cold" (calls rotate over copies filling 165 MB, so every call streams the
+ * weights from DRAM, as decode does with a model much larger than L3), and
+ * for M <= 16 gbs: weight bytes read per second.
+ *
+ * The machine may be shared: run it when idle (other processes show up as
+ * calls ~8-12 ms slower than they should be, one scheduler time slice).
+ */
+#include "core/core.h"
+#include "kernels/gemm.h"
+
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { NT, NN, TN };
+static const char *const kinds[] = {"nt", "nn", "tn"};
+static const char *const paths[] = {"auto", "own", "exact", "runtime"};
+
+/* B holds 129280 x 320 floats (165 MB): the lm_head, or copies of smaller
+ * weights for the cold runs. */
+#define B_FLOATS ((size_t)129280 * 320)
+
+typedef struct {
+    float *A, *B, *C;
+} bufs;
+
+static whale_code run(whale_gemm *g, int kind, int M, int N, int K, const bufs *b,
+                      const float *B, whale_err *err) {
+    switch (kind) {
+    case NT: return whale_gemm_nt(g, M, N, K, b->A, K, B, K, b->C, N, 0, err);
+    case NN: return whale_gemm_nn(g, M, N, K, b->A, K, B, N, b->C, N, 0, err);
+    default: return whale_gemm_tn(g, M, N, K, b->A, M, B, N, b->C, N, 0, err);
+    }
+}
+
+/* Best seconds per call after an untimed warm-up, within ~0.3 s. Cold: each
+ * timed sample is a pass over all copies of B, divided by their number. */
+static double time_call(whale_gemm *g, int kind, int M, int N, int K, const bufs *b, int cold) {
+    const size_t size = (size_t)N * K;
+    int copies = cold ? (int)(B_FLOATS / size) : 1;
+    if (copies > 4096) copies = 4096;
+    whale_err err;
+    if (run(g, kind, M, N, K, b, b->B, &err)) {
+        fprintf(stderr, "bench_gemm: %s\n", err.msg);
+        return -1;
+    }
+    double best = 0, start = whale_now();
+    for (int r = 0; r < 300 && (r < 3 || whale_now() - start < 0.3); r++) {
+        double t0 = whale_now();
+        for (int c = 0; c < copies; c++) run(g, kind, M, N, K, b, b->B + c * size, &err);
+        double t = (whale_now() - t0) / copies;
+        if (r == 0 || t < best) best = t;
+    }
+    return best;
+}
+
+static void bench_shape(whale_gemm *g, int kind, int M, int N, int K, whale_gemm_path path,
+                        int cold, const bufs *b) {
+    whale_gemm_set_path(g, path);
+    double t = time_call(g, kind, M, N, K, b, cold);
+    whale_gemm_set_path(g, WHALE_GEMM_AUTO);
+    if (t <= 0) return;
+    printf("{\"kind\":\"%s\",\"M\":%d,\"N\":%d,\"K\":%d,\"path\":\"%s\",\"impl\":\"%s\","
+           "\"weights\":\"%s\",\"ms\":%.4f,\"gflops\":%.1f",
+           kinds[kind], M, N, K, paths[path], whale_gemm_last_impl(g), cold ? "cold" : "hot",
+           t * 1e3, 2.0 * M * N * (double)K / t * 1e-9);
+    if (M <= 16) printf(",\"gbs\":%.1f", (double)N * K * sizeof(float) / t * 1e-9);
+    printf("}\n");
+    fflush(stdout);
+}
+
+/* The normal choice plus every forced path, for comparison. */
+static void bench_paths(whale_gemm *g, int kind, int M, int N, int K, int cold, const bufs *b) {
+    for (int p = WHALE_GEMM_AUTO; p <= WHALE_GEMM_DNNL_RUNTIME; p++) {
+        if (p == WHALE_GEMM_OWN && M > 32) continue; /* our kernels are for few rows */
+        bench_shape(g, kind, M, N, K, (whale_gemm_path)p, cold, b);
+    }
+}
+
+/* Mixture-of-experts pattern: an expert Linear (in = 320, out = 640) sees a
+ * different number of tokens T every call: forward nt [T,320]x[640,320]^T,
+ * input gradient nn [T,640]x[640,320], weight gradient tn [T,640]^T x [T,320]
+ * (there T is the summed dimension K). Strategies: "exact" (a primitive per
+ * shape), "runtime" (one primitive with runtime sizes), "blocks" (T split
+ * into power-of-two blocks with exact primitives, a bounded set of shapes;
+ * for tn the blocks accumulate), "auto" (what whale_gemm picks). A fresh
+ * context per round so our cache starts empty; oneDNN's own process-wide
+ * primitive cache does not, so the first round ("gflops_cold") pays for
+ * creating each new shape and later ones mostly re-create from it cheaply
+ * ("gflops" is the best round). */
+static void bench_moe(int kind, const char *strategy, const bufs *b) {
+    enum { CALLS = 200, TMIN = 200, TMAX = 600, IN = 320, OUT = 640, ROUNDS = 3 };
+    const int blocks = !strcmp(strategy, "blocks");
+    const whale_gemm_path path = !strcmp(strategy, "runtime") ? WHALE_GEMM_DNNL_RUNTIME
+                                 : !strcmp(strategy, "auto")  ? WHALE_GEMM_AUTO
+                                                              : WHALE_GEMM_DNNL_EXACT;
+    double best = 0, cold = 0;
+    whale_gemm_stats st = {0};
+    char impl[64] = "";
+    for (int round = 0; round < ROUNDS; round++) {
+        whale_err err;
+        whale_gemm *g;
+        if (whale_gemm_new(&g, &err)) {
+            fprintf(stderr, "bench_gemm: %s\n", err.msg);
+            return;
+        }
+        whale_gemm_set_path(g, path);
+        whale_rng rng;
+        whale_rng_seed(&rng, 7);
+        double flops = 0, t0 = whale_now();
+        for (int i = 0; i < CALLS; i++) {
+            const int T = TMIN + (int)(whale_rng_u64(&rng) % (TMAX - TMIN + 1));
+            int done = 0;
+            while (done < T) {
+                int rows = T - done;
+                if (blocks) {
+                    int p = 1;
+                    while (p * 2 <= rows) p *= 2;
+                    rows = p;
+                }
+                whale_code rc;
+                if (kind == NT) /* Y[T,OUT] = X[T,IN] W[OUT,IN]^T */
+                    rc = whale_gemm_nt(g, rows, OUT, IN, b->A + (size_t)done * IN, IN, b->B, IN,
+                                       b->C + (size_t)done * OUT, OUT, 0, &err);
+                else if (kind == NN) /* dX[T,IN] = dY[T,OUT] W[OUT,IN] */
+                    rc = whale_gemm_nn(g, rows, IN, OUT, b->A + (size_t)done * OUT, OUT, b->B, IN,
+                                       b->C + (size_t)done * IN, IN, 0, &err);
+                else /* dW[OUT,IN] (+)= dY[T,OUT]^T X[T,IN] */
+                    rc = whale_gemm_tn(g, OUT, IN, rows, b->A + (size_t)done * OUT, OUT,
+                                       b->B + (size_t)done * IN, IN, b->C, IN, done > 0, &err);
+                if (rc) {
+                    fprintf(stderr, "bench_gemm: %s\n", err.msg);
+                    whale_gemm_free(g);
+                    return;
+                }
+                done += rows;
+            }
+            flops += 2.0 * T * IN * (double)OUT;
+        }
+        double gf = flops / (whale_now() - t0) * 1e-9;
+        if (round == 0) cold = gf;
+        if (gf > best) {
+            best = gf;
+            whale_gemm_get_stats(g, &st);
+            snprintf(impl, sizeof impl, "%s", whale_gemm_last_impl(g));
+        }
+        whale_gemm_free(g);
+    }
+    printf("{\"kind\":\"%s\",\"moe\":true,\"tokens\":\"%d..%d\",\"in\":%d,\"out\":%d,"
+           "\"calls\":%d,\"strategy\":\"%s\",\"impl\":\"%s\",\"gflops\":%.1f,\"gflops_cold\":%.1f,"
+           "\"created\":%lld,"
+           "\"onednn_calls\":%lld,\"own_calls\":%lld}\n",
+           kinds[kind], TMIN, TMAX, IN, OUT, CALLS, strategy, impl, best, cold, (long long)st.created,
+           (long long)st.calls, (long long)st.own_calls);
+    fflush(stdout);
+}
+
+static float *filled(size_t n, uint64_t seed) {
+    float *p = whale_alloc(n * sizeof(float));
+    if (!p) return NULL;
+    whale_rng r;
+    whale_rng_seed(&r, seed);
+    for (size_t i = 0; i < n; i++) p[i] = whale_rng_uniform(&r) - 0.5f;
+    return p;
+}
+
+int main(int argc, char **argv) {
+    int sweep = argc > 1 && !strcmp(argv[1], "--sweep");
+    whale_err err;
+    whale_gemm *g;
+    if (whale_gemm_new(&g, &err)) {
+        fprintf(stderr, "bench_gemm: %s\n", err.msg);
+        return 1;
+    }
+    /* big enough for every shape below (lm_head: 1024 x 129280 outputs) */
+    bufs b;
+    b.A = filled((size_t)1024 * 129280, 1);
+    b.B = filled(B_FLOATS, 2);
+    b.C = filled((size_t)1024 * 129280, 3);
+    if (!b.A || !b.B || !b.C) {
+        fprintf(stderr, "bench_gemm: out of memory\n");
+        return 1;
+    }
+    printf("{\"threads\":%d}\n", omp_get_max_threads());
+
+    double bw = whale_measure_read_bandwidth((size_t)256 << 20, 5);
+    printf("{\"read_bandwidth_gbs\":%.1f,\"bytes\":%zu}\n", bw, (size_t)256 << 20);
+
+    /* training-size products (a 320-wide model with 1280-wide MLP) */
+    static const int shapes[][3] = {{1024, 1280, 320}, {1024, 320, 1280}, {1024, 640, 320}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int kind = 0; kind < 3; kind++)
+            bench_paths(g, kind, shapes[i][0], shapes[i][1], shapes[i][2], 0, &b);
+    /* lm_head forward, and its input gradient (dX = dY·W) */
+    bench_paths(g, NT, 1024, 129280, 320, 0, &b);
+    bench_shape(g, NN, 1024, 320, 129280, WHALE_GEMM_AUTO, 0, &b);
+
+    /* decode: one token (or a few) through the lm_head and a Linear */
+    bench_paths(g, NT, 1, 129280, 320, 0, &b);
+    bench_paths(g, NT, 4, 129280, 320, 0, &b);
+    static const int dec[][3] = {{1, 1280, 320}, {1, 320, 1280}, {4, 1280, 320}, {16, 1280, 320}};
+    for (size_t i = 0; i < sizeof dec / sizeof dec[0]; i++)
+        for (int cold = 0; cold < 2; cold++)
+            bench_paths(g, NT, dec[i][0], dec[i][1], dec[i][2], cold, &b);
+    /* decode attention for one head: scores q·K^T over 1024 keys, then P·V */
+    bench_paths(g, NT, 1, 1024, 64, 0, &b);
+    bench_paths(g, NN, 1, 64, 1024, 0, &b);
+
+    for (int kind = 0; kind < 3; kind++) {
+        bench_moe(kind, "exact", &b);
+        bench_moe(kind, "runtime", &b);
+        bench_moe(kind, "blocks", &b);
+        bench_moe(kind, "auto", &b);
+    }
+
+    if (sweep) {
+        static const int ms[] = {1,  2,  3,  4,  5,   6,   8,   12,  16, 24,
+                                 32, 48, 64, 96, 128, 192, 256, 384, 512};
+        static const int nk[][2] = {{1280, 320}, {320, 1280}, {640, 320}};
+        for (size_t s = 0; s < sizeof nk / sizeof nk[0]; s++)
+            for (int kind = 0; kind < 3; kind++)
+                for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+                    bench_paths(g, kind, ms[i], nk[s][0], nk[s][1], 0, &b);
+                    if (kind == NT && ms[i] <= 32)
+                        bench_paths(g, kind, ms[i], nk[s][0], nk[s][1], 1, &b);
+                }
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0] && ms[i] <= 32; i++)
+            bench_paths(g, NT, ms[i], 129280, 320, 0, &b);
+    }
+
+    whale_gemm_free(g);
+    free(b.A);
+    free(b.B);
+    free(b.C);
+    return 0;
+}

@@ -1,0 +1,412 @@
+/* Matrix products (src/kernels/gemm.c) against a double-precision loop.
+ *
+ * Every case runs through each implementation (automatic choice, our own
+ * kernels, exact-shape and runtime-size oneDNN primitives) with operands that
+ * are sub-blocks of larger buffers (row padding, column offsets). Padding of
+ * A and B holds NaN, so reading outside the block shows up in the result;
+ * padding of C holds a sentinel that must survive.
+ *
+ * Tolerances. Two kinds of data:
+ *  - dyadic: entries are multiples of 1/16 in [-1/2, 1/2]; every product is
+ *    a multiple of 2^-8 and every partial sum stays far below 2^16, so it
+ *    is exact in fp32 whatever the summation order: results must be equal.
+ *  - random reals: any order of summing K fp32 products (with or without
+ *    FMA) errs by at most gamma_K * sum_k |a_k b_k| (Higham, Accuracy and
+ *    Stability, 3.1), gamma_K ~ K u, u = 2^-24; the accumulate adds one more
+ *    rounding of the result. We allow (K + 2) u sum|a b| + 2 u |c|.
+ */
+#include "core/core.h"
+#include "kernels/gemm.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { NT, NN, TN };
+static const char *const kind_names[] = {"nt", "nn", "tn"};
+static const char *const path_names[] = {"auto", "own", "exact", "runtime"};
+static const float C_SENTINEL = 12345.0f;
+
+typedef struct {
+    int kind, M, N, K;
+    int pad_a, pad_b, pad_c; /* extra elements per row beyond the block */
+    int off_a, off_b, off_c; /* column where the block starts (<= pad) */
+    int acc;
+} gcase;
+
+/* A matrix block inside a bigger buffer: one guard row above and below. */
+typedef struct {
+    float *buf;
+    size_t n;
+    int rows, cols, ld, off;
+} block;
+
+static float *block_ptr(const block *b) { return b->buf + (size_t)b->ld + b->off; }
+
+static int block_make(block *b, int rows, int cols, int pad, int off, float fill) {
+    b->rows = rows;
+    b->cols = cols;
+    b->ld = cols + pad;
+    b->off = off;
+    b->n = (size_t)(rows + 2) * b->ld;
+    b->buf = malloc((b->n ? b->n : 1) * sizeof(float));
+    if (!b->buf) return 0;
+    for (size_t i = 0; i < b->n; i++) b->buf[i] = fill;
+    return 1;
+}
+
+static int in_block(const block *b, size_t i) {
+    size_t r = i / b->ld, c = i % b->ld;
+    return r >= 1 && r <= (size_t)b->rows && c >= (size_t)b->off &&
+           c < (size_t)(b->off + b->cols);
+}
+
+static float draw(whale_rng *r, int dyadic) {
+    if (dyadic) return (float)((int)(whale_rng_u64(r) % 17) - 8) / 16.0f;
+    return 2.0f * whale_rng_uniform(r) - 1.0f;
+}
+
+static void block_fill(block *b, whale_rng *r, int dyadic) {
+    float *p = block_ptr(b);
+    for (int i = 0; i < b->rows; i++)
+        for (int j = 0; j < b->cols; j++) p[(size_t)i * b->ld + j] = draw(r, dyadic);
+}
+
+static whale_code call(whale_gemm *g, const gcase *t, const block *a, const block *b, block *c,
+                       whale_err *err) {
+    const float *A = block_ptr(a), *B = block_ptr(b);
+    float *C = block_ptr(c);
+    switch (t->kind) {
+    case NT: return whale_gemm_nt(g, t->M, t->N, t->K, A, a->ld, B, b->ld, C, c->ld, t->acc, err);
+    case NN: return whale_gemm_nn(g, t->M, t->N, t->K, A, a->ld, B, b->ld, C, c->ld, t->acc, err);
+    default: return whale_gemm_tn(g, t->M, t->N, t->K, A, a->ld, B, b->ld, C, c->ld, t->acc, err);
+    }
+}
+
+/* Runs one case through the given paths (bit p = path p); returns 1 if
+ * every one passed. The reference is computed once, in double. */
+static int run_case(whale_gemm *g, const gcase *t, unsigned paths, int dyadic, uint64_t seed) {
+    whale_rng r;
+    whale_rng_seed(&r, seed);
+    const int M = t->M, N = t->N, K = t->K;
+    block a, b, c;
+    int a_rows = t->kind == TN ? K : M, a_cols = t->kind == TN ? M : K;
+    int b_rows = t->kind == NT ? N : K, b_cols = t->kind == NT ? K : N;
+    if (!block_make(&a, a_rows, a_cols, t->pad_a, t->off_a, NAN) ||
+        !block_make(&b, b_rows, b_cols, t->pad_b, t->off_b, NAN) ||
+        !block_make(&c, M, N, t->pad_c, t->off_c, C_SENTINEL)) {
+        fprintf(stderr, "test_gemm: out of memory\n");
+        exit(1);
+    }
+    block_fill(&a, &r, dyadic);
+    block_fill(&b, &r, dyadic);
+    block_fill(&c, &r, dyadic);
+    float *c0 = malloc((c.n ? c.n : 1) * sizeof(float));
+    double *want = malloc(((size_t)M * N + 1) * sizeof(double));
+    double *tol = malloc(((size_t)M * N + 1) * sizeof(double));
+    if (!c0 || !want || !tol) {
+        fprintf(stderr, "test_gemm: out of memory\n");
+        exit(1);
+    }
+    memcpy(c0, c.buf, c.n * sizeof(float));
+
+    const float *A = block_ptr(&a), *B = block_ptr(&b), *C = block_ptr(&c);
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double s = 0, s_abs = 0;
+            for (int k = 0; k < K; k++) {
+                double x = t->kind == TN ? A[(size_t)k * a.ld + m] : A[(size_t)m * a.ld + k];
+                double y = t->kind == NT ? B[(size_t)n * b.ld + k] : B[(size_t)k * b.ld + n];
+                s += x * y;
+                s_abs += fabs(x * y);
+            }
+            if (t->acc) s += C[(size_t)m * c.ld + n];
+            want[(size_t)m * N + n] = s;
+            tol[(size_t)m * N + n] = dyadic ? 0 : (K + 2) * 0x1p-24 * s_abs + 2 * 0x1p-24 * fabs(s);
+        }
+
+    int all_ok = 1;
+    for (int p = WHALE_GEMM_AUTO; p <= WHALE_GEMM_DNNL_RUNTIME; p++) {
+        if (!(paths >> p & 1)) continue;
+        memcpy(c.buf, c0, c.n * sizeof(float));
+        whale_err err = {0};
+        whale_gemm_set_path(g, (whale_gemm_path)p);
+        whale_code rc = call(g, t, &a, &b, &c, &err);
+        whale_gemm_set_path(g, WHALE_GEMM_AUTO);
+        int ok = rc == WHALE_OK;
+        double worst = 0; /* largest error / tolerance */
+        size_t bad_guard = 0;
+        for (int m = 0; ok && m < M; m++)
+            for (int n = 0; n < N; n++) {
+                double e = fabs(C[(size_t)m * c.ld + n] - want[(size_t)m * N + n]);
+                double tl = tol[(size_t)m * N + n];
+                if (!(e <= tl)) ok = 0; /* NaN fails too */
+                if (tl > 0 && e / tl > worst) worst = e / tl;
+            }
+        for (size_t i = 0; i < c.n; i++)
+            if (!in_block(&c, i) && memcmp(&c.buf[i], &c0[i], sizeof(float))) bad_guard++;
+        CHECK(ok && !bad_guard,
+              "%s M=%d N=%d K=%d pads=%d,%d,%d offs=%d,%d,%d acc=%d path=%s impl=%s %s: rc=%d "
+              "(%s) worst err/tol=%.3g, %zu padding elements of C changed",
+              kind_names[t->kind], M, N, K, t->pad_a, t->pad_b, t->pad_c, t->off_a, t->off_b,
+              t->off_c, t->acc, path_names[p], whale_gemm_last_impl(g),
+              dyadic ? "dyadic" : "random", (int)rc, rc ? err.msg : "", worst, bad_guard);
+        all_ok &= ok && !bad_guard;
+    }
+    free(a.buf);
+    free(b.buf);
+    free(c.buf);
+    free(c0);
+    free(want);
+    free(tol);
+    return all_ok;
+}
+
+#define ALL_PATHS 0xFu
+#define ONLY(path) (1u << (path))
+
+/* Runs a case through every path, with dyadic and random data. */
+static int run_all_paths(whale_gemm *g, const gcase *t, uint64_t seed) {
+    int ok = run_case(g, t, ALL_PATHS, 1, seed);
+    ok &= run_case(g, t, ALL_PATHS, 0, seed + 1);
+    return ok;
+}
+
+static void test_shapes(whale_gemm *g) {
+    /* Hand-picked: kernel block edges (4 rows, 16-wide K vectors, 64-wide
+     * column blocks, 4 quarters of W rows per thread), the small-M range of
+     * our kernels and a few larger M. Every path is forced in turn, so the
+     * shape rules need no particular sizes here (test_rules checks them). */
+    static const int ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17, 33, 100, 127, 128, 129};
+    static const int ns[] = {1, 3, 4, 5, 17, 64, 65, 130};
+    static const int ks[] = {1, 5, 15, 16, 17, 33, 100, 320};
+    whale_rng r;
+    whale_rng_seed(&r, 42);
+    int failed = 0, cases = 0;
+    for (int kind = 0; kind < 3; kind++)
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+            for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
+                for (size_t l = 0; l < sizeof ks / sizeof ks[0]; l++) {
+                    /* a random part of the grid is plenty; more of M <= 5 (GEMV) */
+                    if (whale_rng_u64(&r) % (ms[i] <= 5 ? 2 : 6)) continue;
+                    gcase t = {kind, ms[i], ns[j], ks[l], 0, 0, 0, 0, 0, 0, 0};
+                    switch (whale_rng_u64(&r) % 4) {
+                    case 0: break; /* dense */
+                    case 1: t.pad_a = 1; t.pad_b = 3; t.pad_c = 16; break;
+                    default:
+                        t.pad_a = 1 + (int)(whale_rng_u64(&r) % 20);
+                        t.pad_b = 1 + (int)(whale_rng_u64(&r) % 20);
+                        t.pad_c = 1 + (int)(whale_rng_u64(&r) % 20);
+                        t.off_a = (int)(whale_rng_u64(&r) % (t.pad_a + 1));
+                        t.off_b = (int)(whale_rng_u64(&r) % (t.pad_b + 1));
+                        t.off_c = (int)(whale_rng_u64(&r) % (t.pad_c + 1));
+                    }
+                    t.acc = (int)(whale_rng_u64(&r) % 2);
+                    failed += !run_all_paths(g, &t, whale_rng_u64(&r));
+                    cases++;
+                }
+    printf("test_gemm: %d shape cases x 4 paths x 2 kinds of data, %d failed\n", cases, failed);
+}
+
+/* A few real model shapes (larger K: the fp32 bound matters). */
+static void test_model_shapes(whale_gemm *g) {
+    static const gcase cases[] = {
+        {NT, 130, 256, 320, 0, 0, 0, 0, 0, 0, 0}, {NN, 130, 256, 640, 0, 0, 0, 0, 0, 0, 1},
+        {TN, 320, 256, 130, 0, 0, 0, 0, 0, 0, 1}, {NT, 1, 4000, 320, 0, 0, 0, 0, 0, 0, 0},
+        {NT, 3, 1000, 1280, 7, 0, 5, 2, 0, 5, 1},  {NN, 1, 64, 1000, 0, 64, 0, 0, 32, 0, 0},
+        {NT, 2, 700, 64, 128, 128, 0, 64, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_all_paths(g, &cases[i], 1000 + i);
+}
+
+/* Zero sizes: nothing happens (K = 0: C = 0, or unchanged with accumulate),
+ * and unused pointers may be NULL. */
+static void test_empty(whale_gemm *g) {
+    for (int kind = 0; kind < 3; kind++)
+        for (int acc = 0; acc < 2; acc++) {
+            gcase t = {kind, 5, 7, 0, 2, 0, 3, 1, 0, 2, acc};
+            run_all_paths(g, &t, 7);
+            gcase z[] = {{kind, 0, 7, 9, 0, 0, 0, 0, 0, 0, acc},
+                         {kind, 4, 0, 9, 0, 0, 0, 0, 0, 0, acc},
+                         {kind, 0, 0, 0, 0, 0, 0, 0, 0, 0, acc}};
+            for (int i = 0; i < 3; i++) run_all_paths(g, &z[i], 8);
+        }
+    whale_err err;
+    float c = 3;
+    CHECK(whale_gemm_nt(g, 0, 0, 0, NULL, 0, NULL, 0, NULL, 0, 0, &err) == WHALE_OK, "%s",
+          err.msg);
+    CHECK(whale_gemm_nn(g, 1, 1, 0, NULL, 0, NULL, 1, &c, 1, 1, &err) == WHALE_OK && c == 3,
+          "K=0 accumulate changed C to %g", c);
+    CHECK(whale_gemm_tn(g, 1, 1, 0, NULL, 1, NULL, 1, &c, 1, 0, &err) == WHALE_OK && c == 0,
+          "K=0 left C at %g", c);
+}
+
+/* Mixture-of-experts pattern: the tokens per expert change every call (M
+ * of nt and nn, K of tn). Shapes that go to the runtime primitive must
+ * share one per kind; a repeated exact shape must hit the cache; the cache
+ * stays bounded and evicted shapes still work. */
+static void test_cache(void) {
+    whale_err err;
+    whale_gemm *g;
+    if (whale_gemm_new(&g, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    whale_gemm_stats st;
+    whale_rng r;
+    whale_rng_seed(&r, 5);
+    int failed = 0;
+    for (int i = 0; i < 60; i++) {
+        int tokens = WHALE_GEMM_EXACT_BELOW_M_NT + (int)(whale_rng_u64(&r) % 300);
+        gcase t = {i % 3, tokens, 40, 24, 0, 0, 0, 0, 0, 0, 0};
+        if (t.kind == TN) { /* dW[out, in] = dY^T X: tokens are the sum */
+            t.M = 40;
+            t.N = 24;
+            t.K = tokens;
+        }
+        if (t.kind == NN) t.M = WHALE_GEMM_OWN_MAX_M_NN + 1 + (int)(whale_rng_u64(&r) % 300);
+        failed += !run_case(g, &t, ONLY(WHALE_GEMM_AUTO), i & 1, whale_rng_u64(&r));
+    }
+    whale_gemm_get_stats(g, &st);
+    CHECK(failed == 0, "%d varying-shape products failed", failed);
+    CHECK(st.created == 3, "varying shapes created %lld primitives, want 3 (one per kind)",
+          (long long)st.created);
+    CHECK(st.hits == 57, "varying shapes: %lld cache hits, want 57", (long long)st.hits);
+
+    /* the same small shape again and again: one primitive */
+    int64_t created0 = st.created;
+    for (int i = 0; i < 10; i++) {
+        gcase t = {NT, 50, 30, 20, 0, 0, 0, 0, 0, 0, 1};
+        run_case(g, &t, ONLY(WHALE_GEMM_AUTO), 1, 77 + i);
+    }
+    whale_gemm_get_stats(g, &st);
+    CHECK(st.created == created0 + 1, "repeating one shape created %lld primitives",
+          (long long)(st.created - created0));
+
+    /* more distinct exact shapes than the cache holds: bounded, and old
+     * shapes still compute correctly after being evicted */
+    failed = 0;
+    for (int round = 0; round < 2; round++)
+        for (int M = 5; M < 5 + WHALE_GEMM_CACHE_CAP + 10; M++) {
+            gcase t = {NN, M, 8, 8, 0, 0, 0, 0, 0, 0, 0};
+            failed += !run_case(g, &t, ONLY(WHALE_GEMM_DNNL_EXACT), 1, (uint64_t)M);
+        }
+    whale_gemm_get_stats(g, &st);
+    CHECK(failed == 0, "%d products failed around eviction", failed);
+    CHECK(st.cached <= WHALE_GEMM_CACHE_CAP, "cache holds %d > %d", st.cached,
+          WHALE_GEMM_CACHE_CAP);
+    CHECK(st.evicted > 0, "no eviction after %d distinct shapes", WHALE_GEMM_CACHE_CAP + 10);
+    whale_gemm_free(g);
+}
+
+/* The automatic choice follows the documented shape rules. */
+static void test_rules(whale_gemm *g) {
+    static const struct {
+        int kind, M;
+        int own; /* 1: our kernel, 0: oneDNN */
+    } rules[] = {
+        {NT, 1, 1},  {NT, WHALE_GEMM_OWN_MAX_M_NT, 1},     {NT, WHALE_GEMM_OWN_MAX_M_NT + 1, 0},
+        {NN, 1, 1},  {NN, WHALE_GEMM_OWN_MAX_M_NN, 1},     {NN, WHALE_GEMM_OWN_MAX_M_NN + 1, 0},
+        {TN, 2, 1},  {TN, WHALE_GEMM_OWN_MAX_M_NN + 1, 0}, {NT, WHALE_GEMM_EXACT_BELOW_M_NT, 0},
+    };
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
+        gcase t = {rules[i].kind, rules[i].M, 8, 8, 0, 0, 0, 0, 0, 0, 0};
+        run_case(g, &t, ONLY(WHALE_GEMM_AUTO), 1, 300 + i);
+        int own = !strncmp(whale_gemm_last_impl(g), "whale:", 6);
+        CHECK(own == rules[i].own, "%s M=%d ran %s", kind_names[t.kind], t.M,
+              whale_gemm_last_impl(g));
+    }
+    /* exact primitives for mid-size nt, one shared runtime primitive above */
+    whale_gemm_stats a, b;
+    whale_gemm_get_stats(g, &a);
+    for (int M = WHALE_GEMM_OWN_MAX_M_NT + 1; M < WHALE_GEMM_OWN_MAX_M_NT + 4; M++) {
+        gcase t = {NT, M, 9, 8, 0, 0, 0, 0, 0, 0, 0}; /* N = 9: shapes not seen yet */
+        run_case(g, &t, ONLY(WHALE_GEMM_AUTO), 1, (uint64_t)M);
+    }
+    whale_gemm_get_stats(g, &b);
+    CHECK(b.created - a.created == 3, "3 mid-size nt shapes created %lld primitives",
+          (long long)(b.created - a.created));
+    for (int M = WHALE_GEMM_EXACT_BELOW_M_NT; M < WHALE_GEMM_EXACT_BELOW_M_NT + 3; M++) {
+        gcase t = {NT, M, 9, 8, 0, 0, 0, 0, 0, 0, 0};
+        run_case(g, &t, ONLY(WHALE_GEMM_AUTO), 1, (uint64_t)M);
+    }
+    whale_gemm_get_stats(g, &a);
+    CHECK(a.created - b.created <= 1, "3 large nt shapes created %lld primitives",
+          (long long)(a.created - b.created));
+}
+
+/* Same call twice: bit-identical (no history-dependent choice). */
+static void test_deterministic(whale_gemm *g) {
+    whale_rng r;
+    whale_rng_seed(&r, 9);
+    static const int ms[] = {1, 3, 16, 200};
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+        int M = ms[i], N = 96, K = 200;
+        float *A = malloc(sizeof(float) * M * K), *W = malloc(sizeof(float) * N * K);
+        float *C1 = malloc(sizeof(float) * M * N), *C2 = malloc(sizeof(float) * M * N);
+        for (int j = 0; j < M * K; j++) A[j] = draw(&r, 0);
+        for (int j = 0; j < N * K; j++) W[j] = draw(&r, 0);
+        whale_err err;
+        whale_code rc1 = whale_gemm_nt(g, M, N, K, A, K, W, K, C1, N, 0, &err);
+        whale_code rc2 = whale_gemm_nt(g, M, N, K, A, K, W, K, C2, N, 0, &err);
+        CHECK(!rc1 && !rc2 && !memcmp(C1, C2, sizeof(float) * M * N),
+              "M=%d: repeated product differs", M);
+        free(A);
+        free(W);
+        free(C1);
+        free(C2);
+    }
+}
+
+static void test_errors(whale_gemm *g) {
+    float x[64] = {0};
+    whale_err err;
+    whale_code rc = whale_gemm_nt(g, 2, 2, 8, x, 4, x, 8, x, 2, 0, &err);
+    CHECK(rc == WHALE_ERR_ARG && strstr(err.msg, "lda=4"), "lda < K: rc=%d %s", (int)rc, err.msg);
+    rc = whale_gemm_nt(g, 2, 2, 8, x, 8, x, 7, x, 2, 0, &err);
+    CHECK(rc == WHALE_ERR_ARG && strstr(err.msg, "ldw=7"), "ldw < K: rc=%d %s", (int)rc, err.msg);
+    rc = whale_gemm_tn(g, 3, 2, 2, x, 2, x, 2, x, 2, 0, &err);
+    CHECK(rc == WHALE_ERR_ARG && strstr(err.msg, "lda=2"), "tn lda < M: rc=%d %s", (int)rc,
+          err.msg);
+    rc = whale_gemm_nn(g, 2, 3, 2, x, 2, x, 2, x, 3, 0, &err);
+    CHECK(rc == WHALE_ERR_ARG && strstr(err.msg, "ldb=2"), "ldb < N: rc=%d %s", (int)rc, err.msg);
+    rc = whale_gemm_nn(g, 2, 3, 2, x, 2, x, 3, x, 2, 0, &err);
+    CHECK(rc == WHALE_ERR_ARG && strstr(err.msg, "ldc=2"), "ldc < N: rc=%d %s", (int)rc, err.msg);
+    rc = whale_gemm_nt(g, -1, 2, 2, x, 2, x, 2, x, 2, 0, &err);
+    CHECK(rc == WHALE_ERR_ARG, "negative M accepted");
+    rc = whale_gemm_nt(g, 2, 2, 2, NULL, 2, x, 2, x, 2, 0, &err);
+    CHECK(rc == WHALE_ERR_ARG && strstr(err.msg, "NULL"), "NULL A: rc=%d %s", (int)rc, err.msg);
+    rc = whale_gemm_nt(NULL, 2, 2, 2, x, 2, x, 2, x, 2, 0, &err);
+    CHECK(rc == WHALE_ERR_ARG, "NULL context accepted");
+}
+
+static void test_measure(whale_gemm *g) {
+    double gf = whale_gemm_measure_gflops(g, 64, 96, 80, 3);
+    CHECK(gf > 0, "measure_gflops returned %g", gf);
+    CHECK(whale_gemm_measure_gflops(g, 0, 8, 8, 3) == 0, "measure_gflops on M=0");
+    double bw = whale_measure_read_bandwidth((size_t)4 << 20, 2);
+    CHECK(bw > 0, "read bandwidth %g", bw);
+    CHECK(whale_measure_read_bandwidth(16, 2) == 0, "bandwidth of a 16-byte buffer");
+}
+
+int main(void) {
+    whale_err err;
+    whale_gemm *g;
+    if (whale_gemm_new(&g, &err)) {
+        fprintf(stderr, "test_gemm: %s\n", err.msg);
+        return 1;
+    }
+    test_shapes(g);
+    test_model_shapes(g);
+    test_empty(g);
+    test_rules(g);
+    test_deterministic(g);
+    test_errors(g);
+    test_measure(g);
+    whale_gemm_free(g);
+    whale_gemm_free(NULL);
+    test_cache();
+    return test_finish("test_gemm");
+}
