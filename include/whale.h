@@ -177,7 +177,8 @@ int64_t whale_count_targets(const int32_t *labels, int B, int S);
 /* Forward and backward on ids [B,S]: *loss receives the mean cross-entropy
  * over the *count scored targets, and the gradient of loss_scale × that mean
  * is ADDED to the session's gradients (loss_scale = count / total count
- * averages correctly over accumulated micro-batches).
+ * averages correctly over accumulated micro-batches; 0 = evaluate only,
+ * no backward pass).
  * pos [B,S] (RoPE positions) and seg [B,S] (for packed documents: the index
  * within its sequence of the first token each position may attend to) may
  * be NULL: positions 0..S−1 and plain causal attention. */

@@ -75,7 +75,7 @@ typedef struct {
     whale_doc_split doc_split; /* for text files (default whole file) */
     int skip_bad_records;      /* count and skip bad JSONL lines instead of failing */
     int overwrite;             /* replace a dataset already in out_dir */
-    int threads;               /* tokenizer threads (0 = min(OpenMP threads, 16)) */
+    int threads;               /* tokenizer threads (0 = OpenMP threads, at most 16 and one per 4 MB of text) */
     /* called about once a second from the calling thread (may be NULL) */
     void (*progress)(void *user, const whale_data_progress *p);
     void *progress_user;

@@ -32,6 +32,11 @@ int cmd_generate(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_grad(int argc, char **argv);
+int cmd_train_model(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_data(int argc, char **argv);
+int cmd_plot(int argc, char **argv);
+int cmd_tokenizer(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 
 #endif

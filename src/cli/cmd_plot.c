@@ -7,8 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int cmd_plot(int argc, char **argv);
-
 static const char plot_help[] =
     "usage: whale plot RUN_OR_JSONL... --out FILE.svg [--title T] [--metric KEY] [--log-y]\n"
     "                  [--smooth N] [--width W] [--height H]\n"

@@ -8,8 +8,6 @@
 #include <string.h>
 #include <unistd.h>
 
-int cmd_tokenizer(int argc, char **argv);
-
 static const char train_help[] =
     "usage: whale tokenizer train --vocab-size N --out DIR [options] FILE...\n"
     "  trains a byte-level BPE tokenizer with DeepSeek-V3's pre-tokenizer and writes\n"
@@ -30,8 +28,7 @@ static const char train_help[] =
     "  See docs/tokenizer-training.md.\n";
 
 typedef struct {
-    int tty;
-    double t0;
+    int tty; /* stderr is a terminal: progress overwrites itself */
 } progress_state;
 
 static void on_progress(void *user, const char *stage, int64_t done, int64_t total) {
@@ -107,7 +104,7 @@ static int cmd_train(int argc, char **argv) {
         status = cli_usage("tokenizer train", "no input files");
         goto done;
     }
-    progress_state ps = {isatty(2), 0};
+    progress_state ps = {isatty(2)};
     opts.extra_special = special;
     opts.n_extra_special = n_special;
     if (!quiet) {

@@ -4,6 +4,7 @@
 #include "core/core.h"
 #include "io/safetensors.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,4 +75,143 @@ out:
     whale_session_free(s);
     whale_model_free(m);
     return status;
+}
+
+/* ------------------------------------------------------------------ train */
+
+#include "whale_train.h"
+
+int cmd_train_model(int argc, char **argv) {
+    whale_train_opts o = whale_train_defaults();
+    long threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            puts("usage: whale train --init PRESET|CONFIG.json|MODEL_DIR --data DATA_DIR --out RUN_DIR [options]\n"
+                 "  --max-steps N (1000)        --batch-size B (8)     --grad-accum N (1)    --seq-len T (256)\n"
+                 "  --lr LR (3e-4)              --lr-scheduler constant|linear|cosine (cosine)\n"
+                 "  --warmup-ratio R (0.03)     --warmup-steps N       --weight-decay W (0.1)\n"
+                 "  --adam-beta1 B (0.9)        --adam-beta2 B (0.95)  --adam-epsilon E (1e-8)\n"
+                 "  --max-grad-norm G (1.0; 0 = no clipping)\n"
+                 "  --eval-every N (0 = at the end)   --eval-batches N (0 = the whole validation split)\n"
+                 "  --save-every N (0 = at the end)   --save-total-limit N (0 = keep all)   --log-every N (10)\n"
+                 "  --seed S (42)   --tokenizer DIR   --resume latest|CHECKPOINT_DIR   --threads N\n"
+                 "  --cross-doc-attention   attend across packed documents (the original run's packing)\n"
+                 "  --hf-accum-compat       sum micro-batch mean losses like HF Trainer did for this model\n"
+                 "  --quiet\n"
+                 "writes RUN_DIR/metrics.jsonl, RUN_DIR/checkpoint-STEP/ and the final model into RUN_DIR");
+            return 0;
+        }
+        if (!strcmp(a, "--cross-doc-attention")) {
+            o.cross_doc_attention = 1;
+            continue;
+        }
+        if (!strcmp(a, "--hf-accum-compat")) {
+            o.hf_accum_compat = 1;
+            continue;
+        }
+        if (!strcmp(a, "--quiet")) {
+            o.quiet = 1;
+            continue;
+        }
+        if (!(v = cli_value(argc, argv, &i))) return cli_usage("train", "%s needs a value", a);
+        long n = 0;
+        double d = 0;
+        int bad = 0;
+#define INT_OPT(name, lo, hi, dst)                                                   \
+    else if (!strcmp(a, name)) {                                                     \
+        bad = cli_int("train", a, v, lo, hi, &n);                                    \
+        dst = n;                                                                     \
+    }
+#define FLT_OPT(name, lo, hi, dst)                                                   \
+    else if (!strcmp(a, name)) {                                                     \
+        bad = cli_float("train", a, v, lo, hi, &d);                                  \
+        dst = d;                                                                     \
+    }
+        if (!strcmp(a, "--init")) o.init = v;
+        else if (!strcmp(a, "--data")) o.data = v;
+        else if (!strcmp(a, "--out") || !strcmp(a, "--output-dir")) o.out = v;
+        else if (!strcmp(a, "--tokenizer")) o.tokenizer = v;
+        else if (!strcmp(a, "--resume")) o.resume = v;
+        else if (!strcmp(a, "--lr-scheduler")) {
+            if (!strcmp(v, "constant")) o.schedule = WHALE_LR_CONSTANT;
+            else if (!strcmp(v, "linear")) o.schedule = WHALE_LR_LINEAR;
+            else if (!strcmp(v, "cosine")) o.schedule = WHALE_LR_COSINE;
+            else return cli_usage("train", "--lr-scheduler must be constant, linear or cosine, got \"%s\"", v);
+        }
+        INT_OPT("--max-steps", 1, 1L << 40, o.max_steps)
+        INT_OPT("--batch-size", 1, 65536, o.batch_size)
+        INT_OPT("--grad-accum", 1, 65536, o.grad_accum)
+        INT_OPT("--seq-len", 2, 1 << 20, o.seq_len)
+        INT_OPT("--warmup-steps", 0, 1L << 40, o.warmup_steps)
+        INT_OPT("--eval-every", 0, 1L << 40, o.eval_every)
+        INT_OPT("--eval-batches", 0, 1L << 40, o.eval_batches)
+        INT_OPT("--save-every", 0, 1L << 40, o.save_every)
+        INT_OPT("--save-total-limit", 0, 1 << 20, o.save_total_limit)
+        INT_OPT("--log-every", 1, 1L << 40, o.log_every)
+        INT_OPT("--seed", 0, 0x7fffffffffffffffL, o.seed)
+        INT_OPT("--threads", 1, 1024, threads)
+        FLT_OPT("--lr", 1e-12, 10, o.lr)
+        FLT_OPT("--warmup-ratio", 0, 1, o.warmup_ratio)
+        FLT_OPT("--weight-decay", 0, 10, o.weight_decay)
+        FLT_OPT("--adam-beta1", 0, 0.999999, o.beta1)
+        FLT_OPT("--adam-beta2", 0, 0.999999, o.beta2)
+        FLT_OPT("--adam-epsilon", 1e-30, 1, o.adam_eps)
+        FLT_OPT("--max-grad-norm", 0, 1e9, o.max_grad_norm)
+        else return cli_usage("train", "unknown option \"%s\"", a);
+#undef INT_OPT
+#undef FLT_OPT
+        if (bad) return bad;
+    }
+    if (!o.init || !o.data || !o.out) return cli_usage("train", "--init, --data and --out are required");
+    whale_set_threads((int)threads);
+    whale_err err;
+    whale_train_result res;
+    if (whale_train_run(&o, &res, &err)) return cli_fail(&err);
+    printf("{\"steps\": %lld, \"loss\": %.6f, \"val_loss\": %.6f, \"val_ppl\": %.4f, \"tokens_per_s\": %.1f, "
+           "\"seconds\": %.1f}\n",
+           (long long)res.steps, res.last_loss, res.val_loss, exp(res.val_loss), res.tokens_per_s, res.seconds);
+    return 0;
+}
+
+int cmd_eval(int argc, char **argv) {
+    const char *dir = NULL, *data = NULL, *split = "val";
+    long seq = 256, threads = 0, batch = 4, cross = 0, max_windows = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            puts("usage: whale eval -m DIR --data DATA_DIR [--split val|train] [--seq-len T] [--batch-size B]\n"
+                 "                  [--max-windows N] [--cross-doc-attention] [--threads N]\n"
+                 "  prints {\"loss\": …, \"tokens\": …, \"ppl\": …} over the split's windows");
+            return 0;
+        }
+        if (!strcmp(a, "--cross-doc-attention")) {
+            cross = 1;
+            continue;
+        }
+        if (!(v = cli_value(argc, argv, &i))) return cli_usage("eval", "%s needs a value", a);
+        int bad = 0;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
+        else if (!strcmp(a, "--data")) data = v;
+        else if (!strcmp(a, "--split")) split = v;
+        else if (!strcmp(a, "--seq-len")) bad = cli_int("eval", a, v, 2, 1 << 20, &seq);
+        else if (!strcmp(a, "--batch-size")) bad = cli_int("eval", a, v, 1, 4096, &batch);
+        else if (!strcmp(a, "--max-windows")) bad = cli_int("eval", a, v, 0, 1L << 40, &max_windows);
+        else if (!strcmp(a, "--threads")) bad = cli_int("eval", a, v, 1, 1024, &threads);
+        else return cli_usage("eval", "unknown option \"%s\"", a);
+        if (bad) return bad;
+    }
+    if (!dir || !data) return cli_usage("eval", "-m DIR and --data DIR are required");
+    if (strcmp(split, "val") && strcmp(split, "train")) return cli_usage("eval", "--split must be val or train");
+    whale_set_threads((int)threads);
+    whale_err err;
+    whale_model *m;
+    if (whale_model_load(dir, &m, &err)) return cli_fail(&err);
+    double loss;
+    int64_t tokens;
+    whale_code c = whale_eval_dataset(m, data, split, (int)seq, max_windows, (int)batch, (int)cross, &loss, &tokens, &err);
+    whale_model_free(m);
+    if (c) return cli_fail(&err);
+    printf("{\"loss\": %.6f, \"tokens\": %lld, \"ppl\": %.4f}\n", loss, (long long)tokens, exp(loss));
+    return 0;
 }

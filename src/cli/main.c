@@ -18,6 +18,11 @@ static const char usage_text[] =
     "  generate  -m DIR --ids 0,15,27 [-n N] [sampling options] generate token ids\n"
     "  bench     (-m DIR | --preset NAME) --what forward|prefill|decode   speed\n"
     "  grad      -m DIR --ids FILE --out GRADS.safetensors         gradient of the mean loss\n"
+    "  tokenizer train --vocab-size N --out DIR FILES...           train a byte-level BPE tokenizer\n"
+    "  data prepare --tokenizer DIR --out DIR FILES...             text to token shards\n"
+    "  train     --init PRESET|DIR --data DIR --out DIR            train (or resume) a model\n"
+    "  eval      -m DIR --data DIR                                 validation loss and perplexity\n"
+    "  plot      RUN... --out loss.svg                             loss curves as SVG\n"
     "  tokenize  -m DIR \"text\" | --file F [--show]                text to token ids\n"
     "  detokenize -m DIR --ids 1,2,3 [--skip-special]                token ids to text\n"
     "\n"
@@ -103,7 +108,7 @@ int cli_parse_id_list(const char *cmd, const char *text, int32_t **ids, int *n) 
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: whale COMMAND [options] (commands: info init score generate grad bench tokenize detokenize; see 'whale --help')\n");
+        fprintf(stderr, "usage: whale COMMAND [options] (commands: info init score generate grad train eval data plot tokenizer bench tokenize detokenize; see 'whale --help')\n");
         return 2;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
@@ -115,7 +120,8 @@ int main(int argc, char **argv) {
         const char *name;
         int (*fn)(int, char **);
     } cmds[] = {{"info", cmd_info}, {"init", cmd_init}, {"score", cmd_score}, {"generate", cmd_generate}, {"bench", cmd_bench},
-                  {"tokenize", cmd_tokenize}, {"grad", cmd_grad}, {"detokenize", cmd_detokenize}};
+                  {"tokenize", cmd_tokenize}, {"grad", cmd_grad}, {"train", cmd_train_model}, {"eval", cmd_eval},
+                  {"data", cmd_data}, {"plot", cmd_plot}, {"tokenizer", cmd_tokenizer}, {"detokenize", cmd_detokenize}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "whale: unknown command \"%s\" (see 'whale --help')\n", cmd);

@@ -899,6 +899,11 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
         int n = T - r0 < CE_CHUNK ? T - r0 : CE_CHUNK;
         if ((e = whale_gemm_nt(s->gemm, n, V, D, s->hn + (size_t)r0 * D, D, head, D, b->logits, V, 0, err))) return e;
         int64_t cn;
+        if (loss_scale == 0) { /* evaluation: the loss only */
+            double l = whale_cross_entropy_labels(b->logits, b->tgt + r0, 1, n, V, &cn);
+            if (cn) total += l * (double)cn;
+            continue;
+        }
         double l = whale_cross_entropy_labels_backward(b->logits, b->logits, b->tgt + r0, 1, n, V, &cn);
         if (cn) {
             total += l * (double)cn;
@@ -911,6 +916,7 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
     }
     *loss_out = count ? total / (double)count : NAN;
     *count_out = count;
+    if (loss_scale == 0) return WHALE_OK;
 
     /* final norm and HC head */
     const float *Xf = s->X[2 * c->L];

@@ -1,0 +1,606 @@
+/*
+ * Training runs. One optimiser step = grad_accum micro-batches of
+ * batch_size windows of seq_len tokens; the gradient is that of the mean
+ * loss over every scored token of the step (each micro-batch weighted by its
+ * share of the targets), clipped, then AdamW with the scheduled rate.
+ *
+ * Everything that decides the next step is saved in a checkpoint (weights,
+ * moments, step, data cursor), so a resumed run reproduces the loss curve of
+ * an uninterrupted one bit for bit (same thread count).
+ */
+#include "whale_train.h"
+
+#include "core/core.h"
+#include "io/safetensors.h"
+#include "whale_data.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+whale_train_opts whale_train_defaults(void) {
+    whale_train_opts o = {0};
+    o.lr = 3e-4;
+    o.warmup_ratio = 0.03;
+    o.warmup_steps = -1;
+    o.weight_decay = 0.1;
+    o.beta1 = 0.9;
+    o.beta2 = 0.95;
+    o.adam_eps = 1e-8;
+    o.max_grad_norm = 1.0;
+    o.schedule = WHALE_LR_COSINE;
+    o.max_steps = 1000;
+    o.batch_size = 8;
+    o.grad_accum = 1;
+    o.seq_len = 256;
+    o.eval_every = 0;
+    o.eval_batches = 0;
+    o.save_every = 0;
+    o.log_every = 10;
+    o.seed = 42;
+    return o;
+}
+
+/* ------------------------------------------------------------ files */
+
+static int is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static void fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
+/* Remove a directory holding only files (checkpoints are flat). */
+static void remove_flat_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char path[4096];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static whale_code copy_file(const char *from, const char *to, whale_err *err) {
+    char *data;
+    size_t n;
+    whale_code c = whale_read_file(from, &data, &n, err);
+    if (c) return c;
+    c = whale_write_file_atomic(to, data, n, err);
+    free(data);
+    return c;
+}
+
+static void copy_tokenizer_files(const char *src, const char *dst) {
+    static const char *const names[] = {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"};
+    if (!src) return;
+    for (int i = 0; i < 3; i++) {
+        char from[4096], to[4096];
+        snprintf(from, sizeof from, "%s/%s", src, names[i]);
+        snprintf(to, sizeof to, "%s/%s", dst, names[i]);
+        if (access(from, R_OK) == 0) {
+            whale_err ignored;
+            copy_file(from, to, &ignored);
+        }
+    }
+}
+
+/* Checkpoints present in out, ascending by step (malloc'd array). */
+static int list_checkpoints(const char *out, int64_t **steps) {
+    DIR *d = opendir(out);
+    int n = 0, cap = 0;
+    *steps = NULL;
+    if (!d) return 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char *end;
+        if (strncmp(e->d_name, "checkpoint-", 11) != 0) continue;
+        long long v = strtoll(e->d_name + 11, &end, 10);
+        if (*end) continue; /* checkpoint-N.tmp: an interrupted save */
+        if (n == cap) {
+            int64_t *grown = realloc(*steps, sizeof(int64_t) * (size_t)(cap = cap ? 2 * cap : 8));
+            if (!grown) break;
+            *steps = grown;
+        }
+        (*steps)[n++] = v;
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++) /* insertion sort: a handful of entries */
+        for (int j = i; j > 0 && (*steps)[j - 1] > (*steps)[j]; j--) {
+            int64_t t = (*steps)[j];
+            (*steps)[j] = (*steps)[j - 1];
+            (*steps)[j - 1] = t;
+        }
+    return n;
+}
+
+/* ------------------------------------------------------------ run state */
+
+typedef struct {
+    const whale_train_opts *o;
+    whale_model *m;
+    whale_session *s;
+    whale_optimizer *opt;
+    whale_dataset *train, *val;
+    whale_data_cursor cursor;
+    whale_batch *micro; /* [grad_accum] */
+    FILE *metrics;
+    char *tokenizer_dir;
+    int64_t step;
+} run_t;
+
+static whale_code write_trainer_state(run_t *r, const char *dir, whale_err *err) {
+    const whale_model *m = r->m;
+    int n = whale_model_num_params(m), k = 0;
+    whale_st_item *items = calloc((size_t)2 * n, sizeof *items);
+    char (*names)[160] = calloc((size_t)2 * n, 160);
+    whale_tensor *shapes = calloc((size_t)n, sizeof *shapes);
+    whale_code c;
+    if (!items || !names || !shapes) {
+        c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory writing a checkpoint");
+        goto done;
+    }
+    for (int i = 0; i < n; i++) {
+        shapes[i] = whale_model_param(m, i);
+        for (int which = 0; which < 2; which++) {
+            snprintf(names[k], 160, "%s.%s", which ? "exp_avg_sq" : "exp_avg", whale_model_param_name(m, i));
+            items[k] = (whale_st_item){names[k], WHALE_F32, shapes[i].ndim, shapes[i].shape,
+                                       whale_optimizer_moment(r->opt, which, i)};
+            k++;
+        }
+    }
+    char path[4400];
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    if ((c = whale_st_write(path, items, k, NULL, err))) goto done;
+
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "step", (double)r->step);
+    cJSON *cur = cJSON_AddObjectToObject(j, "data_cursor");
+    char seed[32];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)r->cursor.seed);
+    cJSON_AddStringToObject(cur, "seed", seed); /* 64-bit: not exact as a JSON number */
+    cJSON_AddNumberToObject(cur, "epoch", (double)r->cursor.epoch);
+    cJSON_AddNumberToObject(cur, "index", (double)r->cursor.index);
+    cJSON_AddNumberToObject(cur, "windows", (double)r->cursor.windows);
+    /* what must not change when resuming */
+    const whale_train_opts *o = r->o;
+    cJSON *run = cJSON_AddObjectToObject(j, "run");
+    cJSON_AddStringToObject(run, "init", o->init);
+    snprintf(seed, sizeof seed, "%016llx", (unsigned long long)whale_dataset_fingerprint(r->train));
+    cJSON_AddStringToObject(run, "data_fingerprint", seed);
+    cJSON_AddNumberToObject(run, "data_tokens", (double)whale_dataset_tokens(r->train));
+    cJSON_AddNumberToObject(run, "seq_len", o->seq_len);
+    cJSON_AddNumberToObject(run, "batch_size", o->batch_size);
+    cJSON_AddNumberToObject(run, "grad_accum", o->grad_accum);
+    cJSON_AddBoolToObject(run, "cross_doc_attention", o->cross_doc_attention);
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j);
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    c = text ? whale_write_file_atomic(path, text, strlen(text), err) : whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    free(text);
+done:
+    free(items);
+    free(names);
+    free(shapes);
+    return c;
+}
+
+/* checkpoint-STEP: written as checkpoint-STEP.tmp, every file fsynced, then
+ * renamed; an interrupted save leaves the previous checkpoints intact. */
+static whale_code save_checkpoint(run_t *r, whale_err *err) {
+    char dir[4096], tmp[4200];
+    snprintf(dir, sizeof dir, "%s/checkpoint-%lld", r->o->out, (long long)r->step);
+    snprintf(tmp, sizeof tmp, "%s.tmp", dir);
+    remove_flat_dir(tmp);
+    whale_code c;
+    if ((c = whale_model_save(r->m, tmp, err)) || (c = write_trainer_state(r, tmp, err))) {
+        remove_flat_dir(tmp);
+        return c;
+    }
+    copy_tokenizer_files(r->tokenizer_dir, tmp);
+    fsync_dir(tmp);
+    if (is_dir(dir)) remove_flat_dir(dir);
+    if (rename(tmp, dir) != 0) {
+        c = whale_errf(err, WHALE_ERR_IO, "%s: cannot rename into place: %s", dir, strerror(errno));
+        remove_flat_dir(tmp);
+        return c;
+    }
+    fsync_dir(r->o->out);
+    if (r->metrics) fprintf(r->metrics, "{\"event\": \"checkpoint\", \"step\": %lld}\n", (long long)r->step);
+    if (r->o->save_total_limit > 0) {
+        int64_t *steps;
+        int n = list_checkpoints(r->o->out, &steps);
+        for (int i = 0; i + r->o->save_total_limit < n; i++) {
+            char old[4096];
+            snprintf(old, sizeof old, "%s/checkpoint-%lld", r->o->out, (long long)steps[i]);
+            remove_flat_dir(old);
+        }
+        free(steps);
+    }
+    return WHALE_OK;
+}
+
+static const char *json_str(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static double json_num(const cJSON *o, const char *k, double def) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : def;
+}
+
+/* Restore moments, step and data cursor; refuse a checkpoint of another run. */
+static whale_code load_trainer_state(run_t *r, const char *dir, whale_err *err) {
+    char path[4096], *text;
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    whale_code c = whale_read_file(path, &text, NULL, err);
+    if (c) return c;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    const cJSON *cur = cJSON_GetObjectItemCaseSensitive(j, "data_cursor"), *run = cJSON_GetObjectItemCaseSensitive(j, "run");
+    if (!cJSON_IsObject(cur) || !cJSON_IsObject(run) || !json_str(cur, "seed")) {
+        cJSON_Delete(j);
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: not a trainer state (missing data_cursor/run)", path);
+    }
+    const whale_train_opts *o = r->o;
+    char fp[32];
+    snprintf(fp, sizeof fp, "%016llx", (unsigned long long)whale_dataset_fingerprint(r->train));
+    const char *init = json_str(run, "init"), *dfp = json_str(run, "data_fingerprint");
+    const char *what = NULL;
+    char detail[256] = "";
+    if (!init || strcmp(init, o->init)) what = "--init", snprintf(detail, sizeof detail, "%s", init ? init : "?");
+    else if (!dfp || strcmp(dfp, fp) || json_num(run, "data_tokens", -1) != (double)whale_dataset_tokens(r->train))
+        what = "--data", snprintf(detail, sizeof detail, "other data (tokenizer fingerprint %s)", dfp ? dfp : "?");
+    else if (json_num(run, "seq_len", -1) != o->seq_len)
+        what = "--seq-len", snprintf(detail, sizeof detail, "%g", json_num(run, "seq_len", -1));
+    else if (json_num(run, "batch_size", -1) != o->batch_size)
+        what = "--batch-size", snprintf(detail, sizeof detail, "%g", json_num(run, "batch_size", -1));
+    else if (json_num(run, "grad_accum", -1) != o->grad_accum)
+        what = "--grad-accum", snprintf(detail, sizeof detail, "%g", json_num(run, "grad_accum", -1));
+    else if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(run, "cross_doc_attention")) != !!o->cross_doc_attention)
+        what = "--cross-doc-attention", snprintf(detail, sizeof detail, "the other setting");
+    if (what) {
+        cJSON_Delete(j);
+        return whale_errf(err, WHALE_ERR_ARG, "%s: the checkpoint was trained with %s %s; resume with the same settings",
+                          dir, what, detail);
+    }
+    r->step = (int64_t)json_num(j, "step", 0);
+    r->cursor.seed = strtoull(json_str(cur, "seed"), NULL, 10);
+    r->cursor.epoch = (int64_t)json_num(cur, "epoch", 0);
+    r->cursor.index = (int64_t)json_num(cur, "index", 0);
+    r->cursor.windows = (int64_t)json_num(cur, "windows", 0);
+    cJSON_Delete(j);
+
+    whale_st *st;
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    if ((c = whale_st_open(path, &st, err))) return c;
+    for (int i = 0; i < whale_model_num_params(r->m) && !c; i++)
+        for (int which = 0; which < 2 && !c; which++) {
+            char name[160];
+            snprintf(name, sizeof name, "%s.%s", which ? "exp_avg_sq" : "exp_avg", whale_model_param_name(r->m, i));
+            const whale_st_entry *e = whale_st_find(st, name);
+            whale_tensor t = whale_model_param(r->m, i);
+            size_t bytes = sizeof(float) * (size_t)whale_shape_numel(t.ndim, t.shape);
+            if (!e || e->dtype != WHALE_F32 || e->nbytes != bytes)
+                c = whale_errf(err, WHALE_ERR_FORMAT, "%s: missing or mis-sized %s", path, name);
+            else
+                memcpy(whale_optimizer_moment(r->opt, which, i), e->data, bytes);
+        }
+    whale_st_close(st);
+    whale_optimizer_set_steps(r->opt, r->step);
+    return c;
+}
+
+/* Keep the metrics of steps up to `step` (a resumed run rewrites the rest). */
+static whale_code trim_metrics(const char *path, int64_t step, whale_err *err) {
+    char *text;
+    size_t n;
+    if (access(path, F_OK) != 0) return WHALE_OK;
+    whale_code c = whale_read_file(path, &text, &n, err);
+    if (c) return c;
+    char *out = malloc(n + 1), *line = text;
+    size_t o = 0;
+    while (out && line < text + n) {
+        char *nl = memchr(line, '\n', (size_t)(text + n - line));
+        size_t len = nl ? (size_t)(nl - line + 1) : (size_t)(text + n - line);
+        cJSON *j = cJSON_ParseWithLength(line, len);
+        double s = json_num(j, "step", -1);
+        cJSON_Delete(j);
+        if (s <= (double)step) {
+            memcpy(out + o, line, len);
+            o += len;
+        }
+        line += len;
+    }
+    c = out ? whale_write_file_atomic(path, out, o, err) : whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    free(out);
+    free(text);
+    return c;
+}
+
+/* ------------------------------------------------------------ evaluation */
+
+static whale_code eval_loss(whale_session *s, whale_dataset *d, int B, int S, int64_t max_windows, double *loss,
+                            int64_t *tokens, whale_err *err) {
+    int64_t nw = whale_dataset_num_windows(d, S);
+    if (max_windows > 0 && max_windows < nw) nw = max_windows;
+    whale_batch b;
+    whale_code c = whale_batch_alloc(B, S, &b, err);
+    if (c) return c;
+    double total = 0;
+    int64_t count = 0;
+    for (int64_t w0 = 0; w0 < nw && !c; w0 += B) {
+        int nb = (int)(nw - w0 < B ? nw - w0 : B);
+        for (int i = 0; i < nb && !c; i++)
+            c = whale_dataset_window(d, w0 + i, S, b.ids + (size_t)i * S, b.labels + (size_t)i * S,
+                                     b.pos + (size_t)i * S, b.seg + (size_t)i * S, err);
+        double l;
+        int64_t cn;
+        if (!c) c = whale_session_train_step(s, b.ids, b.labels, b.pos, b.seg, nb, S, 0.0, &l, &cn, err);
+        if (!c && cn) {
+            total += l * (double)cn;
+            count += cn;
+        }
+    }
+    whale_batch_free(&b);
+    *loss = count ? total / (double)count : NAN;
+    *tokens = count;
+    return c;
+}
+
+whale_code whale_eval_dataset(whale_model *m, const char *data_dir, const char *split, int seq_len,
+                              int64_t max_windows, int batch, int cross_doc, double *loss, int64_t *tokens,
+                              whale_err *err) {
+    whale_dataset *d;
+    whale_code c = whale_dataset_open(data_dir, split, &d, err);
+    if (c) return c;
+    whale_session *s = NULL;
+    whale_dataset_set_cross_doc(d, cross_doc);
+    if (!(c = whale_dataset_check(d, whale_model_vocab_size(m), NULL, err))) {
+        if (whale_dataset_num_windows(d, seq_len) < 1)
+            c = whale_errf(err, WHALE_ERR_ARG, "%s: the %s split has fewer than %d tokens", data_dir, split, seq_len);
+        else if (!(c = whale_train_session_new(m, batch, seq_len, &s, err)))
+            c = eval_loss(s, d, batch, seq_len, max_windows, loss, tokens, err);
+    }
+    whale_session_free(s);
+    whale_dataset_free(d);
+    return c;
+}
+
+/* ------------------------------------------------------------ the loop */
+
+static void fmt_duration(char *buf, size_t cap, double s) {
+    if (!(s >= 0) || s > 1e7) snprintf(buf, cap, "?");
+    else if (s < 60) snprintf(buf, cap, "%.0fs", s);
+    else if (s < 3600) snprintf(buf, cap, "%dm%02ds", (int)s / 60, (int)s % 60);
+    else snprintf(buf, cap, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
+}
+
+/* Name the first parameter whose gradient is not finite. */
+static const char *first_nonfinite_grad(run_t *r) {
+    for (int i = 0; i < whale_model_num_params(r->m); i++) {
+        whale_tensor t = whale_model_param(r->m, i);
+        const float *g = whale_session_grad(r->s, i);
+        long n = (long)whale_shape_numel(t.ndim, t.shape);
+        for (long k = 0; k < n; k++)
+            if (!isfinite(g[k])) return whale_model_param_name(r->m, i);
+    }
+    return NULL;
+}
+
+static whale_code setup_model(run_t *r, const char *resume_dir, whale_err *err) {
+    const whale_train_opts *o = r->o;
+    if (resume_dir) return whale_model_load(resume_dir, &r->m, err);
+    char cfg[4096];
+    snprintf(cfg, sizeof cfg, "%s/config.json", o->init);
+    if (is_dir(o->init) && access(cfg, R_OK) == 0) return whale_model_load(o->init, &r->m, err);
+    /* a preset or config file: the vocabulary comes from the data */
+    char overrides[128];
+    snprintf(overrides, sizeof overrides, "{\"vocab_size\": %d, \"eos_token_id\": %d}", whale_dataset_vocab(r->train),
+             whale_dataset_eos(r->train) >= 0 ? whale_dataset_eos(r->train) : 1);
+    return whale_model_init_config(o->init, overrides, o->seed, &r->m, err);
+}
+
+whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, whale_err *err) {
+    run_t r = {0};
+    r.o = o;
+    whale_code c = WHALE_OK;
+    char path[4096], resume_dir[4096] = "";
+    if (o->batch_size < 1 || o->grad_accum < 1 || o->seq_len < 2 || o->max_steps < 1)
+        return whale_errf(err, WHALE_ERR_ARG, "--batch-size, --grad-accum, --max-steps must be >= 1 and --seq-len >= 2");
+    if (!(o->lr > 0)) return whale_errf(err, WHALE_ERR_ARG, "--lr must be > 0");
+    if ((c = whale_mkdir(o->out, err))) return c;
+    snprintf(path, sizeof path, "%s/.write-test", o->out);
+    if ((c = whale_write_file_atomic(path, "", 0, err))) return c;
+    unlink(path);
+
+    if ((c = whale_dataset_open(o->data, "train", &r.train, err))) goto done;
+    whale_dataset_set_cross_doc(r.train, o->cross_doc_attention);
+    if (whale_dataset_num_windows(r.train, o->seq_len) < o->batch_size) {
+        c = whale_errf(err, WHALE_ERR_ARG, "%s: %lld training tokens make fewer than --batch-size %d windows of %d",
+                       o->data, (long long)whale_dataset_tokens(r.train), o->batch_size, o->seq_len);
+        goto done;
+    }
+    if (whale_dataset_open(o->data, "val", &r.val, err) == WHALE_OK) {
+        whale_dataset_set_cross_doc(r.val, o->cross_doc_attention);
+        if (whale_dataset_num_windows(r.val, o->seq_len) < 1) { /* too small to evaluate */
+            whale_dataset_free(r.val);
+            r.val = NULL;
+        }
+    }
+
+    if (o->resume) {
+        if (!strcmp(o->resume, "latest")) {
+            int64_t *steps;
+            int n = list_checkpoints(o->out, &steps);
+            if (n == 0) {
+                free(steps);
+                c = whale_errf(err, WHALE_ERR_IO, "%s: --resume latest: no checkpoint-N folder to resume from", o->out);
+                goto done;
+            }
+            snprintf(resume_dir, sizeof resume_dir, "%s/checkpoint-%lld", o->out, (long long)steps[n - 1]);
+            free(steps);
+        } else {
+            snprintf(resume_dir, sizeof resume_dir, "%s", o->resume);
+        }
+    }
+    if ((c = setup_model(&r, resume_dir[0] ? resume_dir : NULL, err))) goto done;
+    const char *tok = o->tokenizer ? o->tokenizer : resume_dir[0] ? resume_dir : is_dir(o->init) ? o->init : NULL;
+    snprintf(path, sizeof path, "%s/tokenizer.json", tok ? tok : "");
+    r.tokenizer_dir = tok && access(path, R_OK) == 0 ? strdup(tok) : NULL;
+    if ((c = whale_dataset_check(r.train, whale_model_vocab_size(r.m), r.tokenizer_dir, err))) goto done;
+    if (o->seq_len > whale_model_max_positions(r.m)) {
+        c = whale_errf(err, WHALE_ERR_RANGE, "--seq-len %d exceeds the model's max_position_embeddings %d", o->seq_len,
+                       whale_model_max_positions(r.m));
+        goto done;
+    }
+    whale_adamw_config ac = {o->beta1, o->beta2, o->adam_eps, o->weight_decay};
+    if ((c = whale_train_session_new(r.m, o->batch_size, o->seq_len, &r.s, err)) ||
+        (c = whale_adamw_new(r.m, &ac, &r.opt, err)))
+        goto done;
+    r.cursor.seed = o->seed;
+    if (resume_dir[0] && (c = load_trainer_state(&r, resume_dir, err))) goto done;
+    r.micro = calloc((size_t)o->grad_accum, sizeof *r.micro);
+    if (!r.micro) {
+        c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < o->grad_accum && !c; i++) c = whale_batch_alloc(o->batch_size, o->seq_len, &r.micro[i], err);
+    if (c) goto done;
+
+    snprintf(path, sizeof path, "%s/metrics.jsonl", o->out);
+    if ((c = trim_metrics(path, resume_dir[0] ? r.step : -1, err))) goto done;
+    if (!(r.metrics = fopen(path, "a"))) {
+        c = whale_errf(err, WHALE_ERR_IO, "%s: cannot open for appending: %s", path, strerror(errno));
+        goto done;
+    }
+    int64_t warmup = o->warmup_steps >= 0 ? o->warmup_steps : (int64_t)ceil(o->warmup_ratio * (double)o->max_steps);
+    int64_t tokens_per_step = (int64_t)o->batch_size * o->seq_len * o->grad_accum, start = r.step;
+    if (!o->quiet)
+        fprintf(stderr,
+                "train: %lld parameters; %lld tokens per step (%d × %d × %d); %lld steps from %lld; "
+                "data %lld train tokens (%lld windows)%s\n",
+                (long long)whale_model_param_count(r.m), (long long)tokens_per_step, o->batch_size, o->seq_len,
+                o->grad_accum, (long long)o->max_steps, (long long)start, (long long)whale_dataset_tokens(r.train),
+                (long long)whale_dataset_num_windows(r.train, o->seq_len), resume_dir[0] ? "; resumed" : "");
+    double t_start = whale_now(), t_train = 0, interval_loss = 0, interval_norm = 0, last_loss = NAN, val = NAN;
+    int interval_n = 0;
+    while (r.step < o->max_steps) {
+        double t0 = whale_now();
+        double lr = o->lr * whale_lr_multiplier(o->schedule, r.step, warmup, o->max_steps);
+        int64_t total = 0, counts[64];
+        for (int i = 0; i < o->grad_accum && !c; i++)
+            c = whale_dataset_next_batch(r.train, &r.cursor, o->batch_size, o->seq_len, &r.micro[i], err);
+        if (c) goto done;
+        for (int i = 0; i < o->grad_accum; i++) {
+            int64_t n = whale_count_targets(r.micro[i].labels, o->batch_size, o->seq_len);
+            if (i < 64) counts[i] = n;
+            total += n;
+        }
+        whale_session_zero_grad(r.s);
+        double step_loss = 0;
+        for (int i = 0; i < o->grad_accum; i++) {
+            int64_t n = i < 64 ? counts[i] : whale_count_targets(r.micro[i].labels, o->batch_size, o->seq_len), cn;
+            double l, scale = o->hf_accum_compat ? 1.0 : total ? (double)n / (double)total : 0.0;
+            whale_batch *b = &r.micro[i];
+            if ((c = whale_session_train_step(r.s, b->ids, b->labels, b->pos, b->seg, o->batch_size, o->seq_len, scale,
+                                              &l, &cn, err)))
+                goto done;
+            if (cn) step_loss += o->hf_accum_compat ? l : l * (double)cn / (double)total;
+        }
+        double norm = o->max_grad_norm > 0 ? whale_clip_grad_norm(r.s, o->max_grad_norm) : whale_grad_norm(r.s);
+        if (!isfinite(step_loss) || !isfinite(norm)) {
+            const char *bad = first_nonfinite_grad(&r);
+            c = whale_errf(err, WHALE_ERR_RANGE,
+                           "step %lld: the %s is not finite (loss %g, gradient norm %g); first non-finite gradient: %s",
+                           (long long)r.step + 1, isfinite(step_loss) ? "gradient" : "loss", step_loss, norm,
+                           bad ? bad : "none");
+            goto done;
+        }
+        whale_adamw_step(r.opt, r.s, lr);
+        r.step++;
+        t_train += whale_now() - t0;
+        last_loss = step_loss;
+        interval_loss += step_loss;
+        interval_norm += norm;
+        interval_n++;
+
+        int last = r.step == o->max_steps;
+        if (r.step % (o->log_every > 0 ? o->log_every : 1) == 0 || last || r.step == start + 1) {
+            double tps = (double)(r.step - start) * tokens_per_step / t_train;
+            double eta = t_train / (double)(r.step - start) * (double)(o->max_steps - r.step);
+            fprintf(r.metrics,
+                    "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens\": %lld, "
+                    "\"tokens_per_s\": %.1f, \"elapsed_s\": %.2f, \"epoch\": %.4f}\n",
+                    (long long)r.step, interval_loss / interval_n, lr, interval_norm / interval_n,
+                    (long long)(r.step * tokens_per_step), tps, whale_now() - t_start,
+                    r.cursor.epoch + (double)r.cursor.index / (double)(r.cursor.windows ? r.cursor.windows : 1));
+            fflush(r.metrics);
+            if (!o->quiet) {
+                char e1[32], e2[32];
+                fmt_duration(e1, sizeof e1, whale_now() - t_start);
+                fmt_duration(e2, sizeof e2, eta);
+                fprintf(stderr, "step %6lld/%lld  loss %.4f  lr %.2e  grad-norm %.3f  %.0f tok/s  elapsed %s  ETA %s\n",
+                        (long long)r.step, (long long)o->max_steps, interval_loss / interval_n, lr,
+                        interval_norm / interval_n, tps, e1, e2);
+            }
+            interval_loss = interval_norm = 0;
+            interval_n = 0;
+        }
+        if (r.val && ((o->eval_every > 0 && r.step % o->eval_every == 0) || last)) {
+            int64_t n;
+            if ((c = eval_loss(r.s, r.val, o->batch_size, o->seq_len, o->eval_batches * o->batch_size, &val, &n, err)))
+                goto done;
+            fprintf(r.metrics, "{\"step\": %lld, \"val_loss\": %.6f, \"val_ppl\": %.4f, \"val_tokens\": %lld}\n",
+                    (long long)r.step, val, exp(val), (long long)n);
+            fflush(r.metrics);
+            if (!o->quiet)
+                fprintf(stderr, "step %6lld/%lld  validation loss %.4f  perplexity %.2f  (%lld tokens)\n",
+                        (long long)r.step, (long long)o->max_steps, val, exp(val), (long long)n);
+        }
+        if ((o->save_every > 0 && r.step % o->save_every == 0) || last) {
+            if ((c = save_checkpoint(&r, err))) goto done;
+            fflush(r.metrics);
+        }
+    }
+    /* the final model in the run folder, like save_model(output_dir) */
+    if ((c = whale_model_save(r.m, o->out, err))) goto done;
+    copy_tokenizer_files(r.tokenizer_dir, o->out);
+    if (res) {
+        res->steps = r.step;
+        res->last_loss = last_loss;
+        res->val_loss = val;
+        res->seconds = whale_now() - t_start;
+        res->tokens_per_s = t_train > 0 ? (double)(r.step - start) * tokens_per_step / t_train : 0;
+    }
+done:
+    if (r.metrics) fclose(r.metrics);
+    if (r.micro)
+        for (int i = 0; i < o->grad_accum; i++) whale_batch_free(&r.micro[i]);
+    free(r.micro);
+    free(r.tokenizer_dir);
+    whale_optimizer_free(r.opt);
+    whale_session_free(r.s);
+    whale_model_free(r.m);
+    whale_dataset_free(r.train);
+    whale_dataset_free(r.val);
+    return c;
+}
