@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 WHALE=build/whale
 OUT=runs/demo
-STEPS=${STEPS:-250}
+STEPS=${STEPS:-500}
 THREADS=${THREADS:-$(nproc)}
 step() { printf '\n== %s\n' "$*"; }
 
@@ -34,6 +34,7 @@ $WHALE train --init small --data "$OUT/data" --out "$OUT/run" --tokenizer "$OUT/
     --threads "$THREADS" | tee "$OUT/result.json"
 
 step "sample: whale generate (temperature 0.8, top-k 40)"
+printf "The jury said"
 $WHALE generate -m "$OUT/run" -p "The jury said" -n 60 --temperature 0.8 --top-k 40 --seed 7 --threads "$THREADS"
 
 step "validation perplexity of the final model"
