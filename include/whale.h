@@ -140,6 +140,9 @@ whale_code whale_session_new(whale_model *m, int max_batch, int max_seq,
 void whale_session_free(whale_session *s);
 /* Forget the KV cache (next forward starts at position 0). */
 void whale_session_reset(whale_session *s);
+/* Keep only the first n cached positions (a chat whose history changed
+ * after position n re-feeds from there). */
+void whale_session_truncate(whale_session *s, int n);
 int whale_session_cached(const whale_session *s);
 
 /* Run B sequences of S new tokens (ids [B*S], row-major). logits, if not

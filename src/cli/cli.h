@@ -32,6 +32,7 @@ int cmd_generate(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_grad(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 int cmd_train_model(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_data(int argc, char **argv);

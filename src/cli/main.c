@@ -17,6 +17,7 @@ static const char usage_text[] =
     "  score     -m DIR --ids FILE [--logits-out FILE]          loss / perplexity of token ids\n"
     "  generate  -m DIR --ids 0,15,27 [-n N] [sampling options] generate token ids\n"
     "  bench     (-m DIR | --preset NAME) --what forward|prefill|decode   speed\n"
+    "  chat      -m DIR [--system TEXT]                            interactive chat (or from a pipe)\n"
     "  grad      -m DIR --ids FILE --out GRADS.safetensors         gradient of the mean loss\n"
     "  tokenizer train --vocab-size N --out DIR FILES...           train a byte-level BPE tokenizer\n"
     "  data prepare --tokenizer DIR --out DIR FILES...             text to token shards\n"
@@ -108,7 +109,7 @@ int cli_parse_id_list(const char *cmd, const char *text, int32_t **ids, int *n) 
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: whale COMMAND [options] (commands: info init score generate grad train eval data plot tokenizer bench tokenize detokenize; see 'whale --help')\n");
+        fprintf(stderr, "usage: whale COMMAND [options] (commands: info init score generate chat grad train eval data plot tokenizer bench tokenize detokenize; see 'whale --help')\n");
         return 2;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
@@ -119,7 +120,7 @@ int main(int argc, char **argv) {
     static const struct {
         const char *name;
         int (*fn)(int, char **);
-    } cmds[] = {{"info", cmd_info}, {"init", cmd_init}, {"score", cmd_score}, {"generate", cmd_generate}, {"bench", cmd_bench},
+    } cmds[] = {{"info", cmd_info}, {"init", cmd_init}, {"score", cmd_score}, {"generate", cmd_generate}, {"chat", cmd_chat}, {"bench", cmd_bench},
                   {"tokenize", cmd_tokenize}, {"grad", cmd_grad}, {"train", cmd_train_model}, {"eval", cmd_eval},
                   {"data", cmd_data}, {"plot", cmd_plot}, {"tokenizer", cmd_tokenizer}, {"detokenize", cmd_detokenize}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)

@@ -483,6 +483,9 @@ void whale_session_free(whale_session *s) {
 }
 
 void whale_session_reset(whale_session *s) { s->cached = 0; }
+void whale_session_truncate(whale_session *s, int n) {
+    if (n >= 0 && n < s->cached) s->cached = n;
+}
 int whale_session_cached(const whale_session *s) { return s->cached; }
 
 void whale_session_set_trace(whale_session *s, whale_trace_fn fn, void *user) {

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# whale chat driven through a pipe: replies per message, 'clear', multi-line
+# input, template detection and its errors.
+# usage: chat.sh WHALE_BIN TEST_DATA_DIR
+set -u
+WHALE=$1
+DATA=$2
+TOK=${WHALE_TOKENIZERS:-$DATA/../../.cache/tokenizers}/deepseek_v3
+if [ ! -s "$TOK/tokenizer.json" ]; then
+    echo "chat.sh: $TOK/tokenizer.json missing: run scripts/fetch-tokenizers.sh" >&2
+    exit 1
+fi
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fails=0 checks=0
+check() {
+    local what=$1
+    shift
+    checks=$((checks + 1))
+    if ! "$@"; then
+        echo "FAIL: $what" >&2
+        fails=$((fails + 1))
+    fi
+}
+cat >"$TMP/cfg.json" <<'JSON'
+{"model_type": "deepseek_v4", "vocab_size": 128815, "hidden_size": 32, "num_hidden_layers": 1,
+ "num_attention_heads": 2, "head_dim": 16, "qk_rope_head_dim": 8, "q_lora_rank": 16, "o_groups": 1,
+ "o_lora_rank": 8, "moe_intermediate_size": 32, "n_routed_experts": 2, "num_experts_per_tok": 1,
+ "hc_mult": 2, "hc_sinkhorn_iters": 2, "max_position_embeddings": 128, "eos_token_id": 1}
+JSON
+"$WHALE" init --preset "$TMP/cfg.json" --out "$TMP/m" --tokenizer "$TOK" 2>/dev/null
+
+printf 'Hello there\n你是谁？\nclear\n"""\nline one\nline two\n"""\nexit\nnot read\n' |
+    "$WHALE" chat -m "$TMP/m" -n 6 --seed 3 --ignore-case 2>/dev/null
+check "unknown options are refused" test $? = 2
+printf 'Hello there\n你是谁？\nclear\n"""\nline one\nline two\n"""\nexit\nnot read\n' |
+    "$WHALE" chat -m "$TMP/m" -n 6 --seed 3 >"$TMP/out" 2>"$TMP/err"
+check "chat exits cleanly" test $? = 0
+check "three replies (clear is a command, exit stops reading)" test "$(grep -c 'tokens/s' "$TMP/err")" = 3
+check "the second turn reuses the cached conversation" grep -q 'prompt [0-9] new tokens' <(sed -n 2p "$TMP/err")
+check "replies are valid UTF-8" iconv -f UTF-8 -t UTF-8 "$TMP/out" -o /dev/null
+printf 'Hello\n' | "$WHALE" chat -m "$TMP/m" -n 6 --seed 3 --temperature 0 >"$TMP/g1" 2>/dev/null
+printf 'Hello\n' | "$WHALE" chat -m "$TMP/m" -n 6 --seed 9 --temperature 0 >"$TMP/g2" 2>/dev/null
+check "greedy replies do not depend on the seed" cmp -s "$TMP/g1" "$TMP/g2"
+
+# template detection: a folder whose tokenizer has no chat template
+mkdir "$TMP/notmpl"
+cp "$TMP/m/config.json" "$TMP/m/model.safetensors" "$TMP/m/tokenizer.json" "$TMP/notmpl/"
+echo hi | "$WHALE" chat -m "$TMP/notmpl" -n 4 >/dev/null 2>"$TMP/err"
+check "no template: error suggesting --chat-template" grep -q -- '--chat-template' "$TMP/err"
+echo hi | "$WHALE" chat -m "$TMP/notmpl" -n 4 --chat-template raw >/dev/null 2>&1
+check "--chat-template raw works without a template" test $? = 0
+echo hi | "$WHALE" chat -m "$TMP/notmpl" -n 4 --chat-template jinja >/dev/null 2>"$TMP/err"
+check "an unknown template name is refused" grep -q 'jinja' "$TMP/err"
+
+echo "chat: $((checks - fails)) passed, $fails failed"
+[ "$fails" = 0 ]
