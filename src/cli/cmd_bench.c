@@ -29,8 +29,8 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            puts("usage: whale bench (-m DIR | --preset NAME) --what forward|prefill|decode [options]\n"
-                 "  --batch B --seq-len T   forward shape (default 4 × 256; prefill: 1 × 512)\n"
+            puts("usage: whale bench (-m DIR | --preset NAME) --what forward|prefill|decode|train [options]\n"
+                 "  --batch B --seq-len T   forward/train shape (default 4 × 256; prefill: 1 × 512)\n"
                  "  --context C             decode: tokens already in the KV cache (default 128)\n"
                  "  --tokens N              decode: tokens to generate (default 32)\n"
                  "  --reps R                repetitions, best reported (default 3)\n"
@@ -53,11 +53,12 @@ int cmd_bench(int argc, char **argv) {
         if (bad) return bad;
     }
     if (!dir == !preset) return cli_usage("bench", "give exactly one of -m DIR or --preset NAME");
-    int mode = !strcmp(what, "forward") ? 0 : !strcmp(what, "prefill") ? 1 : !strcmp(what, "decode") ? 2 : -1;
-    if (mode < 0) return cli_usage("bench", "--what must be forward, prefill or decode, got \"%s\"", what);
-    if (batch < 0) batch = mode == 0 ? 4 : 1;
-    if (seq < 0) seq = mode == 0 ? 256 : 512;
-    if (mode != 0 && batch != 1) return cli_usage("bench", "--batch applies to --what forward only");
+    int mode = !strcmp(what, "forward") ? 0 : !strcmp(what, "prefill") ? 1 : !strcmp(what, "decode") ? 2
+             : !strcmp(what, "train") ? 3 : -1;
+    if (mode < 0) return cli_usage("bench", "--what must be forward, prefill, decode or train, got \"%s\"", what);
+    if (batch < 0) batch = mode == 0 || mode == 3 ? 4 : 1;
+    if (seq < 0) seq = mode == 0 || mode == 3 ? 256 : 512;
+    if ((mode == 1 || mode == 2) && batch != 1) return cli_usage("bench", "--batch applies to --what forward and train only");
     whale_set_threads((int)threads);
 
     whale_err err;
@@ -69,7 +70,7 @@ int cmd_bench(int argc, char **argv) {
     int32_t *ids = NULL;
     float *logits = NULL;
     int status = 0;
-    size_t rows = mode == 0 ? (size_t)batch * seq : (size_t)batch;
+    size_t rows = mode == 0 ? (size_t)batch * seq : mode == 3 ? 1 : (size_t)batch;
     ids = malloc(sizeof(int32_t) * (size_t)batch * (mode == 2 ? ctx_total : seq));
     logits = whale_alloc(sizeof(float) * rows * V);
     if (!ids || !logits) {
@@ -77,7 +78,8 @@ int cmd_bench(int argc, char **argv) {
         status = cli_fail(&err);
         goto out;
     }
-    if (whale_session_new(m, (int)batch, ctx_total, &s, &err)) {
+    if (mode == 3 ? whale_train_session_new(m, (int)batch, (int)seq, &s, &err)
+                  : whale_session_new(m, (int)batch, ctx_total, &s, &err)) {
         status = cli_fail(&err);
         goto out;
     }
@@ -91,7 +93,13 @@ int cmd_bench(int argc, char **argv) {
     for (int r = 0; r < reps + 1; r++) { /* first run warms caches and oneDNN primitives */
         whale_session_reset(s);
         double t0 = whale_now(), dt;
-        if (mode == 2) {
+        if (mode == 3) {
+            double loss;
+            int64_t count;
+            whale_session_zero_grad(s);
+            if (whale_session_train_step(s, ids, NULL, NULL, NULL, (int)batch, (int)seq, 1.0, &loss, &count, &err))
+                goto fail;
+        } else if (mode == 2) {
             if (whale_session_forward(s, ids, 1, (int)context, logits, 0, &err)) goto fail;
             t0 = whale_now();
             for (int k = 0; k < tokens; k++)
@@ -112,6 +120,14 @@ int cmd_bench(int argc, char **argv) {
                "\"read_gb_s\": %.1f, \"bound_tokens_per_s\": %.1f, \"pct_of_bound\": %.1f}\n",
                label, whale_get_threads(), context, tokens, tps, flops / best / 1e9, bytes / 1e6, bw, bound,
                100 * tps / bound);
+    } else if (mode == 3) {
+        /* forward + backward ≈ 3 × the forward's FLOPs (6 × active parameters per token + attention) */
+        double flops = 3.0 * whale_model_forward_flops(m, (int)batch, (int)seq, 0, (int)(batch * seq));
+        double gf = flops / best / 1e9;
+        printf("{\"what\": \"train\", \"model\": \"%s\", \"dtype\": \"f32\", \"threads\": %d, \"batch\": %ld, "
+               "\"seq_len\": %ld, \"tokens_per_s\": %.1f, \"seconds_per_step\": %.4f, \"gflops\": %.1f, "
+               "\"ceiling_gflops\": %.1f, \"mfu_pct\": %.1f}\n",
+               label, whale_get_threads(), batch, seq, batch * seq / best, best, gf, ceiling, 100 * gf / ceiling);
     } else {
         double flops = whale_model_forward_flops(m, (int)batch, (int)seq, 0, mode == 0 ? (int)(batch * seq) : (int)batch);
         double gf = flops / best / 1e9;

@@ -1124,8 +1124,10 @@ static whale_code detok_emit(whale_detokenizer *d, int final, const char **text,
                                  d->pending.len, final, &nomem);
     if (nomem || !tok_buf_reserve(&d->out, 0)) return whale_errf(err, WHALE_ERR_NOMEM, "detokenizer: out of memory");
     d->out.data[d->out.len] = 0;
-    memmove(d->pending.data, d->pending.data + used, d->pending.len - used);
-    d->pending.len -= used;
+    if (used) { /* pending.data may still be NULL when nothing was pushed */
+        memmove(d->pending.data, d->pending.data + used, d->pending.len - used);
+        d->pending.len -= used;
+    }
     *text = d->out.data;
     if (len) *len = d->out.len;
     return WHALE_OK;

@@ -423,7 +423,7 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
     run_t r = {0};
     r.o = o;
     whale_code c = WHALE_OK;
-    char path[4096], resume_dir[4096] = "";
+    char path[4200], resume_dir[4096] = "";
     if (o->batch_size < 1 || o->grad_accum < 1 || o->seq_len < 2 || o->max_steps < 1)
         return whale_errf(err, WHALE_ERR_ARG, "--batch-size, --grad-accum, --max-steps must be >= 1 and --seq-len >= 2");
     if (!(o->lr > 0)) return whale_errf(err, WHALE_ERR_ARG, "--lr must be > 0");
@@ -464,8 +464,9 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
     }
     if ((c = setup_model(&r, resume_dir[0] ? resume_dir : NULL, err))) goto done;
     const char *tok = o->tokenizer ? o->tokenizer : resume_dir[0] ? resume_dir : is_dir(o->init) ? o->init : NULL;
-    snprintf(path, sizeof path, "%s/tokenizer.json", tok ? tok : "");
-    r.tokenizer_dir = tok && access(path, R_OK) == 0 ? strdup(tok) : NULL;
+    char tok_json[4200];
+    snprintf(tok_json, sizeof tok_json, "%s/tokenizer.json", tok ? tok : "");
+    r.tokenizer_dir = tok && access(tok_json, R_OK) == 0 ? strdup(tok) : NULL;
     if ((c = whale_dataset_check(r.train, whale_model_vocab_size(r.m), r.tokenizer_dir, err))) goto done;
     if (o->seq_len > whale_model_max_positions(r.m)) {
         c = whale_errf(err, WHALE_ERR_RANGE, "--seq-len %d exceeds the model's max_position_embeddings %d", o->seq_len,
