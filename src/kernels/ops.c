@@ -259,6 +259,19 @@ static void masked_softmax(float *row, int lo, int valid, int n, float scale) {
 /* first key a query may see: its segment's start, or 0 */
 #define SEG_LO(seg, s) ((seg) ? (seg)[s] : 0)
 
+/* Dot product in 16 independent lanes, so the compiler can vectorise it
+ * (a single running sum is an ordered reduction it must keep scalar). */
+static float dot_lanes(const float *a, const float *b, int n) {
+    float acc[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) acc[l] += a[i + l] * b[i + l];
+    float d = 0;
+    for (; i < n; i++) d += a[i] * b[i];
+    for (int l = 0; l < 16; l++) d += acc[l];
+    return d;
+}
+
 /* Few query rows (decoding): dot products directly, one row per iteration. */
 static void attention_direct(float *out, const float *q, const float *k, const float *v, int ldkv,
                              const int32_t *seg, int S, int p0, int Hq, int Hkv, int Dh, float scale, float *work) {
@@ -269,12 +282,7 @@ static void attention_direct(float *out, const float *q, const float *k, const f
         const float *qr = q + (long)r * Dh;
         float *sc = work + (long)r * ctx;
         int valid = p0 + s + 1, lo = SEG_LO(seg, s);
-        for (int t = lo; t < valid; t++) {
-            const float *kt = k + (long)t * ldkv + (long)j * Dh;
-            float d = 0;
-            for (int i = 0; i < Dh; i++) d += qr[i] * kt[i];
-            sc[t] = d;
-        }
+        for (int t = lo; t < valid; t++) sc[t] = dot_lanes(qr, k + (long)t * ldkv + (long)j * Dh, Dh);
         masked_softmax(sc, lo, valid, valid, scale);
         float *o = out + (long)r * Dh;
         memset(o, 0, sizeof(float) * (size_t)Dh);
