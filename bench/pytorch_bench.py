@@ -102,7 +102,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3, help="repetitions for forward/prefill")
     ap.add_argument("--gen", type=int, default=4, help="tokens generated per decode measurement")
-    ap.add_argument("--what", default="forward,prefill,decode")
+    ap.add_argument("--what", default="forward,prefill,decode,train")
     ap.add_argument("--contexts", default="128,1024", help="decode start contexts")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
@@ -148,6 +148,19 @@ def main():
                     nxt = model(seq, last_only=True)["logits"][0, -1].argmax()
                     seq = torch.cat([seq, nxt.view(1, 1)], dim=1)
                 emit("decode", 1, args.gen, ctx, args.threads, time.perf_counter() - t)
+
+    if "train" in whats:
+        # one training step: forward with the mean shifted loss, backward
+        # (gradients for every parameter), no optimiser update
+        model.train()
+        ids = torch.randint(0, V, (4, 256), generator=gen)
+
+        def step():
+            model.zero_grad(set_to_none=True)
+            model(ids, labels=ids)["loss"].backward()
+
+        s = timed(step, args.reps)
+        emit("train", 4, 256, 0, args.threads, s)
 
 
 if __name__ == "__main__":

@@ -174,15 +174,63 @@ int cmd_train_model(int argc, char **argv) {
     return 0;
 }
 
+/* Perplexity of a text file: tokenized with the model folder's tokenizer,
+ * cut into consecutive windows of seq_len tokens (the last one shorter). */
+static whale_code eval_text(whale_model *m, const char *dir, const char *path, int seq, double *loss,
+                            int64_t *tokens, whale_err *err) {
+    char *text = NULL;
+    size_t n;
+    whale_tokenizer *tok = NULL;
+    whale_session *s = NULL;
+    int32_t *ids = NULL;
+    float *logits = NULL;
+    int n_ids = 0, V = whale_model_vocab_size(m);
+    whale_code c;
+    if ((c = whale_read_file(path, &text, &n, err)) || (c = cli_load_tokenizer(dir, m, &tok, err)) ||
+        (c = whale_tokenizer_encode(tok, text, n, 1, &ids, &n_ids, err)))
+        goto done;
+    if (n_ids < 2) {
+        c = whale_errf(err, WHALE_ERR_ARG, "%s: the text has fewer than 2 tokens", path);
+        goto done;
+    }
+    if (seq > whale_model_max_positions(m)) seq = whale_model_max_positions(m);
+    logits = whale_alloc(sizeof(float) * (size_t)seq * V);
+    if (!logits) {
+        c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory for %d × %d logits", seq, V);
+        goto done;
+    }
+    if ((c = whale_session_new(m, 1, seq, &s, err))) goto done;
+    double total = 0;
+    int64_t count = 0;
+    for (int at = 0; at + 1 < n_ids; at += seq) {
+        int len = n_ids - at < seq ? n_ids - at : seq;
+        whale_session_reset(s);
+        if ((c = whale_session_forward(s, ids + at, 1, len, logits, 1, err))) goto done;
+        int64_t cn;
+        double l = whale_cross_entropy(logits, ids + at, 1, len, V, &cn);
+        if (cn) total += l * (double)cn, count += cn;
+    }
+    *loss = total / (double)count;
+    *tokens = count;
+done:
+    free(text);
+    free(ids);
+    free(logits);
+    whale_session_free(s);
+    whale_tokenizer_free(tok);
+    return c;
+}
+
 int cmd_eval(int argc, char **argv) {
-    const char *dir = NULL, *data = NULL, *split = "val";
+    const char *dir = NULL, *data = NULL, *split = "val", *text = NULL;
     long seq = 256, threads = 0, batch = 4, cross = 0, max_windows = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            puts("usage: whale eval -m DIR --data DATA_DIR [--split val|train] [--seq-len T] [--batch-size B]\n"
-                 "                  [--max-windows N] [--cross-doc-attention] [--threads N]\n"
-                 "  prints {\"loss\": …, \"tokens\": …, \"ppl\": …} over the split's windows");
+            puts("usage: whale eval -m DIR (--data DATA_DIR [--split val|train] | --text FILE) [--seq-len T]\n"
+                 "                  [--batch-size B] [--max-windows N] [--cross-doc-attention] [--threads N]\n"
+                 "  prints {\"loss\": …, \"tokens\": …, \"ppl\": …} over the split's windows, or over a text\n"
+                 "  file tokenized with the model folder's tokenizer in consecutive windows of T tokens");
             return 0;
         }
         if (!strcmp(a, "--cross-doc-attention")) {
@@ -193,6 +241,7 @@ int cmd_eval(int argc, char **argv) {
         int bad = 0;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "--data")) data = v;
+        else if (!strcmp(a, "--text")) text = v;
         else if (!strcmp(a, "--split")) split = v;
         else if (!strcmp(a, "--seq-len")) bad = cli_int("eval", a, v, 2, 1 << 20, &seq);
         else if (!strcmp(a, "--batch-size")) bad = cli_int("eval", a, v, 1, 4096, &batch);
@@ -201,7 +250,7 @@ int cmd_eval(int argc, char **argv) {
         else return cli_usage("eval", "unknown option \"%s\"", a);
         if (bad) return bad;
     }
-    if (!dir || !data) return cli_usage("eval", "-m DIR and --data DIR are required");
+    if (!dir || !data == !text) return cli_usage("eval", "-m DIR and one of --data DIR or --text FILE are required");
     if (strcmp(split, "val") && strcmp(split, "train")) return cli_usage("eval", "--split must be val or train");
     whale_set_threads((int)threads);
     whale_err err;
@@ -209,7 +258,9 @@ int cmd_eval(int argc, char **argv) {
     if (whale_model_load(dir, &m, &err)) return cli_fail(&err);
     double loss;
     int64_t tokens;
-    whale_code c = whale_eval_dataset(m, data, split, (int)seq, max_windows, (int)batch, (int)cross, &loss, &tokens, &err);
+    whale_code c = text ? eval_text(m, dir, text, (int)seq, &loss, &tokens, &err)
+                        : whale_eval_dataset(m, data, split, (int)seq, max_windows, (int)batch, (int)cross, &loss,
+                                             &tokens, &err);
     whale_model_free(m);
     if (c) return cli_fail(&err);
     printf("{\"loss\": %.6f, \"tokens\": %lld, \"ppl\": %.4f}\n", loss, (long long)tokens, exp(loss));

@@ -60,6 +60,8 @@ check "checkpoints written" test -s "$TMP/a/checkpoint-8/optimizer.safetensors"
 check "the trained model generates" test $? = 0
 "$WHALE" eval -m "$TMP/a" --data "$TMP/data" --seq-len 32 >"$TMP/eval" 2>&1
 check "eval prints a perplexity" grep -q '"ppl"' "$TMP/eval"
+"$WHALE" eval -m "$TMP/a" --text "$TMP/corpus/doc1.txt" --seq-len 32 >"$TMP/evalt" 2>&1
+check "eval --text prints a perplexity: $(cat "$TMP/evalt")" grep -q '"ppl"' "$TMP/evalt"
 
 # interrupted at step 4 (a finished run with --max-steps 12 killed later): resume = same curve
 "$WHALE" train "${ARGS[@]}" --out "$TMP/b" >/dev/null 2>&1 &
