@@ -140,6 +140,10 @@ whale_code whale_session_new(whale_model *m, int max_batch, int max_seq,
 void whale_session_free(whale_session *s);
 /* Forget the KV cache (next forward starts at position 0). */
 void whale_session_reset(whale_session *s);
+/* Per-op-group wall time: turn on, run, read. Returns the number of groups
+ * (names and accumulated seconds written up to cap). */
+void whale_session_set_profile(whale_session *s, int on);
+int whale_session_profile(const whale_session *s, const char **names, double *seconds, int cap);
 /* Keep only the first n cached positions (a chat whose history changed
  * after position n re-feeds from there). */
 void whale_session_truncate(whale_session *s, int n);

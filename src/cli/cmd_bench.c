@@ -26,8 +26,13 @@ static void random_ids(int32_t *ids, size_t n, int vocab, whale_rng *r) {
 int cmd_bench(int argc, char **argv) {
     const char *dir = NULL, *preset = NULL, *what = "forward";
     long batch = -1, seq = -1, context = 128, threads = 0, reps = 3, tokens = 32;
+    int profile = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
+        if (!strcmp(a, "--profile")) {
+            profile = 1;
+            continue;
+        }
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             puts("usage: whale bench (-m DIR | --preset NAME) --what forward|prefill|decode|train [options]\n"
                  "  --batch B --seq-len T   forward/train shape (default 4 × 256; prefill: 1 × 512)\n"
@@ -35,6 +40,7 @@ int cmd_bench(int argc, char **argv) {
                  "  --tokens N              decode: tokens to generate (default 32)\n"
                  "  --reps R                repetitions, best reported (default 3)\n"
                  "  --threads N             (default: all cores)\n"
+                 "  --profile               time per op group (one more run), as a table on stderr and JSON\n"
                  "prints one JSON line per measurement");
             return 0;
         }
@@ -90,7 +96,8 @@ int cmd_bench(int argc, char **argv) {
     double ceiling = gemm_ceiling(&err);
     const char *label = dir ? dir : preset;
     double best = 1e30;
-    for (int r = 0; r < reps + 1; r++) { /* first run warms caches and oneDNN primitives */
+    for (int r = 0; r < reps + 1 + profile; r++) { /* first run warms caches and oneDNN primitives */
+        if (profile && r == reps + 1) whale_session_set_profile(s, 1); /* an extra run, not in the timings */
         whale_session_reset(s);
         double t0 = whale_now(), dt;
         if (mode == 3) {
@@ -107,7 +114,23 @@ int cmd_bench(int argc, char **argv) {
         } else if (whale_session_forward(s, ids, (int)batch, (int)seq, logits, mode == 0, &err))
             goto fail;
         dt = whale_now() - t0;
-        if (r > 0 && dt < best) best = dt;
+        if (r > 0 && r <= reps && dt < best) best = dt;
+    }
+    if (profile) {
+        const char *names[32];
+        double secs[32], sum = 0;
+        int n = whale_session_profile(s, names, secs, 32);
+        for (int i = 0; i < n; i++) sum += secs[i];
+        fprintf(stderr, "%-28s %10s %7s\n", "op group", "ms", "share");
+        printf("{\"profile\": \"%s\", \"ms\": {", what);
+        for (int i = 0, first = 1; i < n; i++) {
+            if (secs[i] == 0) continue;
+            fprintf(stderr, "%-28s %10.2f %6.1f%%\n", names[i], secs[i] * 1e3, 100 * secs[i] / sum);
+            printf("%s\"%s\": %.3f", first ? "" : ", ", names[i], secs[i] * 1e3);
+            first = 0;
+        }
+        printf("}}\n");
+        fprintf(stderr, "%-28s %10.2f\n", "total (timed groups)", sum * 1e3);
     }
     if (mode == 2) {
         double flops = 0;

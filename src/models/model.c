@@ -483,6 +483,19 @@ void whale_session_free(whale_session *s) {
 }
 
 void whale_session_reset(whale_session *s) { s->cached = 0; }
+
+void whale_session_set_profile(whale_session *s, int on) {
+    s->profiling = on;
+    memset(s->prof, 0, sizeof s->prof);
+}
+
+int whale_session_profile(const whale_session *s, const char **names, double *seconds, int cap) {
+    for (int i = 0; i < s->n_prof && i < cap; i++) {
+        names[i] = s->prof_names[i];
+        seconds[i] = s->prof[i];
+    }
+    return s->n_prof;
+}
 void whale_session_truncate(whale_session *s, int n) {
     if (n >= 0 && n < s->cached) s->cached = n;
 }

@@ -59,6 +59,11 @@ struct whale_session {
     void (*free_fn)(whale_session *s);
     whale_code (*forward_fn)(whale_session *s, const int32_t *ids, int B, int S, float *logits,
                              int all_logits, whale_err *err);
+    /* time per op group when profiling (names set by the family) */
+    int profiling;
+    int n_prof;
+    const char *const *prof_names;
+    double prof[32];
     /* training sessions only */
     float *grads;          /* one buffer laid out like the parameters */
     size_t *grad_offsets;  /* [n_params] */

@@ -384,6 +384,24 @@ typedef struct {
     struct nw_backward *bw; /* training sessions only */
 } nw_session;
 
+/* Op groups timed by --profile. */
+enum {
+    P_EMBED, P_HC_PRE, P_ATTN, P_HC_POST, P_MOE, P_HEAD, P_LOGITS,
+    P_B_LOGITS, P_B_HEAD, P_B_HC_POST, P_B_MOE, P_B_HC_PRE, P_B_ATTN, P_B_EMBED, P_COUNT
+};
+static const char *const prof_names[P_COUNT] = {
+    "embedding", "hc_pre + norm", "attention", "hc_post", "moe", "hc_head + final norm", "lm_head (+ loss)",
+    "lm_head + loss backward", "hc_head backward", "hc_post backward", "moe backward", "hc_pre backward",
+    "attention backward", "embedding backward",
+};
+/* Time a statement into group id when profiling (one branch when not). */
+#define PROF(s, id, stmt)                                                  \
+    do {                                                                   \
+        double t0_ = (s)->base.profiling ? whale_now() : 0;               \
+        stmt;                                                              \
+        if ((s)->base.profiling) (s)->base.prof[id] += whale_now() - t0_; \
+    } while (0)
+
 static whale_code nw_forward(whale_session *base, const int32_t *ids, int B, int S, float *logits,
                              int all_logits, whale_err *err);
 
@@ -455,6 +473,8 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
     s->base.max_seq = max_seq;
     s->base.free_fn = nw_session_free;
     s->base.forward_fn = nw_forward;
+    s->base.prof_names = prof_names;
+    s->base.n_prof = P_COUNT;
     size_t T = (size_t)max_batch * max_seq, MD = (size_t)c->M * c->D, tot = 0;
     s->T = (int)T;
     s->n_act_sets = training ? c->L : 1;
@@ -645,33 +665,38 @@ static whale_code forward_hidden(nw_session *s, const int32_t *ids, const int32_
     int T = B * S, D = c->D, M = c->M, MD = M * D;
     whale_code e;
 
-    for (int t = 0; t < T; t++) {
+    PROF(s, P_EMBED, for (int t = 0; t < T; t++) {
         s->pos[t] = pos ? pos[t] : s->base.cached + t % S;
         const float *row = nw->embed + (size_t)ids[t] * D;
         for (int m = 0; m < M; m++) memcpy(s->X[0] + ((size_t)t * M + m) * D, row, sizeof(float) * D);
-    }
+    });
     for (int l = 0; l < c->L; l++) {
         const nw_layer *ly = &nw->layers[l];
         nw_layer_acts *a = &s->acts[s->n_act_sets > 1 ? l : 0];
         const float *Xin = s->X[2 * l];
         float *Xmid = s->X[2 * l + 1], *Xout = s->X[2 * l + 2];
-        if ((e = hc_pre(s, c, T, Xin, ly->hc_attn_fn, ly->hc_attn_scale, ly->hc_attn_base, ly->attn_norm, &a->hca, err)))
-            return e;
+        PROF(s, P_HC_PRE, e = hc_pre(s, c, T, Xin, ly->hc_attn_fn, ly->hc_attn_scale, ly->hc_attn_base, ly->attn_norm,
+                                     &a->hca, err));
+        if (e) return e;
         trace_hc(s, c, &a->hca, T, l, "hc_attn");
-        if ((e = attention(s, nw, ly, a, a->hca.yn, l, B, S, err))) return e;
+        PROF(s, P_ATTN, e = attention(s, nw, ly, a, a->hca.yn, l, B, S, err));
+        if (e) return e;
         TRACE(WHALE_F32, a->a, 2, DIMS(T, D), "layers.%d.attn.out", l);
-        k_hc_expand(Xmid, a->a, Xin, a->hca.post, a->hca.comb, T, M, D); /* HC_post (§3.6) */
+        PROF(s, P_HC_POST, k_hc_expand(Xmid, a->a, Xin, a->hca.post, a->hca.comb, T, M, D)); /* HC_post (§3.6) */
 
-        if ((e = hc_pre(s, c, T, Xmid, ly->hc_ffn_fn, ly->hc_ffn_scale, ly->hc_ffn_base, ly->ffn_norm, &a->hcf, err)))
-            return e;
+        PROF(s, P_HC_PRE, e = hc_pre(s, c, T, Xmid, ly->hc_ffn_fn, ly->hc_ffn_scale, ly->hc_ffn_base, ly->ffn_norm,
+                                     &a->hcf, err));
+        if (e) return e;
         trace_hc(s, c, &a->hcf, T, l, "hc_ffn");
-        if ((e = moe(s, c, ly, a, a->hcf.yn, l, T, err))) return e;
+        PROF(s, P_MOE, e = moe(s, c, ly, a, a->hcf.yn, l, T, err));
+        if (e) return e;
         TRACE(WHALE_F32, a->f, 2, DIMS(T, D), "layers.%d.ffn.out", l);
-        k_hc_expand(Xout, a->f, Xmid, a->hcf.post, a->hcf.comb, T, M, D);
+        PROF(s, P_HC_POST, k_hc_expand(Xout, a->f, Xmid, a->hcf.post, a->hcf.comb, T, M, D));
     }
 
     /* HC head (§3.9): sigmoid reduction of the streams, then the final norm. */
     const float *X = s->X[2 * c->L];
+    double t_head = s->base.profiling ? whale_now() : 0;
     k_hc_rstd(s->head_rstd, X, T, MD, c->norm_eps);
     if ((e = whale_gemm_nt(s->gemm, T, M, MD, X, MD, nw->hc_head_fn, MD, s->head_mix, M, 0, err))) return e;
     for (int t = 0; t < T; t++) {
@@ -681,6 +706,7 @@ static whale_code forward_hidden(nw_session *s, const int32_t *ids, const int32_
     }
     k_hc_reduce(s->h, X, s->head_pre, T, M, D);
     k_rmsnorm(s->hn, s->h, nw->norm, T, D, c->norm_eps, s->hn_rstd);
+    if (s->base.profiling) s->base.prof[P_HEAD] += whale_now() - t_head;
     TRACE(WHALE_F32, s->hn, 2, DIMS(T, D), "final_hidden");
     return WHALE_OK;
 }
@@ -695,9 +721,13 @@ static whale_code nw_forward(whale_session *base, const int32_t *ids, int B, int
     whale_code e = forward_hidden(s, ids, NULL, B, S, err);
     if (e || !logits) return e;
     const float *head = c->tie_embeddings ? nw->embed : nw->lm_head;
-    if (all_logits) return whale_gemm_nt(s->gemm, T, c->vocab, D, s->hn, D, head, D, logits, c->vocab, 0, err);
+    if (all_logits) {
+        PROF(s, P_LOGITS, e = whale_gemm_nt(s->gemm, T, c->vocab, D, s->hn, D, head, D, logits, c->vocab, 0, err));
+        return e;
+    }
     for (int b = 0; b < B; b++) memcpy(s->last + (size_t)b * D, s->hn + ((size_t)b * S + S - 1) * D, sizeof(float) * D);
-    return whale_gemm_nt(s->gemm, B, c->vocab, D, s->last, D, head, D, logits, c->vocab, 0, err);
+    PROF(s, P_LOGITS, e = whale_gemm_nt(s->gemm, B, c->vocab, D, s->last, D, head, D, logits, c->vocab, 0, err));
+    return e;
 }
 
 /* ------------------------------------------------------------------ backward */
@@ -894,7 +924,7 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
     }
     const float *head = c->tie_embeddings ? nw->embed : nw->lm_head;
     float *ghead = c->tie_embeddings ? gw->embed : gw->lm_head;
-    double total = 0;
+    double total = 0, t_ce = s->base.profiling ? whale_now() : 0;
     for (int r0 = 0; r0 < T; r0 += CE_CHUNK) {
         int n = T - r0 < CE_CHUNK ? T - r0 : CE_CHUNK;
         if ((e = whale_gemm_nt(s->gemm, n, V, D, s->hn + (size_t)r0 * D, D, head, D, b->logits, V, 0, err))) return e;
@@ -914,6 +944,7 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
             (e = whale_gemm_tn(s->gemm, V, D, n, b->logits, V, s->hn + (size_t)r0 * D, D, ghead, D, 1, err)))
             return e;
     }
+    if (s->base.profiling) s->base.prof[loss_scale == 0 ? P_LOGITS : P_B_LOGITS] += whale_now() - t_ce;
     *loss_out = count ? total / (double)count : NAN;
     *count_out = count;
     if (loss_scale == 0) return WHALE_OK;
@@ -921,13 +952,15 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
     /* final norm and HC head */
     const float *Xf = s->X[2 * c->L];
     float *dX = b->dXa, *dXo = b->dXb;
-    k_rmsnorm_backward(b->dy, gw->norm, b->dhn, s->h, nw->norm, s->hn_rstd, T, D);
-    memset(dX, 0, sizeof(float) * (size_t)T * MD);
-    k_hc_reduce_backward(dX, b->dpre, b->dy, Xf, s->head_pre, T, M, D);
-    k_hc_head_coeffs_backward_rows(s->head_mix, nw->hc_head_scale, nw->hc_head_base, M, c->hc_eps, b->dpre, b->dmix,
-                                   gw->hc_head_scale, gw->hc_head_base, T);
-    if ((e = mix_backward(s, T, M, MD, Xf, nw->hc_head_fn, s->head_mix, s->head_rstd, b->dmix, dX, gw->hc_head_fn, err)))
-        return e;
+    PROF(s, P_B_HEAD, {
+        k_rmsnorm_backward(b->dy, gw->norm, b->dhn, s->h, nw->norm, s->hn_rstd, T, D);
+        memset(dX, 0, sizeof(float) * (size_t)T * MD);
+        k_hc_reduce_backward(dX, b->dpre, b->dy, Xf, s->head_pre, T, M, D);
+        k_hc_head_coeffs_backward_rows(s->head_mix, nw->hc_head_scale, nw->hc_head_base, M, c->hc_eps, b->dpre,
+                                       b->dmix, gw->hc_head_scale, gw->hc_head_base, T);
+        e = mix_backward(s, T, M, MD, Xf, nw->hc_head_fn, s->head_mix, s->head_rstd, b->dmix, dX, gw->hc_head_fn, err);
+    });
+    if (e) return e;
 
     for (int l = c->L - 1; l >= 0; l--) {
         const nw_layer *ly = &nw->layers[l];
@@ -935,28 +968,36 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
         const nw_layer_acts *a = &s->acts[l];
         const float *Xin = s->X[2 * l], *Xmid = s->X[2 * l + 1];
         /* MoE sub-layer: dX holds the gradient of the layer's output state */
-        memset(dXo, 0, sizeof(float) * (size_t)T * MD);
-        k_hc_expand_backward(b->dsub, dXo, b->dpost, b->dcomb, dX, a->f, Xmid, a->hcf.post, a->hcf.comb, T, M, D);
-        if ((e = moe_backward(s, c, ly, gl, a, T, err)) ||
-            (e = hc_pre_backward(s, c, T, Xmid, ly->hc_ffn_fn, ly->hc_ffn_scale, ly->hc_ffn_base, ly->ffn_norm, &a->hcf,
-                                 dXo, gl->hc_ffn_fn, gl->hc_ffn_scale, gl->hc_ffn_base, gl->ffn_norm, err)))
-            return e;
+        PROF(s, P_B_HC_POST, {
+            memset(dXo, 0, sizeof(float) * (size_t)T * MD);
+            k_hc_expand_backward(b->dsub, dXo, b->dpost, b->dcomb, dX, a->f, Xmid, a->hcf.post, a->hcf.comb, T, M, D);
+        });
+        PROF(s, P_B_MOE, e = moe_backward(s, c, ly, gl, a, T, err));
+        if (e) return e;
+        PROF(s, P_B_HC_PRE, e = hc_pre_backward(s, c, T, Xmid, ly->hc_ffn_fn, ly->hc_ffn_scale, ly->hc_ffn_base,
+                                                ly->ffn_norm, &a->hcf, dXo, gl->hc_ffn_fn, gl->hc_ffn_scale,
+                                                gl->hc_ffn_base, gl->ffn_norm, err));
+        if (e) return e;
         /* attention sub-layer: dXo now holds the gradient of the middle state */
-        memset(dX, 0, sizeof(float) * (size_t)T * MD);
-        k_hc_expand_backward(b->dsub, dX, b->dpost, b->dcomb, dXo, a->a, Xin, a->hca.post, a->hca.comb, T, M, D);
-        if ((e = attention_backward(s, nw, ly, gl, a, B, S, err)) ||
-            (e = hc_pre_backward(s, c, T, Xin, ly->hc_attn_fn, ly->hc_attn_scale, ly->hc_attn_base, ly->attn_norm,
-                                 &a->hca, dX, gl->hc_attn_fn, gl->hc_attn_scale, gl->hc_attn_base, gl->attn_norm, err)))
-            return e;
+        PROF(s, P_B_HC_POST, {
+            memset(dX, 0, sizeof(float) * (size_t)T * MD);
+            k_hc_expand_backward(b->dsub, dX, b->dpost, b->dcomb, dXo, a->a, Xin, a->hca.post, a->hca.comb, T, M, D);
+        });
+        PROF(s, P_B_ATTN, e = attention_backward(s, nw, ly, gl, a, B, S, err));
+        if (e) return e;
+        PROF(s, P_B_HC_PRE, e = hc_pre_backward(s, c, T, Xin, ly->hc_attn_fn, ly->hc_attn_scale, ly->hc_attn_base,
+                                                ly->attn_norm, &a->hca, dX, gl->hc_attn_fn, gl->hc_attn_scale,
+                                                gl->hc_attn_base, gl->attn_norm, err));
+        if (e) return e;
     }
     /* embedding: every stream of X0 is a copy of the token's row */
-    for (int t = 0; t < T; t++) {
+    PROF(s, P_B_EMBED, for (int t = 0; t < T; t++) {
         float *row = gw->embed + (size_t)ids[t] * D;
         for (int m = 0; m < M; m++) {
             const float *d = dX + ((size_t)t * M + m) * D;
             for (int i = 0; i < D; i++) row[i] += d[i];
         }
-    }
+    });
     return WHALE_OK;
 }
 
