@@ -230,7 +230,7 @@ whale_code k_grouped_linear_backward(whale_gemm *g, float *din, float *dW, const
 
 /* ------------------------------------------------------------ attention */
 
-enum { ATT_QBLOCK = 64, ATT_DIRECT_ROWS = 32 };
+enum { ATT_QBLOCK = 64, ATT_DIRECT_ROWS = 4 };
 
 size_t k_attention_work_floats(int max_ctx, int Hq) {
     size_t rows = (size_t)ATT_QBLOCK * Hq;
@@ -272,7 +272,9 @@ static float dot_lanes(const float *a, const float *b, int n) {
     return d;
 }
 
-/* Few query rows (decoding): dot products directly, one row per iteration. */
+/* Very few query rows: dot products directly, one row per iteration. (For
+ * one token and 8 heads the GEMM path is faster: the skinny nt kernel streams
+ * the cached keys once for all heads.) */
 static void attention_direct(float *out, const float *q, const float *k, const float *v, int ldkv,
                              const int32_t *seg, int S, int p0, int Hq, int Hkv, int Dh, float scale, float *work) {
     int ctx = p0 + S, rep = Hq / Hkv;
