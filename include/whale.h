@@ -170,9 +170,15 @@ void whale_session_set_trace(whale_session *s, whale_trace_fn fn, void *user);
 /* ---------------------------------------------------------------- training */
 
 /* A training session keeps every layer's activations for the backward pass
- * (no KV cache) and one fp32 gradient buffer laid out like the parameters. */
-whale_code whale_train_session_new(whale_model *m, int max_batch, int seq, whale_session **out,
+ * (no KV cache) and one fp32 gradient buffer laid out like the parameters.
+ * With recompute, only each layer's input state is kept and the layer's
+ * forward is run again just before its backward (less memory, ~1/3 more
+ * compute); the gradients are bit-identical either way. */
+whale_code whale_train_session_new(whale_model *m, int max_batch, int seq, int recompute, whale_session **out,
                                    whale_err *err);
+/* Bytes of activations the session holds, and (for a training session) the
+ * bytes recomputation saves or would save. */
+size_t whale_session_activation_bytes(const whale_session *s, size_t *recompute_saves);
 /* Gradient of parameter i (same shape as whale_model_param(m, i)); NULL for
  * an inference session. */
 float *whale_session_grad(whale_session *s, int param_index);

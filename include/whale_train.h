@@ -26,6 +26,7 @@ typedef struct {
     int save_total_limit;      /* 0 = keep all */
     uint64_t seed;
     int cross_doc_attention;   /* attend across packed documents (the original run's packing) */
+    int recompute;             /* keep only each layer's input; recompute its activations in the backward pass */
     int hf_accum_compat;       /* gradient = sum of micro-batch means (HF Trainer's behaviour for this model) */
     int quiet;                 /* no progress lines */
 } whale_train_opts;

@@ -26,7 +26,7 @@ static void check_grads(const char *model_name, const char *golden_name) {
     const whale_st_entry *loss_ref = whale_st_find(g, "loss");
     int B = (int)ids->shape[0], S = (int)ids->shape[1];
     whale_session *s;
-    CHECK(whale_train_session_new(m, B, S, &s, &err) == WHALE_OK, "%s", err.msg);
+    CHECK(whale_train_session_new(m, B, S, 0, &s, &err) == WHALE_OK, "%s", err.msg);
     double loss;
     int64_t count;
     CHECK(whale_session_train_step(s, ids->data, labels->data, NULL, NULL, B, S, 1.0, &loss, &count, &err) == WHALE_OK, "%s",
@@ -85,6 +85,18 @@ static void check_grads(const char *model_name, const char *golden_name) {
         gmax = fmax(gmax, fabs(first[k]));
     }
     CHECK(dmax <= 1e-6 * gmax, "%s: accumulated half steps differ by %g", model_name, dmax);
+    /* recomputing each layer's activations in the backward pass changes nothing */
+    whale_session *rs;
+    CHECK(whale_train_session_new(m, B, S, 1, &rs, &err) == WHALE_OK, "%s", err.msg);
+    CHECK(whale_session_train_step(rs, ids->data, labels->data, NULL, NULL, B, S, 1.0, &loss, &count, &err) == WHALE_OK,
+          "%s", err.msg);
+    CHECK(memcmp(first, whale_session_grad(rs, 0), total * sizeof(float)) == 0, "%s: --recompute changed the gradients",
+          model_name);
+    size_t saves_full, saves_re;
+    size_t acts_full = whale_session_activation_bytes(s, &saves_full), acts_re = whale_session_activation_bytes(rs, &saves_re);
+    CHECK(acts_re + saves_re == acts_full && saves_re > 0, "%s: activations %zu + saved %zu != %zu", model_name, acts_re,
+          saves_re, acts_full);
+    whale_session_free(rs);
     free(first);
     whale_session_free(s);
     whale_st_close(g);

@@ -27,7 +27,7 @@ static void test_adamw_reference(void) {
     whale_session *s;
     whale_optimizer *o;
     whale_adamw_config cfg = {0.9, 0.95, 1e-8, 0.1};
-    CHECK(whale_train_session_new(m, B, S, &s, &err) == WHALE_OK, "%s", err.msg);
+    CHECK(whale_train_session_new(m, B, S, 0, &s, &err) == WHALE_OK, "%s", err.msg);
     CHECK(whale_adamw_new(m, &cfg, &o, &err) == WHALE_OK, "%s", err.msg);
     for (int step = 0; step < 3; step++) {
         double loss;

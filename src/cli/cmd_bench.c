@@ -26,11 +26,15 @@ static void random_ids(int32_t *ids, size_t n, int vocab, whale_rng *r) {
 int cmd_bench(int argc, char **argv) {
     const char *dir = NULL, *preset = NULL, *what = "forward";
     long batch = -1, seq = -1, context = 128, threads = 0, reps = 3, tokens = 32;
-    int profile = 0;
+    int profile = 0, recompute = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--profile")) {
             profile = 1;
+            continue;
+        }
+        if (!strcmp(a, "--recompute")) {
+            recompute = 1;
             continue;
         }
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -40,6 +44,7 @@ int cmd_bench(int argc, char **argv) {
                  "  --tokens N              decode: tokens to generate (default 32)\n"
                  "  --reps R                repetitions, best reported (default 3)\n"
                  "  --threads N             (default: all cores)\n"
+                 "  --recompute             train: recompute activations in the backward pass\n"
                  "  --profile               time per op group (one more run), as a table on stderr and JSON\n"
                  "prints one JSON line per measurement");
             return 0;
@@ -84,7 +89,7 @@ int cmd_bench(int argc, char **argv) {
         status = cli_fail(&err);
         goto out;
     }
-    if (mode == 3 ? whale_train_session_new(m, (int)batch, (int)seq, &s, &err)
+    if (mode == 3 ? whale_train_session_new(m, (int)batch, (int)seq, recompute, &s, &err)
                   : whale_session_new(m, (int)batch, ctx_total, &s, &err)) {
         status = cli_fail(&err);
         goto out;
@@ -147,10 +152,13 @@ int cmd_bench(int argc, char **argv) {
         /* forward + backward ≈ 3 × the forward's FLOPs (6 × active parameters per token + attention) */
         double flops = 3.0 * whale_model_forward_flops(m, (int)batch, (int)seq, 0, (int)(batch * seq));
         double gf = flops / best / 1e9;
+        size_t saves, acts = whale_session_activation_bytes(s, &saves);
         printf("{\"what\": \"train\", \"model\": \"%s\", \"dtype\": \"f32\", \"threads\": %d, \"batch\": %ld, "
-               "\"seq_len\": %ld, \"tokens_per_s\": %.1f, \"seconds_per_step\": %.4f, \"gflops\": %.1f, "
-               "\"ceiling_gflops\": %.1f, \"mfu_pct\": %.1f}\n",
-               label, whale_get_threads(), batch, seq, batch * seq / best, best, gf, ceiling, 100 * gf / ceiling);
+               "\"seq_len\": %ld, \"recompute\": %s, \"tokens_per_s\": %.1f, \"seconds_per_step\": %.4f, "
+               "\"gflops\": %.1f, \"ceiling_gflops\": %.1f, \"mfu_pct\": %.1f, \"activation_mib\": %.1f, "
+               "\"recompute_saves_mib\": %.1f}\n",
+               label, whale_get_threads(), batch, seq, recompute ? "true" : "false", batch * seq / best, best, gf,
+               ceiling, 100 * gf / ceiling, acts / 1048576.0, saves / 1048576.0);
     } else {
         double flops = whale_model_forward_flops(m, (int)batch, (int)seq, 0, mode == 0 ? (int)(batch * seq) : (int)batch);
         double gf = flops / best / 1e9;

@@ -46,7 +46,7 @@ int cmd_grad(int argc, char **argv) {
     }
     double loss;
     int64_t count;
-    if (whale_train_session_new(m, B, S, &s, &err) ||
+    if (whale_train_session_new(m, B, S, 0, &s, &err) ||
         whale_session_train_step(s, ids, NULL, NULL, NULL, B, S, 1.0, &loss, &count, &err))
         goto fail;
     int n = whale_model_num_params(m);
@@ -98,6 +98,7 @@ int cmd_train_model(int argc, char **argv) {
                  "  --seed S (42)   --tokenizer DIR   --resume latest|CHECKPOINT_DIR   --threads N\n"
                  "  --cross-doc-attention   attend across packed documents (the original run's packing)\n"
                  "  --hf-accum-compat       sum micro-batch mean losses like HF Trainer did for this model\n"
+                 "  --recompute             recompute each layer's activations in the backward pass (less memory)\n"
                  "  --quiet\n"
                  "writes RUN_DIR/metrics.jsonl, RUN_DIR/checkpoint-STEP/ and the final model into RUN_DIR");
             return 0;
@@ -112,6 +113,10 @@ int cmd_train_model(int argc, char **argv) {
         }
         if (!strcmp(a, "--quiet")) {
             o.quiet = 1;
+            continue;
+        }
+        if (!strcmp(a, "--recompute")) {
+            o.recompute = 1;
             continue;
         }
         if (!(v = cli_value(argc, argv, &i))) return cli_usage("train", "%s needs a value", a);

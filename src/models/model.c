@@ -425,7 +425,7 @@ whale_code whale_session_new(whale_model *m, int max_batch, int max_seq, whale_s
     return m->ops->session_new(m, max_batch, max_seq, out, err);
 }
 
-whale_code whale_train_session_new(whale_model *m, int max_batch, int seq, whale_session **out,
+whale_code whale_train_session_new(whale_model *m, int max_batch, int seq, int recompute, whale_session **out,
                                    whale_err *err) {
     *out = NULL;
     if (max_batch < 1) return whale_errf(err, WHALE_ERR_ARG, "batch size must be >= 1, got %d", max_batch);
@@ -433,7 +433,12 @@ whale_code whale_train_session_new(whale_model *m, int max_batch, int seq, whale
     if (seq > m->max_positions)
         return whale_errf(err, WHALE_ERR_RANGE, "sequence length %d exceeds the model's max_position_embeddings %d",
                           seq, m->max_positions);
-    return m->ops->train_session_new(m, max_batch, seq, out, err);
+    return m->ops->train_session_new(m, max_batch, seq, recompute, out, err);
+}
+
+size_t whale_session_activation_bytes(const whale_session *s, size_t *recompute_saves) {
+    if (recompute_saves) *recompute_saves = s->recompute_saves;
+    return s->activation_bytes;
 }
 
 float *whale_session_grad(whale_session *s, int i) {

@@ -28,7 +28,7 @@ typedef struct whale_model_ops {
     void (*print_info)(const whale_model *m, FILE *f);
     whale_code (*session_new)(whale_model *m, int max_batch, int max_seq, whale_session **out,
                               whale_err *err);
-    whale_code (*train_session_new)(whale_model *m, int max_batch, int seq, whale_session **out,
+    whale_code (*train_session_new)(whale_model *m, int max_batch, int seq, int recompute, whale_session **out,
                                     whale_err *err);
     /* multiply-add FLOPs (×2) of a forward of B×S new tokens after p0 cached
      * positions, with logits for logit_rows rows */
@@ -64,6 +64,7 @@ struct whale_session {
     int n_prof;
     const char *const *prof_names;
     double prof[32];
+    size_t activation_bytes, recompute_saves;
     /* training sessions only */
     float *grads;          /* one buffer laid out like the parameters */
     size_t *grad_offsets;  /* [n_params] */

@@ -387,12 +387,12 @@ typedef struct {
 /* Op groups timed by --profile. */
 enum {
     P_EMBED, P_HC_PRE, P_ATTN, P_HC_POST, P_MOE, P_HEAD, P_LOGITS,
-    P_B_LOGITS, P_B_HEAD, P_B_HC_POST, P_B_MOE, P_B_HC_PRE, P_B_ATTN, P_B_EMBED, P_COUNT
+    P_B_LOGITS, P_B_HEAD, P_B_HC_POST, P_B_MOE, P_B_HC_PRE, P_B_ATTN, P_B_EMBED, P_RECOMPUTE, P_COUNT
 };
 static const char *const prof_names[P_COUNT] = {
     "embedding", "hc_pre + norm", "attention", "hc_post", "moe", "hc_head + final norm", "lm_head (+ loss)",
     "lm_head + loss backward", "hc_head backward", "hc_post backward", "moe backward", "hc_pre backward",
-    "attention backward", "embedding backward",
+    "attention backward", "embedding backward", "recompute (forward again)",
 };
 /* Time a statement into group id when profiling (one branch when not). */
 #define PROF(s, id, stmt)                                                  \
@@ -462,9 +462,10 @@ static int alloc_layer_acts(nw_session *s, nw_layer_acts *a, const nw_config *c,
            (a->f = sess_alloc(s, T * c->D, 4, tot));
 }
 
-/* training=1 keeps every layer's activations (and no KV cache). */
-static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, int training, nw_session **out,
-                                    whale_err *err) {
+/* training=1 keeps every layer's input state and, unless recompute, every
+ * layer's activations (and no KV cache). */
+static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, int training, int recompute,
+                                    nw_session **out, whale_err *err) {
     const nw_config *c = &((nw_model *)m->impl)->c;
     nw_session *s = calloc(1, sizeof *s);
     if (!s) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory creating a session");
@@ -477,7 +478,7 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
     s->base.n_prof = P_COUNT;
     size_t T = (size_t)max_batch * max_seq, MD = (size_t)c->M * c->D, tot = 0;
     s->T = (int)T;
-    s->n_act_sets = training ? c->L : 1;
+    s->n_act_sets = training && !recompute ? c->L : 1;
     whale_code e = whale_gemm_new(&s->gemm, err);
     if (e) {
         free(s);
@@ -488,7 +489,9 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
     s->acts = calloc((size_t)s->n_act_sets, sizeof *s->acts);
     ok = s->X && s->acts && (s->xbuf = sess_alloc(s, (size_t)n_states * T * MD, 4, &tot));
     for (int i = 0; ok && i <= 2 * c->L; i++) s->X[i] = s->xbuf + (size_t)(training ? i : i % 2) * T * MD;
+    size_t before_acts = tot;
     for (int l = 0; ok && l < s->n_act_sets; l++) ok = alloc_layer_acts(s, &s->acts[l], c, T, &tot);
+    size_t per_set = (tot - before_acts) / (size_t)s->n_act_sets;
     ok = ok && (s->pos = sess_alloc(s, T, 4, &tot)) && (s->head_rstd = sess_alloc(s, T, 4, &tot)) &&
          (s->head_mix = sess_alloc(s, T * c->M, 4, &tot)) && (s->head_pre = sess_alloc(s, T * c->M, 4, &tot)) &&
          (s->h = sess_alloc(s, T * c->D, 4, &tot)) && (s->hn_rstd = sess_alloc(s, T, 4, &tot)) &&
@@ -501,6 +504,8 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
         return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of activations for batch %d × %d",
                           tot / 1048576.0, max_batch, max_seq);
     }
+    s->base.activation_bytes = tot;
+    s->base.recompute_saves = training ? per_set * (size_t)(c->L - 1) : 0;
     *out = s;
     return WHALE_OK;
 }
@@ -508,7 +513,7 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
 static whale_code nw_session_new(whale_model *m, int max_batch, int max_seq, whale_session **out,
                                  whale_err *err) {
     nw_session *s = NULL;
-    whale_code e = nw_session_create(m, max_batch, max_seq, 0, &s, err);
+    whale_code e = nw_session_create(m, max_batch, max_seq, 0, 0, &s, err);
     *out = e ? NULL : &s->base;
     return e;
 }
@@ -657,6 +662,36 @@ static whale_code moe(nw_session *s, const nw_config *c, const nw_layer *ly, nw_
     return WHALE_OK;
 }
 
+/* One block (§3.4): X[2l] → HC_pre → attention → HC_post → X[2l+1] → HC_pre
+ * → MoE → HC_post → X[2l+2], saving what the backward needs into a. */
+static whale_code layer_forward(nw_session *s, int l, int B, int S, nw_layer_acts *a, whale_err *err) {
+    const nw_model *nw = s->base.model->impl;
+    const nw_config *c = &nw->c;
+    const nw_layer *ly = &nw->layers[l];
+    int T = B * S, D = c->D, M = c->M;
+    whale_code e;
+    const float *Xin = s->X[2 * l];
+    float *Xmid = s->X[2 * l + 1], *Xout = s->X[2 * l + 2];
+    PROF(s, P_HC_PRE, e = hc_pre(s, c, T, Xin, ly->hc_attn_fn, ly->hc_attn_scale, ly->hc_attn_base, ly->attn_norm,
+                                 &a->hca, err));
+    if (e) return e;
+    trace_hc(s, c, &a->hca, T, l, "hc_attn");
+    PROF(s, P_ATTN, e = attention(s, nw, ly, a, a->hca.yn, l, B, S, err));
+    if (e) return e;
+    TRACE(WHALE_F32, a->a, 2, DIMS(T, D), "layers.%d.attn.out", l);
+    PROF(s, P_HC_POST, k_hc_expand(Xmid, a->a, Xin, a->hca.post, a->hca.comb, T, M, D)); /* HC_post (§3.6) */
+
+    PROF(s, P_HC_PRE, e = hc_pre(s, c, T, Xmid, ly->hc_ffn_fn, ly->hc_ffn_scale, ly->hc_ffn_base, ly->ffn_norm,
+                                 &a->hcf, err));
+    if (e) return e;
+    trace_hc(s, c, &a->hcf, T, l, "hc_ffn");
+    PROF(s, P_MOE, e = moe(s, c, ly, a, a->hcf.yn, l, T, err));
+    if (e) return e;
+    TRACE(WHALE_F32, a->f, 2, DIMS(T, D), "layers.%d.ffn.out", l);
+    PROF(s, P_HC_POST, k_hc_expand(Xout, a->f, Xmid, a->hcf.post, a->hcf.comb, T, M, D));
+    return WHALE_OK;
+}
+
 /* All layers and the HC head: ids [B·S] → hn [T, D] (final-norm output). */
 static whale_code forward_hidden(nw_session *s, const int32_t *ids, const int32_t *pos, int B, int S,
                                  whale_err *err) {
@@ -670,29 +705,8 @@ static whale_code forward_hidden(nw_session *s, const int32_t *ids, const int32_
         const float *row = nw->embed + (size_t)ids[t] * D;
         for (int m = 0; m < M; m++) memcpy(s->X[0] + ((size_t)t * M + m) * D, row, sizeof(float) * D);
     });
-    for (int l = 0; l < c->L; l++) {
-        const nw_layer *ly = &nw->layers[l];
-        nw_layer_acts *a = &s->acts[s->n_act_sets > 1 ? l : 0];
-        const float *Xin = s->X[2 * l];
-        float *Xmid = s->X[2 * l + 1], *Xout = s->X[2 * l + 2];
-        PROF(s, P_HC_PRE, e = hc_pre(s, c, T, Xin, ly->hc_attn_fn, ly->hc_attn_scale, ly->hc_attn_base, ly->attn_norm,
-                                     &a->hca, err));
-        if (e) return e;
-        trace_hc(s, c, &a->hca, T, l, "hc_attn");
-        PROF(s, P_ATTN, e = attention(s, nw, ly, a, a->hca.yn, l, B, S, err));
-        if (e) return e;
-        TRACE(WHALE_F32, a->a, 2, DIMS(T, D), "layers.%d.attn.out", l);
-        PROF(s, P_HC_POST, k_hc_expand(Xmid, a->a, Xin, a->hca.post, a->hca.comb, T, M, D)); /* HC_post (§3.6) */
-
-        PROF(s, P_HC_PRE, e = hc_pre(s, c, T, Xmid, ly->hc_ffn_fn, ly->hc_ffn_scale, ly->hc_ffn_base, ly->ffn_norm,
-                                     &a->hcf, err));
-        if (e) return e;
-        trace_hc(s, c, &a->hcf, T, l, "hc_ffn");
-        PROF(s, P_MOE, e = moe(s, c, ly, a, a->hcf.yn, l, T, err));
-        if (e) return e;
-        TRACE(WHALE_F32, a->f, 2, DIMS(T, D), "layers.%d.ffn.out", l);
-        PROF(s, P_HC_POST, k_hc_expand(Xout, a->f, Xmid, a->hcf.post, a->hcf.comb, T, M, D));
-    }
+    for (int l = 0; l < c->L; l++)
+        if ((e = layer_forward(s, l, B, S, &s->acts[s->n_act_sets > 1 ? l : 0], err))) return e;
 
     /* HC head (§3.9): sigmoid reduction of the streams, then the final norm. */
     const float *X = s->X[2 * c->L];
@@ -965,7 +979,11 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
     for (int l = c->L - 1; l >= 0; l--) {
         const nw_layer *ly = &nw->layers[l];
         nw_layer *gl = &gw->layers[l];
-        const nw_layer_acts *a = &s->acts[l];
+        const nw_layer_acts *a = &s->acts[s->n_act_sets > 1 ? l : 0];
+        if (s->n_act_sets == 1) { /* recompute: this layer's activations again, from its saved input */
+            PROF(s, P_RECOMPUTE, e = layer_forward(s, l, B, S, &s->acts[0], err));
+            if (e) return e;
+        }
         const float *Xin = s->X[2 * l], *Xmid = s->X[2 * l + 1];
         /* MoE sub-layer: dX holds the gradient of the layer's output state */
         PROF(s, P_B_HC_POST, {
@@ -1001,11 +1019,12 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
     return WHALE_OK;
 }
 
-static whale_code nw_train_session_new(whale_model *m, int max_batch, int seq, whale_session **out, whale_err *err) {
+static whale_code nw_train_session_new(whale_model *m, int max_batch, int seq, int recompute, whale_session **out,
+                                       whale_err *err) {
     const nw_model *nw = m->impl;
     const nw_config *c = &nw->c;
     nw_session *s = NULL;
-    whale_code e = nw_session_create(m, max_batch, seq, 1, &s, err);
+    whale_code e = nw_session_create(m, max_batch, seq, 1, recompute, &s, err);
     if (e) return e;
     whale_session *base = &s->base;
     base->train_fn = nw_train_step;

@@ -377,7 +377,7 @@ whale_code whale_eval_dataset(whale_model *m, const char *data_dir, const char *
     if (!(c = whale_dataset_check(d, whale_model_vocab_size(m), NULL, err))) {
         if (whale_dataset_num_windows(d, seq_len) < 1)
             c = whale_errf(err, WHALE_ERR_ARG, "%s: the %s split has fewer than %d tokens", data_dir, split, seq_len);
-        else if (!(c = whale_train_session_new(m, batch, seq_len, &s, err)))
+        else if (!(c = whale_train_session_new(m, batch, seq_len, 0, &s, err)))
             c = eval_loss(s, d, batch, seq_len, max_windows, loss, tokens, err);
     }
     whale_session_free(s);
@@ -474,7 +474,7 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
         goto done;
     }
     whale_adamw_config ac = {o->beta1, o->beta2, o->adam_eps, o->weight_decay};
-    if ((c = whale_train_session_new(r.m, o->batch_size, o->seq_len, &r.s, err)) ||
+    if ((c = whale_train_session_new(r.m, o->batch_size, o->seq_len, o->recompute, &r.s, err)) ||
         (c = whale_adamw_new(r.m, &ac, &r.opt, err)))
         goto done;
     r.cursor.seed = o->seed;
@@ -495,6 +495,15 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
     }
     int64_t warmup = o->warmup_steps >= 0 ? o->warmup_steps : (int64_t)ceil(o->warmup_ratio * (double)o->max_steps);
     int64_t tokens_per_step = (int64_t)o->batch_size * o->seq_len * o->grad_accum, start = r.step;
+    if (!o->quiet) {
+        size_t saves, acts = whale_session_activation_bytes(r.s, &saves);
+        size_t params = (size_t)whale_model_param_count(r.m) * 4;
+        fprintf(stderr,
+                "train: memory: weights %.1f MiB, gradients %.1f MiB, AdamW moments %.1f MiB, activations %.1f MiB "
+                "(%s %.1f MiB)\n",
+                params / 1048576.0, params / 1048576.0, 2 * params / 1048576.0, acts / 1048576.0,
+                o->recompute ? "--recompute saves" : "--recompute would save", saves / 1048576.0);
+    }
     if (!o->quiet)
         fprintf(stderr,
                 "train: %lld parameters; %lld tokens per step (%d × %d × %d); %lld steps from %lld; "

@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Training end to end on a generated corpus: the loss falls, a resumed run
 # (also after SIGKILL) repeats the uninterrupted loss curve bit for bit, and
+# recomputing activations in the backward pass: same curve, less memory
+"$WHALE" train "${ARGS[@]}" --out "$TMP/r" --recompute >/dev/null 2>&1
+losses "$TMP/r/metrics.jsonl" >"$TMP/r.curve"
+check "--recompute gives the same loss curve" cmp -s "$TMP/a.curve" "$TMP/r.curve"
+
 # bad inputs fail with one-line errors while the last checkpoint stays intact.
 # usage: train.sh WHALE_BIN TEST_DATA_DIR
 set -u
@@ -75,6 +80,11 @@ check "resume finished: $(cat "$TMP/b.err")" test -s "$TMP/b/model.safetensors"
 losses "$TMP/b/metrics.jsonl" >"$TMP/b.curve"
 check "resumed loss curve is bit-identical" cmp -s "$TMP/a.curve" "$TMP/b.curve"
 check "final weights are identical" cmp -s "$TMP/a/model.safetensors" "$TMP/b/model.safetensors"
+
+# recomputing activations in the backward pass: same curve, less memory
+"$WHALE" train "${ARGS[@]}" --out "$TMP/r" --recompute >/dev/null 2>&1
+losses "$TMP/r/metrics.jsonl" >"$TMP/r.curve"
+check "--recompute gives the same loss curve" cmp -s "$TMP/a.curve" "$TMP/r.curve"
 
 # bad input
 expect_fail 'seq-len 200 exceeds .*max_position_embeddings 128' -- "$WHALE" train "${ARGS[@]}" --seq-len 200 --out "$TMP/c"
