@@ -81,6 +81,10 @@ const char *whale_tokenizer_token_bytes(const whale_tokenizer *t, int32_t id, si
 /* 1 if id is an added token marked "special" (skipped by skip_special). */
 int whale_tokenizer_is_special(const whale_tokenizer *t, int32_t id);
 
+/* Copy tokenizer.json (required) and, when present, tokenizer_config.json
+ * and chat_template.jinja from folder src into folder dst (atomic writes). */
+whale_code whale_tokenizer_copy_files(const char *src, const char *dst, whale_err *err);
+
 typedef enum { WHALE_TOKEN_BOS = 0, WHALE_TOKEN_EOS, WHALE_TOKEN_PAD } whale_token_role;
 /* From tokenizer_config.json (bos_token etc., a string or {"content": ...});
  * -1 / NULL when not configured. */

@@ -16,6 +16,15 @@ int cli_float(const char *cmd, const char *opt, const char *val, double lo, doub
 /* argv[*i] is an option that takes a value: returns it and advances *i, or NULL. */
 const char *cli_value(int argc, char **argv, int *i);
 
+/* Sampling options shared by generate and chat. Defaults: temperature 0.7,
+ * top-k 50, top-p 0.9 (the original nanowhale chat settings with Hugging
+ * Face's top-k), seed from the clock unless --seed is given. */
+whale_sampler_params cli_sampling_defaults(void);
+/* If option a (value v) is a sampling option, parse it into sp and return 1
+ * (*bad is then a usage status or 0); otherwise return 0. */
+int cli_sampling_option(const char *cmd, const char *a, const char *v, whale_sampler_params *sp, int *seed_given,
+                        int *bad);
+
 /* Parse "0,15,27" into ids (malloc'd). */
 int cli_parse_id_list(const char *cmd, const char *text, int32_t **ids, int *n);
 

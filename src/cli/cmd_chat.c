@@ -75,8 +75,9 @@ static char *read_message(FILE *in, int interactive, int *eof) {
 
 int cmd_chat(int argc, char **argv) {
     const char *dir = NULL, *system = NULL, *tmpl = NULL;
-    long n_new = 512, threads = 0, seed = -1, top_k = 50;
-    double temperature = 0.7, top_p = 0.9, min_p = 0.0, rep = 1.0;
+    long n_new = 512, threads = 0;
+    whale_sampler_params sp = cli_sampling_defaults();
+    int seed_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -91,23 +92,17 @@ int cmd_chat(int argc, char **argv) {
         }
         if (!(v = cli_value(argc, argv, &i))) return cli_usage("chat", "%s needs a value", a);
         int bad = 0;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
+        if (cli_sampling_option("chat", a, v, &sp, &seed_given, &bad)) {
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "--system")) system = v;
         else if (!strcmp(a, "--chat-template")) tmpl = v;
         else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens")) bad = cli_int("chat", a, v, 1, 1 << 24, &n_new);
-        else if (!strcmp(a, "--temperature")) bad = cli_float("chat", a, v, 0, 1e6, &temperature);
-        else if (!strcmp(a, "--top-k")) bad = cli_int("chat", a, v, 0, 1 << 30, &top_k);
-        else if (!strcmp(a, "--top-p")) bad = cli_float("chat", a, v, 1e-9, 1, &top_p);
-        else if (!strcmp(a, "--min-p")) bad = cli_float("chat", a, v, 0, 0.999999, &min_p);
-        else if (!strcmp(a, "--repeat-penalty")) bad = cli_float("chat", a, v, 1e-6, 1e6, &rep);
-        else if (!strcmp(a, "--seed")) bad = cli_int("chat", a, v, 0, 0x7fffffffffffffffL, &seed);
         else if (!strcmp(a, "--threads")) bad = cli_int("chat", a, v, 1, 1024, &threads);
         else return cli_usage("chat", "unknown option \"%s\"", a);
         if (bad) return bad;
     }
     if (!dir) return cli_usage("chat", "-m DIR is required");
     whale_set_threads((int)threads);
-    if (seed < 0) seed = (long)time(NULL);
 
     whale_err err;
     whale_model *m = NULL;
@@ -126,13 +121,6 @@ int cmd_chat(int argc, char **argv) {
     int maxpos = whale_model_max_positions(m), n_stop = whale_chat_stop_ids(tok, fmt, stop, 8);
     if (n_stop > 8) n_stop = 8;
     n_stop += whale_model_eos_ids(m, stop + n_stop, 8);
-    whale_sampler_params sp = whale_sampler_defaults();
-    sp.temperature = (float)temperature;
-    sp.top_k = (int)top_k;
-    sp.top_p = (float)top_p;
-    sp.min_p = (float)min_p;
-    sp.repeat_penalty = (float)rep;
-    sp.seed = (uint64_t)seed;
     msgs = calloc(2048, sizeof *msgs);
     ctx = malloc(sizeof(int32_t) * (size_t)(maxpos + 1));
     if (!msgs || !ctx) {

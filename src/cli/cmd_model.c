@@ -42,29 +42,6 @@ int cmd_info(int argc, char **argv) {
 
 /* ------------------------------------------------------------------ init */
 
-/* Copy the tokenizer files of src (a folder) into the model folder dst. */
-static whale_code copy_tokenizer_files(const char *src, const char *dst, whale_err *err) {
-    static const char *const names[] = {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"};
-    for (int i = 0; i < 3; i++) {
-        char from[4096], to[4096], *data;
-        size_t n;
-        snprintf(from, sizeof from, "%s/%s", src, names[i]);
-        snprintf(to, sizeof to, "%s/%s", dst, names[i]);
-        FILE *probe = fopen(from, "rb");
-        if (!probe) {
-            if (i == 0) return whale_errf(err, WHALE_ERR_IO, "%s: cannot open (--tokenizer needs a folder with tokenizer.json)", from);
-            continue; /* the others are optional */
-        }
-        fclose(probe);
-        whale_code c = whale_read_file(from, &data, &n, err);
-        if (c) return c;
-        c = whale_write_file_atomic(to, data, n, err);
-        free(data);
-        if (c) return c;
-    }
-    return WHALE_OK;
-}
-
 int cmd_init(int argc, char **argv) {
     const char *preset = NULL, *out = NULL, *tokenizer = NULL;
     long seed = 0;
@@ -93,7 +70,7 @@ int cmd_init(int argc, char **argv) {
         whale_tokenizer *tok = NULL;
         c = cli_load_tokenizer(tokenizer, m, &tok, &err); /* refuse a tokenizer that does not fit */
         whale_tokenizer_free(tok);
-        if (!c) c = copy_tokenizer_files(tokenizer, out, &err);
+        if (!c) c = whale_tokenizer_copy_files(tokenizer, out, &err);
     }
     if (!c) fprintf(stderr, "whale: wrote %s (%lld parameters, seed %ld)\n", out, (long long)whale_model_param_count(m), seed);
     whale_model_free(m);
@@ -277,8 +254,9 @@ whale_code cli_load_tokenizer(const char *dir, const whale_model *m, whale_token
 
 int cmd_generate(int argc, char **argv) {
     const char *dir = NULL, *ids_text = NULL, *prompt_text = NULL;
-    long n_new = 32, threads = 0, seed = -1, top_k = 50, ignore_eos = 0;
-    double temperature = 0.7, top_p = 0.9, min_p = 0.0, rep = 1.0;
+    long n_new = 32, threads = 0, ignore_eos = 0;
+    whale_sampler_params sp = cli_sampling_defaults();
+    int seed_given = 0;
     if (wants_help(argc, argv)) {
         puts("usage: whale generate -m DIR (-p TEXT | --ids 0,15,27) [-n N] [options]\n"
              "  -p, --prompt TEXT    text prompt (needs the model folder's tokenizer.json); streams text\n"
@@ -306,23 +284,17 @@ int cmd_generate(int argc, char **argv) {
             return cli_usage("generate", "unexpected argument \"%s\"", a);
         }
         int bad = 0;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
+        if (cli_sampling_option("generate", a, v, &sp, &seed_given, &bad)) {
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "--ids")) ids_text = v;
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) prompt_text = v;
         else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens")) bad = cli_int("generate", a, v, 0, 1 << 24, &n_new);
-        else if (!strcmp(a, "--temperature")) bad = cli_float("generate", a, v, 0, 1e6, &temperature);
-        else if (!strcmp(a, "--top-k")) bad = cli_int("generate", a, v, 0, 1 << 30, &top_k);
-        else if (!strcmp(a, "--top-p")) bad = cli_float("generate", a, v, 1e-9, 1, &top_p);
-        else if (!strcmp(a, "--min-p")) bad = cli_float("generate", a, v, 0, 0.999999, &min_p);
-        else if (!strcmp(a, "--repeat-penalty")) bad = cli_float("generate", a, v, 1e-6, 1e6, &rep);
-        else if (!strcmp(a, "--seed")) bad = cli_int("generate", a, v, 0, 0x7fffffffffffffffL, &seed);
         else if (!strcmp(a, "--threads")) bad = cli_int("generate", a, v, 1, 1024, &threads);
         else return cli_usage("generate", "unknown option \"%s\"", a);
         if (bad) return bad;
     }
     if (!dir || !ids_text == !prompt_text) return cli_usage("generate", "-m DIR and one of -p TEXT or --ids are required");
     whale_set_threads((int)threads);
-    if (seed < 0) seed = (long)time(NULL); /* reported with the timings */
 
     whale_err err;
     whale_model *m = NULL;
@@ -360,13 +332,6 @@ int cmd_generate(int argc, char **argv) {
                    n_new, maxpos);
         goto fail;
     }
-    whale_sampler_params sp = whale_sampler_defaults();
-    sp.temperature = (float)temperature;
-    sp.top_k = (int)top_k;
-    sp.top_p = (float)top_p;
-    sp.min_p = (float)min_p;
-    sp.repeat_penalty = (float)rep;
-    sp.seed = (uint64_t)seed;
     int cap = n_prompt + (int)n_new;
     ids = malloc(sizeof(int32_t) * (size_t)(cap + 1));
     if (!ids) {
@@ -393,8 +358,8 @@ int cmd_generate(int argc, char **argv) {
     }
     printf("\n");
     fprintf(stderr,
-            "whale: seed %ld; prompt %d tokens in %.1f ms (%.1f tokens/s); generated %d tokens in %.1f ms (%.1f tokens/s)\n",
-            seed, st.prompt_tokens, st.prompt_seconds * 1e3, st.prompt_tokens / (st.prompt_seconds > 0 ? st.prompt_seconds : 1e-9),
+            "whale: seed %llu; prompt %d tokens in %.1f ms (%.1f tokens/s); generated %d tokens in %.1f ms (%.1f tokens/s)\n",
+            (unsigned long long)sp.seed, st.prompt_tokens, st.prompt_seconds * 1e3, st.prompt_tokens / (st.prompt_seconds > 0 ? st.prompt_seconds : 1e-9),
             st.generated, st.gen_seconds * 1e3, st.generated > 1 ? (st.generated - 1) / st.gen_seconds : 0.0);
     goto out;
 fail:

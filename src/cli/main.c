@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const char usage_text[] =
     "usage: whale COMMAND [options]\n"
@@ -105,6 +106,41 @@ int cli_parse_id_list(const char *cmd, const char *text, int32_t **ids, int *n) 
     free(out);
     fprintf(stderr, "whale: out of memory\n");
     return 7;
+}
+
+whale_sampler_params cli_sampling_defaults(void) {
+    whale_sampler_params sp = whale_sampler_defaults();
+    sp.temperature = 0.7f;
+    sp.top_k = 50;
+    sp.top_p = 0.9f;
+    sp.seed = (uint64_t)time(NULL);
+    return sp;
+}
+
+int cli_sampling_option(const char *cmd, const char *a, const char *v, whale_sampler_params *sp, int *seed_given,
+                        int *bad) {
+    long n;
+    double d;
+    *bad = 0;
+    if (!strcmp(a, "--temperature")) {
+        if (!(*bad = cli_float(cmd, a, v, 0, 1e6, &d))) sp->temperature = (float)d;
+    } else if (!strcmp(a, "--top-k")) {
+        if (!(*bad = cli_int(cmd, a, v, 0, 1 << 30, &n))) sp->top_k = (int)n;
+    } else if (!strcmp(a, "--top-p")) {
+        if (!(*bad = cli_float(cmd, a, v, 1e-9, 1, &d))) sp->top_p = (float)d;
+    } else if (!strcmp(a, "--min-p")) {
+        if (!(*bad = cli_float(cmd, a, v, 0, 0.999999, &d))) sp->min_p = (float)d;
+    } else if (!strcmp(a, "--repeat-penalty")) {
+        if (!(*bad = cli_float(cmd, a, v, 1e-6, 1e6, &d))) sp->repeat_penalty = (float)d;
+    } else if (!strcmp(a, "--seed")) {
+        if (!(*bad = cli_int(cmd, a, v, 0, 0x7fffffffffffffffL, &n))) {
+            sp->seed = (uint64_t)n;
+            *seed_given = 1;
+        }
+    } else {
+        return 0;
+    }
+    return 1;
 }
 
 int main(int argc, char **argv) {

@@ -78,28 +78,9 @@ static void remove_flat_dir(const char *dir) {
     rmdir(dir);
 }
 
-static whale_code copy_file(const char *from, const char *to, whale_err *err) {
-    char *data;
-    size_t n;
-    whale_code c = whale_read_file(from, &data, &n, err);
-    if (c) return c;
-    c = whale_write_file_atomic(to, data, n, err);
-    free(data);
-    return c;
-}
-
-static void copy_tokenizer_files(const char *src, const char *dst) {
-    static const char *const names[] = {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"};
-    if (!src) return;
-    for (int i = 0; i < 3; i++) {
-        char from[4096], to[4096];
-        snprintf(from, sizeof from, "%s/%s", src, names[i]);
-        snprintf(to, sizeof to, "%s/%s", dst, names[i]);
-        if (access(from, R_OK) == 0) {
-            whale_err ignored;
-            copy_file(from, to, &ignored);
-        }
-    }
+/* Checkpoints and the final model carry the tokenizer when the run has one. */
+static whale_code copy_tokenizer_files(const char *src, const char *dst, whale_err *err) {
+    return src ? whale_tokenizer_copy_files(src, dst, err) : WHALE_OK;
 }
 
 /* Checkpoints present in out, ascending by step (malloc'd array). */
@@ -210,11 +191,11 @@ static whale_code save_checkpoint(run_t *r, whale_err *err) {
     snprintf(tmp, sizeof tmp, "%s.tmp", dir);
     remove_flat_dir(tmp);
     whale_code c;
-    if ((c = whale_model_save(r->m, tmp, err)) || (c = write_trainer_state(r, tmp, err))) {
+    if ((c = whale_model_save(r->m, tmp, err)) || (c = write_trainer_state(r, tmp, err)) ||
+        (c = copy_tokenizer_files(r->tokenizer_dir, tmp, err))) {
         remove_flat_dir(tmp);
         return c;
     }
-    copy_tokenizer_files(r->tokenizer_dir, tmp);
     fsync_dir(tmp);
     if (is_dir(dir)) remove_flat_dir(dir);
     if (rename(tmp, dir) != 0) {
@@ -592,8 +573,7 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
         }
     }
     /* the final model in the run folder, like save_model(output_dir) */
-    if ((c = whale_model_save(r.m, o->out, err))) goto done;
-    copy_tokenizer_files(r.tokenizer_dir, o->out);
+    if ((c = whale_model_save(r.m, o->out, err)) || (c = copy_tokenizer_files(r.tokenizer_dir, o->out, err))) goto done;
     if (res) {
         res->steps = r.step;
         res->last_loss = last_loss;

@@ -5,23 +5,8 @@
 set -u
 WHALE=$1
 DATA=$2
-TOK=${WHALE_TOKENIZERS:-$DATA/../../.cache/tokenizers}/deepseek_v3
-if [ ! -s "$TOK/tokenizer.json" ]; then
-    echo "chat.sh: $TOK/tokenizer.json missing: run scripts/fetch-tokenizers.sh" >&2
-    exit 1
-fi
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-fails=0 checks=0
-check() {
-    local what=$1
-    shift
-    checks=$((checks + 1))
-    if ! "$@"; then
-        echo "FAIL: $what" >&2
-        fails=$((fails + 1))
-    fi
-}
+. "$(dirname "$0")/lib.bash"
+need_tokenizer deepseek_v3
 cat >"$TMP/cfg.json" <<'JSON'
 {"model_type": "deepseek_v4", "vocab_size": 128815, "hidden_size": 32, "num_hidden_layers": 1,
  "num_attention_heads": 2, "head_dim": 16, "qk_rope_head_dim": 8, "q_lora_rank": 16, "o_groups": 1,
@@ -53,5 +38,4 @@ check "--chat-template raw works without a template" test $? = 0
 echo hi | "$WHALE" chat -m "$TMP/notmpl" -n 4 --chat-template jinja >/dev/null 2>"$TMP/err"
 check "an unknown template name is refused" grep -q 'jinja' "$TMP/err"
 
-echo "chat: $((checks - fails)) passed, $fails failed"
-[ "$fails" = 0 ]
+finish chat

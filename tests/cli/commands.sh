@@ -6,9 +6,7 @@ set -u
 WHALE=$1
 DATA=$2
 TINY=$DATA/tiny
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-fails=0 checks=0
+. "$(dirname "$0")/lib.bash"
 
 # expect STATUS PATTERN -- command...: exit status and a stderr line matching PATTERN
 expect() {
@@ -22,15 +20,6 @@ expect() {
         fails=$((fails + 1))
     elif [ "$want" != 0 ] && [ "$(wc -l <"$TMP/err")" != 1 ]; then
         echo "FAIL: $* -> error is not one line: $(cat "$TMP/err")" >&2
-        fails=$((fails + 1))
-    fi
-}
-check() { # check DESCRIPTION CONDITION...
-    local what=$1
-    shift
-    checks=$((checks + 1))
-    if ! "$@"; then
-        echo "FAIL: $what" >&2
         fails=$((fails + 1))
     fi
 }

@@ -5,23 +5,8 @@
 set -u
 WHALE=$1
 DATA=$2
-TOK=${WHALE_TOKENIZERS:-$DATA/../../.cache/tokenizers}/deepseek_v3
-if [ ! -s "$TOK/tokenizer.json" ]; then
-    echo "text.sh: $TOK/tokenizer.json missing: run scripts/fetch-tokenizers.sh" >&2
-    exit 1
-fi
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-fails=0 checks=0
-check() {
-    local what=$1
-    shift
-    checks=$((checks + 1))
-    if ! "$@"; then
-        echo "FAIL: $what" >&2
-        fails=$((fails + 1))
-    fi
-}
+. "$(dirname "$0")/lib.bash"
+need_tokenizer deepseek_v3
 
 # tokenize / detokenize round trip, pieces shown
 text='你是谁？我是由 nanowhale 开发的 AI 助手。Hello, world! 12345'
@@ -51,5 +36,4 @@ check "empty prompt is an error" grep -q 'prompt is empty' "$TMP/err"
 "$WHALE" init --preset tiny --out "$TMP/small" --tokenizer "$TOK" 2>"$TMP/err"
 check "a tokenizer larger than the embedding is refused" grep -q 'the tokenizer has 128815 ids but the model' "$TMP/err"
 
-echo "text: $((checks - fails)) passed, $fails failed"
-[ "$fails" = 0 ]
+finish text

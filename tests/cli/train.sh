@@ -1,27 +1,11 @@
 #!/usr/bin/env bash
 # Training end to end on a generated corpus: the loss falls, a resumed run
-# (also after SIGKILL) repeats the uninterrupted loss curve bit for bit, and
-# recomputing activations in the backward pass: same curve, less memory
-"$WHALE" train "${ARGS[@]}" --out "$TMP/r" --recompute >/dev/null 2>&1
-losses "$TMP/r/metrics.jsonl" >"$TMP/r.curve"
-check "--recompute gives the same loss curve" cmp -s "$TMP/a.curve" "$TMP/r.curve"
-
-# bad inputs fail with one-line errors while the last checkpoint stays intact.
+# (also after SIGKILL) and a run with --recompute repeat the uninterrupted
+# loss curve bit for bit, and bad inputs fail with one-line errors while the last checkpoint stays intact.
 # usage: train.sh WHALE_BIN TEST_DATA_DIR
 set -u
 WHALE=$1
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-fails=0 checks=0
-check() {
-    local what=$1
-    shift
-    checks=$((checks + 1))
-    if ! "$@"; then
-        echo "FAIL: $what" >&2
-        fails=$((fails + 1))
-    fi
-}
+. "$(dirname "$0")/lib.bash"
 expect_fail() { # expect_fail PATTERN -- command...
     local pattern=$1
     shift 2
@@ -108,5 +92,4 @@ expect_fail 'empty|no text|no documents' -- "$WHALE" data prepare --tokenizer "$
 "$WHALE" info -m "$TMP/a/checkpoint-12" >/dev/null 2>&1
 check "checkpoint of run a still loads" test $? = 0
 
-echo "train: $((checks - fails)) passed, $fails failed"
-[ "$fails" = 0 ]
+finish train
