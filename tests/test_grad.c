@@ -1,7 +1,9 @@
 /* Gradients of the mean loss for every parameter against the PyTorch
  * reference (tests/reference/gen_grads.py): per-tensor relative error
  * ‖g − g_ref‖ / ‖g_ref‖ ≤ 1e-4, exact zeros where no gradient flows, and
- * bit-identical results when the step is repeated. */
+ * bit-identical results when the step is repeated. The debug preset
+ * (16.8M parameters) is checked against a compact golden: per-tensor norms,
+ * sampled entries and the embedding rows of the batch's tokens. */
 #include "testutil.h"
 
 #include "io/safetensors.h"
@@ -103,8 +105,174 @@ static void check_grads(const char *model_name, const char *golden_name) {
     whale_model_free(m);
 }
 
+/* Relative error ‖a − r‖ / ‖r‖ over n floats (a at a[idx[k]] when idx is
+ * not NULL, r dense); *rnorm receives ‖r‖ and *maxd max|a − r|. */
+static double sample_error(const float *a, const int32_t *idx, const float *r, long n, double *rnorm, double *maxd) {
+    double num = 0, den = 0, md = 0;
+    for (long k = 0; k < n; k++) {
+        double d = (double)(idx ? a[idx[k]] : a[k]) - r[k];
+        num += d * d;
+        den += (double)r[k] * r[k];
+        md = fmax(md, fabs(d));
+    }
+    *rnorm = sqrt(den);
+    *maxd = md;
+    return den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0);
+}
+
+/* The debug preset against grads-debug.safetensors (gen_grads.py
+ * grads-compact): the model is whale_model_init("debug", 1), the same
+ * weights as `whale init --preset debug --seed 1` that the golden was
+ * computed from. For every parameter the golden has norm.<name> (‖g‖ in
+ * float64) and sample.<name>: all entries, or those at index.<name>; for the
+ * embedding, the rows rows.<name> of the batch's distinct tokens. */
+static void check_grads_compact(const char *preset, const char *golden_name) {
+    char golden[512];
+    snprintf(golden, sizeof golden, "%s/%s", WHALE_TEST_DATA, golden_name);
+    whale_err err;
+    whale_model *m;
+    whale_st *g;
+    if (whale_model_init(preset, 1, &m, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    if (whale_st_open(golden, &g, &err)) {
+        CHECK(0, "%s", err.msg);
+        whale_model_free(m);
+        return;
+    }
+    const whale_st_entry *ids = whale_st_find(g, "input_ids"), *labels = whale_st_find(g, "labels");
+    const whale_st_entry *loss_ref = whale_st_find(g, "loss");
+    if (!ids || !labels || !loss_ref || ids->dtype != WHALE_I32 || labels->dtype != WHALE_I32 || ids->ndim != 2) {
+        CHECK(0, "%s: input_ids / labels / loss missing", golden_name);
+        whale_st_close(g);
+        whale_model_free(m);
+        return;
+    }
+    int B = (int)ids->shape[0], S = (int)ids->shape[1];
+    whale_session *s;
+    if (whale_train_session_new(m, B, S, 0, &s, &err)) {
+        CHECK(0, "%s", err.msg);
+        whale_st_close(g);
+        whale_model_free(m);
+        return;
+    }
+    double loss;
+    int64_t count;
+    CHECK(whale_session_train_step(s, ids->data, labels->data, NULL, NULL, B, S, 1.0, &loss, &count, &err) == WHALE_OK, "%s",
+          err.msg);
+    CHECK(count == whale_count_targets(labels->data, B, S), "count %lld", (long long)count);
+    float lr = *(const float *)loss_ref->data;
+    CHECK(fabs(loss - lr) <= 1e-5 * fabs(lr),
+          "%s loss %.9g vs %.9g (does whale_model_init(\"%s\", 1) still give the golden's weights? see test_reference)",
+          preset, loss, lr, preset);
+
+    double worst_s = 0, worst_n = 0;
+    const char *worst_s_name = "", *worst_n_name = "";
+    long sampled = 0;
+    for (int i = 0; i < whale_model_num_params(m); i++) {
+        const char *name = whale_model_param_name(m, i);
+        whale_tensor t = whale_model_param(m, i);
+        long n = (long)whale_shape_numel(t.ndim, t.shape);
+        const float *gc = whale_session_grad(s, i);
+        char key[200];
+        snprintf(key, sizeof key, "norm.%s", name);
+        const whale_st_entry *ne = whale_st_find(g, key);
+        snprintf(key, sizeof key, "sample.%s", name);
+        const whale_st_entry *se = whale_st_find(g, key);
+        snprintf(key, sizeof key, "index.%s", name);
+        const whale_st_entry *ie = whale_st_find(g, key);
+        snprintf(key, sizeof key, "rows.%s", name);
+        const whale_st_entry *re = whale_st_find(g, key);
+        CHECK(ne && se && ne->dtype == WHALE_F32 && se->dtype == WHALE_F32 && ne->nbytes == 4, "%s: no golden norm/sample",
+              name);
+        if (!ne || !se || ne->dtype != WHALE_F32 || se->dtype != WHALE_F32 || ne->nbytes != 4) continue;
+        long k = (long)(se->nbytes / 4);
+        const float *sr = se->data;
+
+        double cn = 0;
+        for (long j = 0; j < n; j++) cn += (double)gc[j] * gc[j];
+        cn = sqrt(cn);
+        double rn = *(const float *)ne->data;
+        if (rn == 0) {
+            /* no gradient flows (gate.bias, attn_sink): exactly zero */
+            CHECK(cn == 0, "%s: gradient should be exactly zero (norm %.3g)", name, cn);
+            continue;
+        }
+
+        double err_s, snorm, maxd;
+        if (re) {
+            /* embedding: the rows of the batch's tokens, all other rows exactly 0 */
+            long D = t.ndim == 2 ? (long)t.shape[1] : 0, nr = (long)(re->nbytes / 4);
+            const int32_t *rows = re->data;
+            int ok = re->dtype == WHALE_I32 && t.ndim == 2 && k == nr * D;
+            for (long r = 0; ok && r < nr; r++) ok = rows[r] >= 0 && rows[r] < t.shape[0] && (r == 0 || rows[r] > rows[r - 1]);
+            CHECK(ok, "%s: malformed golden rows", name);
+            if (!ok) continue;
+            double num = 0, den = 0;
+            maxd = 0;
+            for (long r = 0; r < nr; r++)
+                for (long d = 0; d < D; d++) {
+                    double x = (double)gc[rows[r] * D + d] - sr[r * D + d];
+                    num += x * x;
+                    den += (double)sr[r * D + d] * sr[r * D + d];
+                    maxd = fmax(maxd, fabs(x));
+                }
+            snorm = sqrt(den);
+            err_s = den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0);
+            /* a token seen only at positions whose output is never scored
+             * gets no gradient: its row is exactly 0 in the reference */
+            long leaked = 0;
+            for (long r = 0; r < nr; r++) {
+                int zero = 1;
+                for (long d = 0; d < D; d++) zero &= sr[r * D + d] == 0;
+                for (long d = 0; zero && d < D; d++) leaked += gc[rows[r] * D + d] != 0;
+            }
+            CHECK(leaked == 0, "%s: %ld entries of rows that get no gradient are not zero", name, leaked);
+            long nonzero = 0, next = 0;
+            for (long r = 0; r < (long)t.shape[0]; r++) {
+                if (next < nr && rows[next] == r) {
+                    next++;
+                    continue;
+                }
+                for (long d = 0; d < D; d++) nonzero += gc[r * D + d] != 0;
+            }
+            CHECK(nonzero == 0, "%s: %ld gradient entries outside the batch's rows are not zero", name, nonzero);
+        } else if (ie) {
+            const int32_t *idx = ie->data;
+            int ok = ie->dtype == WHALE_I32 && (long)(ie->nbytes / 4) == k;
+            for (long j = 0; ok && j < k; j++) ok = idx[j] >= 0 && idx[j] < n;
+            CHECK(ok, "%s: malformed golden index", name);
+            if (!ok) continue;
+            err_s = sample_error(gc, idx, sr, k, &snorm, &maxd);
+        } else {
+            CHECK(k == n, "%s: golden sample has %ld entries, tensor %ld", name, k, n);
+            if (k != n) continue;
+            err_s = sample_error(gc, NULL, sr, k, &snorm, &maxd);
+        }
+        sampled += k;
+        if (snorm <= 1e-7) {
+            /* reference ~0: relative error is meaningless at fp32 noise */
+            CHECK(maxd <= 1e-9, "%s %s: sampled gradient max|d| %.3g (reference ~0)", preset, name, maxd);
+        } else {
+            CHECK(err_s <= 1e-4, "%s %s: relative error of the sampled gradient %.3g", preset, name, err_s);
+            if (!(err_s <= worst_s)) worst_s = err_s, worst_s_name = name;
+        }
+        double err_n = fabs(cn - rn) / rn;
+        CHECK(err_n <= 1e-4, "%s %s: gradient norm %.9g vs %.9g (rel %.3g)", preset, name, cn, rn, err_n);
+        if (!(err_n <= worst_n)) worst_n = err_n, worst_n_name = name;
+    }
+    printf("%s: loss %.7f (ref %.7f), %ld sampled gradient entries; worst sampled error %.3g (%s), worst norm error "
+           "%.3g (%s)\n",
+           preset, loss, lr, sampled, worst_s, worst_s_name, worst_n, worst_n_name);
+    whale_session_free(s);
+    whale_st_close(g);
+    whale_model_free(m);
+}
+
 int main(void) {
     check_grads("tiny", "grads-tiny.safetensors");
     check_grads("tiny-variant", "grads-tiny-variant.safetensors");
+    check_grads_compact("debug", "grads-debug.safetensors");
     return test_finish("test_grad");
 }
