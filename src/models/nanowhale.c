@@ -563,6 +563,9 @@ static void trace_hc(nw_session *s, const nw_config *c, const nw_hc_acts *h, int
     TRACE(WHALE_F32, h->pre, 2, DIMS(T, c->M), "layers.%d.%s.pre", l, which);
     TRACE(WHALE_F32, h->post, 2, DIMS(T, c->M), "layers.%d.%s.post", l, which);
     TRACE(WHALE_F32, h->comb, 3, DIMS(T, c->M, c->M), "layers.%d.%s.comb", l, which);
+    TRACE(WHALE_F32, h->mix, 2, DIMS(T, c->mix), "layers.%d.%s.mix", l, which);
+    TRACE(WHALE_F32, h->y, 2, DIMS(T, c->D), "layers.%d.%s.y", l, which);
+    TRACE(WHALE_F32, h->yn, 2, DIMS(T, c->D), "layers.%d.%s.normed", l, which);
 }
 
 /* Attention (§3.7) of yn [T, D] into a->a [T, D]. Keys/values come from the
@@ -595,6 +598,10 @@ static whale_code attention(nw_session *s, const nw_model *nw, const nw_layer *l
                              1, c->Dh, scale, s->att_work, err)))
             return e;
     }
+    TRACE(WHALE_F32, a->qlat, 2, DIMS(T, c->Q), "layers.%d.attn.q_latent", l);
+    TRACE(WHALE_F32, a->q, 2, DIMS(T, HD), "layers.%d.attn.q", l);
+    TRACE(WHALE_F32, a->kv, 2, DIMS(T, c->Dh), "layers.%d.attn.kv", l);
+    TRACE(WHALE_F32, a->att, 2, DIMS(T, HD), "layers.%d.attn.context", l);
     memcpy(a->att_d, a->att, sizeof(float) * (size_t)T * HD);
     k_rope(a->att_d, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 1); /* de-rotate */
     if ((e = k_grouped_linear(g, a->z, a->att_d, ly->wo_a, T, c->G, gin, c->Ro, err))) return e;
@@ -621,6 +628,7 @@ static whale_code moe(nw_session *s, const nw_config *c, const nw_layer *ly, nw_
     for (int t = 0; t < T; t++)
         k_gate_route(c->scoring, c->E, c->K, c->route_scale, a->glog + (size_t)t * c->E, ly->gate_b,
                      a->topk + (size_t)t * c->K, a->topw + (size_t)t * c->K);
+    TRACE(WHALE_F32, a->glog, 2, DIMS(T, c->E), "layers.%d.ffn.gate_logits", l);
     TRACE(WHALE_I32, a->topk, 2, DIMS(T, c->K), "layers.%d.ffn.topk_idx", l);
     TRACE(WHALE_F32, a->topw, 2, DIMS(T, c->K), "layers.%d.ffn.topk_weight", l);
 
@@ -656,6 +664,7 @@ static whale_code moe(nw_session *s, const nw_config *c, const nw_layer *ly, nw_
             for (int d = 0; d < c->D; d++) o[d] += w * r[d];
         }
     }
+    TRACE(WHALE_F32, a->ex_h, 2, DIMS(a->ex_off[c->E], c->F), "layers.%d.ffn.expert_hidden", l);
     if ((e = swiglu_expert(s, c, T, yn, ly->sw1, ly->sw2, ly->sw3, 0.0f, a->sh_g, a->sh_u, a->sh_h, s->ex_in, err)))
         return e;
     for (size_t i = 0; i < (size_t)T * c->D; i++) a->f[i] += s->ex_in[i];
@@ -678,8 +687,10 @@ static whale_code layer_forward(nw_session *s, int l, int B, int S, nw_layer_act
     trace_hc(s, c, &a->hca, T, l, "hc_attn");
     PROF(s, P_ATTN, e = attention(s, nw, ly, a, a->hca.yn, l, B, S, err));
     if (e) return e;
+    TRACE(WHALE_F32, a->z, 2, DIMS(T, c->G * c->Ro), "layers.%d.attn.z", l);
     TRACE(WHALE_F32, a->a, 2, DIMS(T, D), "layers.%d.attn.out", l);
     PROF(s, P_HC_POST, k_hc_expand(Xmid, a->a, Xin, a->hca.post, a->hca.comb, T, M, D)); /* HC_post (§3.6) */
+    TRACE(WHALE_F32, Xmid, 3, DIMS(T, M, D), "layers.%d.hc_attn.state", l);
 
     PROF(s, P_HC_PRE, e = hc_pre(s, c, T, Xmid, ly->hc_ffn_fn, ly->hc_ffn_scale, ly->hc_ffn_base, ly->ffn_norm,
                                  &a->hcf, err));
@@ -687,8 +698,10 @@ static whale_code layer_forward(nw_session *s, int l, int B, int S, nw_layer_act
     trace_hc(s, c, &a->hcf, T, l, "hc_ffn");
     PROF(s, P_MOE, e = moe(s, c, ly, a, a->hcf.yn, l, T, err));
     if (e) return e;
+    TRACE(WHALE_F32, a->sh_h, 2, DIMS(T, c->F), "layers.%d.ffn.shared_hidden", l);
     TRACE(WHALE_F32, a->f, 2, DIMS(T, D), "layers.%d.ffn.out", l);
     PROF(s, P_HC_POST, k_hc_expand(Xout, a->f, Xmid, a->hcf.post, a->hcf.comb, T, M, D));
+    TRACE(WHALE_F32, Xout, 3, DIMS(T, M, D), "layers.%d.hc_ffn.state", l);
     return WHALE_OK;
 }
 
@@ -721,6 +734,7 @@ static whale_code forward_hidden(nw_session *s, const int32_t *ids, const int32_
     k_hc_reduce(s->h, X, s->head_pre, T, M, D);
     k_rmsnorm(s->hn, s->h, nw->norm, T, D, c->norm_eps, s->hn_rstd);
     if (s->base.profiling) s->base.prof[P_HEAD] += whale_now() - t_head;
+    TRACE(WHALE_F32, s->head_pre, 2, DIMS(T, M), "hc_head.pre");
     TRACE(WHALE_F32, s->hn, 2, DIMS(T, D), "final_hidden");
     return WHALE_OK;
 }
@@ -737,6 +751,7 @@ static whale_code nw_forward(whale_session *base, const int32_t *ids, int B, int
     const float *head = c->tie_embeddings ? nw->embed : nw->lm_head;
     if (all_logits) {
         PROF(s, P_LOGITS, e = whale_gemm_nt(s->gemm, T, c->vocab, D, s->hn, D, head, D, logits, c->vocab, 0, err));
+        if (!e) TRACE(WHALE_F32, logits, 2, DIMS(T, c->vocab), "logits");
         return e;
     }
     for (int b = 0; b < B; b++) memcpy(s->last + (size_t)b * D, s->hn + ((size_t)b * S + S - 1) * D, sizeof(float) * D);
