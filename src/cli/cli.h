@@ -48,5 +48,12 @@ int cmd_data(int argc, char **argv);
 int cmd_plot(int argc, char **argv);
 int cmd_tokenizer(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
+int cmd_diagnose(int argc, char **argv);
+
+/* --nan-check: attach a collector (whale_diag.h) that records the first
+ * non-finite traced tensor as s's trace callback; free it with
+ * whale_diag_free after the session. */
+struct whale_diag;
+whale_code cli_nan_check_attach(whale_session *s, struct whale_diag **out, whale_err *err);
 
 #endif

@@ -3,6 +3,7 @@
 
 #include "core/core.h"
 #include "io/safetensors.h"
+#include "whale_diag.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -146,15 +147,18 @@ done:
 int cmd_score(int argc, char **argv) {
     const char *dir = NULL, *ids_path = NULL, *logits_out = NULL;
     long threads = 0;
+    int nan_check = 0;
     if (wants_help(argc, argv)) {
-        puts("usage: whale score -m DIR --ids FILE [--logits-out FILE.safetensors] [--threads N]\n"
+        puts("usage: whale score -m DIR --ids FILE [--logits-out FILE.safetensors] [--threads N] [--nan-check]\n"
+             "  --nan-check: fail at the first NaN or inf, naming the tensor it appeared in\n"
              "  FILE: JSON array of equal-length arrays of token ids.\n"
              "  prints {\"loss\": mean shifted cross-entropy, \"tokens\": scored targets, \"ppl\": exp(loss)}");
         return 0;
     }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--ids") || !strcmp(a, "--logits-out") ||
+        if (!strcmp(a, "--nan-check")) nan_check = 1;
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--ids") || !strcmp(a, "--logits-out") ||
             !strcmp(a, "--threads")) {
             if (!(v = cli_value(argc, argv, &i))) return cli_usage("score", "%s needs a value", a);
             if (!strcmp(a, "--ids")) ids_path = v;
@@ -173,8 +177,10 @@ int cmd_score(int argc, char **argv) {
     int B = 0, S = 0, status = 0;
     float *logits = NULL;
     whale_session *s = NULL;
+    whale_diag *nan = NULL;
     int V = whale_model_vocab_size(m);
-    if (cli_read_ids_file(ids_path, V, &ids, &B, &S, &err) || whale_session_new(m, B, S, &s, &err)) {
+    if (cli_read_ids_file(ids_path, V, &ids, &B, &S, &err) || whale_session_new(m, B, S, &s, &err) ||
+        (nan_check && cli_nan_check_attach(s, &nan, &err))) {
         status = cli_fail(&err);
         goto out;
     }
@@ -185,7 +191,7 @@ int cmd_score(int argc, char **argv) {
         status = cli_fail(&err);
         goto out;
     }
-    if (whale_session_forward(s, ids, B, S, logits, 1, &err)) {
+    if (whale_session_forward(s, ids, B, S, logits, 1, &err) || whale_diag_nan_error(nan, &err)) {
         status = cli_fail(&err);
         goto out;
     }
@@ -205,6 +211,7 @@ out:
     free(logits);
     free(ids);
     whale_session_free(s);
+    whale_diag_free(nan);
     whale_model_free(m);
     return status;
 }
@@ -216,10 +223,12 @@ typedef struct {
     int count;
     whale_err *err;
     int failed;
+    whale_diag *nan; /* --nan-check: stop before printing a token sampled after a NaN */
 } gen_printer;
 
 static int print_token(void *user, int32_t id) {
     gen_printer *p = user;
+    if (whale_diag_failed(p->nan)) return 1;
     if (p->detok) {
         const char *text;
         size_t len;
@@ -255,6 +264,7 @@ whale_code cli_load_tokenizer(const char *dir, const whale_model *m, whale_token
 int cmd_generate(int argc, char **argv) {
     const char *dir = NULL, *ids_text = NULL, *prompt_text = NULL;
     long n_new = 32, threads = 0, ignore_eos = 0;
+    int nan_check = 0;
     whale_sampler_params sp = cli_sampling_defaults();
     int seed_given = 0;
     if (wants_help(argc, argv)) {
@@ -270,6 +280,7 @@ int cmd_generate(int argc, char **argv) {
              "  --seed S             sampling seed (default: from the clock, printed)\n"
              "  --ignore-eos         do not stop at the end-of-sequence id\n"
              "  --threads N          (default: all cores)\n"
+             "  --nan-check          fail at the first NaN or inf, naming the tensor it appeared in\n"
              "output on stdout as it is produced; prompt and generation speed on stderr");
         return 0;
     }
@@ -277,6 +288,10 @@ int cmd_generate(int argc, char **argv) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--ignore-eos")) {
             ignore_eos = 1;
+            continue;
+        }
+        if (!strcmp(a, "--nan-check")) {
+            nan_check = 1;
             continue;
         }
         if (a[0] != '-' || !(v = cli_value(argc, argv, &i))) {
@@ -302,6 +317,7 @@ int cmd_generate(int argc, char **argv) {
     whale_detokenizer *detok = NULL;
     whale_session *s = NULL;
     whale_sampler *sm = NULL;
+    whale_diag *nan = NULL;
     int32_t *prompt = NULL, *ids = NULL;
     int n_prompt = 0, status = 0;
     if (ids_text && (status = cli_parse_id_list("generate", ids_text, &prompt, &n_prompt))) return status;
@@ -339,17 +355,19 @@ int cmd_generate(int argc, char **argv) {
         goto fail;
     }
     memcpy(ids, prompt, sizeof(int32_t) * (size_t)n_prompt);
-    if (whale_sampler_new(&sp, V, &sm, &err) || whale_session_new(m, 1, cap, &s, &err)) goto fail;
+    if (whale_sampler_new(&sp, V, &sm, &err) || whale_session_new(m, 1, cap, &s, &err) ||
+        (nan_check && cli_nan_check_attach(s, &nan, &err)))
+        goto fail;
     int32_t stop[9];
     int n_stop = ignore_eos ? 0 : whale_model_eos_ids(m, stop, 8);
     if (!ignore_eos && tok && whale_tokenizer_role_id(tok, WHALE_TOKEN_EOS) >= 0)
         stop[n_stop++] = whale_tokenizer_role_id(tok, WHALE_TOKEN_EOS);
 
-    gen_printer pr = {detok, 0, &err, 0};
+    gen_printer pr = {detok, 0, &err, 0, nan};
     whale_gen_stats st;
     int n_ids = n_prompt;
-    if (whale_generate(s, sm, ids, &n_ids, cap, (int)n_new, stop, n_stop, print_token, &pr, &st, &err) || pr.failed)
-        goto fail;
+    whale_code gc = whale_generate(s, sm, ids, &n_ids, cap, (int)n_new, stop, n_stop, print_token, &pr, &st, &err);
+    if (whale_diag_nan_error(nan, &err) || gc || pr.failed) goto fail; /* the NaN's origin explains a later error */
     if (detok) {
         const char *text;
         size_t len;
@@ -369,6 +387,7 @@ out:
     free(ids);
     whale_sampler_free(sm);
     whale_session_free(s);
+    whale_diag_free(nan);
     whale_detokenizer_free(detok);
     whale_tokenizer_free(tok);
     whale_model_free(m);

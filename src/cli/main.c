@@ -27,6 +27,7 @@ static const char usage_text[] =
     "  plot      RUN... --out loss.svg                             loss curves as SVG\n"
     "  tokenize  -m DIR \"text\" | --file F [--show]                text to token ids\n"
     "  detokenize -m DIR --ids 1,2,3 [--skip-special]                token ids to text\n"
+    "  diagnose  -m DIR (--ids FILE | --text TEXT) [--json OUT]     numerics: ranges, underflow, routing margins\n"
     "\n"
     "Run 'whale COMMAND --help' for a command's options. Exit status: 0 ok, 2 usage,\n"
     "3 i/o, 4 malformed input, 5 out of range, 6 unsupported, 7 out of memory, 1 other.\n";
@@ -145,7 +146,7 @@ int cli_sampling_option(const char *cmd, const char *a, const char *v, whale_sam
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: whale COMMAND [options] (commands: info init score generate chat grad train eval data plot tokenizer bench tokenize detokenize; see 'whale --help')\n");
+        fprintf(stderr, "usage: whale COMMAND [options] (commands: info init score generate chat grad train eval data plot tokenizer bench tokenize detokenize diagnose; see 'whale --help')\n");
         return 2;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
@@ -158,7 +159,7 @@ int main(int argc, char **argv) {
         int (*fn)(int, char **);
     } cmds[] = {{"info", cmd_info}, {"init", cmd_init}, {"score", cmd_score}, {"generate", cmd_generate}, {"chat", cmd_chat}, {"bench", cmd_bench},
                   {"tokenize", cmd_tokenize}, {"grad", cmd_grad}, {"train", cmd_train_model}, {"eval", cmd_eval},
-                  {"data", cmd_data}, {"plot", cmd_plot}, {"tokenizer", cmd_tokenizer}, {"detokenize", cmd_detokenize}};
+                  {"data", cmd_data}, {"plot", cmd_plot}, {"tokenizer", cmd_tokenizer}, {"detokenize", cmd_detokenize}, {"diagnose", cmd_diagnose}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "whale: unknown command \"%s\" (see 'whale --help')\n", cmd);

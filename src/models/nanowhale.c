@@ -756,6 +756,7 @@ static whale_code nw_forward(whale_session *base, const int32_t *ids, int B, int
     }
     for (int b = 0; b < B; b++) memcpy(s->last + (size_t)b * D, s->hn + ((size_t)b * S + S - 1) * D, sizeof(float) * D);
     PROF(s, P_LOGITS, e = whale_gemm_nt(s->gemm, B, c->vocab, D, s->last, D, head, D, logits, c->vocab, 0, err));
+    if (!e) TRACE(WHALE_F32, logits, 2, DIMS(B, c->vocab), "logits");
     return e;
 }
 

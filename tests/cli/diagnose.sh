@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# whale diagnose on the tiny model (table, JSON, text input), its one-line
+# errors, and --nan-check of score and generate on a copy of the model whose
+# layers.1.attn.wq_b holds one NaN: the report names layers.1.attn.q, the
+# first traced tensor computed from that weight.
+# usage: diagnose.sh WHALE_BIN TEST_DATA_DIR
+set -u
+WHALE=$1
+DATA=$2
+. "$(dirname "$0")/lib.bash"
+expect_fail() { # expect_fail STATUS PATTERN -- command...: that status and one matching stderr line
+    local status=$1 pattern=$2
+    shift 3
+    checks=$((checks + 1))
+    "$@" >"$TMP/out" 2>"$TMP/err"
+    local st=$?
+    if [ "$st" != "$status" ] || ! grep -Eq -- "$pattern" "$TMP/err" || [ "$(wc -l <"$TMP/err")" != 1 ]; then
+        echo "FAIL: $* -> status $st (want $status), stderr: $(cat "$TMP/err")" >&2
+        fails=$((fails + 1))
+    fi
+}
+
+echo '[[0, 5, 17, 33, 100, 200, 300, 400], [7, 9, 11, 13, 15, 17, 19, 21]]' >"$TMP/ids.json"
+"$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/ids.json" --json "$TMP/report.json" --threads 2 >"$TMP/table" 2>"$TMP/err"
+check "diagnose runs: $(cat "$TMP/err")" test $? = 0
+check "the table has a row per layer and op" grep -Eq '^1 +attn\.q +[0-9]' "$TMP/table"
+check "the table ends with the logits" grep -Eq '^- +logits ' "$TMP/table"
+check "routing margins per layer" grep -Eq '^1 +yes +16 ' "$TMP/table"
+check "nothing non-finite" grep -Eq 'non-finite +none' "$TMP/table"
+check "JSON written" grep -Eq '"first_nonfinite":[[:space:]]*null' "$TMP/report.json"
+check "JSON has every tensor" test "$(grep -c '"headroom_bits"' "$TMP/report.json")" -gt 100
+"$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/ids.json" --json - --dtype fp32 >"$TMP/stdout.json" 2>/dev/null
+check "--json - prints only JSON" test "$(head -c 1 "$TMP/stdout.json")" = "{"
+
+expect_fail 2 'bf16/fp16 execution is not available yet' \
+    -- "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/ids.json" --dtype bf16
+expect_fail 2 'exactly one of' -- "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/ids.json" --text hi
+expect_fail 3 'whale: ' -- "$WHALE" diagnose -m "$TMP/missing" --ids "$TMP/ids.json"
+echo '[[1, 2, 512]]' >"$TMP/range.json"
+expect_fail 5 'token id 512 is outside the vocabulary' -- "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/range.json"
+echo '[[1, 2' >"$TMP/bad.json"
+expect_fail 4 'not valid JSON' -- "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/bad.json"
+expect_fail 3 'tokenizer' -- "$WHALE" diagnose -m "$DATA/tiny" --text "no tokenizer here"
+
+# text input through a small trained tokenizer
+for d in 1 2 3; do
+    for s in $(seq 1 20); do echo "the cat $d sees a dog $s, and the dog sees the cat."; done >"$TMP/doc$d.txt"
+done
+"$WHALE" tokenizer train --vocab-size 300 --out "$TMP/tok" "$TMP"/doc*.txt >/dev/null 2>&1
+"$WHALE" init --preset tiny --out "$TMP/model" --tokenizer "$TMP/tok" 2>/dev/null
+"$WHALE" diagnose -m "$TMP/model" --text "the cat sees the dog" >"$TMP/text.table" 2>"$TMP/err"
+check "diagnose --text: $(cat "$TMP/err")" grep -Eq '^- +logits ' "$TMP/text.table"
+head -3 "$TMP/doc1.txt" >"$TMP/short.txt"
+"$WHALE" diagnose -m "$TMP/model" --text-file "$TMP/short.txt" >"$TMP/file.table" 2>"$TMP/err"
+check "diagnose --text-file: $(cat "$TMP/err")" grep -Eq '^- +logits ' "$TMP/file.table"
+expect_fail 5 'doc1.txt: [0-9]+ tokens exceed max_position_embeddings 128' \
+    -- "$WHALE" diagnose -m "$TMP/model" --text-file "$TMP/doc1.txt"
+
+# a copy of the model with one NaN in layers.1.attn.wq_b (element 40: row 1, head 0)
+cp -r "$DATA/tiny" "$TMP/nan"
+st="$TMP/nan/model.safetensors"
+hlen=$(od -An -t u8 -N8 "$st" | tr -d ' ')
+start=$(dd if="$st" bs=1 skip=8 count="$hlen" 2>/dev/null | grep -o '"model.layers.1.attn.wq_b.weight":{[^}]*}' |
+    sed -E 's/.*"data_offsets":\[([0-9]+),.*/\1/')
+printf '\000\000\300\177' | dd of="$st" bs=1 seek=$((8 + hlen + start + 4 * 40)) conv=notrunc 2>/dev/null
+"$WHALE" diagnose -m "$TMP/nan" --ids "$TMP/ids.json" >"$TMP/nan.table" 2>/dev/null
+check "diagnose names the first non-finite tensor" \
+    grep -q 'non-finite value in layers.1.attn.q (forward, call 1, element 0 \[0, 0\] = nan' "$TMP/nan.table"
+origin='^whale: non-finite value in layers\.1\.attn\.q \(forward, call 1, '
+expect_fail 5 "$origin.*last finite inputs: layers\.1\.attn\.q_latent max" \
+    -- "$WHALE" score -m "$TMP/nan" --ids "$TMP/ids.json" --nan-check
+expect_fail 5 "$origin" -- "$WHALE" generate -m "$TMP/nan" --ids 1,2,3 -n 4 --nan-check
+"$WHALE" score -m "$DATA/tiny" --ids "$TMP/ids.json" --nan-check >"$TMP/score" 2>&1
+check "score --nan-check on a healthy model: $(cat "$TMP/score")" grep -q '"loss": [0-9]' "$TMP/score"
+
+finish diagnose
