@@ -159,8 +159,9 @@ static void test_model(const whale_model *m) {
           last.name);
     CHECK(whale_diag_find(d, "layers.1.attn.q", &q) == 0 && q.calls == 2 && q.nan + q.pos_inf + q.neg_inf == 0,
           "layers.1.attn.q calls %lld", (long long)q.calls);
-    CHECK(whale_diag_find(d, "logits", &lg) == 0 && lg.calls == 1 && lg.numel == (int64_t)S * V, "logits numel %lld",
-          (long long)lg.numel);
+    /* the full forward traces [S, V] logits, the decode step its last row */
+    CHECK(whale_diag_find(d, "logits", &lg) == 0 && lg.calls == 2 && lg.numel == (int64_t)S * V + V,
+          "logits numel %lld", (long long)lg.numel);
     CHECK(whale_diag_find(d, "layers.0.ffn.topk_idx", &lg) == -1, "integer tensors are not measured");
     CHECK(whale_diag_num_routing(d) == 2, "%d routing layers", whale_diag_num_routing(d));
     for (int i = 0; i < whale_diag_num_routing(d); i++) {

@@ -964,12 +964,10 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
             if (cn) total += l * (double)cn;
             continue;
         }
-        double l = whale_cross_entropy_labels_backward(b->logits, b->logits, b->tgt + r0, 1, n, V, &cn);
-        if (cn) {
-            total += l * (double)cn;
-            float f = (float)(loss_scale * (double)cn / (double)count); /* chunk mean → batch mean */
-            for (size_t i = 0; i < (size_t)n * V; i++) b->logits[i] *= f;
-        }
+        /* gradient of loss_scale × the batch mean: each row's share is 1/count */
+        double l = whale_cross_entropy_labels_backward_scaled(b->logits, b->logits, b->tgt + r0, 1, n, V,
+                                                              loss_scale / (double)count, &cn);
+        if (cn) total += l * (double)cn;
         if ((e = whale_gemm_nn(s->gemm, n, D, V, b->logits, V, head, D, b->dhn + (size_t)r0 * D, D, 0, err)) ||
             (e = whale_gemm_tn(s->gemm, V, D, n, b->logits, V, s->hn + (size_t)r0 * D, D, ghead, D, 1, err)))
             return e;

@@ -14,9 +14,19 @@
  * scored rows, 0 on the others. It may alias logits. Returns the loss (NaN
  * when count is 0, then dlogits is all 0) and the scored count in *count.
  * The loss equals whale_cross_entropy's up to rounding (exps are taken in
- * fp32 here and summed in double). Deterministic for a given thread count. */
+ * fp32 here, ≤ 1.02 ulp, and summed per row with relative error ≤ 1e-6; the
+ * log-sum-exp is in double), i.e. within ~1e-6 absolute per row.
+ * Deterministic for a given thread count. */
 double whale_cross_entropy_backward(float *dlogits, const float *logits, const int32_t *ids, int B, int S, int V,
                                     int64_t *count);
+
+/* The same with the gradient scaled by grad_scale instead of 1/count:
+ * dlogits = grad_scale·(softmax(row) − onehot(target)) on scored rows, 0 on
+ * the others. Lets a caller that splits a batch into chunks apply its own
+ * normalisation (e.g. loss_scale/total_count) without another pass over the
+ * gradient. The returned loss is still the chunk mean. */
+double whale_cross_entropy_backward_scaled(float *dlogits, const float *logits, const int32_t *ids, int B, int S,
+                                           int V, double grad_scale, int64_t *count);
 
 /* The same with explicit, already shifted labels: labels[b,s] is the target
  * of row (b,s) itself, -100 (or anything outside [0, V)) for unscored rows.
@@ -24,5 +34,7 @@ double whale_cross_entropy_backward(float *dlogits, const float *logits, const i
 double whale_cross_entropy_labels(const float *logits, const int32_t *labels, int B, int S, int V, int64_t *count);
 double whale_cross_entropy_labels_backward(float *dlogits, const float *logits, const int32_t *labels, int B, int S,
                                            int V, int64_t *count);
+double whale_cross_entropy_labels_backward_scaled(float *dlogits, const float *logits, const int32_t *labels, int B,
+                                                  int S, int V, double grad_scale, int64_t *count);
 
 #endif
