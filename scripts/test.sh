@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
 echo "== tests (release build)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)" >/dev/null
 ctest --test-dir build --output-on-failure -j2
 
 echo "== tests (address + undefined-behaviour sanitizers)"
