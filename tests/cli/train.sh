@@ -65,6 +65,28 @@ losses "$TMP/b/metrics.jsonl" >"$TMP/b.curve"
 check "resumed loss curve is bit-identical" cmp -s "$TMP/a.curve" "$TMP/b.curve"
 check "final weights are identical" cmp -s "$TMP/a/model.safetensors" "$TMP/b/model.safetensors"
 
+# a save interrupted by a crash leaves checkpoint-N.tmp behind: resume ignores it
+mkdir "$TMP/b/checkpoint-99.tmp" && echo junk >"$TMP/b/checkpoint-99.tmp/model.safetensors"
+"$WHALE" train "${ARGS[@]}" --max-steps 12 --out "$TMP/b" --resume latest >/dev/null 2>"$TMP/b2.err"
+check "resume skips an interrupted save: $(cat "$TMP/b2.err")" test -s "$TMP/b/model.safetensors"
+
+# disk full during a save: one-line error, the previous checkpoint intact, nothing partial
+mkdir "$TMP/full"
+if mount -t tmpfs -o size=5m tmpfs "$TMP/full" 2>/dev/null; then
+    "$WHALE" train "${ARGS[@]}" --out "$TMP/full/run" >/dev/null 2>"$TMP/full.err"
+    st=$?
+    check "disk full: non-zero exit" test "$st" != 0
+    check "disk full: one-line error naming the problem: $(cat "$TMP/full.err")" \
+        grep -q 'No space left on device' "$TMP/full.err"
+    check "disk full: the last good checkpoint loads" "$WHALE" info -m "$TMP/full/run/checkpoint-4" >/dev/null
+    check "disk full: it equals the uninterrupted run's" \
+        cmp -s "$TMP/full/run/checkpoint-4/model.safetensors" "$TMP/a/checkpoint-4/model.safetensors"
+    check "disk full: no partial checkpoint left" test -z "$(ls -d "$TMP"/full/run/checkpoint-*.tmp 2>/dev/null)"
+    umount "$TMP/full"
+else
+    echo "train.sh: cannot mount a small tmpfs here; disk-full case not run" >&2
+fi
+
 # recomputing activations in the backward pass: same curve, less memory
 "$WHALE" train "${ARGS[@]}" --out "$TMP/r" --recompute >/dev/null 2>&1
 losses "$TMP/r/metrics.jsonl" >"$TMP/r.curve"
