@@ -11,7 +11,8 @@
  * weights: "hot" (the same operand every call, so it sits in cache) or
  * "cold" (calls rotate over copies filling 165 MB, so every call streams the
  * weights from DRAM, as decode does with a model much larger than L3), and
- * for M <= 16 gbs: weight bytes read per second.
+ * for M <= 16 gbs: weight bytes read per second. Kind "nt_bf16" is
+ * whale_gemm_nt_bf16 (weights in bf16: half the bytes; A rounded per call).
  *
  * The machine may be shared: run it when idle (other processes show up as
  * calls ~8-12 ms slower than they should be, one scheduler time slice).
@@ -25,7 +26,7 @@
 #include <string.h>
 
 enum { NT, NN, TN };
-static const char *const kinds[] = {"nt", "nn", "tn"};
+static const char *const kinds[] = {"nt", "nn", "tn", "nt_bf16"};
 static const char *const paths[] = {"auto", "own", "exact", "runtime"};
 
 /* B holds 129280 x 320 floats (165 MB): the lm_head, or copies of smaller
@@ -34,11 +35,17 @@ static const char *const paths[] = {"auto", "own", "exact", "runtime"};
 
 typedef struct {
     float *A, *B, *C;
+    uint16_t *B16; /* B rounded to bf16 (83 MB) */
 } bufs;
+
+/* kind NT_BF16: nt with the bf16 weights at the same offset as B. */
+enum { NT_BF16 = 3 };
 
 static whale_code run(whale_gemm *g, int kind, int M, int N, int K, const bufs *b,
                       const float *B, whale_err *err) {
     switch (kind) {
+    case NT_BF16:
+        return whale_gemm_nt_bf16(g, M, N, K, b->A, K, b->B16 + (B - b->B), K, b->C, N, 0, err);
     case NT: return whale_gemm_nt(g, M, N, K, b->A, K, B, K, b->C, N, 0, err);
     case NN: return whale_gemm_nn(g, M, N, K, b->A, K, B, N, b->C, N, 0, err);
     default: return whale_gemm_tn(g, M, N, K, b->A, M, B, N, b->C, N, 0, err);
@@ -49,7 +56,7 @@ static whale_code run(whale_gemm *g, int kind, int M, int N, int K, const bufs *
  * timed sample is a pass over all copies of B, divided by their number. */
 static double time_call(whale_gemm *g, int kind, int M, int N, int K, const bufs *b, int cold) {
     const size_t size = (size_t)N * K;
-    int copies = cold ? (int)(B_FLOATS / size) : 1;
+    int copies = cold ? (int)(B_FLOATS / size) : 1; /* bf16: copies fill 83 MB */
     if (copies > 4096) copies = 4096;
     whale_err err;
     if (run(g, kind, M, N, K, b, b->B, &err)) {
@@ -76,7 +83,8 @@ static void bench_shape(whale_gemm *g, int kind, int M, int N, int K, whale_gemm
            "\"weights\":\"%s\",\"ms\":%.4f,\"gflops\":%.1f",
            kinds[kind], M, N, K, paths[path], whale_gemm_last_impl(g), cold ? "cold" : "hot",
            t * 1e3, 2.0 * M * N * (double)K / t * 1e-9);
-    if (M <= 16) printf(",\"gbs\":%.1f", (double)N * K * sizeof(float) / t * 1e-9);
+    const size_t wbytes = kind == NT_BF16 ? sizeof(uint16_t) : sizeof(float);
+    if (M <= 16) printf(",\"gbs\":%.1f", (double)N * K * wbytes / t * 1e-9);
     printf("}\n");
     fflush(stdout);
 }
@@ -189,7 +197,9 @@ int main(int argc, char **argv) {
     b.A = filled((size_t)1024 * 129280, 1);
     b.B = filled(B_FLOATS, 2);
     b.C = filled((size_t)1024 * 129280, 3);
-    if (!b.A || !b.B || !b.C) {
+    b.B16 = whale_alloc(B_FLOATS * sizeof(uint16_t));
+    if (b.B16) whale_f32_to_bf16_rows(b.B16, b.B, B_FLOATS);
+    if (!b.A || !b.B || !b.C || !b.B16) {
         fprintf(stderr, "bench_gemm: out of memory\n");
         return 1;
     }
@@ -203,13 +213,21 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int kind = 0; kind < 3; kind++)
             bench_paths(g, kind, shapes[i][0], shapes[i][1], shapes[i][2], 0, &b);
-    /* lm_head forward, and its input gradient (dX = dY·W) */
+    /* the forward products again with bf16 weights (the f32 nt lines above
+     * are the comparison) */
+    for (size_t i = 0; i < 2; i++)
+        bench_paths(g, NT_BF16, shapes[i][0], shapes[i][1], shapes[i][2], 0, &b);
+    /* lm_head forward (f32 and bf16 weights), and its input gradient (dX = dY·W) */
     bench_paths(g, NT, 1024, 129280, 320, 0, &b);
+    bench_paths(g, NT_BF16, 1024, 129280, 320, 0, &b);
     bench_shape(g, NN, 1024, 320, 129280, WHALE_GEMM_AUTO, 0, &b);
 
     /* decode: one token (or a few) through the lm_head and a Linear */
     bench_paths(g, NT, 1, 129280, 320, 0, &b);
+    bench_paths(g, NT_BF16, 1, 129280, 320, 0, &b);
     bench_paths(g, NT, 4, 129280, 320, 0, &b);
+    bench_paths(g, NT_BF16, 4, 129280, 320, 0, &b);
+    for (int cold = 0; cold < 2; cold++) bench_paths(g, NT_BF16, 1, 1280, 320, cold, &b);
     static const int dec[][3] = {{1, 1280, 320}, {1, 320, 1280}, {4, 1280, 320}, {16, 1280, 320}};
     for (size_t i = 0; i < sizeof dec / sizeof dec[0]; i++)
         for (int cold = 0; cold < 2; cold++)
@@ -244,5 +262,6 @@ int main(int argc, char **argv) {
     free(b.A);
     free(b.B);
     free(b.C);
+    free(b.B16);
     return 0;
 }

@@ -16,6 +16,7 @@
  *    rounding of the result. We allow (K + 2) u sum|a b| + 2 u |c|.
  */
 #include "core/core.h"
+#include "kernels/convert.h"
 #include "kernels/gemm.h"
 #include "testutil.h"
 
@@ -391,6 +392,289 @@ static void test_measure(whale_gemm *g) {
     CHECK(whale_measure_read_bandwidth(16, 2) == 0, "bandwidth of a 16-byte buffer");
 }
 
+/* ------------------------------------------------------------ bf16 weights
+ *
+ * whale_gemm_nt_bf16 against a double sum of the bf16-rounded operands:
+ * products of two bf16 values are exact in fp32, so the only error is the
+ * fp32 summation, bounded as above ((K + 2) u sum|a w| + 2 u |c|); dyadic
+ * data (multiples of 1/16 are exact bf16) must come out exact. Padding of
+ * W holds bf16 NaN, of A fp32 NaN. */
+
+#define BF16_PATHS 0x1Fu /* auto, own, exact, runtime, own_portable */
+static const char *const bf16_path_names[] = {"auto", "own", "exact", "runtime", "portable"};
+static const uint16_t BF16_NAN = 0x7FC0;
+
+static float bf16_round(float x) { return whale_bf16_to_float(whale_float_to_bf16(x)); }
+
+typedef struct {
+    int M, N, K, pad_a, pad_w, pad_c, acc;
+} bcase;
+
+/* Runs one bf16 case through the given paths. Also checks that our vdpbf16ps kernel
+ * and the plain C one agree within twice the summation bound. */
+static int run_bf16(whale_gemm *g, const bcase *t, unsigned paths, int dyadic, uint64_t seed) {
+    whale_rng r;
+    whale_rng_seed(&r, seed);
+    const int M = t->M, N = t->N, K = t->K;
+    const int lda = K + t->pad_a, ldw = K + t->pad_w, ldc = N + t->pad_c;
+    float *A = malloc(((size_t)M * lda + 1) * sizeof(float));
+    uint16_t *W = malloc(((size_t)N * ldw + 1) * sizeof(uint16_t));
+    float *C = malloc(((size_t)M * ldc + 1) * sizeof(float));
+    float *C0 = malloc(((size_t)M * ldc + 1) * sizeof(float));
+    float *Cown = malloc(((size_t)M * ldc + 1) * sizeof(float));
+    double *want = malloc(((size_t)M * N + 1) * sizeof(double));
+    double *tol = malloc(((size_t)M * N + 1) * sizeof(double));
+    if (!A || !W || !C || !C0 || !Cown || !want || !tol) {
+        fprintf(stderr, "test_gemm: out of memory\n");
+        exit(1);
+    }
+    for (int m = 0; m < M; m++)
+        for (int k = 0; k < lda; k++)
+            A[(size_t)m * lda + k] = k >= K ? NAN : draw(&r, dyadic);
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < ldw; k++)
+            W[(size_t)n * ldw + k] = k >= K ? BF16_NAN : whale_float_to_bf16(draw(&r, dyadic));
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < ldc; n++)
+            C0[(size_t)m * ldc + n] = n >= N ? C_SENTINEL : draw(&r, dyadic);
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double s = 0, s_abs = 0;
+            for (int k = 0; k < K; k++) {
+                double p = (double)bf16_round(A[(size_t)m * lda + k]) *
+                           whale_bf16_to_float(W[(size_t)n * ldw + k]);
+                s += p;
+                s_abs += fabs(p);
+            }
+            if (t->acc) s += C0[(size_t)m * ldc + n];
+            want[(size_t)m * N + n] = s;
+            tol[(size_t)m * N + n] = dyadic ? 0 : (K + 2) * 0x1p-24 * s_abs + 2 * 0x1p-24 * fabs(s);
+        }
+    int all_ok = 1, have_own = 0;
+    for (int p = 0; p <= WHALE_GEMM_OWN_PORTABLE; p++) {
+        if (!(paths >> p & 1)) continue;
+        memcpy(C, C0, (size_t)M * ldc * sizeof(float));
+        whale_err err = {0};
+        whale_gemm_set_path(g, (whale_gemm_path)p);
+        whale_code rc = whale_gemm_nt_bf16(g, M, N, K, A, lda, W, ldw, C, ldc, t->acc, &err);
+        whale_gemm_set_path(g, WHALE_GEMM_AUTO);
+        int ok = rc == WHALE_OK, guard_ok = 1, agree = 1;
+        double worst = 0;
+        for (int m = 0; ok && m < M; m++)
+            for (int n = 0; n < ldc; n++) {
+                const float got = C[(size_t)m * ldc + n];
+                if (n >= N) {
+                    guard_ok &= got == C_SENTINEL;
+                    continue;
+                }
+                const double w = want[(size_t)m * N + n], tl = tol[(size_t)m * N + n];
+                const double e = fabs(got - w);
+                if (isnan(w) ? !isnan(got) : !(e <= tl)) ok = 0; /* NaN where none is due fails */
+                if (tl > 0 && e / tl > worst) worst = e / tl;
+                if (have_own && !isnan(w) &&
+                    !(fabs(got - Cown[(size_t)m * ldc + n]) <= 2 * tl))
+                    agree = 0;
+            }
+        CHECK(ok && guard_ok, "nt_bf16 M=%d N=%d K=%d pads=%d,%d,%d acc=%d path=%s impl=%s %s: "
+              "rc=%d (%s) worst err/tol=%.3g, padding of C %s",
+              M, N, K, t->pad_a, t->pad_w, t->pad_c, t->acc, bf16_path_names[p],
+              whale_gemm_last_impl(g), dyadic ? "dyadic" : "random", (int)rc, rc ? err.msg : "",
+              worst, guard_ok ? "intact" : "changed");
+        if (p == WHALE_GEMM_OWN_PORTABLE && have_own)
+            CHECK(agree, "nt_bf16 M=%d N=%d K=%d: own and portable kernels differ beyond 2x the "
+                  "summation bound", M, N, K);
+        if (p == WHALE_GEMM_OWN && rc == WHALE_OK) {
+            memcpy(Cown, C, (size_t)M * ldc * sizeof(float));
+            have_own = 1;
+        }
+        all_ok &= ok && guard_ok && agree;
+    }
+    free(A);
+    free(W);
+    free(C);
+    free(C0);
+    free(Cown);
+    free(want);
+    free(tol);
+    return all_ok;
+}
+
+static void test_bf16_shapes(whale_gemm *g) {
+    static const int ms[] = {1, 2, 3, 4, 5, 16, 17, 100, 255, 256, 600};
+    static const int nk[][2] = {{1, 1},  {7, 33},   {64, 320}, {65, 31}, {130, 100},
+                                {5, 64}, {33, 129}, {17, 1}};
+    whale_rng r;
+    whale_rng_seed(&r, 4242);
+    int failed = 0, cases = 0;
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+        for (size_t j = 0; j < sizeof nk / sizeof nk[0]; j++) {
+            if (ms[i] > 100 && whale_rng_u64(&r) % 3) continue; /* big M: a sample */
+            bcase t = {ms[i], nk[j][0], nk[j][1], 0, 0, 0, (int)(whale_rng_u64(&r) % 2)};
+            if (whale_rng_u64(&r) % 2) {
+                t.pad_a = 1 + (int)(whale_rng_u64(&r) % 40);
+                t.pad_w = 1 + (int)(whale_rng_u64(&r) % 40);
+                t.pad_c = 1 + (int)(whale_rng_u64(&r) % 20);
+            }
+            failed += !run_bf16(g, &t, BF16_PATHS, 1, whale_rng_u64(&r));
+            failed += !run_bf16(g, &t, BF16_PATHS, 0, whale_rng_u64(&r));
+            cases++;
+        }
+    /* model shapes: a Linear and a slice of the lm_head, decode and prefill */
+    static const bcase model[] = {{1, 1280, 320, 0, 0, 0, 0},   {3, 1000, 1280, 7, 5, 2, 1},
+                                  {1, 4000, 320, 0, 0, 0, 1},   {130, 256, 320, 0, 0, 0, 0},
+                                  {300, 320, 1280, 0, 0, 0, 1}, {16, 700, 64, 64, 0, 0, 0}};
+    for (size_t i = 0; i < sizeof model / sizeof model[0]; i++, cases++)
+        failed += !run_bf16(g, &model[i], BF16_PATHS, 0, 900 + i);
+    printf("test_gemm: %d bf16 cases x 5 paths, %d failed\n", cases, failed);
+}
+
+/* A is rounded to nearest even, not truncated: with W = 1 the product is
+ * the rounded A itself, exactly (bf16 spacing in [1, 2) is 2^-7). */
+static void test_bf16_rounding(whale_gemm *g) {
+    static const struct {
+        float a, want;
+    } v[] = {
+        {1 + 0x1p-8f, 1},                     /* tie, even below */
+        {1 + 0x1p-7f + 0x1p-8f, 1 + 0x1p-6f}, /* tie, even above (truncation: 1 + 2^-7) */
+        {1 + 0x1p-8f + 0x1p-20f, 1 + 0x1p-7f}, /* just over half: up (truncation: 1) */
+        {-(1 + 0x1p-7f + 0x1p-8f), -(1 + 0x1p-6f)},
+        {3.0f - 0x1p-9f, 3.0f},
+    };
+    const int M = (int)(sizeof v / sizeof v[0]);
+    float A[sizeof v / sizeof v[0]], C[sizeof v / sizeof v[0]][2];
+    const uint16_t W[2] = {whale_float_to_bf16(1.0f), whale_float_to_bf16(-2.0f)};
+    for (int m = 0; m < M; m++) A[m] = v[m].a;
+    for (int p = 0; p <= WHALE_GEMM_OWN_PORTABLE; p++) {
+        whale_err err;
+        whale_gemm_set_path(g, (whale_gemm_path)p);
+        whale_code rc = whale_gemm_nt_bf16(g, M, 2, 1, A, 1, W, 1, &C[0][0], 2, 0, &err);
+        whale_gemm_set_path(g, WHALE_GEMM_AUTO);
+        CHECK(rc == WHALE_OK, "rounding path=%s: %s", bf16_path_names[p], err.msg);
+        for (int m = 0; rc == WHALE_OK && m < M; m++)
+            CHECK(C[m][0] == v[m].want && C[m][1] == -2 * v[m].want,
+                  "path=%s impl=%s: A=%.9g gave %.9g, %.9g; want %.9g (round to nearest even)",
+                  bf16_path_names[p], whale_gemm_last_impl(g), v[m].a, C[m][0], C[m][1],
+                  v[m].want);
+    }
+}
+
+/* NaN in A poisons its row of C, NaN in W its column; nothing else. */
+static void test_bf16_nan(whale_gemm *g) {
+    static const int ms[] = {3, 40, 300};
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+        const int M = ms[i], N = 37, K = 45;
+        float *A = malloc(sizeof(float) * M * K);
+        uint16_t *W = malloc(sizeof(uint16_t) * N * K);
+        float *C = malloc(sizeof(float) * M * N);
+        whale_rng r;
+        whale_rng_seed(&r, 31 + i);
+        for (int j = 0; j < M * K; j++) A[j] = draw(&r, 0);
+        for (int j = 0; j < N * K; j++) W[j] = whale_float_to_bf16(draw(&r, 0));
+        A[1 * K + 44] = NAN;      /* row 1, last k (the masked tail) */
+        W[5 * K + 0] = BF16_NAN; /* column 5 */
+        for (int p = 0; p <= WHALE_GEMM_OWN_PORTABLE; p++) {
+            whale_err err;
+            whale_gemm_set_path(g, (whale_gemm_path)p);
+            whale_code rc = whale_gemm_nt_bf16(g, M, N, K, A, K, W, K, C, N, 0, &err);
+            whale_gemm_set_path(g, WHALE_GEMM_AUTO);
+            int bad = rc != WHALE_OK;
+            for (int m = 0; !bad && m < M; m++)
+                for (int n = 0; n < N; n++)
+                    bad += !isnan(C[m * N + n]) != !(m == 1 || n == 5);
+            CHECK(!bad, "NaN propagation M=%d path=%s impl=%s: rc=%d, %d wrong entries", M,
+                  bf16_path_names[p], whale_gemm_last_impl(g), (int)rc, bad);
+        }
+        free(A);
+        free(W);
+        free(C);
+    }
+}
+
+/* The vectorised conversion is bit-identical to the scalar one, including
+ * ties, subnormals, infinities, overflow to inf and NaN; any length. */
+static void test_bf16_convert(void) {
+    enum { N = 1003 };
+    float *src = malloc(sizeof(float) * N);
+    uint16_t *dst = malloc(sizeof(uint16_t) * (N + 1));
+    whale_rng r;
+    whale_rng_seed(&r, 77);
+    static const uint32_t special[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u,
+                                       0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x00000001u,
+                                       0x00018000u, 0x7f7f8000u, 0x7f7fffffu, 0x3f808000u,
+                                       0x3f818000u, 0x3f808001u, 0x807fffffu};
+    for (int i = 0; i < N; i++) {
+        uint32_t u = i < (int)(sizeof special / sizeof special[0])
+                         ? special[i]
+                         : (uint32_t)whale_rng_u64(&r);
+        if (i % 3 == 0 && i > 20) u = (u & 0xffff0000u) | 0x8000u; /* ties */
+        memcpy(&src[i], &u, 4);
+    }
+    int bad = 0;
+    for (int n = 0; n <= N; n += (n < 40 ? 1 : 97)) {
+        dst[n] = 0xBEEF;
+        whale_f32_to_bf16_rows(dst, src, (size_t)n);
+        for (int i = 0; i < n; i++) {
+            uint16_t want = whale_float_to_bf16(src[i]);
+            bad += dst[i] != want;
+            if (isnan(src[i])) bad += !isnan(whale_bf16_to_float(dst[i]));
+        }
+        bad += dst[n] != 0xBEEF; /* nothing written past n */
+    }
+    CHECK(bad == 0, "whale_f32_to_bf16_rows: %d values differ from whale_float_to_bf16", bad);
+    free(src);
+    free(dst);
+}
+
+/* Shape rules, primitive caching and the implementation oneDNN picks. */
+static void test_bf16_rules(void) {
+    whale_err err;
+    whale_gemm *g;
+    if (whale_gemm_new(&g, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    bcase t = {WHALE_GEMM_OWN_MAX_M_NT, 64, 40, 0, 0, 0, 0};
+    run_bf16(g, &t, 1, 1, 1);
+    CHECK(!strncmp(whale_gemm_last_impl(g), "whale:", 6), "bf16 M=%d ran %s", t.M,
+          whale_gemm_last_impl(g));
+    whale_gemm_stats st;
+    for (int i = 0; i < 3; i++) { /* the same exact shape: one primitive */
+        t.M = WHALE_GEMM_OWN_MAX_M_NT + 1;
+        run_bf16(g, &t, 1, 1, 2 + i);
+    }
+    whale_gemm_get_stats(g, &st);
+    CHECK(st.created == 1 && st.hits == 2, "bf16 exact shape thrice: created %lld, hits %lld",
+          (long long)st.created, (long long)st.hits);
+    if (__builtin_cpu_supports("avx512bf16"))
+        CHECK(!strcmp(whale_gemm_last_impl(g), "brg:avx512_core_bf16"),
+              "bf16 M=%d ran %s, want brg:avx512_core_bf16", t.M, whale_gemm_last_impl(g));
+    /* varying large M: one runtime primitive, separate from the f32 ones */
+    for (int M = WHALE_GEMM_BF16_EXACT_BELOW_M_NT; M < WHALE_GEMM_BF16_EXACT_BELOW_M_NT + 30;
+         M += 7) {
+        t.M = M;
+        run_bf16(g, &t, 1, 1, (uint64_t)M);
+    }
+    gcase f = {NT, 300, 64, 40, 0, 0, 0, 0, 0, 0, 0};
+    run_case(g, &f, ONLY(WHALE_GEMM_AUTO), 1, 5);
+    whale_gemm_get_stats(g, &st);
+    CHECK(st.created == 3, "bf16 varying M then f32: created %lld primitives, want 3",
+          (long long)st.created);
+    /* errors are reported like the f32 ones */
+    float x[64] = {0};
+    uint16_t w[64] = {0};
+    whale_code rc = whale_gemm_nt_bf16(g, 2, 2, 8, x, 8, w, 7, x, 2, 0, &err);
+    CHECK(rc == WHALE_ERR_ARG && strstr(err.msg, "ldw=7"), "bf16 ldw < K: rc=%d %s", (int)rc,
+          err.msg);
+    rc = whale_gemm_nt_bf16(g, 2, 2, 8, x, 8, NULL, 8, x, 2, 0, &err);
+    CHECK(rc == WHALE_ERR_ARG && strstr(err.msg, "W is NULL"), "bf16 NULL W: rc=%d %s", (int)rc,
+          err.msg);
+    x[0] = 5;
+    CHECK(whale_gemm_nt_bf16(g, 1, 1, 0, NULL, 0, NULL, 0, x, 1, 1, &err) == WHALE_OK && x[0] == 5,
+          "bf16 K=0 accumulate changed C");
+    CHECK(whale_gemm_measure_gflops_bf16(g, 64, 96, 80, 2) > 0, "measure_gflops_bf16 failed");
+    whale_gemm_free(g);
+}
+
 int main(void) {
     whale_err err;
     whale_gemm *g;
@@ -408,5 +692,15 @@ int main(void) {
     whale_gemm_free(g);
     whale_gemm_free(NULL);
     test_cache();
+    if (whale_gemm_new(&g, &err)) {
+        fprintf(stderr, "test_gemm: %s\n", err.msg);
+        return 1;
+    }
+    test_bf16_shapes(g);
+    test_bf16_rounding(g);
+    test_bf16_nan(g);
+    whale_gemm_free(g);
+    test_bf16_convert();
+    test_bf16_rules();
     return test_finish("test_gemm");
 }

@@ -10,12 +10,15 @@
  *    brgemm for large products and lets one primitive serve every shape,
  *    which is what a mixture-of-experts layer needs: its rows per expert
  *    change every call, and creating an exact primitive costs 0.1-0.3 ms.
+ *  - bf16 weights (whale_gemm_nt_bf16) follow the same rules: oneDNN 2.6
+ *    does offer runtime sizes for bf16 ("gemm:jit"), as fast as brgemm.
  *  The path depends on the shape only, never on call history, so a given
  *  call always produces the same bits.
  */
 #include "kernels/gemm.h"
 
 #include "core/core.h"
+#include "kernels/convert.h"
 
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
@@ -26,8 +29,9 @@
 #include <immintrin.h>
 #endif
 
-enum { KIND_NT = 0, KIND_NN = 1, KIND_TN = 2 };
-static const char *const kind_names[] = {"nt", "nn", "tn"};
+/* KIND_NT_BF16: nt with A (already converted) and W in bf16, C in f32. */
+enum { KIND_NT = 0, KIND_NN = 1, KIND_TN = 2, KIND_NT_BF16 = 3 };
+static const char *const kind_names[] = {"nt", "nn", "tn", "nt_bf16"};
 
 /* Our kernels run single-threaded below this many multiply-adds, where the
  * fork/join of a parallel region (~1-2 us) eats the gain; at 2^16 two
@@ -59,12 +63,15 @@ struct whale_gemm {
     whale_gemm_path path;
     whale_gemm_stats stats;
     char last_impl[64];
+    /* A rounded to bf16 for the bf16 products; grows, freed with the object */
+    uint16_t *a16;
+    size_t a16_cap; /* elements */
 };
 
 /* One product as requested by the caller. */
 typedef struct {
     gemm_key s; /* the actual shape (no -1) */
-    const float *A, *B;
+    const void *A, *B; /* float, or uint16_t (bf16) for KIND_NT_BF16 */
     float *C;
 } gemm_call;
 
@@ -338,17 +345,18 @@ static dnnl_status_t make_mds(const gemm_key *k, dnnl_memory_desc_t md[3]) {
 #undef DIM
     dnnl_dims_t a_dims = {M, K}, b_dims = {K, N}, c_dims = {M, N};
     dnnl_dims_t a_str = {lda, 1}, b_str = {ldb, 1}, c_str = {ldc, 1};
+    const dnnl_data_type_t in_type = k->kind == KIND_NT_BF16 ? dnnl_bf16 : dnnl_f32;
     if (k->kind == KIND_TN) { /* A is stored [K, M] */
         a_str[0] = 1;
         a_str[1] = lda;
     }
-    if (k->kind == KIND_NT) { /* W is stored [N, K] */
+    if (k->kind == KIND_NT || k->kind == KIND_NT_BF16) { /* W is stored [N, K] */
         b_str[0] = 1;
         b_str[1] = ldb;
     }
-    dnnl_status_t st = dnnl_memory_desc_init_by_strides(&md[0], 2, a_dims, dnnl_f32, a_str);
+    dnnl_status_t st = dnnl_memory_desc_init_by_strides(&md[0], 2, a_dims, in_type, a_str);
     if (st == dnnl_success)
-        st = dnnl_memory_desc_init_by_strides(&md[1], 2, b_dims, dnnl_f32, b_str);
+        st = dnnl_memory_desc_init_by_strides(&md[1], 2, b_dims, in_type, b_str);
     if (st == dnnl_success)
         st = dnnl_memory_desc_init_by_strides(&md[2], 2, c_dims, dnnl_f32, c_str);
     return st;
@@ -492,6 +500,270 @@ static whale_code dnnl_run(whale_gemm *g, const gemm_call *c, int runtime, whale
     return WHALE_OK;
 }
 
+/* ------------------------------------------------------------ bf16 weights */
+
+/* fp32 -> bf16, round to nearest even; NaN stays NaN (quiet, sign and top
+ * payload kept), subnormals are rounded, not flushed: bit-identical to
+ * whale_float_to_bf16. Used for A before oneDNN and for converting weights,
+ * so it must not depend on the bf16 instructions, which flush subnormals. */
+void whale_f32_to_bf16_rows(uint16_t *dst, const float *src, size_t n) {
+    size_t i = 0;
+#ifdef __AVX512F__
+    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
+    const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i quiet = _mm512_set1_epi32(0x40);
+    for (; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512i u = _mm512_maskz_loadu_epi32(m, src + i);
+        const __m512i hi = _mm512_srli_epi32(u, 16);
+        __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(hi, one)));
+        r = _mm512_srli_epi32(r, 16);
+        const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+        r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, quiet));
+        _mm512_mask_cvtepi32_storeu_epi16(dst + i, m, r);
+    }
+#else
+    for (; i < n; i++) dst[i] = whale_float_to_bf16(src[i]);
+#endif
+}
+
+/* Room for `elems` bf16 values in g->a16. The only allocation of the bf16
+ * products, made once per new maximum size. */
+static whale_code a16_reserve(whale_gemm *g, size_t elems, whale_err *err) {
+    if (elems <= g->a16_cap) return WHALE_OK;
+    size_t bytes;
+    uint16_t *p = NULL;
+    if (whale_mul_size(elems, sizeof(uint16_t), &bytes)) p = whale_alloc(bytes);
+    if (!p)
+        return whale_errf(err, WHALE_ERR_NOMEM, "gemm nt_bf16: cannot allocate %zu bf16 values",
+                          elems);
+    free(g->a16);
+    g->a16 = p;
+    g->a16_cap = elems;
+    return WHALE_OK;
+}
+
+/* Our bf16 kernel mirrors own_nt: the same split of W rows over threads
+ * and the same four distant streams per thread (adjacent rows halve the
+ * DRAM rate), with A converted once into rows of KB_STEP-multiple length,
+ * zero-padded so only the W loads need a mask at the end of K. */
+#define KB_STEP 32 /* bf16 values per zmm */
+
+static size_t bf16_row_len(int K) { return ((size_t)K + KB_STEP - 1) / KB_STEP * KB_STEP; }
+
+/* One W row (bf16) against mr A rows (bf16, zero-padded), plain C: the
+ * fallback without AVX512_BF16. Products of two bf16 values are exact in
+ * fp32, so this differs from the vdpbf16ps kernel only in summation order. */
+static void ntb_single_c(int mr, int K, const uint16_t *A, size_t lda, const uint16_t *w,
+                         float *C, size_t ldc, int acc) {
+    for (int m = 0; m < mr; m++) {
+        const uint16_t *a = A + m * lda;
+        float s = 0;
+        for (int k = 0; k < K; k++) s += whale_bf16_to_float(a[k]) * whale_bf16_to_float(w[k]);
+        C[m * ldc] = acc ? C[m * ldc] + s : s;
+    }
+}
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+
+/* W rows n, n+q, n+2q, n+3q against mr A rows: vdpbf16ps adds the products
+ * of adjacent k pairs into fp32 lanes. */
+static inline __attribute__((always_inline)) void
+ntb_quad(const int mr, int K, const uint16_t *A, size_t lda, const uint16_t *W, size_t ldw,
+         size_t n, size_t q, float *C, size_t ldc, int acc) {
+    const uint16_t *w0 = W + n * ldw, *w1 = w0 + q * ldw, *w2 = w1 + q * ldw, *w3 = w2 + q * ldw;
+    __m512 s[NT_MR][4];
+#pragma GCC unroll 4
+    for (int m = 0; m < mr; m++)
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) s[m][r] = _mm512_setzero_ps();
+    __mmask32 mask = 0xFFFFFFFFu;
+    for (int k = 0; k < K; k += KB_STEP) {
+        if (K - k < KB_STEP) mask = (__mmask32)((1u << (K - k)) - 1); /* W beyond K may be NaN */
+        const __m512bh v0 = (__m512bh)_mm512_maskz_loadu_epi16(mask, w0 + k);
+        const __m512bh v1 = (__m512bh)_mm512_maskz_loadu_epi16(mask, w1 + k);
+        const __m512bh v2 = (__m512bh)_mm512_maskz_loadu_epi16(mask, w2 + k);
+        const __m512bh v3 = (__m512bh)_mm512_maskz_loadu_epi16(mask, w3 + k);
+#pragma GCC unroll 4
+        for (int m = 0; m < mr; m++) {
+            const __m512bh a = (__m512bh)_mm512_load_si512(A + m * lda + k);
+            s[m][0] = _mm512_dpbf16_ps(s[m][0], a, v0);
+            s[m][1] = _mm512_dpbf16_ps(s[m][1], a, v1);
+            s[m][2] = _mm512_dpbf16_ps(s[m][2], a, v2);
+            s[m][3] = _mm512_dpbf16_ps(s[m][3], a, v3);
+        }
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < mr; m++) {
+        float sum[4];
+        _mm_storeu_ps(sum, hsum4(s[m][0], s[m][1], s[m][2], s[m][3]));
+        float *c = C + m * ldc + n;
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) c[r * q] = acc ? c[r * q] + sum[r] : sum[r];
+    }
+}
+
+static inline __attribute__((always_inline)) void
+ntb_single(const int mr, int K, const uint16_t *A, size_t lda, const uint16_t *w, float *C,
+           size_t ldc, int acc) {
+    __m512 s[NT_MR];
+#pragma GCC unroll 4
+    for (int m = 0; m < mr; m++) s[m] = _mm512_setzero_ps();
+    __mmask32 mask = 0xFFFFFFFFu;
+    for (int k = 0; k < K; k += KB_STEP) {
+        if (K - k < KB_STEP) mask = (__mmask32)((1u << (K - k)) - 1);
+        const __m512bh v = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + k);
+#pragma GCC unroll 4
+        for (int m = 0; m < mr; m++)
+            s[m] = _mm512_dpbf16_ps(s[m], (__m512bh)_mm512_load_si512(A + m * lda + k), v);
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < mr; m++) {
+        const float v = _mm512_reduce_add_ps(s[m]);
+        C[m * ldc] = acc ? C[m * ldc] + v : v;
+    }
+}
+
+static void ntb_quad_rows(int mr, int K, const uint16_t *A, size_t lda, const uint16_t *W,
+                          size_t ldw, size_t n, size_t q, float *C, size_t ldc, int acc) {
+    switch (mr) {
+    case 1: ntb_quad(1, K, A, lda, W, ldw, n, q, C, ldc, acc); break;
+    case 2: ntb_quad(2, K, A, lda, W, ldw, n, q, C, ldc, acc); break;
+    case 3: ntb_quad(3, K, A, lda, W, ldw, n, q, C, ldc, acc); break;
+    default: ntb_quad(4, K, A, lda, W, ldw, n, q, C, ldc, acc); break;
+    }
+}
+
+static void ntb_single_rows(int mr, int K, const uint16_t *A, size_t lda, const uint16_t *w,
+                            float *C, size_t ldc, int acc) {
+    switch (mr) {
+    case 1: ntb_single(1, K, A, lda, w, C, ldc, acc); break;
+    case 2: ntb_single(2, K, A, lda, w, C, ldc, acc); break;
+    case 3: ntb_single(3, K, A, lda, w, C, ldc, acc); break;
+    default: ntb_single(4, K, A, lda, w, C, ldc, acc); break;
+    }
+}
+
+/* A rows to bf16 with vcvtne2ps2bf16 (RNE; it flushes subnormals, which
+ * vdpbf16ps would treat as zero anyway), zero-padded to the row length. */
+static void a_to_bf16_hw(int M, int K, const float *A, size_t lda, uint16_t *dst, size_t ld16) {
+    for (int m = 0; m < M; m++)
+        for (size_t k = 0; k < ld16; k += KB_STEP) {
+            const int left = K - (int)k;
+            const __mmask16 lo = left >= 16  ? 0xFFFF
+                                 : left <= 0 ? 0
+                                             : (__mmask16)((1u << left) - 1);
+            const __mmask16 hi = left >= 32   ? 0xFFFF
+                                 : left <= 16 ? 0
+                                              : (__mmask16)((1u << (left - 16)) - 1);
+            const float *a = A + m * lda + k;
+            const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, a + 16),
+                                                   _mm512_maskz_loadu_ps(lo, a));
+            _mm512_store_si512(dst + m * ld16 + k, (__m512i)v);
+        }
+}
+#define WHALE_HAVE_BF16_KERNEL 1
+
+#else /* no AVX512_BF16: only the plain C kernel */
+
+#define WHALE_HAVE_BF16_KERNEL 0
+
+#endif
+
+static void ntb_quad_rows_c(int mr, int K, const uint16_t *A, size_t lda, const uint16_t *W,
+                            size_t ldw, size_t n, size_t q, float *C, size_t ldc, int acc) {
+    for (int r = 0; r < 4; r++)
+        ntb_single_c(mr, K, A, lda, W + (n + r * q) * ldw, C + n + r * q, ldc, acc);
+}
+
+/* Our kernel for a bf16 nt product; portable: the plain C kernel even when
+ * the vdpbf16ps one is available (to compare them). */
+static whale_code own_nt_bf16(whale_gemm *g, const gemm_call *c, int portable, whale_err *err) {
+    const int M = c->s.M, N = c->s.N, K = c->s.K, acc = c->s.acc;
+    const size_t lda = (size_t)c->s.lda, ldw = (size_t)c->s.ldb, ldc = (size_t)c->s.ldc;
+    const size_t ld16 = bf16_row_len(K);
+    whale_code rc = a16_reserve(g, (size_t)M * ld16, err);
+    if (rc) return rc;
+    const float *A = c->A;
+    const uint16_t *W = c->B, *A16 = g->a16;
+    float *C = c->C;
+#if WHALE_HAVE_BF16_KERNEL
+    const int fast = !portable;
+#else
+    const int fast = 0;
+#endif
+    if (fast) {
+#if WHALE_HAVE_BF16_KERNEL
+        a_to_bf16_hw(M, K, A, lda, g->a16, ld16);
+#endif
+    } else {
+        for (int m = 0; m < M; m++) {
+            whale_f32_to_bf16_rows(g->a16 + m * ld16, A + m * lda, (size_t)K);
+            memset(g->a16 + m * ld16 + K, 0, (ld16 - (size_t)K) * sizeof(uint16_t));
+        }
+    }
+    const int par = (double)M * N * K >= OWN_PARALLEL_MIN_WORK;
+#pragma omp parallel if (par)
+    {
+        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        const size_t lo = (size_t)((int64_t)N * id / nt), hi = (size_t)((int64_t)N * (id + 1) / nt);
+        const size_t q = (hi - lo) / 4;
+        for (size_t i = 0; i < q; i++)
+            for (int m0 = 0; m0 < M; m0 += NT_MR) {
+                const int mr = M - m0 < NT_MR ? M - m0 : NT_MR;
+#if WHALE_HAVE_BF16_KERNEL
+                if (fast)
+                    ntb_quad_rows(mr, K, A16 + m0 * ld16, ld16, W, ldw, lo + i, q, C + m0 * ldc,
+                                  ldc, acc);
+                else
+#endif
+                    ntb_quad_rows_c(mr, K, A16 + m0 * ld16, ld16, W, ldw, lo + i, q, C + m0 * ldc,
+                                    ldc, acc);
+            }
+        for (size_t n = lo + 4 * q; n < hi; n++)
+            for (int m0 = 0; m0 < M; m0 += NT_MR) {
+                const int mr = M - m0 < NT_MR ? M - m0 : NT_MR;
+#if WHALE_HAVE_BF16_KERNEL
+                if (fast)
+                    ntb_single_rows(mr, K, A16 + m0 * ld16, ld16, W + n * ldw, C + m0 * ldc + n,
+                                    ldc, acc);
+                else
+#endif
+                    ntb_single_c(mr, K, A16 + m0 * ld16, ld16, W + n * ldw, C + m0 * ldc + n,
+                                 ldc, acc);
+            }
+    }
+    snprintf(g->last_impl, sizeof g->last_impl, fast ? "whale:skinny_nt_bf16" : "whale:nt_bf16_c");
+    g->stats.own_calls++;
+    return WHALE_OK;
+}
+
+/* A bf16 nt product, already validated (M, N, K > 0). */
+static whale_code gemm_bf16(whale_gemm *g, const gemm_call *c, whale_err *err) {
+    const gemm_key *s = &c->s;
+    whale_gemm_path path = g->path;
+    if (path == WHALE_GEMM_AUTO)
+        path = s->M <= WHALE_GEMM_OWN_MAX_M_NT             ? WHALE_GEMM_OWN
+               : s->M < WHALE_GEMM_BF16_EXACT_BELOW_M_NT ? WHALE_GEMM_DNNL_EXACT
+                                                         : WHALE_GEMM_DNNL_RUNTIME;
+    if (path == WHALE_GEMM_OWN || path == WHALE_GEMM_OWN_PORTABLE)
+        return own_nt_bf16(g, c, path == WHALE_GEMM_OWN_PORTABLE, err);
+    /* oneDNN takes A in bf16: round it into the dense scratch first */
+    const size_t K = (size_t)s->K;
+    whale_code rc = a16_reserve(g, (size_t)s->M * K, err);
+    if (rc) return rc;
+    const float *A = c->A;
+    const int M = s->M;
+    const size_t lda = (size_t)s->lda;
+    const int par = (double)M * K >= OWN_PARALLEL_MIN_WORK;
+#pragma omp parallel for schedule(static) if (par)
+    for (int m = 0; m < M; m++) whale_f32_to_bf16_rows(g->a16 + m * K, A + m * lda, K);
+    gemm_call d = *c;
+    d.s.lda = s->K;
+    d.A = g->a16;
+    return dnnl_run(g, &d, path == WHALE_GEMM_DNNL_RUNTIME, err);
+}
+
 /* ------------------------------------------------------------ dispatch */
 
 static whale_code gemm(whale_gemm *g, const gemm_call *c, whale_err *err) {
@@ -503,14 +775,15 @@ static whale_code gemm(whale_gemm *g, const gemm_call *c, whale_err *err) {
                           s->N, s->K);
     /* Row lengths the leading dimensions must cover. */
     const int a_row = s->kind == KIND_TN ? s->M : s->K;
-    const int b_row = s->kind == KIND_NT ? s->K : s->N;
-    const char *b_name = s->kind == KIND_NT ? "ldw" : "ldb";
+    const int is_nt = s->kind == KIND_NT || s->kind == KIND_NT_BF16;
+    const int b_row = is_nt ? s->K : s->N;
+    const char *b_name = is_nt ? "ldw" : "ldb";
     if (s->lda < a_row || s->lda < 0)
         return whale_errf(err, WHALE_ERR_ARG, "gemm %s: lda=%d smaller than the row of A (%d)",
                           kn, s->lda, a_row);
     if (s->ldb < b_row || s->ldb < 0)
         return whale_errf(err, WHALE_ERR_ARG, "gemm %s: %s=%d smaller than the row of %s (%d)",
-                          kn, b_name, s->ldb, s->kind == KIND_NT ? "W" : "B", b_row);
+                          kn, b_name, s->ldb, is_nt ? "W" : "B", b_row);
     if (s->ldc < s->N)
         return whale_errf(err, WHALE_ERR_ARG, "gemm %s: ldc=%d smaller than N=%d", kn, s->ldc,
                           s->N);
@@ -525,9 +798,11 @@ static whale_code gemm(whale_gemm *g, const gemm_call *c, whale_err *err) {
     }
     if (!c->A || !c->B)
         return whale_errf(err, WHALE_ERR_ARG, "gemm %s: %s is NULL", kn,
-                          !c->A ? "A" : s->kind == KIND_NT ? "W" : "B");
+                          !c->A ? "A" : is_nt ? "W" : "B");
 
     whale_gemm_path path = g->path;
+    if (s->kind == KIND_NT_BF16) return gemm_bf16(g, c, err);
+    if (path == WHALE_GEMM_OWN_PORTABLE) path = WHALE_GEMM_OWN;
     if (path == WHALE_GEMM_AUTO) {
         if (s->kind == KIND_NT)
             path = s->M <= WHALE_GEMM_OWN_MAX_M_NT        ? WHALE_GEMM_OWN
@@ -575,6 +850,13 @@ whale_code whale_gemm_tn(whale_gemm *g, int M, int N, int K, const float *A, int
     return gemm_kind(g, KIND_TN, M, N, K, A, lda, B, ldb, C, ldc, accumulate, err);
 }
 
+whale_code whale_gemm_nt_bf16(whale_gemm *g, int M, int N, int K, const float *A, int lda,
+                              const uint16_t *W, int ldw, float *C, int ldc, int accumulate,
+                              whale_err *err) {
+    gemm_call c = {{KIND_NT_BF16, accumulate ? 1 : 0, M, N, K, lda, ldw, ldc}, A, W, C};
+    return gemm(g, &c, err);
+}
+
 /* ------------------------------------------------------------ object */
 
 whale_code whale_gemm_new(whale_gemm **out, whale_err *err) {
@@ -603,6 +885,7 @@ void whale_gemm_free(whale_gemm *g) {
     if (!g) return;
     for (int i = 0; i < WHALE_GEMM_CACHE_CAP; i++)
         if (g->cache[i].used) entry_clear(&g->cache[i]);
+    free(g->a16);
     dnnl_stream_destroy(g->stream);
     dnnl_engine_destroy(g->engine);
     free(g);
@@ -620,7 +903,8 @@ void whale_gemm_get_stats(const whale_gemm *g, whale_gemm_stats *st) {
 
 /* ------------------------------------------------------------ measurements */
 
-double whale_gemm_measure_gflops(whale_gemm *g, int M, int N, int K, int reps) {
+/* Best GFLOP/s of an nt product, with f32 or bf16 weights. */
+static double measure_nt(whale_gemm *g, int M, int N, int K, int reps, int bf16) {
     if (!g || M <= 0 || N <= 0 || K <= 0) return 0;
     if (reps < 1) reps = 1;
     size_t na, nw, nc;
@@ -631,30 +915,41 @@ double whale_gemm_measure_gflops(whale_gemm *g, int M, int N, int K, int reps) {
     float *A = whale_alloc(na * sizeof(float));
     float *W = whale_alloc(nw * sizeof(float));
     float *C = whale_alloc(nc * sizeof(float));
+    uint16_t *W16 = bf16 ? whale_alloc(nw * sizeof(uint16_t)) : NULL;
     double best = 0;
-    if (A && W && C) {
+    if (A && W && C && (W16 || !bf16)) {
         /* small exact values: no denormals or overflow to skew timing */
         for (size_t i = 0; i < na; i++) A[i] = (float)((int)(i % 17) - 8) * 0.0625f;
         for (size_t i = 0; i < nw; i++) W[i] = (float)((int)(i % 13) - 6) * 0.0625f;
+        if (bf16) whale_f32_to_bf16_rows(W16, W, nw);
         whale_err err;
-        if (whale_gemm_nt(g, M, N, K, A, K, W, K, C, N, 0, &err) == WHALE_OK) {
-            double t_best = 0;
-            for (int r = 0; r < reps; r++) {
-                double t0 = whale_now();
-                if (whale_gemm_nt(g, M, N, K, A, K, W, K, C, N, 0, &err)) {
-                    t_best = 0;
-                    break;
-                }
-                double t = whale_now() - t0;
-                if (r == 0 || t < t_best) t_best = t;
+        double t_best = 0;
+        for (int r = -1; r < reps; r++) { /* r = -1: untimed warm-up */
+            double t0 = whale_now();
+            whale_code rc = bf16 ? whale_gemm_nt_bf16(g, M, N, K, A, K, W16, K, C, N, 0, &err)
+                                 : whale_gemm_nt(g, M, N, K, A, K, W, K, C, N, 0, &err);
+            if (rc) {
+                t_best = 0;
+                break;
             }
-            if (t_best > 0) best = 2.0 * M * N * (double)K / t_best * 1e-9;
+            double t = whale_now() - t0;
+            if (r == 0 || (r > 0 && t < t_best)) t_best = t;
         }
+        if (t_best > 0) best = 2.0 * M * N * (double)K / t_best * 1e-9;
     }
     free(A);
     free(W);
     free(C);
+    free(W16);
     return best;
+}
+
+double whale_gemm_measure_gflops(whale_gemm *g, int M, int N, int K, int reps) {
+    return measure_nt(g, M, N, K, reps, 0);
+}
+
+double whale_gemm_measure_gflops_bf16(whale_gemm *g, int M, int N, int K, int reps) {
+    return measure_nt(g, M, N, K, reps, 1);
 }
 
 double whale_measure_read_bandwidth(size_t bytes, int reps) {
