@@ -123,6 +123,14 @@ double whale_model_decode_weight_bytes(const whale_model *m);
 /* Human-readable architecture summary (whale info). */
 void whale_model_print_info(const whale_model *m, FILE *f);
 
+/* Compute dtype for running the model: WHALE_F32 (default) or WHALE_BF16,
+ * where every weight product (projections, experts, lm_head) rounds its
+ * input to bf16 and multiplies bf16 copies of the weights with fp32
+ * accumulation (PyTorch autocast semantics); norms, the hyper-connection
+ * coefficients, the gate, softmax and attention stay fp32. Inference only. */
+whale_code whale_model_set_dtype(whale_model *m, whale_dtype dt, whale_err *err);
+whale_dtype whale_model_dtype(const whale_model *m);
+
 /* Parameters by Hugging Face name, in state_dict order. */
 int whale_model_num_params(const whale_model *m);
 const char *whale_model_param_name(const whale_model *m, int i);

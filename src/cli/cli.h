@@ -25,6 +25,9 @@ whale_sampler_params cli_sampling_defaults(void);
 int cli_sampling_option(const char *cmd, const char *a, const char *v, whale_sampler_params *sp, int *seed_given,
                         int *bad);
 
+/* --dtype fp32|bf16 (compute precision of a model run). */
+int cli_dtype(const char *cmd, const char *v, whale_dtype *dt);
+
 /* Parse "0,15,27" into ids (malloc'd). */
 int cli_parse_id_list(const char *cmd, const char *text, int32_t **ids, int *n);
 

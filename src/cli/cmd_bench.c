@@ -10,11 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-static double gemm_ceiling(whale_err *err) {
+static double gemm_ceiling(int bf16, whale_err *err) {
     whale_gemm *g;
     if (whale_gemm_new(&g, err)) return 0;
-    double a = whale_gemm_measure_gflops(g, 1024, 1280, 320, 5);
-    double b = whale_gemm_measure_gflops(g, 1024, 320, 1280, 5);
+    double (*measure)(whale_gemm *, int, int, int, int) = bf16 ? whale_gemm_measure_gflops_bf16 : whale_gemm_measure_gflops;
+    double a = measure(g, 1024, 1280, 320, 5);
+    double b = measure(g, 1024, 320, 1280, 5);
     whale_gemm_free(g);
     return a > b ? a : b;
 }
@@ -27,6 +28,7 @@ int cmd_bench(int argc, char **argv) {
     const char *dir = NULL, *preset = NULL, *what = "forward";
     long batch = -1, seq = -1, context = 128, threads = 0, reps = 3, tokens = 32;
     int profile = 0, recompute = 0;
+    whale_dtype dtype = WHALE_F32;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--profile")) {
@@ -53,6 +55,7 @@ int cmd_bench(int argc, char **argv) {
         int bad = 0;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "--preset")) preset = v;
+        else if (!strcmp(a, "--dtype")) bad = cli_dtype("bench", v, &dtype);
         else if (!strcmp(a, "--what")) what = v;
         else if (!strcmp(a, "--batch")) bad = cli_int("bench", a, v, 1, 4096, &batch);
         else if (!strcmp(a, "--seq-len")) bad = cli_int("bench", a, v, 1, 1 << 20, &seq);
@@ -75,6 +78,11 @@ int cmd_bench(int argc, char **argv) {
     whale_err err;
     whale_model *m;
     if (dir ? whale_model_load(dir, &m, &err) : whale_model_init(preset, 0, &m, &err)) return cli_fail(&err);
+    if (whale_model_set_dtype(m, dtype, &err)) {
+        whale_model_free(m);
+        return cli_fail(&err);
+    }
+    const char *dtname = dtype == WHALE_BF16 ? "bf16" : "f32";
     int V = whale_model_vocab_size(m);
     int ctx_total = mode == 2 ? (int)(context + tokens) : (int)seq;
     whale_session *s = NULL;
@@ -98,7 +106,7 @@ int cmd_bench(int argc, char **argv) {
     whale_rng_seed(&rng, 1);
     random_ids(ids, (size_t)batch * (mode == 2 ? ctx_total : seq), V, &rng);
 
-    double ceiling = gemm_ceiling(&err);
+    double ceiling = gemm_ceiling(dtype == WHALE_BF16, &err);
     const char *label = dir ? dir : preset;
     double best = 1e30;
     for (int r = 0; r < reps + 1 + profile; r++) { /* first run warms caches and oneDNN primitives */
@@ -141,12 +149,13 @@ int cmd_bench(int argc, char **argv) {
         double flops = 0;
         for (int k = 0; k < tokens; k++) flops += whale_model_forward_flops(m, 1, 1, (int)context + k, 1);
         double bw = whale_measure_read_bandwidth((size_t)512 << 20, 3);
-        double bytes = whale_model_decode_weight_bytes(m);
+        /* bf16 halves the product weights; the fp32 islands (HC, gate) are under 1 % */
+        double bytes = whale_model_decode_weight_bytes(m) * (dtype == WHALE_BF16 ? 0.5 : 1.0);
         double tps = tokens / best, bound = bw * 1e9 / bytes;
-        printf("{\"what\": \"decode\", \"model\": \"%s\", \"dtype\": \"f32\", \"threads\": %d, \"context\": %ld, "
+        printf("{\"what\": \"decode\", \"model\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"context\": %ld, "
                "\"tokens\": %ld, \"tokens_per_s\": %.2f, \"gflops\": %.2f, \"weight_mb_per_token\": %.1f, "
                "\"read_gb_s\": %.1f, \"bound_tokens_per_s\": %.1f, \"pct_of_bound\": %.1f}\n",
-               label, whale_get_threads(), context, tokens, tps, flops / best / 1e9, bytes / 1e6, bw, bound,
+               label, dtname, whale_get_threads(), context, tokens, tps, flops / best / 1e9, bytes / 1e6, bw, bound,
                100 * tps / bound);
     } else if (mode == 3) {
         /* forward + backward ≈ 3 × the forward's FLOPs (6 × active parameters per token + attention) */
@@ -162,10 +171,10 @@ int cmd_bench(int argc, char **argv) {
     } else {
         double flops = whale_model_forward_flops(m, (int)batch, (int)seq, 0, mode == 0 ? (int)(batch * seq) : (int)batch);
         double gf = flops / best / 1e9;
-        printf("{\"what\": \"%s\", \"model\": \"%s\", \"dtype\": \"f32\", \"threads\": %d, \"batch\": %ld, "
+        printf("{\"what\": \"%s\", \"model\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"batch\": %ld, "
                "\"seq_len\": %ld, \"tokens_per_s\": %.1f, \"seconds\": %.4f, \"gflops\": %.1f, "
                "\"ceiling_gflops\": %.1f, \"pct_of_ceiling\": %.1f}\n",
-               what, label, whale_get_threads(), batch, seq, batch * seq / best, best, gf, ceiling,
+               what, label, dtname, whale_get_threads(), batch, seq, batch * seq / best, best, gf, ceiling,
                100 * gf / ceiling);
     }
     goto out;

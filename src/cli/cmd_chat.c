@@ -75,6 +75,7 @@ static char *read_message(FILE *in, int interactive, int *eof) {
 
 int cmd_chat(int argc, char **argv) {
     const char *dir = NULL, *system = NULL, *tmpl = NULL;
+    whale_dtype dtype = WHALE_F32;
     long n_new = 512, threads = 0;
     whale_sampler_params sp = cli_sampling_defaults();
     int seed_given = 0;
@@ -87,7 +88,7 @@ int cmd_chat(int argc, char **argv) {
                  "  is one message and each reply is printed on its own line.\n"
                  "  -n N (512) tokens per reply at most; sampling options as in 'whale generate'\n"
                  "  (--temperature 0.7 --top-k 50 --top-p 0.9 --min-p 0 --repeat-penalty 1 --seed S);\n"
-                 "  --threads N");
+                 "  --dtype fp32|bf16 (compute precision), --threads N");
             return 0;
         }
         if (!(v = cli_value(argc, argv, &i))) return cli_usage("chat", "%s needs a value", a);
@@ -96,6 +97,7 @@ int cmd_chat(int argc, char **argv) {
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "--system")) system = v;
         else if (!strcmp(a, "--chat-template")) tmpl = v;
+        else if (!strcmp(a, "--dtype")) bad = cli_dtype("chat", v, &dtype);
         else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens")) bad = cli_int("chat", a, v, 1, 1 << 24, &n_new);
         else if (!strcmp(a, "--threads")) bad = cli_int("chat", a, v, 1, 1024, &threads);
         else return cli_usage("chat", "unknown option \"%s\"", a);
@@ -114,7 +116,8 @@ int cmd_chat(int argc, char **argv) {
     whale_chat_message *msgs = NULL;
     int n_msgs = 0, status = 0, interactive = isatty(0) && isatty(1);
     int32_t *ctx = NULL, *ids = NULL, stop[16];
-    if (whale_model_load(dir, &m, &err) || cli_load_tokenizer(dir, m, &tok, &err) ||
+    if (whale_model_load(dir, &m, &err) || whale_model_set_dtype(m, dtype, &err) ||
+        cli_load_tokenizer(dir, m, &tok, &err) ||
         (tmpl ? whale_chat_format_from_name(tmpl, &fmt, &err) : whale_chat_detect(dir, &fmt, &err)) ||
         whale_detokenizer_new(tok, 1, &detok, &err))
         goto fail;

@@ -27,14 +27,14 @@ static const char help_text[] =
     "  --text TEXT       text, encoded with the model folder's tokenizer\n"
     "  --text-file F     the same from a file\n"
     "  --json OUT.json   also write everything as JSON ('-' = stdout instead of the table)\n"
-    "  --dtype fp32      execution precision (only fp32 exists so far)\n"
+    "  --dtype fp32|bf16 compute precision of the run (bf16: weight products in bf16)\n"
     "  --threads N       (default: all cores)";
 
 /* The run's description stored under "run" in the JSON report. */
-static char *run_json(const char *dir, int B, int S) {
+static char *run_json(const char *dir, int B, int S, whale_dtype dt) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "model", dir);
-    cJSON_AddStringToObject(j, "dtype", "fp32");
+    cJSON_AddStringToObject(j, "dtype", dt == WHALE_BF16 ? "bf16" : "fp32");
     cJSON_AddNumberToObject(j, "batch", B);
     cJSON_AddNumberToObject(j, "seq_len", S);
     char *text = cJSON_PrintUnformatted(j);
@@ -57,6 +57,7 @@ static whale_code write_report(const whale_diag *d, const char *path, const char
 
 int cmd_diagnose(int argc, char **argv) {
     const char *dir = NULL, *ids_path = NULL, *text = NULL, *text_file = NULL, *json = NULL;
+    whale_dtype dtype = WHALE_F32;
     long threads = 0;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -79,9 +80,7 @@ int cmd_diagnose(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) {
             if (cli_int("diagnose", a, v, 1, 1024, &threads)) return 2;
         } else if (!strcmp(a, "--dtype")) {
-            /* Temporary: the bf16/fp16 execution modes will plug in here. */
-            if (strcmp(v, "fp32") && strcmp(v, "f32") && strcmp(v, "float32"))
-                return cli_usage("diagnose", "--dtype %s: bf16/fp16 execution is not available yet (only fp32)", v);
+            if (cli_dtype("diagnose", v, &dtype)) return 2;
         }
     }
     if (!dir || (!!ids_path + !!text + !!text_file) != 1)
@@ -97,7 +96,7 @@ int cmd_diagnose(int argc, char **argv) {
     char *file_text = NULL, *run = NULL;
     float *logits = NULL;
     int B = 1, S = 0, status = 0;
-    if (whale_model_load(dir, &m, &err)) goto fail;
+    if (whale_model_load(dir, &m, &err) || whale_model_set_dtype(m, dtype, &err)) goto fail;
     int V = whale_model_vocab_size(m);
     if (ids_path) {
         if (cli_read_ids_file(ids_path, V, &ids, &B, &S, &err)) goto fail;
@@ -135,12 +134,12 @@ int cmd_diagnose(int argc, char **argv) {
     if (whale_session_forward(s, ids, B, S, logits, 1, &err)) goto fail;
 
     if (!json || strcmp(json, "-")) {
-        printf("model %s: %d × %d tokens, fp32\n\n", dir, B, S);
+        printf("model %s: %d × %d tokens, %s\n\n", dir, B, S, dtype == WHALE_BF16 ? "bf16" : "fp32");
         whale_diag_print_table(d, stdout);
         fflush(stdout);
     }
     if (json) {
-        if (!(run = run_json(dir, B, S))) {
+        if (!(run = run_json(dir, B, S, dtype))) {
             whale_errf(&err, WHALE_ERR_NOMEM, "out of memory");
             goto fail;
         }

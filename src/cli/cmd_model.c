@@ -148,8 +148,10 @@ int cmd_score(int argc, char **argv) {
     const char *dir = NULL, *ids_path = NULL, *logits_out = NULL;
     long threads = 0;
     int nan_check = 0;
+    whale_dtype dtype = WHALE_F32;
     if (wants_help(argc, argv)) {
-        puts("usage: whale score -m DIR --ids FILE [--logits-out FILE.safetensors] [--threads N] [--nan-check]\n"
+        puts("usage: whale score -m DIR --ids FILE [--logits-out FILE.safetensors] [--dtype fp32|bf16] [--threads N]\n"
+             "                   [--nan-check]\n"
              "  --nan-check: fail at the first NaN or inf, naming the tensor it appeared in\n"
              "  FILE: JSON array of equal-length arrays of token ids.\n"
              "  prints {\"loss\": mean shifted cross-entropy, \"tokens\": scored targets, \"ppl\": exp(loss)}");
@@ -159,9 +161,11 @@ int cmd_score(int argc, char **argv) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--nan-check")) nan_check = 1;
         else if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--ids") || !strcmp(a, "--logits-out") ||
-            !strcmp(a, "--threads")) {
+            !strcmp(a, "--threads") || !strcmp(a, "--dtype")) {
             if (!(v = cli_value(argc, argv, &i))) return cli_usage("score", "%s needs a value", a);
-            if (!strcmp(a, "--ids")) ids_path = v;
+            if (!strcmp(a, "--dtype")) {
+                if (cli_dtype("score", v, &dtype)) return 2;
+            } else if (!strcmp(a, "--ids")) ids_path = v;
             else if (!strcmp(a, "--logits-out")) logits_out = v;
             else if (!strcmp(a, "--threads")) {
                 if (cli_int("score", a, v, 1, 1024, &threads)) return 2;
@@ -171,8 +175,11 @@ int cmd_score(int argc, char **argv) {
     if (!dir || !ids_path) return cli_usage("score", "-m DIR and --ids FILE are required");
     whale_set_threads((int)threads);
     whale_err err;
-    whale_model *m;
-    if (whale_model_load(dir, &m, &err)) return cli_fail(&err);
+    whale_model *m = NULL;
+    if (whale_model_load(dir, &m, &err) || whale_model_set_dtype(m, dtype, &err)) {
+        whale_model_free(m);
+        return cli_fail(&err);
+    }
     int32_t *ids = NULL;
     int B = 0, S = 0, status = 0;
     float *logits = NULL;
@@ -263,6 +270,7 @@ whale_code cli_load_tokenizer(const char *dir, const whale_model *m, whale_token
 
 int cmd_generate(int argc, char **argv) {
     const char *dir = NULL, *ids_text = NULL, *prompt_text = NULL;
+    whale_dtype dtype = WHALE_F32;
     long n_new = 32, threads = 0, ignore_eos = 0;
     int nan_check = 0;
     whale_sampler_params sp = cli_sampling_defaults();
@@ -279,6 +287,7 @@ int cmd_generate(int argc, char **argv) {
              "  --repeat-penalty R   1 = off (default 1); HF semantics over prompt + output\n"
              "  --seed S             sampling seed (default: from the clock, printed)\n"
              "  --ignore-eos         do not stop at the end-of-sequence id\n"
+             "  --dtype fp32|bf16    compute precision (bf16: weight products in bf16, fp32 accumulation)\n"
              "  --threads N          (default: all cores)\n"
              "  --nan-check          fail at the first NaN or inf, naming the tensor it appeared in\n"
              "output on stdout as it is produced; prompt and generation speed on stderr");
@@ -302,6 +311,7 @@ int cmd_generate(int argc, char **argv) {
         if (cli_sampling_option("generate", a, v, &sp, &seed_given, &bad)) {
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "--ids")) ids_text = v;
+        else if (!strcmp(a, "--dtype")) bad = cli_dtype("generate", v, &dtype);
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) prompt_text = v;
         else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens")) bad = cli_int("generate", a, v, 0, 1 << 24, &n_new);
         else if (!strcmp(a, "--threads")) bad = cli_int("generate", a, v, 1, 1024, &threads);
@@ -321,7 +331,7 @@ int cmd_generate(int argc, char **argv) {
     int32_t *prompt = NULL, *ids = NULL;
     int n_prompt = 0, status = 0;
     if (ids_text && (status = cli_parse_id_list("generate", ids_text, &prompt, &n_prompt))) return status;
-    if (whale_model_load(dir, &m, &err)) goto fail;
+    if (whale_model_load(dir, &m, &err) || whale_model_set_dtype(m, dtype, &err)) goto fail;
     int V = whale_model_vocab_size(m), maxpos = whale_model_max_positions(m);
     if (prompt_text && !*prompt_text) {
         whale_errf(&err, WHALE_ERR_ARG, "-p: the prompt is empty");

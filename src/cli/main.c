@@ -109,6 +109,13 @@ int cli_parse_id_list(const char *cmd, const char *text, int32_t **ids, int *n) 
     return 7;
 }
 
+int cli_dtype(const char *cmd, const char *v, whale_dtype *dt) {
+    if (!strcmp(v, "fp32") || !strcmp(v, "f32") || !strcmp(v, "float32")) *dt = WHALE_F32;
+    else if (!strcmp(v, "bf16") || !strcmp(v, "bfloat16")) *dt = WHALE_BF16;
+    else return cli_usage(cmd, "--dtype must be fp32 or bf16 (fp16 and int8 are not available yet), got \"%s\"", v);
+    return 0;
+}
+
 whale_sampler_params cli_sampling_defaults(void) {
     whale_sampler_params sp = whale_sampler_defaults();
     sp.temperature = 0.7f;

@@ -5,6 +5,7 @@
 #include "core/core.h"
 #include "io/safetensors.h"
 #include "kernels/convert.h"
+#include "kernels/gemm.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -370,8 +371,73 @@ whale_code whale_model_save(const whale_model *m, const char *dir, whale_err *er
     return c;
 }
 
+static int w16_cmp(const void *a, const void *b) {
+    const whale_weight16 *x = a, *y = b;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+/* Weights that go through products: 2-D ".weight" tensors, except the
+ * embedding (read by row) and the gate (kept in fp32, as in the reference). */
+static int is_product_weight(const whale_param *p) {
+    size_t n = strlen(p->name);
+    return p->ndim == 2 && n > 7 && !strcmp(p->name + n - 7, ".weight") && !strstr(p->name, "embed_tokens") &&
+           !strstr(p->name, "ffn.gate.");
+}
+
+whale_code whale_model_set_dtype(whale_model *m, whale_dtype dt, whale_err *err) {
+    if (dt != WHALE_F32 && dt != WHALE_BF16)
+        return whale_errf(err, WHALE_ERR_UNSUPPORTED, "dtype %s is not available for running models yet (fp32, bf16)",
+                          whale_dtype_name(dt));
+    free(m->w16);
+    free(m->w16_mem);
+    m->w16 = NULL;
+    m->w16_mem = NULL;
+    m->n_w16 = 0;
+    m->compute_dtype = WHALE_F32;
+    if (dt == WHALE_F32) return WHALE_OK;
+    size_t total = 0;
+    int n = 0;
+    for (int i = 0; i < m->n_params; i++)
+        if (is_product_weight(&m->params[i])) {
+            total += ((size_t)whale_shape_numel(2, m->params[i].shape) + 31) & ~(size_t)31;
+            n++;
+        }
+    m->w16 = calloc((size_t)n, sizeof *m->w16);
+    m->w16_mem = whale_alloc(total * sizeof(uint16_t));
+    if (!m->w16 || !m->w16_mem)
+        return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of bf16 weights", total * 2 / 1048576.0);
+    size_t off = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const whale_param *p = &m->params[i];
+        if (!is_product_weight(p)) continue;
+        size_t cnt = (size_t)whale_shape_numel(2, p->shape);
+        whale_f32_to_bf16_rows(m->w16_mem + off, p->data, cnt);
+        m->w16[m->n_w16++] = (whale_weight16){p->data, p->data + cnt, m->w16_mem + off};
+        off += (cnt + 31) & ~(size_t)31;
+    }
+    qsort(m->w16, (size_t)m->n_w16, sizeof *m->w16, w16_cmp);
+    m->compute_dtype = WHALE_BF16;
+    return WHALE_OK;
+}
+
+whale_dtype whale_model_dtype(const whale_model *m) { return m->compute_dtype; }
+
+const uint16_t *whale_model_bf16_for(const whale_model *m, const float *W) {
+    int lo = 0, hi = m->n_w16 - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        const whale_weight16 *w = &m->w16[mid];
+        if (W < w->start) hi = mid - 1;
+        else if (W >= w->end) lo = mid + 1;
+        else return w->bf16 + (W - w->start);
+    }
+    return NULL;
+}
+
 void whale_model_free(whale_model *m) {
     if (!m) return;
+    free(m->w16);
+    free(m->w16_mem);
     if (m->ops && m->ops->free_impl) m->ops->free_impl(m);
     free(m->params);
     free(m->owned);
@@ -462,6 +528,9 @@ whale_code whale_session_train_step(whale_session *s, const int32_t *ids, const 
                                     whale_err *err) {
     const whale_model *m = s->model;
     if (!s->train_fn) return whale_errf(err, WHALE_ERR_ARG, "not a training session");
+    if (m->compute_dtype != WHALE_F32)
+        return whale_errf(err, WHALE_ERR_UNSUPPORTED, "training runs in fp32 for now (the model is set to %s)",
+                          whale_dtype_name(m->compute_dtype));
     if (B < 1 || B > s->max_batch || S < 2 || S > s->max_seq)
         return whale_errf(err, WHALE_ERR_ARG, "batch %d × %d outside the training session's %d × %d", B, S,
                           s->max_batch, s->max_seq);

@@ -37,8 +37,18 @@ typedef struct whale_model_ops {
     double (*decode_weight_bytes)(const whale_model *m);
 } whale_model_ops;
 
+/* A weight's bf16 copy, found by the address range of its fp32 data. */
+typedef struct {
+    const float *start, *end;
+    uint16_t *bf16;
+} whale_weight16;
+
 struct whale_model {
     whale_family family;
+    whale_dtype compute_dtype; /* F32, or BF16: weight products in bf16 */
+    whale_weight16 *w16;       /* sorted by start */
+    int n_w16;
+    uint16_t *w16_mem;
     const whale_model_ops *ops;
     void *impl;             /* family config + weight pointers */
     int n_params;
@@ -92,6 +102,10 @@ whale_code whale_json_float(const cJSON *obj, const char *key, int required, dou
                             double hi, double *out, const char *file, whale_err *err);
 whale_code whale_json_bool(const cJSON *obj, const char *key, int def, int *out, const char *file,
                            whale_err *err);
+
+/* The bf16 copy of the weight holding W (W may point inside it), or NULL
+ * when the model computes in fp32 or W has no copy (fp32 islands). */
+const uint16_t *whale_model_bf16_for(const whale_model *m, const float *W);
 
 /* Family entry points. */
 whale_code nanowhale_from_config(const cJSON *cfg, const char *file, whale_model **out,

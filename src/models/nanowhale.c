@@ -539,6 +539,15 @@ static void trace(nw_session *s, whale_dtype dt, void *data, int ndim, const int
     } while (0)
 #define DIMS(...) {__VA_ARGS__}
 
+/* A weight product C[M,N] = A[M,K]·W[N,K]ᵀ: in bf16 when the model computes
+ * in bf16 and W has a bf16 copy, otherwise fp32. */
+static whale_code linear(nw_session *s, int M, int N, int K, const float *A, int lda, const float *W, int ldw,
+                         float *C, int ldc, whale_err *err) {
+    const uint16_t *w16 = s->base.model->compute_dtype == WHALE_BF16 ? whale_model_bf16_for(s->base.model, W) : NULL;
+    if (w16) return whale_gemm_nt_bf16(s->gemm, M, N, K, A, lda, w16, ldw, C, ldc, 0, err);
+    return whale_gemm_nt(s->gemm, M, N, K, A, lda, W, ldw, C, ldc, 0, err);
+}
+
 /* HC_pre (§3.5) of state X, then the sub-layer's RMSNorm. */
 static whale_code hc_pre(nw_session *s, const nw_config *c, int T, const float *X, const float *fn,
                          const float *scale, const float *base, const float *norm_w, nw_hc_acts *h,
@@ -576,11 +585,11 @@ static whale_code attention(nw_session *s, const nw_model *nw, const nw_layer *l
     whale_gemm *g = s->gemm;
     int T = B * S, HD = c->H * c->Dh, p0 = s->base.cached, gin = HD / c->G; /* wo_a input per group */
     whale_code e;
-    if ((e = whale_gemm_nt(g, T, c->Q, c->D, yn, c->D, ly->wq_a, c->D, a->qlat_raw, c->Q, 0, err))) return e;
+    if ((e = linear(s, T, c->Q, c->D, yn, c->D, ly->wq_a, c->D, a->qlat_raw, c->Q, err))) return e;
     k_rmsnorm(a->qlat, a->qlat_raw, ly->q_norm, T, c->Q, c->norm_eps, a->qlat_rstd);
-    if ((e = whale_gemm_nt(g, T, HD, c->Q, a->qlat, c->Q, ly->wq_b, c->Q, a->q_raw, HD, 0, err))) return e;
+    if ((e = linear(s, T, HD, c->Q, a->qlat, c->Q, ly->wq_b, c->Q, a->q_raw, HD, err))) return e;
     k_rmsnorm(a->q, a->q_raw, NULL, (long)T * c->H, c->Dh, c->norm_eps, a->q_rstd); /* per head, no weight */
-    if ((e = whale_gemm_nt(g, T, c->Dh, c->D, yn, c->D, ly->wkv, c->D, a->kv_raw, c->Dh, 0, err))) return e;
+    if ((e = linear(s, T, c->Dh, c->D, yn, c->D, ly->wkv, c->D, a->kv_raw, c->Dh, err))) return e;
     k_rmsnorm(a->kv, a->kv_raw, ly->kv_norm, T, c->Dh, c->norm_eps, a->kv_rstd);
     k_rope(a->q, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
     k_rope(a->kv, T, c->Dh, 1, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
@@ -604,8 +613,12 @@ static whale_code attention(nw_session *s, const nw_model *nw, const nw_layer *l
     TRACE(WHALE_F32, a->att, 2, DIMS(T, HD), "layers.%d.attn.context", l);
     memcpy(a->att_d, a->att, sizeof(float) * (size_t)T * HD);
     k_rope(a->att_d, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 1); /* de-rotate */
-    if ((e = k_grouped_linear(g, a->z, a->att_d, ly->wo_a, T, c->G, gin, c->Ro, err))) return e;
-    return whale_gemm_nt(g, T, c->D, c->G * c->Ro, a->z, c->G * c->Ro, ly->wo_b, c->G * c->Ro, a->a, c->D, 0, err);
+    /* grouped low-rank output (block-diagonal wo_a, as k_grouped_linear) */
+    for (int gi = 0; gi < c->G; gi++)
+        if ((e = linear(s, T, c->Ro, gin, a->att_d + (size_t)gi * gin, HD, ly->wo_a + (size_t)gi * c->Ro * gin, gin,
+                        a->z + (size_t)gi * c->Ro, c->G * c->Ro, err)))
+            return e;
+    return linear(s, T, c->D, c->G * c->Ro, a->z, c->G * c->Ro, ly->wo_b, c->G * c->Ro, a->a, c->D, err);
 }
 
 /* SwiGLU expert on n rows of x: g = x·w1ᵀ, u = x·w3ᵀ, h = silu(g)·u, out = h·w2ᵀ. */
@@ -613,11 +626,11 @@ static whale_code swiglu_expert(nw_session *s, const nw_config *c, int n, const 
                                 const float *w2, const float *w3, float limit, float *g, float *u, float *h,
                                 float *out, whale_err *err) {
     whale_code e;
-    if ((e = whale_gemm_nt(s->gemm, n, c->F, c->D, x, c->D, w1, c->D, g, c->F, 0, err))) return e;
-    if ((e = whale_gemm_nt(s->gemm, n, c->F, c->D, x, c->D, w3, c->D, u, c->F, 0, err))) return e;
+    if ((e = linear(s, n, c->F, c->D, x, c->D, w1, c->D, g, c->F, err))) return e;
+    if ((e = linear(s, n, c->F, c->D, x, c->D, w3, c->D, u, c->F, err))) return e;
     memcpy(h, g, sizeof(float) * (size_t)n * c->F);
     k_swiglu(h, u, (long)n * c->F, limit);
-    return whale_gemm_nt(s->gemm, n, c->D, c->F, h, c->F, w2, c->F, out, c->D, 0, err);
+    return linear(s, n, c->D, c->F, h, c->F, w2, c->F, out, c->D, err);
 }
 
 /* MoE (§3.8) of yn [T, D] into a->f [T, D]. */
@@ -750,12 +763,12 @@ static whale_code nw_forward(whale_session *base, const int32_t *ids, int B, int
     if (e || !logits) return e;
     const float *head = c->tie_embeddings ? nw->embed : nw->lm_head;
     if (all_logits) {
-        PROF(s, P_LOGITS, e = whale_gemm_nt(s->gemm, T, c->vocab, D, s->hn, D, head, D, logits, c->vocab, 0, err));
+        PROF(s, P_LOGITS, e = linear(s, T, c->vocab, D, s->hn, D, head, D, logits, c->vocab, err));
         if (!e) TRACE(WHALE_F32, logits, 2, DIMS(T, c->vocab), "logits");
         return e;
     }
     for (int b = 0; b < B; b++) memcpy(s->last + (size_t)b * D, s->hn + ((size_t)b * S + S - 1) * D, sizeof(float) * D);
-    PROF(s, P_LOGITS, e = whale_gemm_nt(s->gemm, B, c->vocab, D, s->last, D, head, D, logits, c->vocab, 0, err));
+    PROF(s, P_LOGITS, e = linear(s, B, c->vocab, D, s->last, D, head, D, logits, c->vocab, err));
     if (!e) TRACE(WHALE_F32, logits, 2, DIMS(B, c->vocab), "logits");
     return e;
 }
