@@ -47,6 +47,7 @@ int cmd_grad(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_train_model(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_export(int argc, char **argv);
 int cmd_data(int argc, char **argv);
 int cmd_plot(int argc, char **argv);
 int cmd_tokenizer(int argc, char **argv);

@@ -82,6 +82,21 @@ expect 0 '' -- "$WHALE" info -m "$TMP/init"
 expect 2 'unknown preset "huge"' -- "$WHALE" init --preset huge --out "$TMP/x"
 expect 3 'cannot create directory' -- "$WHALE" init --preset tiny --out "$TMP/no/such/place"
 
+# export to bf16 / fp16: half the bytes, loads back, scores close to fp32
+expect 0 'wrote' -- "$WHALE" export -m "$TINY" --dtype bf16 --out "$TMP/bf16"
+check "bf16 checkpoint is half the size" test "$(stat -c %s "$TMP/bf16/model.safetensors")" -lt \
+    "$(( $(stat -c %s "$TINY/model.safetensors") * 51 / 100 ))"
+expect 0 '' -- "$WHALE" score -m "$TMP/bf16" --ids "$TMP/ids.json"
+loss16=$(sed -E 's/.*"loss": ([0-9.]+).*/\1/' "$TMP/out")
+expect 0 '' -- "$WHALE" score -m "$TINY" --ids "$TMP/ids.json"
+loss32=$(sed -E 's/.*"loss": ([0-9.]+).*/\1/' "$TMP/out")
+check "bf16 checkpoint scores within 1 % of fp32 ($loss16 vs $loss32)" \
+    awk -v a="$loss16" -v b="$loss32" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 0.01 * b) }'
+expect 0 'F16' -- "$WHALE" export -m "$TINY" --dtype fp16 --out "$TMP/fp16"
+expect 0 '' -- "$WHALE" score -m "$TMP/fp16" --ids "$TMP/ids.json" --dtype bf16
+expect 2 '--dtype must be bf16, fp16 or fp32' -- "$WHALE" export -m "$TINY" --dtype int4 --out "$TMP/x"
+expect 3 'cannot create directory' -- "$WHALE" export -m "$TINY" --dtype bf16 --out "$TMP/no/such/dir"
+
 # bench (tiny shapes; only the output format is checked here)
 expect 0 '' -- "$WHALE" bench -m "$TINY" --what forward --batch 1 --seq-len 8 --reps 1
 check "bench prints tokens_per_s" grep -q '"tokens_per_s"' "$TMP/out"
