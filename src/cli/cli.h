@@ -48,6 +48,7 @@ int cmd_chat(int argc, char **argv);
 int cmd_train_model(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_export(int argc, char **argv);
+int cmd_precision_report(int argc, char **argv);
 int cmd_data(int argc, char **argv);
 int cmd_plot(int argc, char **argv);
 int cmd_tokenizer(int argc, char **argv);

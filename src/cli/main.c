@@ -25,6 +25,7 @@ static const char usage_text[] =
     "  train     --init PRESET|DIR --data DIR --out DIR            train (or resume) a model\n"
     "  eval      -m DIR --data DIR                                 validation loss and perplexity\n"
     "  export    -m DIR --dtype bf16|fp16|fp32 --out DIR           checkpoint in another dtype\n"
+    "  precision-report -m DIR --ids FILE                          each precision against fp32\n"
     "  plot      RUN... --out loss.svg                             loss curves as SVG\n"
     "  tokenize  -m DIR \"text\" | --file F [--show]                text to token ids\n"
     "  detokenize -m DIR --ids 1,2,3 [--skip-special]                token ids to text\n"
@@ -154,7 +155,7 @@ int cli_sampling_option(const char *cmd, const char *a, const char *v, whale_sam
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: whale COMMAND [options] (commands: info init score generate chat grad train eval export data plot tokenizer bench tokenize detokenize diagnose; see 'whale --help')\n");
+        fprintf(stderr, "usage: whale COMMAND [options] (commands: info init score generate chat grad train eval export precision-report data plot tokenizer bench tokenize detokenize diagnose; see 'whale --help')\n");
         return 2;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
@@ -167,6 +168,7 @@ int main(int argc, char **argv) {
         int (*fn)(int, char **);
     } cmds[] = {{"info", cmd_info}, {"init", cmd_init}, {"score", cmd_score}, {"generate", cmd_generate}, {"chat", cmd_chat}, {"bench", cmd_bench},
                   {"tokenize", cmd_tokenize}, {"grad", cmd_grad}, {"train", cmd_train_model}, {"eval", cmd_eval}, {"export", cmd_export},
+                  {"precision-report", cmd_precision_report},
                   {"data", cmd_data}, {"plot", cmd_plot}, {"tokenizer", cmd_tokenizer}, {"detokenize", cmd_detokenize}, {"diagnose", cmd_diagnose}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);

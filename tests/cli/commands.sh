@@ -97,6 +97,11 @@ expect 0 '' -- "$WHALE" score -m "$TMP/fp16" --ids "$TMP/ids.json" --dtype bf16
 expect 2 '--dtype must be bf16, fp16 or fp32' -- "$WHALE" export -m "$TINY" --dtype int4 --out "$TMP/x"
 expect 3 'cannot create directory' -- "$WHALE" export -m "$TINY" --dtype bf16 --out "$TMP/no/such/dir"
 
+# precision report: fp32 and bf16 rows against fp32
+expect 0 '' -- "$WHALE" precision-report -m "$TINY" --ids "$TMP/ids.json" --json "$TMP/prec.json" --reps 1
+check "report has an fp32 and a bf16 row" grep -q '^| bf16 | ' "$TMP/out"
+check "report JSON written" grep -q '"dtype": "bf16"' "$TMP/prec.json"
+
 # bench (tiny shapes; only the output format is checked here)
 expect 0 '' -- "$WHALE" bench -m "$TINY" --what forward --batch 1 --seq-len 8 --reps 1
 check "bench prints tokens_per_s" grep -q '"tokens_per_s"' "$TMP/out"
