@@ -3,6 +3,8 @@
  * from the gate logits and remembers the first non-finite tensor. */
 #include "whale_diag.h"
 
+#include "kernels/ops.h"
+
 #include "kernels/convert.h"
 
 #include <cjson/cJSON.h>
@@ -13,7 +15,8 @@
 #include <string.h>
 
 enum { RING = 4 }; /* tensors remembered as "inputs" of a failure */
-enum { SCORE_SQRTSOFTPLUS = 0, SCORE_SOFTMAX, SCORE_SIGMOID };
+/* scoring functions: the NW_SCORE_* values of kernels/ops.h */
+enum { SCORE_SQRTSOFTPLUS = NW_SCORE_SQRTSOFTPLUS, SCORE_SOFTMAX = NW_SCORE_SOFTMAX, SCORE_SIGMOID = NW_SCORE_SIGMOID };
 
 #define BF16_MAX 3.3895313892515355e38 /* (2 - 2^-7) * 2^127 */
 #define FP16_MAX 65504.0
@@ -248,17 +251,7 @@ static const char *scoring_name(int scoring) {
 /* The router's scores exactly as the engine ranks them (k_gate_route):
  * score(logit) + bias, in float. */
 static void gate_scores(const whale_diag *d, int layer, const float *logit, int64_t E, float *sel) {
-    if (d->scoring == SCORE_SOFTMAX) {
-        float mx = -INFINITY, sum = 0;
-        for (int64_t e = 0; e < E; e++) mx = fmaxf(mx, logit[e]);
-        for (int64_t e = 0; e < E; e++) sum += (sel[e] = expf(logit[e] - mx));
-        for (int64_t e = 0; e < E; e++) sel[e] /= sum;
-    } else {
-        for (int64_t e = 0; e < E; e++) {
-            float x = logit[e];
-            sel[e] = d->scoring == SCORE_SIGMOID ? 1.0f / (1.0f + expf(-x)) : sqrtf(x > 20.0f ? x : log1pf(expf(x)));
-        }
-    }
+    k_gate_scores(d->scoring, (int)E, logit, sel);
     if (d->has_bias && layer < d->n_layers && d->has_bias[layer] && E == d->n_experts)
         for (int64_t e = 0; e < E; e++) sel[e] += d->bias[(size_t)layer * E + e];
 }

@@ -119,10 +119,7 @@ void k_swiglu_backward(float *dg, float *du, const float *dh, const float *g, co
     }
 }
 
-void k_gate_route(int scoring, int E, int K, float scale, const float *logit, const float *bias, int32_t *idx,
-                  float *w) {
-    float sc[256], sel[256];
-    if (E > 256) E = 256; /* configs are validated to at most 256 experts */
+void k_gate_scores(int scoring, int E, const float *logit, float *sc) {
     if (scoring == NW_SCORE_SOFTMAX) {
         float mx = -INFINITY, sum = 0;
         for (int e = 0; e < E; e++) mx = fmaxf(mx, logit[e]);
@@ -132,9 +129,16 @@ void k_gate_route(int scoring, int E, int K, float scale, const float *logit, co
         for (int e = 0; e < E; e++) {
             float x = logit[e];
             if (scoring == NW_SCORE_SIGMOID) sc[e] = 1.0f / (1.0f + expf(-x));
-            else sc[e] = sqrtf(x > 20.0f ? x : log1pf(expf(x)));
+            else sc[e] = sqrtf(x > 20.0f ? x : log1pf(expf(x))); /* PyTorch's softplus threshold */
         }
     }
+}
+
+void k_gate_route(int scoring, int E, int K, float scale, const float *logit, const float *bias, int32_t *idx,
+                  float *w) {
+    float sc[256], sel[256];
+    if (E > 256) E = 256; /* configs are validated to at most 256 experts */
+    k_gate_scores(scoring, E, logit, sc);
     for (int e = 0; e < E; e++) sel[e] = bias ? sc[e] + bias[e] : sc[e];
     for (int k = 0; k < K; k++) {
         int best = -1;
@@ -161,19 +165,7 @@ void k_gate_route_backward(int scoring, int E, int K, float scale, const float *
                            const float *dw, float *dlogit) {
     float sc[256], ds[256];
     if (E > 256) E = 256; /* as in the forward */
-    /* scores exactly as the forward computes them */
-    if (scoring == NW_SCORE_SOFTMAX) {
-        float mx = -INFINITY, sum = 0;
-        for (int e = 0; e < E; e++) mx = fmaxf(mx, logit[e]);
-        for (int e = 0; e < E; e++) sum += (sc[e] = expf(logit[e] - mx));
-        for (int e = 0; e < E; e++) sc[e] /= sum;
-    } else {
-        for (int e = 0; e < E; e++) {
-            float x = logit[e];
-            if (scoring == NW_SCORE_SIGMOID) sc[e] = 1.0f / (1.0f + expf(-x));
-            else sc[e] = sqrtf(x > 20.0f ? x : log1pf(expf(x)));
-        }
-    }
+    k_gate_scores(scoring, E, logit, sc); /* exactly as the forward computes them */
     /* gradient with respect to the scores s (nonzero only where chosen) */
     for (int e = 0; e < E; e++) ds[e] = 0;
     if (scoring == NW_SCORE_SOFTMAX) {

@@ -61,6 +61,9 @@ void k_swiglu_backward(float *dg, float *du, const float *dh, const float *g, co
  * the lower index) are chosen, in descending order; their weights are the
  * unbiased s, normalised by (Σ s + 1e-20) except for softmax, times scale. */
 enum { NW_SCORE_SQRTSOFTPLUS = 0, NW_SCORE_SOFTMAX = 1, NW_SCORE_SIGMOID = 2 };
+/* The unbiased scores s_e = f(logit_e) of E experts (the part of the
+ * routing the forward, the backward and the diagnostics share). */
+void k_gate_scores(int scoring, int E, const float *logit, float *sc);
 void k_gate_route(int scoring, int E, int K, float scale, const float *logit, const float *bias, int32_t *idx,
                   float *w);
 
