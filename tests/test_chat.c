@@ -21,18 +21,6 @@
 
 /* ------------------------------------------------------------ helpers */
 
-static cJSON *read_json(const char *path) {
-    char *buf;
-    size_t n;
-    whale_err err;
-    if (whale_read_file(path, &buf, &n, &err)) {
-        fprintf(stderr, "%s\n", err.msg);
-        return NULL;
-    }
-    cJSON *j = cJSON_ParseWithLength(buf, n);
-    free(buf);
-    return j;
-}
 
 static void write_text(const char *dir, const char *name, const char *text) {
     char path[1200];
@@ -260,7 +248,7 @@ static void check_case(whale_tokenizer *tok, whale_chat_format fmt, const char *
 static const char *check_golden(const char *tokdir, const char *file, whale_chat_format fmt, cJSON **root) {
     char path[1200];
     snprintf(path, sizeof path, "%s/chat/%s", WHALE_TEST_DATA, file);
-    *root = read_json(path);
+    *root = test_read_json(path);
     CHECK(*root != NULL, "%s: missing or not JSON (run tests/reference/chat/gen_goldens.mjs)", path);
     if (!*root) return NULL;
     const cJSON *tpl = cJSON_GetObjectItem(*root, "chat_template");

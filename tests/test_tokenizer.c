@@ -39,18 +39,6 @@ static int valid_utf8(const unsigned char *s, size_t n) {
     return 1;
 }
 
-static cJSON *read_json(const char *path) {
-    char *buf;
-    size_t n;
-    whale_err err;
-    if (whale_read_file(path, &buf, &n, &err)) {
-        fprintf(stderr, "%s\n", err.msg);
-        return NULL;
-    }
-    cJSON *j = cJSON_ParseWithLength(buf, n);
-    free(buf);
-    return j;
-}
 
 static int ids_equal(const int32_t *a, int na, const cJSON *golden) {
     if (cJSON_GetArraySize(golden) != na) return 0;
@@ -151,7 +139,7 @@ static void check_golden(const char *tokdir, const char *name, int has_normalize
     CHECK(rc == WHALE_OK, "%s: load: %s", name, err.msg);
     if (rc) return;
     snprintf(path, sizeof path, "%s/tokenizer/golden-%s.json", WHALE_TEST_DATA, name);
-    cJSON *golden = read_json(path);
+    cJSON *golden = test_read_json(path);
     snprintf(path, sizeof path, "%s/tokenizer/corpus.jsonl", WHALE_TEST_DATA);
     char *corpus;
     size_t corpus_len;
@@ -259,7 +247,7 @@ static void encode_str(whale_tokenizer *t, const char *s, size_t n, int add_spec
 static void check_synthetic(void) {
     char path[1024], tmp[512];
     snprintf(path, sizeof path, "%s/tokenizer/golden-synthetic.json", WHALE_TEST_DATA);
-    cJSON *golden = read_json(path);
+    cJSON *golden = test_read_json(path);
     CHECK(golden != NULL, "cannot read %s", path);
     if (!golden) return;
     test_tmpdir("toksyn", tmp, sizeof tmp);

@@ -1,5 +1,10 @@
 #include "testutil.h"
 
+#include "whale.h"
+#include "core/core.h"
+
+#include <cjson/cJSON.h>
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,4 +47,17 @@ int test_finish(const char *name) {
     }
     printf("%s: all %d checks passed\n", name, test_checks);
     return 0;
+}
+
+cJSON *test_read_json(const char *path) {
+    char *buf;
+    size_t n;
+    whale_err err;
+    if (whale_read_file(path, &buf, &n, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return NULL;
+    }
+    cJSON *j = cJSON_ParseWithLength(buf, n);
+    free(buf);
+    return j;
 }

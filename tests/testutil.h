@@ -22,6 +22,8 @@ extern int test_checks;
 /* max |a-b| and max |b| over n floats */
 double test_max_abs_diff(const float *a, const float *b, long n);
 double test_max_abs(const float *a, long n);
+/* Parse a JSON file (NULL with a message on stderr when it cannot be read). */
+struct cJSON *test_read_json(const char *path);
 /* Make a fresh empty temporary directory (under $TMPDIR or /tmp). */
 const char *test_tmpdir(const char *tag, char *buf, size_t cap);
 int test_finish(const char *name);

@@ -5,18 +5,7 @@
 # usage: data.sh WHALE_BIN TEST_DATA_DIR
 set -u
 WHALE=$1
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-fails=0 checks=0
-check() {
-    local what=$1
-    shift
-    checks=$((checks + 1))
-    if ! "$@"; then
-        echo "FAIL: $what" >&2
-        fails=$((fails + 1))
-    fi
-}
+. "$(dirname "$0")/lib.bash"
 # run CMD...: sets $status, stdout in $TMP/out, stderr in $TMP/err
 run() {
     "$@" >"$TMP/out" 2>"$TMP/err"
@@ -181,5 +170,4 @@ else
     echo "data.sh: $REAL missing, uint32 case skipped (scripts/fetch-tokenizers.sh)" >&2
 fi
 
-echo "data: $((checks - fails)) passed, $fails failed"
-[ "$fails" = 0 ]
+finish data
