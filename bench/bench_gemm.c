@@ -12,12 +12,18 @@
  * "cold" (calls rotate over copies filling 165 MB, so every call streams the
  * weights from DRAM, as decode does with a model much larger than L3), and
  * for M <= 16 gbs: weight bytes read per second. Kind "nt_bf16" is
- * whale_gemm_nt_bf16 (weights in bf16: half the bytes; A rounded per call).
+ * whale_gemm_nt_bf16 (weights in bf16: half the bytes; A rounded per call),
+ * "nt_f16" whale_gemm_nt_f16 (fp16 weights), "nt_q8" whale_gemm_nt_q8
+ * (int8 weights + per-row scales: a quarter of the bytes), "nn_bf16" /
+ * "tn_bf16" / "nn_f16" / "tn_f16" the mixed-precision backward products
+ * (B in bf16 / fp16 for nn, operands rounded per call for tn). Lines with
+ * "ceiling" are whale_gemm_measure_gflops_dtype (hot weights, auto path).
  *
  * The machine may be shared: run it when idle (other processes show up as
  * calls ~8-12 ms slower than they should be, one scheduler time slice).
  */
 #include "core/core.h"
+#include "kernels/convert.h"
 #include "kernels/gemm.h"
 
 #include <omp.h>
@@ -25,8 +31,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { NT, NN, TN };
-static const char *const kinds[] = {"nt", "nn", "tn", "nt_bf16"};
+enum { NT, NN, TN, NT_BF16, NT_F16, NT_Q8, NN_BF16, TN_BF16, NN_F16, TN_F16 };
+static const char *const kinds[] = {"nt",    "nn",      "tn",      "nt_bf16", "nt_f16",
+                                    "nt_q8", "nn_bf16", "tn_bf16", "nn_f16",  "tn_f16"};
 static const char *const paths[] = {"auto", "own", "exact", "runtime"};
 
 /* B holds 129280 x 320 floats (165 MB): the lm_head, or copies of smaller
@@ -36,16 +43,31 @@ static const char *const paths[] = {"auto", "own", "exact", "runtime"};
 typedef struct {
     float *A, *B, *C;
     uint16_t *B16; /* B rounded to bf16 (83 MB) */
+    uint16_t *F16; /* B rounded to fp16 (83 MB) */
+    int8_t *B8;    /* B quantised in rows of 320 (41 MB) ... */
+    float *scale;  /* ... and their scales (one per 64 values: room for any K >= 64) */
 } bufs;
 
-/* kind NT_BF16: nt with the bf16 weights at the same offset as B. */
-enum { NT_BF16 = 3 };
+/* Weight bytes per element for a kind (GB/s of the decode rows). */
+static size_t weight_bytes(int kind) {
+    return kind == NT_Q8 ? 1 : kind == NT || kind == NN || kind == TN ? 4 : 2;
+}
 
+/* The narrow-weight kinds read their copy of B at the same element offset. */
 static whale_code run(whale_gemm *g, int kind, int M, int N, int K, const bufs *b,
                       const float *B, whale_err *err) {
+    const size_t off = (size_t)(B - b->B);
     switch (kind) {
     case NT_BF16:
-        return whale_gemm_nt_bf16(g, M, N, K, b->A, K, b->B16 + (B - b->B), K, b->C, N, 0, err);
+        return whale_gemm_nt_bf16(g, M, N, K, b->A, K, b->B16 + off, K, b->C, N, 0, err);
+    case NT_F16: return whale_gemm_nt_f16(g, M, N, K, b->A, K, b->F16 + off, K, b->C, N, 0, err);
+    case NT_Q8:
+        return whale_gemm_nt_q8(g, M, N, K, b->A, K, b->B8 + off, K, b->scale + off / (size_t)K,
+                                b->C, N, 0, err);
+    case NN_BF16: return whale_gemm_nn_bf16(g, M, N, K, b->A, K, b->B16 + off, N, b->C, N, 0, err);
+    case TN_BF16: return whale_gemm_tn_bf16(g, M, N, K, b->A, M, B, N, b->C, N, 0, err);
+    case NN_F16: return whale_gemm_nn_f16(g, M, N, K, b->A, K, b->F16 + off, N, b->C, N, 0, err);
+    case TN_F16: return whale_gemm_tn_f16(g, M, N, K, b->A, M, B, N, b->C, N, 0, err);
     case NT: return whale_gemm_nt(g, M, N, K, b->A, K, B, K, b->C, N, 0, err);
     case NN: return whale_gemm_nn(g, M, N, K, b->A, K, B, N, b->C, N, 0, err);
     default: return whale_gemm_tn(g, M, N, K, b->A, M, B, N, b->C, N, 0, err);
@@ -56,7 +78,7 @@ static whale_code run(whale_gemm *g, int kind, int M, int N, int K, const bufs *
  * timed sample is a pass over all copies of B, divided by their number. */
 static double time_call(whale_gemm *g, int kind, int M, int N, int K, const bufs *b, int cold) {
     const size_t size = (size_t)N * K;
-    int copies = cold ? (int)(B_FLOATS / size) : 1; /* bf16: copies fill 83 MB */
+    int copies = cold ? (int)(B_FLOATS / size) : 1; /* bf16: copies fill 83 MB, int8 41 MB */
     if (copies > 4096) copies = 4096;
     whale_err err;
     if (run(g, kind, M, N, K, b, b->B, &err)) {
@@ -83,8 +105,7 @@ static void bench_shape(whale_gemm *g, int kind, int M, int N, int K, whale_gemm
            "\"weights\":\"%s\",\"ms\":%.4f,\"gflops\":%.1f",
            kinds[kind], M, N, K, paths[path], whale_gemm_last_impl(g), cold ? "cold" : "hot",
            t * 1e3, 2.0 * M * N * (double)K / t * 1e-9);
-    const size_t wbytes = kind == NT_BF16 ? sizeof(uint16_t) : sizeof(float);
-    if (M <= 16) printf(",\"gbs\":%.1f", (double)N * K * wbytes / t * 1e-9);
+    if (M <= 16) printf(",\"gbs\":%.1f", (double)N * K * weight_bytes(kind) / t * 1e-9);
     printf("}\n");
     fflush(stdout);
 }
@@ -198,11 +219,16 @@ int main(int argc, char **argv) {
     b.B = filled(B_FLOATS, 2);
     b.C = filled((size_t)1024 * 129280, 3);
     b.B16 = whale_alloc(B_FLOATS * sizeof(uint16_t));
-    if (b.B16) whale_f32_to_bf16_rows(b.B16, b.B, B_FLOATS);
-    if (!b.A || !b.B || !b.C || !b.B16) {
+    b.F16 = whale_alloc(B_FLOATS * sizeof(uint16_t));
+    b.B8 = whale_alloc(B_FLOATS);
+    b.scale = whale_alloc(B_FLOATS / 64 * sizeof(float));
+    if (!b.A || !b.B || !b.C || !b.B16 || !b.F16 || !b.B8 || !b.scale) {
         fprintf(stderr, "bench_gemm: out of memory\n");
         return 1;
     }
+    whale_f32_to_bf16_rows(b.B16, b.B, B_FLOATS);
+    whale_f32_to_f16_rows(b.F16, b.B, B_FLOATS);
+    whale_quantize_q8_rows(b.B8, b.scale, b.B, (int)(B_FLOATS / 320), 320);
     printf("{\"threads\":%d}\n", omp_get_max_threads());
 
     double bw = whale_measure_read_bandwidth((size_t)256 << 20, 5);
@@ -217,6 +243,16 @@ int main(int argc, char **argv) {
      * are the comparison) */
     for (size_t i = 0; i < 2; i++)
         bench_paths(g, NT_BF16, shapes[i][0], shapes[i][1], shapes[i][2], 0, &b);
+    /* ... and with fp16 and int8 weights (prefill) */
+    for (size_t i = 0; i < 2; i++) {
+        bench_paths(g, NT_F16, shapes[i][0], shapes[i][1], shapes[i][2], 0, &b);
+        bench_paths(g, NT_Q8, shapes[i][0], shapes[i][1], shapes[i][2], 0, &b);
+    }
+    /* the mixed-precision backward products at the same shapes (the f32 nn
+     * and tn lines above are the comparison) */
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int kind = NN_BF16; kind <= TN_F16; kind++)
+            bench_paths(g, kind, shapes[i][0], shapes[i][1], shapes[i][2], 0, &b);
     /* lm_head forward (f32 and bf16 weights), and its input gradient (dX = dY·W) */
     bench_paths(g, NT, 1024, 129280, 320, 0, &b);
     bench_paths(g, NT_BF16, 1024, 129280, 320, 0, &b);
@@ -228,6 +264,15 @@ int main(int argc, char **argv) {
     bench_paths(g, NT, 4, 129280, 320, 0, &b);
     bench_paths(g, NT_BF16, 4, 129280, 320, 0, &b);
     for (int cold = 0; cold < 2; cold++) bench_paths(g, NT_BF16, 1, 1280, 320, cold, &b);
+    /* fp16 and int8 weights: the lm_head and a Linear at decode, a prefill
+     * chunk through a Linear */
+    for (int kind = NT_F16; kind <= NT_Q8; kind++) {
+        bench_paths(g, kind, 1, 129280, 320, 0, &b);
+        bench_paths(g, kind, 4, 129280, 320, 0, &b);
+        bench_paths(g, kind, 16, 129280, 320, 0, &b);
+        for (int cold = 0; cold < 2; cold++) bench_paths(g, kind, 1, 640, 320, cold, &b);
+        bench_paths(g, kind, 256, 640, 320, 0, &b);
+    }
     static const int dec[][3] = {{1, 1280, 320}, {1, 320, 1280}, {4, 1280, 320}, {16, 1280, 320}};
     for (size_t i = 0; i < sizeof dec / sizeof dec[0]; i++)
         for (int cold = 0; cold < 2; cold++)
@@ -258,10 +303,25 @@ int main(int argc, char **argv) {
             bench_paths(g, NT, ms[i], 129280, 320, 0, &b);
     }
 
+    /* per-dtype ceilings as the library measures them */
+    static const whale_dtype dts[] = {WHALE_F32, WHALE_BF16, WHALE_F16, WHALE_I8};
+    static const int ceil_shapes[][3] = {{1024, 1280, 320}, {1, 129280, 320}};
+    for (size_t s = 0; s < 2; s++)
+        for (size_t i = 0; i < 4; i++) {
+            const int M = ceil_shapes[s][0], N = ceil_shapes[s][1], K = ceil_shapes[s][2];
+            printf("{\"ceiling\":\"%s\",\"M\":%d,\"N\":%d,\"K\":%d,\"gflops\":%.1f}\n",
+                   whale_dtype_name(dts[i]), M, N, K,
+                   whale_gemm_measure_gflops_dtype(g, dts[i], M, N, K, 5));
+            fflush(stdout);
+        }
+
     whale_gemm_free(g);
     free(b.A);
     free(b.B);
     free(b.C);
     free(b.B16);
+    free(b.F16);
+    free(b.B8);
+    free(b.scale);
     return 0;
 }

@@ -123,15 +123,30 @@ double whale_model_decode_weight_bytes(const whale_model *m);
 /* Human-readable architecture summary (whale info). */
 void whale_model_print_info(const whale_model *m, FILE *f);
 
-/* Compute dtype for running the model: WHALE_F32 (default) or WHALE_BF16,
- * where every weight product (projections, experts, lm_head) rounds its
- * input to bf16 and multiplies bf16 copies of the weights with fp32
- * accumulation (PyTorch autocast semantics); norms, the hyper-connection
- * coefficients, the gate, softmax and attention stay fp32. Inference only. */
+/* Precision of the model's weight products (docs/precision.md):
+ * WHALE_F32 (default); WHALE_BF16 / WHALE_F16: every product (projections,
+ * experts, lm_head) rounds its input to the format and multiplies a copy of
+ * the weights in that format with fp32 sums (fp16 outputs are rounded to
+ * fp16 as well, so overflow shows as inf); WHALE_I8: weight-only int8 with
+ * one scale per output channel, bf16 activations (inference only). Norms,
+ * hyper-connection coefficients, the gate, attention and softmax stay fp32.
+ * The fp32 weights are kept as master weights (for training) unless the
+ * model was loaded with whale_model_load_as or whale_model_drop_master was
+ * called. */
 whale_code whale_model_set_dtype(whale_model *m, whale_dtype dt, whale_err *err);
+/* Load for running in dt without fp32 master weights: the product weights
+ * are held only in dt (a checkpoint already in BF16/F16 is used in place,
+ * memory-mapped), about half (bf16/fp16) or a quarter (int8) of the fp32
+ * memory. Such a model can run and be a frozen LoRA base, not be trained. */
+whale_code whale_model_load_as(const char *dir, whale_dtype dt, whale_model **out, whale_err *err);
+/* Free the fp32 values of every weight that has a low-precision copy. */
+whale_code whale_model_drop_master(whale_model *m, whale_err *err);
+int whale_model_has_master(const whale_model *m);
 whale_dtype whale_model_dtype(const whale_model *m);
 
-/* Parameters by Hugging Face name, in state_dict order. */
+/* Parameters by Hugging Face name, in state_dict order. A parameter held
+ * only in a low-precision copy is returned in that dtype (BF16, F16, or I8
+ * with one fp32 scale per row that this view does not show). */
 int whale_model_num_params(const whale_model *m);
 const char *whale_model_param_name(const whale_model *m, int i);
 whale_tensor whale_model_param(const whale_model *m, int i);
@@ -212,8 +227,19 @@ whale_code whale_session_train_step(whale_session *s, const int32_t *ids, const 
 whale_code whale_model_make_writable(whale_model *m, whale_err *err);
 
 /* ---- optimiser: AdamW with decoupled weight decay (PyTorch semantics) ---- */
+/* How updated weights are stored: fp32 (mixed precision keeps fp32 master
+ * weights), or rounded to bf16 after every update ("pure bf16": the weights
+ * are bf16 values, to nearest or stochastically). */
+typedef enum {
+    WHALE_WEIGHTS_F32 = 0,
+    WHALE_WEIGHTS_BF16_NEAREST,
+    WHALE_WEIGHTS_BF16_STOCHASTIC
+} whale_weight_rounding;
+
 typedef struct {
     double beta1, beta2, eps, weight_decay;
+    whale_weight_rounding weight_rounding;
+    uint64_t seed; /* stochastic rounding's random stream */
 } whale_adamw_config;
 
 typedef struct whale_optimizer whale_optimizer;
@@ -222,6 +248,8 @@ typedef struct whale_optimizer whale_optimizer;
  * norm weights and biases are not decayed (Hugging Face Trainer's rule). */
 whale_code whale_adamw_new(whale_model *m, const whale_adamw_config *cfg, whale_optimizer **out, whale_err *err);
 void whale_optimizer_free(whale_optimizer *o);
+/* Bytes of the moments (m and v). */
+size_t whale_optimizer_bytes(const whale_optimizer *o);
 /* One update of m's parameters from s's gradients with learning rate lr. */
 void whale_adamw_step(whale_optimizer *o, whale_session *s, double lr);
 int64_t whale_optimizer_steps(const whale_optimizer *o);
@@ -234,12 +262,72 @@ double whale_grad_norm(whale_session *s);
 /* Clip to max_norm like torch.nn.utils.clip_grad_norm_: scale by
  * max_norm / (norm + 1e-6) when that is below 1. Returns the norm before. */
 double whale_clip_grad_norm(whale_session *s, double max_norm);
+/* Multiply every gradient by f (unscaling after loss scaling). */
+void whale_scale_grads(whale_session *s, double f);
+
+/* Dynamic loss scaling for fp16 training (PyTorch GradScaler semantics):
+ * scale the loss by `scale`; after the backward pass, report whether any
+ * gradient is inf/NaN. update() returns 1 if the optimiser step should be
+ * taken (with the gradients divided by the scale used), 0 if it must be
+ * skipped; the scale halves on a skip and doubles after growth_interval
+ * clean steps in a row. */
+typedef struct {
+    double scale;           /* 65536 at start */
+    double growth_factor;   /* 2 */
+    double backoff_factor;  /* 0.5 */
+    int growth_interval;    /* 2000 */
+    int clean_steps;        /* clean steps since the last change */
+    int64_t skipped;        /* steps skipped so far */
+} whale_loss_scaler;
+void whale_loss_scaler_init(whale_loss_scaler *s);
+int whale_loss_scaler_update(whale_loss_scaler *s, int found_nonfinite);
 
 /* Learning-rate multiplier at optimiser step k (0-based) as Hugging Face's
  * schedulers compute it: linear warmup over `warmup` steps from 0, then
  * constant, linear decay to 0, or cosine decay to 0 at `total` steps. */
 typedef enum { WHALE_LR_CONSTANT = 0, WHALE_LR_LINEAR, WHALE_LR_COSINE } whale_lr_schedule;
 double whale_lr_multiplier(whale_lr_schedule sched, int64_t k, int64_t warmup, int64_t total);
+
+/* ---------------------------------------------------------------- memory */
+
+/* Bytes a run holds, by category (docs/precision.md, "Memory"). */
+typedef struct {
+    whale_dtype dtype;        /* precision of the products */
+    int64_t params, trainable;
+    size_t weights_f32;       /* fp32 values: all weights of an fp32 run, master weights, small tensors */
+    size_t weights_lowp;      /* bf16/fp16/int8 copies of the product weights */
+    size_t weights_mapped;    /* copies used in place from a checkpoint already in that dtype */
+    size_t adapters;          /* LoRA A and B (fp32) */
+    size_t grads, moments;    /* training: fp32 gradients, AdamW m and v */
+    size_t activations;       /* kept for the backward pass (training) or one layer's (inference) */
+    size_t recompute_saves;   /* training: what --recompute saves (or would save) of activations */
+    size_t kv_cache, workspace;
+    size_t runtime;           /* the process without a model: code, libraries, thread pools */
+    size_t total;
+} whale_memory;
+
+typedef enum { WHALE_TRAIN_NONE = 0, WHALE_TRAIN_FULL, WHALE_TRAIN_LORA } whale_train_kind;
+typedef struct {
+    whale_dtype dtype;
+    whale_train_kind train;
+    int lora_rank;
+    int batch, seq_len; /* inference: the session's batch and context (KV cache) */
+    int recompute;
+} whale_memory_plan;
+
+/* Estimate for a preset, config .json or model directory, without
+ * allocating anything. */
+whale_code whale_memory_estimate(const char *config, const whale_memory_plan *plan, whale_memory *out,
+                                 whale_err *err);
+/* What live objects hold: the model, then add a session and the optimizer. */
+void whale_memory_of_model(const whale_model *m, whale_memory *out);
+void whale_memory_add_session(whale_memory *mm, const whale_session *s);
+void whale_memory_add_optimizer(whale_memory *mm, size_t moment_bytes);
+void whale_memory_print(const whale_memory *mm, FILE *f);
+/* The same in one line (inference commands). */
+void whale_memory_print_line(const whale_memory *mm, FILE *f);
+/* Peak resident set size of the process so far, in bytes. */
+size_t whale_peak_rss(void);
 
 /* ---------------------------------------------------------------- sampling */
 

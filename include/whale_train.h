@@ -29,6 +29,11 @@ typedef struct {
     int recompute;             /* keep only each layer's input; recompute its activations in the backward pass */
     int hf_accum_compat;       /* gradient = sum of micro-batch means (HF Trainer's behaviour for this model) */
     int quiet;                 /* no progress lines */
+    whale_dtype dtype;         /* F32, BF16 or F16 products (fp32 master weights, gradients and moments) */
+    whale_weight_rounding weights; /* pure bf16: weights rounded to bf16 after each update */
+    double loss_scale;         /* fp16: initial dynamic loss scale (GradScaler: 65536); 0 = default */
+    int loss_scale_interval;   /* fp16: clean steps before the scale doubles (2000); 0 = default */
+    int nan_check;             /* trace every forward and backward tensor; stop at the first non-finite one */
 } whale_train_opts;
 
 whale_train_opts whale_train_defaults(void);

@@ -1,7 +1,9 @@
 /* The numerics collector (whale_diag.h): exact bf16/fp16 classification at
  * the format boundaries, aggregation over calls, routing margins, the first
- * non-finite tensor (synthetic and in a real model with a NaN weight), and
- * the JSON report. */
+ * non-finite tensor (synthetic and in a real model with a NaN weight),
+ * deviation from a reference run and routing disagreement (synthetic, fp32
+ * against itself, bf16 and the gradients against fp32), and the JSON
+ * report. */
 #include "testutil.h"
 
 #include "whale.h"
@@ -127,6 +129,178 @@ static void test_routing_synthetic(void) {
     CHECK(r.below_1e3 == 1 && r.bf16_ties == 1 && r.fp16_ties == 1, "below %lld ties %lld %lld",
           (long long)r.below_1e3, (long long)r.bf16_ties, (long long)r.fp16_ties);
     whale_diag_free(d);
+}
+
+/* Deviation from a reference on hand-made values: call k against call k,
+ * the set (not the order) of experts, non-finite mismatches, names and calls
+ * the reference did not keep, and the memory limit. */
+static void test_reference_synthetic(void) {
+    whale_diag *ref = whale_diag_new(0), *d = whale_diag_new(0);
+    whale_diag_keep_values(ref, 0);
+    float r1[4] = {1, 2, 3, 4}, r2[4] = {0.5f, 0, 1, 1}, ry[2] = {1, NAN};
+    int32_t rk[6] = {0, 1, 2, 3, 1, 3};
+    whale_tensor t;
+    t = f32_tensor(r1, 1, 4);
+    whale_diag_trace(ref, "x", &t);
+    t = f32_tensor(ry, 1, 2);
+    whale_diag_trace(ref, "y", &t);
+    whale_tensor tk = {.dtype = WHALE_I32, .ndim = 2, .shape = {3, 2}, .data = rk};
+    whale_diag_trace(ref, "layers.2.ffn.topk_idx", &tk);
+    t = f32_tensor(r2, 1, 4);
+    whale_diag_trace(ref, "x", &t);
+    int64_t dropped;
+    CHECK(whale_diag_kept_bytes(ref, &dropped) == 4 * (4 + 2 + 6 + 4) && dropped == 0, "kept %zu dropped %lld",
+          whale_diag_kept_bytes(ref, NULL), (long long)dropped);
+
+    whale_diag_set_reference(d, ref, "fp32");
+    float x1[4] = {1, 2, 3, 5}, x2[4] = {0.5f, 0, 0, 1}, y[2] = {1, 2}, z[1] = {7};
+    int32_t xk[6] = {1, 0, 2, 1, 3, 1}; /* token 0: same set, other order; token 1 differs; token 2 same */
+    t = f32_tensor(x1, 1, 4);
+    whale_diag_trace(d, "x", &t);
+    t = f32_tensor(y, 1, 2);
+    whale_diag_trace(d, "y", &t);
+    tk.data = xk;
+    whale_diag_trace(d, "layers.2.ffn.topk_idx", &tk);
+    t = f32_tensor(x2, 1, 4);
+    whale_diag_trace(d, "x", &t);
+    t = f32_tensor(z, 1, 1);
+    whale_diag_trace(d, "z", &t); /* never traced in the reference */
+    t = f32_tensor(x1, 1, 4);
+    whale_diag_trace(d, "x", &t); /* a third call: the reference kept two */
+
+    whale_diag_stats s;
+    whale_diag_find(d, "x", &s);
+    /* calls 1 and 2: differences 1 (element 3) and 1 (element 2, lost to zero) */
+    CHECK(s.calls == 3 && s.cmp_calls == 2 && s.cmp_values == 8, "x: calls %lld compared %lld values %lld",
+          (long long)s.calls, (long long)s.cmp_calls, (long long)s.cmp_values);
+    CHECK(s.max_abs_diff == 1 && fabs(s.rel_rms_diff - sqrt(2 / 32.25)) < 1e-12, "x: max %g rel %g (want 1, %g)",
+          s.max_abs_diff, s.rel_rms_diff, sqrt(2 / 32.25));
+    CHECK(fabs(s.lost_to_zero - 1.0 / 7) < 1e-12 && s.cmp_nonfinite == 0, "x: lost %g nonfinite %lld", s.lost_to_zero,
+          (long long)s.cmp_nonfinite);
+    whale_diag_find(d, "y", &s);
+    CHECK(s.cmp_calls == 1 && s.cmp_values == 1 && s.cmp_nonfinite == 1 && s.max_abs_diff == 0, "y: %lld %lld %g",
+          (long long)s.cmp_values, (long long)s.cmp_nonfinite, s.max_abs_diff);
+    whale_diag_find(d, "z", &s);
+    CHECK(s.cmp_calls == 0 && s.rel_rms_diff == 0, "z was not in the reference");
+    whale_diag_routing r;
+    CHECK(whale_diag_num_routing(d) == 1 && whale_diag_routing_at(d, 0, &r) == 0, "no routing entry");
+    CHECK(r.layer == 2 && r.cmp_tokens == 3 && r.disagree == 1, "layer %d compared %lld disagree %lld", r.layer,
+          (long long)r.cmp_tokens, (long long)r.disagree);
+
+    char *buf = NULL;
+    size_t len = 0;
+    whale_err err;
+    FILE *f = open_memstream(&buf, &len);
+    CHECK(whale_diag_write_json(d, f, NULL, &err) == WHALE_OK, "%s", err.msg);
+    fclose(f);
+    cJSON *j = cJSON_Parse(buf);
+    const cJSON *t0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "tensors"), 0);
+    const cJSON *dev = cJSON_GetObjectItem(t0, "deviation");
+    CHECK(cJSON_IsString(cJSON_GetObjectItem(j, "reference")) && cJSON_IsNumber(cJSON_GetObjectItem(dev, "max_abs_diff")),
+          "JSON deviation of x");
+    CHECK(cJSON_IsNull(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "tensors"), 2), "deviation")),
+          "z: deviation null");
+    const cJSON *df = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "routing"), 0), "disagree_frac");
+    CHECK(cJSON_IsNumber(df) && fabs(df->valuedouble - 1.0 / 3) < 1e-12, "JSON disagree_frac");
+    cJSON_Delete(j);
+    free(buf);
+    f = fopen("/dev/null", "w");
+    whale_diag_print_table(d, f);
+    fclose(f);
+    whale_diag_free(d);
+    whale_diag_free(ref);
+
+    /* the limit: what does not fit is not kept, and neither are later calls of that name */
+    ref = whale_diag_new(0);
+    whale_diag_keep_values(ref, 20);
+    t = f32_tensor(r1, 1, 4);
+    whale_diag_trace(ref, "a", &t);
+    whale_diag_trace(ref, "b", &t);
+    t = f32_tensor(z, 1, 1);
+    whale_diag_trace(ref, "a", &t);
+    whale_diag_trace(ref, "b", &t);
+    CHECK(whale_diag_kept_bytes(ref, &dropped) == 20 && dropped == 2, "kept %zu dropped %lld",
+          whale_diag_kept_bytes(ref, NULL), (long long)dropped);
+    whale_diag_free(ref);
+}
+
+/* The tiny model against itself (nothing moves), in bf16 against fp32, and
+ * the gradients of a training step in fp16 against fp32. */
+static void test_model_reference(whale_model *m) {
+    whale_err err;
+    enum { B = 2, S = 9 };
+    int V = whale_model_vocab_size(m);
+    int32_t ids[B * S];
+    for (int i = 0; i < B * S; i++) ids[i] = (int32_t)((i * 53 + 11) % V);
+    float *logits = malloc(sizeof(float) * B * S * V);
+    whale_diag *ref = whale_diag_new(0), *same = whale_diag_new(0), *bf = whale_diag_new(0);
+    whale_session *s;
+    whale_diag_keep_values(ref, 0);
+    whale_diag_set_reference(same, ref, "fp32");
+    whale_diag_set_reference(bf, ref, "fp32");
+    whale_diag *runs[3] = {ref, same, bf};
+    for (int k = 0; k < 3; k++) {
+        if (k == 2) CHECK(whale_model_set_dtype(m, WHALE_BF16, &err) == WHALE_OK, "%s", err.msg);
+        CHECK(whale_diag_set_model(runs[k], m, &err) == WHALE_OK, "%s", err.msg);
+        CHECK(whale_session_new(m, B, S, &s, &err) == WHALE_OK, "%s", err.msg);
+        whale_session_set_trace(s, whale_diag_trace, runs[k]);
+        CHECK(whale_session_forward(s, ids, B, S, logits, 1, &err) == WHALE_OK, "%s", err.msg);
+        whale_session_free(s);
+    }
+    CHECK(whale_model_set_dtype(m, WHALE_F32, &err) == WHALE_OK, "%s", err.msg);
+    int n = whale_diag_num_tensors(same);
+    CHECK(n == whale_diag_num_tensors(ref) && n > 50, "%d tensors", n);
+    for (int i = 0; i < n; i++) {
+        whale_diag_stats st;
+        whale_diag_tensor(same, i, &st);
+        CHECK(st.cmp_calls == 1 && st.cmp_values == st.numel && st.max_abs_diff == 0 && st.rel_rms_diff == 0 &&
+                  st.lost_to_zero == 0,
+              "fp32 against fp32: %s compared %lld max %g", st.name, (long long)st.cmp_calls, st.max_abs_diff);
+    }
+    for (int i = 0; i < whale_diag_num_routing(same); i++) {
+        whale_diag_routing r;
+        whale_diag_routing_at(same, i, &r);
+        CHECK(r.cmp_tokens == B * S && r.disagree == 0, "layer %d: %lld of %lld tokens disagree", r.layer,
+              (long long)r.disagree, (long long)r.cmp_tokens);
+    }
+    whale_diag_stats lg;
+    CHECK(whale_diag_find(bf, "logits", &lg) == 0 && lg.cmp_calls == 1 && lg.rel_rms_diff > 1e-5 &&
+              lg.rel_rms_diff < 0.05 && lg.max_abs_diff > 0,
+          "bf16 logits against fp32: rel %g max %g", lg.rel_rms_diff, lg.max_abs_diff);
+    CHECK(whale_diag_num_routing(bf) == 2, "%d routing layers", whale_diag_num_routing(bf));
+    whale_diag_free(same);
+    whale_diag_free(bf);
+    whale_diag_free(ref);
+
+    /* gradients: traced as grad.*, phase backward, layer from the name, compared */
+    ref = whale_diag_new(0);
+    whale_diag *h = whale_diag_new(0);
+    whale_diag_keep_values(ref, 0);
+    whale_diag_set_reference(h, ref, "fp32");
+    for (int k = 0; k < 2; k++) {
+        if (k == 1) CHECK(whale_model_set_dtype(m, WHALE_F16, &err) == WHALE_OK, "%s", err.msg);
+        double loss;
+        int64_t count;
+        CHECK(whale_train_session_new(m, B, S, 0, &s, &err) == WHALE_OK, "%s", err.msg);
+        whale_session_set_trace(s, whale_diag_trace, k ? h : ref);
+        CHECK(whale_session_train_step(s, ids, NULL, NULL, NULL, B, S, 1.0, &loss, &count, &err) == WHALE_OK, "%s",
+              err.msg);
+        whale_session_free(s);
+    }
+    CHECK(whale_model_set_dtype(m, WHALE_F32, &err) == WHALE_OK, "%s", err.msg);
+    whale_diag_stats g;
+    CHECK(whale_diag_find(h, "grad.layers.1.ffn.out", &g) == 0 && !strcmp(g.phase, "backward") && g.layer == 1 &&
+              g.cmp_calls == 1 && g.rel_rms_diff > 0 && g.rel_rms_diff < 0.05,
+          "grad.layers.1.ffn.out: phase %s layer %d rel %g", g.phase, g.layer, g.rel_rms_diff);
+    CHECK(whale_diag_find(h, "layers.1.attn.q", &g) == 0 && !strcmp(g.phase, "forward") && g.layer == 1,
+          "the forward of the training step");
+    CHECK(whale_diag_find(h, "grad.embedding", &g) == 0 && g.layer == -1 && g.cmp_calls == 1, "grad.embedding");
+    FILE *f = fopen("/dev/null", "w");
+    whale_diag_print_table(h, f);
+    fclose(f);
+    whale_diag_free(h);
+    whale_diag_free(ref);
+    free(logits);
 }
 
 static int param_index(const whale_model *m, const char *name) {
@@ -277,6 +451,7 @@ int main(void) {
     test_classification();
     test_first_nonfinite();
     test_routing_synthetic();
+    test_reference_synthetic();
     whale_err err;
     whale_model *m;
     char dir[1024];
@@ -286,6 +461,7 @@ int main(void) {
         return 1;
     }
     test_model(m);
+    test_model_reference(m);
     test_nan_weight(m);
     whale_model_free(m);
     return test_finish("test_diagnose");

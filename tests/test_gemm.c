@@ -675,6 +675,506 @@ static void test_bf16_rules(void) {
     whale_gemm_free(g);
 }
 
+/* ------------------------------------------------------------ fp16, int8, bf16 backward
+ *
+ * nt_f16, nt_q8, nn_bf16, tn_bf16, nn_f16, tn_f16 against a double sum of
+ * the rounded operands (A to fp16, or to bf16 for q8 and the bf16 kinds;
+ * f32 B of tn likewise; fp16 / bf16 / int8 B decoded exactly). Every
+ * product of two rounded values is exact in fp32, so the same summation
+ * bound applies ((K + 2) u sum|a b| + 2 u |c|, one more u for the scale of
+ * q8), and dyadic data (exact in every format; q8 with power-of-two
+ * scales) must come out exact. Each case runs through every path; our
+ * kernel and the oneDNN paths must also agree within twice the bound.
+ * Padding of A and B holds NaN (int8: 127), of C a sentinel. */
+
+enum { MX_NT_F16, MX_NT_Q8, MX_NN_BF16, MX_TN_BF16, MX_NN_F16, MX_TN_F16, MX_COUNT };
+static const char *const mx_names[] = {"nt_f16", "nt_q8", "nn_bf16", "tn_bf16", "nn_f16", "tn_f16"};
+static const int mx_layout[] = {NT, NT, NN, TN, NN, TN};
+static const uint16_t F16_NAN = 0x7e00;
+
+static int mx_f16(int kind) { return kind == MX_NT_F16 || kind == MX_NN_F16 || kind == MX_TN_F16; }
+
+/* bytes per stored B element */
+static size_t mx_bsize(int kind) {
+    return kind == MX_NT_Q8 ? 1 : kind == MX_TN_BF16 || kind == MX_TN_F16 ? 4 : 2;
+}
+
+static float f16_round(float x) { return whale_f16_to_float(whale_float_to_f16(x)); }
+
+/* A (or an f32 B) value as the product sees it */
+static double mx_round(int kind, float x) { return mx_f16(kind) ? f16_round(x) : bf16_round(x); }
+
+typedef struct {
+    int kind, M, N, K, pad_a, pad_b, pad_c, acc;
+} mcase;
+
+typedef struct {
+    float *A, *C0;
+    void *B;
+    float *scale;
+    int lda, ldb, ldc, a_rows, b_rows;
+} mdata;
+
+/* B element (k, n) as stored, decoded. */
+static double mx_b(const mcase *t, const mdata *d, int k, int n) {
+    const size_t i = mx_layout[t->kind] == NT ? (size_t)n * d->ldb + k : (size_t)k * d->ldb + n;
+    switch (t->kind) {
+    case MX_NT_Q8: return ((const int8_t *)d->B)[i];
+    case MX_NN_BF16: return whale_bf16_to_float(((const uint16_t *)d->B)[i]);
+    case MX_NT_F16:
+    case MX_NN_F16: return whale_f16_to_float(((const uint16_t *)d->B)[i]);
+    default: return mx_round(t->kind, ((const float *)d->B)[i]);
+    }
+}
+
+static double mx_a(const mcase *t, const mdata *d, int m, int k) {
+    const size_t i = mx_layout[t->kind] == TN ? (size_t)k * d->lda + m : (size_t)m * d->lda + k;
+    return mx_round(t->kind, d->A[i]);
+}
+
+static whale_code mx_call(whale_gemm *g, const mcase *t, const mdata *d, float *C, whale_err *err) {
+    const int M = t->M, N = t->N, K = t->K;
+    switch (t->kind) {
+    case MX_NT_F16:
+        return whale_gemm_nt_f16(g, M, N, K, d->A, d->lda, d->B, d->ldb, C, d->ldc, t->acc, err);
+    case MX_NT_Q8:
+        return whale_gemm_nt_q8(g, M, N, K, d->A, d->lda, d->B, d->ldb, d->scale, C, d->ldc, t->acc,
+                                err);
+    case MX_NN_BF16:
+        return whale_gemm_nn_bf16(g, M, N, K, d->A, d->lda, d->B, d->ldb, C, d->ldc, t->acc, err);
+    case MX_TN_BF16:
+        return whale_gemm_tn_bf16(g, M, N, K, d->A, d->lda, d->B, d->ldb, C, d->ldc, t->acc, err);
+    case MX_NN_F16:
+        return whale_gemm_nn_f16(g, M, N, K, d->A, d->lda, d->B, d->ldb, C, d->ldc, t->acc, err);
+    default:
+        return whale_gemm_tn_f16(g, M, N, K, d->A, d->lda, d->B, d->ldb, C, d->ldc, t->acc, err);
+    }
+}
+
+/* Operands for a case; dyadic: multiples of 1/16 in [-1/2, 1/2] (int8:
+ * any value, scales powers of two). */
+static void mx_make(const mcase *t, mdata *d, int dyadic, uint64_t seed) {
+    whale_rng r;
+    whale_rng_seed(&r, seed);
+    const int L = mx_layout[t->kind];
+    const int a_cols = L == TN ? t->M : t->K, b_cols = L == NT ? t->K : t->N;
+    d->a_rows = L == TN ? t->K : t->M;
+    d->b_rows = L == NT ? t->N : t->K;
+    d->lda = a_cols + t->pad_a;
+    d->ldb = b_cols + t->pad_b;
+    d->ldc = t->N + t->pad_c;
+    const size_t bs = mx_bsize(t->kind);
+    d->A = malloc(((size_t)d->a_rows * d->lda + 1) * sizeof(float));
+    d->B = malloc(((size_t)d->b_rows * d->ldb + 1) * bs);
+    d->C0 = malloc(((size_t)t->M * d->ldc + 1) * sizeof(float));
+    d->scale = malloc(((size_t)t->N + 1) * sizeof(float));
+    if (!d->A || !d->B || !d->C0 || !d->scale) {
+        fprintf(stderr, "test_gemm: out of memory\n");
+        exit(1);
+    }
+    for (int i = 0; i < d->a_rows; i++)
+        for (int j = 0; j < d->lda; j++) d->A[(size_t)i * d->lda + j] = j >= a_cols ? NAN : draw(&r, dyadic);
+    for (int i = 0; i < d->b_rows; i++)
+        for (int j = 0; j < d->ldb; j++) {
+            const size_t at = (size_t)i * d->ldb + j;
+            const int pad = j >= b_cols;
+            const float v = draw(&r, dyadic);
+            switch (t->kind) {
+            case MX_NT_Q8:
+                ((int8_t *)d->B)[at] = pad ? 127 : (int8_t)((int)(whale_rng_u64(&r) % 255) - 127);
+                break;
+            case MX_NN_BF16: ((uint16_t *)d->B)[at] = pad ? BF16_NAN : whale_float_to_bf16(v); break;
+            case MX_NT_F16:
+            case MX_NN_F16: ((uint16_t *)d->B)[at] = pad ? F16_NAN : whale_float_to_f16(v); break;
+            default: ((float *)d->B)[at] = pad ? NAN : v; break;
+            }
+        }
+    for (int n = 0; n < t->N; n++)
+        d->scale[n] = dyadic ? ldexpf(1.0f, -6 - (int)(whale_rng_u64(&r) % 3))
+                             : 0.001f + 0.02f * whale_rng_uniform(&r);
+    for (int m = 0; m < t->M; m++)
+        for (int n = 0; n < d->ldc; n++)
+            d->C0[(size_t)m * d->ldc + n] = n >= t->N ? C_SENTINEL : draw(&r, dyadic);
+}
+
+static void mx_free(mdata *d) {
+    free(d->A);
+    free(d->B);
+    free(d->C0);
+    free(d->scale);
+}
+
+#define MX_PATHS 0x1Fu /* auto, own, exact, runtime, own_portable */
+
+/* Sanitized builds (no -march=native: every kernel in plain C at -O0) run
+ * one in MX_SAMPLE grid cases. */
+#if defined(__SANITIZE_ADDRESS__)
+#define MX_SAMPLE 4
+#else
+#define MX_SAMPLE 1
+#endif
+
+/* One case through the given paths; returns 1 if all passed. */
+static int run_mixed(whale_gemm *g, const mcase *t, unsigned paths, int dyadic, uint64_t seed) {
+    const int M = t->M, N = t->N, K = t->K;
+    mdata d;
+    mx_make(t, &d, dyadic, seed);
+    double *want = malloc(((size_t)M * N + 1) * sizeof(double));
+    double *tol = malloc(((size_t)M * N + 1) * sizeof(double));
+    float *C = malloc(((size_t)M * d.ldc + 1) * sizeof(float));
+    float *Cown = malloc(((size_t)M * d.ldc + 1) * sizeof(float));
+    double *bcol = malloc(((size_t)K + 1) * sizeof(double));
+    double *arow = malloc(((size_t)M * K + 1) * sizeof(double)); /* A rounded, [M, K] */
+    if (!want || !tol || !C || !Cown || !bcol || !arow) {
+        fprintf(stderr, "test_gemm: out of memory\n");
+        exit(1);
+    }
+    for (int m = 0; m < M; m++)
+        for (int k = 0; k < K; k++) arow[(size_t)m * K + k] = mx_a(t, &d, m, k);
+    for (int n = 0; n < N; n++) {
+        for (int k = 0; k < K; k++) bcol[k] = mx_b(t, &d, k, n);
+        const double sc = t->kind == MX_NT_Q8 ? d.scale[n] : 1;
+        for (int m = 0; m < M; m++) {
+            double s = 0, s_abs = 0;
+            for (int k = 0; k < K; k++) {
+                const double p = arow[(size_t)m * K + k] * bcol[k];
+                s += p;
+                s_abs += fabs(p);
+            }
+            s *= sc;
+            s_abs *= sc;
+            if (t->acc) s += d.C0[(size_t)m * d.ldc + n];
+            want[(size_t)m * N + n] = s;
+            tol[(size_t)m * N + n] = dyadic ? 0 : (K + 3) * 0x1p-24 * s_abs + 2 * 0x1p-24 * fabs(s);
+        }
+    }
+    int all_ok = 1, have_own = 0;
+    for (int p = 0; p <= WHALE_GEMM_OWN_PORTABLE; p++) {
+        if (!(paths >> p & 1)) continue;
+        memcpy(C, d.C0, (size_t)M * d.ldc * sizeof(float));
+        whale_err err = {0};
+        whale_gemm_set_path(g, (whale_gemm_path)p);
+        whale_code rc = mx_call(g, t, &d, C, &err);
+        whale_gemm_set_path(g, WHALE_GEMM_AUTO);
+        int ok = rc == WHALE_OK, guard_ok = 1, agree = 1;
+        double worst = 0;
+        for (int m = 0; ok && m < M; m++)
+            for (int n = 0; n < d.ldc; n++) {
+                const float got = C[(size_t)m * d.ldc + n];
+                if (n >= N) {
+                    guard_ok &= got == C_SENTINEL;
+                    continue;
+                }
+                const double w = want[(size_t)m * N + n], tl = tol[(size_t)m * N + n];
+                const double e = fabs(got - w);
+                if (!(e <= tl)) ok = 0;
+                if (tl > 0 && e / tl > worst) worst = e / tl;
+                if (have_own && !(fabs(got - Cown[(size_t)m * d.ldc + n]) <= 2 * tl)) agree = 0;
+            }
+        CHECK(ok && guard_ok && agree,
+              "%s M=%d N=%d K=%d pads=%d,%d,%d acc=%d path=%s impl=%s %s: rc=%d (%s) worst "
+              "err/tol=%.3g, padding of C %s, %s",
+              mx_names[t->kind], M, N, K, t->pad_a, t->pad_b, t->pad_c, t->acc,
+              bf16_path_names[p], whale_gemm_last_impl(g), dyadic ? "dyadic" : "random", (int)rc,
+              rc ? err.msg : "", worst, guard_ok ? "intact" : "changed",
+              agree ? "agrees with own" : "differs from own beyond 2x the bound");
+        if (p == WHALE_GEMM_OWN && rc == WHALE_OK) {
+            memcpy(Cown, C, (size_t)M * d.ldc * sizeof(float));
+            have_own = 1;
+        }
+        all_ok &= ok && guard_ok && agree;
+    }
+    mx_free(&d);
+    free(want);
+    free(tol);
+    free(C);
+    free(Cown);
+    free(bcol);
+    free(arow);
+    return all_ok;
+}
+
+static void test_mixed_shapes(whale_gemm *g) {
+    static const int ms[] = {1, 3, 16, 17, 100, 300};
+    static const int nk[][2] = {{1, 1},    {7, 33},  {65, 31}, {130, 100},
+                                {33, 129}, {17, 320}, {5, 64},  {64, 17}};
+    whale_rng r;
+    whale_rng_seed(&r, 777);
+    int failed = 0, cases = 0;
+    for (int kind = 0; kind < MX_COUNT; kind++)
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+            for (size_t j = 0; j < sizeof nk / sizeof nk[0]; j++) {
+                if (ms[i] >= 100 && whale_rng_u64(&r) % 3) continue; /* big M: a sample */
+                if (whale_rng_u64(&r) % MX_SAMPLE) continue;
+                mcase t = {kind, ms[i], nk[j][0], nk[j][1], 0, 0, 0, (int)(whale_rng_u64(&r) % 2)};
+                if (whale_rng_u64(&r) % 3) {
+                    t.pad_a = 1 + (int)(whale_rng_u64(&r) % 40);
+                    t.pad_b = 1 + (int)(whale_rng_u64(&r) % 40);
+                    t.pad_c = 1 + (int)(whale_rng_u64(&r) % 20);
+                }
+                failed += !run_mixed(g, &t, MX_PATHS, 1, whale_rng_u64(&r));
+                failed += !run_mixed(g, &t, MX_PATHS, 0, whale_rng_u64(&r));
+                cases++;
+            }
+    /* model shapes: decode through a Linear, prefill, backward of a Linear */
+    static const mcase model[] = {
+        {MX_NT_F16, 1, 1280, 320, 0, 0, 0, 0},   {MX_NT_Q8, 1, 1280, 320, 0, 0, 0, 0},
+        {MX_NT_F16, 4, 640, 320, 3, 5, 7, 1},    {MX_NT_Q8, 16, 640, 320, 3, 5, 7, 1},
+        {MX_NT_F16, 130, 256, 320, 0, 0, 0, 1},  {MX_NT_Q8, 130, 256, 320, 0, 0, 0, 0},
+        {MX_NN_BF16, 130, 320, 640, 0, 0, 0, 0}, {MX_TN_BF16, 640, 320, 130, 0, 0, 0, 1},
+        {MX_NN_F16, 130, 320, 640, 0, 0, 0, 1},  {MX_TN_F16, 640, 320, 130, 0, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof model / sizeof model[0]; i++, cases++)
+        failed += !run_mixed(g, &model[i], MX_PATHS, 0, 5000 + i);
+    printf("test_gemm: %d fp16/int8/bf16-backward cases x 5 paths, %d failed\n", cases, failed);
+}
+
+/* Several blocks of every kind of gemm_converted (rows, columns, K split;
+ * the q8 scale with accumulate), forced through tiny block limits. */
+static void test_mixed_blocks(void) {
+    whale_err err;
+    whale_gemm *g;
+    if (whale_gemm_new(&g, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    whale_gemm_set_block_limits(g, 16, 4096); /* 16 x 16 blocks, K in 32..64 */
+    int failed = 0;
+    for (int kind = 0; kind < MX_COUNT; kind++)
+        for (int acc = 0; acc < 2; acc++) {
+            mcase t = {kind, 40, 50, 150, 3, 2, 1, acc};
+            failed += !run_mixed(g, &t, MX_PATHS, 1, 60 + kind);
+            failed += !run_mixed(g, &t, MX_PATHS, 0, 70 + kind);
+            mcase u = {kind, 17, 33, 70, 0, 0, 0, acc};
+            failed += !run_mixed(g, &u, MX_PATHS, 0, 80 + kind);
+        }
+    CHECK(failed == 0, "%d products on many blocks failed", failed);
+    whale_gemm_set_block_limits(g, 0, 0);
+    whale_gemm_free(g);
+}
+
+/* Rounding of A: ties to even, fp16 subnormals and overflow, against W = 1
+ * (and -2): the product is the rounded A itself. */
+static void test_mixed_rounding(whale_gemm *g) {
+    static const struct {
+        float a, f16, bf16;
+    } v[] = {
+        {1 + 0x1p-11f, 1, 1},                         /* fp16 tie, even below */
+        {1 + 0x3p-11f, 1 + 0x1p-9f, 1},               /* fp16 tie, even above */
+        {1 + 0x1p-8f, 1 + 0x1p-8f, 1},                /* bf16 tie, even below */
+        {1 + 0x3p-8f, 1 + 0x3p-8f, 1 + 0x1p-6f},      /* bf16 tie, even above */
+        {0x1.8p-24f, 0x1p-23f, 0x1.8p-24f},           /* fp16 subnormal tie */
+        {0x1p-25f, 0, 0x1p-25f},                      /* half the smallest: 0 */
+        {65519.99f, 65504, 65536},                    /* below the fp16 midpoint */
+        {-65520.0f, -INFINITY, -65536},               /* fp16 overflow */
+        {3.0f - 0x1p-9f, 3.0f - 0x1p-9f, 3.0f},
+    };
+    const int M = (int)(sizeof v / sizeof v[0]);
+    float A[sizeof v / sizeof v[0]], C[sizeof v / sizeof v[0]][2];
+    for (int m = 0; m < M; m++) A[m] = v[m].a;
+    const uint16_t wf16[2] = {whale_float_to_f16(1.0f), whale_float_to_f16(-2.0f)};
+    const uint16_t wbf16[2] = {whale_float_to_bf16(1.0f), whale_float_to_bf16(-2.0f)};
+    const int8_t w8[2] = {1, -2};
+    const float scale[2] = {1, 1};
+    const float Bt[2] = {1, -2}; /* tn: B [K=1, N=2] */
+    for (int kind = 0; kind < MX_COUNT; kind++)
+        for (int p = 0; p <= WHALE_GEMM_OWN_PORTABLE; p++) {
+            whale_err err;
+            whale_code rc;
+            whale_gemm_set_path(g, (whale_gemm_path)p);
+            switch (kind) {
+            case MX_NT_F16: rc = whale_gemm_nt_f16(g, M, 2, 1, A, 1, wf16, 1, &C[0][0], 2, 0, &err); break;
+            case MX_NT_Q8:
+                rc = whale_gemm_nt_q8(g, M, 2, 1, A, 1, w8, 1, scale, &C[0][0], 2, 0, &err);
+                break;
+            case MX_NN_BF16: rc = whale_gemm_nn_bf16(g, M, 2, 1, A, 1, wbf16, 2, &C[0][0], 2, 0, &err); break;
+            case MX_NN_F16: rc = whale_gemm_nn_f16(g, M, 2, 1, A, 1, wf16, 2, &C[0][0], 2, 0, &err); break;
+            case MX_TN_BF16: rc = whale_gemm_tn_bf16(g, M, 2, 1, A, M, Bt, 2, &C[0][0], 2, 0, &err); break;
+            default: rc = whale_gemm_tn_f16(g, M, 2, 1, A, M, Bt, 2, &C[0][0], 2, 0, &err); break;
+            }
+            whale_gemm_set_path(g, WHALE_GEMM_AUTO);
+            CHECK(rc == WHALE_OK, "%s rounding path=%s: %s", mx_names[kind], bf16_path_names[p], err.msg);
+            for (int m = 0; rc == WHALE_OK && m < M; m++) {
+                const float want = mx_f16(kind) ? v[m].f16 : v[m].bf16;
+                /* the bf16 instructions flush subnormals: allow 0 there */
+                const int flush = !mx_f16(kind) && fabsf(want) < 0x1p-126f && C[m][0] == 0;
+                CHECK((C[m][0] == want && C[m][1] == -2 * want) || flush,
+                      "%s path=%s impl=%s: A=%a gave %a, %a; want %a", mx_names[kind],
+                      bf16_path_names[p], whale_gemm_last_impl(g), v[m].a, C[m][0], C[m][1], want);
+            }
+        }
+}
+
+/* NaN in A poisons its row of C, in B (int8: a NaN scale) its column;
+ * nothing else. */
+static void test_mixed_nan(whale_gemm *g) {
+    static const int ms[] = {3, 40, 300};
+    for (int kind = 0; kind < MX_COUNT; kind++)
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+            mcase t = {kind, ms[i], 37, 45, 0, 0, 0, 0};
+            mdata d;
+            mx_make(&t, &d, 0, 31 + i);
+            const int L = mx_layout[kind];
+            d.A[L == TN ? (size_t)44 * d.lda + 1 : (size_t)1 * d.lda + 44] = NAN; /* row 1, last k */
+            const size_t b5 = L == NT ? (size_t)5 * d.ldb : 5;                    /* column 5, k = 0 */
+            switch (kind) {
+            case MX_NT_Q8: d.scale[5] = NAN; break;
+            case MX_NN_BF16: ((uint16_t *)d.B)[b5] = BF16_NAN; break;
+            case MX_NT_F16:
+            case MX_NN_F16: ((uint16_t *)d.B)[b5] = F16_NAN; break;
+            default: ((float *)d.B)[b5] = NAN; break;
+            }
+            float *C = malloc(sizeof(float) * t.M * d.ldc);
+            for (int p = 0; p <= WHALE_GEMM_OWN_PORTABLE; p++) {
+                whale_err err;
+                whale_gemm_set_path(g, (whale_gemm_path)p);
+                whale_code rc = mx_call(g, &t, &d, C, &err);
+                whale_gemm_set_path(g, WHALE_GEMM_AUTO);
+                int bad = rc != WHALE_OK;
+                for (int m = 0; !bad && m < t.M; m++)
+                    for (int n = 0; n < t.N; n++)
+                        bad += !isnan(C[m * d.ldc + n]) != !(m == 1 || n == 5);
+                CHECK(!bad, "%s NaN propagation M=%d path=%s impl=%s: rc=%d, %d wrong entries",
+                      mx_names[kind], t.M, bf16_path_names[p], whale_gemm_last_impl(g), (int)rc, bad);
+            }
+            free(C);
+            mx_free(&d);
+        }
+}
+
+/* Zero sizes, errors, repeatability, the dtype measurement. */
+static void test_mixed_misc(whale_gemm *g) {
+    whale_err err;
+    float c[4] = {3, 3, 3, 3}, x[64] = {0};
+    uint16_t h[64] = {0};
+    int8_t q[64] = {0};
+    CHECK(whale_gemm_nt_f16(g, 1, 1, 0, NULL, 0, NULL, 0, c, 1, 1, &err) == WHALE_OK && c[0] == 3,
+          "nt_f16 K=0 accumulate changed C");
+    CHECK(whale_gemm_nt_q8(g, 1, 1, 0, NULL, 0, NULL, 0, NULL, c, 1, 0, &err) == WHALE_OK && c[0] == 0,
+          "nt_q8 K=0 left C at %g", c[0]);
+    CHECK(whale_gemm_nn_bf16(g, 0, 3, 2, NULL, 2, NULL, 3, NULL, 3, 0, &err) == WHALE_OK, "nn_bf16 M=0");
+    CHECK(whale_gemm_tn_bf16(g, 2, 0, 2, NULL, 2, NULL, 0, NULL, 0, 0, &err) == WHALE_OK, "tn_bf16 N=0");
+    CHECK(whale_gemm_nn_f16(g, 0, 0, 0, NULL, 0, NULL, 0, NULL, 0, 1, &err) == WHALE_OK, "nn_f16 0x0x0");
+    c[1] = 5;
+    CHECK(whale_gemm_tn_f16(g, 1, 2, 0, NULL, 1, NULL, 2, c, 2, 0, &err) == WHALE_OK && c[0] == 0 &&
+              c[1] == 0,
+          "tn_f16 K=0");
+    whale_code rc = whale_gemm_nt_q8(g, 2, 2, 8, x, 8, q, 8, NULL, x, 2, 0, &err);
+    CHECK(rc == WHALE_ERR_ARG && strstr(err.msg, "scale is NULL"), "q8 NULL scale: rc=%d %s", (int)rc,
+          err.msg);
+    rc = whale_gemm_nt_f16(g, 2, 2, 8, x, 8, h, 7, x, 2, 0, &err);
+    CHECK(rc == WHALE_ERR_ARG && strstr(err.msg, "nt_f16") && strstr(err.msg, "ldw=7"),
+          "f16 ldw < K: rc=%d %s", (int)rc, err.msg);
+    rc = whale_gemm_nn_bf16(g, 2, 3, 2, x, 2, h, 2, x, 3, 0, &err);
+    CHECK(rc == WHALE_ERR_ARG && strstr(err.msg, "ldb=2"), "nn_bf16 ldb < N: rc=%d %s", (int)rc,
+          err.msg);
+    rc = whale_gemm_tn_f16(g, 3, 2, 2, x, 2, x, 2, x, 2, 0, &err);
+    CHECK(rc == WHALE_ERR_ARG && strstr(err.msg, "lda=2"), "tn_f16 lda < M: rc=%d %s", (int)rc,
+          err.msg);
+    rc = whale_gemm_tn_bf16(g, 2, 2, 2, NULL, 2, x, 2, x, 2, 0, &err);
+    CHECK(rc == WHALE_ERR_ARG && strstr(err.msg, "A is NULL"), "tn_bf16 NULL A: rc=%d %s", (int)rc,
+          err.msg);
+
+    /* the same call twice: the same bits */
+    static const int ms[] = {1, 17, 300};
+    for (int kind = 0; kind < MX_COUNT; kind++)
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+            mcase t = {kind, ms[i], 96, 200, 0, 0, 0, 0};
+            mdata d;
+            mx_make(&t, &d, 0, 9 + i);
+            float *C1 = malloc(sizeof(float) * t.M * d.ldc), *C2 = malloc(sizeof(float) * t.M * d.ldc);
+            whale_code r1 = mx_call(g, &t, &d, C1, &err), r2 = mx_call(g, &t, &d, C2, &err);
+            CHECK(!r1 && !r2 && !memcmp(C1, C2, sizeof(float) * t.M * d.ldc),
+                  "%s M=%d: repeated product differs", mx_names[kind], t.M);
+            free(C1);
+            free(C2);
+            mx_free(&d);
+        }
+
+    static const whale_dtype dts[] = {WHALE_F32, WHALE_BF16, WHALE_F16, WHALE_I8};
+    for (size_t i = 0; i < 4; i++) {
+        CHECK(whale_gemm_measure_gflops_dtype(g, dts[i], 3, 96, 80, 2) > 0, "measure %d, M=3", (int)dts[i]);
+        CHECK(whale_gemm_measure_gflops_dtype(g, dts[i], 40, 96, 80, 2) > 0, "measure %d, M=40", (int)dts[i]);
+    }
+    CHECK(whale_gemm_measure_gflops_dtype(g, WHALE_I32, 4, 4, 4, 1) == 0, "measure of int32 weights");
+}
+
+/* Automatic choice: our kernels for few rows, converted blocks above. */
+static void test_mixed_rules(void) {
+    whale_err err;
+    whale_gemm *g;
+    if (whale_gemm_new(&g, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    for (int kind = MX_NT_F16; kind <= MX_NT_Q8; kind++) {
+        mcase t = {kind, WHALE_GEMM_OWN_MAX_M_NT, 40, 24, 0, 0, 0, 0};
+        run_mixed(g, &t, 1, 1, 3);
+        CHECK(!strncmp(whale_gemm_last_impl(g), "whale:", 6), "%s M=%d ran %s",
+              mx_names[kind], t.M, whale_gemm_last_impl(g));
+        t.M++;
+        run_mixed(g, &t, 1, 1, 4);
+        CHECK(!strncmp(whale_gemm_last_impl(g), kind == MX_NT_F16 ? "cvt_f16+" : "cvt_q8+", 7),
+              "%s M=%d ran %s", mx_names[kind], t.M, whale_gemm_last_impl(g));
+    }
+    mcase t = {MX_NN_BF16, 300, 40, 24, 0, 0, 0, 0};
+    run_mixed(g, &t, 1, 1, 5);
+    CHECK(strncmp(whale_gemm_last_impl(g), "whale:", 6) && !strstr(whale_gemm_last_impl(g), "cvt"),
+          "nn_bf16 M=300 ran %s", whale_gemm_last_impl(g));
+    if (__builtin_cpu_supports("avx512bf16"))
+        CHECK(strstr(whale_gemm_last_impl(g), "bf16") || !strcmp(whale_gemm_last_impl(g), "gemm:jit"),
+              "nn_bf16 ran %s", whale_gemm_last_impl(g));
+    t.kind = MX_TN_F16;
+    run_mixed(g, &t, 1 << WHALE_GEMM_OWN, 1, 6);
+    CHECK(!strcmp(whale_gemm_last_impl(g), "cvt_f16+whale:skinny_tn"), "tn_f16 own ran %s",
+          whale_gemm_last_impl(g));
+    whale_gemm_free(g);
+}
+
+/* int8 quantisation: round trip within half a step, ties to even, the
+ * largest magnitude on +-127, zero and non-finite rows. */
+static void test_quantize(void) {
+    enum { ROWS = 7, COLS = 301 };
+    float *W = malloc(sizeof(float) * ROWS * COLS), scale[ROWS];
+    int8_t *q = malloc(ROWS * COLS);
+    whale_rng r;
+    whale_rng_seed(&r, 17);
+    for (int i = 0; i < ROWS * COLS; i++) W[i] = (float)whale_rng_normal(&r) * (1 + i / COLS);
+    for (int j = 0; j < COLS; j++) W[2 * COLS + j] = 0;                /* zero row */
+    W[3 * COLS + 10] = 1e4f;                                          /* one outlier */
+    for (int j = 0; j < COLS; j++) W[4 * COLS + j] = (float)(j % 9) - 4.5f; /* ties... */
+    W[4 * COLS] = 127;                                                /* ...with scale 1 */
+    W[5 * COLS + 7] = NAN;
+    W[6 * COLS + 8] = -INFINITY;
+    whale_quantize_q8_rows(q, scale, W, ROWS, COLS);
+    int bad = 0, at_max = 0;
+    for (int i = 0; i < ROWS; i++) {
+        if (i >= 5) {
+            CHECK(isnan(scale[i]), "row %d with a non-finite value: scale %g", i, scale[i]);
+            continue;
+        }
+        for (int j = 0; j < COLS; j++) {
+            const double w = W[i * COLS + j], back = (double)q[i * COLS + j] * scale[i];
+            bad += !(fabs(back - w) <= scale[i] * (0.5 + 0x1p-16)) || abs(q[i * COLS + j]) > 127;
+            at_max += abs(q[i * COLS + j]) == 127;
+        }
+    }
+    CHECK(bad == 0, "quantize: %d values off by more than half a step", bad);
+    CHECK(at_max >= 4, "quantize: only %d values at +-127 (one per non-zero row)", at_max);
+    CHECK(scale[2] == 0 && q[2 * COLS + 5] == 0, "zero row: scale %g", scale[2]);
+    CHECK(scale[4] == 1, "tie row scale %g", scale[4]);
+    int ties = 0;
+    for (int j = 1; j < COLS; j++) {
+        const float w = W[4 * COLS + j];
+        /* w = k + 0.5: the even neighbour */
+        const int lo = (int)floorf(w), even = lo % 2 == 0 ? lo : lo + 1;
+        ties += q[4 * COLS + j] != even;
+    }
+    CHECK(ties == 0, "quantize: %d ties not rounded to even", ties);
+    free(W);
+    free(q);
+}
+
 int main(void) {
     whale_err err;
     whale_gemm *g;
@@ -702,5 +1202,17 @@ int main(void) {
     whale_gemm_free(g);
     test_bf16_convert();
     test_bf16_rules();
+    if (whale_gemm_new(&g, &err)) {
+        fprintf(stderr, "test_gemm: %s\n", err.msg);
+        return 1;
+    }
+    test_mixed_shapes(g);
+    test_mixed_rounding(g);
+    test_mixed_nan(g);
+    test_mixed_misc(g);
+    whale_gemm_free(g);
+    test_mixed_blocks();
+    test_mixed_rules();
+    test_quantize();
     return test_finish("test_gemm");
 }

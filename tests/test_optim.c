@@ -26,7 +26,7 @@ static void test_adamw_reference(void) {
     int B = (int)ids->shape[0], S = (int)ids->shape[1];
     whale_session *s;
     whale_optimizer *o;
-    whale_adamw_config cfg = {0.9, 0.95, 1e-8, 0.1};
+    whale_adamw_config cfg = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
     CHECK(whale_train_session_new(m, B, S, 0, &s, &err) == WHALE_OK, "%s", err.msg);
     CHECK(whale_adamw_new(m, &cfg, &o, &err) == WHALE_OK, "%s", err.msg);
     for (int step = 0; step < 3; step++) {

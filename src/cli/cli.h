@@ -27,6 +27,8 @@ int cli_sampling_option(const char *cmd, const char *a, const char *v, whale_sam
 
 /* --dtype fp32|bf16 (compute precision of a model run). */
 int cli_dtype(const char *cmd, const char *v, whale_dtype *dt);
+/* "fp32", "bf16", "fp16", "int8" */
+const char *cli_dtype_name(whale_dtype dt);
 
 /* Parse "0,15,27" into ids (malloc'd). */
 int cli_parse_id_list(const char *cmd, const char *text, int32_t **ids, int *n);
@@ -38,6 +40,7 @@ whale_code cli_load_tokenizer(const char *dir, const whale_model *m, whale_token
 whale_code cli_read_ids_file(const char *path, int vocab, int32_t **ids, int *B, int *S, whale_err *err);
 
 int cmd_info(int argc, char **argv);
+int cmd_memory(int argc, char **argv);
 int cmd_init(int argc, char **argv);
 int cmd_score(int argc, char **argv);
 int cmd_generate(int argc, char **argv);

@@ -10,12 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-static double gemm_ceiling(int bf16, whale_err *err) {
+/* The best GEMM rate of the dtype's products at the model's typical shapes. */
+static double gemm_ceiling(whale_dtype dt, whale_err *err) {
     whale_gemm *g;
     if (whale_gemm_new(&g, err)) return 0;
-    double (*measure)(whale_gemm *, int, int, int, int) = bf16 ? whale_gemm_measure_gflops_bf16 : whale_gemm_measure_gflops;
-    double a = measure(g, 1024, 1280, 320, 5);
-    double b = measure(g, 1024, 320, 1280, 5);
+    double a = whale_gemm_measure_gflops_dtype(g, dt, 1024, 1280, 320, 5);
+    double b = whale_gemm_measure_gflops_dtype(g, dt, 1024, 320, 1280, 5);
     whale_gemm_free(g);
     return a > b ? a : b;
 }
@@ -78,11 +78,12 @@ int cmd_bench(int argc, char **argv) {
     whale_err err;
     whale_model *m;
     if (dir ? whale_model_load(dir, &m, &err) : whale_model_init(preset, 0, &m, &err)) return cli_fail(&err);
-    if (whale_model_set_dtype(m, dtype, &err)) {
+    /* inference runs hold only the dtype's weights; training keeps fp32 masters */
+    if (whale_model_set_dtype(m, dtype, &err) || (mode != 3 && whale_model_drop_master(m, &err))) {
         whale_model_free(m);
         return cli_fail(&err);
     }
-    const char *dtname = dtype == WHALE_BF16 ? "bf16" : "f32";
+    const char *dtname = cli_dtype_name(dtype);
     int V = whale_model_vocab_size(m);
     int ctx_total = mode == 2 ? (int)(context + tokens) : (int)seq;
     whale_session *s = NULL;
@@ -106,7 +107,11 @@ int cmd_bench(int argc, char **argv) {
     whale_rng_seed(&rng, 1);
     random_ids(ids, (size_t)batch * (mode == 2 ? ctx_total : seq), V, &rng);
 
-    double ceiling = gemm_ceiling(dtype == WHALE_BF16, &err);
+    whale_memory mm;
+    whale_memory_of_model(m, &mm);
+    whale_memory_add_session(&mm, s);
+    whale_memory_print(&mm, stderr);
+    double ceiling = gemm_ceiling(dtype, &err);
     const char *label = dir ? dir : preset;
     double best = 1e30;
     for (int r = 0; r < reps + 1 + profile; r++) { /* first run warms caches and oneDNN primitives */
@@ -149,8 +154,8 @@ int cmd_bench(int argc, char **argv) {
         double flops = 0;
         for (int k = 0; k < tokens; k++) flops += whale_model_forward_flops(m, 1, 1, (int)context + k, 1);
         double bw = whale_measure_read_bandwidth((size_t)512 << 20, 3);
-        /* bf16 halves the product weights; the fp32 islands (HC, gate) are under 1 % */
-        double bytes = whale_model_decode_weight_bytes(m) * (dtype == WHALE_BF16 ? 0.5 : 1.0);
+        /* bytes of the product weights in the dtype; the fp32 islands (HC, gate) are under 1 % */
+        double bytes = whale_model_decode_weight_bytes(m) * (double)whale_dtype_size(dtype) / 4.0;
         double tps = tokens / best, bound = bw * 1e9 / bytes;
         printf("{\"what\": \"decode\", \"model\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"context\": %ld, "
                "\"tokens\": %ld, \"tokens_per_s\": %.2f, \"gflops\": %.2f, \"weight_mb_per_token\": %.1f, "
@@ -162,11 +167,11 @@ int cmd_bench(int argc, char **argv) {
         double flops = 3.0 * whale_model_forward_flops(m, (int)batch, (int)seq, 0, (int)(batch * seq));
         double gf = flops / best / 1e9;
         size_t saves, acts = whale_session_activation_bytes(s, &saves);
-        printf("{\"what\": \"train\", \"model\": \"%s\", \"dtype\": \"f32\", \"threads\": %d, \"batch\": %ld, "
+        printf("{\"what\": \"train\", \"model\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"batch\": %ld, "
                "\"seq_len\": %ld, \"recompute\": %s, \"tokens_per_s\": %.1f, \"seconds_per_step\": %.4f, "
                "\"gflops\": %.1f, \"ceiling_gflops\": %.1f, \"mfu_pct\": %.1f, \"activation_mib\": %.1f, "
                "\"recompute_saves_mib\": %.1f}\n",
-               label, whale_get_threads(), batch, seq, recompute ? "true" : "false", batch * seq / best, best, gf,
+               label, dtname, whale_get_threads(), batch, seq, recompute ? "true" : "false", batch * seq / best, best, gf,
                ceiling, 100 * gf / ceiling, acts / 1048576.0, saves / 1048576.0);
     } else {
         double flops = whale_model_forward_flops(m, (int)batch, (int)seq, 0, mode == 0 ? (int)(batch * seq) : (int)batch);
@@ -177,6 +182,7 @@ int cmd_bench(int argc, char **argv) {
                what, label, dtname, whale_get_threads(), batch, seq, batch * seq / best, best, gf, ceiling,
                100 * gf / ceiling);
     }
+    fprintf(stderr, "peak resident memory %.1f MiB\n", whale_peak_rss() / 1048576.0);
     goto out;
 fail:
     status = cli_fail(&err);

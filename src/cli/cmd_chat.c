@@ -116,7 +116,7 @@ int cmd_chat(int argc, char **argv) {
     whale_chat_message *msgs = NULL;
     int n_msgs = 0, status = 0, interactive = isatty(0) && isatty(1);
     int32_t *ctx = NULL, *ids = NULL, stop[16];
-    if (whale_model_load(dir, &m, &err) || whale_model_set_dtype(m, dtype, &err) ||
+    if (whale_model_load_as(dir, dtype, &m, &err) ||
         cli_load_tokenizer(dir, m, &tok, &err) ||
         (tmpl ? whale_chat_format_from_name(tmpl, &fmt, &err) : whale_chat_detect(dir, &fmt, &err)) ||
         whale_detokenizer_new(tok, 1, &detok, &err))
@@ -133,9 +133,14 @@ int cmd_chat(int argc, char **argv) {
     if (whale_sampler_new(&sp, whale_model_vocab_size(m), &sm, &err) || whale_session_new(m, 1, maxpos, &s, &err))
         goto fail;
     if (system) msgs[n_msgs++] = (whale_chat_message){"system", strdup(system)};
-    if (interactive)
+    if (interactive) {
+        whale_memory mm;
+        whale_memory_of_model(m, &mm);
+        whale_memory_add_session(&mm, s);
+        whale_memory_print_line(&mm, stderr);
         fprintf(stderr, "whale chat: %s template, %d positions; 'clear' to forget, 'exit' to quit, \"\"\" for multi-line\n",
                 whale_chat_format_name(fmt), maxpos);
+    }
     int n_ctx = 0; /* ids the cache holds (plus the last sampled one) */
     for (;;) {
         int eof;

@@ -5,6 +5,7 @@
 #include "whale_diag.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +19,8 @@ whale_code cli_nan_check_attach(whale_session *s, whale_diag **out, whale_err *e
 }
 
 static const char help_text[] =
-    "usage: whale diagnose -m DIR (--ids FILE | --text TEXT | --text-file F) [--json OUT.json] [--threads N]\n"
+    "usage: whale diagnose -m DIR (--ids FILE | --text TEXT | --text-file F) [--dtype D] [--backward]\n"
+    "                      [--loss-scale S] [--json OUT.json] [--threads N]\n"
     "  runs one forward pass and measures every intermediate tensor: max|x|, RMS,\n"
     "  non-finite values, zeros, the share that is subnormal or rounds to zero in\n"
     "  bf16 / fp16, fp16 overflow, headroom in bits below each format's maximum,\n"
@@ -26,17 +28,39 @@ static const char help_text[] =
     "  --ids FILE        JSON array of equal-length arrays of token ids\n"
     "  --text TEXT       text, encoded with the model folder's tokenizer\n"
     "  --text-file F     the same from a file\n"
+    "  --dtype D         fp32 (default), bf16, fp16 or int8: precision of the weight products.\n"
+    "                    Other than fp32, the same input also runs in fp32 and every tensor\n"
+    "                    gets its deviation from it (max|dx|, relative RMS, values lost to\n"
+    "                    zero) and every MoE layer the share of tokens routed differently\n"
+    "  --backward        also run a training step (labels = the ids) and measure the\n"
+    "                    gradients grad.X of every traced tensor X (not with int8)\n"
+    "  --loss-scale S    the training step's gradients are of S × loss (default 1: the\n"
+    "                    raw gradients, whose fp16 underflow is what loss scaling fixes)\n"
     "  --json OUT.json   also write everything as JSON ('-' = stdout instead of the table)\n"
-    "  --dtype fp32|bf16 compute precision of the run (bf16: weight products in bf16)\n"
     "  --threads N       (default: all cores)";
 
+/* Copies of the fp32 run kept for the comparison: far more than a
+ * diagnosis input needs (tiny: ~1 MiB; 100m × 162 tokens: ~150 MiB), and
+ * a bound that a very long input cannot pass silently (the summary counts
+ * what was not compared). */
+#define REF_MAX_BYTES ((size_t)1 << 30)
+
 /* The run's description stored under "run" in the JSON report. */
-static char *run_json(const char *dir, int B, int S, whale_dtype dt) {
+static char *run_json(const char *dir, int B, int S, whale_dtype dt, int ref, int backward, double loss_scale,
+                      double loss, double ref_loss) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "model", dir);
-    cJSON_AddStringToObject(j, "dtype", dt == WHALE_BF16 ? "bf16" : "fp32");
+    cJSON_AddStringToObject(j, "dtype", cli_dtype_name(dt));
     cJSON_AddNumberToObject(j, "batch", B);
     cJSON_AddNumberToObject(j, "seq_len", S);
+    if (ref) cJSON_AddStringToObject(j, "reference", "fp32");
+    else cJSON_AddNullToObject(j, "reference");
+    cJSON_AddBoolToObject(j, "backward", backward);
+    if (backward) cJSON_AddNumberToObject(j, "loss_scale", loss_scale);
+    if (isfinite(loss)) cJSON_AddNumberToObject(j, "loss", loss);
+    else cJSON_AddNullToObject(j, "loss");
+    if (ref && isfinite(ref_loss)) cJSON_AddNumberToObject(j, "reference_loss", ref_loss);
+    else if (ref) cJSON_AddNullToObject(j, "reference_loss");
     char *text = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     return text;
@@ -55,10 +79,42 @@ static whale_code write_report(const whale_diag *d, const char *path, const char
     return c;
 }
 
+/* The training step repeats the forward pass the inference session already
+ * traced; only its gradients go to the collector. */
+static void trace_grads(void *user, const char *name, const whale_tensor *t) {
+    if (!strncmp(name, "grad.", 5)) whale_diag_trace(user, name, t);
+}
+
+/* One traced run of the input in the model's current precision: a forward
+ * pass with all logits, then (backward) a training step on the same ids. */
+static whale_code run_pass(whale_model *m, whale_diag *d, const int32_t *ids, int B, int S, float *logits,
+                           int backward, double loss_scale, double *loss, whale_err *err) {
+    whale_session *s = NULL;
+    whale_code c = whale_session_new(m, B, S, &s, err);
+    if (c) return c;
+    whale_diag_set_phase(d, "forward");
+    whale_session_set_trace(s, whale_diag_trace, d);
+    c = whale_session_forward(s, ids, B, S, logits, 1, err);
+    whale_session_free(s);
+    if (c) return c;
+    int64_t count;
+    *loss = whale_cross_entropy(logits, ids, B, S, whale_model_vocab_size(m), &count);
+    if (!backward) return WHALE_OK;
+    if ((c = whale_train_session_new(m, B, S, 0, &s, err))) return c;
+    double train_loss;
+    whale_diag_set_phase(d, "backward");
+    whale_session_set_trace(s, trace_grads, d);
+    c = whale_session_train_step(s, ids, NULL, NULL, NULL, B, S, loss_scale, &train_loss, &count, err);
+    whale_session_free(s);
+    return c;
+}
+
 int cmd_diagnose(int argc, char **argv) {
     const char *dir = NULL, *ids_path = NULL, *text = NULL, *text_file = NULL, *json = NULL;
     whale_dtype dtype = WHALE_F32;
     long threads = 0;
+    int backward = 0, scale_given = 0;
+    double loss_scale = 1;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             puts(help_text);
@@ -66,8 +122,12 @@ int cmd_diagnose(int argc, char **argv) {
         }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
-        static const char *const with_value[] = {"-m", "--model", "--ids", "--text", "--text-file",
-                                                 "--json", "--threads", "--dtype"};
+        if (!strcmp(a, "--backward")) {
+            backward = 1;
+            continue;
+        }
+        static const char *const with_value[] = {"-m",        "--model",   "--ids",   "--text",      "--text-file",
+                                                 "--json",    "--threads", "--dtype", "--loss-scale"};
         int known = 0;
         for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++) known |= !strcmp(a, with_value[k]);
         if (!known) return cli_usage("diagnose", "unknown option \"%s\"", a);
@@ -81,22 +141,29 @@ int cmd_diagnose(int argc, char **argv) {
             if (cli_int("diagnose", a, v, 1, 1024, &threads)) return 2;
         } else if (!strcmp(a, "--dtype")) {
             if (cli_dtype("diagnose", v, &dtype)) return 2;
+        } else if (!strcmp(a, "--loss-scale")) {
+            if (cli_float("diagnose", a, v, 1e-30, 1e30, &loss_scale)) return 2;
+            scale_given = 1;
         }
     }
     if (!dir || (!!ids_path + !!text + !!text_file) != 1)
         return cli_usage("diagnose", "-m DIR and exactly one of --ids FILE, --text TEXT or --text-file F are required");
+    if (backward && dtype == WHALE_I8)
+        return cli_usage("diagnose", "--backward needs --dtype fp32, bf16 or fp16 (int8 runs inference only)");
+    if (scale_given && !backward) return cli_usage("diagnose", "--loss-scale applies to --backward only");
     whale_set_threads((int)threads);
 
     whale_err err;
     whale_model *m = NULL;
     whale_tokenizer *tok = NULL;
-    whale_session *s = NULL;
-    whale_diag *d = NULL;
+    whale_diag *d = NULL, *ref = NULL;
     int32_t *ids = NULL;
     char *file_text = NULL, *run = NULL;
     float *logits = NULL;
     int B = 1, S = 0, status = 0;
-    if (whale_model_load(dir, &m, &err) || whale_model_set_dtype(m, dtype, &err)) goto fail;
+    double loss = NAN, ref_loss = NAN;
+    /* fp32 master weights stay loaded: the reference run needs them */
+    if (whale_model_load(dir, &m, &err)) goto fail;
     int V = whale_model_vocab_size(m);
     if (ids_path) {
         if (cli_read_ids_file(ids_path, V, &ids, &B, &S, &err)) goto fail;
@@ -119,27 +186,53 @@ int cmd_diagnose(int argc, char **argv) {
                    ids_path ? ids_path : text_file ? text_file : "--text", S, whale_model_max_positions(m));
         goto fail;
     }
+    if (backward && S < 2) {
+        whale_errf(&err, WHALE_ERR_ARG, "--backward: %s has %d token per sequence; a training step needs 2 or more",
+                   ids_path ? ids_path : text_file ? text_file : "--text", S);
+        goto fail;
+    }
     size_t n = (size_t)B * S * V;
     if (!(logits = whale_alloc(n * sizeof(float)))) {
         whale_errf(&err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of logits for %d × %d tokens",
                    n * 4 / 1048576.0, B, S);
         goto fail;
     }
+    if (dtype != WHALE_F32) { /* the fp32 run first: its copies are what the run in dtype is measured against */
+        if (!(ref = whale_diag_new(0))) {
+            whale_errf(&err, WHALE_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        whale_diag_keep_values(ref, REF_MAX_BYTES);
+        if (whale_diag_set_model(ref, m, &err) ||
+            run_pass(m, ref, ids, B, S, logits, backward, loss_scale, &ref_loss, &err) ||
+            whale_model_set_dtype(m, dtype, &err))
+            goto fail;
+    }
     if (!(d = whale_diag_new(0))) {
         whale_errf(&err, WHALE_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    if (whale_diag_set_model(d, m, &err) || whale_session_new(m, B, S, &s, &err)) goto fail;
-    whale_session_set_trace(s, whale_diag_trace, d);
-    if (whale_session_forward(s, ids, B, S, logits, 1, &err)) goto fail;
+    if (ref) whale_diag_set_reference(d, ref, "fp32");
+    if (whale_diag_set_model(d, m, &err) || run_pass(m, d, ids, B, S, logits, backward, loss_scale, &loss, &err))
+        goto fail;
 
     if (!json || strcmp(json, "-")) {
-        printf("model %s: %d × %d tokens, %s\n\n", dir, B, S, dtype == WHALE_BF16 ? "bf16" : "fp32");
+        printf("model %s: %d × %d tokens, %s products; loss %.6f", dir, B, S, cli_dtype_name(dtype), loss);
+        if (ref) printf(" (fp32 %.6f)", ref_loss);
+        printf("\n");
+        if (ref) {
+            int64_t dropped;
+            size_t kept = whale_diag_kept_bytes(ref, &dropped);
+            printf("compared with an fp32 run of the same tokens (%.1f MiB of fp32 copies%s)\n", kept / 1048576.0,
+                   dropped ? "; some tensors over the 1 GiB limit are not compared" : "");
+        }
+        if (backward) printf("with a training step: gradients of %g × the mean loss, labels = the ids\n", loss_scale);
+        printf("\n");
         whale_diag_print_table(d, stdout);
         fflush(stdout);
     }
     if (json) {
-        if (!(run = run_json(dir, B, S, dtype))) {
+        if (!(run = run_json(dir, B, S, dtype, ref != NULL, backward, loss_scale, loss, ref_loss))) {
             whale_errf(&err, WHALE_ERR_NOMEM, "out of memory");
             goto fail;
         }
@@ -153,8 +246,8 @@ out:
     free(logits);
     free(ids);
     free(file_text);
-    whale_session_free(s);
     whale_diag_free(d);
+    whale_diag_free(ref);
     whale_tokenizer_free(tok);
     whale_model_free(m);
     return status;

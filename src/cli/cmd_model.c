@@ -176,7 +176,7 @@ int cmd_score(int argc, char **argv) {
     whale_set_threads((int)threads);
     whale_err err;
     whale_model *m = NULL;
-    if (whale_model_load(dir, &m, &err) || whale_model_set_dtype(m, dtype, &err)) {
+    if (whale_model_load_as(dir, dtype, &m, &err)) {
         whale_model_free(m);
         return cli_fail(&err);
     }
@@ -331,7 +331,7 @@ int cmd_generate(int argc, char **argv) {
     int32_t *prompt = NULL, *ids = NULL;
     int n_prompt = 0, status = 0;
     if (ids_text && (status = cli_parse_id_list("generate", ids_text, &prompt, &n_prompt))) return status;
-    if (whale_model_load(dir, &m, &err) || whale_model_set_dtype(m, dtype, &err)) goto fail;
+    if (whale_model_load_as(dir, dtype, &m, &err)) goto fail;
     int V = whale_model_vocab_size(m), maxpos = whale_model_max_positions(m);
     if (prompt_text && !*prompt_text) {
         whale_errf(&err, WHALE_ERR_ARG, "-p: the prompt is empty");
@@ -374,6 +374,10 @@ int cmd_generate(int argc, char **argv) {
         stop[n_stop++] = whale_tokenizer_role_id(tok, WHALE_TOKEN_EOS);
 
     gen_printer pr = {detok, 0, &err, 0, nan};
+    whale_memory mm;
+    whale_memory_of_model(m, &mm);
+    whale_memory_add_session(&mm, s);
+    whale_memory_print_line(&mm, stderr);
     whale_gen_stats st;
     int n_ids = n_prompt;
     whale_code gc = whale_generate(s, sm, ids, &n_ids, cap, (int)n_new, stop, n_stop, print_token, &pr, &st, &err);
@@ -389,6 +393,7 @@ int cmd_generate(int argc, char **argv) {
             "whale: seed %llu; prompt %d tokens in %.1f ms (%.1f tokens/s); generated %d tokens in %.1f ms (%.1f tokens/s)\n",
             (unsigned long long)sp.seed, st.prompt_tokens, st.prompt_seconds * 1e3, st.prompt_tokens / (st.prompt_seconds > 0 ? st.prompt_seconds : 1e-9),
             st.generated, st.gen_seconds * 1e3, st.generated > 1 ? (st.generated - 1) / st.gen_seconds : 0.0);
+    fprintf(stderr, "whale: peak resident memory %.1f MiB\n", whale_peak_rss() / 1048576.0);
     goto out;
 fail:
     status = cli_fail(&err);

@@ -99,6 +99,10 @@ int cmd_train_model(int argc, char **argv) {
                  "  --cross-doc-attention   attend across packed documents (the original run's packing)\n"
                  "  --hf-accum-compat       sum micro-batch mean losses like HF Trainer did for this model\n"
                  "  --recompute             recompute each layer's activations in the backward pass (less memory)\n"
+                 "  --dtype fp32|bf16|fp16  precision of the weight products (fp32 master weights, gradients, moments)\n"
+                 "  --pure-bf16 nearest|stochastic  store the weights themselves in bf16 (no fp32 master)\n"
+                 "  --loss-scale S (65536)  --loss-scale-interval N (2000)   fp16 dynamic loss scaling\n"
+                 "  --nan-check             stop at the first NaN/inf in any forward or backward tensor, naming it\n"
                  "  --quiet\n"
                  "writes RUN_DIR/metrics.jsonl, RUN_DIR/checkpoint-STEP/ and the final model into RUN_DIR");
             return 0;
@@ -117,6 +121,10 @@ int cmd_train_model(int argc, char **argv) {
         }
         if (!strcmp(a, "--recompute")) {
             o.recompute = 1;
+            continue;
+        }
+        if (!strcmp(a, "--nan-check")) {
+            o.nan_check = 1;
             continue;
         }
         if (!(v = cli_value(argc, argv, &i))) return cli_usage("train", "%s needs a value", a);
@@ -138,6 +146,14 @@ int cmd_train_model(int argc, char **argv) {
         else if (!strcmp(a, "--out") || !strcmp(a, "--output-dir")) o.out = v;
         else if (!strcmp(a, "--tokenizer")) o.tokenizer = v;
         else if (!strcmp(a, "--resume")) o.resume = v;
+        else if (!strcmp(a, "--dtype")) {
+            bad = cli_dtype("train", v, &o.dtype);
+            if (!bad && o.dtype == WHALE_I8) return cli_usage("train", "int8 is an inference format; train in fp32, bf16 or fp16");
+        } else if (!strcmp(a, "--pure-bf16")) {
+            if (!strcmp(v, "nearest")) o.weights = WHALE_WEIGHTS_BF16_NEAREST;
+            else if (!strcmp(v, "stochastic")) o.weights = WHALE_WEIGHTS_BF16_STOCHASTIC;
+            else return cli_usage("train", "--pure-bf16 must be nearest or stochastic, got \"%s\"", v);
+        }
         else if (!strcmp(a, "--lr-scheduler")) {
             if (!strcmp(v, "constant")) o.schedule = WHALE_LR_CONSTANT;
             else if (!strcmp(v, "linear")) o.schedule = WHALE_LR_LINEAR;
@@ -163,6 +179,8 @@ int cmd_train_model(int argc, char **argv) {
         FLT_OPT("--adam-beta2", 0, 0.999999, o.beta2)
         FLT_OPT("--adam-epsilon", 1e-30, 1, o.adam_eps)
         FLT_OPT("--max-grad-norm", 0, 1e9, o.max_grad_norm)
+        FLT_OPT("--loss-scale", 1e-30, 1e30, o.loss_scale)
+        INT_OPT("--loss-scale-interval", 1, 1 << 30, o.loss_scale_interval)
         else return cli_usage("train", "unknown option \"%s\"", a);
 #undef INT_OPT
 #undef FLT_OPT

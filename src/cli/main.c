@@ -30,6 +30,7 @@ static const char usage_text[] =
     "  tokenize  -m DIR \"text\" | --file F [--show]                text to token ids\n"
     "  detokenize -m DIR --ids 1,2,3 [--skip-special]                token ids to text\n"
     "  diagnose  -m DIR (--ids FILE | --text TEXT) [--json OUT]     numerics: ranges, underflow, routing margins\n"
+    "  memory    --config PRESET|DIR --dtype D [--train full|lora]  memory a run needs, by category\n"
     "\n"
     "Run 'whale COMMAND --help' for a command's options. Exit status: 0 ok, 2 usage,\n"
     "3 i/o, 4 malformed input, 5 out of range, 6 unsupported, 7 out of memory, 1 other.\n";
@@ -114,8 +115,19 @@ int cli_parse_id_list(const char *cmd, const char *text, int32_t **ids, int *n) 
 int cli_dtype(const char *cmd, const char *v, whale_dtype *dt) {
     if (!strcmp(v, "fp32") || !strcmp(v, "f32") || !strcmp(v, "float32")) *dt = WHALE_F32;
     else if (!strcmp(v, "bf16") || !strcmp(v, "bfloat16")) *dt = WHALE_BF16;
-    else return cli_usage(cmd, "--dtype must be fp32 or bf16 (fp16 and int8 are not available yet), got \"%s\"", v);
+    else if (!strcmp(v, "fp16") || !strcmp(v, "f16") || !strcmp(v, "float16")) *dt = WHALE_F16;
+    else if (!strcmp(v, "int8") || !strcmp(v, "i8")) *dt = WHALE_I8;
+    else return cli_usage(cmd, "--dtype must be fp32, bf16, fp16 or int8, got \"%s\"", v);
     return 0;
+}
+
+const char *cli_dtype_name(whale_dtype dt) {
+    switch (dt) {
+    case WHALE_BF16: return "bf16";
+    case WHALE_F16: return "fp16";
+    case WHALE_I8: return "int8";
+    default: return "fp32";
+    }
 }
 
 whale_sampler_params cli_sampling_defaults(void) {
@@ -155,7 +167,7 @@ int cli_sampling_option(const char *cmd, const char *a, const char *v, whale_sam
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: whale COMMAND [options] (commands: info init score generate chat grad train eval export precision-report data plot tokenizer bench tokenize detokenize diagnose; see 'whale --help')\n");
+        fprintf(stderr, "usage: whale COMMAND [options] (commands: info init score generate chat grad train eval export precision-report data plot tokenizer bench tokenize detokenize diagnose memory; see 'whale --help')\n");
         return 2;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
@@ -169,7 +181,7 @@ int main(int argc, char **argv) {
     } cmds[] = {{"info", cmd_info}, {"init", cmd_init}, {"score", cmd_score}, {"generate", cmd_generate}, {"chat", cmd_chat}, {"bench", cmd_bench},
                   {"tokenize", cmd_tokenize}, {"grad", cmd_grad}, {"train", cmd_train_model}, {"eval", cmd_eval}, {"export", cmd_export},
                   {"precision-report", cmd_precision_report},
-                  {"data", cmd_data}, {"plot", cmd_plot}, {"tokenizer", cmd_tokenizer}, {"detokenize", cmd_detokenize}, {"diagnose", cmd_diagnose}};
+                  {"data", cmd_data}, {"plot", cmd_plot}, {"tokenizer", cmd_tokenizer}, {"detokenize", cmd_detokenize}, {"diagnose", cmd_diagnose}, {"memory", cmd_memory}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "whale: unknown command \"%s\" (see 'whale --help')\n", cmd);

@@ -1,6 +1,8 @@
 /* Numerics diagnostics (whale_diag.h): a trace callback that measures every
  * traced tensor against the bf16 and fp16 formats, derives routing margins
- * from the gate logits and remembers the first non-finite tensor. */
+ * from the gate logits, remembers the first non-finite tensor and, given a
+ * reference run's kept copies, measures how far each tensor and each
+ * token's expert choice moved from it. */
 #include "whale_diag.h"
 
 #include "kernels/ops.h"
@@ -23,17 +25,36 @@ enum { SCORE_SQRTSOFTPLUS = NW_SCORE_SQRTSOFTPLUS, SCORE_SOFTMAX = NW_SCORE_SOFT
 
 typedef struct {
     char *name;
-    int layer; /* N of "layers.N.", -1 for the head and logits */
+    const char *phase; /* "backward" for grad.* names, else the phase when first seen */
+    int layer;         /* N of "layers.N." (also after "grad."), -1 for the head and logits */
     int64_t calls, numel, nan, pos_inf, neg_inf, zeros, nonzero;
     int64_t bf16_sub, bf16_zero, fp16_sub, fp16_zero, fp16_ovf;
     double max_abs, sumsq, min_nz;
+    /* against the reference run (whale_diag_set_reference) */
+    int64_t cmp_calls, cmp_n, cmp_nonfinite, cmp_ref_nz, cmp_lost;
+    double cmp_max, cmp_sumsq, cmp_ref_sumsq;
 } entry;
 
 typedef struct {
     int layer, biased;
     int64_t tokens, below, bf16_ties, fp16_ties;
     double min_margin, sum_margin;
+    int64_t topk_calls, cmp_tokens, disagree; /* routing against the reference run */
 } route;
+
+/* Copies of one traced name's values, call by call (whale_diag_keep_values).
+ * Only the first nkept calls are kept, so call k of a name always means the
+ * same thing in the keeping and the comparing collector. */
+typedef struct {
+    char *name;
+    whale_dtype dtype;
+    int64_t calls;    /* calls seen */
+    int64_t nkept;    /* the first nkept calls are in vals */
+    int dropped;      /* a call went over the limit: keep nothing more of this name */
+    void **vals;      /* [nkept] malloc'd copies */
+    int64_t *numel;   /* [nkept] */
+    int64_t cap;
+} kept;
 
 typedef struct { /* one call's summary, for the report of a failure */
     int entry;
@@ -59,9 +80,20 @@ struct whale_diag {
     /* the first non-finite tensor */
     int failed, bad_entry;
     int64_t bad_call, bad_elem;
+    const char *bad_phase;
     recent ring[RING], bad_inputs[RING];
     int ring_n, ring_head, n_bad_inputs;
     char report[WHALE_ERR_MSG_MAX]; /* becomes a whale_err message */
+    /* keeping copies for another collector (whale_diag_keep_values) */
+    int keep;
+    size_t keep_max, kept_bytes;
+    int64_t kept_dropped; /* calls not kept because of keep_max */
+    kept *k;
+    int nk, kcap, kcursor;
+    /* comparing with a reference collector's copies (whale_diag_set_reference) */
+    const whale_diag *ref;
+    const char *ref_label;
+    int ref_cursor;
 };
 
 whale_diag *whale_diag_new(int nan_check) {
@@ -77,6 +109,13 @@ whale_diag *whale_diag_new(int nan_check) {
 void whale_diag_free(whale_diag *d) {
     if (!d) return;
     for (int i = 0; i < d->n; i++) free(d->e[i].name);
+    for (int i = 0; i < d->nk; i++) {
+        for (int64_t c = 0; c < d->k[i].nkept; c++) free(d->k[i].vals[c]);
+        free(d->k[i].vals);
+        free(d->k[i].numel);
+        free(d->k[i].name);
+    }
+    free(d->k);
     free(d->e);
     free(d->r);
     free(d->bias);
@@ -88,6 +127,24 @@ void whale_diag_free(whale_diag *d) {
 
 void whale_diag_set_phase(whale_diag *d, const char *phase) {
     if (d && phase) d->phase = phase;
+}
+
+void whale_diag_keep_values(whale_diag *d, size_t max_bytes) {
+    if (!d) return;
+    d->keep = 1;
+    d->keep_max = max_bytes;
+}
+
+size_t whale_diag_kept_bytes(const whale_diag *d, int64_t *dropped_calls) {
+    if (dropped_calls) *dropped_calls = d ? d->kept_dropped : 0;
+    return d ? d->kept_bytes : 0;
+}
+
+void whale_diag_set_reference(whale_diag *d, const whale_diag *ref, const char *label) {
+    if (!d) return;
+    d->ref = ref;
+    d->ref_label = label ? label : "reference";
+    d->ref_cursor = 0;
 }
 
 whale_code whale_diag_set_model(whale_diag *d, const whale_model *m, whale_err *err) {
@@ -190,8 +247,12 @@ static void scan_floats(const float *x, int64_t n, scan *s) {
 
 /* ------------------------------------------------------------------ entries */
 
+static int is_grad(const char *name) { return strncmp(name, "grad.", 5) == 0; }
+
+/* N of "layers.N." or "grad.layers.N."; -1 for other names. */
 static int layer_of(const char *name) {
     int l, end = 0;
+    if (is_grad(name)) name += 5;
     if (sscanf(name, "layers.%d.%n", &l, &end) == 1 && end > 0) return l;
     return -1;
 }
@@ -219,6 +280,8 @@ static int add_entry(whale_diag *d, const char *name) {
     entry *e = &d->e[d->n];
     memset(e, 0, sizeof *e);
     if (!(e->name = strdup(name))) return -1;
+    /* gradients are traced as "grad.<tensor>" by the backward pass */
+    e->phase = is_grad(name) ? "backward" : d->phase;
     e->layer = layer_of(name);
     e->min_nz = INFINITY;
     return d->n++;
@@ -352,6 +415,7 @@ static void record_failure(whale_diag *d, int ei, const whale_tensor *t, const s
     d->bad_entry = ei;
     d->bad_call = e->calls;
     d->bad_elem = s->first_bad;
+    d->bad_phase = is_grad(e->name) ? "backward" : d->phase;
     d->n_bad_inputs = d->ring_n;
     for (int k = 0; k < d->ring_n; k++) /* most recent first */
         d->bad_inputs[k] = d->ring[(d->ring_head - 1 - k + RING) % RING];
@@ -359,7 +423,7 @@ static void record_failure(whale_diag *d, int ei, const whale_tensor *t, const s
     float v = ((const float *)t->data)[s->first_bad];
     char *b = d->report;
     size_t cap = sizeof d->report, n = 0;
-    n = appendf(b, cap, n, "non-finite value in %s (%s, call %lld, element %lld", e->name, d->phase,
+    n = appendf(b, cap, n, "non-finite value in %s (%s, call %lld, element %lld", e->name, d->bad_phase,
                 (long long)d->bad_call, (long long)d->bad_elem);
     if (t->ndim > 1) { /* the flat index as coordinates, e.g. [token, feature] */
         int64_t rest = s->first_bad, coord[WHALE_MAX_DIMS];
@@ -381,13 +445,157 @@ static void record_failure(whale_diag *d, int ei, const whale_tensor *t, const s
     if (n >= cap) memcpy(b + cap - 4, "...", 4); /* truncated */
 }
 
+/* ------------------------------------------------------------------ reference */
+
+static int find_kept(const whale_diag *d, const char *name, int *cursor) {
+    if (*cursor < d->nk && !strcmp(d->k[*cursor].name, name)) return (*cursor)++;
+    for (int i = 0; i < d->nk; i++)
+        if (!strcmp(d->k[i].name, name)) {
+            *cursor = i + 1;
+            return i;
+        }
+    return -1;
+}
+
+/* A copy of this call's values, unless it would pass the limit. */
+static void keep_call(whale_diag *d, const char *name, const whale_tensor *t) {
+    int i = find_kept(d, name, &d->kcursor);
+    if (i < 0) {
+        if (d->nk == d->kcap) {
+            int cap = d->kcap ? 2 * d->kcap : 64;
+            kept *grown = realloc(d->k, sizeof(kept) * cap);
+            if (!grown) {
+                d->oom = 1;
+                return;
+            }
+            d->k = grown;
+            d->kcap = cap;
+        }
+        kept *k = &d->k[d->nk];
+        memset(k, 0, sizeof *k);
+        if (!(k->name = strdup(name))) {
+            d->oom = 1;
+            return;
+        }
+        k->dtype = t->dtype;
+        i = d->nk++;
+        d->kcursor = d->nk;
+    }
+    kept *k = &d->k[i];
+    k->calls++;
+    int64_t numel = whale_shape_numel(t->ndim, t->shape);
+    size_t bytes = (size_t)numel * whale_dtype_size(t->dtype);
+    if (k->dropped || k->dtype != t->dtype || (d->keep_max && d->kept_bytes + bytes > d->keep_max)) {
+        k->dropped = 1; /* later calls would no longer line up with their call numbers */
+        d->kept_dropped++;
+        return;
+    }
+    if (k->nkept == k->cap) {
+        int64_t cap = k->cap ? 2 * k->cap : 4;
+        void **v = realloc(k->vals, sizeof(void *) * cap);
+        if (v) k->vals = v;
+        int64_t *n = v ? realloc(k->numel, sizeof(int64_t) * cap) : NULL;
+        if (n) k->numel = n;
+        if (!v || !n) {
+            d->oom = 1;
+            return;
+        }
+        k->cap = cap;
+    }
+    void *copy = malloc(bytes ? bytes : 1);
+    if (!copy) {
+        k->dropped = 1;
+        d->oom = 1;
+        return;
+    }
+    memcpy(copy, t->data, bytes);
+    k->vals[k->nkept] = copy;
+    k->numel[k->nkept++] = numel;
+    d->kept_bytes += bytes;
+}
+
+/* The reference's copy of call `call` (0-based) of name, or NULL. */
+static const void *ref_values(whale_diag *d, const char *name, whale_dtype dt, int64_t call, int64_t numel) {
+    const whale_diag *r = d->ref;
+    int i = find_kept(r, name, &d->ref_cursor);
+    if (i < 0) return NULL;
+    const kept *k = &r->k[i];
+    if (k->dtype != dt || call >= k->nkept || k->numel[call] != numel) return NULL;
+    return k->vals[call];
+}
+
+/* Deviation of this call of entry e from the reference's same call. */
+static void compare_floats(whale_diag *d, entry *e, const float *x, int64_t n) {
+    const float *r = ref_values(d, e->name, WHALE_F32, e->calls - 1, n);
+    if (!r) return;
+    int64_t cmp = 0, nonfinite = 0, ref_nz = 0, lost = 0;
+    double mx = 0, ss = 0, rs = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float a = x[i], b = r[i];
+        if (!isfinite(a) || !isfinite(b)) { /* the same non-finite value in both is no deviation */
+            if (!(isnan(a) && isnan(b)) && a != b) nonfinite++;
+            continue;
+        }
+        double diff = fabs((double)a - b);
+        cmp++;
+        if (diff > mx) mx = diff;
+        ss += diff * diff;
+        rs += (double)b * b;
+        if (b != 0) {
+            ref_nz++;
+            lost += a == 0; /* underflowed to zero in this run */
+        }
+    }
+    e->cmp_calls++;
+    e->cmp_n += cmp;
+    e->cmp_nonfinite += nonfinite;
+    e->cmp_ref_nz += ref_nz;
+    e->cmp_lost += lost;
+    e->cmp_sumsq += ss;
+    e->cmp_ref_sumsq += rs;
+    if (mx > e->cmp_max) e->cmp_max = mx;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Tokens whose set of K experts differs from the reference's (the order
+ * within the K does not matter). */
+static void compare_topk(whale_diag *d, const char *name, const whale_tensor *t) {
+    int layer = layer_of(name);
+    if (layer < 0 || t->ndim != 2 || t->shape[1] <= 0 || t->shape[1] > 64) return;
+    route *r = route_for(d, layer);
+    if (!r) {
+        d->oom = 1;
+        return;
+    }
+    int64_t call = r->topk_calls++, T = t->shape[0], K = t->shape[1];
+    const int32_t *ref = ref_values(d, name, WHALE_I32, call, T * K), *x = t->data;
+    if (!ref) return;
+    for (int64_t tok = 0; tok < T; tok++) {
+        int32_t a[64], b[64];
+        memcpy(a, x + tok * K, sizeof(int32_t) * K);
+        memcpy(b, ref + tok * K, sizeof(int32_t) * K);
+        qsort(a, (size_t)K, sizeof *a, cmp_i32);
+        qsort(b, (size_t)K, sizeof *b, cmp_i32);
+        r->cmp_tokens++;
+        r->disagree += memcmp(a, b, sizeof(int32_t) * K) != 0;
+    }
+}
+
 /* ------------------------------------------------------------------ callback */
 
 void whale_diag_trace(void *user, const char *name, const whale_tensor *t) {
     whale_diag *d = user;
     if (!d || !name || !t || (d->nan_check && d->failed)) return;
+    if (d->keep && (t->dtype == WHALE_F32 || t->dtype == WHALE_I32)) keep_call(d, name, t);
     if (t->dtype == WHALE_I32) {
-        if (ends_with(name, ".topk_idx")) route_topk(d, name, t);
+        if (ends_with(name, ".topk_idx")) {
+            route_topk(d, name, t);
+            if (d->ref) compare_topk(d, name, t);
+        }
         return;
     }
     if (t->dtype != WHALE_F32) return;
@@ -419,6 +627,7 @@ void whale_diag_trace(void *user, const char *name, const whale_tensor *t) {
     if (s.max_abs > e->max_abs) e->max_abs = s.max_abs;
     if (s.nonzero && s.min_nz < e->min_nz) e->min_nz = s.min_nz;
 
+    if (d->ref) compare_floats(d, e, t->data, numel);
     if (s.first_bad >= 0 && !d->failed) record_failure(d, ei, t, &s, numel);
     int64_t finite = s.nonzero + s.zeros;
     d->ring[d->ring_head] = (recent){ei, s.max_abs, finite ? sqrt(s.sumsq / finite) : 0};
@@ -440,6 +649,8 @@ int whale_diag_tensor(const whale_diag *d, int i, whale_diag_stats *out) {
     int64_t finite = e->nonzero + e->zeros;
     *out = (whale_diag_stats){
         .name = e->name,
+        .phase = e->phase,
+        .layer = e->layer,
         .calls = e->calls,
         .numel = e->numel,
         .nan = e->nan,
@@ -457,6 +668,14 @@ int whale_diag_tensor(const whale_diag *d, int i, whale_diag_stats *out) {
         .fp16_overflow = e->fp16_ovf,
         .bf16_headroom = headroom(BF16_MAX, e->max_abs),
         .fp16_headroom = headroom(FP16_MAX, e->max_abs),
+        .cmp_calls = e->cmp_calls,
+        .cmp_values = e->cmp_n,
+        .cmp_nonfinite = e->cmp_nonfinite,
+        .max_abs_diff = e->cmp_max,
+        .rel_rms_diff = e->cmp_ref_sumsq > 0 ? sqrt(e->cmp_sumsq / e->cmp_ref_sumsq)
+                        : e->cmp_sumsq > 0   ? INFINITY
+                                             : 0,
+        .lost_to_zero = e->cmp_ref_nz ? (double)e->cmp_lost / e->cmp_ref_nz : 0,
     };
     return 0;
 }
@@ -481,6 +700,8 @@ int whale_diag_routing_at(const whale_diag *d, int i, whale_diag_routing *out) {
         .below_1e3 = r->below,
         .bf16_ties = r->bf16_ties,
         .fp16_ties = r->fp16_ties,
+        .cmp_tokens = r->cmp_tokens,
+        .disagree = r->disagree,
     };
     return 0;
 }
@@ -506,9 +727,16 @@ whale_code whale_diag_nan_error(const whale_diag *d, whale_err *err) {
 
 static double frac(int64_t k, int64_t n) { return n ? (double)k / n : 0; }
 
-static cJSON *stats_json(const whale_diag_stats *s) {
+static void add_num_or_null(cJSON *o, const char *key, double v) {
+    if (isfinite(v)) cJSON_AddNumberToObject(o, key, v);
+    else cJSON_AddNullToObject(o, key);
+}
+
+static cJSON *stats_json(const whale_diag *d, const whale_diag_stats *s) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "name", s->name);
+    cJSON_AddStringToObject(o, "phase", s->phase);
+    cJSON_AddNumberToObject(o, "layer", s->layer);
     cJSON_AddNumberToObject(o, "calls", (double)s->calls);
     cJSON_AddNumberToObject(o, "numel", (double)s->numel);
     cJSON_AddNumberToObject(o, "max_abs", s->max_abs);
@@ -530,6 +758,17 @@ static cJSON *stats_json(const whale_diag_stats *s) {
     cJSON_AddNumberToObject(h, "overflow_frac", frac(s->fp16_overflow, s->nonzero));
     if (isfinite(s->fp16_headroom)) cJSON_AddNumberToObject(h, "headroom_bits", s->fp16_headroom);
     else cJSON_AddNullToObject(h, "headroom_bits");
+    if (d->ref && s->cmp_calls) {
+        cJSON *v = cJSON_AddObjectToObject(o, "deviation");
+        cJSON_AddNumberToObject(v, "calls", (double)s->cmp_calls);
+        cJSON_AddNumberToObject(v, "values", (double)s->cmp_values);
+        cJSON_AddNumberToObject(v, "max_abs_diff", s->max_abs_diff);
+        add_num_or_null(v, "rel_rms_diff", s->rel_rms_diff);
+        cJSON_AddNumberToObject(v, "lost_to_zero_frac", s->lost_to_zero);
+        cJSON_AddNumberToObject(v, "nonfinite_mismatch", (double)s->cmp_nonfinite);
+    } else if (d->ref) {
+        cJSON_AddNullToObject(o, "deviation");
+    }
     return o;
 }
 
@@ -544,11 +783,13 @@ whale_code whale_diag_write_json(const whale_diag *d, FILE *f, const char *run, 
         }
         cJSON_AddItemToObject(j, "run", r);
     }
+    if (d->ref) cJSON_AddStringToObject(j, "reference", d->ref_label);
+    else cJSON_AddNullToObject(j, "reference");
     cJSON *arr = cJSON_AddArrayToObject(j, "tensors");
     for (int i = 0; i < d->n; i++) {
         whale_diag_stats s;
         whale_diag_tensor(d, i, &s);
-        cJSON_AddItemToArray(arr, stats_json(&s));
+        cJSON_AddItemToArray(arr, stats_json(d, &s));
     }
     cJSON *ra = cJSON_AddArrayToObject(j, "routing");
     for (int i = 0; i < d->nr; i++) {
@@ -569,12 +810,17 @@ whale_code whale_diag_write_json(const whale_diag *d, FILE *f, const char *run, 
         cJSON_AddNumberToObject(o, "below_1e-3_frac", frac(r.below_1e3, r.tokens));
         cJSON_AddNumberToObject(o, "bf16_undecided_frac", frac(r.bf16_ties, r.tokens));
         cJSON_AddNumberToObject(o, "fp16_undecided_frac", frac(r.fp16_ties, r.tokens));
+        if (d->ref) {
+            cJSON_AddNumberToObject(o, "compared_tokens", (double)r.cmp_tokens);
+            if (r.cmp_tokens) cJSON_AddNumberToObject(o, "disagree_frac", frac(r.disagree, r.cmp_tokens));
+            else cJSON_AddNullToObject(o, "disagree_frac");
+        }
         cJSON_AddItemToArray(ra, o);
     }
     if (d->failed) {
         cJSON *o = cJSON_AddObjectToObject(j, "first_nonfinite");
         cJSON_AddStringToObject(o, "name", d->e[d->bad_entry].name);
-        cJSON_AddStringToObject(o, "phase", d->phase);
+        cJSON_AddStringToObject(o, "phase", d->bad_phase);
         cJSON_AddNumberToObject(o, "call", (double)d->bad_call);
         cJSON_AddNumberToObject(o, "element", (double)d->bad_elem);
         cJSON *in = cJSON_AddArrayToObject(o, "previous");
@@ -642,44 +888,101 @@ static void print_worst(const whale_diag *d, FILE *f, const char *what, size_t f
     fputc('\n', f);
 }
 
-void whale_diag_print_table(const whale_diag *d, FILE *f) {
-    char p[6][16], hb[2][16];
-    fprintf(f, "%71s| %-23s| fp16\n", "", "bf16"); /* over the columns of each format */
-    fprintf(f, "%-5s %-26s %10s %10s %7s %7s | %7s %7s %6s | %7s %7s %7s %6s\n", "layer", "tensor", "max|x|", "rms",
-            "nonfin", "zero%", "subn%", "->0%", "head", "subn%", "->0%", "ovf%", "head");
-    int last_layer = -2;
+/* The part of a name shown in the op column: after "layers.N." (gradients
+ * keep their "grad." prefix: grad.ffn.out). */
+static void op_name(const entry *e, char *buf, size_t cap) {
+    const char *n = e->name, *pre = "";
+    if (is_grad(n)) {
+        pre = "grad.";
+        n += 5;
+    }
+    if (e->layer >= 0) {
+        const char *dot = strchr(n + 7, '.'); /* after "layers.N" */
+        if (dot) n = dot + 1;
+    }
+    snprintf(buf, cap, "%s%s", pre, n);
+}
+
+static void print_row(const whale_diag *d, FILE *f, int i) {
+    char p[7][16], hb[2][16], lay[16] = "-", op[128];
+    whale_diag_stats s;
+    whale_diag_tensor(d, i, &s);
+    const entry *e = &d->e[i];
+    if (e->layer >= 0) snprintf(lay, sizeof lay, "%d", e->layer);
+    op_name(e, op, sizeof op);
+    fprintf(f, "%-5s %-26s %10.3g %10.3g %7lld %7s | %7s %7s %6s | %7s %7s %7s %6s", lay, op, s.max_abs, s.rms,
+            (long long)(s.nan + s.pos_inf + s.neg_inf), pct(p[0], 16, s.zeros, s.numel),
+            pct(p[1], 16, s.bf16_subnormal, s.nonzero), pct(p[2], 16, s.bf16_zero, s.nonzero),
+            bits_str(hb[0], 16, s.bf16_headroom), pct(p[3], 16, s.fp16_subnormal, s.nonzero),
+            pct(p[4], 16, s.fp16_zero, s.nonzero), pct(p[5], 16, s.fp16_overflow, s.nonzero),
+            bits_str(hb[1], 16, s.fp16_headroom));
+    if (d->ref) {
+        if (s.cmp_calls)
+            fprintf(f, " | %9.3g %9.3g %7s", s.max_abs_diff, s.rel_rms_diff,
+                    pct(p[6], 16, e->cmp_lost, e->cmp_ref_nz));
+        else
+            fprintf(f, " | %9s %9s %7s", "-", "-", "-");
+    }
+    fputc('\n', f);
+}
+
+/* The compared tensor of a phase that moved most from the reference. */
+static int worst_deviation(const whale_diag *d, int backward) {
+    int worst = -1;
+    double w = -1;
     for (int i = 0; i < d->n; i++) {
         whale_diag_stats s;
         whale_diag_tensor(d, i, &s);
-        const entry *e = &d->e[i];
-        const char *op = e->name;
-        char lay[16] = "-";
-        if (e->layer >= 0) {
-            snprintf(lay, sizeof lay, "%d", e->layer);
-            op = strchr(e->name + 7, '.') + 1; /* after "layers.N." */
+        if (!s.cmp_calls || is_grad(s.name) != backward) continue;
+        double r = isnan(s.rel_rms_diff) ? INFINITY : s.rel_rms_diff;
+        if (r > w) w = r, worst = i;
+    }
+    return worst;
+}
+
+void whale_diag_print_table(const whale_diag *d, FILE *f) {
+    char p[6][16];
+    int n_grad = 0;
+    for (int i = 0; i < d->n; i++) n_grad += is_grad(d->e[i].name);
+    fprintf(f, "%71s| %-23s| %-31s%s%s\n", "", "bf16", "fp16", d->ref ? "| vs " : "", d->ref ? d->ref_label : "");
+    fprintf(f, "%-5s %-26s %10s %10s %7s %7s | %7s %7s %6s | %7s %7s %7s %6s", "layer", "tensor", "max|x|", "rms",
+            "nonfin", "zero%", "subn%", "->0%", "head", "subn%", "->0%", "ovf%", "head");
+    if (d->ref) fprintf(f, " | %9s %9s %7s", "max|dx|", "rel rms", "lost0%");
+    fputc('\n', f);
+    /* forward tensors, then the gradients of the backward pass */
+    for (int pass = 0; pass < 2; pass++) {
+        int last_layer = -2, printed = 0;
+        if (pass == 1 && n_grad)
+            fprintf(f, "\nbackward: gradients of the loss, grad.X = dloss/dX (phase backward)\n");
+        for (int i = 0; i < d->n; i++) {
+            const entry *e = &d->e[i];
+            if (is_grad(e->name) != pass) continue;
+            if (e->layer != last_layer && printed) fputc('\n', f);
+            last_layer = e->layer;
+            printed++;
+            print_row(d, f, i);
         }
-        if (e->layer != last_layer && i) fputc('\n', f);
-        last_layer = e->layer;
-        fprintf(f, "%-5s %-26s %10.3g %10.3g %7lld %7s | %7s %7s %6s | %7s %7s %7s %6s\n", lay, op, s.max_abs, s.rms,
-                (long long)(s.nan + s.pos_inf + s.neg_inf), pct(p[0], 16, s.zeros, s.numel),
-                pct(p[1], 16, s.bf16_subnormal, s.nonzero), pct(p[2], 16, s.bf16_zero, s.nonzero),
-                bits_str(hb[0], 16, s.bf16_headroom), pct(p[3], 16, s.fp16_subnormal, s.nonzero),
-                pct(p[4], 16, s.fp16_zero, s.nonzero), pct(p[5], 16, s.fp16_overflow, s.nonzero),
-                bits_str(hb[1], 16, s.fp16_headroom));
     }
     if (d->nr) {
         fprintf(f, "\nrouting: margin = K-th minus (K+1)-th score, score = %s + gate.bias"
                    " (bias \"no\": scored without it)\n",
                 scoring_name(d->scoring));
-        fprintf(f, "%-5s %4s %8s %11s %11s %9s %11s %11s\n", "layer", "bias", "tokens", "min", "mean", "<1e-3 %",
+        fprintf(f, "%-5s %4s %8s %11s %11s %9s %11s %11s", "layer", "bias", "tokens", "min", "mean", "<1e-3 %",
                 "bf16 tie %", "fp16 tie %");
+        if (d->ref) fprintf(f, "  %s", "experts differ %");
+        fputc('\n', f);
         for (int i = 0; i < d->nr; i++) {
             whale_diag_routing r;
             whale_diag_routing_at(d, i, &r);
-            fprintf(f, "%-5d %4s %8lld %11.3g %11.3g %9s %11s %11s\n", r.layer, r.biased ? "yes" : "no",
+            fprintf(f, "%-5d %4s %8lld %11.3g %11.3g %9s %11s %11s", r.layer, r.biased ? "yes" : "no",
                     (long long)r.tokens, r.tokens ? r.min_margin : NAN, r.mean_margin,
                     pct(p[0], 16, r.below_1e3, r.tokens), pct(p[1], 16, r.bf16_ties, r.tokens),
                     pct(p[2], 16, r.fp16_ties, r.tokens));
+            if (d->ref) {
+                if (r.cmp_tokens) fprintf(f, "  %16s", pct(p[3], 16, r.disagree, r.cmp_tokens));
+                else fprintf(f, "  %16s", "-");
+            }
+            fputc('\n', f);
         }
     }
 
@@ -697,6 +1000,42 @@ void whale_diag_print_table(const whale_diag *d, FILE *f) {
     print_worst(d, f, "rounds to 0 in fp16", offsetof(entry, fp16_zero));
     print_worst(d, f, "bf16 subnormal", offsetof(entry, bf16_sub));
     print_worst(d, f, "rounds to 0 in bf16", offsetof(entry, bf16_zero));
+    if (d->ref) {
+        for (int back = 0; back < 2; back++) {
+            int w = worst_deviation(d, back);
+            if (w < 0) continue;
+            whale_diag_stats s;
+            whale_diag_tensor(d, w, &s);
+            fprintf(f, "  %-20s %s: rel rms %.3g, max|dx| %.3g\n", back ? "largest grad dev." : "largest deviation",
+                    s.name, s.rel_rms_diff, s.max_abs_diff);
+        }
+        int lost = -1, count = 0, not_compared = 0;
+        for (int i = 0; i < d->n; i++) {
+            const entry *e = &d->e[i];
+            not_compared += !e->cmp_calls;
+            if (!e->cmp_lost) continue;
+            count++;
+            if (lost < 0 || frac(e->cmp_lost, e->cmp_ref_nz) > frac(d->e[lost].cmp_lost, d->e[lost].cmp_ref_nz))
+                lost = i;
+        }
+        if (lost >= 0)
+            fprintf(f, "  %-20s %s %s%% of the %s run's nonzero values (%d tensors)\n", "lost to zero",
+                    d->e[lost].name, pct(p[0], 16, d->e[lost].cmp_lost, d->e[lost].cmp_ref_nz), d->ref_label, count);
+        else
+            fprintf(f, "  %-20s none\n", "lost to zero");
+        int worst = -1;
+        for (int i = 0; i < d->nr; i++)
+            if (d->r[i].cmp_tokens &&
+                (worst < 0 || frac(d->r[i].disagree, d->r[i].cmp_tokens) > frac(d->r[worst].disagree, d->r[worst].cmp_tokens)))
+                worst = i;
+        if (worst >= 0 && d->r[worst].disagree)
+            fprintf(f, "  %-20s layer %d: %s%% of tokens chose other experts than %s\n", "routing changed",
+                    d->r[worst].layer, pct(p[0], 16, d->r[worst].disagree, d->r[worst].cmp_tokens), d->ref_label);
+        else if (worst >= 0)
+            fprintf(f, "  %-20s none: every token chose the same experts as %s\n", "routing changed", d->ref_label);
+        if (not_compared) fprintf(f, "  %-20s %d tensors (no copy of them in the %s run)\n", "not compared",
+                                  not_compared, d->ref_label);
+    }
     fprintf(f, "  non-finite           %s\n", d->failed ? d->report : "none");
     if (d->oom) fprintf(f, "  (out of memory while collecting: statistics are incomplete)\n");
 }

@@ -198,6 +198,10 @@ const char *whale_st_metadata(const whale_st *st, const char *key) {
     return NULL;
 }
 
+void whale_st_release_pages(whale_st *st) {
+    for (int i = 0; st && i < st->nfiles; i++) madvise(st->files[i].base, st->files[i].size, MADV_DONTNEED);
+}
+
 void whale_st_close(whale_st *st) {
     if (!st) return;
     for (int i = 0; i < st->n; i++) free((char *)st->entries[i].name);

@@ -1,6 +1,11 @@
 #include "kernels/convert.h"
 
+#include <omp.h>
 #include <string.h>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 static uint32_t f32_bits(float f) {
     uint32_t u;
@@ -55,9 +60,20 @@ uint16_t whale_float_to_f16(float f) {
     return sign | (uint16_t)(r >> 13);
 }
 
+/* Full 16-lane vectors in the loops below, the tail in plain C: the scalar
+ * functions are the definition, and each vector form is checked against
+ * them bit for bit (tests/test_convert.c). */
+
 void whale_bf16_to_f32(float *dst, const void *src, size_t n) {
     const uint16_t *s = src;
-    for (size_t i = 0; i < n; i++) {
+    size_t i = 0;
+#ifdef __AVX512F__
+    for (; i + 16 <= n; i += 16) {
+        const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s + i)));
+        _mm512_storeu_si512(dst + i, _mm512_slli_epi32(h, 16));
+    }
+#endif
+    for (; i < n; i++) {
         uint16_t h;
         memcpy(&h, s + i, 2);
         dst[i] = whale_bf16_to_float(h);
@@ -66,9 +82,148 @@ void whale_bf16_to_f32(float *dst, const void *src, size_t n) {
 
 void whale_f16_to_f32(float *dst, const void *src, size_t n) {
     const uint16_t *s = src;
-    for (size_t i = 0; i < n; i++) {
+    size_t i = 0;
+#ifdef __AVX512F__
+    const __m512i abs = _mm512_set1_epi32(0x7fff), inf = _mm512_set1_epi32(0x7c00);
+    const __m512i sgn = _mm512_set1_epi32(0x8000), man = _mm512_set1_epi32(0x3ff);
+    const __m512i exp32 = _mm512_set1_epi32(0x7f800000);
+    for (; i + 16 <= n; i += 16) {
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(s + i));
+        __m512i v = _mm512_castps_si512(_mm512_cvtph_ps(h));
+        /* vcvtph2ps quiets signalling NaNs; the scalar code keeps the payload */
+        const __m512i e = _mm512_cvtepu16_epi32(h);
+        const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(e, abs), inf);
+        if (nan) {
+            const __m512i bits =
+                _mm512_or_si512(_mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(e, sgn), 16), exp32),
+                                _mm512_slli_epi32(_mm512_and_si512(e, man), 13));
+            v = _mm512_mask_mov_epi32(v, nan, bits);
+        }
+        _mm512_storeu_si512(dst + i, v);
+    }
+#endif
+    for (; i < n; i++) {
         uint16_t h;
         memcpy(&h, s + i, 2);
         dst[i] = whale_f16_to_float(h);
+    }
+}
+
+/* vcvtps2ph with an explicit round-to-nearest-even (not MXCSR's mode):
+ * overflow to inf, fp16 subnormals produced, NaN quieted keeping the top
+ * payload bits: exactly whale_float_to_f16. */
+#define F16_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+
+void whale_f32_to_f16_rows(uint16_t *dst, const float *src, size_t n) {
+    size_t i = 0;
+#ifdef __AVX512F__
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), F16_RNE));
+#endif
+    for (; i < n; i++) dst[i] = whale_float_to_f16(src[i]);
+}
+
+void whale_round_f16_rows(float *dst, const float *src, size_t n) {
+    size_t i = 0;
+#ifdef __AVX512F__
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(src + i), F16_RNE)));
+#endif
+    for (; i < n; i++) dst[i] = whale_f16_to_float(whale_float_to_f16(src[i]));
+}
+
+void whale_round_bf16_rows(float *dst, const float *src, size_t n) {
+    size_t i = 0;
+#ifdef __AVX512F__
+    /* integer rounding as in whale_float_to_bf16; the bf16 instructions
+     * would flush subnormals */
+    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
+    const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i hi_mask = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x400000);
+    for (; i + 16 <= n; i += 16) {
+        const __m512i u = _mm512_loadu_si512(src + i);
+        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+        __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(bias, lsb)), hi_mask);
+        const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+        r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_and_si512(u, hi_mask), quiet));
+        _mm512_storeu_si512(dst + i, r);
+    }
+#endif
+    for (; i < n; i++) dst[i] = whale_bf16_to_float(whale_float_to_bf16(src[i]));
+}
+
+void whale_round_bf16_inplace(float *x, size_t n) { whale_round_bf16_rows(x, x, n); }
+
+void whale_round_f16_inplace(float *x, size_t n) { whale_round_f16_rows(x, x, n); }
+
+/* ------------------------------------------------------------ stochastic rounding */
+
+uint16_t whale_float_to_bf16_sr(float f, uint32_t r) {
+    const uint32_t u = f32_bits(f);
+    /* a NaN's low bits could carry into the sign; inf (low bits 0) needs no case */
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + (r & 0xffffu)) >> 16);
+}
+
+#define SM64_GAMMA 0x9e3779b97f4a7c15ull
+#define SM64_M1 0xbf58476d1ce4e5b9ull
+#define SM64_M2 0x94d049bb133111ebull
+
+/* Output t of splitmix64 seeded with seed. */
+static inline uint64_t sm64_at(uint64_t seed, uint64_t t) {
+    uint64_t z = seed + (t + 1) * SM64_GAMMA;
+    z = (z ^ (z >> 30)) * SM64_M1;
+    z = (z ^ (z >> 27)) * SM64_M2;
+    return z ^ (z >> 31);
+}
+
+static inline float sr_one(float x, uint64_t seed, uint64_t j) {
+    const uint32_t r = (uint32_t)(sm64_at(seed, j >> 2) >> (16 * (j & 3))) & 0xffffu;
+    return whale_bf16_to_float(whale_float_to_bf16_sr(x, r));
+}
+
+/* x[0..n) with element indices j0, j0 + 1, ... */
+static void sr_range(float *x, size_t n, uint64_t seed, uint64_t j0) {
+    size_t i = 0;
+    for (; i < n && ((j0 + i) & 3); i++) x[i] = sr_one(x[i], seed, j0 + i);
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+    /* 8 splitmix64 outputs = 32 16-bit values, in element order when the
+     * zmm is read as 32 words (little endian: bits 16q.. of output t serve
+     * element 4t + q) */
+    const __m512i lanes = _mm512_set_epi64(8, 7, 6, 5, 4, 3, 2, 1);
+    const __m512i gamma = _mm512_set1_epi64((long long)SM64_GAMMA);
+    const __m512i m1 = _mm512_set1_epi64((long long)SM64_M1), m2 = _mm512_set1_epi64((long long)SM64_M2);
+    const __m512i vseed = _mm512_set1_epi64((long long)seed);
+    const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i hi_mask = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x400000);
+    for (; i + 32 <= n; i += 32) {
+        const __m512i t1 = _mm512_add_epi64(_mm512_set1_epi64((long long)((j0 + i) >> 2)), lanes);
+        __m512i z = _mm512_add_epi64(vseed, _mm512_mullo_epi64(t1, gamma));
+        z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)), m1);
+        z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), m2);
+        z = _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
+        for (int h = 0; h < 2; h++) {
+            const __m512i r = _mm512_cvtepu16_epi32(h ? _mm512_extracti64x4_epi64(z, 1)
+                                                      : _mm512_castsi512_si256(z));
+            float *p = x + i + 16 * h;
+            const __m512i u = _mm512_loadu_si512(p);
+            __m512i v = _mm512_and_si512(_mm512_add_epi32(u, r), hi_mask);
+            const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+            v = _mm512_mask_mov_epi32(v, nan, _mm512_or_si512(_mm512_and_si512(u, hi_mask), quiet));
+            _mm512_storeu_si512(p, v);
+        }
+    }
+#endif
+    for (; i < n; i++) x[i] = sr_one(x[i], seed, j0 + i);
+}
+
+void whale_round_bf16_sr_inplace(float *x, size_t n, uint64_t seed, uint64_t counter) {
+    /* each element's result depends on its index only, so any split is fine */
+#pragma omp parallel if (n >= ((size_t)1 << 16))
+    {
+        const size_t nt = (size_t)omp_get_num_threads(), id = (size_t)omp_get_thread_num();
+        const size_t lo = n / nt * id + (id < n % nt ? id : n % nt);
+        const size_t len = n / nt + (id < n % nt);
+        sr_range(x + lo, len, seed, counter + lo);
     }
 }

@@ -11,7 +11,13 @@
  *    which is what a mixture-of-experts layer needs: its rows per expert
  *    change every call, and creating an exact primitive costs 0.1-0.3 ms.
  *  - bf16 weights (whale_gemm_nt_bf16) follow the same rules: oneDNN 2.6
- *    does offer runtime sizes for bf16 ("gemm:jit"), as fast as brgemm.
+ *    does offer runtime sizes for bf16 ("gemm:jit", as fast as brgemm).
+ *  - fp16 and int8 weights: oneDNN 2.6 has no f16 matmul without
+ *    AVX512-FP16 (primitive creation fails as unimplemented), and its int8
+ *    matmul wants int8 activations. So few rows use our kernels (fp16 or int8
+ *    weights widened to fp32 in registers), and more rows convert blocks of
+ *    the operands into scratch buffers and run the f32 (fp16) or bf16 (int8
+ *    weights, backward bf16) primitives on them (gemm_converted).
  *  The path depends on the shape only, never on call history, so a given
  *  call always produces the same bits.
  */
@@ -22,6 +28,8 @@
 
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
+#include <float.h>
+#include <math.h>
 #include <omp.h>
 #include <string.h>
 
@@ -29,9 +37,22 @@
 #include <immintrin.h>
 #endif
 
-/* KIND_NT_BF16: nt with A (already converted) and W in bf16, C in f32. */
-enum { KIND_NT = 0, KIND_NN = 1, KIND_TN = 2, KIND_NT_BF16 = 3 };
-static const char *const kind_names[] = {"nt", "nn", "tn", "nt_bf16"};
+/* The products. The first six are what oneDNN primitives are made for:
+ * f32, and bf16 A and B (already converted) with f32 C. The others are
+ * computed by our kernels or through those six on converted blocks. The
+ * layout (nt, nn, tn) of kind k is k % 3, KIND_NT_Q8 being nt. */
+enum {
+    KIND_NT = 0, KIND_NN, KIND_TN,
+    KIND_NT_BF16, KIND_NN_BF16, KIND_TN_BF16,
+    KIND_NT_F16, KIND_NN_F16, KIND_TN_F16,
+    KIND_NT_Q8,
+    KIND_COUNT
+};
+static const char *const kind_names[KIND_COUNT] = {
+    "nt", "nn", "tn", "nt_bf16", "nn_bf16", "tn_bf16", "nt_f16", "nn_f16", "tn_f16", "nt_q8"};
+
+static int layout(int kind) { return kind % 3; } /* KIND_NT, KIND_NN or KIND_TN */
+static int is_bf16_kind(int kind) { return kind >= KIND_NT_BF16 && kind <= KIND_TN_BF16; }
 
 /* Our kernels run single-threaded below this many multiply-adds, where the
  * fork/join of a parallel region (~1-2 us) eats the gain; at 2^16 two
@@ -55,6 +76,11 @@ typedef struct {
     char impl[64];
 } gemm_entry;
 
+typedef struct {
+    void *p;
+    size_t bytes;
+} scratch;
+
 struct whale_gemm {
     dnnl_engine_t engine;
     dnnl_stream_t stream;
@@ -63,16 +89,21 @@ struct whale_gemm {
     whale_gemm_path path;
     whale_gemm_stats stats;
     char last_impl[64];
-    /* A rounded to bf16 for the bf16 products; grows, freed with the object */
-    uint16_t *a16;
-    size_t a16_cap; /* elements */
+    /* Scratch: sa holds A converted (A rounded for our kernels, or an A block
+     * for gemm_converted), sb a converted B block, sc a C block (nt_q8 with
+     * accumulate). Each grows to the largest size used and is freed with
+     * the object. */
+    scratch sa, sb, sc;
+    int block_mn;       /* gemm_converted block limits; 0: the defaults */
+    size_t block_bytes;
 };
 
 /* One product as requested by the caller. */
 typedef struct {
     gemm_key s; /* the actual shape (no -1) */
-    const void *A, *B; /* float, or uint16_t (bf16) for KIND_NT_BF16 */
+    const void *A, *B; /* float, uint16_t (bf16, fp16 bits) or int8_t, by kind */
     float *C;
+    const float *scale; /* KIND_NT_Q8: per output column */
 } gemm_call;
 
 /* ------------------------------------------------------------ errors */
@@ -100,6 +131,23 @@ static whale_code dnnl_fail(whale_err *err, const gemm_call *c, const char *what
  * four distant sequential streams run as fast as reading rows one by one. */
 #define NT_MR 4
 
+/* Weight types of the skinny kernels nt_quad / nt_single: they widen f32,
+ * fp16 and int8 weights to fp32 in registers (vcvtph2ps, vpmovsxbd +
+ * vcvtdq2ps) for fp32 FMAs, with A already rounded to the product's format;
+ * WT_I8 rows are multiplied by their scale. (bf16 weights, and int8 ones
+ * where AVX512_BF16 and VBMI exist, have vdpbf16ps kernels below.) */
+enum { WT_F32 = 0, WT_F16, WT_I8 };
+
+static size_t wt_size(int wt) { return wt == WT_F32 ? 4 : wt == WT_I8 ? 1 : 2; }
+
+/* Masked 8- and 16-bit loads need AVX512BW/VL; without them fp16 and int8
+ * weights take the plain C kernel. */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define WHALE_HAVE_NARROW_KERNEL 1
+#else
+#define WHALE_HAVE_NARROW_KERNEL 0
+#endif
+
 #ifdef __AVX512F__
 
 /* Sums of four vectors, as lanes 0..3 of the result. */
@@ -115,12 +163,26 @@ static inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
     return _mm_hadd_ps(_mm_hadd_ps(a4, b4), _mm_hadd_ps(c4, d4));
 }
 
+/* 16 weights of row w from column k (lanes outside mask 0) as fp32. */
+static inline __attribute__((always_inline)) __m512 load_w(const int wt, __mmask16 mask,
+                                                          const void *w, int k) {
+#if WHALE_HAVE_NARROW_KERNEL
+    if (wt == WT_F16)
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)w + k));
+    if (wt == WT_I8)
+        return _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, (const int8_t *)w + k)));
+#endif
+    return _mm512_maskz_loadu_ps(mask, (const float *)w + k);
+}
+
 /* W rows n, n+q, n+2q, n+3q against mr A rows; results go to the same
  * columns of C. */
 static inline __attribute__((always_inline)) void
-nt_quad(const int mr, int K, const float *A, size_t lda, const float *W, size_t ldw, size_t n,
-        size_t q, float *C, size_t ldc, int acc) {
-    const float *w0 = W + n * ldw, *w1 = w0 + q * ldw, *w2 = w1 + q * ldw, *w3 = w2 + q * ldw;
+nt_quad(const int wt, const int mr, int K, const float *A, size_t lda, const void *W, size_t ldw,
+        size_t n, size_t q, const float *scale, float *C, size_t ldc, int acc) {
+    const size_t row = ldw * wt_size(wt), step = q * row;
+    const char *w0 = (const char *)W + n * row, *w1 = w0 + step, *w2 = w1 + step, *w3 = w2 + step;
     __m512 s[NT_MR][4];
 #pragma GCC unroll 4
     for (int m = 0; m < mr; m++)
@@ -129,10 +191,10 @@ nt_quad(const int mr, int K, const float *A, size_t lda, const float *W, size_t 
     __mmask16 mask = 0xFFFF;
     for (int k = 0; k < K; k += 16) {
         if (K - k < 16) mask = (__mmask16)((1u << (K - k)) - 1); /* last, partial vector */
-        const __m512 v0 = _mm512_maskz_loadu_ps(mask, w0 + k);
-        const __m512 v1 = _mm512_maskz_loadu_ps(mask, w1 + k);
-        const __m512 v2 = _mm512_maskz_loadu_ps(mask, w2 + k);
-        const __m512 v3 = _mm512_maskz_loadu_ps(mask, w3 + k);
+        const __m512 v0 = load_w(wt, mask, w0, k);
+        const __m512 v1 = load_w(wt, mask, w1, k);
+        const __m512 v2 = load_w(wt, mask, w2, k);
+        const __m512 v3 = load_w(wt, mask, w3, k);
 #pragma GCC unroll 4
         for (int m = 0; m < mr; m++) {
             const __m512 a = _mm512_maskz_loadu_ps(mask, A + m * lda + k);
@@ -148,78 +210,143 @@ nt_quad(const int mr, int K, const float *A, size_t lda, const float *W, size_t 
         _mm_storeu_ps(sum, hsum4(s[m][0], s[m][1], s[m][2], s[m][3]));
         float *c = C + m * ldc + n;
 #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) c[r * q] = acc ? c[r * q] + sum[r] : sum[r];
+        for (int r = 0; r < 4; r++) {
+            const float v = wt == WT_I8 ? scale[n + r * q] * sum[r] : sum[r];
+            c[r * q] = acc ? c[r * q] + v : v;
+        }
     }
 }
 
-/* One W row (the few left over after the quarters) against mr A rows. */
+/* One W row (the few left over after the quarters) against mr A rows;
+ * sc: its scale (WT_I8). */
 static inline __attribute__((always_inline)) void
-nt_single(const int mr, int K, const float *A, size_t lda, const float *w, float *C, size_t ldc,
-          int acc) {
+nt_single(const int wt, const int mr, int K, const float *A, size_t lda, const void *w, float sc,
+          float *C, size_t ldc, int acc) {
     __m512 s[NT_MR];
 #pragma GCC unroll 4
     for (int m = 0; m < mr; m++) s[m] = _mm512_setzero_ps();
     __mmask16 mask = 0xFFFF;
     for (int k = 0; k < K; k += 16) {
         if (K - k < 16) mask = (__mmask16)((1u << (K - k)) - 1);
-        const __m512 v = _mm512_maskz_loadu_ps(mask, w + k);
+        const __m512 v = load_w(wt, mask, w, k);
 #pragma GCC unroll 4
         for (int m = 0; m < mr; m++)
             s[m] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, A + m * lda + k), v, s[m]);
     }
 #pragma GCC unroll 4
     for (int m = 0; m < mr; m++) {
-        const float v = _mm512_reduce_add_ps(s[m]);
+        float v = _mm512_reduce_add_ps(s[m]);
+        if (wt == WT_I8) v *= sc;
         C[m * ldc] = acc ? C[m * ldc] + v : v;
     }
 }
 
-/* Copies specialised for the number of A rows. */
-static void nt_quad_rows(int mr, int K, const float *A, size_t lda, const float *W, size_t ldw,
-                         size_t n, size_t q, float *C, size_t ldc, int acc) {
-    switch (mr) {
-    case 1: nt_quad(1, K, A, lda, W, ldw, n, q, C, ldc, acc); break;
-    case 2: nt_quad(2, K, A, lda, W, ldw, n, q, C, ldc, acc); break;
-    case 3: nt_quad(3, K, A, lda, W, ldw, n, q, C, ldc, acc); break;
-    default: nt_quad(4, K, A, lda, W, ldw, n, q, C, ldc, acc); break;
+/* Copies specialised for the weight type and the number of A rows. */
+#define BY_MR(call_with_mr)                                                                        \
+    switch (mr) {                                                                                  \
+    case 1: call_with_mr(1); break;                                                                \
+    case 2: call_with_mr(2); break;                                                                \
+    case 3: call_with_mr(3); break;                                                                \
+    default: call_with_mr(4); break;                                                               \
     }
+
+static void nt_quad_rows(int wt, int mr, int K, const float *A, size_t lda, const void *W,
+                         size_t ldw, size_t n, size_t q, const float *scale, float *C, size_t ldc,
+                         int acc) {
+#define QUAD(WT, MR) nt_quad(WT, MR, K, A, lda, W, ldw, n, q, scale, C, ldc, acc)
+#define QUAD_F32(MR) QUAD(WT_F32, MR)
+#define QUAD_F16(MR) QUAD(WT_F16, MR)
+#define QUAD_I8(MR) QUAD(WT_I8, MR)
+#if WHALE_HAVE_NARROW_KERNEL
+    if (wt == WT_F16) {
+        BY_MR(QUAD_F16);
+        return;
+    }
+    if (wt == WT_I8) {
+        BY_MR(QUAD_I8);
+        return;
+    }
+#endif
+    BY_MR(QUAD_F32);
+#undef QUAD
+#undef QUAD_F32
+#undef QUAD_F16
+#undef QUAD_I8
 }
 
-static void nt_single_rows(int mr, int K, const float *A, size_t lda, const float *w, float *C,
-                           size_t ldc, int acc) {
-    switch (mr) {
-    case 1: nt_single(1, K, A, lda, w, C, ldc, acc); break;
-    case 2: nt_single(2, K, A, lda, w, C, ldc, acc); break;
-    case 3: nt_single(3, K, A, lda, w, C, ldc, acc); break;
-    default: nt_single(4, K, A, lda, w, C, ldc, acc); break;
+static void nt_single_rows(int wt, int mr, int K, const float *A, size_t lda, const void *w,
+                           float sc, float *C, size_t ldc, int acc) {
+#define SINGLE(WT, MR) nt_single(WT, MR, K, A, lda, w, sc, C, ldc, acc)
+#define SINGLE_F32(MR) SINGLE(WT_F32, MR)
+#define SINGLE_F16(MR) SINGLE(WT_F16, MR)
+#define SINGLE_I8(MR) SINGLE(WT_I8, MR)
+#if WHALE_HAVE_NARROW_KERNEL
+    if (wt == WT_F16) {
+        BY_MR(SINGLE_F16);
+        return;
     }
+    if (wt == WT_I8) {
+        BY_MR(SINGLE_I8);
+        return;
+    }
+#endif
+    BY_MR(SINGLE_F32);
+#undef SINGLE
+#undef SINGLE_F32
+#undef SINGLE_F16
+#undef SINGLE_I8
 }
 
 #else /* plain C */
 
-static void nt_single_rows(int mr, int K, const float *A, size_t lda, const float *w, float *C,
-                           size_t ldc, int acc) {
+static void nt_single_rows(int wt, int mr, int K, const float *A, size_t lda, const void *w,
+                           float sc, float *C, size_t ldc, int acc) {
+    (void)wt; /* f32 only: fp16 and int8 weights use ntx_single_c */
+    (void)sc;
+    const float *wf = w;
     for (int m = 0; m < mr; m++) {
         const float *a = A + m * lda;
         float s = 0;
-        for (int k = 0; k < K; k++) s += a[k] * w[k];
+        for (int k = 0; k < K; k++) s += a[k] * wf[k];
         C[m * ldc] = acc ? C[m * ldc] + s : s;
     }
 }
 
-static void nt_quad_rows(int mr, int K, const float *A, size_t lda, const float *W, size_t ldw,
-                         size_t n, size_t q, float *C, size_t ldc, int acc) {
+static void nt_quad_rows(int wt, int mr, int K, const float *A, size_t lda, const void *W,
+                         size_t ldw, size_t n, size_t q, const float *scale, float *C, size_t ldc,
+                         int acc) {
+    (void)scale;
     for (int r = 0; r < 4; r++)
-        nt_single_rows(mr, K, A, lda, W + (n + r * q) * ldw, C + n + r * q, ldc, acc);
+        nt_single_rows(wt, mr, K, A, lda, (const float *)W + (n + r * q) * ldw, 0,
+                       C + n + r * q, ldc, acc);
 }
 
 #endif
 
-static void own_nt(const gemm_call *c) {
-    const int M = c->s.M, N = c->s.N, K = c->s.K, acc = c->s.acc;
-    const size_t lda = (size_t)c->s.lda, ldw = (size_t)c->s.ldb, ldc = (size_t)c->s.ldc;
-    const float *A = c->A, *W = c->B;
-    float *C = c->C;
+/* One fp16 or int8 W row against mr A rows (already rounded, fp32), plain C:
+ * the kernel without AVX512BW, and WHALE_GEMM_OWN_PORTABLE. Products of two
+ * fp16 values, or of a bf16 value and an int8 one, are exact in fp32, so it
+ * differs from the vector kernel only in summation order. */
+static void ntx_single_c(int wt, int mr, int K, const float *A, size_t lda, const void *w,
+                         float sc, float *C, size_t ldc, int acc) {
+    float s[NT_MR] = {0};
+    for (int k = 0; k < K; k++) {
+        const float v = wt == WT_F16 ? whale_f16_to_float(((const uint16_t *)w)[k])
+                                     : (float)((const int8_t *)w)[k];
+        for (int m = 0; m < mr; m++) s[m] += A[m * lda + k] * v;
+    }
+    for (int m = 0; m < mr; m++) {
+        const float v = wt == WT_I8 ? sc * s[m] : s[m];
+        C[m * ldc] = acc ? C[m * ldc] + v : v;
+    }
+}
+
+/* The split of W rows over threads, four distant streams per thread (see
+ * NT_MR), for our nt kernels; A already in the form the kernel takes. */
+static void skinny_nt(int wt, int portable, int M, int N, int K, const float *A, size_t lda,
+                      const void *W, size_t ldw, const float *scale, float *C, size_t ldc,
+                      int acc) {
+    const size_t row = ldw * wt_size(wt);
     const int par = (double)M * N * K >= OWN_PARALLEL_MIN_WORK;
 #pragma omp parallel if (par)
     {
@@ -229,14 +356,34 @@ static void own_nt(const gemm_call *c) {
         for (size_t i = 0; i < q; i++)
             for (int m0 = 0; m0 < M; m0 += NT_MR) {
                 const int mr = M - m0 < NT_MR ? M - m0 : NT_MR;
-                nt_quad_rows(mr, K, A + m0 * lda, lda, W, ldw, lo + i, q, C + m0 * ldc, ldc, acc);
+                if (!portable) {
+                    nt_quad_rows(wt, mr, K, A + m0 * lda, lda, W, ldw, lo + i, q, scale,
+                                 C + m0 * ldc, ldc, acc);
+                    continue;
+                }
+                for (int r = 0; r < 4; r++) {
+                    const size_t n = lo + i + r * q;
+                    ntx_single_c(wt, mr, K, A + m0 * lda, lda, (const char *)W + n * row,
+                                 scale ? scale[n] : 0, C + m0 * ldc + n, ldc, acc);
+                }
             }
         for (size_t n = lo + 4 * q; n < hi; n++)
             for (int m0 = 0; m0 < M; m0 += NT_MR) {
                 const int mr = M - m0 < NT_MR ? M - m0 : NT_MR;
-                nt_single_rows(mr, K, A + m0 * lda, lda, W + n * ldw, C + m0 * ldc + n, ldc, acc);
+                const void *w = (const char *)W + n * row;
+                const float sc = scale ? scale[n] : 0;
+                if (portable)
+                    ntx_single_c(wt, mr, K, A + m0 * lda, lda, w, sc, C + m0 * ldc + n, ldc, acc);
+                else
+                    nt_single_rows(wt, mr, K, A + m0 * lda, lda, w, sc, C + m0 * ldc + n, ldc,
+                                   acc);
             }
     }
+}
+
+static void own_nt(const gemm_call *c) {
+    skinny_nt(WT_F32, 0, c->s.M, c->s.N, c->s.K, c->A, (size_t)c->s.lda, c->B, (size_t)c->s.ldb,
+              NULL, c->C, (size_t)c->s.ldc, c->s.acc);
 }
 
 /* ------------------------------------------------------------ own kernels: nn / tn */
@@ -345,12 +492,12 @@ static dnnl_status_t make_mds(const gemm_key *k, dnnl_memory_desc_t md[3]) {
 #undef DIM
     dnnl_dims_t a_dims = {M, K}, b_dims = {K, N}, c_dims = {M, N};
     dnnl_dims_t a_str = {lda, 1}, b_str = {ldb, 1}, c_str = {ldc, 1};
-    const dnnl_data_type_t in_type = k->kind == KIND_NT_BF16 ? dnnl_bf16 : dnnl_f32;
-    if (k->kind == KIND_TN) { /* A is stored [K, M] */
+    const dnnl_data_type_t in_type = is_bf16_kind(k->kind) ? dnnl_bf16 : dnnl_f32;
+    if (layout(k->kind) == KIND_TN) { /* A is stored [K, M] */
         a_str[0] = 1;
         a_str[1] = lda;
     }
-    if (k->kind == KIND_NT || k->kind == KIND_NT_BF16) { /* W is stored [N, K] */
+    if (layout(k->kind) == KIND_NT) { /* W is stored [N, K] */
         b_str[0] = 1;
         b_str[1] = ldb;
     }
@@ -527,19 +674,21 @@ void whale_f32_to_bf16_rows(uint16_t *dst, const float *src, size_t n) {
 #endif
 }
 
-/* Room for `elems` bf16 values in g->a16. The only allocation of the bf16
- * products, made once per new maximum size. */
-static whale_code a16_reserve(whale_gemm *g, size_t elems, whale_err *err) {
-    if (elems <= g->a16_cap) return WHALE_OK;
+/* Room for n elements of `size` bytes in a scratch buffer: the only
+ * allocations of the products, made once per new maximum size. */
+static whale_code scratch_reserve(scratch *sc, size_t n, size_t size, const gemm_call *c,
+                                  whale_err *err) {
     size_t bytes;
-    uint16_t *p = NULL;
-    if (whale_mul_size(elems, sizeof(uint16_t), &bytes)) p = whale_alloc(bytes);
+    if (!whale_mul_size(n, size, &bytes)) bytes = SIZE_MAX;
+    if (bytes <= sc->bytes) return WHALE_OK;
+    void *p = whale_alloc(bytes);
     if (!p)
-        return whale_errf(err, WHALE_ERR_NOMEM, "gemm nt_bf16: cannot allocate %zu bf16 values",
-                          elems);
-    free(g->a16);
-    g->a16 = p;
-    g->a16_cap = elems;
+        return whale_errf(err, WHALE_ERR_NOMEM,
+                          "gemm %s M=%d N=%d K=%d: cannot allocate %zu bytes of scratch",
+                          kind_names[c->s.kind], c->s.M, c->s.N, c->s.K, bytes);
+    free(sc->p);
+    sc->p = p;
+    sc->bytes = bytes;
     return WHALE_OK;
 }
 
@@ -564,7 +713,7 @@ static void ntb_single_c(int mr, int K, const uint16_t *A, size_t lda, const uin
     }
 }
 
-#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 
 /* W rows n, n+q, n+2q, n+3q against mr A rows: vdpbf16ps adds the products
  * of adjacent k pairs into fp32 lanes. */
@@ -626,22 +775,16 @@ ntb_single(const int mr, int K, const uint16_t *A, size_t lda, const uint16_t *w
 
 static void ntb_quad_rows(int mr, int K, const uint16_t *A, size_t lda, const uint16_t *W,
                           size_t ldw, size_t n, size_t q, float *C, size_t ldc, int acc) {
-    switch (mr) {
-    case 1: ntb_quad(1, K, A, lda, W, ldw, n, q, C, ldc, acc); break;
-    case 2: ntb_quad(2, K, A, lda, W, ldw, n, q, C, ldc, acc); break;
-    case 3: ntb_quad(3, K, A, lda, W, ldw, n, q, C, ldc, acc); break;
-    default: ntb_quad(4, K, A, lda, W, ldw, n, q, C, ldc, acc); break;
-    }
+#define QUAD_BF16(MR) ntb_quad(MR, K, A, lda, W, ldw, n, q, C, ldc, acc)
+    BY_MR(QUAD_BF16)
+#undef QUAD_BF16
 }
 
 static void ntb_single_rows(int mr, int K, const uint16_t *A, size_t lda, const uint16_t *w,
                             float *C, size_t ldc, int acc) {
-    switch (mr) {
-    case 1: ntb_single(1, K, A, lda, w, C, ldc, acc); break;
-    case 2: ntb_single(2, K, A, lda, w, C, ldc, acc); break;
-    case 3: ntb_single(3, K, A, lda, w, C, ldc, acc); break;
-    default: ntb_single(4, K, A, lda, w, C, ldc, acc); break;
-    }
+#define SINGLE_BF16(MR) ntb_single(MR, K, A, lda, w, C, ldc, acc)
+    BY_MR(SINGLE_BF16)
+#undef SINGLE_BF16
 }
 
 /* A rows to bf16 with vcvtne2ps2bf16 (RNE; it flushes subnormals, which
@@ -662,11 +805,207 @@ static void a_to_bf16_hw(int M, int K, const float *A, size_t lda, uint16_t *dst
             _mm512_store_si512(dst + m * ld16 + k, (__m512i)v);
         }
 }
+#if defined(__AVX512VBMI__)
+
+/* int8 weights into vdpbf16ps, 64 at a time, without widening to fp32: the
+ * bf16 pattern of |q| (exact) is looked up byte plane by byte plane with
+ * vpermi2b over 128-entry tables, the sign put back, and the planes
+ * interleaved into words. vpunpck{l,h}bw work within 128-bit lanes, so the
+ * 64 words come out in the order q8_order(); A is stored in that order
+ * (a_to_bf16_q8), which leaves every dot product the same. About half the
+ * instructions of vpmovsxbd + vcvtdq2ps + vcvtne2ps2bf16. */
+#define Q8_STEP 64
+
+typedef struct {
+    __m512i hi0, hi1, lo0, lo1;
+} q8_tables;
+
+static q8_tables q8_tables_make(void) {
+    uint8_t hi[128], lo[128];
+    for (int i = 0; i < 128; i++) {
+        const uint16_t b = whale_float_to_bf16((float)i);
+        hi[i] = (uint8_t)(b >> 8);
+        lo[i] = (uint8_t)b;
+    }
+    q8_tables t = {_mm512_loadu_si512(hi), _mm512_loadu_si512(hi + 64), _mm512_loadu_si512(lo),
+                   _mm512_loadu_si512(lo + 64)};
+    return t;
+}
+
+/* Element (of a 64 block) held by word j of the two bf16 vectors. */
+static int q8_order(int j) {
+    const int half = j / 32, lane = (j % 32) / 8, pos = j % 8;
+    return 16 * lane + 8 * half + pos;
+}
+
+static inline __attribute__((always_inline)) void
+q8_load(const q8_tables *t, __mmask64 mask, const int8_t *w, __m512bh *wlo, __m512bh *whi) {
+    const __m512i v = _mm512_maskz_loadu_epi8(mask, w);
+    const __m512i a = _mm512_abs_epi8(v);
+    __m512i hi = _mm512_permutex2var_epi8(t->hi0, a, t->hi1);
+    __m512i lo = _mm512_permutex2var_epi8(t->lo0, a, t->lo1);
+    hi = _mm512_ternarylogic_epi32(v, _mm512_set1_epi8((char)0x80), hi, 0xEA); /* (v & 0x80) | hi */
+    const __mmask64 m128 = _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8(-128));
+    if (m128) { /* |-128| does not fit the tables */
+        hi = _mm512_mask_mov_epi8(hi, m128, _mm512_set1_epi8((char)0xC3));
+        lo = _mm512_mask_mov_epi8(lo, m128, _mm512_setzero_si512());
+    }
+    *wlo = (__m512bh)_mm512_unpacklo_epi8(lo, hi);
+    *whi = (__m512bh)_mm512_unpackhi_epi8(lo, hi);
+}
+
+static inline __mmask64 q8_mask(int left) {
+    return left >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << left) - 1;
+}
+
+static inline __attribute__((always_inline)) void
+q8_quad(const int mr, int K, const uint16_t *A, size_t lda, const int8_t *W, size_t ldw, size_t n,
+        size_t q, const float *scale, float *C, size_t ldc, int acc, const q8_tables *t) {
+    const int8_t *w0 = W + n * ldw, *w1 = w0 + q * ldw, *w2 = w1 + q * ldw, *w3 = w2 + q * ldw;
+    __m512 s[NT_MR][4];
+#pragma GCC unroll 4
+    for (int m = 0; m < mr; m++)
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) s[m][r] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k += Q8_STEP) {
+        const __mmask64 mask = q8_mask(K - k);
+        __m512bh l[4], h[4];
+        q8_load(t, mask, w0 + k, &l[0], &h[0]);
+        q8_load(t, mask, w1 + k, &l[1], &h[1]);
+        q8_load(t, mask, w2 + k, &l[2], &h[2]);
+        q8_load(t, mask, w3 + k, &l[3], &h[3]);
+#pragma GCC unroll 4
+        for (int m = 0; m < mr; m++) {
+            const __m512bh alo = (__m512bh)_mm512_load_si512(A + m * lda + k);
+            const __m512bh ahi = (__m512bh)_mm512_load_si512(A + m * lda + k + 32);
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++)
+                s[m][r] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(s[m][r], alo, l[r]), ahi, h[r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < mr; m++) {
+        float sum[4];
+        _mm_storeu_ps(sum, hsum4(s[m][0], s[m][1], s[m][2], s[m][3]));
+        float *c = C + m * ldc + n;
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const float v = scale[n + r * q] * sum[r];
+            c[r * q] = acc ? c[r * q] + v : v;
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void
+q8_single(const int mr, int K, const uint16_t *A, size_t lda, const int8_t *w, float sc, float *C,
+          size_t ldc, int acc, const q8_tables *t) {
+    __m512 s[NT_MR];
+#pragma GCC unroll 4
+    for (int m = 0; m < mr; m++) s[m] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k += Q8_STEP) {
+        __m512bh l, h;
+        q8_load(t, q8_mask(K - k), w + k, &l, &h);
+#pragma GCC unroll 4
+        for (int m = 0; m < mr; m++) {
+            s[m] = _mm512_dpbf16_ps(s[m], (__m512bh)_mm512_load_si512(A + m * lda + k), l);
+            s[m] = _mm512_dpbf16_ps(s[m], (__m512bh)_mm512_load_si512(A + m * lda + k + 32), h);
+        }
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < mr; m++) {
+        const float v = sc * _mm512_reduce_add_ps(s[m]);
+        C[m * ldc] = acc ? C[m * ldc] + v : v;
+    }
+}
+
+/* A rows to bf16 (vcvtne2ps2bf16, as a_to_bf16_hw) in q8_order within each
+ * 64 block, zero-padded to the row length ld (a multiple of 64). */
+static void a_to_bf16_q8(int M, int K, const float *A, size_t lda, uint16_t *dst, size_t ld) {
+    uint16_t ilo[32], ihi[32];
+    for (int j = 0; j < 32; j++) {
+        ilo[j] = (uint16_t)q8_order(j);
+        ihi[j] = (uint16_t)q8_order(32 + j);
+    }
+    const __m512i plo = _mm512_loadu_si512(ilo), phi = _mm512_loadu_si512(ihi);
+    for (int m = 0; m < M; m++)
+        for (size_t k = 0; k < ld; k += Q8_STEP) {
+            const float *a = A + m * lda + k;
+            __m512 f[4];
+            for (int i = 0; i < 4; i++) {
+                const int left = K - (int)k - 16 * i;
+                const __mmask16 mk = left >= 16 ? 0xFFFF : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+                f[i] = _mm512_maskz_loadu_ps(mk, a + 16 * i);
+            }
+            const __m512i n0 = (__m512i)_mm512_cvtne2ps_pbh(f[1], f[0]);
+            const __m512i n1 = (__m512i)_mm512_cvtne2ps_pbh(f[3], f[2]);
+            _mm512_store_si512(dst + m * ld + k, _mm512_permutex2var_epi16(n0, plo, n1));
+            _mm512_store_si512(dst + m * ld + k + 32, _mm512_permutex2var_epi16(n0, phi, n1));
+        }
+}
+
+static void q8_quad_rows(int mr, int K, const uint16_t *A, size_t lda, const int8_t *W, size_t ldw,
+                         size_t n, size_t q, const float *scale, float *C, size_t ldc, int acc,
+                         const q8_tables *t) {
+#define QUAD_Q8(MR) q8_quad(MR, K, A, lda, W, ldw, n, q, scale, C, ldc, acc, t)
+    BY_MR(QUAD_Q8)
+#undef QUAD_Q8
+}
+
+static void q8_single_rows(int mr, int K, const uint16_t *A, size_t lda, const int8_t *w, float sc,
+                           float *C, size_t ldc, int acc, const q8_tables *t) {
+#define SINGLE_Q8(MR) q8_single(MR, K, A, lda, w, sc, C, ldc, acc, t)
+    BY_MR(SINGLE_Q8)
+#undef SINGLE_Q8
+}
+
+/* Our kernel for int8 weights (see q8_load). */
+static whale_code own_nt_q8(whale_gemm *g, const gemm_call *c, whale_err *err) {
+    const int M = c->s.M, N = c->s.N, K = c->s.K, acc = c->s.acc;
+    const size_t ldw = (size_t)c->s.ldb, ldc = (size_t)c->s.ldc;
+    const size_t ld = ((size_t)K + Q8_STEP - 1) / Q8_STEP * Q8_STEP;
+    whale_code rc = scratch_reserve(&g->sa, (size_t)M * ld, sizeof(uint16_t), c, err);
+    if (rc) return rc;
+    uint16_t *A16 = g->sa.p;
+    a_to_bf16_q8(M, K, c->A, (size_t)c->s.lda, A16, ld);
+    const int8_t *W = c->B;
+    const float *scale = c->scale;
+    float *C = c->C;
+    const int par = (double)M * N * K >= OWN_PARALLEL_MIN_WORK;
+#pragma omp parallel if (par)
+    {
+        const q8_tables t = q8_tables_make();
+        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        const size_t lo = (size_t)((int64_t)N * id / nt), hi = (size_t)((int64_t)N * (id + 1) / nt);
+        const size_t q = (hi - lo) / 4;
+        for (size_t i = 0; i < q; i++)
+            for (int m0 = 0; m0 < M; m0 += NT_MR) {
+                const int mr = M - m0 < NT_MR ? M - m0 : NT_MR;
+                q8_quad_rows(mr, K, A16 + m0 * ld, ld, W, ldw, lo + i, q, scale, C + m0 * ldc, ldc,
+                             acc, &t);
+            }
+        for (size_t n = lo + 4 * q; n < hi; n++)
+            for (int m0 = 0; m0 < M; m0 += NT_MR) {
+                const int mr = M - m0 < NT_MR ? M - m0 : NT_MR;
+                q8_single_rows(mr, K, A16 + m0 * ld, ld, W + n * ldw, scale[n], C + m0 * ldc + n,
+                               ldc, acc, &t);
+            }
+    }
+    snprintf(g->last_impl, sizeof g->last_impl, "whale:skinny_nt_q8");
+    g->stats.own_calls++;
+    return WHALE_OK;
+}
+#define WHALE_HAVE_Q8_KERNEL 1
+
+#else
+#define WHALE_HAVE_Q8_KERNEL 0
+#endif /* __AVX512VBMI__ */
+
 #define WHALE_HAVE_BF16_KERNEL 1
 
 #else /* no AVX512_BF16: only the plain C kernel */
 
 #define WHALE_HAVE_BF16_KERNEL 0
+#define WHALE_HAVE_Q8_KERNEL 0
 
 #endif
 
@@ -682,11 +1021,10 @@ static whale_code own_nt_bf16(whale_gemm *g, const gemm_call *c, int portable, w
     const int M = c->s.M, N = c->s.N, K = c->s.K, acc = c->s.acc;
     const size_t lda = (size_t)c->s.lda, ldw = (size_t)c->s.ldb, ldc = (size_t)c->s.ldc;
     const size_t ld16 = bf16_row_len(K);
-    whale_code rc = a16_reserve(g, (size_t)M * ld16, err);
+    whale_code rc = scratch_reserve(&g->sa, (size_t)M * ld16, sizeof(uint16_t), c, err);
     if (rc) return rc;
     const float *A = c->A;
-    const uint16_t *W = c->B, *A16 = g->a16;
-    float *C = c->C;
+    uint16_t *A16 = g->sa.p;
 #if WHALE_HAVE_BF16_KERNEL
     const int fast = !portable;
 #else
@@ -694,14 +1032,16 @@ static whale_code own_nt_bf16(whale_gemm *g, const gemm_call *c, int portable, w
 #endif
     if (fast) {
 #if WHALE_HAVE_BF16_KERNEL
-        a_to_bf16_hw(M, K, A, lda, g->a16, ld16);
+        a_to_bf16_hw(M, K, A, lda, A16, ld16);
 #endif
     } else {
         for (int m = 0; m < M; m++) {
-            whale_f32_to_bf16_rows(g->a16 + m * ld16, A + m * lda, (size_t)K);
-            memset(g->a16 + m * ld16 + K, 0, (ld16 - (size_t)K) * sizeof(uint16_t));
+            whale_f32_to_bf16_rows(A16 + m * ld16, A + m * lda, (size_t)K);
+            memset(A16 + m * ld16 + K, 0, (ld16 - (size_t)K) * sizeof(uint16_t));
         }
     }
+    const uint16_t *W = c->B;
+    float *C = c->C;
     const int par = (double)M * N * K >= OWN_PARALLEL_MIN_WORK;
 #pragma omp parallel if (par)
     {
@@ -738,33 +1078,328 @@ static whale_code own_nt_bf16(whale_gemm *g, const gemm_call *c, int portable, w
     return WHALE_OK;
 }
 
+/* Our kernel for fp16 (wt WT_F16) or int8 (WT_I8) weights with fp32 FMAs:
+ * A rounded (to fp16, or to bf16 for int8 weights) into fp32 rows in
+ * scratch, then the skinny kernel; portable: the plain C kernel. */
+static whale_code own_nt_x(whale_gemm *g, const gemm_call *c, int wt, int portable,
+                           whale_err *err) {
+    const int M = c->s.M, K = c->s.K;
+    whale_code rc = scratch_reserve(&g->sa, (size_t)M * K, sizeof(float), c, err);
+    if (rc) return rc;
+    float *Ar = g->sa.p;
+    const float *A = c->A;
+    for (int m = 0; m < M; m++) {
+        float *dst = Ar + (size_t)m * K;
+        const float *src = A + (size_t)m * c->s.lda;
+        if (wt == WT_F16)
+            whale_round_f16_rows(dst, src, (size_t)K);
+        else
+            whale_round_bf16_rows(dst, src, (size_t)K);
+    }
+    portable |= !WHALE_HAVE_NARROW_KERNEL;
+    skinny_nt(wt, portable, M, c->s.N, K, Ar, (size_t)K, c->B, (size_t)c->s.ldb, c->scale, c->C,
+              (size_t)c->s.ldc, c->s.acc);
+    const char *name = portable ? (wt == WT_F16 ? "whale:nt_f16_c" : "whale:nt_q8_c")
+                                : (wt == WT_F16 ? "whale:skinny_nt_f16" : "whale:skinny_nt_q8_fma");
+    snprintf(g->last_impl, sizeof g->last_impl, "%s", name);
+    g->stats.own_calls++;
+    return WHALE_OK;
+}
+
+/* ------------------------------------------------------------ converted blocks */
+
+/* How gemm_converted brings an operand block into the inner product's type. */
+typedef enum {
+    CV_NONE = 0,  /* used in place: already the inner type (bf16 B of nn_bf16) */
+    CV_F32_BF16,  /* f32 -> bf16, nearest even */
+    CV_F32_BF16R, /* f32 -> f32 rounded to bf16 */
+    CV_F32_F16R,  /* f32 -> f32 rounded to fp16 */
+    CV_BF16_F32,  /* bf16 -> f32, exact */
+    CV_F16_F32,   /* fp16 -> f32, exact */
+    CV_I8_BF16    /* int8 -> bf16, exact */
+} conv;
+
+static size_t conv_src_size(conv cv, size_t inner_size) {
+    switch (cv) {
+    case CV_NONE: return inner_size;
+    case CV_BF16_F32:
+    case CV_F16_F32: return 2;
+    case CV_I8_BF16: return 1;
+    default: return 4;
+    }
+}
+
+static size_t conv_dst_size(conv cv) {
+    return cv == CV_NONE ? 0 : cv == CV_F32_BF16 || cv == CV_I8_BF16 ? 2 : 4;
+}
+
+static void i8_to_bf16_rows(uint16_t *dst, const int8_t *src, size_t n) {
+    size_t i = 0;
+#ifdef __AVX512F__
+    for (; i + 16 <= n; i += 16) {
+        /* exact in fp32, so the top half of the fp32 pattern is the bf16 */
+        const __m512i b = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
+        const __m512i f = _mm512_castps_si512(_mm512_cvtepi32_ps(b));
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(f, 16)));
+    }
+#endif
+    for (; i < n; i++) dst[i] = whale_float_to_bf16((float)src[i]);
+}
+
+/* rows x cols elements from src (row stride lds elements) into dst (row
+ * stride ldd), converted. */
+static void convert_block(conv cv, void *dst, size_t ldd, const void *src, size_t lds, int rows,
+                          int cols) {
+    const size_t ss = conv_src_size(cv, 0), ds = conv_dst_size(cv), n = (size_t)cols;
+    const int par = (double)rows * cols >= OWN_PARALLEL_MIN_WORK;
+#pragma omp parallel for schedule(static) if (par)
+    for (int r = 0; r < rows; r++) {
+        const void *s = (const char *)src + (size_t)r * lds * ss;
+        void *d = (char *)dst + (size_t)r * ldd * ds;
+        switch (cv) {
+        case CV_F32_BF16: whale_f32_to_bf16_rows(d, s, n); break;
+        case CV_F32_BF16R: whale_round_bf16_rows(d, s, n); break;
+        case CV_F32_F16R: whale_round_f16_rows(d, s, n); break;
+        case CV_BF16_F32: whale_bf16_to_f32(d, s, n); break;
+        case CV_F16_F32: whale_f16_to_f32(d, s, n); break;
+        case CV_I8_BF16: i8_to_bf16_rows(d, s, n); break;
+        case CV_NONE: break;
+        }
+    }
+}
+
+/* C[m, n] = scale[n] * C[m, n], or C[m, n] += scale[n] * T[m, n]. */
+static void scale_cols(float *C, size_t ldc, const float *T, size_t ldt, int rows, int cols,
+                       const float *scale, int acc) {
+    const int par = (double)rows * cols >= OWN_PARALLEL_MIN_WORK;
+#pragma omp parallel for schedule(static) if (par)
+    for (int m = 0; m < rows; m++) {
+        float *c = C + (size_t)m * ldc;
+        const float *t = T + (size_t)m * ldt;
+        if (acc)
+            for (int n = 0; n < cols; n++) c[n] += scale[n] * t[n];
+        else
+            for (int n = 0; n < cols; n++) c[n] *= scale[n];
+    }
+}
+
+static whale_code gemm_f32(whale_gemm *g, const gemm_call *c, whale_gemm_path path,
+                           whale_err *err);
+
+/* The oneDNN choice for bf16 operands under WHALE_GEMM_AUTO. */
+static whale_gemm_path bf16_auto(int kind, int M) {
+    if (kind == KIND_NT_BF16)
+        return M < WHALE_GEMM_BF16_EXACT_BELOW_M_NT ? WHALE_GEMM_DNNL_EXACT
+                                                    : WHALE_GEMM_DNNL_RUNTIME;
+    return M < WHALE_GEMM_BF16_EXACT_BELOW_M_NN ? WHALE_GEMM_DNNL_EXACT : WHALE_GEMM_DNNL_RUNTIME;
+}
+
+/* One block product of gemm_converted. */
+static whale_code inner_run(whale_gemm *g, const gemm_call *d, whale_gemm_path path,
+                            whale_err *err) {
+    if (!is_bf16_kind(d->s.kind)) return gemm_f32(g, d, path, err);
+    if (path != WHALE_GEMM_DNNL_EXACT && path != WHALE_GEMM_DNNL_RUNTIME)
+        path = bf16_auto(d->s.kind, d->s.M);
+    return dnnl_run(g, d, path == WHALE_GEMM_DNNL_RUNTIME, err);
+}
+
+/* Blocks of gemm_converted: at most this many rows of C and columns of C
+ * per block (inner products this size run at full speed), and as much of
+ * K as fits the scratch bound with them (K itself in every product of the
+ * models: >= 1024 deep blocks even at the largest rows and columns). */
+#define CONV_BLOCK_MN 2048
+#define CONV_SCRATCH_BYTES ((size_t)16 << 20)
+
+/* The product c computed as inner-kind products (f32 or bf16 operands) of
+ * converted blocks: A via ca, B via cb (CV_NONE: used in place). Loops over
+ * column blocks, row blocks, then K blocks accumulating into C; a converted
+ * block is kept while the next block needs the same one. nt_q8: the inner
+ * products give the unscaled sums (into C, or into the sc scratch with
+ * accumulate), scaled per column at the end of each block. tag: prefix of
+ * the implementation name (NULL: the inner one alone). */
+static whale_code gemm_converted(whale_gemm *g, const gemm_call *c, int inner,
+                                 whale_gemm_path path, conv ca, conv cb, const char *tag,
+                                 whale_err *err) {
+    const gemm_key *s = &c->s;
+    const int L = layout(s->kind), M = s->M, N = s->N, K = s->K;
+    const int q8 = s->kind == KIND_NT_Q8;
+    const size_t in_size = is_bf16_kind(inner) ? 2 : 4;
+    const size_t sa_src = conv_src_size(ca, in_size), sb_src = conv_src_size(cb, in_size);
+    const int blk = g->block_mn > 0 ? g->block_mn : CONV_BLOCK_MN;
+    const size_t budget = g->block_bytes ? g->block_bytes : CONV_SCRATCH_BYTES;
+    const int mb = M < blk ? M : blk, nb = N < blk ? N : blk;
+    const size_t per_k = (size_t)mb * conv_dst_size(ca) + (size_t)nb * conv_dst_size(cb);
+    int kb = K;
+    if (per_k && (size_t)K * per_k > budget) kb = budget / per_k ? (int)(budget / per_k) : 1;
+    whale_code rc = WHALE_OK;
+    if (ca) rc = scratch_reserve(&g->sa, (size_t)mb * kb, conv_dst_size(ca), c, err);
+    if (!rc && cb) rc = scratch_reserve(&g->sb, (size_t)nb * kb, conv_dst_size(cb), c, err);
+    if (!rc && q8 && s->acc) rc = scratch_reserve(&g->sc, (size_t)mb * nb, sizeof(float), c, err);
+    if (rc) return rc;
+    const char *A = c->A, *B = c->B;
+    int a_m = -1, a_k = -1, b_n = -1, b_k = -1; /* blocks now in scratch */
+    for (int n0 = 0; n0 < N; n0 += nb) {
+        const int nn = N - n0 < nb ? N - n0 : nb;
+        for (int m0 = 0; m0 < M; m0 += mb) {
+            const int mm = M - m0 < mb ? M - m0 : mb;
+            float *Cb = c->C + (size_t)m0 * s->ldc + n0;
+            float *T = q8 && s->acc ? g->sc.p : Cb; /* where the inner sums go */
+            const int ldt = q8 && s->acc ? nn : s->ldc;
+            for (int k0 = 0; k0 < K; k0 += kb) {
+                const int kk = K - k0 < kb ? K - k0 : kb;
+                /* the A block as stored: [mm, kk], or [kk, mm] for tn */
+                const int a_rows = L == KIND_TN ? kk : mm, a_cols = L == KIND_TN ? mm : kk;
+                const size_t a_off = L == KIND_TN ? (size_t)k0 * s->lda + m0
+                                                  : (size_t)m0 * s->lda + k0;
+                const void *Ab = A + a_off * sa_src;
+                int ldab = s->lda;
+                if (ca) {
+                    if (a_m != m0 || a_k != k0)
+                        convert_block(ca, g->sa.p, (size_t)a_cols, Ab, (size_t)s->lda, a_rows,
+                                      a_cols);
+                    a_m = m0;
+                    a_k = k0;
+                    Ab = g->sa.p;
+                    ldab = a_cols;
+                }
+                /* the B block as stored: [nn, kk] for nt, [kk, nn] otherwise */
+                const int b_rows = L == KIND_NT ? nn : kk, b_cols = L == KIND_NT ? kk : nn;
+                const size_t b_off = L == KIND_NT ? (size_t)n0 * s->ldb + k0
+                                                  : (size_t)k0 * s->ldb + n0;
+                const void *Bb = B + b_off * sb_src;
+                int ldbb = s->ldb;
+                if (cb) {
+                    if (b_n != n0 || b_k != k0)
+                        convert_block(cb, g->sb.p, (size_t)b_cols, Bb, (size_t)s->ldb, b_rows,
+                                      b_cols);
+                    b_n = n0;
+                    b_k = k0;
+                    Bb = g->sb.p;
+                    ldbb = b_cols;
+                }
+                const int acc = k0 > 0 || (s->acc && !q8);
+                gemm_call d = {{inner, acc, mm, nn, kk, ldab, ldbb, ldt}, Ab, Bb, T, NULL};
+                rc = inner_run(g, &d, path, err);
+                if (rc) return rc;
+            }
+            if (q8) scale_cols(Cb, (size_t)s->ldc, T, (size_t)ldt, mm, nn, c->scale + n0, s->acc);
+        }
+    }
+    if (tag) {
+        /* "tag+inner", cut to the buffer */
+        char inner_impl[sizeof g->last_impl], *d = g->last_impl;
+        memcpy(inner_impl, g->last_impl, sizeof inner_impl);
+        const char *parts[3] = {tag, "+", inner_impl};
+        for (int i = 0; i < 3; i++)
+            for (const char *p = parts[i]; *p && d < g->last_impl + sizeof g->last_impl - 1; p++)
+                *d++ = *p;
+        *d = 0;
+    }
+    return WHALE_OK;
+}
+
+/* ------------------------------------------------------------ per-kind routing */
+
+static int own_path(whale_gemm_path p) {
+    return p == WHALE_GEMM_OWN || p == WHALE_GEMM_OWN_PORTABLE;
+}
+
 /* A bf16 nt product, already validated (M, N, K > 0). */
 static whale_code gemm_bf16(whale_gemm *g, const gemm_call *c, whale_err *err) {
     const gemm_key *s = &c->s;
     whale_gemm_path path = g->path;
     if (path == WHALE_GEMM_AUTO)
-        path = s->M <= WHALE_GEMM_OWN_MAX_M_NT             ? WHALE_GEMM_OWN
-               : s->M < WHALE_GEMM_BF16_EXACT_BELOW_M_NT ? WHALE_GEMM_DNNL_EXACT
-                                                         : WHALE_GEMM_DNNL_RUNTIME;
-    if (path == WHALE_GEMM_OWN || path == WHALE_GEMM_OWN_PORTABLE)
-        return own_nt_bf16(g, c, path == WHALE_GEMM_OWN_PORTABLE, err);
+        path = s->M <= WHALE_GEMM_OWN_MAX_M_NT ? WHALE_GEMM_OWN : bf16_auto(KIND_NT_BF16, s->M);
+    if (own_path(path)) return own_nt_bf16(g, c, path == WHALE_GEMM_OWN_PORTABLE, err);
     /* oneDNN takes A in bf16: round it into the dense scratch first */
     const size_t K = (size_t)s->K;
-    whale_code rc = a16_reserve(g, (size_t)s->M * K, err);
+    whale_code rc = scratch_reserve(&g->sa, (size_t)s->M * K, sizeof(uint16_t), c, err);
     if (rc) return rc;
+    uint16_t *A16 = g->sa.p;
     const float *A = c->A;
     const int M = s->M;
     const size_t lda = (size_t)s->lda;
     const int par = (double)M * K >= OWN_PARALLEL_MIN_WORK;
 #pragma omp parallel for schedule(static) if (par)
-    for (int m = 0; m < M; m++) whale_f32_to_bf16_rows(g->a16 + m * K, A + m * lda, K);
+    for (int m = 0; m < M; m++) whale_f32_to_bf16_rows(A16 + m * K, A + m * lda, K);
     gemm_call d = *c;
     d.s.lda = s->K;
-    d.A = g->a16;
+    d.A = A16;
     return dnnl_run(g, &d, path == WHALE_GEMM_DNNL_RUNTIME, err);
 }
 
+/* nt with fp16 weights: our kernel for few rows, else f32 oneDNN on blocks
+ * of W widened to f32 and A rounded to fp16 (values kept as f32). */
+static whale_code gemm_nt_f16(whale_gemm *g, const gemm_call *c, whale_err *err) {
+    const whale_gemm_path path = g->path;
+    if (own_path(path) || (path == WHALE_GEMM_AUTO && c->s.M <= WHALE_GEMM_OWN_MAX_M_NT))
+        return own_nt_x(g, c, WT_F16, path == WHALE_GEMM_OWN_PORTABLE, err);
+    return gemm_converted(g, c, KIND_NT, path, CV_F32_F16R, CV_F16_F32, "cvt_f16", err);
+}
+
+/* nt with int8 weights: our kernel for few rows (the vdpbf16ps one with
+ * AVX512_BF16 + VBMI, else fp32 FMAs), else bf16 oneDNN on blocks of W
+ * converted exactly to bf16, then the scales. */
+static whale_code gemm_nt_q8(whale_gemm *g, const gemm_call *c, whale_err *err) {
+    const whale_gemm_path path = g->path;
+    if (own_path(path) || (path == WHALE_GEMM_AUTO && c->s.M <= WHALE_GEMM_OWN_MAX_M_NT)) {
+#if WHALE_HAVE_Q8_KERNEL
+        if (path != WHALE_GEMM_OWN_PORTABLE) return own_nt_q8(g, c, err);
+#endif
+        return own_nt_x(g, c, WT_I8, path == WHALE_GEMM_OWN_PORTABLE, err);
+    }
+    return gemm_converted(g, c, KIND_NT_BF16, path, CV_F32_BF16, CV_I8_BF16, "cvt_q8", err);
+}
+
+/* nn / tn with bf16 operands: oneDNN bf16 on A (and B for tn) rounded to
+ * bf16 in blocks; forced OWN: our f32 kernels on the operands rounded to
+ * bf16 and kept as f32 (the same products, summed in another order). */
+static whale_code gemm_nn_tn_bf16(whale_gemm *g, const gemm_call *c, whale_err *err) {
+    const int L = layout(c->s.kind);
+    if (own_path(g->path))
+        return gemm_converted(g, c, L, WHALE_GEMM_OWN, CV_F32_BF16R,
+                              L == KIND_NN ? CV_BF16_F32 : CV_F32_BF16R, "cvt_bf16", err);
+    return gemm_converted(g, c, c->s.kind, g->path, CV_F32_BF16,
+                          L == KIND_NN ? CV_NONE : CV_F32_BF16, NULL, err);
+}
+
+/* nn / tn with fp16 operands: the f32 products (with their own routing) on
+ * blocks rounded to fp16 or widened from fp16. */
+static whale_code gemm_nn_tn_f16(whale_gemm *g, const gemm_call *c, whale_err *err) {
+    const int L = layout(c->s.kind);
+    const whale_gemm_path path = own_path(g->path) ? WHALE_GEMM_OWN : g->path;
+    return gemm_converted(g, c, L, path, CV_F32_F16R, L == KIND_NN ? CV_F16_F32 : CV_F32_F16R,
+                          "cvt_f16", err);
+}
+
 /* ------------------------------------------------------------ dispatch */
+
+/* An f32 product, already validated (M, N, K > 0). */
+static whale_code gemm_f32(whale_gemm *g, const gemm_call *c, whale_gemm_path path,
+                           whale_err *err) {
+    const gemm_key *s = &c->s;
+    if (path == WHALE_GEMM_OWN_PORTABLE) path = WHALE_GEMM_OWN;
+    if (path == WHALE_GEMM_AUTO) {
+        if (s->kind == KIND_NT)
+            path = s->M <= WHALE_GEMM_OWN_MAX_M_NT        ? WHALE_GEMM_OWN
+                   : s->M < WHALE_GEMM_EXACT_BELOW_M_NT ? WHALE_GEMM_DNNL_EXACT
+                                                        : WHALE_GEMM_DNNL_RUNTIME;
+        else
+            path = s->M <= WHALE_GEMM_OWN_MAX_M_NN ? WHALE_GEMM_OWN : WHALE_GEMM_DNNL_RUNTIME;
+    }
+    if (path == WHALE_GEMM_OWN) {
+        if (s->kind == KIND_NT) {
+            own_nt(c);
+            snprintf(g->last_impl, sizeof g->last_impl, "whale:skinny_nt");
+        } else {
+            own_nn_tn(c);
+            snprintf(g->last_impl, sizeof g->last_impl, "whale:skinny_%s", kind_names[s->kind]);
+        }
+        g->stats.own_calls++;
+        return WHALE_OK;
+    }
+    return dnnl_run(g, c, path == WHALE_GEMM_DNNL_RUNTIME, err);
+}
 
 static whale_code gemm(whale_gemm *g, const gemm_call *c, whale_err *err) {
     const gemm_key *s = &c->s;
@@ -774,8 +1409,9 @@ static whale_code gemm(whale_gemm *g, const gemm_call *c, whale_err *err) {
         return whale_errf(err, WHALE_ERR_ARG, "gemm %s: negative size M=%d N=%d K=%d", kn, s->M,
                           s->N, s->K);
     /* Row lengths the leading dimensions must cover. */
-    const int a_row = s->kind == KIND_TN ? s->M : s->K;
-    const int is_nt = s->kind == KIND_NT || s->kind == KIND_NT_BF16;
+    const int L = layout(s->kind);
+    const int a_row = L == KIND_TN ? s->M : s->K;
+    const int is_nt = L == KIND_NT;
     const int b_row = is_nt ? s->K : s->N;
     const char *b_name = is_nt ? "ldw" : "ldb";
     if (s->lda < a_row || s->lda < 0)
@@ -799,36 +1435,25 @@ static whale_code gemm(whale_gemm *g, const gemm_call *c, whale_err *err) {
     if (!c->A || !c->B)
         return whale_errf(err, WHALE_ERR_ARG, "gemm %s: %s is NULL", kn,
                           !c->A ? "A" : is_nt ? "W" : "B");
+    if (s->kind == KIND_NT_Q8 && !c->scale)
+        return whale_errf(err, WHALE_ERR_ARG, "gemm %s: scale is NULL", kn);
 
-    whale_gemm_path path = g->path;
-    if (s->kind == KIND_NT_BF16) return gemm_bf16(g, c, err);
-    if (path == WHALE_GEMM_OWN_PORTABLE) path = WHALE_GEMM_OWN;
-    if (path == WHALE_GEMM_AUTO) {
-        if (s->kind == KIND_NT)
-            path = s->M <= WHALE_GEMM_OWN_MAX_M_NT        ? WHALE_GEMM_OWN
-                   : s->M < WHALE_GEMM_EXACT_BELOW_M_NT ? WHALE_GEMM_DNNL_EXACT
-                                                        : WHALE_GEMM_DNNL_RUNTIME;
-        else
-            path = s->M <= WHALE_GEMM_OWN_MAX_M_NN ? WHALE_GEMM_OWN : WHALE_GEMM_DNNL_RUNTIME;
+    switch (s->kind) {
+    case KIND_NT_BF16: return gemm_bf16(g, c, err);
+    case KIND_NN_BF16:
+    case KIND_TN_BF16: return gemm_nn_tn_bf16(g, c, err);
+    case KIND_NT_F16: return gemm_nt_f16(g, c, err);
+    case KIND_NN_F16:
+    case KIND_TN_F16: return gemm_nn_tn_f16(g, c, err);
+    case KIND_NT_Q8: return gemm_nt_q8(g, c, err);
+    default: return gemm_f32(g, c, g->path, err);
     }
-    if (path == WHALE_GEMM_OWN) {
-        if (s->kind == KIND_NT) {
-            own_nt(c);
-            snprintf(g->last_impl, sizeof g->last_impl, "whale:skinny_nt");
-        } else {
-            own_nn_tn(c);
-            snprintf(g->last_impl, sizeof g->last_impl, "whale:skinny_%s", kn);
-        }
-        g->stats.own_calls++;
-        return WHALE_OK;
-    }
-    return dnnl_run(g, c, path == WHALE_GEMM_DNNL_RUNTIME, err);
 }
 
-static whale_code gemm_kind(whale_gemm *g, int kind, int M, int N, int K, const float *A, int lda,
-                            const float *B, int ldb, float *C, int ldc, int accumulate,
+static whale_code gemm_kind(whale_gemm *g, int kind, int M, int N, int K, const void *A, int lda,
+                            const void *B, int ldb, float *C, int ldc, int accumulate,
                             whale_err *err) {
-    gemm_call c = {{kind, accumulate ? 1 : 0, M, N, K, lda, ldb, ldc}, A, B, C};
+    gemm_call c = {{kind, accumulate ? 1 : 0, M, N, K, lda, ldb, ldc}, A, B, C, NULL};
     return gemm(g, &c, err);
 }
 
@@ -853,8 +1478,74 @@ whale_code whale_gemm_tn(whale_gemm *g, int M, int N, int K, const float *A, int
 whale_code whale_gemm_nt_bf16(whale_gemm *g, int M, int N, int K, const float *A, int lda,
                               const uint16_t *W, int ldw, float *C, int ldc, int accumulate,
                               whale_err *err) {
-    gemm_call c = {{KIND_NT_BF16, accumulate ? 1 : 0, M, N, K, lda, ldw, ldc}, A, W, C};
+    return gemm_kind(g, KIND_NT_BF16, M, N, K, A, lda, W, ldw, C, ldc, accumulate, err);
+}
+
+whale_code whale_gemm_nn_bf16(whale_gemm *g, int M, int N, int K, const float *A, int lda,
+                              const uint16_t *B, int ldb, float *C, int ldc, int accumulate,
+                              whale_err *err) {
+    return gemm_kind(g, KIND_NN_BF16, M, N, K, A, lda, B, ldb, C, ldc, accumulate, err);
+}
+
+whale_code whale_gemm_tn_bf16(whale_gemm *g, int M, int N, int K, const float *A, int lda,
+                              const float *B, int ldb, float *C, int ldc, int accumulate,
+                              whale_err *err) {
+    return gemm_kind(g, KIND_TN_BF16, M, N, K, A, lda, B, ldb, C, ldc, accumulate, err);
+}
+
+whale_code whale_gemm_nt_f16(whale_gemm *g, int M, int N, int K, const float *A, int lda,
+                             const uint16_t *W, int ldw, float *C, int ldc, int accumulate,
+                             whale_err *err) {
+    return gemm_kind(g, KIND_NT_F16, M, N, K, A, lda, W, ldw, C, ldc, accumulate, err);
+}
+
+whale_code whale_gemm_nn_f16(whale_gemm *g, int M, int N, int K, const float *A, int lda,
+                             const uint16_t *B, int ldb, float *C, int ldc, int accumulate,
+                             whale_err *err) {
+    return gemm_kind(g, KIND_NN_F16, M, N, K, A, lda, B, ldb, C, ldc, accumulate, err);
+}
+
+whale_code whale_gemm_tn_f16(whale_gemm *g, int M, int N, int K, const float *A, int lda,
+                             const float *B, int ldb, float *C, int ldc, int accumulate,
+                             whale_err *err) {
+    return gemm_kind(g, KIND_TN_F16, M, N, K, A, lda, B, ldb, C, ldc, accumulate, err);
+}
+
+whale_code whale_gemm_nt_q8(whale_gemm *g, int M, int N, int K, const float *A, int lda,
+                            const int8_t *W, int ldw, const float *scale, float *C, int ldc,
+                            int accumulate, whale_err *err) {
+    gemm_call c = {{KIND_NT_Q8, accumulate ? 1 : 0, M, N, K, lda, ldw, ldc}, A, W, C, scale};
     return gemm(g, &c, err);
+}
+
+/* ------------------------------------------------------------ int8 weights */
+
+void whale_quantize_q8_rows(int8_t *q, float *scale, const float *W, int rows, int cols) {
+    const int par = (double)rows * cols >= OWN_PARALLEL_MIN_WORK;
+#pragma omp parallel for schedule(static) if (par)
+    for (int r = 0; r < rows; r++) {
+        const float *w = W + (size_t)r * cols;
+        int8_t *qr = q + (size_t)r * cols;
+        float amax = 0;
+        int finite = 1;
+        for (int i = 0; i < cols; i++) {
+            const float a = fabsf(w[i]);
+            if (!(a <= FLT_MAX)) finite = 0; /* inf or NaN */
+            else if (a > amax) amax = a;
+        }
+        const float s = amax / 127.0f;
+        if (!finite || s == 0) { /* see gemm.h: NaN scale, or an (all but) zero row */
+            memset(qr, 0, (size_t)cols);
+            scale[r] = finite ? 0.0f : NAN;
+            continue;
+        }
+        scale[r] = s;
+        for (int i = 0; i < cols; i++) {
+            float v = nearbyintf(w[i] / s); /* the default rounding mode: ties to even */
+            v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+            qr[i] = (int8_t)v;
+        }
+    }
 }
 
 /* ------------------------------------------------------------ object */
@@ -885,13 +1576,20 @@ void whale_gemm_free(whale_gemm *g) {
     if (!g) return;
     for (int i = 0; i < WHALE_GEMM_CACHE_CAP; i++)
         if (g->cache[i].used) entry_clear(&g->cache[i]);
-    free(g->a16);
+    free(g->sa.p);
+    free(g->sb.p);
+    free(g->sc.p);
     dnnl_stream_destroy(g->stream);
     dnnl_engine_destroy(g->engine);
     free(g);
 }
 
 void whale_gemm_set_path(whale_gemm *g, whale_gemm_path path) { g->path = path; }
+
+void whale_gemm_set_block_limits(whale_gemm *g, int max_mn, size_t scratch_bytes) {
+    g->block_mn = max_mn > 0 ? max_mn : 0;
+    g->block_bytes = scratch_bytes;
+}
 
 const char *whale_gemm_last_impl(const whale_gemm *g) { return g->last_impl; }
 
@@ -903,9 +1601,12 @@ void whale_gemm_get_stats(const whale_gemm *g, whale_gemm_stats *st) {
 
 /* ------------------------------------------------------------ measurements */
 
-/* Best GFLOP/s of an nt product, with f32 or bf16 weights. */
-static double measure_nt(whale_gemm *g, int M, int N, int K, int reps, int bf16) {
+/* Best GFLOP/s of an nt product with weights of type dt (F32, BF16, F16,
+ * I8). */
+double whale_gemm_measure_gflops_dtype(whale_gemm *g, whale_dtype dt, int M, int N, int K,
+                                       int reps) {
     if (!g || M <= 0 || N <= 0 || K <= 0) return 0;
+    if (dt != WHALE_F32 && dt != WHALE_BF16 && dt != WHALE_F16 && dt != WHALE_I8) return 0;
     if (reps < 1) reps = 1;
     size_t na, nw, nc;
     if (!whale_mul_size((size_t)M, (size_t)K, &na) || !whale_mul_size((size_t)N, (size_t)K, &nw) ||
@@ -915,19 +1616,31 @@ static double measure_nt(whale_gemm *g, int M, int N, int K, int reps, int bf16)
     float *A = whale_alloc(na * sizeof(float));
     float *W = whale_alloc(nw * sizeof(float));
     float *C = whale_alloc(nc * sizeof(float));
-    uint16_t *W16 = bf16 ? whale_alloc(nw * sizeof(uint16_t)) : NULL;
+    uint16_t *W16 = dt == WHALE_BF16 || dt == WHALE_F16 ? whale_alloc(nw * sizeof(uint16_t)) : NULL;
+    int8_t *W8 = dt == WHALE_I8 ? whale_alloc(nw) : NULL;
+    float *scale = dt == WHALE_I8 ? whale_alloc((size_t)N * sizeof(float)) : NULL;
     double best = 0;
-    if (A && W && C && (W16 || !bf16)) {
+    const int have = dt == WHALE_F32 ? 1 : dt == WHALE_I8 ? W8 && scale : W16 != NULL;
+    if (A && W && C && have) {
         /* small exact values: no denormals or overflow to skew timing */
         for (size_t i = 0; i < na; i++) A[i] = (float)((int)(i % 17) - 8) * 0.0625f;
         for (size_t i = 0; i < nw; i++) W[i] = (float)((int)(i % 13) - 6) * 0.0625f;
-        if (bf16) whale_f32_to_bf16_rows(W16, W, nw);
+        if (dt == WHALE_BF16) whale_f32_to_bf16_rows(W16, W, nw);
+        if (dt == WHALE_F16) whale_f32_to_f16_rows(W16, W, nw);
+        if (dt == WHALE_I8) whale_quantize_q8_rows(W8, scale, W, N, K);
         whale_err err;
         double t_best = 0;
         for (int r = -1; r < reps; r++) { /* r = -1: untimed warm-up */
             double t0 = whale_now();
-            whale_code rc = bf16 ? whale_gemm_nt_bf16(g, M, N, K, A, K, W16, K, C, N, 0, &err)
-                                 : whale_gemm_nt(g, M, N, K, A, K, W, K, C, N, 0, &err);
+            whale_code rc;
+            switch (dt) {
+            case WHALE_BF16: rc = whale_gemm_nt_bf16(g, M, N, K, A, K, W16, K, C, N, 0, &err); break;
+            case WHALE_F16: rc = whale_gemm_nt_f16(g, M, N, K, A, K, W16, K, C, N, 0, &err); break;
+            case WHALE_I8:
+                rc = whale_gemm_nt_q8(g, M, N, K, A, K, W8, K, scale, C, N, 0, &err);
+                break;
+            default: rc = whale_gemm_nt(g, M, N, K, A, K, W, K, C, N, 0, &err); break;
+            }
             if (rc) {
                 t_best = 0;
                 break;
@@ -941,15 +1654,17 @@ static double measure_nt(whale_gemm *g, int M, int N, int K, int reps, int bf16)
     free(W);
     free(C);
     free(W16);
+    free(W8);
+    free(scale);
     return best;
 }
 
 double whale_gemm_measure_gflops(whale_gemm *g, int M, int N, int K, int reps) {
-    return measure_nt(g, M, N, K, reps, 0);
+    return whale_gemm_measure_gflops_dtype(g, WHALE_F32, M, N, K, reps);
 }
 
 double whale_gemm_measure_gflops_bf16(whale_gemm *g, int M, int N, int K, int reps) {
-    return measure_nt(g, M, N, K, reps, 1);
+    return whale_gemm_measure_gflops_dtype(g, WHALE_BF16, M, N, K, reps);
 }
 
 double whale_measure_read_bandwidth(size_t bytes, int reps) {

@@ -1,4 +1,5 @@
-/* Matrix products (f32, and f32 x bf16 weights) for the whole engine.
+/* Matrix products (f32; bf16, fp16 and int8 weights; bf16 and fp16 backward
+ * products) for the whole engine.
  *
  * Everything is row-major with leading dimensions (strides in elements), so
  * sub-blocks of larger buffers can be passed directly. Weights are stored
@@ -61,6 +62,89 @@ whale_code whale_gemm_nt_bf16(whale_gemm *g, int M, int N, int K, const float *A
                               const uint16_t *W, int ldw, float *C, int ldc, int accumulate,
                               whale_err *err);
 
+/* ---- fp16 and int8 weights ----
+ *
+ * The reduced-precision products below round their fp32 operands to the
+ * format first (nearest even), then sum the exact products in fp32, C fp32
+ * (never rounded: round it yourself when you want fp16/bf16 outputs). They
+ * differ from an exact sum of the rounded operands by at most the fp32
+ * summation error, ~K·2^-24·sum|a·b|. Rounding to fp16 overflows to +-inf
+ * from |x| >= 65520 (as a cast to float16 in PyTorch); so an A with larger
+ * entries gives inf/NaN in C, as fp16 autocast would. NaN in a row of A
+ * (column of B) gives NaN in that row (column) of C; the accumulate and
+ * zero-size rules are those of whale_gemm_nt. Results depend only on the
+ * shape, path and thread count. */
+
+/* C[M,N] = A[M,K] · W[N,K]^T with W in fp16 (IEEE binary16 bit patterns,
+ * row stride ldw), A rounded to fp16. No fp16 matmul exists on this CPU
+ * (no AVX512-FP16; oneDNN 2.6 refuses f16 without it), so: up to
+ * WHALE_GEMM_OWN_MAX_M_NT rows our kernel (fp16 weights widened with
+ * vcvtph2ps, fp32 FMAs: decode streams the 2-byte weights), above that the
+ * f32 oneDNN path (same shape rules as whale_gemm_nt) on blocks of W
+ * widened to f32 and A rounded, in scratch bounded by ~16 MB per block
+ * (see gemm_converted in gemm.c). The vector kernel and oneDNN keep fp16
+ * subnormals (unlike the bf16 instructions): all paths agree up to
+ * summation order. */
+whale_code whale_gemm_nt_f16(whale_gemm *g, int M, int N, int K, const float *A, int lda,
+                             const uint16_t *W, int ldw, float *C, int ldc, int accumulate,
+                             whale_err *err);
+
+/* Weight-only int8 (W8A16): C[m,n] = scale[n] · sum_k bf16(A[m,k]) · W[n,k]
+ * (+ C[m,n] with accumulate), W int8 [N,K] (row stride ldw), scale[N] fp32
+ * per output row (whale_quantize_q8_rows), A rounded to bf16. Up to
+ * WHALE_GEMM_OWN_MAX_M_NT rows our kernel: int8 converted exactly to bf16
+ * in registers (|q| <= 128 needs 8 bits; a vpermi2b table lookup) for
+ * vdpbf16ps, or without AVX512_BF16/VBMI widened to fp32 for FMAs. Above
+ * that oneDNN bf16 matmul on blocks of W converted exactly to bf16, then
+ * the scales (shape rules of whale_gemm_nt_bf16). As for nt_bf16, the
+ * AVX512_BF16 paths treat subnormal (bf16) A values as zero. A NaN or inf
+ * scale poisons its column. Decode (1x129280x320) streams the 41 MB of
+ * weights in ~1.0-1.2 ms, ~35-40 GB/s: the memory rate, 2.3x faster than
+ * bf16 weights. */
+whale_code whale_gemm_nt_q8(whale_gemm *g, int M, int N, int K, const float *A, int lda,
+                            const int8_t *W, int ldw, const float *scale, float *C, int ldc,
+                            int accumulate, whale_err *err);
+
+/* Symmetric per-row int8 quantisation of W[rows, cols] (dense): scale[r] =
+ * max_c |W[r,c]| / 127, q[r,c] = W[r,c] / scale[r] rounded to nearest even,
+ * clamped to +-127; so |q·scale - W| <= scale/2 (up to fp32 rounding). A
+ * row whose scale is 0 (all zeros, or below ~1e-43 in magnitude) gets scale
+ * 0 and q 0; a row holding inf or NaN gets scale NaN and q 0, so the
+ * product shows it. */
+void whale_quantize_q8_rows(int8_t *q, float *scale, const float *W, int rows, int cols);
+
+/* ---- backward products for mixed-precision training ----
+ *
+ * Same rounding and error statements as above (bf16: the oneDNN bf16
+ * kernels treat subnormal inputs as zero). Computed in blocks bounded by
+ * ~16 MB of scratch: at most 2048 rows and 2048 columns of C per block and
+ * as much of K as fits (K blocks accumulate). */
+
+/* C[M,N] = A[M,K] · B[K,N] with A rounded to bf16 and B bf16 [K,N] (row
+ * stride ldb): the input gradient dX = dY·W of a Linear with bf16 weights
+ * W[out,in]. oneDNN bf16 matmul (src and weights bf16, dst f32); exact-shape
+ * primitives below WHALE_GEMM_BF16_EXACT_BELOW_M_NN rows, the runtime-size
+ * one above. Forced WHALE_GEMM_OWN / OWN_PORTABLE: our f32 kernels on the
+ * operands rounded to bf16 (kept as f32), as a check. */
+whale_code whale_gemm_nn_bf16(whale_gemm *g, int M, int N, int K, const float *A, int lda,
+                              const uint16_t *B, int ldb, float *C, int ldc, int accumulate,
+                              whale_err *err);
+/* C[M,N] = A[K,M]^T · B[K,N], A and B fp32 both rounded to bf16: the weight
+ * gradient dW = dY^T·X. Paths as whale_gemm_nn_bf16 (A converted into a
+ * [K,M] block, oneDNN reading it transposed). */
+whale_code whale_gemm_tn_bf16(whale_gemm *g, int M, int N, int K, const float *A, int lda,
+                              const float *B, int ldb, float *C, int ldc, int accumulate,
+                              whale_err *err);
+/* The fp16 analogues: A rounded to fp16 and B fp16 [K,N] (nn), or A and B
+ * both rounded to fp16 (tn); computed by whale_gemm_nn / whale_gemm_tn
+ * (their shape rules, per block) on blocks converted to f32. */
+whale_code whale_gemm_nn_f16(whale_gemm *g, int M, int N, int K, const float *A, int lda,
+                             const uint16_t *B, int ldb, float *C, int ldc, int accumulate,
+                             whale_err *err);
+whale_code whale_gemm_tn_f16(whale_gemm *g, int M, int N, int K, const float *A, int lda,
+                             const float *B, int ldb, float *C, int ldc, int accumulate,
+                             whale_err *err);
+
 /* dst[i] = src[i] rounded to bf16 (nearest even), NaN stays a (quiet) NaN,
  * subnormals are rounded like everything else; bit-identical to
  * whale_float_to_bf16 (kernels/convert.h), vectorised. For converting
@@ -72,6 +156,10 @@ void whale_f32_to_bf16_rows(uint16_t *dst, const float *src, size_t n);
 double whale_gemm_measure_gflops(whale_gemm *g, int M, int N, int K, int reps);
 /* The same for whale_gemm_nt_bf16 (weights converted from the same values). */
 double whale_gemm_measure_gflops_bf16(whale_gemm *g, int M, int N, int K, int reps);
+/* The same with weights of type w: WHALE_F32 (whale_gemm_nt), WHALE_BF16
+ * (nt_bf16), WHALE_F16 (nt_f16) or WHALE_I8 (nt_q8); 0 for other types. */
+double whale_gemm_measure_gflops_dtype(whale_gemm *g, whale_dtype w, int M, int N, int K,
+                                       int reps);
 /* Streaming read bandwidth in GB/s over a buffer of `bytes`, read by the
  * current OpenMP threads; best of reps. Returns 0 on failure. */
 double whale_measure_read_bandwidth(size_t bytes, int reps);
@@ -79,23 +167,39 @@ double whale_measure_read_bandwidth(size_t bytes, int reps);
 /* ---- introspection and tuning (benchmarks and tests) ---- */
 
 /* Which implementation handles a call. AUTO is the normal shape-based
- * choice; the others force one path, to compare or test them. */
+ * choice; the others force one path, to compare or test them. For the
+ * products computed on converted blocks (nt_f16 and nt_q8 above
+ * WHALE_GEMM_OWN_MAX_M_NT rows, nn/tn bf16 and f16) a forced DNNL path
+ * applies to every block product; OWN on nn/tn bf16 and f16 runs our f32
+ * kernels on the converted blocks. */
 typedef enum {
     WHALE_GEMM_AUTO = 0,
     WHALE_GEMM_OWN,        /* our kernels (any M; fast only for few rows) */
     WHALE_GEMM_DNNL_EXACT, /* oneDNN primitive specialised to the exact shape */
     WHALE_GEMM_DNNL_RUNTIME, /* oneDNN primitive with runtime sizes and strides */
-    WHALE_GEMM_OWN_PORTABLE  /* bf16: our plain C kernel, as in builds without
-                                AVX512_BF16; other products: same as OWN */
+    WHALE_GEMM_OWN_PORTABLE  /* nt bf16 / f16 / q8: our plain C kernel, as in
+                                builds without AVX-512; others: same as OWN */
 } whale_gemm_path;
 void whale_gemm_set_path(whale_gemm *g, whale_gemm_path path);
 
+/* Block limits of the products computed on converted blocks: at most
+ * max_mn rows and columns of C per block (default 2048), scratch_bytes for
+ * one converted A block plus one B block (default 16 MB; K is split to fit).
+ * 0 restores a default. For tests, to reach several blocks with small
+ * matrices. */
+void whale_gemm_set_block_limits(whale_gemm *g, int max_mn, size_t scratch_bytes);
+
 /* Implementation name used by the last successful call: a oneDNN impl
- * string such as "brg:avx512_core" / "gemm:jit", or "whale:..." for ours. */
+ * string such as "brg:avx512_core" / "gemm:jit", or "whale:..." for ours
+ * ("whale:skinny_nt_f16", "whale:nt_q8_c", ...). Products on converted
+ * blocks prefix what ran the (last) block: "cvt_f16+brg:avx512_core",
+ * "cvt_q8+gemm:jit", "cvt_bf16+whale:skinny_nn" (nn/tn bf16 through oneDNN
+ * report its name alone, as nt_bf16 does). */
 const char *whale_gemm_last_impl(const whale_gemm *g);
 
 typedef struct {
-    int64_t calls;        /* products computed through oneDNN */
+    int64_t calls;        /* products computed through oneDNN (each block of a
+                             converted product counts) */
     int64_t hits;         /* ... of which found their primitive in the cache */
     int64_t created;      /* oneDNN primitives created */
     int64_t evicted;      /* ... and dropped again because the cache was full */
@@ -137,5 +241,23 @@ void whale_gemm_get_stats(const whale_gemm *g, whale_gemm_stats *st);
  * ("gemm:jit", 390-440 GFLOP/s at 1024 rows, vs 340-420 for brgemm; f32:
  * 170-215). */
 #define WHALE_GEMM_BF16_EXACT_BELOW_M_NT 256
+/* bf16 nn / tn (whale_gemm_nn_bf16, whale_gemm_tn_bf16): exact primitives
+ * below this many rows of C (20-60% faster than the runtime one at 17-32
+ * rows), the runtime one from here (within noise of the exact ones from 64
+ * rows: 330-410 GFLOP/s at 1024 tokens, twice f32). For tn the rows are the
+ * output features of a weight gradient and K the tokens, which may change
+ * every call: a rule on K would create a primitive per token count. oneDNN
+ * reading tn's A transposed is as fast as nn, so A is not transposed. */
+#define WHALE_GEMM_BF16_EXACT_BELOW_M_NN 64
+/* fp16 and int8 weights use the rules of whale_gemm_nt and nt_bf16 above,
+ * measured the same way (best of idle runs; the machine is shared):
+ *  - fp16, up to WHALE_GEMM_OWN_MAX_M_NT rows our kernel: lm_head decode
+ *    1x129280x320 2.1-2.7 ms (31-39 GB/s of fp16 weights, as fast as bf16);
+ *    16 rows 11.3 ms, still 2x the converted path. Above, the converted
+ *    path runs at f32 oneDNN speed (160-190 GFLOP/s at 256-1024 rows).
+ *  - int8, up to WHALE_GEMM_OWN_MAX_M_NT rows our kernel: decode 0.93-1.2
+ *    ms (35-44 GB/s of int8 weights, ~2x faster than bf16 weights); 16
+ *    rows 7.2 ms (~180 GFLOP/s). Above, bf16 oneDNN on converted blocks:
+ *    190-200 GFLOP/s at 256 rows, 250-330 at 1024 (~80% of nt_bf16). */
 
 #endif

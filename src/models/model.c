@@ -68,7 +68,7 @@ static const char *strip_prefix(const char *name) {
     return strncmp(name, prefix, sizeof prefix - 1) == 0 ? name + sizeof prefix - 1 : name;
 }
 
-whale_code whale_model_bind(whale_model *m, whale_st *st, const char *path, whale_err *err) {
+whale_code whale_model_bind(whale_model *m, whale_st *st, const char *path, whale_dtype dt, whale_err *err) {
     char missing[512] = "", unexpected[512] = "", badshape[512] = "", baddtype[512] = "";
     int n_missing = 0, n_unexpected = 0, n_badshape = 0, n_baddtype = 0;
     const whale_st_entry **found = calloc((size_t)m->n_params + 1, sizeof *found);
@@ -125,29 +125,36 @@ whale_code whale_model_bind(whale_model *m, whale_st *st, const char *path, whal
         return whale_errf(err, WHALE_ERR_FORMAT, "%s", msg);
     }
 
-    /* Zero-copy for aligned F32; everything else is converted into one buffer. */
-    size_t owned = 0;
+    /* Product weights of a low-precision load go straight to their copies
+     * (zero-copy when the checkpoint already holds them in that dtype) and
+     * get no fp32 values. Everything else is fp32: zero-copy for aligned
+     * F32, converted into one owned buffer otherwise. */
+    int lowp = dt != WHALE_F32;
+    size_t owned = 0, handles = 0;
     for (int j = 0; j < m->n_params; j++) {
         const whale_st_entry *e = found[j];
-        if (e->dtype != WHALE_F32 || ((uintptr_t)e->data & 3))
-            owned += ((size_t)param_numel(&m->params[j]) + 15) & ~(size_t)15;
+        size_t na = ((size_t)param_numel(&m->params[j]) + 15) & ~(size_t)15;
+        if (lowp && whale_param_is_product_weight(&m->params[j])) handles += na * sizeof(float);
+        else if (e->dtype != WHALE_F32 || ((uintptr_t)e->data & 3)) owned += na;
     }
     free(m->owned);
     m->owned = NULL;
-    if (owned) {
-        m->owned = whale_alloc(owned * sizeof(float));
-        if (!m->owned) {
-            free(found);
-            return whale_errf(err, WHALE_ERR_NOMEM, "%s: cannot allocate %zu bytes to convert weights",
-                              path, owned * 4);
-        }
+    whale_code c = whale_model_reserve_handles(m, handles, err);
+    if (!c && owned && !(m->owned = whale_alloc(owned * sizeof(float))))
+        c = whale_errf(err, WHALE_ERR_NOMEM, "%s: cannot allocate %zu bytes to convert weights", path, owned * 4);
+    if (c) {
+        free(found);
+        return c;
     }
-    size_t off = 0;
+    size_t off = 0, hoff = 0;
     for (int j = 0; j < m->n_params; j++) {
         whale_param *p = &m->params[j];
         const whale_st_entry *e = found[j];
         size_t n = (size_t)param_numel(p);
-        if (e->dtype == WHALE_F32 && !((uintptr_t)e->data & 3)) {
+        if (lowp && whale_param_is_product_weight(p)) {
+            p->data = (float *)((char *)m->handles + hoff);
+            hoff += ((n + 15) & ~(size_t)15) * sizeof(float);
+        } else if (e->dtype == WHALE_F32 && !((uintptr_t)e->data & 3)) {
             p->data = (float *)e->data; /* read-only mapping: never written */
         } else {
             p->data = m->owned + off;
@@ -158,8 +165,12 @@ whale_code whale_model_bind(whale_model *m, whale_st *st, const char *path, whal
         }
         *p->slot = p->data;
     }
+    if (lowp) c = whale_model_build_copies(m, dt, found, err);
+    /* what was converted is no longer needed resident; tensors used in
+     * place fault back in when read */
+    if (lowp && !c) whale_st_release_pages(st);
     free(found);
-    return WHALE_OK;
+    return c;
 }
 
 /* ------------------------------------------------------------ JSON fields */
@@ -257,7 +268,13 @@ static whale_code model_from_config(const cJSON *cfg, const char *file, whale_mo
 }
 
 whale_code whale_model_load(const char *dir, whale_model **out, whale_err *err) {
+    return whale_model_load_as(dir, WHALE_F32, out, err);
+}
+
+whale_code whale_model_load_as(const char *dir, whale_dtype dt, whale_model **out, whale_err *err) {
     *out = NULL;
+    if (dt != WHALE_F32 && dt != WHALE_BF16 && dt != WHALE_F16 && dt != WHALE_I8)
+        return whale_errf(err, WHALE_ERR_ARG, "cannot run a model in %s (fp32, bf16, fp16, int8)", whale_dtype_name(dt));
     struct stat sb;
     if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
         return whale_errf(err, WHALE_ERR_IO, "%s: not a model directory", dir);
@@ -276,7 +293,7 @@ whale_code whale_model_load(const char *dir, whale_model **out, whale_err *err) 
         whale_model_free(m);
         return c;
     }
-    c = whale_model_bind(m, st, whale_st_count(st) ? whale_st_at(st, 0)->file : dir, err);
+    c = whale_model_bind(m, st, whale_st_count(st) ? whale_st_at(st, 0)->file : dir, dt, err);
     if (c) {
         whale_st_close(st);
         whale_model_free(m);
@@ -323,6 +340,29 @@ whale_code whale_model_init_config(const char *preset, const char *overrides, ui
     return WHALE_OK;
 }
 
+whale_code whale_model_skeleton(const char *src, whale_model **out, whale_err *err) {
+    *out = NULL;
+    cJSON *cfg;
+    whale_code c;
+    char path[4096];
+    struct stat sb;
+    size_t n = strlen(src);
+    if (stat(src, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        snprintf(path, sizeof path, "%s/config.json", src);
+        c = parse_json_file(path, &cfg, err);
+    } else if (n > 5 && strcmp(src + n - 5, ".json") == 0) {
+        snprintf(path, sizeof path, "%s", src);
+        c = parse_json_file(src, &cfg, err);
+    } else {
+        snprintf(path, sizeof path, "%s", src);
+        c = nanowhale_preset_config(src, &cfg, err);
+    }
+    if (c) return c;
+    c = model_from_config(cfg, path, out, err);
+    cJSON_Delete(cfg);
+    return c;
+}
+
 whale_code whale_model_init(const char *preset, uint64_t seed, whale_model **out, whale_err *err) {
     return whale_model_init_config(preset, NULL, seed, out, err);
 }
@@ -361,9 +401,15 @@ whale_code whale_model_save(const whale_model *m, const char *dir, whale_err *er
 
     whale_st_item *items = calloc((size_t)m->n_params, sizeof *items);
     if (!items) return whale_errf(err, WHALE_ERR_NOMEM, "%s: out of memory", dir);
-    for (int i = 0; i < m->n_params; i++) {
-        const whale_param *p = &m->params[i];
-        items[i] = (whale_st_item){p->name, WHALE_F32, p->ndim, p->shape, p->data};
+    for (int i = 0; i < m->n_params; i++) { /* weights held only in bf16/fp16 are saved as such */
+        whale_tensor t = whale_model_param(m, i);
+        if (t.dtype == WHALE_I8) {
+            free(items);
+            return whale_errf(err, WHALE_ERR_UNSUPPORTED,
+                              "%s: an int8 model cannot be saved as a Hugging Face checkpoint; save from fp32/bf16",
+                              dir);
+        }
+        items[i] = (whale_st_item){m->params[i].name, t.dtype, t.ndim, m->params[i].shape, t.data};
     }
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     c = whale_st_write(path, items, m->n_params, NULL, err);
@@ -371,73 +417,29 @@ whale_code whale_model_save(const whale_model *m, const char *dir, whale_err *er
     return c;
 }
 
-static int w16_cmp(const void *a, const void *b) {
-    const whale_weight16 *x = a, *y = b;
-    return x->start < y->start ? -1 : x->start > y->start;
-}
-
-/* Weights that go through products: 2-D ".weight" tensors, except the
- * embedding (read by row) and the gate (kept in fp32, as in the reference). */
-static int is_product_weight(const whale_param *p) {
-    size_t n = strlen(p->name);
-    return p->ndim == 2 && n > 7 && !strcmp(p->name + n - 7, ".weight") && !strstr(p->name, "embed_tokens") &&
-           !strstr(p->name, "ffn.gate.");
-}
-
 whale_code whale_model_set_dtype(whale_model *m, whale_dtype dt, whale_err *err) {
-    if (dt != WHALE_F32 && dt != WHALE_BF16)
-        return whale_errf(err, WHALE_ERR_UNSUPPORTED, "dtype %s is not available for running models yet (fp32, bf16)",
+    if (dt != WHALE_F32 && dt != WHALE_BF16 && dt != WHALE_F16 && dt != WHALE_I8)
+        return whale_errf(err, WHALE_ERR_ARG, "cannot run a model in %s (fp32, bf16, fp16, int8)",
                           whale_dtype_name(dt));
-    free(m->w16);
-    free(m->w16_mem);
-    m->w16 = NULL;
-    m->w16_mem = NULL;
-    m->n_w16 = 0;
+    if (dt == m->compute_dtype) return WHALE_OK;
+    if (m->handles)
+        return whale_errf(err, WHALE_ERR_ARG,
+                          "the model was loaded in %s without fp32 weights; load it again to run it in %s",
+                          whale_dtype_name(m->compute_dtype), whale_dtype_name(dt));
+    whale_model_clear_copies(m);
     m->compute_dtype = WHALE_F32;
     if (dt == WHALE_F32) return WHALE_OK;
-    size_t total = 0;
-    int n = 0;
-    for (int i = 0; i < m->n_params; i++)
-        if (is_product_weight(&m->params[i])) {
-            total += ((size_t)whale_shape_numel(2, m->params[i].shape) + 31) & ~(size_t)31;
-            n++;
-        }
-    m->w16 = calloc((size_t)n, sizeof *m->w16);
-    m->w16_mem = whale_alloc(total * sizeof(uint16_t));
-    if (!m->w16 || !m->w16_mem)
-        return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of bf16 weights", total * 2 / 1048576.0);
-    size_t off = 0;
-    for (int i = 0; i < m->n_params; i++) {
-        const whale_param *p = &m->params[i];
-        if (!is_product_weight(p)) continue;
-        size_t cnt = (size_t)whale_shape_numel(2, p->shape);
-        whale_f32_to_bf16_rows(m->w16_mem + off, p->data, cnt);
-        m->w16[m->n_w16++] = (whale_weight16){p->data, p->data + cnt, m->w16_mem + off};
-        off += (cnt + 31) & ~(size_t)31;
-    }
-    qsort(m->w16, (size_t)m->n_w16, sizeof *m->w16, w16_cmp);
-    m->compute_dtype = WHALE_BF16;
-    return WHALE_OK;
+    return whale_model_build_copies(m, dt, NULL, err);
 }
 
 whale_dtype whale_model_dtype(const whale_model *m) { return m->compute_dtype; }
 
-const uint16_t *whale_model_bf16_for(const whale_model *m, const float *W) {
-    int lo = 0, hi = m->n_w16 - 1;
-    while (lo <= hi) {
-        int mid = (lo + hi) / 2;
-        const whale_weight16 *w = &m->w16[mid];
-        if (W < w->start) hi = mid - 1;
-        else if (W >= w->end) lo = mid + 1;
-        else return w->bf16 + (W - w->start);
-    }
-    return NULL;
-}
+int whale_model_has_master(const whale_model *m) { return m->handles == NULL; }
 
 void whale_model_free(whale_model *m) {
     if (!m) return;
-    free(m->w16);
-    free(m->w16_mem);
+    whale_model_clear_copies(m);
+    whale_model_release_handles(m);
     if (m->ops && m->ops->free_impl) m->ops->free_impl(m);
     free(m->params);
     free(m->owned);
@@ -458,8 +460,14 @@ int64_t whale_model_param_count(const whale_model *m) {
 }
 
 whale_tensor whale_model_param(const whale_model *m, int i) {
-    whale_tensor t = {.dtype = WHALE_F32, .ndim = m->params[i].ndim, .data = m->params[i].data};
-    for (int d = 0; d < t.ndim; d++) t.shape[d] = m->params[i].shape[d];
+    const whale_param *p = &m->params[i];
+    whale_tensor t = {.dtype = WHALE_F32, .ndim = p->ndim, .data = p->data};
+    if (!whale_param_has_f32(m, p)) {
+        whale_wview v = whale_model_weight(m, p->data);
+        t.dtype = v.dtype;
+        t.data = (void *)v.data;
+    }
+    for (int d = 0; d < t.ndim; d++) t.shape[d] = p->shape[d];
     return t;
 }
 
@@ -528,9 +536,8 @@ whale_code whale_session_train_step(whale_session *s, const int32_t *ids, const 
                                     whale_err *err) {
     const whale_model *m = s->model;
     if (!s->train_fn) return whale_errf(err, WHALE_ERR_ARG, "not a training session");
-    if (m->compute_dtype != WHALE_F32)
-        return whale_errf(err, WHALE_ERR_UNSUPPORTED, "training runs in fp32 for now (the model is set to %s)",
-                          whale_dtype_name(m->compute_dtype));
+    if (m->compute_dtype == WHALE_I8)
+        return whale_errf(err, WHALE_ERR_UNSUPPORTED, "int8 is an inference format: train in fp32, bf16 or fp16");
     if (B < 1 || B > s->max_batch || S < 2 || S > s->max_seq)
         return whale_errf(err, WHALE_ERR_ARG, "batch %d × %d outside the training session's %d × %d", B, S,
                           s->max_batch, s->max_seq);

@@ -6,9 +6,9 @@
 
 #include "whale.h"
 
-#include <cjson/cJSON.h>
+#include "io/safetensors.h"
 
-struct whale_st;
+#include <cjson/cJSON.h>
 
 typedef struct {
     char name[96];
@@ -21,6 +21,15 @@ typedef struct {
     int no_grad;      /* 1 where no gradient can flow (unused, or selection-only like gate.bias) */
 } whale_param;
 
+/* Bytes of a session's buffers by kind. */
+typedef struct {
+    size_t activations;     /* forward states kept (all layers' when training) */
+    size_t recompute_saves; /* training: what --recompute saves / would save */
+    size_t kv_cache;
+    size_t work;            /* scratch: attention work, backward buffers, lm_head chunk */
+    size_t grads;           /* fp32 gradient buffer (training) */
+} whale_session_sizes;
+
 typedef struct whale_model_ops {
     const char *family_name;
     void (*free_impl)(whale_model *m);
@@ -30,6 +39,9 @@ typedef struct whale_model_ops {
                               whale_err *err);
     whale_code (*train_session_new)(whale_model *m, int max_batch, int seq, int recompute, whale_session **out,
                                     whale_err *err);
+    /* the buffer sizes a session would have, without allocating it */
+    whale_code (*session_sizes)(whale_model *m, int max_batch, int seq, int training, int recompute,
+                                whale_session_sizes *out, whale_err *err);
     /* multiply-add FLOPs (×2) of a forward of B×S new tokens after p0 cached
      * positions, with logits for logit_rows rows */
     double (*forward_flops)(const whale_model *m, int B, int S, int p0, int logit_rows);
@@ -37,18 +49,39 @@ typedef struct whale_model_ops {
     double (*decode_weight_bytes)(const whale_model *m);
 } whale_model_ops;
 
-/* A weight's bf16 copy, found by the address range of its fp32 data. */
+/* The compute copy of a weight: the values products read when the model
+ * runs in a lower precision. Found by the address range of the weight's
+ * fp32 pointer, so family code keeps one pointer per weight whatever the
+ * precision (the "handle"). */
 typedef struct {
-    const float *start, *end;
-    uint16_t *bf16;
-} whale_weight16;
+    const float *start, *end; /* the weight's fp32 address range */
+    whale_dtype dtype;        /* BF16, F16 or I8 */
+    const void *data;         /* [rows, cols]: owned, or mapped from a checkpoint */
+    const float *scale;       /* I8: [rows] per-output-channel scales */
+    int64_t cols;
+    int param;                /* index in the parameter table */
+} whale_wcopy;
+
+/* What a product reads for W (which may point inside a weight, at the start
+ * of a row): its copy in the compute precision, or the fp32 values. */
+typedef struct {
+    whale_dtype dtype;   /* F32, BF16, F16 or I8 */
+    const void *data;    /* at W's row/column */
+    const float *scale;  /* I8: scale of W's row */
+} whale_wview;
 
 struct whale_model {
     whale_family family;
-    whale_dtype compute_dtype; /* F32, or BF16: weight products in bf16 */
-    whale_weight16 *w16;       /* sorted by start */
-    int n_w16;
-    uint16_t *w16_mem;
+    whale_dtype compute_dtype; /* F32, BF16, F16 or I8: the precision of weight products */
+    whale_wcopy *copies;       /* sorted by start */
+    int n_copies;
+    void *copy_mem;            /* owned copies (mapped ones live in source) */
+    size_t copy_bytes, mapped_copy_bytes;
+    /* Weights held only as a copy (no fp32 master) get an fp32 "pointer"
+     * into this reserved, inaccessible address range: lookups work, and a
+     * read that forgot to go through the copy faults at once. */
+    void *handles;
+    size_t handle_bytes;
     const whale_model_ops *ops;
     void *impl;             /* family config + weight pointers */
     int n_params;
@@ -74,7 +107,7 @@ struct whale_session {
     int n_prof;
     const char *const *prof_names;
     double prof[32];
-    size_t activation_bytes, recompute_saves;
+    size_t activation_bytes, recompute_saves, kv_bytes, work_bytes, n_grad_bytes;
     /* training sessions only */
     float *grads;          /* one buffer laid out like the parameters */
     size_t *grad_offsets;  /* [n_params] */
@@ -90,7 +123,7 @@ whale_param *whale_model_add_param(whale_model *m, int cap, float **slot, int de
     __attribute__((format(printf, 8, 9)));
 /* Bind every parameter to data from a safetensors set (strict; collects all
  * problems into one message). path names the checkpoint in messages. */
-whale_code whale_model_bind(whale_model *m, struct whale_st *st, const char *path, whale_err *err);
+whale_code whale_model_bind(whale_model *m, struct whale_st *st, const char *path, whale_dtype dt, whale_err *err);
 /* Give every parameter owned zero-filled storage (for init). */
 whale_code whale_model_alloc_params(whale_model *m, whale_err *err);
 
@@ -103,9 +136,50 @@ whale_code whale_json_float(const cJSON *obj, const char *key, int required, dou
 whale_code whale_json_bool(const cJSON *obj, const char *key, int def, int *out, const char *file,
                            whale_err *err);
 
-/* The bf16 copy of the weight holding W (W may point inside it), or NULL
- * when the model computes in fp32 or W has no copy (fp32 islands). */
-const uint16_t *whale_model_bf16_for(const whale_model *m, const float *W);
+/* Weights kept in the compute precision: 2-D ".weight" tensors except the
+ * gate (fp32, as in the reference) and the hyper-connection matrices. */
+int whale_param_is_product_weight(const whale_param *p);
+/* 1 when parameter p has fp32 values (a master copy or an fp32 run). */
+int whale_param_has_f32(const whale_model *m, const whale_param *p);
+
+whale_wview whale_model_weight(const whale_model *m, const float *W);
+/* Row r of embedding-like weight W [rows, cols] as fp32: from its copy in
+ * the compute precision when it has one, like every product. */
+void whale_model_row(const whale_model *m, const float *W, int64_t r, int64_t cols, float *out);
+
+/* Products with weights in the model's compute precision (forward, input
+ * gradient, weight gradient), every Linear of every family goes through:
+ *   whale_linear     C[M,N]   = A[M,K] · W[N,K]ᵀ
+ *   whale_linear_dx  dA[M,K] (+)= dC[M,N] · W[N,K]
+ *   whale_linear_dw  dW[N,K] += dC[M,N]ᵀ · A[M,K]   (fp32 gradient)
+ * fp32: exact fp32 products. bf16: inputs rounded to bf16, fp32 sums and
+ * outputs. fp16: inputs rounded to fp16, fp32 sums, outputs of whale_linear
+ * and whale_linear_dx rounded to fp16 (values past 65504 become inf, as in
+ * an fp16 autocast run). int8: weight-only int8 (forward only). */
+struct whale_gemm;
+whale_code whale_linear(struct whale_gemm *g, const whale_model *m, int M, int N, int K, const float *A, int lda,
+                        const float *W, int ldw, float *C, int ldc, whale_err *err);
+whale_code whale_linear_dx(struct whale_gemm *g, const whale_model *m, int M, int N, int K, const float *dC,
+                           int lddc, const float *W, int ldw, float *dA, int ldda, int accumulate, whale_err *err);
+whale_code whale_linear_dw(struct whale_gemm *g, const whale_model *m, int M, int N, int K, const float *dC,
+                           int lddc, const float *A, int lda, float *dW, int lddw, whale_err *err);
+
+/* Make the compute copies of every product weight in dt (BF16, F16, I8):
+ * from the checkpoint entries src[i] (indexed like the parameters; an entry
+ * already in dt is used in place, zero-copy) or, with src NULL, from the
+ * fp32 values. Sets the model's compute dtype. */
+whale_code whale_model_build_copies(whale_model *m, whale_dtype dt, const whale_st_entry *const *src,
+                                    whale_err *err);
+void whale_model_clear_copies(whale_model *m);
+/* Rebuild the compute copies from the fp32 master weights (after an
+ * optimiser step). */
+void whale_model_refresh_copies(whale_model *m);
+whale_code whale_model_reserve_handles(whale_model *m, size_t bytes, whale_err *err);
+void whale_model_release_handles(whale_model *m);
+
+/* The parameter table and config of a preset, config .json or model
+ * directory, with no parameter storage (sizes only: whale memory). */
+whale_code whale_model_skeleton(const char *src, whale_model **out, whale_err *err);
 
 /* Family entry points. */
 whale_code nanowhale_from_config(const cJSON *cfg, const char *file, whale_model **out,

@@ -381,6 +381,7 @@ typedef struct {
     float *kcache;      /* [L, max_batch, max_seq, Dh] rotated kv (K = V), inference only */
     void **allocs;      /* every buffer, for freeing */
     int n_allocs, cap_allocs;
+    int count_only;     /* size the buffers without allocating them (whale memory) */
     struct nw_backward *bw; /* training sessions only */
 } nw_session;
 
@@ -420,8 +421,14 @@ static void nw_session_free(whale_session *base) {
     free(s);
 }
 
-/* Allocates n elements of size sz, remembered for nw_session_free. */
+/* Allocates n elements of size sz, remembered for nw_session_free. When
+ * only counting, adds to *total and returns a non-NULL pointer that is
+ * never dereferenced. */
 static void *sess_alloc(nw_session *s, size_t n, size_t sz, size_t *total) {
+    if (s->count_only) {
+        *total += n * sz;
+        return s;
+    }
     if (s->n_allocs == s->cap_allocs) {
         int cap = s->cap_allocs ? 2 * s->cap_allocs : 64;
         void **grown = realloc(s->allocs, sizeof(void *) * (size_t)cap);
@@ -465,7 +472,7 @@ static int alloc_layer_acts(nw_session *s, nw_layer_acts *a, const nw_config *c,
 /* training=1 keeps every layer's input state and, unless recompute, every
  * layer's activations (and no KV cache). */
 static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, int training, int recompute,
-                                    nw_session **out, whale_err *err) {
+                                    int count_only, nw_session **out, whale_err *err) {
     const nw_config *c = &((nw_model *)m->impl)->c;
     nw_session *s = calloc(1, sizeof *s);
     if (!s) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory creating a session");
@@ -476,10 +483,11 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
     s->base.forward_fn = nw_forward;
     s->base.prof_names = prof_names;
     s->base.n_prof = P_COUNT;
+    s->count_only = count_only;
     size_t T = (size_t)max_batch * max_seq, MD = (size_t)c->M * c->D, tot = 0;
     s->T = (int)T;
     s->n_act_sets = training && !recompute ? c->L : 1;
-    whale_code e = whale_gemm_new(&s->gemm, err);
+    whale_code e = count_only ? WHALE_OK : whale_gemm_new(&s->gemm, err);
     if (e) {
         free(s);
         return e;
@@ -488,7 +496,8 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
     s->X = calloc((size_t)2 * c->L + 1, sizeof(float *));
     s->acts = calloc((size_t)s->n_act_sets, sizeof *s->acts);
     ok = s->X && s->acts && (s->xbuf = sess_alloc(s, (size_t)n_states * T * MD, 4, &tot));
-    for (int i = 0; ok && i <= 2 * c->L; i++) s->X[i] = s->xbuf + (size_t)(training ? i : i % 2) * T * MD;
+    for (int i = 0; ok && !count_only && i <= 2 * c->L; i++)
+        s->X[i] = s->xbuf + (size_t)(training ? i : i % 2) * T * MD;
     size_t before_acts = tot;
     for (int l = 0; ok && l < s->n_act_sets; l++) ok = alloc_layer_acts(s, &s->acts[l], c, T, &tot);
     size_t per_set = (tot - before_acts) / (size_t)s->n_act_sets;
@@ -496,15 +505,18 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
          (s->head_mix = sess_alloc(s, T * c->M, 4, &tot)) && (s->head_pre = sess_alloc(s, T * c->M, 4, &tot)) &&
          (s->h = sess_alloc(s, T * c->D, 4, &tot)) && (s->hn_rstd = sess_alloc(s, T, 4, &tot)) &&
          (s->hn = sess_alloc(s, T * c->D, 4, &tot)) && (s->ex_in = sess_alloc(s, T * c->D, 4, &tot)) &&
-         (s->last = sess_alloc(s, (size_t)max_batch * c->D, 4, &tot)) &&
-         (s->att_work = sess_alloc(s, k_attention_work_floats(max_seq, c->H), 4, &tot)) &&
-         (training || (s->kcache = sess_alloc(s, (size_t)c->L * max_batch * max_seq * c->Dh, 4, &tot)));
+         (s->last = sess_alloc(s, (size_t)max_batch * c->D, 4, &tot));
+    size_t work = 0, kv = 0;
+    ok = ok && (s->att_work = sess_alloc(s, k_attention_work_floats(max_seq, c->H), 4, &work)) &&
+         (training || (s->kcache = sess_alloc(s, (size_t)c->L * max_batch * max_seq * c->Dh, 4, &kv)));
     if (!ok) {
         nw_session_free(&s->base);
         return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of activations for batch %d × %d",
-                          tot / 1048576.0, max_batch, max_seq);
+                          (tot + work + kv) / 1048576.0, max_batch, max_seq);
     }
     s->base.activation_bytes = tot;
+    s->base.kv_bytes = kv;
+    s->base.work_bytes = work;
     s->base.recompute_saves = training ? per_set * (size_t)(c->L - 1) : 0;
     *out = s;
     return WHALE_OK;
@@ -513,7 +525,7 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
 static whale_code nw_session_new(whale_model *m, int max_batch, int max_seq, whale_session **out,
                                  whale_err *err) {
     nw_session *s = NULL;
-    whale_code e = nw_session_create(m, max_batch, max_seq, 0, 0, &s, err);
+    whale_code e = nw_session_create(m, max_batch, max_seq, 0, 0, 0, &s, err);
     *out = e ? NULL : &s->base;
     return e;
 }
@@ -539,13 +551,21 @@ static void trace(nw_session *s, whale_dtype dt, void *data, int ndim, const int
     } while (0)
 #define DIMS(...) {__VA_ARGS__}
 
-/* A weight product C[M,N] = A[M,K]·W[N,K]ᵀ: in bf16 when the model computes
- * in bf16 and W has a bf16 copy, otherwise fp32. */
+/* Weight products in the run's precision (models/weights.c):
+ *   linear:    C[M,N]  = A[M,K]·W[N,K]ᵀ
+ *   linear_dx: dA[M,K] (+)= dC[M,N]·W[N,K]
+ *   linear_dw: gW[N,K] += dC[M,N]ᵀ·A[M,K] */
 static whale_code linear(nw_session *s, int M, int N, int K, const float *A, int lda, const float *W, int ldw,
                          float *C, int ldc, whale_err *err) {
-    const uint16_t *w16 = s->base.model->compute_dtype == WHALE_BF16 ? whale_model_bf16_for(s->base.model, W) : NULL;
-    if (w16) return whale_gemm_nt_bf16(s->gemm, M, N, K, A, lda, w16, ldw, C, ldc, 0, err);
-    return whale_gemm_nt(s->gemm, M, N, K, A, lda, W, ldw, C, ldc, 0, err);
+    return whale_linear(s->gemm, s->base.model, M, N, K, A, lda, W, ldw, C, ldc, err);
+}
+static whale_code linear_dx(nw_session *s, int M, int N, int K, const float *dC, int lddc, const float *W, int ldw,
+                            float *dA, int ldda, int accumulate, whale_err *err) {
+    return whale_linear_dx(s->gemm, s->base.model, M, N, K, dC, lddc, W, ldw, dA, ldda, accumulate, err);
+}
+static whale_code linear_dw(nw_session *s, int M, int N, int K, const float *dC, int lddc, const float *A, int lda,
+                            float *gW, int ldgw, whale_err *err) {
+    return whale_linear_dw(s->gemm, s->base.model, M, N, K, dC, lddc, A, lda, gW, ldgw, err);
 }
 
 /* HC_pre (§3.5) of state X, then the sub-layer's RMSNorm. */
@@ -728,8 +748,9 @@ static whale_code forward_hidden(nw_session *s, const int32_t *ids, const int32_
 
     PROF(s, P_EMBED, for (int t = 0; t < T; t++) {
         s->pos[t] = pos ? pos[t] : s->base.cached + t % S;
-        const float *row = nw->embed + (size_t)ids[t] * D;
-        for (int m = 0; m < M; m++) memcpy(s->X[0] + ((size_t)t * M + m) * D, row, sizeof(float) * D);
+        float *x0 = s->X[0] + (size_t)t * M * D;
+        whale_model_row(s->base.model, nw->embed, ids[t], D, x0);
+        for (int m = 1; m < M; m++) memcpy(x0 + (size_t)m * D, x0, sizeof(float) * D);
     });
     for (int l = 0; l < c->L; l++)
         if ((e = layer_forward(s, l, B, S, &s->acts[s->n_act_sets > 1 ? l : 0], err))) return e;
@@ -849,10 +870,17 @@ static whale_code attention_backward(nw_session *s, const nw_model *nw, const nw
     int T = B * S, HD = c->H * c->Dh, GR = c->G * c->Ro, gin = HD / c->G;
     float scale = 1.0f / sqrtf((float)c->Dh);
     whale_code e;
-    if ((e = whale_gemm_nn(g, T, GR, c->D, b->dsub, c->D, ly->wo_b, GR, b->dz, GR, 0, err)) ||
-        (e = whale_gemm_tn(g, c->D, GR, T, b->dsub, c->D, a->z, GR, gl->wo_b, GR, 1, err)) ||
-        (e = k_grouped_linear_backward(g, b->datt, gl->wo_a, b->dz, a->att_d, ly->wo_a, T, c->G, gin, c->Ro, err)))
+    if ((e = linear_dx(s, T, c->D, GR, b->dsub, c->D, ly->wo_b, GR, b->dz, GR, 0, err)) ||
+        (e = linear_dw(s, T, c->D, GR, b->dsub, c->D, a->z, GR, gl->wo_b, GR, err)))
         return e;
+    for (int gi = 0; gi < c->G; gi++) { /* block-diagonal wo_a, one group at a time */
+        size_t wo = (size_t)gi * c->Ro * gin;
+        if ((e = linear_dx(s, T, c->Ro, gin, b->dz + (size_t)gi * c->Ro, GR, ly->wo_a + wo, gin,
+                           b->datt + (size_t)gi * gin, HD, 0, err)) ||
+            (e = linear_dw(s, T, c->Ro, gin, b->dz + (size_t)gi * c->Ro, GR, a->att_d + (size_t)gi * gin, HD,
+                           gl->wo_a + wo, gin, err)))
+            return e;
+    }
     k_rope_backward(b->datt, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 1);
     memset(b->dkv, 0, sizeof(float) * (size_t)T * c->Dh);
     for (int bi = 0; bi < B; bi++) {
@@ -867,17 +895,17 @@ static whale_code attention_backward(nw_session *s, const nw_model *nw, const nw
     k_rope_backward(b->dq, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
     k_rope_backward(b->dkv, T, c->Dh, 1, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
     k_rmsnorm_backward(b->dq, NULL, b->dq, a->q_raw, NULL, a->q_rstd, (long)T * c->H, c->Dh);
-    if ((e = whale_gemm_nn(g, T, c->Q, HD, b->dq, HD, ly->wq_b, c->Q, b->dqlat, c->Q, 0, err)) ||
-        (e = whale_gemm_tn(g, HD, c->Q, T, b->dq, HD, a->qlat, c->Q, gl->wq_b, c->Q, 1, err)))
+    if ((e = linear_dx(s, T, HD, c->Q, b->dq, HD, ly->wq_b, c->Q, b->dqlat, c->Q, 0, err)) ||
+        (e = linear_dw(s, T, HD, c->Q, b->dq, HD, a->qlat, c->Q, gl->wq_b, c->Q, err)))
         return e;
     k_rmsnorm_backward(b->dqlat, gl->q_norm, b->dqlat, a->qlat_raw, ly->q_norm, a->qlat_rstd, T, c->Q);
     const float *yn = a->hca.yn;
-    if ((e = whale_gemm_nn(g, T, c->D, c->Q, b->dqlat, c->Q, ly->wq_a, c->D, b->dyn, c->D, 0, err)) ||
-        (e = whale_gemm_tn(g, c->Q, c->D, T, b->dqlat, c->Q, yn, c->D, gl->wq_a, c->D, 1, err)))
+    if ((e = linear_dx(s, T, c->Q, c->D, b->dqlat, c->Q, ly->wq_a, c->D, b->dyn, c->D, 0, err)) ||
+        (e = linear_dw(s, T, c->Q, c->D, b->dqlat, c->Q, yn, c->D, gl->wq_a, c->D, err)))
         return e;
     k_rmsnorm_backward(b->dkv, gl->kv_norm, b->dkv, a->kv_raw, ly->kv_norm, a->kv_rstd, T, c->Dh);
-    if ((e = whale_gemm_nn(g, T, c->D, c->Dh, b->dkv, c->Dh, ly->wkv, c->D, b->dyn, c->D, 1, err))) return e;
-    return whale_gemm_tn(g, c->Dh, c->D, T, b->dkv, c->Dh, yn, c->D, gl->wkv, c->D, 1, err);
+    if ((e = linear_dx(s, T, c->Dh, c->D, b->dkv, c->Dh, ly->wkv, c->D, b->dyn, c->D, 1, err))) return e;
+    return linear_dw(s, T, c->Dh, c->D, b->dkv, c->Dh, yn, c->D, gl->wkv, c->D, err);
 }
 
 /* Backward of one SwiGLU expert on n rows: dout [n, D] → dx [n, D] (written)
@@ -887,17 +915,16 @@ static whale_code expert_backward(nw_session *s, const nw_config *c, int n, cons
                                   const float *w2, const float *w3, float *g1, float *g2, float *g3, float limit,
                                   float *dx, whale_err *err) {
     struct nw_backward *b = s->bw;
-    whale_gemm *g = s->gemm;
     whale_code e;
-    if ((e = whale_gemm_nn(g, n, c->F, c->D, dout, c->D, w2, c->F, b->dh, c->F, 0, err)) ||
-        (e = whale_gemm_tn(g, c->D, c->F, n, dout, c->D, hh, c->F, g2, c->F, 1, err)))
+    if ((e = linear_dx(s, n, c->D, c->F, dout, c->D, w2, c->F, b->dh, c->F, 0, err)) ||
+        (e = linear_dw(s, n, c->D, c->F, dout, c->D, hh, c->F, g2, c->F, err)))
         return e;
     k_swiglu_backward(b->dg, b->du, b->dh, gg, uu, (long)n * c->F, limit);
-    if ((e = whale_gemm_nn(g, n, c->D, c->F, b->dg, c->F, w1, c->D, dx, c->D, 0, err)) ||
-        (e = whale_gemm_nn(g, n, c->D, c->F, b->du, c->F, w3, c->D, dx, c->D, 1, err)) ||
-        (e = whale_gemm_tn(g, c->F, c->D, n, b->dg, c->F, x, c->D, g1, c->D, 1, err)))
+    if ((e = linear_dx(s, n, c->F, c->D, b->dg, c->F, w1, c->D, dx, c->D, 0, err)) ||
+        (e = linear_dx(s, n, c->F, c->D, b->du, c->F, w3, c->D, dx, c->D, 1, err)) ||
+        (e = linear_dw(s, n, c->F, c->D, b->dg, c->F, x, c->D, g1, c->D, err)))
         return e;
-    return whale_gemm_tn(g, c->F, c->D, n, b->du, c->F, x, c->D, g3, c->D, 1, err);
+    return linear_dw(s, n, c->F, c->D, b->du, c->F, x, c->D, g3, c->D, err);
 }
 
 /* Backward of moe(): b->dsub (gradient of a->f) into b->dyn (written). */
@@ -970,7 +997,7 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
     double total = 0, t_ce = s->base.profiling ? whale_now() : 0;
     for (int r0 = 0; r0 < T; r0 += CE_CHUNK) {
         int n = T - r0 < CE_CHUNK ? T - r0 : CE_CHUNK;
-        if ((e = whale_gemm_nt(s->gemm, n, V, D, s->hn + (size_t)r0 * D, D, head, D, b->logits, V, 0, err))) return e;
+        if ((e = linear(s, n, V, D, s->hn + (size_t)r0 * D, D, head, D, b->logits, V, err))) return e;
         int64_t cn;
         if (loss_scale == 0) { /* evaluation: the loss only */
             double l = whale_cross_entropy_labels(b->logits, b->tgt + r0, 1, n, V, &cn);
@@ -981,8 +1008,9 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
         double l = whale_cross_entropy_labels_backward_scaled(b->logits, b->logits, b->tgt + r0, 1, n, V,
                                                               loss_scale / (double)count, &cn);
         if (cn) total += l * (double)cn;
-        if ((e = whale_gemm_nn(s->gemm, n, D, V, b->logits, V, head, D, b->dhn + (size_t)r0 * D, D, 0, err)) ||
-            (e = whale_gemm_tn(s->gemm, V, D, n, b->logits, V, s->hn + (size_t)r0 * D, D, ghead, D, 1, err)))
+        TRACE(WHALE_F32, b->logits, 2, DIMS(n, V), "grad.logits");
+        if ((e = linear_dx(s, n, V, D, b->logits, V, head, D, b->dhn + (size_t)r0 * D, D, 0, err)) ||
+            (e = linear_dw(s, n, V, D, b->logits, V, s->hn + (size_t)r0 * D, D, ghead, D, err)))
             return e;
     }
     if (s->base.profiling) s->base.prof[loss_scale == 0 ? P_LOGITS : P_B_LOGITS] += whale_now() - t_ce;
@@ -1002,6 +1030,8 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
         e = mix_backward(s, T, M, MD, Xf, nw->hc_head_fn, s->head_mix, s->head_rstd, b->dmix, dX, gw->hc_head_fn, err);
     });
     if (e) return e;
+    TRACE(WHALE_F32, b->dhn, 2, DIMS(T, D), "grad.final_hidden");
+    TRACE(WHALE_F32, dX, 3, DIMS(T, M, D), "grad.layers.%d.hc_ffn.state", c->L - 1);
 
     for (int l = c->L - 1; l >= 0; l--) {
         const nw_layer *ly = &nw->layers[l];
@@ -1017,23 +1047,33 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
             memset(dXo, 0, sizeof(float) * (size_t)T * MD);
             k_hc_expand_backward(b->dsub, dXo, b->dpost, b->dcomb, dX, a->f, Xmid, a->hcf.post, a->hcf.comb, T, M, D);
         });
+        TRACE(WHALE_F32, b->dsub, 2, DIMS(T, D), "grad.layers.%d.ffn.out", l);
         PROF(s, P_B_MOE, e = moe_backward(s, c, ly, gl, a, T, err));
         if (e) return e;
+        TRACE(WHALE_F32, b->dglog, 2, DIMS(T, c->E), "grad.layers.%d.ffn.gate_logits", l);
+        TRACE(WHALE_F32, b->dyn, 2, DIMS(T, D), "grad.layers.%d.hc_ffn.normed", l);
         PROF(s, P_B_HC_PRE, e = hc_pre_backward(s, c, T, Xmid, ly->hc_ffn_fn, ly->hc_ffn_scale, ly->hc_ffn_base,
                                                 ly->ffn_norm, &a->hcf, dXo, gl->hc_ffn_fn, gl->hc_ffn_scale,
                                                 gl->hc_ffn_base, gl->ffn_norm, err));
         if (e) return e;
+        TRACE(WHALE_F32, dXo, 3, DIMS(T, M, D), "grad.layers.%d.hc_attn.state", l);
         /* attention sub-layer: dXo now holds the gradient of the middle state */
         PROF(s, P_B_HC_POST, {
             memset(dX, 0, sizeof(float) * (size_t)T * MD);
             k_hc_expand_backward(b->dsub, dX, b->dpost, b->dcomb, dXo, a->a, Xin, a->hca.post, a->hca.comb, T, M, D);
         });
+        TRACE(WHALE_F32, b->dsub, 2, DIMS(T, D), "grad.layers.%d.attn.out", l);
         PROF(s, P_B_ATTN, e = attention_backward(s, nw, ly, gl, a, B, S, err));
         if (e) return e;
+        TRACE(WHALE_F32, b->dq, 2, DIMS(T, c->H * c->Dh), "grad.layers.%d.attn.q_raw", l);
+        TRACE(WHALE_F32, b->dkv, 2, DIMS(T, c->Dh), "grad.layers.%d.attn.kv_raw", l);
+        TRACE(WHALE_F32, b->dyn, 2, DIMS(T, D), "grad.layers.%d.hc_attn.normed", l);
         PROF(s, P_B_HC_PRE, e = hc_pre_backward(s, c, T, Xin, ly->hc_attn_fn, ly->hc_attn_scale, ly->hc_attn_base,
                                                 ly->attn_norm, &a->hca, dX, gl->hc_attn_fn, gl->hc_attn_scale,
                                                 gl->hc_attn_base, gl->attn_norm, err));
         if (e) return e;
+        if (l > 0) TRACE(WHALE_F32, dX, 3, DIMS(T, M, D), "grad.layers.%d.hc_ffn.state", l - 1);
+        else TRACE(WHALE_F32, dX, 3, DIMS(T, M, D), "grad.embedding");
     }
     /* embedding: every stream of X0 is a copy of the token's row */
     PROF(s, P_B_EMBED, for (int t = 0; t < T; t++) {
@@ -1046,12 +1086,12 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
     return WHALE_OK;
 }
 
-static whale_code nw_train_session_new(whale_model *m, int max_batch, int seq, int recompute, whale_session **out,
-                                       whale_err *err) {
+static whale_code train_session_create(whale_model *m, int max_batch, int seq, int recompute, int count_only,
+                                       nw_session **out, whale_err *err) {
     const nw_model *nw = m->impl;
     const nw_config *c = &nw->c;
     nw_session *s = NULL;
-    whale_code e = nw_session_create(m, max_batch, seq, 1, recompute, &s, err);
+    whale_code e = nw_session_create(m, max_batch, seq, 1, recompute, count_only, &s, err);
     if (e) return e;
     whale_session *base = &s->base;
     base->train_fn = nw_train_step;
@@ -1063,8 +1103,13 @@ static whale_code nw_train_session_new(whale_model *m, int max_batch, int seq, i
         base->grad_offsets[i] = base->n_grad;
         base->n_grad += (size_t)whale_shape_numel(m->params[i].ndim, m->params[i].shape);
     }
-    base->grads = whale_calloc(sizeof(float) * base->n_grad);
-    if (!base->grads) goto nomem;
+    if (count_only) {
+        base->n_grad_bytes = sizeof(float) * base->n_grad;
+    } else {
+        base->grads = whale_calloc(sizeof(float) * base->n_grad);
+        if (!base->grads) goto nomem;
+        base->n_grad_bytes = sizeof(float) * base->n_grad;
+    }
     /* Gradient pointers with the model's structure: register the same
      * parameter table against gw, then aim each slot at its gradient. */
     whale_model shadow = {0};
@@ -1074,7 +1119,8 @@ static whale_code nw_train_session_new(whale_model *m, int max_batch, int seq, i
         nw_session_free(base);
         return err->code;
     }
-    for (int i = 0; i < shadow.n_params; i++) *shadow.params[i].slot = base->grads + base->grad_offsets[i];
+    for (int i = 0; !count_only && i < shadow.n_params; i++)
+        *shadow.params[i].slot = base->grads + base->grad_offsets[i];
     free(shadow.params);
 
     size_t V = (size_t)c->vocab, ch = T < CE_CHUNK ? T : CE_CHUNK;
@@ -1088,11 +1134,36 @@ static whale_code nw_train_session_new(whale_model *m, int max_batch, int seq, i
           A(b->att_work, k_attention_backward_work_floats(seq, c->H))))
         goto nomem;
 #undef A
-    *out = base;
+    base->work_bytes += tot;
+    *out = s;
     return WHALE_OK;
 nomem:
     nw_session_free(base);
     return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate training buffers for batch %d × %d", max_batch, seq);
+}
+
+static whale_code nw_train_session_new(whale_model *m, int max_batch, int seq, int recompute, whale_session **out,
+                                       whale_err *err) {
+    nw_session *s = NULL;
+    whale_code e = train_session_create(m, max_batch, seq, recompute, 0, &s, err);
+    *out = e ? NULL : &s->base;
+    return e;
+}
+
+/* Buffer sizes of a session without allocating it (whale memory). */
+static whale_code nw_session_sizes(whale_model *m, int max_batch, int seq, int training, int recompute,
+                                   whale_session_sizes *out, whale_err *err) {
+    nw_session *s = NULL;
+    whale_code e = training ? train_session_create(m, max_batch, seq, recompute, 1, &s, err)
+                            : nw_session_create(m, max_batch, seq, 0, 0, 1, &s, err);
+    if (e) return e;
+    out->activations = s->base.activation_bytes;
+    out->recompute_saves = s->base.recompute_saves;
+    out->kv_cache = s->base.kv_bytes;
+    out->work = s->base.work_bytes;
+    out->grads = s->base.n_grad_bytes;
+    nw_session_free(&s->base);
+    return WHALE_OK;
 }
 
 /* ------------------------------------------------------------------ costs */
@@ -1131,6 +1202,7 @@ static const whale_model_ops nw_ops = {
     .print_info = nw_print_info,
     .session_new = nw_session_new,
     .train_session_new = nw_train_session_new,
+    .session_sizes = nw_session_sizes,
     .forward_flops = nw_forward_flops,
     .decode_weight_bytes = nw_decode_weight_bytes,
 };

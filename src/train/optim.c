@@ -5,6 +5,7 @@
 
 #include "core/core.h"
 #include "io/safetensors.h"
+#include "kernels/convert.h"
 #include "models/model.h"
 
 #include <math.h>
@@ -19,6 +20,10 @@ struct whale_optimizer {
 };
 
 whale_code whale_model_make_writable(whale_model *m, whale_err *err) {
+    if (!whale_model_has_master(m))
+        return whale_errf(err, WHALE_ERR_ARG,
+                          "the model holds its weights only in %s (loaded for inference); load it in fp32 to train it",
+                          whale_dtype_name(whale_model_dtype(m)));
     if (!m->source) return WHALE_OK; /* already in owned memory */
     size_t total = 0;
     for (int i = 0; i < m->n_params; i++)
@@ -38,7 +43,11 @@ whale_code whale_model_make_writable(whale_model *m, whale_err *err) {
     m->owned = buf;
     whale_st_close(m->source);
     m->source = NULL;
-    return WHALE_OK;
+    /* the compute copies are found by the fp32 addresses, which moved */
+    whale_dtype dt = m->compute_dtype;
+    if (dt == WHALE_F32) return WHALE_OK;
+    whale_model_clear_copies(m);
+    return whale_model_build_copies(m, dt, NULL, err);
 }
 
 whale_code whale_adamw_new(whale_model *m, const whale_adamw_config *cfg, whale_optimizer **out, whale_err *err) {
@@ -78,6 +87,12 @@ void whale_optimizer_free(whale_optimizer *o) {
 }
 
 int64_t whale_optimizer_steps(const whale_optimizer *o) { return o->steps; }
+size_t whale_optimizer_bytes(const whale_optimizer *o) {
+    size_t n = 0;
+    for (int i = 0; i < o->model->n_params; i++)
+        n += (size_t)whale_shape_numel(o->model->params[i].ndim, o->model->params[i].shape);
+    return 2 * n * sizeof(float);
+}
 void whale_optimizer_set_steps(whale_optimizer *o, int64_t steps) { o->steps = steps; }
 
 float *whale_optimizer_moment(whale_optimizer *o, int which, int i) {
@@ -105,7 +120,14 @@ void whale_adamw_step(whale_optimizer *o, whale_session *s, double lr) {
             vv[k] = b2 * vv[k] + (1.0f - b2) * g[k] * g[k];
             w[k] = w[k] * decay - step * mm[k] / (sqrtf(vv[k]) * inv_sqrt_bc2 + eps);
         }
+        /* pure bf16: the weights themselves are stored in bf16 (no fp32
+         * master), so an update smaller than half a bf16 step is lost unless
+         * it is rounded stochastically */
+        if (c->weight_rounding == WHALE_WEIGHTS_BF16_NEAREST) whale_round_bf16_inplace(w, (size_t)n);
+        else if (c->weight_rounding == WHALE_WEIGHTS_BF16_STOCHASTIC)
+            whale_round_bf16_sr_inplace(w, (size_t)n, c->seed, ((uint64_t)o->steps << 40) + o->offsets[i]);
     }
+    whale_model_refresh_copies(o->model);
 }
 
 double whale_grad_norm(whale_session *s) {
@@ -140,6 +162,12 @@ double whale_clip_grad_norm(whale_session *s, double max_norm) {
         for (size_t k = 0; k < s->n_grad; k++) s->grads[k] *= f;
     }
     return norm;
+}
+
+void whale_scale_grads(whale_session *s, double f) {
+    float ff = (float)f;
+#pragma omp parallel for schedule(static)
+    for (size_t k = 0; k < s->n_grad; k++) s->grads[k] *= ff;
 }
 
 double whale_lr_multiplier(whale_lr_schedule sched, int64_t k, int64_t warmup, int64_t total) {

@@ -12,7 +12,10 @@
 
 #include "core/core.h"
 #include "io/safetensors.h"
+#include "kernels/convert.h"
+#include "models/model.h"
 #include "whale_data.h"
+#include "whale_diag.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -125,6 +128,8 @@ typedef struct {
     FILE *metrics;
     char *tokenizer_dir;
     int64_t step;
+    whale_loss_scaler scaler; /* fp16 only */
+    whale_diag *nan;          /* --nan-check */
 } run_t;
 
 static whale_code write_trainer_state(run_t *r, const char *dir, whale_err *err) {
@@ -160,6 +165,12 @@ static whale_code write_trainer_state(run_t *r, const char *dir, whale_err *err)
     cJSON_AddNumberToObject(cur, "epoch", (double)r->cursor.epoch);
     cJSON_AddNumberToObject(cur, "index", (double)r->cursor.index);
     cJSON_AddNumberToObject(cur, "windows", (double)r->cursor.windows);
+    if (r->o->dtype == WHALE_F16) {
+        cJSON *sc = cJSON_AddObjectToObject(j, "loss_scaler");
+        cJSON_AddNumberToObject(sc, "scale", r->scaler.scale);
+        cJSON_AddNumberToObject(sc, "clean_steps", r->scaler.clean_steps);
+        cJSON_AddNumberToObject(sc, "skipped", (double)r->scaler.skipped);
+    }
     /* what must not change when resuming */
     const whale_train_opts *o = r->o;
     cJSON *run = cJSON_AddObjectToObject(j, "run");
@@ -268,6 +279,12 @@ static whale_code load_trainer_state(run_t *r, const char *dir, whale_err *err) 
     r->cursor.epoch = (int64_t)json_num(cur, "epoch", 0);
     r->cursor.index = (int64_t)json_num(cur, "index", 0);
     r->cursor.windows = (int64_t)json_num(cur, "windows", 0);
+    const cJSON *sc = cJSON_GetObjectItemCaseSensitive(j, "loss_scaler");
+    if (cJSON_IsObject(sc)) {
+        r->scaler.scale = json_num(sc, "scale", r->scaler.scale);
+        r->scaler.clean_steps = (int)json_num(sc, "clean_steps", 0);
+        r->scaler.skipped = (int64_t)json_num(sc, "skipped", 0);
+    }
     cJSON_Delete(j);
 
     whale_st *st;
@@ -368,6 +385,13 @@ whale_code whale_eval_dataset(whale_model *m, const char *data_dir, const char *
 
 /* ------------------------------------------------------------ the loop */
 
+/* A number for JSON: non-finite values become null. */
+static const char *json_double(char *buf, size_t cap, const char *fmt, double v) {
+    if (isfinite(v)) snprintf(buf, cap, fmt, v);
+    else snprintf(buf, cap, "null");
+    return buf;
+}
+
 static void fmt_duration(char *buf, size_t cap, double s) {
     if (!(s >= 0) || s > 1e7) snprintf(buf, cap, "?");
     else if (s < 60) snprintf(buf, cap, "%.0fs", s);
@@ -454,10 +478,34 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
                        whale_model_max_positions(r.m));
         goto done;
     }
-    whale_adamw_config ac = {o->beta1, o->beta2, o->adam_eps, o->weight_decay};
+    whale_adamw_config ac = {.beta1 = o->beta1, .beta2 = o->beta2, .eps = o->adam_eps, .weight_decay = o->weight_decay,
+                             .weight_rounding = o->weights, .seed = o->seed};
+    if (o->weights != WHALE_WEIGHTS_F32 && o->dtype != WHALE_BF16) {
+        c = whale_errf(err, WHALE_ERR_ARG, "pure bf16 weights need --dtype bf16");
+        goto done;
+    }
+    whale_loss_scaler_init(&r.scaler);
+    if (o->loss_scale > 0) r.scaler.scale = o->loss_scale;
+    if (o->loss_scale_interval > 0) r.scaler.growth_interval = o->loss_scale_interval;
+    if ((c = whale_model_set_dtype(r.m, o->dtype, err))) goto done;
     if ((c = whale_train_session_new(r.m, o->batch_size, o->seq_len, o->recompute, &r.s, err)) ||
         (c = whale_adamw_new(r.m, &ac, &r.opt, err)))
         goto done;
+    if (o->weights != WHALE_WEIGHTS_F32) { /* pure bf16 starts from bf16 weights */
+        for (int i = 0; i < whale_model_num_params(r.m); i++) {
+            whale_tensor t = whale_model_param(r.m, i);
+            if (t.dtype == WHALE_F32) whale_round_bf16_inplace(t.data, (size_t)whale_shape_numel(t.ndim, t.shape));
+        }
+        whale_model_refresh_copies(r.m);
+    }
+    if (o->nan_check) {
+        if (!(r.nan = whale_diag_new(1))) {
+            c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        if ((c = whale_diag_set_model(r.nan, r.m, err))) goto done;
+        whale_session_set_trace(r.s, whale_diag_trace, r.nan);
+    }
     r.cursor.seed = o->seed;
     if (resume_dir[0] && (c = load_trainer_state(&r, resume_dir, err))) goto done;
     r.micro = calloc((size_t)o->grad_accum, sizeof *r.micro);
@@ -477,13 +525,12 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
     int64_t warmup = o->warmup_steps >= 0 ? o->warmup_steps : (int64_t)ceil(o->warmup_ratio * (double)o->max_steps);
     int64_t tokens_per_step = (int64_t)o->batch_size * o->seq_len * o->grad_accum, start = r.step;
     if (!o->quiet) {
-        size_t saves, acts = whale_session_activation_bytes(r.s, &saves);
-        size_t params = (size_t)whale_model_param_count(r.m) * 4;
-        fprintf(stderr,
-                "train: memory: weights %.1f MiB, gradients %.1f MiB, AdamW moments %.1f MiB, activations %.1f MiB "
-                "(%s %.1f MiB)\n",
-                params / 1048576.0, params / 1048576.0, 2 * params / 1048576.0, acts / 1048576.0,
-                o->recompute ? "--recompute saves" : "--recompute would save", saves / 1048576.0);
+        whale_memory mm;
+        whale_memory_of_model(r.m, &mm);
+        whale_memory_add_session(&mm, r.s);
+        whale_memory_add_optimizer(&mm, whale_optimizer_bytes(r.opt));
+        fprintf(stderr, "train: ");
+        whale_memory_print(&mm, stderr);
     }
     if (!o->quiet)
         fprintf(stderr,
@@ -493,7 +540,7 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
                 o->grad_accum, (long long)o->max_steps, (long long)start, (long long)whale_dataset_tokens(r.train),
                 (long long)whale_dataset_num_windows(r.train, o->seq_len), resume_dir[0] ? "; resumed" : "");
     double t_start = whale_now(), t_train = 0, interval_loss = 0, interval_norm = 0, last_loss = NAN, val = NAN;
-    int interval_n = 0;
+    int interval_n = 0, interval_steps = 0, fp16 = o->dtype == WHALE_F16;
     while (r.step < o->max_steps) {
         double t0 = whale_now();
         double lr = o->lr * whale_lr_multiplier(o->schedule, r.step, warmup, o->max_steps);
@@ -507,18 +554,31 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
             total += n;
         }
         whale_session_zero_grad(r.s);
-        double step_loss = 0;
+        double step_loss = 0, loss_scale = fp16 ? r.scaler.scale : 1.0;
         for (int i = 0; i < o->grad_accum; i++) {
             int64_t n = i < 64 ? counts[i] : whale_count_targets(r.micro[i].labels, o->batch_size, o->seq_len), cn;
             double l, scale = o->hf_accum_compat ? 1.0 : total ? (double)n / (double)total : 0.0;
+            scale *= loss_scale;
             whale_batch *b = &r.micro[i];
             if ((c = whale_session_train_step(r.s, b->ids, b->labels, b->pos, b->seg, o->batch_size, o->seq_len, scale,
                                               &l, &cn, err)))
                 goto done;
+            if (whale_diag_failed(r.nan)) {
+                c = whale_errf(err, WHALE_ERR_RANGE, "step %lld, micro-batch %d: %s", (long long)r.step + 1, i + 1,
+                               whale_diag_report_nan(r.nan));
+                goto done;
+            }
             if (cn) step_loss += o->hf_accum_compat ? l : l * (double)cn / (double)total;
         }
-        double norm = o->max_grad_norm > 0 ? whale_clip_grad_norm(r.s, o->max_grad_norm) : whale_grad_norm(r.s);
-        if (!isfinite(step_loss) || !isfinite(norm)) {
+        int take_step = 1;
+        if (fp16) { /* GradScaler: skip on inf/NaN, else unscale */
+            double raw = whale_grad_norm(r.s);
+            take_step = whale_loss_scaler_update(&r.scaler, !isfinite(raw));
+            if (take_step) whale_scale_grads(r.s, 1.0 / loss_scale);
+        }
+        double norm = !take_step ? NAN
+                      : o->max_grad_norm > 0 ? whale_clip_grad_norm(r.s, o->max_grad_norm) : whale_grad_norm(r.s);
+        if (take_step && (!isfinite(step_loss) || !isfinite(norm))) {
             const char *bad = first_nonfinite_grad(&r);
             c = whale_errf(err, WHALE_ERR_RANGE,
                            "step %lld: the %s is not finite (loss %g, gradient norm %g); first non-finite gradient: %s",
@@ -526,35 +586,49 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
                            bad ? bad : "none");
             goto done;
         }
-        whale_adamw_step(r.opt, r.s, lr);
+        if (take_step) whale_adamw_step(r.opt, r.s, lr);
         r.step++;
         t_train += whale_now() - t0;
         last_loss = step_loss;
-        interval_loss += step_loss;
-        interval_norm += norm;
-        interval_n++;
+        if (isfinite(step_loss)) {
+            interval_loss += step_loss;
+            interval_n++;
+        }
+        if (take_step) {
+            interval_norm += norm;
+            interval_steps++;
+        }
 
         int last = r.step == o->max_steps;
         if (r.step % (o->log_every > 0 ? o->log_every : 1) == 0 || last || r.step == start + 1) {
             double tps = (double)(r.step - start) * tokens_per_step / t_train;
+            char jl[32], jn[32];
             double eta = t_train / (double)(r.step - start) * (double)(o->max_steps - r.step);
+            double mean_loss = interval_n ? interval_loss / interval_n : NAN;
+            double mean_norm = interval_steps ? interval_norm / interval_steps : NAN;
             fprintf(r.metrics,
-                    "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens\": %lld, "
-                    "\"tokens_per_s\": %.1f, \"elapsed_s\": %.2f, \"epoch\": %.4f}\n",
-                    (long long)r.step, interval_loss / interval_n, lr, interval_norm / interval_n,
+                    "{\"step\": %lld, \"loss\": %s, \"lr\": %.6g, \"grad_norm\": %s, \"tokens\": %lld, "
+                    "\"tokens_per_s\": %.1f, \"elapsed_s\": %.2f, \"epoch\": %.4f",
+                    (long long)r.step, json_double(jl, sizeof jl, "%.6f", mean_loss), lr, json_double(jn, sizeof jn, "%.6g", mean_norm),
                     (long long)(r.step * tokens_per_step), tps, whale_now() - t_start,
                     r.cursor.epoch + (double)r.cursor.index / (double)(r.cursor.windows ? r.cursor.windows : 1));
+            if (fp16)
+                fprintf(r.metrics, ", \"loss_scale\": %.0f, \"skipped_steps\": %lld, \"step_skipped\": %s",
+                        loss_scale, (long long)r.scaler.skipped, take_step ? "false" : "true");
+            fprintf(r.metrics, "}\n");
             fflush(r.metrics);
             if (!o->quiet) {
                 char e1[32], e2[32];
                 fmt_duration(e1, sizeof e1, whale_now() - t_start);
                 fmt_duration(e2, sizeof e2, eta);
-                fprintf(stderr, "step %6lld/%lld  loss %.4f  lr %.2e  grad-norm %.3f  %.0f tok/s  elapsed %s  ETA %s\n",
-                        (long long)r.step, (long long)o->max_steps, interval_loss / interval_n, lr,
-                        interval_norm / interval_n, tps, e1, e2);
+                char sc[64] = "";
+                if (fp16)
+                    snprintf(sc, sizeof sc, "  scale %.0f%s", r.scaler.scale, take_step ? "" : " (skipped)");
+                fprintf(stderr, "step %6lld/%lld  loss %.4f  lr %.2e  grad-norm %.3f%s  %.0f tok/s  elapsed %s  ETA %s\n",
+                        (long long)r.step, (long long)o->max_steps, mean_loss, lr, mean_norm, sc, tps, e1, e2);
             }
             interval_loss = interval_norm = 0;
-            interval_n = 0;
+            interval_n = interval_steps = 0;
         }
         if (r.val && ((o->eval_every > 0 && r.step % o->eval_every == 0) || last)) {
             int64_t n;
@@ -574,6 +648,7 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
     }
     /* the final model in the run folder, like save_model(output_dir) */
     if ((c = whale_model_save(r.m, o->out, err)) || (c = copy_tokenizer_files(r.tokenizer_dir, o->out, err))) goto done;
+    if (!o->quiet) fprintf(stderr, "train: peak resident memory %.1f MiB\n", whale_peak_rss() / 1048576.0);
     if (res) {
         res->steps = r.step;
         res->last_loss = last_loss;
@@ -589,6 +664,7 @@ done:
     free(r.tokenizer_dir);
     whale_optimizer_free(r.opt);
     whale_session_free(r.s);
+    whale_diag_free(r.nan);
     whale_model_free(r.m);
     whale_dataset_free(r.train);
     whale_dataset_free(r.val);

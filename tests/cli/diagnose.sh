@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# whale diagnose on the tiny model (table, JSON, text input), its one-line
-# errors, and --nan-check of score and generate on a copy of the model whose
+# whale diagnose on the tiny model (table, JSON, text input; bf16/fp16/int8
+# against fp32; --backward gradients), its one-line errors, and --nan-check of score and generate on a copy of the model whose
 # layers.1.attn.wq_b holds one NaN: the report names layers.1.attn.q, the
 # first traced tensor computed from that weight.
 # usage: diagnose.sh WHALE_BIN TEST_DATA_DIR
@@ -32,10 +32,36 @@ check "JSON has every tensor" test "$(grep -c '"headroom_bits"' "$TMP/report.jso
 "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/ids.json" --json - --dtype fp32 >"$TMP/stdout.json" 2>/dev/null
 check "--json - prints only JSON" test "$(head -c 1 "$TMP/stdout.json")" = "{"
 
-"$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/ids.json" --dtype bf16 >"$TMP/bf16" 2>&1
-check "diagnose runs in bf16" grep -q 'bf16' "$TMP/bf16"
-expect_fail 2 'fp16 and int8 are not available yet' \
-    -- "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/ids.json" --dtype fp16
+# other formats: measured against an fp32 run of the same tokens
+for dt in bf16 fp16 int8; do
+    "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/ids.json" --dtype $dt --json "$TMP/$dt.json" >"$TMP/$dt" 2>"$TMP/err"
+    check "diagnose runs in $dt: $(cat "$TMP/err")" grep -q "2 × 8 tokens, $dt products; loss [0-9.]* (fp32 [0-9.]*)" "$TMP/$dt"
+    check "$dt: deviation columns" grep -q '| vs fp32' "$TMP/$dt"
+    check "$dt: every row compared (max|dx|, rel rms, lost0%)" \
+        grep -Eq '^1 +attn\.q +[0-9].*\| +[0-9.e-]+ +[0-9.e-]+ +[0-9.<]+$' "$TMP/$dt"
+    check "$dt: routing compared with fp32" grep -Eq '^1 +yes +16 .* [0-9.<]+$' "$TMP/$dt"
+    check "$dt: JSON deviation" grep -Eq '"rel_rms_diff":[[:space:]]*[0-9]' "$TMP/$dt.json"
+    check "$dt: JSON routing disagreement" grep -Eq '"disagree_frac":[[:space:]]*[0-9]' "$TMP/$dt.json"
+done
+rel=$(grep -E '^- +logits ' "$TMP/bf16" | awk '{ print $(NF-1) }')
+check "bf16 logits deviate a little from fp32 (rel rms $rel)" awk -v r="$rel" 'BEGIN { exit !(r > 0 && r < 0.05) }'
+check "fp32 runs have no deviation columns" sh -c "! grep -q 'vs fp32' '$TMP/table'"
+
+# --backward: a training step, gradients in a section of their own
+"$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/ids.json" --dtype fp16 --backward --json "$TMP/back.json" \
+    >"$TMP/back" 2>"$TMP/err"
+check "diagnose --backward: $(cat "$TMP/err")" grep -q '^backward: gradients' "$TMP/back"
+check "gradient rows per layer" grep -Eq '^1 +grad\.ffn\.out +[0-9]' "$TMP/back"
+check "gradient of the logits" grep -Eq '^- +grad\.logits +[0-9]' "$TMP/back"
+check "gradients compared with fp32" grep -Eq '^0 +grad\.attn\.out .*\| +[0-9.e-]+ +[0-9.e-]+ +[0-9.<]+$' "$TMP/back"
+check "JSON: gradients are phase backward" grep -Eq '"phase":[[:space:]]*"backward"' "$TMP/back.json"
+"$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/ids.json" --backward --loss-scale 1024 >"$TMP/back32" 2>"$TMP/err"
+check "diagnose --backward in fp32 with a loss scale: $(cat "$TMP/err")" grep -q 'gradients of 1024 ×' "$TMP/back32"
+
+expect_fail 2 '--dtype must be fp32, bf16, fp16 or int8' \
+    -- "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/ids.json" --dtype fp8
+expect_fail 2 'int8 runs inference only' -- "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/ids.json" --dtype int8 --backward
+expect_fail 2 '--loss-scale applies to --backward' -- "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/ids.json" --loss-scale 8
 expect_fail 2 'exactly one of' -- "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/ids.json" --text hi
 expect_fail 3 'whale: ' -- "$WHALE" diagnose -m "$TMP/missing" --ids "$TMP/ids.json"
 echo '[[1, 2, 512]]' >"$TMP/range.json"
@@ -71,7 +97,14 @@ check "diagnose names the first non-finite tensor" \
 origin='^whale: non-finite value in layers\.1\.attn\.q \(forward, call 1, '
 expect_fail 5 "$origin.*last finite inputs: layers\.1\.attn\.q_latent max" \
     -- "$WHALE" score -m "$TMP/nan" --ids "$TMP/ids.json" --nan-check
-expect_fail 5 "$origin" -- "$WHALE" generate -m "$TMP/nan" --ids 1,2,3 -n 4 --nan-check
+# generate reports its memory on stderr before it starts: one error line after it
+checks=$((checks + 1))
+"$WHALE" generate -m "$TMP/nan" --ids 1,2,3 -n 4 --nan-check >"$TMP/out" 2>"$TMP/err"
+st=$?
+if [ "$st" != 5 ] || ! tail -1 "$TMP/err" | grep -Eq "$origin" || [ "$(grep -c '^whale: ' "$TMP/err")" != 1 ]; then
+    echo "FAIL: generate --nan-check -> status $st (want 5), stderr: $(cat "$TMP/err")" >&2
+    fails=$((fails + 1))
+fi
 "$WHALE" score -m "$DATA/tiny" --ids "$TMP/ids.json" --nan-check >"$TMP/score" 2>&1
 check "score --nan-check on a healthy model: $(cat "$TMP/score")" grep -q '"loss": [0-9]' "$TMP/score"
 

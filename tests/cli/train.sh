@@ -92,6 +92,28 @@ fi
 losses "$TMP/r/metrics.jsonl" >"$TMP/r.curve"
 check "--recompute gives the same loss curve" cmp -s "$TMP/a.curve" "$TMP/r.curve"
 
+# lower precision: bf16 mixed precision and fp16 with loss scaling train, fp16 logs its scaler,
+# resuming an fp16 run repeats its curve (the scaler state is in the checkpoint), pure bf16 runs
+for dt in bf16 fp16; do
+    "$WHALE" train "${ARGS[@]}" --out "$TMP/$dt" --dtype $dt >/dev/null 2>"$TMP/$dt.err"
+    check "--dtype $dt trains: $(tail -1 "$TMP/$dt.err")" test -s "$TMP/$dt/model.safetensors"
+    losses "$TMP/$dt/metrics.jsonl" >"$TMP/$dt.curve"
+    check "--dtype $dt loss falls" awk 'NR == 1 {a = $2} END {exit !($2 < a)}' "$TMP/$dt.curve"
+done
+check "fp16 metrics carry the loss scale" grep -q '"loss_scale": 65536' "$TMP/fp16/metrics.jsonl"
+rm -rf "$TMP/fp16/checkpoint-12" "$TMP/fp16/checkpoint-8"
+"$WHALE" train "${ARGS[@]}" --out "$TMP/fp16" --dtype fp16 --resume latest >/dev/null 2>&1
+losses "$TMP/fp16/metrics.jsonl" >"$TMP/fp16r.curve"
+check "an fp16 run resumes on the same curve" cmp -s "$TMP/fp16.curve" "$TMP/fp16r.curve"
+"$WHALE" train "${ARGS[@]}" --out "$TMP/pure" --dtype bf16 --pure-bf16 stochastic >/dev/null 2>&1
+check "pure bf16 with stochastic rounding trains" test -s "$TMP/pure/model.safetensors"
+"$WHALE" train "${ARGS[@]}" --out "$TMP/nc" --nan-check --max-steps 2 >/dev/null 2>&1
+check "--nan-check on a healthy run passes" test -s "$TMP/nc/model.safetensors"
+"$WHALE" train "${ARGS[@]}" --out "$TMP/a" --dtype bf16 2>&1 | grep -q "master weights"
+check "a bf16 run prints its memory by category" test "${PIPESTATUS[0]}" = 0
+expect_fail 'pure bf16 weights need --dtype bf16' -- "$WHALE" train "${ARGS[@]}" --pure-bf16 nearest --out "$TMP/g"
+expect_fail 'int8 is an inference format' -- "$WHALE" train "${ARGS[@]}" --dtype int8 --out "$TMP/g"
+
 # bad input
 expect_fail 'seq-len 200 exceeds .*max_position_embeddings 128' -- "$WHALE" train "${ARGS[@]}" --seq-len 200 --out "$TMP/c"
 expect_fail 'trained with --seq-len 32' -- "$WHALE" train "${ARGS[@]}" --seq-len 16 --out "$TMP/a" --resume latest

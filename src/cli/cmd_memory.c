@@ -1,0 +1,224 @@
+/* whale memory: bytes a run needs by category, estimated from a config
+ * without allocating anything; with --measure, the run is then made (random
+ * weights, one step, in a child process) and its peak resident memory
+ * printed next to the estimate. */
+#include "cli/cli.h"
+
+#include "core/core.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <errno.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* One step of the planned run on random weights and tokens. */
+static whale_code run_step(const char *config, const whale_memory_plan *p, int is_dir, whale_err *err) {
+    whale_model *m = NULL;
+    whale_session *s = NULL;
+    whale_optimizer *o = NULL;
+    int32_t *ids = NULL;
+    float *logits = NULL;
+    whale_code c;
+    if (is_dir) c = p->train ? whale_model_load(config, &m, err) : whale_model_load_as(config, p->dtype, &m, err);
+    else c = whale_model_init(config, 1, &m, err);
+    if (!c) c = whale_model_set_dtype(m, p->dtype, err);
+    if (c) goto done;
+    size_t n = (size_t)p->batch * p->seq_len;
+    int V = whale_model_vocab_size(m);
+    ids = malloc(sizeof(int32_t) * n);
+    if (!ids) {
+        c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    whale_rng r;
+    whale_rng_seed(&r, 7);
+    for (size_t i = 0; i < n; i++) ids[i] = (int32_t)(whale_rng_u64(&r) % (uint64_t)V);
+    if (p->train) {
+        whale_adamw_config ac = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+        double loss;
+        int64_t cnt;
+        if ((c = whale_train_session_new(m, p->batch, p->seq_len, p->recompute, &s, err)) ||
+            (c = whale_adamw_new(m, &ac, &o, err)) ||
+            (c = whale_session_train_step(s, ids, NULL, NULL, NULL, p->batch, p->seq_len, 1.0, &loss, &cnt, err)))
+            goto done;
+        whale_adamw_step(o, s, 1e-4);
+    } else {
+        if (!(logits = whale_alloc(sizeof(float) * (size_t)p->batch * V))) {
+            c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        if ((c = whale_session_new(m, p->batch, p->seq_len, &s, err)) ||
+            (c = whale_session_forward(s, ids, p->batch, p->seq_len, logits, 0, err)))
+            goto done;
+    }
+done:
+    free(ids);
+    free(logits);
+    whale_optimizer_free(o);
+    whale_session_free(s);
+    whale_model_free(m);
+    return c;
+}
+
+/* Writes random weights of the preset for a low-precision inference run
+ * into dir, in bf16 or fp16 (int8 loads from bf16). */
+static whale_code save_random(const char *config, const whale_memory_plan *p, const char *dir, whale_err *err) {
+    whale_model *m;
+    whale_code c = whale_model_init(config, 1, &m, err);
+    if (!c) c = whale_model_set_dtype(m, p->dtype == WHALE_F16 ? WHALE_F16 : WHALE_BF16, err);
+    if (!c) c = whale_model_drop_master(m, err);
+    if (!c) c = whale_model_save(m, dir, err);
+    whale_model_free(m);
+    return c;
+}
+
+/* Runs fn in a child process (the engine's OpenMP threads do not survive a
+ * fork, so the parent never starts them) and returns its error and peak
+ * resident memory. */
+static whale_code in_child(whale_code (*fn)(const char *, const whale_memory_plan *, const char *, whale_err *),
+                           const char *config, const whale_memory_plan *p, const char *dir, double *peak,
+                           whale_err *err) {
+    int fd[2];
+    if (pipe(fd) != 0) return whale_errf(err, WHALE_ERR_IO, "pipe: %s", strerror(errno));
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) { /* child: run, then report "peak code message" */
+        close(fd[0]);
+        whale_err e2 = {0};
+        whale_code rc = fn(config, p, dir, &e2);
+        char msg[WHALE_ERR_MSG_MAX + 64];
+        int len = snprintf(msg, sizeof msg, "%zu %d %s", whale_peak_rss(), (int)rc, rc ? e2.msg : "");
+        if (write(fd[1], msg, (size_t)len) < 0) _exit(1);
+        _exit(0);
+    }
+    close(fd[1]);
+    char msg[WHALE_ERR_MSG_MAX + 64] = "";
+    size_t got = 0;
+    ssize_t k;
+    while (pid > 0 && got + 1 < sizeof msg && (k = read(fd[0], msg + got, sizeof msg - 1 - got)) > 0) got += (size_t)k;
+    msg[got] = 0;
+    close(fd[0]);
+    int status = 0;
+    if (pid > 0) waitpid(pid, &status, 0);
+    size_t bytes = 0;
+    int rc = 0, off = 0;
+    if (pid < 0 || sscanf(msg, "%zu %d %n", &bytes, &rc, &off) < 2)
+        return whale_errf(err, WHALE_ERR_INTERNAL, "the measuring run died (status %d)", status);
+    if (rc) return whale_errf(err, (whale_code)rc, "%s", msg + off);
+    if (peak) *peak = (double)bytes;
+    return WHALE_OK;
+}
+
+static whale_code run_step_child(const char *config, const whale_memory_plan *p, const char *dir, whale_err *err) {
+    return dir ? run_step(dir, p, 1, err) : run_step(config, p, access(config, F_OK) == 0 && !strstr(config, ".json"), err);
+}
+
+/* Peak resident memory of the planned run, measured in a child process so
+ * that nothing else counts. An inference run of a preset in a low precision
+ * loads a checkpoint written for it (random weights saved in bf16/fp16), as
+ * a real run would: creating the fp32 weights first would set the peak. */
+static whale_code measure(const char *config, const whale_memory_plan *p, double *peak, whale_err *err) {
+    int is_dir = access(config, F_OK) == 0 && !strstr(config, ".json");
+    char tmp[] = "/tmp/whale-memory-XXXXXX";
+    const char *dir = NULL;
+    whale_code c = WHALE_OK;
+    if (p->train == WHALE_TRAIN_LORA)
+        return whale_errf(err, WHALE_ERR_UNSUPPORTED, "--measure of LoRA training needs whale sft (the estimate stands)");
+    if (!is_dir && !p->train && p->dtype != WHALE_F32) {
+        if (!mkdtemp(tmp)) return whale_errf(err, WHALE_ERR_IO, "cannot create a temporary directory: %s", strerror(errno));
+        dir = tmp;
+        c = in_child(save_random, config, p, dir, NULL, err);
+    }
+    if (!c) c = in_child(run_step_child, config, p, dir, peak, err);
+    if (dir) { /* config.json + model.safetensors */
+        char path[64];
+        snprintf(path, sizeof path, "%s/config.json", tmp);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+        unlink(path);
+        rmdir(tmp);
+    }
+    return c;
+}
+
+int cmd_memory(int argc, char **argv) {
+    const char *config = NULL;
+    whale_memory_plan p = {.dtype = WHALE_F32, .train = WHALE_TRAIN_NONE, .lora_rank = 8, .batch = 1, .seq_len = 512};
+    int json = 0, do_measure = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            puts("usage: whale memory --config PRESET|CONFIG.json|MODEL_DIR [options]\n"
+                 "  --dtype fp32|bf16|fp16|int8   precision of the products (default fp32)\n"
+                 "  --train none|full|lora        inference (default), full training, or LoRA on a frozen base\n"
+                 "  --lora-rank R (8)  --batch B (1)  --seq-len T (512)  --recompute\n"
+                 "  --measure   also run it (random weights, one step) and print the peak resident memory\n"
+                 "  --json      one JSON object instead of the table");
+            return 0;
+        }
+        if (!strcmp(a, "--json")) {
+            json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--measure")) {
+            do_measure = 1;
+            continue;
+        }
+        if (!strcmp(a, "--recompute")) {
+            p.recompute = 1;
+            continue;
+        }
+        if (!(v = cli_value(argc, argv, &i))) return cli_usage("memory", "%s needs a value", a);
+        long n;
+        int bad = 0;
+        if (!strcmp(a, "--config") || !strcmp(a, "--preset") || !strcmp(a, "-m")) config = v;
+        else if (!strcmp(a, "--dtype")) bad = cli_dtype("memory", v, &p.dtype);
+        else if (!strcmp(a, "--train") || !strcmp(a, "--train-type")) {
+            if (!strcmp(v, "none")) p.train = WHALE_TRAIN_NONE;
+            else if (!strcmp(v, "full")) p.train = WHALE_TRAIN_FULL;
+            else if (!strcmp(v, "lora")) p.train = WHALE_TRAIN_LORA;
+            else return cli_usage("memory", "--train must be none, full or lora, got \"%s\"", v);
+        } else if (!strcmp(a, "--lora-rank")) {
+            if (!(bad = cli_int("memory", a, v, 1, 1 << 16, &n))) p.lora_rank = (int)n;
+        } else if (!strcmp(a, "--batch")) {
+            if (!(bad = cli_int("memory", a, v, 1, 1 << 20, &n))) p.batch = (int)n;
+        } else if (!strcmp(a, "--seq-len")) {
+            if (!(bad = cli_int("memory", a, v, 2, 1 << 24, &n))) p.seq_len = (int)n;
+        } else
+            return cli_usage("memory", "unknown option \"%s\"", a);
+        if (bad) return bad;
+    }
+    if (!config) return cli_usage("memory", "--config is required");
+    whale_err err;
+    whale_memory mm;
+    if (whale_memory_estimate(config, &p, &mm, &err)) return cli_fail(&err);
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    double ram = pages > 0 && psz > 0 ? (double)pages * (double)psz : 0;
+    double peak = 0;
+    if (do_measure && measure(config, &p, &peak, &err)) return cli_fail(&err);
+    if (json) {
+        printf("{\"config\": \"%s\", \"dtype\": \"%s\", \"train\": \"%s\", \"lora_rank\": %d, \"batch\": %d, "
+               "\"seq_len\": %d, \"recompute\": %s, \"params\": %lld, \"trainable\": %lld, \"weights_f32\": %zu, "
+               "\"weights_lowp\": %zu, \"adapters\": %zu, \"grads\": %zu, \"moments\": %zu, \"activations\": %zu, "
+               "\"recompute_saves\": %zu, \"kv_cache\": %zu, \"workspace\": %zu, \"runtime\": %zu, \"total\": %zu, "
+               "\"ram\": %.0f, \"fits\": %s",
+               config, cli_dtype_name(p.dtype), p.train == WHALE_TRAIN_NONE ? "none" : p.train == WHALE_TRAIN_FULL ? "full" : "lora",
+               p.lora_rank, p.batch, p.seq_len, p.recompute ? "true" : "false", (long long)mm.params,
+               (long long)mm.trainable, mm.weights_f32, mm.weights_lowp, mm.adapters, mm.grads, mm.moments,
+               mm.activations, mm.recompute_saves, mm.kv_cache, mm.workspace, mm.runtime, mm.total, ram,
+               ram == 0 || (double)mm.total <= ram ? "true" : "false");
+        if (do_measure) printf(", \"peak_rss\": %.0f, \"estimate_error_pct\": %.2f", peak, 100.0 * ((double)mm.total - peak) / peak);
+        printf("}\n");
+        return 0;
+    }
+    whale_memory_print(&mm, stdout);
+    if (ram > 0)
+        printf("this machine has %.1f GiB of RAM: %s\n", ram / 1073741824.0,
+               (double)mm.total <= ram ? "fits" : "does NOT fit");
+    if (do_measure)
+        printf("measured peak resident memory %.1f MiB: the estimate is %+.1f%% off\n", peak / 1048576.0,
+               100.0 * ((double)mm.total - peak) / peak);
+    return 0;
+}

@@ -1,0 +1,167 @@
+/* Memory accounting: what a run holds, by category, from the live objects
+ * (printed at the start of runs) or estimated from a config alone (whale
+ * memory), and the peak resident set size measured at the end.
+ *
+ * The estimate sizes the same buffers the engine allocates: the parameter
+ * table of the config, the compute copies of the chosen precision, and the
+ * session buffers counted by the family's allocation code run in
+ * count-only mode, so the two cannot drift apart. */
+#include "models/model.h"
+
+#include <string.h>
+#include <sys/resource.h>
+
+/* Resident memory of the process without a model: the code and libraries
+ * it touches, OpenMP and oneDNN thread state. Measured here as the peak RSS
+ * of `whale memory --config tiny --measure` (12.6-13.8 MiB). */
+#define RUNTIME_BYTES ((size_t)13 << 20)
+
+static size_t pad_f32(int64_t n) { return (((size_t)n + 15) & ~(size_t)15) * sizeof(float); }
+
+static size_t copy_size(whale_dtype dt, int64_t rows, int64_t cols) {
+    size_t b = (size_t)(rows * cols) * whale_dtype_size(dt);
+    if (dt == WHALE_I8) b += sizeof(float) * (size_t)rows;
+    return (b + 63) & ~(size_t)63;
+}
+
+/* LoRA's all-linear targets: every product weight except the embedding and
+ * lm_head. */
+static int is_lora_target(const whale_param *p) {
+    return whale_param_is_product_weight(p) && !strstr(p->name, "embed_tokens") && strcmp(p->name, "lm_head.weight");
+}
+
+static void total(whale_memory *mm) {
+    mm->total = mm->runtime + mm->weights_f32 + mm->weights_lowp + mm->weights_mapped + mm->adapters + mm->grads +
+                mm->moments + mm->activations + mm->kv_cache + mm->workspace;
+}
+
+void whale_memory_of_model(const whale_model *m, whale_memory *mm) {
+    memset(mm, 0, sizeof *mm);
+    mm->dtype = m->compute_dtype;
+    mm->runtime = RUNTIME_BYTES;
+    for (int i = 0; i < m->n_params; i++) {
+        const whale_param *p = &m->params[i];
+        int64_t n = whale_shape_numel(p->ndim, p->shape);
+        mm->params += n;
+        if (whale_param_has_f32(m, p)) mm->weights_f32 += pad_f32(n);
+    }
+    mm->trainable = whale_model_has_master(m) ? mm->params : 0;
+    mm->weights_lowp = m->copy_bytes;
+    mm->weights_mapped = m->mapped_copy_bytes;
+    total(mm);
+}
+
+void whale_memory_add_session(whale_memory *mm, const whale_session *s) {
+    mm->activations += s->activation_bytes;
+    mm->recompute_saves += s->recompute_saves;
+    mm->kv_cache += s->kv_bytes;
+    mm->workspace += s->work_bytes;
+    mm->grads += s->n_grad_bytes;
+    total(mm);
+}
+
+void whale_memory_add_optimizer(whale_memory *mm, size_t moment_bytes) {
+    mm->moments += moment_bytes;
+    total(mm);
+}
+
+whale_code whale_memory_estimate(const char *config, const whale_memory_plan *plan, whale_memory *mm,
+                                 whale_err *err) {
+    memset(mm, 0, sizeof *mm);
+    whale_dtype dt = plan->dtype;
+    if (dt != WHALE_F32 && dt != WHALE_BF16 && dt != WHALE_F16 && dt != WHALE_I8)
+        return whale_errf(err, WHALE_ERR_ARG, "no memory estimate for dtype %s", whale_dtype_name(dt));
+    if (plan->train && dt == WHALE_I8 && plan->train != WHALE_TRAIN_LORA)
+        return whale_errf(err, WHALE_ERR_ARG, "int8 is an inference format: full training runs in fp32, bf16 or fp16");
+    if (plan->train == WHALE_TRAIN_LORA && plan->lora_rank < 1)
+        return whale_errf(err, WHALE_ERR_ARG, "--lora-rank must be >= 1");
+    whale_model *m;
+    whale_code c = whale_model_skeleton(config, &m, err);
+    if (c) return c;
+    if (plan->batch < 1 || plan->seq_len < 1 || plan->seq_len > m->max_positions) {
+        c = whale_errf(err, WHALE_ERR_RANGE, "%s: batch %d × sequence %d is outside the model's 1..%d positions",
+                       config, plan->batch, plan->seq_len, m->max_positions);
+        whale_model_free(m);
+        return c;
+    }
+    mm->dtype = dt;
+    mm->runtime = RUNTIME_BYTES;
+    int full = plan->train == WHALE_TRAIN_FULL;
+    for (int i = 0; i < m->n_params; i++) {
+        const whale_param *p = &m->params[i];
+        int64_t n = whale_shape_numel(p->ndim, p->shape);
+        mm->params += n;
+        int product = whale_param_is_product_weight(p);
+        /* fp32 values: every parameter of an fp32 run or of full training
+         * (master weights); otherwise only those without a copy */
+        if (dt == WHALE_F32 || full || !product) mm->weights_f32 += pad_f32(n);
+        if (dt != WHALE_F32 && product) mm->weights_lowp += copy_size(dt, p->shape[0], p->shape[1]);
+        if (plan->train == WHALE_TRAIN_LORA && is_lora_target(p))
+            mm->trainable += (int64_t)plan->lora_rank * (p->shape[0] + p->shape[1]);
+    }
+    if (full) mm->trainable = mm->params;
+    if (plan->train == WHALE_TRAIN_LORA) mm->adapters = (size_t)mm->trainable * sizeof(float);
+    whale_session_sizes ss = {0};
+    if ((c = m->ops->session_sizes(m, plan->batch, plan->seq_len, plan->train != WHALE_TRAIN_NONE, plan->recompute,
+                                   &ss, err))) {
+        whale_model_free(m);
+        return c;
+    }
+    mm->activations = ss.activations;
+    mm->recompute_saves = ss.recompute_saves;
+    mm->kv_cache = ss.kv_cache;
+    mm->workspace = ss.work;
+    if (plan->train) {
+        mm->grads = full ? ss.grads : (size_t)mm->trainable * sizeof(float);
+        mm->moments = 2 * (size_t)mm->trainable * sizeof(float);
+    }
+    total(mm);
+    whale_model_free(m);
+    return WHALE_OK;
+}
+
+size_t whale_peak_rss(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (size_t)ru.ru_maxrss * 1024; /* kilobytes on Linux */
+}
+
+static void line(FILE *f, const char *what, size_t bytes, const char *note) {
+    if (!bytes && !note) return;
+    fprintf(f, "  %-22s %10.1f MiB%s%s\n", what, bytes / 1048576.0, note ? "  " : "", note ? note : "");
+}
+
+void whale_memory_print(const whale_memory *mm, FILE *f) {
+    char buf[128];
+    const char *dn = mm->dtype == WHALE_F32 ? "fp32" : mm->dtype == WHALE_BF16 ? "bf16" : mm->dtype == WHALE_F16 ? "fp16" : "int8";
+    snprintf(buf, sizeof buf, "%lld parameters, %lld trainable", (long long)mm->params, (long long)mm->trainable);
+    fprintf(f, "memory (%s products; %s):\n", dn, buf);
+    line(f, "weights fp32", mm->weights_f32,
+         mm->weights_lowp || mm->weights_mapped ? (mm->trainable ? "master weights" : "norms, gate, hyper-connections") : NULL);
+    if (mm->weights_lowp) {
+        snprintf(buf, sizeof buf, "%s copies of the product weights", dn);
+        line(f, "weights low precision", mm->weights_lowp, buf);
+    }
+    line(f, "weights mapped", mm->weights_mapped, mm->weights_mapped ? "used in place from the checkpoint file" : NULL);
+    line(f, "LoRA adapters", mm->adapters, NULL);
+    line(f, "gradients", mm->grads, NULL);
+    line(f, "AdamW moments", mm->moments, NULL);
+    if (mm->grads) {
+        snprintf(buf, sizeof buf, "recompute saves / would save %.1f MiB", mm->recompute_saves / 1048576.0);
+        line(f, "activations", mm->activations, buf);
+    } else
+        line(f, "activations", mm->activations, NULL);
+    line(f, "KV cache", mm->kv_cache, NULL);
+    line(f, "workspace", mm->workspace, NULL);
+    line(f, "runtime", mm->runtime, "code, libraries, thread pools");
+    fprintf(f, "  %-22s %10.1f MiB  (%.2f GiB)\n", "total", mm->total / 1048576.0, mm->total / 1073741824.0);
+}
+
+void whale_memory_print_line(const whale_memory *mm, FILE *f) {
+    fprintf(f, "memory: weights %.1f MiB (fp32 %.1f, %s copies %.1f, mapped %.1f), KV cache %.1f MiB, activations %.1f MiB, "
+               "workspace %.1f MiB; about %.1f MiB with the runtime\n",
+            (mm->weights_f32 + mm->weights_lowp + mm->weights_mapped) / 1048576.0, mm->weights_f32 / 1048576.0,
+            mm->dtype == WHALE_BF16 ? "bf16" : mm->dtype == WHALE_F16 ? "fp16" : mm->dtype == WHALE_I8 ? "int8" : "no",
+            mm->weights_lowp / 1048576.0, mm->weights_mapped / 1048576.0, mm->kv_cache / 1048576.0,
+            mm->activations / 1048576.0, mm->workspace / 1048576.0, mm->total / 1048576.0);
+}

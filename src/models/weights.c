@@ -1,0 +1,317 @@
+/* Weights in a run's precision: the compute copies (bf16, fp16, int8) of a
+ * model's product weights, how a product finds them, and the products every
+ * family's Linear layers go through (forward, input gradient, weight
+ * gradient) with the precision policy of docs/precision.md.
+ *
+ * A weight always has an fp32 pointer (the family's slot). With fp32
+ * master weights the pointer holds the values and the copy is derived from
+ * them (training in bf16/fp16, or a model switched with set_dtype); without
+ * them the pointer is a handle into a reserved, inaccessible range and the
+ * copy is the only storage (inference loads, LoRA's frozen base). */
+#include "models/model.h"
+
+#include "core/core.h"
+#include "io/safetensors.h"
+#include "kernels/convert.h"
+#include "kernels/gemm.h"
+
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+int whale_param_is_product_weight(const whale_param *p) {
+    size_t n = strlen(p->name);
+    return p->ndim == 2 && n > 7 && !strcmp(p->name + n - 7, ".weight") && !strstr(p->name, "ffn.gate.");
+}
+
+static int is_handle(const whale_model *m, const float *W) {
+    return m->handles && (const char *)W >= (const char *)m->handles &&
+           (const char *)W < (const char *)m->handles + m->handle_bytes;
+}
+
+int whale_param_has_f32(const whale_model *m, const whale_param *p) { return !is_handle(m, p->data); }
+
+static const whale_wcopy *find_copy(const whale_model *m, const float *W) {
+    int lo = 0, hi = m->n_copies - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        const whale_wcopy *w = &m->copies[mid];
+        if (W < w->start) hi = mid - 1;
+        else if (W >= w->end) lo = mid + 1;
+        else return w;
+    }
+    return NULL;
+}
+
+whale_wview whale_model_weight(const whale_model *m, const float *W) {
+    const whale_wcopy *w = m->n_copies ? find_copy(m, W) : NULL;
+    if (!w) return (whale_wview){WHALE_F32, W, NULL};
+    size_t off = (size_t)(W - w->start);
+    whale_wview v = {w->dtype, (const char *)w->data + off * whale_dtype_size(w->dtype), NULL};
+    if (w->scale) v.scale = w->scale + off / (size_t)w->cols; /* int8 views start at a row */
+    return v;
+}
+
+static void view_row_to_f32(const whale_wview *v, int64_t cols, float *out) {
+    switch (v->dtype) {
+    case WHALE_BF16: whale_bf16_to_f32(out, v->data, (size_t)cols); break;
+    case WHALE_F16: whale_f16_to_f32(out, v->data, (size_t)cols); break;
+    case WHALE_I8: {
+        const int8_t *q = v->data;
+        for (int64_t i = 0; i < cols; i++) out[i] = (float)q[i] * v->scale[0];
+        break;
+    }
+    default: memcpy(out, v->data, sizeof(float) * (size_t)cols);
+    }
+}
+
+void whale_model_row(const whale_model *m, const float *W, int64_t r, int64_t cols, float *out) {
+    /* the copy when there is one: a run reads its weights in its format,
+     * with or without fp32 masters behind them */
+    whale_wview v = whale_model_weight(m, W + r * cols);
+    view_row_to_f32(&v, cols, out);
+}
+
+/* ------------------------------------------------------------ conversion */
+
+/* Drop the resident pages of converted checkpoint data (a read-only,
+ * file-backed mapping): they would otherwise stay in the process's memory
+ * next to their copy. Only whole pages inside the range. */
+static void release_pages(const void *data, size_t bytes) {
+    long ps = sysconf(_SC_PAGESIZE);
+    if (ps <= 0) return;
+    uintptr_t lo = ((uintptr_t)data + (uintptr_t)ps - 1) & ~(uintptr_t)(ps - 1);
+    uintptr_t hi = ((uintptr_t)data + bytes) & ~(uintptr_t)(ps - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+/* dst (rows × cols of dt, int8 scales into scale) from src of dtype sdt, in
+ * blocks of rows; with release_src, each block's source pages are dropped
+ * once converted, so loading never holds a whole tensor twice. */
+static void convert_rows(void *dst, float *scale, whale_dtype dt, const void *src, whale_dtype sdt, int64_t rows,
+                         int64_t cols, int release_src) {
+    if (sdt == dt && !release_src) {
+        memcpy(dst, src, (size_t)(rows * cols) * whale_dtype_size(dt));
+        return;
+    }
+    enum { BLOCK = 64 };
+    int64_t nblocks = (rows + BLOCK - 1) / BLOCK;
+    size_t ssz = whale_dtype_size(sdt), dsz = whale_dtype_size(dt);
+#pragma omp parallel
+    {
+        float *tmp = sdt == WHALE_F32 ? NULL : whale_alloc(sizeof(float) * BLOCK * (size_t)cols);
+#pragma omp for schedule(dynamic, 4)
+        for (int64_t b = 0; b < nblocks; b++) {
+            if (sdt != WHALE_F32 && !tmp) continue;
+            int64_t r0 = b * BLOCK, n = rows - r0 < BLOCK ? rows - r0 : BLOCK;
+            size_t off = (size_t)(r0 * cols), cnt = (size_t)(n * cols);
+            const char *sb = (const char *)src + off * ssz;
+            const float *f = (const float *)sb;
+            if (sdt == dt) {
+                memcpy((char *)dst + off * dsz, sb, cnt * dsz);
+            } else {
+                if (sdt == WHALE_BF16) whale_bf16_to_f32(tmp, sb, cnt);
+                else if (sdt == WHALE_F16) whale_f16_to_f32(tmp, sb, cnt);
+                if (sdt != WHALE_F32) f = tmp;
+                if (dt == WHALE_BF16) whale_f32_to_bf16_rows((uint16_t *)dst + off, f, cnt);
+                else if (dt == WHALE_F16) whale_f32_to_f16_rows((uint16_t *)dst + off, f, cnt);
+                else whale_quantize_q8_rows((int8_t *)dst + off, scale + r0, f, (int)n, (int)cols);
+            }
+            if (release_src) release_pages(sb, cnt * ssz);
+        }
+        free(tmp);
+    }
+}
+
+static size_t copy_bytes(whale_dtype dt, int64_t rows, int64_t cols) {
+    size_t b = (size_t)(rows * cols) * whale_dtype_size(dt);
+    if (dt == WHALE_I8) b += sizeof(float) * (size_t)rows;
+    return (b + 63) & ~(size_t)63;
+}
+
+static int copy_cmp(const void *a, const void *b) {
+    const whale_wcopy *x = a, *y = b;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+void whale_model_clear_copies(whale_model *m) {
+    free(m->copies);
+    free(m->copy_mem);
+    m->copies = NULL;
+    m->copy_mem = NULL;
+    m->n_copies = 0;
+    m->copy_bytes = m->mapped_copy_bytes = 0;
+}
+
+whale_code whale_model_build_copies(whale_model *m, whale_dtype dt, const whale_st_entry *const *src,
+                                    whale_err *err) {
+    whale_model_clear_copies(m);
+    size_t total = 0;
+    int n = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const whale_param *p = &m->params[i];
+        if (!whale_param_is_product_weight(p)) continue;
+        n++;
+        const whale_st_entry *e = src ? src[i] : NULL;
+        int mapped = e && e->dtype == dt && !((uintptr_t)e->data & 1);
+        if (!mapped) total += copy_bytes(dt, p->shape[0], p->shape[1]);
+    }
+    m->copies = calloc((size_t)(n ? n : 1), sizeof *m->copies);
+    m->copy_mem = total ? whale_alloc(total) : NULL;
+    if (!m->copies || (total && !m->copy_mem)) {
+        whale_model_clear_copies(m);
+        return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of %s weights", total / 1048576.0,
+                          whale_dtype_name(dt));
+    }
+    size_t off = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const whale_param *p = &m->params[i];
+        if (!whale_param_is_product_weight(p)) continue;
+        int64_t rows = p->shape[0], cols = p->shape[1];
+        whale_wcopy *w = &m->copies[m->n_copies++];
+        *w = (whale_wcopy){p->data, p->data + rows * cols, dt, NULL, NULL, cols, i};
+        const whale_st_entry *e = src ? src[i] : NULL;
+        if (e && e->dtype == dt && !((uintptr_t)e->data & 1)) { /* checkpoint already in dt: zero copy */
+            w->data = e->data;
+            m->mapped_copy_bytes += (size_t)(rows * cols) * whale_dtype_size(dt);
+            continue;
+        }
+        char *dst = (char *)m->copy_mem + off;
+        float *scale = dt == WHALE_I8 ? (float *)(dst + (size_t)(rows * cols)) : NULL;
+        /* the int8 values come first; scales after them, 4-byte aligned */
+        if (scale) scale = (float *)(((uintptr_t)scale + 3) & ~(uintptr_t)3);
+        if (e) convert_rows(dst, scale, dt, e->data, e->dtype, rows, cols, 1);
+        else convert_rows(dst, scale, dt, p->data, WHALE_F32, rows, cols, 0);
+        w->data = dst;
+        w->scale = scale;
+        off += copy_bytes(dt, rows, cols);
+    }
+    m->copy_bytes = total;
+    qsort(m->copies, (size_t)m->n_copies, sizeof *m->copies, copy_cmp);
+    m->compute_dtype = dt;
+    return WHALE_OK;
+}
+
+void whale_model_refresh_copies(whale_model *m) {
+    for (int i = 0; i < m->n_copies; i++) {
+        whale_wcopy *w = &m->copies[i];
+        const whale_param *p = &m->params[w->param];
+        if (!whale_param_has_f32(m, p)) continue;
+        int64_t rows = p->shape[0];
+        convert_rows((void *)w->data, (float *)w->scale, w->dtype, p->data, WHALE_F32, rows, w->cols, 0);
+    }
+}
+
+/* Reserve an inaccessible address range of `bytes` for handles. */
+whale_code whale_model_reserve_handles(whale_model *m, size_t bytes, whale_err *err) {
+    if (!bytes) return WHALE_OK;
+    void *h = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (h == MAP_FAILED)
+        return whale_errf(err, WHALE_ERR_NOMEM, "cannot reserve %.1f GiB of address space for weight handles",
+                          bytes / 1073741824.0);
+    m->handles = h;
+    m->handle_bytes = bytes;
+    return WHALE_OK;
+}
+
+void whale_model_release_handles(whale_model *m) {
+    if (m->handles) munmap(m->handles, m->handle_bytes);
+    m->handles = NULL;
+    m->handle_bytes = 0;
+}
+
+whale_code whale_model_drop_master(whale_model *m, whale_err *err) {
+    if (!m->n_copies || m->handles) return WHALE_OK; /* fp32 run, or already without masters */
+    whale_wcopy **copy_of = calloc((size_t)m->n_params, sizeof *copy_of); /* param → its copy */
+    if (!copy_of) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < m->n_copies; i++) copy_of[m->copies[i].param] = &m->copies[i];
+    size_t hb = 0, keep = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const whale_param *p = &m->params[i];
+        size_t n = ((size_t)whale_shape_numel(p->ndim, p->shape) + 15) & ~(size_t)15;
+        if (copy_of[i]) hb += n * sizeof(float);
+        else keep += n;
+    }
+    whale_code c = whale_model_reserve_handles(m, hb, err);
+    float *owned = NULL;
+    if (!c && keep && !(owned = whale_alloc(keep * sizeof(float)))) {
+        whale_model_release_handles(m);
+        c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory keeping fp32 parameters");
+    }
+    if (c) {
+        free(copy_of);
+        return c;
+    }
+    size_t ho = 0, ko = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        whale_param *p = &m->params[i];
+        size_t n = (size_t)whale_shape_numel(p->ndim, p->shape), na = (n + 15) & ~(size_t)15;
+        whale_wcopy *w = copy_of[i];
+        if (w) {
+            p->data = (float *)((char *)m->handles + ho);
+            w->start = p->data;
+            w->end = p->data + n;
+            ho += na * sizeof(float);
+        } else {
+            memcpy(owned + ko, p->data, n * sizeof(float));
+            p->data = owned + ko;
+            ko += na;
+        }
+        *p->slot = p->data;
+    }
+    free(copy_of);
+    free(m->owned);
+    m->owned = owned;
+    qsort(m->copies, (size_t)m->n_copies, sizeof *m->copies, copy_cmp);
+    if (m->source && !m->mapped_copy_bytes) { /* nothing points into the checkpoint any more */
+        whale_st_close(m->source);
+        m->source = NULL;
+    }
+    return WHALE_OK;
+}
+
+/* ------------------------------------------------------------ products */
+
+static void round_rows_f16(float *C, int M, int N, int ldc) {
+    for (int i = 0; i < M; i++) whale_round_f16_inplace(C + (size_t)i * ldc, (size_t)N);
+}
+
+whale_code whale_linear(whale_gemm *g, const whale_model *m, int M, int N, int K, const float *A, int lda,
+                        const float *W, int ldw, float *C, int ldc, whale_err *err) {
+    whale_wview v = whale_model_weight(m, W);
+    whale_code e;
+    switch (v.dtype) {
+    case WHALE_BF16: return whale_gemm_nt_bf16(g, M, N, K, A, lda, v.data, ldw, C, ldc, 0, err);
+    case WHALE_F16:
+        if (!(e = whale_gemm_nt_f16(g, M, N, K, A, lda, v.data, ldw, C, ldc, 0, err))) round_rows_f16(C, M, N, ldc);
+        return e;
+    case WHALE_I8: return whale_gemm_nt_q8(g, M, N, K, A, lda, v.data, ldw, v.scale, C, ldc, 0, err);
+    default: return whale_gemm_nt(g, M, N, K, A, lda, W, ldw, C, ldc, 0, err);
+    }
+}
+
+whale_code whale_linear_dx(whale_gemm *g, const whale_model *m, int M, int N, int K, const float *dC, int lddc,
+                           const float *W, int ldw, float *dA, int ldda, int accumulate, whale_err *err) {
+    whale_wview v = whale_model_weight(m, W);
+    whale_code e;
+    switch (v.dtype) {
+    case WHALE_BF16: return whale_gemm_nn_bf16(g, M, K, N, dC, lddc, v.data, ldw, dA, ldda, accumulate, err);
+    case WHALE_F16:
+        if (!(e = whale_gemm_nn_f16(g, M, K, N, dC, lddc, v.data, ldw, dA, ldda, accumulate, err)))
+            round_rows_f16(dA, M, K, ldda);
+        return e;
+    case WHALE_I8:
+        return whale_errf(err, WHALE_ERR_UNSUPPORTED, "int8 weights are for inference: no gradient flows through them");
+    default: return whale_gemm_nn(g, M, K, N, dC, lddc, W, ldw, dA, ldda, accumulate, err);
+    }
+}
+
+whale_code whale_linear_dw(whale_gemm *g, const whale_model *m, int M, int N, int K, const float *dC, int lddc,
+                           const float *A, int lda, float *dW, int lddw, whale_err *err) {
+    switch (m->compute_dtype) {
+    case WHALE_BF16: return whale_gemm_tn_bf16(g, N, K, M, dC, lddc, A, lda, dW, lddw, 1, err);
+    case WHALE_F16: return whale_gemm_tn_f16(g, N, K, M, dC, lddc, A, lda, dW, lddw, 1, err);
+    case WHALE_I8: return whale_errf(err, WHALE_ERR_UNSUPPORTED, "int8 weights are for inference: they cannot be trained");
+    default: return whale_gemm_tn(g, N, K, M, dC, lddc, A, lda, dW, lddw, 1, err);
+    }
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# whale memory: the estimate from a config sizes what the run allocates, so
+# it lands within 10 % of the peak resident memory measured by running it
+# (each run in its own process), for training and inference in each format;
+# fp32 training of Qwen-size shapes does not fit where bf16 inference does.
+# usage: memory.sh WHALE_BIN TEST_DATA_DIR
+set -u
+WHALE=$1
+. "$(dirname "$0")/lib.bash"
+if [ "${WHALE_SANITIZED:-0}" = 1 ]; then
+    echo "memory: skipped: resident memory under the sanitizers' shadow memory measures the sanitizer"
+    exit 77
+fi
+
+within10() { # within10 ARGS...: run --measure --json, check |error| <= 10 %
+    "$WHALE" memory "$@" --measure --json >"$TMP/m.json" 2>"$TMP/m.err"
+    local err
+    err=$(sed -E 's/.*"estimate_error_pct": ([-0-9.]+).*/\1/' "$TMP/m.json")
+    echo "memory $*: estimate error $err %"
+    check "memory $* within 10 % (got ${err:-none}: $(cat "$TMP/m.err"))" awk -v e="${err:-999}" 'BEGIN {exit !(e <= 10 && e >= -10)}'
+}
+within10 --config small --dtype fp32 --train full --batch 4 --seq-len 128
+within10 --config small --dtype bf16 --train full --batch 4 --seq-len 128 --recompute
+within10 --config nanowhale-100m --dtype fp32 --train full --batch 1 --seq-len 64
+within10 --config nanowhale-100m --dtype bf16 --batch 1 --seq-len 256
+within10 --config nanowhale-100m --dtype int8 --batch 1 --seq-len 256
+within10 --config nanowhale-100m --dtype fp32 --batch 2 --seq-len 256
+
+"$WHALE" memory --config nanowhale-100m --dtype bf16 --train full --batch 4 --seq-len 256 >"$TMP/t.txt"
+check "the table names every category" grep -q "master weights" "$TMP/t.txt"
+check "the table has gradients and moments" grep -q "AdamW moments" "$TMP/t.txt"
+"$WHALE" memory --config nanowhale-100m --dtype bf16 --train lora --lora-rank 8 --json >"$TMP/l.json"
+check "LoRA counts only adapter parameters as trainable" grep -q '"trainable": [1-9]' "$TMP/l.json"
+"$WHALE" memory --config nanowhale-100m --dtype fp32 --train none --batch 1 --seq-len 99999 >/dev/null 2>"$TMP/e"
+check "bad values fail with a one-line error" test "$(wc -l <"$TMP/e")" = 1
+"$WHALE" memory --config no-such-preset >/dev/null 2>"$TMP/e"
+check "unknown preset fails clearly: $(cat "$TMP/e")" grep -q 'unknown preset' "$TMP/e"
+finish memory
