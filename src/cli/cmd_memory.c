@@ -62,13 +62,12 @@ done:
     return c;
 }
 
-/* Writes random weights of the preset for a low-precision inference run
- * into dir, in bf16 or fp16 (int8 loads from bf16). */
+/* Writes random weights of the preset into dir (an fp32 checkpoint, as
+ * whale train writes them). */
 static whale_code save_random(const char *config, const whale_memory_plan *p, const char *dir, whale_err *err) {
     whale_model *m;
+    (void)p;
     whale_code c = whale_model_init(config, 1, &m, err);
-    if (!c) c = whale_model_set_dtype(m, p->dtype == WHALE_F16 ? WHALE_F16 : WHALE_BF16, err);
-    if (!c) c = whale_model_drop_master(m, err);
     if (!c) c = whale_model_save(m, dir, err);
     whale_model_free(m);
     return c;
@@ -117,8 +116,11 @@ static whale_code run_step_child(const char *config, const whale_memory_plan *p,
 
 /* Peak resident memory of the planned run, measured in a child process so
  * that nothing else counts. An inference run of a preset in a low precision
- * loads a checkpoint written for it (random weights saved in bf16/fp16), as
- * a real run would: creating the fp32 weights first would set the peak. */
+ * loads a checkpoint written for it, as a real run would: creating the fp32
+ * weights in the same process first would set the peak. (A checkpoint
+ * already in the run's dtype is mapped instead of copied; its pages become
+ * resident as they are read, so such a run may stay below the estimate by
+ * up to the part of the embedding table it never reads.) */
 static whale_code measure(const char *config, const whale_memory_plan *p, double *peak, whale_err *err) {
     int is_dir = access(config, F_OK) == 0 && !strstr(config, ".json");
     char tmp[] = "/tmp/whale-memory-XXXXXX";

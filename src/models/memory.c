@@ -16,6 +16,13 @@
  * of `whale memory --config tiny --measure` (12.6-13.8 MiB). */
 #define RUNTIME_BYTES ((size_t)13 << 20)
 
+/* What the low-precision products keep besides the operands: oneDNN's bf16
+ * kernels (JIT code, packed-weight scratchpads of the cached primitives) and
+ * the conversion scratch of the fp16/int8 paths (bounded at 16 MiB in
+ * kernels/gemm.c). Measured: 14-17 MiB over the fp32 runs of the same
+ * shapes, for inference and training alike. */
+#define LOWP_GEMM_BYTES ((size_t)16 << 20)
+
 static size_t pad_f32(int64_t n) { return (((size_t)n + 15) & ~(size_t)15) * sizeof(float); }
 
 static size_t copy_size(whale_dtype dt, int64_t rows, int64_t cols) {
@@ -55,7 +62,7 @@ void whale_memory_add_session(whale_memory *mm, const whale_session *s) {
     mm->activations += s->activation_bytes;
     mm->recompute_saves += s->recompute_saves;
     mm->kv_cache += s->kv_bytes;
-    mm->workspace += s->work_bytes;
+    mm->workspace += s->work_bytes + (s->model->compute_dtype != WHALE_F32 ? LOWP_GEMM_BYTES : 0);
     mm->grads += s->n_grad_bytes;
     total(mm);
 }
@@ -110,7 +117,7 @@ whale_code whale_memory_estimate(const char *config, const whale_memory_plan *pl
     mm->activations = ss.activations;
     mm->recompute_saves = ss.recompute_saves;
     mm->kv_cache = ss.kv_cache;
-    mm->workspace = ss.work;
+    mm->workspace = ss.work + (dt != WHALE_F32 ? LOWP_GEMM_BYTES : 0);
     if (plan->train) {
         mm->grads = full ? ss.grads : (size_t)mm->trainable * sizeof(float);
         mm->moments = 2 * (size_t)mm->trainable * sizeof(float);

@@ -159,16 +159,15 @@ whale_code whale_model_bind(whale_model *m, whale_st *st, const char *path, whal
         } else {
             p->data = m->owned + off;
             off += (n + 15) & ~(size_t)15;
-            if (e->dtype == WHALE_F32) memcpy(p->data, e->data, n * 4);
-            else if (e->dtype == WHALE_BF16) whale_bf16_to_f32(p->data, e->data, n);
-            else whale_f16_to_f32(p->data, e->data, n);
+            int64_t rows = p->ndim == 2 ? p->shape[0] : 1, cols = (int64_t)n / rows;
+            whale_convert_checkpoint(p->data, WHALE_F32, e->data, e->dtype, rows, cols);
         }
         *p->slot = p->data;
     }
     if (lowp) c = whale_model_build_copies(m, dt, found, err);
-    /* what was converted is no longer needed resident; tensors used in
-     * place fault back in when read */
-    if (lowp && !c) whale_st_release_pages(st);
+    /* what was converted (owned fp32, or copies) is no longer needed
+     * resident in the mapping; tensors used in place fault back in when read */
+    if (!c && (lowp || owned)) whale_st_release_pages(st);
     free(found);
     return c;
 }

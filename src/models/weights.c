@@ -15,6 +15,7 @@
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
 
+#include <omp.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -74,53 +75,66 @@ void whale_model_row(const whale_model *m, const float *W, int64_t r, int64_t co
 
 /* ------------------------------------------------------------ conversion */
 
-/* Drop the resident pages of converted checkpoint data (a read-only,
- * file-backed mapping): they would otherwise stay in the process's memory
- * next to their copy. Only whole pages inside the range. */
-static void release_pages(const void *data, size_t bytes) {
+/* Drop the resident pages of checkpoint data already converted: they would
+ * otherwise stay in the process's memory next to their copy (the mapping
+ * is read-only and file-backed, so nothing is lost; a later read faults the
+ * page in again). Releases the whole pages inside [lo, hi) and returns
+ * where the next release should start (hi's page, not complete yet). */
+static const char *release_pages(const char *lo, const char *hi) {
     long ps = sysconf(_SC_PAGESIZE);
-    if (ps <= 0) return;
-    uintptr_t lo = ((uintptr_t)data + (uintptr_t)ps - 1) & ~(uintptr_t)(ps - 1);
-    uintptr_t hi = ((uintptr_t)data + bytes) & ~(uintptr_t)(ps - 1);
-    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    if (ps <= 0) return lo;
+    uintptr_t a = ((uintptr_t)lo + (uintptr_t)ps - 1) & ~(uintptr_t)(ps - 1);
+    uintptr_t b = (uintptr_t)hi & ~(uintptr_t)(ps - 1);
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+    return b > (uintptr_t)lo ? (const char *)b : lo;
+}
+
+/* Rows r0..r0+n of dst from src (fp32 rows f, or converted through tmp). */
+static void convert_block(void *dst, float *scale, whale_dtype dt, const char *sb, whale_dtype sdt, float *tmp,
+                          int64_t r0, int64_t n, int64_t cols) {
+    size_t off = (size_t)(r0 * cols), cnt = (size_t)(n * cols);
+    if (sdt == dt) {
+        memcpy((char *)dst + off * whale_dtype_size(dt), sb, cnt * whale_dtype_size(dt));
+        return;
+    }
+    const float *f = (const float *)sb;
+    if (sdt == WHALE_BF16) whale_bf16_to_f32(tmp, sb, cnt);
+    else if (sdt == WHALE_F16) whale_f16_to_f32(tmp, sb, cnt);
+    if (sdt != WHALE_F32) f = tmp;
+    if (dt == WHALE_F32) memcpy((float *)dst + off, f, cnt * sizeof(float));
+    else if (dt == WHALE_BF16) whale_f32_to_bf16_rows((uint16_t *)dst + off, f, cnt);
+    else if (dt == WHALE_F16) whale_f32_to_f16_rows((uint16_t *)dst + off, f, cnt);
+    else whale_quantize_q8_rows((int8_t *)dst + off, scale + r0, f, (int)n, (int)cols);
 }
 
 /* dst (rows × cols of dt, int8 scales into scale) from src of dtype sdt, in
- * blocks of rows; with release_src, each block's source pages are dropped
- * once converted, so loading never holds a whole tensor twice. */
+ * blocks of rows. With release_src (src is checkpoint data), each thread
+ * converts one contiguous run of blocks in order and drops the source pages
+ * behind it, so loading never holds a large tensor twice. */
 static void convert_rows(void *dst, float *scale, whale_dtype dt, const void *src, whale_dtype sdt, int64_t rows,
                          int64_t cols, int release_src) {
-    if (sdt == dt && !release_src) {
-        memcpy(dst, src, (size_t)(rows * cols) * whale_dtype_size(dt));
-        return;
-    }
     enum { BLOCK = 64 };
     int64_t nblocks = (rows + BLOCK - 1) / BLOCK;
-    size_t ssz = whale_dtype_size(sdt), dsz = whale_dtype_size(dt);
+    size_t row_bytes = (size_t)cols * whale_dtype_size(sdt);
 #pragma omp parallel
     {
-        float *tmp = sdt == WHALE_F32 ? NULL : whale_alloc(sizeof(float) * BLOCK * (size_t)cols);
-#pragma omp for schedule(dynamic, 4)
-        for (int64_t b = 0; b < nblocks; b++) {
-            if (sdt != WHALE_F32 && !tmp) continue;
+        float *tmp = sdt == WHALE_F32 || sdt == dt ? NULL : whale_alloc(sizeof(float) * BLOCK * (size_t)cols);
+        int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        int64_t b0 = nblocks * t / nt, b1 = nblocks * (t + 1) / nt;
+        const char *done = (const char *)src + (size_t)(b0 * BLOCK) * row_bytes; /* released up to */
+        for (int64_t b = b0; b < b1 && (tmp || sdt == WHALE_F32 || sdt == dt); b++) {
             int64_t r0 = b * BLOCK, n = rows - r0 < BLOCK ? rows - r0 : BLOCK;
-            size_t off = (size_t)(r0 * cols), cnt = (size_t)(n * cols);
-            const char *sb = (const char *)src + off * ssz;
-            const float *f = (const float *)sb;
-            if (sdt == dt) {
-                memcpy((char *)dst + off * dsz, sb, cnt * dsz);
-            } else {
-                if (sdt == WHALE_BF16) whale_bf16_to_f32(tmp, sb, cnt);
-                else if (sdt == WHALE_F16) whale_f16_to_f32(tmp, sb, cnt);
-                if (sdt != WHALE_F32) f = tmp;
-                if (dt == WHALE_BF16) whale_f32_to_bf16_rows((uint16_t *)dst + off, f, cnt);
-                else if (dt == WHALE_F16) whale_f32_to_f16_rows((uint16_t *)dst + off, f, cnt);
-                else whale_quantize_q8_rows((int8_t *)dst + off, scale + r0, f, (int)n, (int)cols);
-            }
-            if (release_src) release_pages(sb, cnt * ssz);
+            const char *sb = (const char *)src + (size_t)r0 * row_bytes;
+            convert_block(dst, scale, dt, sb, sdt, tmp, r0, n, cols);
+            if (release_src) done = release_pages(done, sb + (size_t)n * row_bytes);
         }
         free(tmp);
     }
+}
+
+void whale_convert_checkpoint(void *dst, whale_dtype dt, const void *src, whale_dtype sdt, int64_t rows,
+                              int64_t cols) {
+    convert_rows(dst, NULL, dt, src, sdt, rows, cols, 1);
 }
 
 static size_t copy_bytes(whale_dtype dt, int64_t rows, int64_t cols) {
