@@ -30,6 +30,9 @@ inference under torch.no_grad().  Measurements, in the spirit of llama-bench:
   forward   batch 4 x seq 256, logits for every position (what training and
             loss evaluation compute)
   prefill   batch 1 x 512 tokens, logits for the last position only
+  train     one forward + backward of 4 x 256 tokens (with --autocast bf16:
+            under torch.autocast("cpu", dtype=torch.bfloat16), the mixed
+            precision recipe the bf16 comparison uses)
   decode    generate --gen tokens greedily starting from a context of 128
             and of 1024 tokens; the model has no KV cache, so every token
             recomputes the whole sequence (last-position logits only)
@@ -105,6 +108,8 @@ def main():
     ap.add_argument("--what", default="forward,prefill,decode,train")
     ap.add_argument("--contexts", default="128,1024", help="decode start contexts")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--autocast", choices=["bf16"], default=None,
+                    help="train: the step under torch.autocast('cpu', dtype=torch.bfloat16)")
     args = ap.parse_args()
 
     global torch, ref
@@ -157,10 +162,15 @@ def main():
 
         def step():
             model.zero_grad(set_to_none=True)
-            model(ids, labels=ids)["loss"].backward()
+            if args.autocast:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = model(ids, labels=ids)["loss"]
+            else:
+                loss = model(ids, labels=ids)["loss"]
+            loss.backward()
 
         s = timed(step, args.reps)
-        emit("train", 4, 256, 0, args.threads, s)
+        emit("train" + ("-autocast-bf16" if args.autocast else ""), 4, 256, 0, args.threads, s)
 
 
 if __name__ == "__main__":

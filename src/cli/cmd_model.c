@@ -374,10 +374,6 @@ int cmd_generate(int argc, char **argv) {
         stop[n_stop++] = whale_tokenizer_role_id(tok, WHALE_TOKEN_EOS);
 
     gen_printer pr = {detok, 0, &err, 0, nan};
-    whale_memory mm;
-    whale_memory_of_model(m, &mm);
-    whale_memory_add_session(&mm, s);
-    whale_memory_print_line(&mm, stderr);
     whale_gen_stats st;
     int n_ids = n_prompt;
     whale_code gc = whale_generate(s, sm, ids, &n_ids, cap, (int)n_new, stop, n_stop, print_token, &pr, &st, &err);
@@ -393,6 +389,11 @@ int cmd_generate(int argc, char **argv) {
             "whale: seed %llu; prompt %d tokens in %.1f ms (%.1f tokens/s); generated %d tokens in %.1f ms (%.1f tokens/s)\n",
             (unsigned long long)sp.seed, st.prompt_tokens, st.prompt_seconds * 1e3, st.prompt_tokens / (st.prompt_seconds > 0 ? st.prompt_seconds : 1e-9),
             st.generated, st.gen_seconds * 1e3, st.generated > 1 ? (st.generated - 1) / st.gen_seconds : 0.0);
+    whale_memory mm;
+    whale_memory_of_model(m, &mm);
+    whale_memory_add_session(&mm, s);
+    fprintf(stderr, "whale: ");
+    whale_memory_print_line(&mm, stderr);
     fprintf(stderr, "whale: peak resident memory %.1f MiB\n", whale_peak_rss() / 1048576.0);
     goto out;
 fail:

@@ -25,7 +25,7 @@ static const char usage_text[] =
     "  train     --init PRESET|DIR --data DIR --out DIR            train (or resume) a model\n"
     "  eval      -m DIR --data DIR                                 validation loss and perplexity\n"
     "  export    -m DIR --dtype bf16|fp16|fp32 --out DIR           checkpoint in another dtype\n"
-    "  precision-report -m DIR --ids FILE                          each precision against fp32\n"
+    "  precision-report -m DIR (--ids FILE | --data DIR) [--steps N]  fp32, bf16, fp16, int8 side by side\n"
     "  plot      RUN... --out loss.svg                             loss curves as SVG\n"
     "  tokenize  -m DIR \"text\" | --file F [--show]                text to token ids\n"
     "  detokenize -m DIR --ids 1,2,3 [--skip-special]                token ids to text\n"

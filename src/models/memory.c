@@ -144,7 +144,9 @@ void whale_memory_print(const whale_memory *mm, FILE *f) {
     snprintf(buf, sizeof buf, "%lld parameters, %lld trainable", (long long)mm->params, (long long)mm->trainable);
     fprintf(f, "memory (%s products; %s):\n", dn, buf);
     line(f, "weights fp32", mm->weights_f32,
-         mm->weights_lowp || mm->weights_mapped ? (mm->trainable ? "master weights" : "norms, gate, hyper-connections") : NULL);
+         mm->weights_lowp || mm->weights_mapped
+             ? (mm->trainable && !mm->adapters ? "master weights" : "norms, gate, hyper-connections")
+             : NULL);
     if (mm->weights_lowp) {
         snprintf(buf, sizeof buf, "%s copies of the product weights", dn);
         line(f, "weights low precision", mm->weights_lowp, buf);
