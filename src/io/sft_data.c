@@ -1,0 +1,853 @@
+/* SFT data (whale_sft.h): JSONL chat records → the chat template's tokens and
+ * loss mask → samples cut to max_length → rows of S tokens (one sample each,
+ * or packed) → batches in a shuffled order that a data cursor reproduces. */
+#include "whale_sft.h"
+
+#include "core/core.h"
+
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PH_NAME "{{NAME}}"
+#define PH_AUTHOR "{{AUTHOR}}"
+
+typedef struct {
+    int64_t off;  /* into ds->ids / ds->train */
+    int32_t n;
+    int32_t file; /* into ds->files */
+    int64_t line;
+    int truncated;
+} sample_rec;
+
+struct whale_sft_dataset {
+    const whale_tokenizer *tok;
+    char **files;
+    int n_files;
+    int32_t *ids;
+    uint8_t *train;
+    int64_t n_tok, cap_tok;
+    sample_rec *s;
+    int64_t n_s, cap_s;
+    whale_sft_stats st;
+    int32_t pad;
+    int packing;
+    /* the rows for plan_S (0 = none yet); packed rows list their samples in
+     * row_samp[row_off[r] .. row_off[r+1]) */
+    int plan_S;
+    int64_t n_rows;
+    int64_t *row_off, *row_samp;
+};
+
+/* ------------------------------------------------------------ options */
+
+whale_sft_opts whale_sft_defaults(void) {
+    whale_sft_opts o;
+    memset(&o, 0, sizeof o);
+    o.loss_scope = WHALE_SFT_LOSS_ASSISTANT;
+    o.truncation = WHALE_SFT_TRUNC_DELETE;
+    o.bad_records = WHALE_SFT_BAD_FAIL;
+    return o;
+}
+
+static whale_code from_name(const char *what, const char *name, const char *const *names, int n, int *out,
+                            whale_err *err) {
+    for (int i = 0; i < n; i++)
+        if (name && !strcmp(name, names[i])) {
+            *out = i;
+            return WHALE_OK;
+        }
+    char list[128] = "";
+    for (int i = 0; i < n; i++) {
+        size_t l = strlen(list);
+        snprintf(list + l, sizeof list - l, "%s%s", i ? (i == n - 1 ? " or " : ", ") : "", names[i]);
+    }
+    return whale_errf(err, WHALE_ERR_ARG, "%s: unknown value \"%.64s\" (expected %s)", what, name ? name : "(null)",
+                      list);
+}
+
+whale_code whale_sft_loss_scope_from_name(const char *name, whale_sft_loss_scope *out, whale_err *err) {
+    static const char *const names[] = {"assistant", "all"};
+    int v;
+    whale_code rc = from_name("loss scope", name, names, 2, &v, err);
+    if (!rc) *out = (whale_sft_loss_scope)v;
+    return rc;
+}
+
+whale_code whale_sft_truncation_from_name(const char *name, whale_sft_truncation *out, whale_err *err) {
+    static const char *const names[] = {"delete", "left", "right"};
+    int v;
+    whale_code rc = from_name("truncation strategy", name, names, 3, &v, err);
+    if (!rc) *out = (whale_sft_truncation)v;
+    return rc;
+}
+
+whale_code whale_sft_bad_policy_from_name(const char *name, whale_sft_bad_policy *out, whale_err *err) {
+    static const char *const names[] = {"fail", "skip"};
+    int v;
+    whale_code rc = from_name("bad record policy", name, names, 2, &v, err);
+    if (!rc) *out = (whale_sft_bad_policy)v;
+    return rc;
+}
+
+/* ------------------------------------------------------------ placeholders */
+
+/* The value for a language (0 = Chinese, 1 = English), or the other one. */
+static const char *pick(const char *const pair[2], int lang) {
+    if (pair[lang] && *pair[lang]) return pair[lang];
+    if (pair[1 - lang] && *pair[1 - lang]) return pair[1 - lang];
+    return NULL;
+}
+
+static size_t count_str(const char *s, const char *needle) {
+    size_t k = 0, nl = strlen(needle);
+    for (const char *p = strstr(s, needle); p; p = strstr(p + nl, needle)) k++;
+    return k;
+}
+
+/* *out = s with the placeholders filled (malloc'd), or NULL when s has none. */
+static whale_code fill(const char *s, int lang, const whale_sft_opts *o, char **out, whale_err *err) {
+    *out = NULL;
+    size_t kn = count_str(s, PH_NAME), ka = count_str(s, PH_AUTHOR);
+    if (!kn && !ka) return WHALE_OK;
+    const char *name = pick(o->model_name, lang), *author = pick(o->model_author, lang);
+    if (kn && !name)
+        return whale_errf(err, WHALE_ERR_ARG, "%s needs the model's name (model_name, --model-name)", PH_NAME);
+    if (ka && !author)
+        return whale_errf(err, WHALE_ERR_ARG, "%s needs the model's author (model_author, --model-author)", PH_AUTHOR);
+    size_t len = strlen(s) + kn * (name ? strlen(name) : 0) + ka * (author ? strlen(author) : 0);
+    char *d = malloc(len + 1), *w = d;
+    if (!d) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory filling placeholders");
+    for (const char *p = s; *p;) {
+        if (!strncmp(p, PH_NAME, sizeof PH_NAME - 1)) {
+            w = stpcpy(w, name);
+            p += sizeof PH_NAME - 1;
+        } else if (!strncmp(p, PH_AUTHOR, sizeof PH_AUTHOR - 1)) {
+            w = stpcpy(w, author);
+            p += sizeof PH_AUTHOR - 1;
+        } else {
+            *w++ = *p++;
+        }
+    }
+    *w = 0;
+    *out = d;
+    return WHALE_OK;
+}
+
+static int tag_lang(const char *tag) { return tag && !strcmp(tag, "zh") ? 0 : 1; }
+
+whale_code whale_sft_fill_placeholders(const char *text, const char *tag, const whale_sft_opts *opts, char **out,
+                                       whale_err *err) {
+    if (!text || !opts || !out) return whale_errf(err, WHALE_ERR_ARG, "whale_sft_fill_placeholders: NULL argument");
+    whale_code rc = fill(text, tag_lang(tag), opts, out, err);
+    if (!rc && !*out && !(*out = strdup(text))) rc = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    return rc;
+}
+
+/* ------------------------------------------------------------ one record */
+
+/* The messages of one record: contents point into the parsed JSON or into
+ * strings the record owns. */
+typedef struct {
+    whale_chat_message *m;
+    int n, cap;
+    char **owned;
+    int n_owned, cap_owned;
+    whale_chat_message *parsed; /* from whale_chat_parse_json */
+    cJSON *root;                /* the parsed line: the other contents point into it */
+    int fatal;                  /* the error is not the record's fault: never skipped */
+} rec;
+
+static void rec_reset(rec *r) {
+    for (int i = 0; i < r->n_owned; i++) free(r->owned[i]);
+    free(r->parsed);
+    cJSON_Delete(r->root);
+    r->parsed = NULL;
+    r->root = NULL;
+    r->n = r->n_owned = 0;
+    r->fatal = 0;
+}
+
+static void rec_free(rec *r) {
+    rec_reset(r);
+    free(r->m);
+    free(r->owned);
+}
+
+static whale_code oom(rec *r, whale_err *err) {
+    r->fatal = 1;
+    return whale_errf(err, WHALE_ERR_NOMEM, "out of memory reading SFT records");
+}
+
+static whale_code rec_push(rec *r, const char *role, const char *content, whale_err *err) {
+    if (r->n == r->cap) {
+        int cap = r->cap ? 2 * r->cap : 16;
+        whale_chat_message *m = realloc(r->m, (size_t)cap * sizeof *m);
+        if (!m) return oom(r, err);
+        r->m = m;
+        r->cap = cap;
+    }
+    r->m[r->n++] = (whale_chat_message){role, content};
+    return WHALE_OK;
+}
+
+/* Keep s (malloc'd) until the record is done. */
+static whale_code rec_own(rec *r, char *s, whale_err *err) {
+    if (r->n_owned == r->cap_owned) {
+        int cap = r->cap_owned ? 2 * r->cap_owned : 16;
+        char **o = realloc(r->owned, (size_t)cap * sizeof *o);
+        if (!o) {
+            free(s);
+            return oom(r, err);
+        }
+        r->owned = o;
+        r->cap_owned = cap;
+    }
+    r->owned[r->n_owned++] = s;
+    return WHALE_OK;
+}
+
+static int blank(const char *s) {
+    for (; *s; s++)
+        if (!(*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r' || *s == '\f' || *s == '\v')) return 0;
+    return 1;
+}
+
+/* A field that may be absent or null (→ NULL) or else must be a string. */
+static whale_code opt_string(const cJSON *o, const char *key, const char **out, whale_err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    *out = NULL;
+    if (!v || cJSON_IsNull(v)) return WHALE_OK;
+    if (!cJSON_IsString(v)) return whale_errf(err, WHALE_ERR_FORMAT, "\"%s\": not a string", key);
+    *out = v->valuestring;
+    return WHALE_OK;
+}
+
+static whale_code req_string(const cJSON *o, const char *key, const char **out, whale_err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return whale_errf(err, WHALE_ERR_FORMAT, "\"%s\": missing", key);
+    if (!cJSON_IsString(v)) return whale_errf(err, WHALE_ERR_FORMAT, "\"%s\": not a string", key);
+    *out = v->valuestring;
+    return WHALE_OK;
+}
+
+static whale_code check_role(const char *role, int i, whale_err *err) {
+    static const char *const tools[] = {"tool", "ipython", "function", "tool_call", "tool_response",
+                                        "function_call", "observation"};
+    if (!strcmp(role, "system") || !strcmp(role, "user") || !strcmp(role, "assistant")) return WHALE_OK;
+    for (size_t k = 0; k < sizeof tools / sizeof tools[0]; k++)
+        if (!strcmp(role, tools[k]))
+            return whale_errf(err, WHALE_ERR_UNSUPPORTED,
+                              "messages[%d]: role \"%s\": tool messages are not supported by the native chat "
+                              "templates (system, user and assistant only)", i, role);
+    return whale_errf(err, WHALE_ERR_FORMAT, "messages[%d]: unknown role \"%.64s\" (expected system, user or assistant)",
+                      i, role);
+}
+
+/* {"messages": [...], "system"?} */
+static whale_code messages_shape(rec *r, const cJSON *root, const char *line, size_t len, whale_err *err) {
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    if (!cJSON_IsArray(arr)) return whale_errf(err, WHALE_ERR_FORMAT, "\"messages\": not an array");
+    if (!arr->child) return whale_errf(err, WHALE_ERR_FORMAT, "\"messages\": empty");
+    const char *system;
+    whale_code rc = opt_string(root, "system", &system, err);
+    if (rc) return rc;
+    /* the project's one reader of JSON messages: same refusals as `whale chat` */
+    whale_chat_message *m;
+    int n;
+    if ((rc = whale_chat_parse_json(line, len, &m, &n, err))) {
+        if (rc == WHALE_ERR_NOMEM) r->fatal = 1;
+        return rc;
+    }
+    r->parsed = m;
+    for (int i = 0; i < n; i++) {
+        if ((rc = check_role(m[i].role, i, err))) return rc;
+        if (!strcmp(m[i].role, "assistant") && blank(m[i].content))
+            return whale_errf(err, WHALE_ERR_FORMAT, "messages[%d]: empty assistant content", i);
+    }
+    if (strcmp(m[n - 1].role, "assistant"))
+        return whale_errf(err, WHALE_ERR_FORMAT,
+                          "messages[%d]: the conversation ends with a %s message, not the assistant's (nothing to "
+                          "train on after it)", n - 1, m[n - 1].role);
+    if (system && strcmp(m[0].role, "system") && (rc = rec_push(r, "system", system, err))) return rc;
+    for (int i = 0; i < n && !rc; i++) rc = rec_push(r, m[i].role, m[i].content, err);
+    return rc;
+}
+
+/* [system] + history pairs + the query and its response (ms-swift's
+ * history_to_messages). */
+static whale_code history_shape(rec *r, const cJSON *root, const char *query, const char *response,
+                                const char *resp_key, whale_err *err) {
+    const char *system;
+    whale_code rc = opt_string(root, "system", &system, err);
+    if (rc) return rc;
+    if (blank(response)) return whale_errf(err, WHALE_ERR_FORMAT, "\"%s\": empty", resp_key);
+    const cJSON *h = cJSON_GetObjectItemCaseSensitive(root, "history");
+    if (h && !cJSON_IsNull(h) && !cJSON_IsArray(h))
+        return whale_errf(err, WHALE_ERR_FORMAT, "\"history\": not an array of [query, response] pairs");
+    if (system && (rc = rec_push(r, "system", system, err))) return rc;
+    int k = 0;
+    for (const cJSON *p = h && cJSON_IsArray(h) ? h->child : NULL; p; p = p->next, k++) {
+        const cJSON *q = cJSON_IsArray(p) ? p->child : NULL, *a = q ? q->next : NULL;
+        if (!cJSON_IsArray(p) || cJSON_GetArraySize(p) != 2 || !cJSON_IsString(q) || !cJSON_IsString(a))
+            return whale_errf(err, WHALE_ERR_FORMAT, "history[%d]: not a [query, response] pair of strings", k);
+        if (blank(a->valuestring)) return whale_errf(err, WHALE_ERR_FORMAT, "history[%d][1]: empty response", k);
+        if ((rc = rec_push(r, "user", q->valuestring, err)) || (rc = rec_push(r, "assistant", a->valuestring, err)))
+            return rc;
+    }
+    if ((rc = rec_push(r, "user", query, err))) return rc;
+    return rec_push(r, "assistant", response, err);
+}
+
+/* {"query", "response", "system"?, "history"?} */
+static whale_code query_shape(rec *r, const cJSON *root, whale_err *err) {
+    const char *q, *a;
+    whale_code rc;
+    if ((rc = req_string(root, "query", &q, err)) || (rc = req_string(root, "response", &a, err))) return rc;
+    return history_shape(r, root, q, a, "response", err);
+}
+
+/* Alpaca: {"instruction", "input"?, "output"}; the query as ms-swift's
+ * AlpacaPreprocessor makes it. */
+static whale_code alpaca_shape(rec *r, const cJSON *root, whale_err *err) {
+    const char *ins, *in, *out;
+    whale_code rc;
+    if ((rc = opt_string(root, "instruction", &ins, err)) || (rc = opt_string(root, "input", &in, err)) ||
+        (rc = req_string(root, "output", &out, err)))
+        return rc;
+    if (!ins && !in) return whale_errf(err, WHALE_ERR_FORMAT, "\"instruction\": missing");
+    const char *q;
+    if (ins && *ins && in && *in) {
+        size_t a = strlen(ins), b = strlen(in);
+        char *s = malloc(a + b + 2);
+        if (!s) return oom(r, err);
+        memcpy(s, ins, a);
+        s[a] = '\n';
+        memcpy(s + a + 1, in, b + 1);
+        if ((rc = rec_own(r, s, err))) return rc;
+        q = s;
+    } else {
+        q = ins && *ins ? ins : in ? in : "";
+    }
+    return history_shape(r, root, q, out, "output", err);
+}
+
+/* Byte offset of the first invalid UTF-8 sequence, or n. */
+static size_t utf8_invalid(const unsigned char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        int k;
+        uint32_t cp, min;
+        if (c >= 0xC2 && c <= 0xDF) k = 1, cp = c & 0x1F, min = 0x80;
+        else if ((c & 0xF0) == 0xE0) k = 2, cp = c & 0x0F, min = 0x800;
+        else if (c >= 0xF0 && c <= 0xF4) k = 3, cp = c & 0x07, min = 0x10000;
+        else return i;
+        if (n - i <= (size_t)k) return i;
+        for (int j = 1; j <= k; j++) {
+            if ((s[i + j] & 0xC0) != 0x80) return i;
+            cp = cp << 6 | (s[i + j] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+        i += (size_t)k + 1;
+    }
+    return n;
+}
+
+/* Does the JSON text escape a NUL? cJSON would end the string there. */
+static int escapes_nul(const char *s, size_t n) {
+    for (size_t i = 0; i + 1 < n; i++)
+        if (s[i] == '\\') {
+            if (s[i + 1] == 'u' && i + 5 < n && !memcmp(s + i + 2, "0000", 4)) return 1;
+            i++; /* the escaped character (\\ included) */
+        }
+    return 0;
+}
+
+static int has(const cJSON *o, const char *key) { return cJSON_GetObjectItemCaseSensitive(o, key) != NULL; }
+
+/* The messages of the JSONL line [s, s+n). */
+static whale_code parse_record(rec *r, const whale_sft_opts *o, const char *s, size_t n, whale_err *err) {
+    size_t bad = utf8_invalid((const unsigned char *)s, n);
+    if (bad < n) return whale_errf(err, WHALE_ERR_FORMAT, "invalid UTF-8 at byte %zu", bad + 1);
+    if (escapes_nul(s, n))
+        return whale_errf(err, WHALE_ERR_FORMAT, "a string holds \\u0000 (NUL), which cannot be a chat message");
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(s, n, &end, 0);
+    if (!root)
+        return whale_errf(err, WHALE_ERR_FORMAT, "invalid JSON (column %zu)",
+                          end && end >= s ? (size_t)(end - s) + 1 : (size_t)1);
+    r->root = root;
+    whale_code rc = WHALE_OK;
+    while (end < s + n && (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n')) end++;
+    const char *tag = NULL;
+    if (end != s + n) rc = whale_errf(err, WHALE_ERR_FORMAT, "text after the JSON value");
+    else if (!cJSON_IsObject(root)) rc = whale_errf(err, WHALE_ERR_FORMAT, "expected a JSON object");
+    else rc = opt_string(root, "tag", &tag, err);
+    if (!rc) {
+        if (has(root, "messages")) rc = messages_shape(r, root, s, n, err);
+        else if (has(root, "query") || has(root, "response"))
+            rc = query_shape(r, root, err);
+        else if (has(root, "instruction") || has(root, "output"))
+            rc = alpaca_shape(r, root, err);
+        else
+            rc = whale_errf(err, WHALE_ERR_FORMAT,
+                            "no \"messages\", \"query\"/\"response\" or \"instruction\"/\"output\" field");
+    }
+    if (!rc && o->system) {
+        int has_system = 0;
+        for (int i = 0; i < r->n; i++) has_system |= !strcmp(r->m[i].role, "system");
+        if (!has_system && (rc = rec_push(r, "system", o->system, err)) == WHALE_OK) {
+            memmove(r->m + 1, r->m, (size_t)(r->n - 1) * sizeof *r->m);
+            r->m[0] = (whale_chat_message){"system", o->system};
+        }
+    }
+    /* self-cognition: a tagged record gets its placeholders filled */
+    for (int i = 0; !rc && tag && i < r->n; i++) {
+        char *f;
+        rc = fill(r->m[i].content, tag_lang(tag), o, &f, err);
+        if (rc) r->fatal = 1;
+        else if (f && !(rc = rec_own(r, f, err))) r->m[i].content = f;
+    }
+    return rc;
+}
+
+/* ------------------------------------------------------------ opening */
+
+void whale_sft_dataset_free(whale_sft_dataset *ds) {
+    if (!ds) return;
+    for (int i = 0; i < ds->n_files; i++) free(ds->files[i]);
+    free(ds->files);
+    free(ds->ids);
+    free(ds->train);
+    free(ds->s);
+    free(ds->row_off);
+    free(ds->row_samp);
+    free(ds);
+}
+
+/* Append a sample of n tokens (ids and train flags). */
+static int add_sample(whale_sft_dataset *ds, const int32_t *ids, const uint8_t *train, int n, int file, int64_t line,
+                      int truncated) {
+    if (ds->n_tok + n > ds->cap_tok) {
+        int64_t cap = ds->cap_tok ? ds->cap_tok : 1 << 16;
+        while (cap < ds->n_tok + n) cap *= 2;
+        int32_t *i2 = realloc(ds->ids, (size_t)cap * sizeof *i2);
+        if (!i2) return 0;
+        ds->ids = i2;
+        uint8_t *t2 = realloc(ds->train, (size_t)cap);
+        if (!t2) return 0;
+        ds->train = t2;
+        ds->cap_tok = cap;
+    }
+    if (ds->n_s == ds->cap_s) {
+        int64_t cap = ds->cap_s ? 2 * ds->cap_s : 1024;
+        sample_rec *s2 = realloc(ds->s, (size_t)cap * sizeof *s2);
+        if (!s2) return 0;
+        ds->s = s2;
+        ds->cap_s = cap;
+    }
+    memcpy(ds->ids + ds->n_tok, ids, (size_t)n * sizeof *ids);
+    memcpy(ds->train + ds->n_tok, train, (size_t)n);
+    ds->s[ds->n_s++] = (sample_rec){ds->n_tok, n, file, line, truncated};
+    ds->n_tok += n;
+    return 1;
+}
+
+/* Turn one record's tokens into a sample (or count why not). */
+static whale_code take_sample(whale_sft_dataset *ds, const whale_sft_opts *o, int32_t *ids, uint8_t *mask, int n,
+                              int file, int64_t line, whale_err *err) {
+    int start = 0, cut = 0;
+    if (o->max_length > 0 && n > o->max_length) {
+        if (o->truncation == WHALE_SFT_TRUNC_DELETE) {
+            ds->st.deleted++;
+            return WHALE_OK;
+        }
+        if (o->truncation == WHALE_SFT_TRUNC_LEFT) start = n - o->max_length;
+        n = o->max_length;
+        cut = 1;
+    }
+    if (o->loss_scope == WHALE_SFT_LOSS_ALL) memset(mask + start, 1, (size_t)n);
+    mask[start] = 0; /* nothing before a sample's first token predicts it */
+    int64_t trained = 0;
+    for (int i = 0; i < n; i++) trained += mask[start + i] != 0;
+    if (!trained) {
+        ds->st.untrained++;
+        return WHALE_OK;
+    }
+    if (!add_sample(ds, ids + start, mask + start, n, file, line, cut))
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory holding %" PRId64 " SFT tokens", ds->n_tok + n);
+    ds->st.samples++;
+    ds->st.truncated += cut;
+    ds->st.tokens += n;
+    ds->st.trained_tokens += trained;
+    if (n > ds->st.max_sample_tokens) ds->st.max_sample_tokens = n;
+    return WHALE_OK;
+}
+
+/* Every record of one file. */
+static whale_code read_file(whale_sft_dataset *ds, whale_tokenizer *tok, whale_chat_format fmt,
+                            const whale_sft_opts *o, int fi, rec *r, whale_err *err) {
+    const char *path = ds->files[fi];
+    char *buf;
+    size_t size;
+    whale_code rc = whale_read_file(path, &buf, &size, err);
+    if (rc) return rc;
+    size_t pos = 0;
+    if (size >= 3 && !memcmp(buf, "\xEF\xBB\xBF", 3)) pos = 3; /* a BOM is not part of the first record */
+    int64_t line = 0;
+    while (!rc && pos < size) {
+        const char *s = buf + pos;
+        const char *nl = memchr(s, '\n', size - pos);
+        size_t n = nl ? (size_t)(nl - s) : size - pos;
+        pos += n + (nl != NULL);
+        line++;
+        if (n && s[n - 1] == '\r') n--;
+        size_t k = 0;
+        while (k < n && (s[k] == ' ' || s[k] == '\t' || s[k] == '\r' || s[k] == '\f' || s[k] == '\v')) k++;
+        if (k == n) continue; /* blank lines are not records */
+        ds->st.records++;
+
+        whale_err e;
+        rec_reset(r);
+        whale_code bad = parse_record(r, o, s, n, &e);
+        int32_t *ids = NULL;
+        uint8_t *mask = NULL;
+        int n_ids = 0;
+        if (!bad) {
+            bad = whale_chat_encode(tok, fmt, r->m, r->n, 0, &ids, &mask, &n_ids, &e);
+            if (bad == WHALE_ERR_NOMEM) r->fatal = 1;
+            if (bad == WHALE_ERR_ARG) bad = WHALE_ERR_FORMAT; /* the record's messages, not the caller's */
+        }
+        if (bad && (r->fatal || o->bad_records == WHALE_SFT_BAD_FAIL)) {
+            rc = whale_errf(err, bad, "%s:%" PRId64 ": %s", path, line, e.msg);
+        } else if (bad) {
+            if (ds->st.skipped++ == 0)
+                snprintf(ds->st.first_bad, sizeof ds->st.first_bad, "%.200s:%" PRId64 ": %.280s", path, line,
+                         e.msg);
+        } else {
+            rc = take_sample(ds, o, ids, mask, n_ids, fi, line, err);
+        }
+        free(ids);
+        free(mask);
+    }
+    rec_reset(r);
+    free(buf);
+    return rc;
+}
+
+static int32_t pad_id(const whale_tokenizer *tok, whale_chat_format fmt) {
+    int32_t id = whale_tokenizer_role_id(tok, WHALE_TOKEN_PAD);
+    if (id < 0) id = whale_tokenizer_role_id(tok, WHALE_TOKEN_EOS);
+    if (id < 0 && whale_chat_stop_ids(tok, fmt, &id, 1) < 1) id = -1;
+    return id < 0 ? 0 : id;
+}
+
+whale_code whale_sft_dataset_open(const char *const *files, int n_files, whale_tokenizer *tok,
+                                  whale_chat_format fmt, const whale_sft_opts *opts,
+                                  whale_sft_dataset **out, whale_err *err) {
+    if (!out || !tok) return whale_errf(err, WHALE_ERR_ARG, "whale_sft_dataset_open: NULL argument");
+    *out = NULL;
+    if (!files || n_files < 1) return whale_errf(err, WHALE_ERR_ARG, "SFT data: no input files");
+    for (int i = 0; i < n_files; i++)
+        if (!files[i]) return whale_errf(err, WHALE_ERR_ARG, "SFT data: input file %d is NULL", i);
+    whale_sft_opts o = opts ? *opts : whale_sft_defaults();
+    if (o.max_length < 0) return whale_errf(err, WHALE_ERR_ARG, "SFT data: max_length %d is negative", o.max_length);
+    if ((unsigned)o.loss_scope > WHALE_SFT_LOSS_ALL || (unsigned)o.truncation > WHALE_SFT_TRUNC_RIGHT ||
+        (unsigned)o.bad_records > WHALE_SFT_BAD_SKIP)
+        return whale_errf(err, WHALE_ERR_ARG, "SFT data: loss scope, truncation or bad record policy out of range");
+
+    whale_sft_dataset *ds = calloc(1, sizeof *ds);
+    if (!ds || !(ds->files = calloc((size_t)n_files, sizeof *ds->files))) {
+        free(ds);
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    }
+    ds->tok = tok;
+    ds->packing = o.packing != 0;
+    ds->pad = pad_id(tok, fmt);
+    whale_code rc = WHALE_OK;
+    for (int i = 0; i < n_files && !rc; i++) {
+        if (!(ds->files[i] = strdup(files[i]))) rc = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+        ds->n_files = i + 1;
+    }
+    rec r = {0};
+    for (int i = 0; i < n_files && !rc; i++) rc = read_file(ds, tok, fmt, &o, i, &r, err);
+    rec_free(&r);
+    if (!rc && ds->n_s == 0) {
+        const whale_sft_stats *st = &ds->st;
+        rc = whale_errf(err, WHALE_ERR_FORMAT,
+                        "%s%s: no usable SFT sample: %" PRId64 " records, %" PRId64 " skipped as malformed, %" PRId64
+                        " longer than max_length %d deleted, %" PRId64 " left without a trained token",
+                        files[0], n_files > 1 ? " …" : "", st->records, st->skipped, st->deleted, o.max_length,
+                        st->untrained);
+    }
+    if (rc) {
+        whale_sft_dataset_free(ds);
+        return rc;
+    }
+    *out = ds;
+    return WHALE_OK;
+}
+
+int64_t whale_sft_dataset_num_samples(const whale_sft_dataset *ds) { return ds ? ds->n_s : 0; }
+
+void whale_sft_dataset_stats(const whale_sft_dataset *ds, whale_sft_stats *st) {
+    if (ds) *st = ds->st;
+    else memset(st, 0, sizeof *st);
+}
+
+int32_t whale_sft_dataset_pad_id(const whale_sft_dataset *ds) { return ds ? ds->pad : 0; }
+
+/* ------------------------------------------------------------ samples */
+
+whale_code whale_sft_dataset_sample(const whale_sft_dataset *ds, int64_t i, whale_sft_sample *out, whale_err *err) {
+    if (!ds || !out) return whale_errf(err, WHALE_ERR_ARG, "whale_sft_dataset_sample: NULL argument");
+    if (i < 0 || i >= ds->n_s)
+        return whale_errf(err, WHALE_ERR_RANGE, "SFT sample %" PRId64 " is outside the %" PRId64 " samples", i, ds->n_s);
+    const sample_rec *s = &ds->s[i];
+    out->ids = ds->ids + s->off;
+    out->train = ds->train + s->off;
+    out->n = s->n;
+    out->file = ds->files[s->file];
+    out->line = s->line;
+    out->truncated = s->truncated;
+    return WHALE_OK;
+}
+
+whale_code whale_sft_sample_text(const whale_sft_dataset *ds, int64_t i, char **text, size_t *len,
+                                 uint8_t **byte_mask, whale_err *err) {
+    whale_sft_sample s;
+    if (!text || !len) return whale_errf(err, WHALE_ERR_ARG, "whale_sft_sample_text: NULL argument");
+    whale_code rc = whale_sft_dataset_sample(ds, i, &s, err);
+    if (rc) return rc;
+    size_t total = 0, tl;
+    for (int k = 0; k < s.n; k++)
+        if (whale_tokenizer_token_bytes(ds->tok, s.ids[k], &tl)) total += tl;
+    char *t = malloc(total + 1);
+    uint8_t *m = byte_mask ? malloc(total + 1) : NULL;
+    if (!t || (byte_mask && !m)) {
+        free(t);
+        free(m);
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory for the text of SFT sample %" PRId64, i);
+    }
+    size_t at = 0;
+    for (int k = 0; k < s.n; k++) {
+        const char *b = whale_tokenizer_token_bytes(ds->tok, s.ids[k], &tl);
+        if (!b) continue;
+        memcpy(t + at, b, tl);
+        if (m) memset(m + at, s.train[k], tl);
+        at += tl;
+    }
+    t[at] = 0;
+    *text = t;
+    *len = at;
+    if (byte_mask) *byte_mask = m;
+    return WHALE_OK;
+}
+
+/* ------------------------------------------------------------ packing */
+
+/* Counts of rows by free space, in a segment tree over 0..P-1 (leaves at
+ * P + c): finding the smallest free space that still fits a sample is
+ * O(log S). */
+static void tree_add(int64_t *cnt, int64_t P, int64_t c, int64_t d) {
+    for (int64_t node = P + c; node >= 1; node >>= 1) cnt[node] += d;
+}
+
+static int64_t tree_first_at_least(const int64_t *cnt, int64_t P, int64_t lo) {
+    if (lo >= P) return -1;
+    int64_t node = P + lo;
+    if (cnt[node]) return lo;
+    for (;;) {
+        while (node & 1) { /* a right child: go up until a right sibling exists */
+            node >>= 1;
+            if (node == 0) return -1;
+        }
+        node++;
+        if (cnt[node]) break;
+    }
+    while (node < P) { /* the leftmost non-empty leaf below */
+        node *= 2;
+        if (!cnt[node]) node++;
+    }
+    return node - P;
+}
+
+typedef struct {
+    int32_t n;
+    int64_t i;
+} len_idx;
+
+static int by_length_desc(const void *a, const void *b) {
+    const len_idx *x = a, *y = b;
+    if (x->n != y->n) return x->n > y->n ? -1 : 1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/* Best fit decreasing: each sample, longest first, goes to the row with the
+ * least free space that still holds it (the row made last among equals). */
+static whale_code pack(whale_sft_dataset *ds, int S, whale_err *err) {
+    int64_t n = ds->n_s, P = 1;
+    while (P < (int64_t)S + 1) P *= 2;
+    len_idx *order = malloc((size_t)n * sizeof *order);
+    int64_t *cnt = calloc((size_t)(2 * P), sizeof *cnt);
+    int64_t *head = malloc(((size_t)S + 1) * sizeof *head);
+    int64_t *next = malloc((size_t)n * sizeof *next);
+    int64_t *row_of = malloc((size_t)n * sizeof *row_of);
+    int64_t *off = NULL, *samp = malloc((size_t)n * sizeof *samp);
+    whale_code rc = WHALE_OK;
+    if (!order || !cnt || !head || !next || !row_of || !samp) {
+        rc = whale_errf(err, WHALE_ERR_NOMEM, "out of memory packing %" PRId64 " SFT samples", n);
+        goto done;
+    }
+    for (int64_t i = 0; i < n; i++) order[i] = (len_idx){ds->s[i].n, i};
+    qsort(order, (size_t)n, sizeof *order, by_length_desc);
+    for (int i = 0; i <= S; i++) head[i] = -1;
+    int64_t rows = 0;
+    for (int64_t k = 0; k < n; k++) {
+        int64_t L = order[k].n, c = tree_first_at_least(cnt, P, L), r;
+        if (c < 0) {
+            r = rows++;
+            c = S;
+        } else {
+            r = head[c];
+            head[c] = next[r];
+            tree_add(cnt, P, c, -1);
+        }
+        row_of[order[k].i] = r;
+        int64_t left = c - L;
+        if (left > 0) { /* a full row takes nothing more */
+            next[r] = head[left];
+            head[left] = r;
+            tree_add(cnt, P, left, 1);
+        }
+    }
+    if (!(off = calloc((size_t)rows + 1, sizeof *off))) {
+        rc = whale_errf(err, WHALE_ERR_NOMEM, "out of memory packing %" PRId64 " SFT samples", n);
+        goto done;
+    }
+    /* counting sort by row keeps each row's samples in file order */
+    for (int64_t i = 0; i < n; i++) off[row_of[i] + 1]++;
+    for (int64_t r = 0; r < rows; r++) off[r + 1] += off[r];
+    for (int64_t i = 0; i < n; i++) samp[off[row_of[i]]++] = i;
+    for (int64_t r = rows; r > 0; r--) off[r] = off[r - 1];
+    off[0] = 0;
+    free(ds->row_off);
+    free(ds->row_samp);
+    ds->row_off = off;
+    ds->row_samp = samp;
+    ds->n_rows = rows;
+    off = samp = NULL;
+done:
+    free(order);
+    free(cnt);
+    free(head);
+    free(next);
+    free(row_of);
+    free(off);
+    free(samp);
+    return rc;
+}
+
+/* The rows for S (built once per S). */
+static whale_code plan(whale_sft_dataset *ds, int S, whale_err *err) {
+    if (!ds) return whale_errf(err, WHALE_ERR_ARG, "SFT data: NULL dataset");
+    if (S < 1) return whale_errf(err, WHALE_ERR_ARG, "SFT data: row length %d", S);
+    if (ds->plan_S == S) return WHALE_OK;
+    if (ds->st.max_sample_tokens > S) {
+        for (int64_t i = 0; i < ds->n_s; i++)
+            if (ds->s[i].n > S)
+                return whale_errf(err, WHALE_ERR_ARG,
+                                  "%s:%" PRId64 ": the sample has %d tokens, more than the rows of %d (set max_length "
+                                  "to at most %d)", ds->files[ds->s[i].file], ds->s[i].line, (int)ds->s[i].n, S, S);
+    }
+    if (ds->packing) {
+        whale_code rc = pack(ds, S, err);
+        if (rc) return rc;
+    } else {
+        ds->n_rows = ds->n_s;
+    }
+    ds->plan_S = S;
+    return WHALE_OK;
+}
+
+whale_code whale_sft_dataset_num_rows(whale_sft_dataset *ds, int S, int64_t *rows, whale_err *err) {
+    whale_code rc = plan(ds, S, err);
+    if (!rc && rows) *rows = ds->n_rows;
+    return rc;
+}
+
+/* Write the samples samp[0..k) of one row, then the padding. */
+static void fill_row(const whale_sft_dataset *ds, const int64_t *samp, int64_t k, int S, int32_t *ids,
+                     int32_t *labels, int32_t *pos, int32_t *seg) {
+    int t = 0;
+    for (int64_t j = 0; j < k; j++) {
+        const sample_rec *s = &ds->s[samp[j]];
+        const int32_t *si = ds->ids + s->off;
+        const uint8_t *st = ds->train + s->off;
+        int t0 = t;
+        for (int q = 0; q < s->n; q++, t++) {
+            ids[t] = si[q];
+            if (labels) labels[t] = st[q] ? si[q] : -100;
+            if (pos) pos[t] = q;
+            if (seg) seg[t] = t0;
+        }
+    }
+    for (int t0 = t; t < S; t++) { /* padding: a segment of its own, never trained */
+        ids[t] = ds->pad;
+        if (labels) labels[t] = -100;
+        if (pos) pos[t] = t - t0;
+        if (seg) seg[t] = t0;
+    }
+}
+
+whale_code whale_sft_dataset_row(whale_sft_dataset *ds, int64_t r, int S, int32_t *ids, int32_t *labels,
+                                 int32_t *pos, int32_t *seg, whale_err *err) {
+    whale_code rc = plan(ds, S, err);
+    if (rc) return rc;
+    if (!ids) return whale_errf(err, WHALE_ERR_ARG, "whale_sft_dataset_row: NULL ids");
+    if (r < 0 || r >= ds->n_rows)
+        return whale_errf(err, WHALE_ERR_RANGE, "SFT row %" PRId64 " is outside the %" PRId64 " rows of %d tokens", r,
+                          ds->n_rows, S);
+    if (ds->packing) fill_row(ds, ds->row_samp + ds->row_off[r], ds->row_off[r + 1] - ds->row_off[r], S, ids, labels,
+                              pos, seg);
+    else fill_row(ds, &r, 1, S, ids, labels, pos, seg);
+    return WHALE_OK;
+}
+
+whale_code whale_sft_next_batch(whale_sft_dataset *ds, whale_data_cursor *cur, int B, int S, whale_batch *out,
+                                whale_err *err) {
+    if (B < 1 || S < 1 || !cur || !out || !out->ids)
+        return whale_errf(err, WHALE_ERR_ARG, "SFT data: batch of %d rows of %d tokens", B, S);
+    whale_code rc = plan(ds, S, err);
+    if (rc) return rc;
+    int64_t n = ds->n_rows;
+    whale_data_cursor c = *cur;
+    if (c.windows == 0) c.windows = n;
+    if (c.windows != n || c.index < 0 || c.index > n || c.epoch < 0)
+        return whale_errf(err, WHALE_ERR_ARG,
+                          "SFT data: the data cursor (epoch %" PRId64 ", row %" PRId64 " of %" PRId64
+                          ") does not fit the %" PRId64 " rows of %d tokens: resume with the same data, options and "
+                          "sequence length", c.epoch, c.index, c.windows, n, S);
+    for (int b = 0; b < B; b++) {
+        if (c.index == n) {
+            c.epoch++;
+            c.index = 0;
+        }
+        int64_t r = whale_data_shuffle(c.seed, c.epoch, n, c.index++);
+        size_t o = (size_t)b * (size_t)S;
+        rc = whale_sft_dataset_row(ds, r, S, out->ids + o, out->labels ? out->labels + o : NULL,
+                                   out->pos ? out->pos + o : NULL, out->seg ? out->seg + o : NULL, err);
+        if (rc) return rc;
+    }
+    out->B = B;
+    out->S = S;
+    *cur = c;
+    return WHALE_OK;
+}
