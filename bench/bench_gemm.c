@@ -16,7 +16,9 @@
  * "nt_f16" whale_gemm_nt_f16 (fp16 weights), "nt_q8" whale_gemm_nt_q8
  * (int8 weights + per-row scales: a quarter of the bytes), "nn_bf16" /
  * "tn_bf16" / "nn_f16" / "tn_f16" the mixed-precision backward products
- * (B in bf16 / fp16 for nn, operands rounded per call for tn). Lines with
+ * (B in bf16 / fp16 for nn, operands rounded per call for tn), "nn_b16" /
+ * "tn_b16" the bf16 ones on operands rounded beforehand (the training
+ * step rounds a gradient once for both products). Lines with
  * "ceiling" are whale_gemm_measure_gflops_dtype (hot weights, auto path).
  *
  * The machine may be shared: run it when idle (other processes show up as
@@ -31,9 +33,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { NT, NN, TN, NT_BF16, NT_F16, NT_Q8, NN_BF16, TN_BF16, NN_F16, TN_F16 };
-static const char *const kinds[] = {"nt",    "nn",      "tn",      "nt_bf16", "nt_f16",
-                                    "nt_q8", "nn_bf16", "tn_bf16", "nn_f16",  "tn_f16"};
+enum { NT, NN, TN, NT_BF16, NT_F16, NT_Q8, NN_BF16, TN_BF16, NN_F16, TN_F16, NN_B16, TN_B16 };
+static const char *const kinds[] = {"nt",     "nn",      "tn",      "nt_bf16", "nt_f16", "nt_q8",
+                                    "nn_bf16", "tn_bf16", "nn_f16", "tn_f16",  "nn_b16", "tn_b16"};
 static const char *const paths[] = {"auto", "own", "exact", "runtime"};
 
 /* B holds 129280 x 320 floats (165 MB): the lm_head, or copies of smaller
@@ -42,6 +44,7 @@ static const char *const paths[] = {"auto", "own", "exact", "runtime"};
 
 typedef struct {
     float *A, *B, *C;
+    uint16_t *A16; /* A rounded to bf16 (265 MB) */
     uint16_t *B16; /* B rounded to bf16 (83 MB) */
     uint16_t *F16; /* B rounded to fp16 (83 MB) */
     int8_t *B8;    /* B quantised in rows of 320 (41 MB) ... */
@@ -68,6 +71,8 @@ static whale_code run(whale_gemm *g, int kind, int M, int N, int K, const bufs *
     case TN_BF16: return whale_gemm_tn_bf16(g, M, N, K, b->A, M, B, N, b->C, N, 0, err);
     case NN_F16: return whale_gemm_nn_f16(g, M, N, K, b->A, K, b->F16 + off, N, b->C, N, 0, err);
     case TN_F16: return whale_gemm_tn_f16(g, M, N, K, b->A, M, B, N, b->C, N, 0, err);
+    case NN_B16: return whale_gemm_nn_b16(g, M, N, K, b->A16, K, b->B16 + off, N, b->C, N, 0, err);
+    case TN_B16: return whale_gemm_tn_b16(g, M, N, K, b->A16, M, b->B16 + off, N, b->C, N, 0, err);
     case NT: return whale_gemm_nt(g, M, N, K, b->A, K, B, K, b->C, N, 0, err);
     case NN: return whale_gemm_nn(g, M, N, K, b->A, K, B, N, b->C, N, 0, err);
     default: return whale_gemm_tn(g, M, N, K, b->A, M, B, N, b->C, N, 0, err);
@@ -218,15 +223,17 @@ int main(int argc, char **argv) {
     b.A = filled((size_t)1024 * 129280, 1);
     b.B = filled(B_FLOATS, 2);
     b.C = filled((size_t)1024 * 129280, 3);
+    b.A16 = whale_alloc((size_t)1024 * 129280 * sizeof(uint16_t));
     b.B16 = whale_alloc(B_FLOATS * sizeof(uint16_t));
     b.F16 = whale_alloc(B_FLOATS * sizeof(uint16_t));
     b.B8 = whale_alloc(B_FLOATS);
     b.scale = whale_alloc(B_FLOATS / 64 * sizeof(float));
-    if (!b.A || !b.B || !b.C || !b.B16 || !b.F16 || !b.B8 || !b.scale) {
+    if (!b.A || !b.A16 || !b.B || !b.C || !b.B16 || !b.F16 || !b.B8 || !b.scale) {
         fprintf(stderr, "bench_gemm: out of memory\n");
         return 1;
     }
     whale_f32_to_bf16_rows(b.B16, b.B, B_FLOATS);
+    whale_f32_to_bf16_rows(b.A16, b.A, (size_t)1024 * 129280);
     whale_f32_to_f16_rows(b.F16, b.B, B_FLOATS);
     whale_quantize_q8_rows(b.B8, b.scale, b.B, (int)(B_FLOATS / 320), 320);
     printf("{\"threads\":%d}\n", omp_get_max_threads());
@@ -251,12 +258,20 @@ int main(int argc, char **argv) {
     /* the mixed-precision backward products at the same shapes (the f32 nn
      * and tn lines above are the comparison) */
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        for (int kind = NN_BF16; kind <= TN_F16; kind++)
+        for (int kind = NN_BF16; kind <= TN_B16; kind++)
             bench_paths(g, kind, shapes[i][0], shapes[i][1], shapes[i][2], 0, &b);
     /* lm_head forward (f32 and bf16 weights), and its input gradient (dX = dY·W) */
     bench_paths(g, NT, 1024, 129280, 320, 0, &b);
     bench_paths(g, NT_BF16, 1024, 129280, 320, 0, &b);
     bench_shape(g, NN, 1024, 320, 129280, WHALE_GEMM_AUTO, 0, &b);
+    /* the training step's lm_head backward on a chunk of 256 rows: dX and
+     * dW from the fp32 logit gradient (rounded per product) or from its
+     * bf16 rounding made once (what nw_train_step does) */
+    for (int kind = NN_BF16; kind <= TN_B16; kind++) {
+        if (kind == NN_F16 || kind == TN_F16) continue;
+        const int nn = kind == NN_BF16 || kind == NN_B16;
+        bench_shape(g, kind, nn ? 256 : 129280, 320, nn ? 129280 : 256, WHALE_GEMM_AUTO, 0, &b);
+    }
 
     /* decode: one token (or a few) through the lm_head and a Linear */
     bench_paths(g, NT, 1, 129280, 320, 0, &b);
@@ -317,6 +332,7 @@ int main(int argc, char **argv) {
 
     whale_gemm_free(g);
     free(b.A);
+    free(b.A16);
     free(b.B);
     free(b.C);
     free(b.B16);

@@ -10,6 +10,7 @@
 #include "testutil.h"
 
 #include "core/core.h"
+#include "kernels/convert.h"
 #include "kernels/gemm.h"
 #include "kernels/hc.h"
 #include "kernels/ops.h"
@@ -938,6 +939,59 @@ static void test_cross_entropy_determinism(whale_rng *r) {
     free(logits);
 }
 
+/* The bf16 variant: the same loss, and each row's gradient rounded to bf16
+ * (bit for bit whale_float_to_bf16 of the fp32 gradient) in the first half
+ * of its row, in place or not, with 1 or 2 threads; whale_narrow_rows_bf16
+ * of the fp32 gradient gives the same bits. V odd: the vector tail. */
+static void test_cross_entropy_bf16(whale_rng *r) {
+    enum { B = 3, S = 40, V = 3001 };
+    long rows = (long)B * S, n = rows * V;
+    float *logits = falloc(n), *ref = falloc(n), *dl = falloc(n), *in = falloc(n);
+    int32_t labels[B * S];
+    fill(r, logits, n, 3.0);
+    logits[5L * V + 7] = 1e-40f; /* subnormal logits and gradients round like the rest */
+    for (int i = 0; i < B * S; i++) labels[i] = (int32_t)(whale_rng_u64(r) % V);
+    labels[0] = -100;
+    labels[9] = V + 5; /* out of range: not scored */
+    labels[B * S - 1] = V - 1;
+    const double gs = 0.37;
+    int64_t n_ref, n1;
+    for (int k = 0; k < 4; k++) {
+        omp_set_num_threads(k % 2 ? 1 : 2); /* the loss's summation order depends on it */
+        double l, l_ref = whale_cross_entropy_labels_backward_scaled(ref, logits, labels, B, S, V, gs, &n_ref);
+        float *out = dl;
+        set(dl, n, NAN);
+        if (k < 2) {
+            l = whale_cross_entropy_labels_backward_bf16(dl, logits, labels, B, S, V, gs, &n1);
+        } else { /* in place over the logits */
+            memcpy(in, logits, sizeof(float) * (size_t)n);
+            l = whale_cross_entropy_labels_backward_bf16(in, in, labels, B, S, V, gs, &n1);
+            out = in;
+        }
+        long bad = 0;
+        for (long row = 0; row < rows; row++) {
+            const uint16_t *h = (const uint16_t *)(out + row * V);
+            for (long v = 0; v < V; v++) bad += h[v] != whale_float_to_bf16(ref[row * V + v]);
+        }
+        CHECK(l == l_ref && n1 == n_ref, "bf16 CE loss %.17g vs %.17g, count %lld vs %lld (case %d)", l, l_ref,
+              (long long)n1, (long long)n_ref, k);
+        CHECK(bad == 0, "bf16 CE gradient: %ld entries differ from the rounded fp32 gradient (case %d)", bad, k);
+    }
+    omp_set_num_threads(2);
+    memcpy(in, ref, sizeof(float) * (size_t)n);
+    whale_narrow_rows_bf16(in, rows, V);
+    long bad = 0;
+    for (long row = 0; row < rows; row++) {
+        const uint16_t *h = (const uint16_t *)(in + row * V);
+        for (long v = 0; v < V; v++) bad += h[v] != whale_float_to_bf16(ref[row * V + v]);
+    }
+    CHECK(bad == 0, "whale_narrow_rows_bf16: %ld entries differ from the rounded fp32 gradient", bad);
+    free(logits);
+    free(ref);
+    free(dl);
+    free(in);
+}
+
 /* ------------------------------------------------------------ main */
 
 int main(void) {
@@ -987,6 +1041,7 @@ int main(void) {
     test_attention(g, &r, 70, 9, 4, 2, 0, 1);
     test_cross_entropy(&r);
     test_cross_entropy_determinism(&r);
+    test_cross_entropy_bf16(&r);
     whale_gemm_free(g);
     printf("worst relative gradient error vs central differences (tolerance %g):\n", TOL);
     for (int i = 0; i < n_worst; i++) printf("  %-38s %.3e\n", worst[i].name, worst[i].err);

@@ -677,9 +677,10 @@ static void test_bf16_rules(void) {
 
 /* ------------------------------------------------------------ fp16, int8, bf16 backward
  *
- * nt_f16, nt_q8, nn_bf16, tn_bf16, nn_f16, tn_f16 against a double sum of
- * the rounded operands (A to fp16, or to bf16 for q8 and the bf16 kinds;
- * f32 B of tn likewise; fp16 / bf16 / int8 B decoded exactly). Every
+ * nt_f16, nt_q8, nn_bf16, tn_bf16, nn_f16, tn_f16, nn_b16, tn_b16 against a
+ * double sum of the rounded operands (A to fp16, or to bf16 for q8 and the
+ * bf16 kinds; f32 B of tn likewise; fp16 / bf16 / int8 B decoded exactly;
+ * the b16 kinds get A already rounded, as bf16 patterns). Every
  * product of two rounded values is exact in fp32, so the same summation
  * bound applies ((K + 2) u sum|a b| + 2 u |c|, one more u for the scale of
  * q8), and dyadic data (exact in every format; q8 with power-of-two
@@ -687,12 +688,18 @@ static void test_bf16_rules(void) {
  * kernel and the oneDNN paths must also agree within twice the bound.
  * Padding of A and B holds NaN (int8: 127), of C a sentinel. */
 
-enum { MX_NT_F16, MX_NT_Q8, MX_NN_BF16, MX_TN_BF16, MX_NN_F16, MX_TN_F16, MX_COUNT };
-static const char *const mx_names[] = {"nt_f16", "nt_q8", "nn_bf16", "tn_bf16", "nn_f16", "tn_f16"};
-static const int mx_layout[] = {NT, NT, NN, TN, NN, TN};
+enum {
+    MX_NT_F16, MX_NT_Q8, MX_NN_BF16, MX_TN_BF16, MX_NN_F16, MX_TN_F16, MX_NN_B16, MX_TN_B16, MX_COUNT
+};
+static const char *const mx_names[] = {"nt_f16", "nt_q8",  "nn_bf16", "tn_bf16",
+                                       "nn_f16", "tn_f16", "nn_b16",  "tn_b16"};
+static const int mx_layout[] = {NT, NT, NN, TN, NN, TN, NN, TN};
 static const uint16_t F16_NAN = 0x7e00;
 
 static int mx_f16(int kind) { return kind == MX_NT_F16 || kind == MX_NN_F16 || kind == MX_TN_F16; }
+
+/* B stored as bf16 patterns */
+static int mx_b_bf16(int kind) { return kind == MX_NN_BF16 || kind == MX_NN_B16 || kind == MX_TN_B16; }
 
 /* bytes per stored B element */
 static size_t mx_bsize(int kind) {
@@ -710,6 +717,7 @@ typedef struct {
 
 typedef struct {
     float *A, *C0;
+    uint16_t *A16; /* A rounded to bf16 (the b16 kinds' A) */
     void *B;
     float *scale;
     int lda, ldb, ldc, a_rows, b_rows;
@@ -718,9 +726,9 @@ typedef struct {
 /* B element (k, n) as stored, decoded. */
 static double mx_b(const mcase *t, const mdata *d, int k, int n) {
     const size_t i = mx_layout[t->kind] == NT ? (size_t)n * d->ldb + k : (size_t)k * d->ldb + n;
+    if (mx_b_bf16(t->kind)) return whale_bf16_to_float(((const uint16_t *)d->B)[i]);
     switch (t->kind) {
     case MX_NT_Q8: return ((const int8_t *)d->B)[i];
-    case MX_NN_BF16: return whale_bf16_to_float(((const uint16_t *)d->B)[i]);
     case MX_NT_F16:
     case MX_NN_F16: return whale_f16_to_float(((const uint16_t *)d->B)[i]);
     default: return mx_round(t->kind, ((const float *)d->B)[i]);
@@ -744,6 +752,10 @@ static whale_code mx_call(whale_gemm *g, const mcase *t, const mdata *d, float *
         return whale_gemm_nn_bf16(g, M, N, K, d->A, d->lda, d->B, d->ldb, C, d->ldc, t->acc, err);
     case MX_TN_BF16:
         return whale_gemm_tn_bf16(g, M, N, K, d->A, d->lda, d->B, d->ldb, C, d->ldc, t->acc, err);
+    case MX_NN_B16:
+        return whale_gemm_nn_b16(g, M, N, K, d->A16, d->lda, d->B, d->ldb, C, d->ldc, t->acc, err);
+    case MX_TN_B16:
+        return whale_gemm_tn_b16(g, M, N, K, d->A16, d->lda, d->B, d->ldb, C, d->ldc, t->acc, err);
     case MX_NN_F16:
         return whale_gemm_nn_f16(g, M, N, K, d->A, d->lda, d->B, d->ldb, C, d->ldc, t->acc, err);
     default:
@@ -765,15 +777,19 @@ static void mx_make(const mcase *t, mdata *d, int dyadic, uint64_t seed) {
     d->ldc = t->N + t->pad_c;
     const size_t bs = mx_bsize(t->kind);
     d->A = malloc(((size_t)d->a_rows * d->lda + 1) * sizeof(float));
+    d->A16 = malloc(((size_t)d->a_rows * d->lda + 1) * sizeof(uint16_t));
     d->B = malloc(((size_t)d->b_rows * d->ldb + 1) * bs);
     d->C0 = malloc(((size_t)t->M * d->ldc + 1) * sizeof(float));
     d->scale = malloc(((size_t)t->N + 1) * sizeof(float));
-    if (!d->A || !d->B || !d->C0 || !d->scale) {
+    if (!d->A || !d->A16 || !d->B || !d->C0 || !d->scale) {
         fprintf(stderr, "test_gemm: out of memory\n");
         exit(1);
     }
     for (int i = 0; i < d->a_rows; i++)
-        for (int j = 0; j < d->lda; j++) d->A[(size_t)i * d->lda + j] = j >= a_cols ? NAN : draw(&r, dyadic);
+        for (int j = 0; j < d->lda; j++) {
+            d->A[(size_t)i * d->lda + j] = j >= a_cols ? NAN : draw(&r, dyadic);
+            d->A16[(size_t)i * d->lda + j] = whale_float_to_bf16(d->A[(size_t)i * d->lda + j]);
+        }
     for (int i = 0; i < d->b_rows; i++)
         for (int j = 0; j < d->ldb; j++) {
             const size_t at = (size_t)i * d->ldb + j;
@@ -783,7 +799,9 @@ static void mx_make(const mcase *t, mdata *d, int dyadic, uint64_t seed) {
             case MX_NT_Q8:
                 ((int8_t *)d->B)[at] = pad ? 127 : (int8_t)((int)(whale_rng_u64(&r) % 255) - 127);
                 break;
-            case MX_NN_BF16: ((uint16_t *)d->B)[at] = pad ? BF16_NAN : whale_float_to_bf16(v); break;
+            case MX_NN_BF16:
+            case MX_NN_B16:
+            case MX_TN_B16: ((uint16_t *)d->B)[at] = pad ? BF16_NAN : whale_float_to_bf16(v); break;
             case MX_NT_F16:
             case MX_NN_F16: ((uint16_t *)d->B)[at] = pad ? F16_NAN : whale_float_to_f16(v); break;
             default: ((float *)d->B)[at] = pad ? NAN : v; break;
@@ -799,6 +817,7 @@ static void mx_make(const mcase *t, mdata *d, int dyadic, uint64_t seed) {
 
 static void mx_free(mdata *d) {
     free(d->A);
+    free(d->A16);
     free(d->B);
     free(d->C0);
     free(d->scale);
@@ -923,6 +942,10 @@ static void test_mixed_shapes(whale_gemm *g) {
         {MX_NT_F16, 130, 256, 320, 0, 0, 0, 1},  {MX_NT_Q8, 130, 256, 320, 0, 0, 0, 0},
         {MX_NN_BF16, 130, 320, 640, 0, 0, 0, 0}, {MX_TN_BF16, 640, 320, 130, 0, 0, 0, 1},
         {MX_NN_F16, 130, 320, 640, 0, 0, 0, 1},  {MX_TN_F16, 640, 320, 130, 0, 0, 0, 0},
+        /* the lm_head's backward on a chunk of its logit gradient, rows of
+         * bf16 in the first half of each fp32 row (lda twice the row) */
+        {MX_NN_B16, 70, 64, 3000, 3000, 0, 0, 0}, {MX_TN_B16, 3000, 64, 70, 3000, 0, 0, 1},
+        {MX_NN_B16, 130, 320, 640, 0, 0, 0, 1},  {MX_TN_B16, 640, 320, 130, 0, 0, 0, 1},
     };
     for (size_t i = 0; i < sizeof model / sizeof model[0]; i++, cases++)
         failed += !run_mixed(g, &model[i], MX_PATHS, 0, 5000 + i);
@@ -977,6 +1000,8 @@ static void test_mixed_rounding(whale_gemm *g) {
     const int8_t w8[2] = {1, -2};
     const float scale[2] = {1, 1};
     const float Bt[2] = {1, -2}; /* tn: B [K=1, N=2] */
+    uint16_t A16[sizeof v / sizeof v[0]];
+    for (int m = 0; m < M; m++) A16[m] = whale_float_to_bf16(v[m].a); /* the b16 kinds' rounded A */
     for (int kind = 0; kind < MX_COUNT; kind++)
         for (int p = 0; p <= WHALE_GEMM_OWN_PORTABLE; p++) {
             whale_err err;
@@ -990,6 +1015,8 @@ static void test_mixed_rounding(whale_gemm *g) {
             case MX_NN_BF16: rc = whale_gemm_nn_bf16(g, M, 2, 1, A, 1, wbf16, 2, &C[0][0], 2, 0, &err); break;
             case MX_NN_F16: rc = whale_gemm_nn_f16(g, M, 2, 1, A, 1, wf16, 2, &C[0][0], 2, 0, &err); break;
             case MX_TN_BF16: rc = whale_gemm_tn_bf16(g, M, 2, 1, A, M, Bt, 2, &C[0][0], 2, 0, &err); break;
+            case MX_NN_B16: rc = whale_gemm_nn_b16(g, M, 2, 1, A16, 1, wbf16, 2, &C[0][0], 2, 0, &err); break;
+            case MX_TN_B16: rc = whale_gemm_tn_b16(g, M, 2, 1, A16, M, wbf16, 2, &C[0][0], 2, 0, &err); break;
             default: rc = whale_gemm_tn_f16(g, M, 2, 1, A, M, Bt, 2, &C[0][0], 2, 0, &err); break;
             }
             whale_gemm_set_path(g, WHALE_GEMM_AUTO);
@@ -1015,11 +1042,15 @@ static void test_mixed_nan(whale_gemm *g) {
             mdata d;
             mx_make(&t, &d, 0, 31 + i);
             const int L = mx_layout[kind];
-            d.A[L == TN ? (size_t)44 * d.lda + 1 : (size_t)1 * d.lda + 44] = NAN; /* row 1, last k */
+            const size_t a1 = L == TN ? (size_t)44 * d.lda + 1 : (size_t)1 * d.lda + 44; /* row 1, last k */
+            d.A[a1] = NAN;
+            d.A16[a1] = BF16_NAN;
             const size_t b5 = L == NT ? (size_t)5 * d.ldb : 5;                    /* column 5, k = 0 */
             switch (kind) {
             case MX_NT_Q8: d.scale[5] = NAN; break;
-            case MX_NN_BF16: ((uint16_t *)d.B)[b5] = BF16_NAN; break;
+            case MX_NN_BF16:
+            case MX_NN_B16:
+            case MX_TN_B16: ((uint16_t *)d.B)[b5] = BF16_NAN; break;
             case MX_NT_F16:
             case MX_NN_F16: ((uint16_t *)d.B)[b5] = F16_NAN; break;
             default: ((float *)d.B)[b5] = NAN; break;
@@ -1055,6 +1086,10 @@ static void test_mixed_misc(whale_gemm *g) {
     CHECK(whale_gemm_nn_bf16(g, 0, 3, 2, NULL, 2, NULL, 3, NULL, 3, 0, &err) == WHALE_OK, "nn_bf16 M=0");
     CHECK(whale_gemm_tn_bf16(g, 2, 0, 2, NULL, 2, NULL, 0, NULL, 0, 0, &err) == WHALE_OK, "tn_bf16 N=0");
     CHECK(whale_gemm_nn_f16(g, 0, 0, 0, NULL, 0, NULL, 0, NULL, 0, 1, &err) == WHALE_OK, "nn_f16 0x0x0");
+    CHECK(whale_gemm_nn_b16(g, 0, 3, 2, NULL, 2, NULL, 3, NULL, 3, 0, &err) == WHALE_OK, "nn_b16 M=0");
+    c[0] = 3;
+    CHECK(whale_gemm_tn_b16(g, 1, 1, 0, NULL, 1, NULL, 1, c, 1, 1, &err) == WHALE_OK && c[0] == 3,
+          "tn_b16 K=0 accumulate changed C");
     c[1] = 5;
     CHECK(whale_gemm_tn_f16(g, 1, 2, 0, NULL, 1, NULL, 2, c, 2, 0, &err) == WHALE_OK && c[0] == 0 &&
               c[1] == 0,
@@ -1073,6 +1108,12 @@ static void test_mixed_misc(whale_gemm *g) {
           err.msg);
     rc = whale_gemm_tn_bf16(g, 2, 2, 2, NULL, 2, x, 2, x, 2, 0, &err);
     CHECK(rc == WHALE_ERR_ARG && strstr(err.msg, "A is NULL"), "tn_bf16 NULL A: rc=%d %s", (int)rc,
+          err.msg);
+    rc = whale_gemm_tn_b16(g, 3, 2, 2, h, 2, h, 2, x, 2, 0, &err);
+    CHECK(rc == WHALE_ERR_ARG && strstr(err.msg, "tn_b16") && strstr(err.msg, "lda=2"),
+          "tn_b16 lda < M: rc=%d %s", (int)rc, err.msg);
+    rc = whale_gemm_nn_b16(g, 2, 3, 2, h, 2, NULL, 3, x, 3, 0, &err);
+    CHECK(rc == WHALE_ERR_ARG && strstr(err.msg, "B is NULL"), "nn_b16 NULL B: rc=%d %s", (int)rc,
           err.msg);
 
     /* the same call twice: the same bits */
@@ -1124,6 +1165,15 @@ static void test_mixed_rules(void) {
     if (__builtin_cpu_supports("avx512bf16"))
         CHECK(strstr(whale_gemm_last_impl(g), "bf16") || !strcmp(whale_gemm_last_impl(g), "gemm:jit"),
               "nn_bf16 ran %s", whale_gemm_last_impl(g));
+    for (int kind = MX_NN_B16; kind <= MX_TN_B16; kind++) { /* no conversion: oneDNN alone */
+        mcase u = {kind, 300, 40, 24, 0, 0, 0, 0};
+        run_mixed(g, &u, 1, 1, 7);
+        CHECK(strncmp(whale_gemm_last_impl(g), "whale:", 6) && !strstr(whale_gemm_last_impl(g), "cvt"),
+              "%s M=300 ran %s", mx_names[kind], whale_gemm_last_impl(g));
+        run_mixed(g, &u, 1 << WHALE_GEMM_OWN, 1, 8);
+        CHECK(!strncmp(whale_gemm_last_impl(g), "cvt_bf16+whale:skinny_", 22), "%s own ran %s", mx_names[kind],
+              whale_gemm_last_impl(g));
+    }
     t.kind = MX_TN_F16;
     run_mixed(g, &t, 1 << WHALE_GEMM_OWN, 1, 6);
     CHECK(!strcmp(whale_gemm_last_impl(g), "cvt_f16+whale:skinny_tn"), "tn_f16 own ran %s",

@@ -40,16 +40,19 @@
 /* The products. The first six are what oneDNN primitives are made for:
  * f32, and bf16 A and B (already converted) with f32 C. The others are
  * computed by our kernels or through those six on converted blocks. The
- * layout (nt, nn, tn) of kind k is k % 3, KIND_NT_Q8 being nt. */
+ * layout (nt, nn, tn) of kind k is k % 3: KIND_NT_Q8 is nt, KIND_NN_B16 nn
+ * and KIND_TN_B16 tn. */
 enum {
     KIND_NT = 0, KIND_NN, KIND_TN,
     KIND_NT_BF16, KIND_NN_BF16, KIND_TN_BF16,
     KIND_NT_F16, KIND_NN_F16, KIND_TN_F16,
     KIND_NT_Q8,
+    KIND_NN_B16, KIND_TN_B16, /* nn_bf16 / tn_bf16 with A (and B) given in bf16 */
     KIND_COUNT
 };
 static const char *const kind_names[KIND_COUNT] = {
-    "nt", "nn", "tn", "nt_bf16", "nn_bf16", "tn_bf16", "nt_f16", "nn_f16", "tn_f16", "nt_q8"};
+    "nt",     "nn",     "tn",    "nt_bf16",  "nn_bf16", "tn_bf16",
+    "nt_f16", "nn_f16", "tn_f16", "nt_q8",   "nn_b16",   "tn_b16"};
 
 static int layout(int kind) { return kind % 3; } /* KIND_NT, KIND_NN or KIND_TN */
 static int is_bf16_kind(int kind) { return kind >= KIND_NT_BF16 && kind <= KIND_TN_BF16; }
@@ -1363,6 +1366,19 @@ static whale_code gemm_nn_tn_bf16(whale_gemm *g, const gemm_call *c, whale_err *
                           L == KIND_NN ? CV_NONE : CV_F32_BF16, NULL, err);
 }
 
+/* nn / tn with both operands already bf16: oneDNN on them as they are (no
+ * conversion, no blocks; the shape rules of nn_bf16 / tn_bf16). Forced OWN:
+ * our f32 kernels on blocks widened to f32 (exactly). */
+static whale_code gemm_b16(whale_gemm *g, const gemm_call *c, whale_err *err) {
+    const int L = layout(c->s.kind);
+    if (own_path(g->path))
+        return gemm_converted(g, c, L, WHALE_GEMM_OWN, CV_BF16_F32, CV_BF16_F32, "cvt_bf16", err);
+    gemm_call d = *c;
+    d.s.kind = L == KIND_NN ? KIND_NN_BF16 : KIND_TN_BF16;
+    const whale_gemm_path path = g->path == WHALE_GEMM_AUTO ? bf16_auto(d.s.kind, c->s.M) : g->path;
+    return dnnl_run(g, &d, path == WHALE_GEMM_DNNL_RUNTIME, err);
+}
+
 /* nn / tn with fp16 operands: the f32 products (with their own routing) on
  * blocks rounded to fp16 or widened from fp16. */
 static whale_code gemm_nn_tn_f16(whale_gemm *g, const gemm_call *c, whale_err *err) {
@@ -1446,6 +1462,8 @@ static whale_code gemm(whale_gemm *g, const gemm_call *c, whale_err *err) {
     case KIND_NN_F16:
     case KIND_TN_F16: return gemm_nn_tn_f16(g, c, err);
     case KIND_NT_Q8: return gemm_nt_q8(g, c, err);
+    case KIND_NN_B16:
+    case KIND_TN_B16: return gemm_b16(g, c, err);
     default: return gemm_f32(g, c, g->path, err);
     }
 }
@@ -1491,6 +1509,18 @@ whale_code whale_gemm_tn_bf16(whale_gemm *g, int M, int N, int K, const float *A
                               const float *B, int ldb, float *C, int ldc, int accumulate,
                               whale_err *err) {
     return gemm_kind(g, KIND_TN_BF16, M, N, K, A, lda, B, ldb, C, ldc, accumulate, err);
+}
+
+whale_code whale_gemm_nn_b16(whale_gemm *g, int M, int N, int K, const uint16_t *A, int lda,
+                             const uint16_t *B, int ldb, float *C, int ldc, int accumulate,
+                             whale_err *err) {
+    return gemm_kind(g, KIND_NN_B16, M, N, K, A, lda, B, ldb, C, ldc, accumulate, err);
+}
+
+whale_code whale_gemm_tn_b16(whale_gemm *g, int M, int N, int K, const uint16_t *A, int lda,
+                             const uint16_t *B, int ldb, float *C, int ldc, int accumulate,
+                             whale_err *err) {
+    return gemm_kind(g, KIND_TN_B16, M, N, K, A, lda, B, ldb, C, ldc, accumulate, err);
 }
 
 whale_code whale_gemm_nt_f16(whale_gemm *g, int M, int N, int K, const float *A, int lda,

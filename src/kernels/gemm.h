@@ -135,6 +135,24 @@ whale_code whale_gemm_nn_bf16(whale_gemm *g, int M, int N, int K, const float *A
 whale_code whale_gemm_tn_bf16(whale_gemm *g, int M, int N, int K, const float *A, int lda,
                               const float *B, int ldb, float *C, int ldc, int accumulate,
                               whale_err *err);
+/* whale_gemm_nn_bf16 / whale_gemm_tn_bf16 with both operands already bf16
+ * (uint16_t bit patterns, row strides lda / ldb), e.g. from
+ * whale_f32_to_bf16_rows: the same products of the same rounded values,
+ * for a caller that rounds an operand once for several products (the
+ * gradient of a Linear's output feeds both dX and dW) or makes it in bf16
+ * directly. One oneDNN call on the operands as they are (exact primitive
+ * below WHALE_GEMM_BF16_EXACT_BELOW_M_NN rows of C, the runtime one above),
+ * so within the bound stated above, though not bit-identical to nn_bf16 /
+ * tn_bf16 (which sum over blocks of K). Forced OWN / OWN_PORTABLE: our f32
+ * kernels on blocks widened to f32. The lm_head's backward on 256 rows
+ * (dX 256x320x129280, dW 129280x320x256) runs at 340-375 GFLOP/s this way,
+ * against 270-300 for nn_bf16 / tn_bf16 reading the fp32 gradient. */
+whale_code whale_gemm_nn_b16(whale_gemm *g, int M, int N, int K, const uint16_t *A, int lda,
+                             const uint16_t *B, int ldb, float *C, int ldc, int accumulate,
+                             whale_err *err);
+whale_code whale_gemm_tn_b16(whale_gemm *g, int M, int N, int K, const uint16_t *A, int lda,
+                             const uint16_t *B, int ldb, float *C, int ldc, int accumulate,
+                             whale_err *err);
 /* The fp16 analogues: A rounded to fp16 and B fp16 [K,N] (nn), or A and B
  * both rounded to fp16 (tn); computed by whale_gemm_nn / whale_gemm_tn
  * (their shape rules, per block) on blocks converted to f32. */

@@ -17,11 +17,20 @@
 #define RUNTIME_BYTES ((size_t)13 << 20)
 
 /* What the low-precision products keep besides the operands: oneDNN's bf16
- * kernels (JIT code, packed-weight scratchpads of the cached primitives) and
- * the conversion scratch of the fp16/int8 paths (bounded at 16 MiB in
- * kernels/gemm.c). Measured: 14-17 MiB over the fp32 runs of the same
- * shapes, for inference and training alike. */
-#define LOWP_GEMM_BYTES ((size_t)16 << 20)
+ * kernels (JIT code, ~4 MiB) plus scratch that grows with the largest
+ * weight (packed weights, the conversion blocks of the fp16/int8 paths,
+ * bounded at 16 MiB in kernels/gemm.c). Measured over the fp32 runs of the
+ * same shapes: ~6 MiB for the `small` preset, 14-17 MiB for nanowhale-100m. */
+static size_t lowp_gemm_bytes(const whale_model *m) {
+    size_t largest = 0;
+    for (int i = 0; i < m->n_params; i++)
+        if (whale_param_is_product_weight(&m->params[i])) {
+            size_t b = (size_t)whale_shape_numel(2, m->params[i].shape) * 2;
+            if (b > largest) largest = b;
+        }
+    size_t grow = 2 * largest < ((size_t)12 << 20) ? 2 * largest : ((size_t)12 << 20);
+    return ((size_t)4 << 20) + grow;
+}
 
 static size_t pad_f32(int64_t n) { return (((size_t)n + 15) & ~(size_t)15) * sizeof(float); }
 
@@ -62,7 +71,7 @@ void whale_memory_add_session(whale_memory *mm, const whale_session *s) {
     mm->activations += s->activation_bytes;
     mm->recompute_saves += s->recompute_saves;
     mm->kv_cache += s->kv_bytes;
-    mm->workspace += s->work_bytes + (s->model->compute_dtype != WHALE_F32 ? LOWP_GEMM_BYTES : 0);
+    mm->workspace += s->work_bytes + (s->model->compute_dtype != WHALE_F32 ? lowp_gemm_bytes(s->model) : 0);
     mm->grads += s->n_grad_bytes;
     total(mm);
 }
@@ -117,7 +126,7 @@ whale_code whale_memory_estimate(const char *config, const whale_memory_plan *pl
     mm->activations = ss.activations;
     mm->recompute_saves = ss.recompute_saves;
     mm->kv_cache = ss.kv_cache;
-    mm->workspace = ss.work + (dt != WHALE_F32 ? LOWP_GEMM_BYTES : 0);
+    mm->workspace = ss.work + (dt != WHALE_F32 ? lowp_gemm_bytes(m) : 0);
     if (plan->train) {
         mm->grads = full ? ss.grads : (size_t)mm->trainable * sizeof(float);
         mm->moments = 2 * (size_t)mm->trainable * sizeof(float);

@@ -20,6 +20,7 @@
 #include "kernels/gemm.h"
 #include "kernels/hc.h"
 #include "kernels/ops.h"
+#include "kernels/vmath.h"
 #include "train/loss.h"
 
 #include <math.h>
@@ -927,15 +928,101 @@ static whale_code expert_backward(nw_session *s, const nw_config *c, int n, cons
     return linear_dw(s, n, c->F, c->D, b->du, c->F, x, c->D, g3, c->D, err);
 }
 
+/* ---- bf16 products (whale_linear* with bf16 weights): the same backward
+ * on operands rounded to bf16 once, where they are made, instead of inside
+ * every product that reads them (a gradient feeds both dX and dW). */
+
+/* Does this run multiply W in bf16 (as whale_linear_dx / _dw would)? The
+ * paths below then call the products themselves: anything whale_linear_dx
+ * / _dw add beyond the product (adapters, say) must turn them off here. */
+static int bf16_products(const nw_session *s, const float *W) {
+    const whale_model *m = s->base.model;
+    return m->compute_dtype == WHALE_BF16 && whale_model_weight(m, W).dtype == WHALE_BF16;
+}
+
+static const uint16_t *w16(const nw_session *s, const float *W) { return whale_model_weight(s->base.model, W).data; }
+
+/* dst [rows, cols] (dense) = src rows (stride ld) rounded to bf16 */
+static void round_rows(uint16_t *dst, const float *src, int rows, int cols, int ld) {
+#pragma omp parallel for schedule(static) if ((long)rows * cols >= 65536)
+    for (int r = 0; r < rows; r++) whale_f32_to_bf16_rows(dst + (size_t)r * cols, src + (size_t)r * ld, (size_t)cols);
+}
+
+/* k_swiglu_backward with dg and du rounded to bf16, the form the products
+ * read, and exp from k_exp (vmath.h, <= 1.02 ulp, vectorised): the scalar
+ * expf there costs ~60 ms of a 100m training step. */
+static void swiglu_backward_bf16(uint16_t *dg16, uint16_t *du16, const float *dh, const float *g, const float *u, long n,
+                                 float limit) {
+    enum { BLK = 256 };
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (long b0 = 0; b0 < n; b0 += BLK) {
+        float e[BLK], tg[BLK], tu[BLK];
+        int m = n - b0 < BLK ? (int)(n - b0) : BLK;
+        for (int i = 0; i < m; i++) e[i] = -(limit > 0 ? fminf(g[b0 + i], limit) : g[b0 + i]);
+        k_exp(e, e, m);
+        for (int i = 0; i < m; i++) {
+            float gi = g[b0 + i], ui = u[b0 + i], d = dh[b0 + i];
+            int gpass = 1, upass = 1;
+            if (limit > 0) { /* as k_swiglu_backward */
+                upass = ui >= -limit && ui <= limit;
+                gpass = gi <= limit;
+                ui = fminf(fmaxf(ui, -limit), limit);
+                gi = fminf(gi, limit);
+            }
+            float sg = 1.0f / (1.0f + e[i]);
+            float silu = gi * sg, dsilu = sg * (1.0f + gi * (1.0f - sg));
+            tg[i] = gpass ? d * ui * dsilu : 0.0f;
+            tu[i] = upass ? d * silu : 0.0f;
+        }
+        whale_f32_to_bf16_rows(dg16 + b0, tg, (size_t)m);
+        whale_f32_to_bf16_rows(du16 + b0, tu, (size_t)m);
+    }
+}
+
+/* expert_backward with bf16 products, from x and dout already rounded
+ * (x16, dout16 [n, D]). The bf16 operands live in fp32 buffers free at
+ * this point: hh and then dg in b->dg, du in b->du. */
+static whale_code expert_backward_bf16(nw_session *s, const nw_config *c, int n, const uint16_t *x16,
+                                       const uint16_t *dout16, const float *gg, const float *uu, const float *hh,
+                                       const float *w1, const float *w2, const float *w3, float *g1, float *g2,
+                                       float *g3, float limit, float *dx, whale_err *err) {
+    struct nw_backward *b = s->bw;
+    whale_gemm *g = s->gemm;
+    int D = c->D, F = c->F;
+    uint16_t *h16 = (uint16_t *)b->dg, *dg16 = (uint16_t *)b->dg, *du16 = (uint16_t *)b->du;
+    whale_code e;
+    round_rows(h16, hh, n, F, F);
+    if ((e = whale_gemm_tn_b16(g, D, F, n, dout16, D, h16, F, g2, F, 1, err)) ||
+        (e = whale_gemm_nn_b16(g, n, F, D, dout16, D, w16(s, w2), F, b->dh, F, 0, err)))
+        return e;
+    swiglu_backward_bf16(dg16, du16, b->dh, gg, uu, (long)n * F, limit);
+    if ((e = whale_gemm_nn_b16(g, n, D, F, dg16, F, w16(s, w1), D, dx, D, 0, err)) ||
+        (e = whale_gemm_nn_b16(g, n, D, F, du16, F, w16(s, w3), D, dx, D, 1, err)) ||
+        (e = whale_gemm_tn_b16(g, F, D, n, dg16, F, x16, D, g1, D, 1, err)))
+        return e;
+    return whale_gemm_tn_b16(g, F, D, n, du16, F, x16, D, g3, D, 1, err);
+}
+
 /* Backward of moe(): b->dsub (gradient of a->f) into b->dyn (written). */
 static whale_code moe_backward(nw_session *s, const nw_config *c, const nw_layer *ly, nw_layer *gl,
                                const nw_layer_acts *a, int T, whale_err *err) {
     struct nw_backward *b = s->bw;
     const float *yn = a->hcf.yn, *df = b->dsub;
+    /* bf16: x and dout of each expert rounded once, into buffers the fp32
+     * path uses for them (s->ex_in, b->de_out) */
+    int lowp = bf16_products(s, ly->sw1);
+    uint16_t *x16 = (uint16_t *)s->ex_in, *dout16 = (uint16_t *)b->de_out;
     whale_code e;
-    if ((e = expert_backward(s, c, T, yn, df, a->sh_g, a->sh_u, a->sh_h, ly->sw1, ly->sw2, ly->sw3, gl->sw1, gl->sw2,
-                             gl->sw3, 0.0f, b->dyn, err)))
-        return e;
+    if (lowp) {
+        round_rows(x16, yn, T, c->D, c->D);
+        round_rows(dout16, df, T, c->D, c->D);
+        e = expert_backward_bf16(s, c, T, x16, dout16, a->sh_g, a->sh_u, a->sh_h, ly->sw1, ly->sw2, ly->sw3, gl->sw1,
+                                 gl->sw2, gl->sw3, 0.0f, b->dyn, err);
+    } else {
+        e = expert_backward(s, c, T, yn, df, a->sh_g, a->sh_u, a->sh_h, ly->sw1, ly->sw2, ly->sw3, gl->sw1, gl->sw2,
+                            gl->sw3, 0.0f, b->dyn, err);
+    }
+    if (e) return e;
     /* gradient of each routing weight: ⟨df, expert output⟩ */
 #pragma omp parallel for schedule(static) if (T > 64)
     for (int t = 0; t < T; t++)
@@ -948,23 +1035,44 @@ static whale_code moe_backward(nw_session *s, const nw_config *c, const nw_layer
     for (int ex = 0; ex < c->E; ex++) {
         int r0 = a->ex_off[ex], ne = a->ex_off[ex + 1] - r0;
         if (!ne) continue;
-        for (int i = 0; i < ne; i++) {
+#pragma omp parallel for schedule(static) if (ne > 64)
+        for (int i = 0; i < ne; i++) { /* gather the expert's rows */
             int t = a->ex_tok[r0 + i];
             float w = a->ex_w[r0 + i];
-            memcpy(s->ex_in + (size_t)i * c->D, yn + (size_t)t * c->D, sizeof(float) * c->D);
-            for (int d = 0; d < c->D; d++) b->de_out[(size_t)i * c->D + d] = w * df[(size_t)t * c->D + d];
+            const float *x = yn + (size_t)t * c->D, *d = df + (size_t)t * c->D;
+            if (lowp) {
+                float o[64]; /* w·df in fp32, then rounded, as the fp32 gradient would be */
+                whale_f32_to_bf16_rows(x16 + (size_t)i * c->D, x, (size_t)c->D);
+                for (int d0 = 0; d0 < c->D; d0 += 64) {
+                    int m = c->D - d0 < 64 ? c->D - d0 : 64;
+                    for (int j = 0; j < m; j++) o[j] = w * d[d0 + j];
+                    whale_f32_to_bf16_rows(dout16 + (size_t)i * c->D + d0, o, (size_t)m);
+                }
+            } else {
+                memcpy(s->ex_in + (size_t)i * c->D, x, sizeof(float) * c->D);
+                for (int j = 0; j < c->D; j++) b->de_out[(size_t)i * c->D + j] = w * d[j];
+            }
         }
         size_t fo = (size_t)r0 * c->F;
-        if ((e = expert_backward(s, c, ne, s->ex_in, b->de_out, a->ex_g + fo, a->ex_u + fo, a->ex_h + fo, ly->w1[ex],
-                                 ly->w2[ex], ly->w3[ex], gl->w1[ex], gl->w2[ex], gl->w3[ex], c->swiglu_limit, b->de_x,
-                                 err)))
-            return e;
-        for (int i = 0; i < ne; i++) { /* row order: deterministic */
+        if (lowp)
+            e = expert_backward_bf16(s, c, ne, x16, dout16, a->ex_g + fo, a->ex_u + fo, a->ex_h + fo, ly->w1[ex],
+                                     ly->w2[ex], ly->w3[ex], gl->w1[ex], gl->w2[ex], gl->w3[ex], c->swiglu_limit,
+                                     b->de_x, err);
+        else
+            e = expert_backward(s, c, ne, s->ex_in, b->de_out, a->ex_g + fo, a->ex_u + fo, a->ex_h + fo, ly->w1[ex],
+                                ly->w2[ex], ly->w3[ex], gl->w1[ex], gl->w2[ex], gl->w3[ex], c->swiglu_limit, b->de_x,
+                                err);
+        if (e) return e;
+        /* scatter-add: an expert never sees a token twice, so rows can go in
+         * parallel; experts in order keep the sums deterministic */
+#pragma omp parallel for schedule(static) if (ne > 64)
+        for (int i = 0; i < ne; i++) {
             float *o = b->dyn + (size_t)a->ex_tok[r0 + i] * c->D;
             const float *r = b->de_x + (size_t)i * c->D;
             for (int d = 0; d < c->D; d++) o[d] += r[d];
         }
     }
+#pragma omp parallel for schedule(static) if (T > 64)
     for (int t = 0; t < T; t++)
         k_gate_route_backward(c->scoring, c->E, c->K, c->route_scale, a->glog + (size_t)t * c->E,
                               a->topk + (size_t)t * c->K, b->dtopw + (size_t)t * c->K, b->dglog + (size_t)t * c->E);
@@ -1005,13 +1113,33 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
             continue;
         }
         /* gradient of loss_scale × the batch mean: each row's share is 1/count */
-        double l = whale_cross_entropy_labels_backward_scaled(b->logits, b->logits, b->tgt + r0, 1, n, V,
-                                                              loss_scale / (double)count, &cn);
+        double gs = loss_scale / (double)count, l;
+        float *hn = s->hn + (size_t)r0 * D, *dhn = b->dhn + (size_t)r0 * D;
+        if (bf16_products(s, head)) {
+            /* Both products read the gradient rounded to bf16: round it
+             * once, in place (row stride 2V), instead of once per product
+             * (a 132 MB fp32 read and a 66 MB write each). */
+            if (s->base.trace) { /* the fp32 gradient first, for the trace */
+                l = whale_cross_entropy_labels_backward_scaled(b->logits, b->logits, b->tgt + r0, 1, n, V, gs, &cn);
+                TRACE(WHALE_F32, b->logits, 2, DIMS(n, V), "grad.logits");
+                whale_narrow_rows_bf16(b->logits, n, V);
+            } else {
+                l = whale_cross_entropy_labels_backward_bf16(b->logits, b->logits, b->tgt + r0, 1, n, V, gs, &cn);
+            }
+            const uint16_t *dl = (const uint16_t *)b->logits;
+            uint16_t *hn16 = (uint16_t *)b->de_out; /* free until the MoE backward */
+            round_rows(hn16, hn, n, D, D);
+            if ((e = whale_gemm_nn_b16(s->gemm, n, D, V, dl, 2 * V, w16(s, head), D, dhn, D, 0, err)) ||
+                (e = whale_gemm_tn_b16(s->gemm, V, D, n, dl, 2 * V, hn16, D, ghead, D, 1, err)))
+                return e;
+        } else {
+            l = whale_cross_entropy_labels_backward_scaled(b->logits, b->logits, b->tgt + r0, 1, n, V, gs, &cn);
+            TRACE(WHALE_F32, b->logits, 2, DIMS(n, V), "grad.logits");
+            if ((e = linear_dx(s, n, V, D, b->logits, V, head, D, dhn, D, 0, err)) ||
+                (e = linear_dw(s, n, V, D, b->logits, V, hn, D, ghead, D, err)))
+                return e;
+        }
         if (cn) total += l * (double)cn;
-        TRACE(WHALE_F32, b->logits, 2, DIMS(n, V), "grad.logits");
-        if ((e = linear_dx(s, n, V, D, b->logits, V, head, D, b->dhn + (size_t)r0 * D, D, 0, err)) ||
-            (e = linear_dw(s, n, V, D, b->logits, V, s->hn + (size_t)r0 * D, D, ghead, D, err)))
-            return e;
     }
     if (s->base.profiling) s->base.prof[loss_scale == 0 ? P_LOGITS : P_B_LOGITS] += whale_now() - t_ce;
     *loss_out = count ? total / (double)count : NAN;

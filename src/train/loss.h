@@ -37,4 +37,19 @@ double whale_cross_entropy_labels_backward(float *dlogits, const float *logits, 
 double whale_cross_entropy_labels_backward_scaled(float *dlogits, const float *logits, const int32_t *labels, int B,
                                                   int S, int V, double grad_scale, int64_t *count);
 
+/* whale_cross_entropy_labels_backward_scaled for bf16 backward products:
+ * the same loss, and each row's gradient rounded to bf16 (nearest even,
+ * bit-identical to whale_float_to_bf16 of the fp32 gradient) stored over
+ * the first half of its own row of dlogits: read it afterwards as uint16_t
+ * bf16 patterns with row stride 2·V (the first V of each row; the rest is
+ * left unspecified). dlogits may alias logits. Rounding as the gradient is
+ * made spares the products reading 4-byte values and rounding them each. */
+double whale_cross_entropy_labels_backward_bf16(float *dlogits, const float *logits, const int32_t *labels, int B,
+                                                int S, int V, double grad_scale, int64_t *count);
+
+/* The same rounding of gradient rows already computed in fp32: x holds rows
+ * of V floats (stride V); each becomes V bf16 patterns over its first half,
+ * bit for bit what whale_cross_entropy_labels_backward_bf16 writes. */
+void whale_narrow_rows_bf16(float *x, long rows, long V);
+
 #endif
