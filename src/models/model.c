@@ -398,9 +398,10 @@ whale_code whale_model_save(const whale_model *m, const char *dir, whale_err *er
     free(withnl);
     if (c) return c;
 
-    whale_st_item *items = calloc((size_t)m->n_params, sizeof *items);
+    int n_save = m->n_lora ? m->n_base_params : m->n_params; /* the base model, not its adapters */
+    whale_st_item *items = calloc((size_t)n_save, sizeof *items);
     if (!items) return whale_errf(err, WHALE_ERR_NOMEM, "%s: out of memory", dir);
-    for (int i = 0; i < m->n_params; i++) { /* weights held only in bf16/fp16 are saved as such */
+    for (int i = 0; i < n_save; i++) { /* weights held only in bf16/fp16 are saved as such */
         whale_tensor t = whale_model_param(m, i);
         if (t.dtype == WHALE_I8) {
             free(items);
@@ -411,7 +412,7 @@ whale_code whale_model_save(const whale_model *m, const char *dir, whale_err *er
         items[i] = (whale_st_item){m->params[i].name, t.dtype, t.ndim, m->params[i].shape, t.data};
     }
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    c = whale_st_write(path, items, m->n_params, NULL, err);
+    c = whale_st_write(path, items, n_save, NULL, err);
     free(items);
     return c;
 }
@@ -437,6 +438,7 @@ int whale_model_has_master(const whale_model *m) { return m->handles == NULL; }
 
 void whale_model_free(whale_model *m) {
     if (!m) return;
+    whale_lora_free(m);
     whale_model_clear_copies(m);
     whale_model_release_handles(m);
     if (m->ops && m->ops->free_impl) m->ops->free_impl(m);
@@ -515,7 +517,7 @@ size_t whale_session_activation_bytes(const whale_session *s, size_t *recompute_
 }
 
 float *whale_session_grad(whale_session *s, int i) {
-    if (!s->grads || i < 0 || i >= s->model->n_params) return NULL;
+    if (!s->grads || i < 0 || i >= s->model->n_params || s->grad_offsets[i] == SIZE_MAX) return NULL;
     return s->grads + s->grad_offsets[i];
 }
 
@@ -555,6 +557,8 @@ whale_code whale_session_train_step(whale_session *s, const int32_t *ids, const 
                               seg[i], i);
     }
     s->cached = 0;
+    s->training = loss_scale != 0; /* evaluation runs without LoRA dropout */
+    s->lora_calls++;
     return s->train_fn(s, ids, labels, pos, seg, B, S, loss_scale, loss, count, err);
 }
 

@@ -19,6 +19,7 @@ typedef struct {
     int decay;        /* 1 if weight decay applies (HF no-decay rule for norms/biases) */
     int used;         /* 0 for tensors the forward pass never reads (attn_sink) */
     int no_grad;      /* 1 where no gradient can flow (unused, or selection-only like gate.bias) */
+    int frozen;       /* 1 for base parameters under LoRA: no gradient buffer, never updated */
 } whale_param;
 
 /* Bytes of a session's buffers by kind. */
@@ -70,6 +71,17 @@ typedef struct {
     const float *scale;  /* I8: scale of W's row */
 } whale_wview;
 
+/* A LoRA adapter on one weight (whale_lora.h). */
+typedef struct {
+    int base;                 /* parameter index of the adapted weight */
+    int a, b;                 /* parameter indices of lora_A [r, cols] and lora_B [rows, r] */
+    const float *start, *end; /* the base weight's fp32 address range (lookup) */
+    int64_t rows, cols;
+    int rank;
+    float scale;              /* alpha / r, or alpha / sqrt(r) */
+    float *A, *B;             /* the adapter parameters' slots */
+} whale_lora_target;
+
 struct whale_model {
     whale_family family;
     whale_dtype compute_dtype; /* F32, BF16, F16 or I8: the precision of weight products */
@@ -88,6 +100,11 @@ struct whale_model {
     whale_param *params;
     float *owned;           /* one allocation for all params not served zero-copy */
     struct whale_st *source; /* safetensors kept mapped while params point into it */
+    int n_base_params;      /* the family's parameters; LoRA adapters come after them */
+    whale_lora_target *lora; /* sorted by start */
+    int n_lora;
+    float *lora_mem;
+    void *lora_cfg;         /* whale_lora_config + its strings (lora.c) */
     int vocab_size, max_positions;
     int n_eos;
     int32_t eos_ids[8];
@@ -108,6 +125,10 @@ struct whale_session {
     const char *const *prof_names;
     double prof[32];
     size_t activation_bytes, recompute_saves, kv_bytes, work_bytes, n_grad_bytes;
+    struct whale_gemm *gemm; /* the session's GEMM object (set by the family) */
+    int training;            /* a training session: LoRA dropout applies */
+    uint64_t lora_calls;     /* training steps so far: the dropout masks' counter */
+    float *lora_work;        /* [T, 2 · max rank]: LoRA's low-rank intermediates */
     /* training sessions only */
     float *grads;          /* one buffer laid out like the parameters */
     size_t *grad_offsets;  /* [n_params] */
@@ -157,12 +178,23 @@ void whale_model_row(const whale_model *m, const float *W, int64_t r, int64_t co
  * and whale_linear_dx rounded to fp16 (values past 65504 become inf, as in
  * an fp16 autocast run). int8: weight-only int8 (forward only). */
 struct whale_gemm;
-whale_code whale_linear(struct whale_gemm *g, const whale_model *m, int M, int N, int K, const float *A, int lda,
-                        const float *W, int ldw, float *C, int ldc, whale_err *err);
-whale_code whale_linear_dx(struct whale_gemm *g, const whale_model *m, int M, int N, int K, const float *dC,
-                           int lddc, const float *W, int ldw, float *dA, int ldda, int accumulate, whale_err *err);
-whale_code whale_linear_dw(struct whale_gemm *g, const whale_model *m, int M, int N, int K, const float *dC,
-                           int lddc, const float *A, int lda, float *dW, int lddw, whale_err *err);
+/* With LoRA adapters, each adds its low-rank term (whale_lora.h): the
+ * forward s·B·(A·drop(x)), the input gradient through it, and in
+ * whale_linear_dw the adapters' gradients (into the session's buffers);
+ * dW may then be NULL (a frozen base weight has no gradient). */
+whale_code whale_linear(whale_session *s, int M, int N, int K, const float *A, int lda, const float *W, int ldw,
+                        float *C, int ldc, whale_err *err);
+whale_code whale_linear_dx(whale_session *s, int M, int N, int K, const float *dC, int lddc, const float *W, int ldw,
+                           float *dA, int ldda, int accumulate, whale_err *err);
+whale_code whale_linear_dw(whale_session *s, int M, int N, int K, const float *dC, int lddc, const float *A, int lda,
+                           const float *W, float *dW, int lddw, whale_err *err);
+/* Drop the adapters (lora.c) and unfreeze the base. */
+void whale_lora_free(whale_model *m);
+/* The base weights moved (made writable, masters dropped): find the
+ * adapters by the new addresses. */
+void whale_lora_rekey(whale_model *m);
+/* The adapter on W (W may point at a row inside the weight), or NULL. */
+const whale_lora_target *whale_lora_find(const whale_model *m, const float *W);
 
 /* Make the compute copies of every product weight in dt (BF16, F16, I8):
  * from the checkpoint entries src[i] (indexed like the parameters; an entry

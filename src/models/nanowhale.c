@@ -493,6 +493,7 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
         free(s);
         return e;
     }
+    s->base.gemm = s->gemm;
     int n_states = training ? 2 * c->L + 1 : 2, ok = 1;
     s->X = calloc((size_t)2 * c->L + 1, sizeof(float *));
     s->acts = calloc((size_t)s->n_act_sets, sizeof *s->acts);
@@ -507,8 +508,13 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
          (s->h = sess_alloc(s, T * c->D, 4, &tot)) && (s->hn_rstd = sess_alloc(s, T, 4, &tot)) &&
          (s->hn = sess_alloc(s, T * c->D, 4, &tot)) && (s->ex_in = sess_alloc(s, T * c->D, 4, &tot)) &&
          (s->last = sess_alloc(s, (size_t)max_batch * c->D, 4, &tot));
-    size_t work = 0, kv = 0;
-    ok = ok && (s->att_work = sess_alloc(s, k_attention_work_floats(max_seq, c->H), 4, &work)) &&
+    size_t work = 0, kv = 0, lora_floats = 0;
+    for (int i = 0; i < m->n_lora; i++) { /* LoRA: x·Aᵀ and dC·B [T, r] each, the dropped-out input [T, in] */
+        size_t f = (size_t)2 * m->lora[i].rank + (size_t)m->lora[i].cols;
+        if (f > lora_floats) lora_floats = f;
+    }
+    ok = ok && (!lora_floats || (s->base.lora_work = sess_alloc(s, T * lora_floats, 4, &work))) &&
+         (s->att_work = sess_alloc(s, k_attention_work_floats(max_seq, c->H), 4, &work)) &&
          (training || (s->kcache = sess_alloc(s, (size_t)c->L * max_batch * max_seq * c->Dh, 4, &kv)));
     if (!ok) {
         nw_session_free(&s->base);
@@ -555,18 +561,19 @@ static void trace(nw_session *s, whale_dtype dt, void *data, int ndim, const int
 /* Weight products in the run's precision (models/weights.c):
  *   linear:    C[M,N]  = A[M,K]·W[N,K]ᵀ
  *   linear_dx: dA[M,K] (+)= dC[M,N]·W[N,K]
- *   linear_dw: gW[N,K] += dC[M,N]ᵀ·A[M,K] */
+ *   linear_dw: gW[N,K] += dC[M,N]ᵀ·A[M,K]  (gW NULL: W is frozen; LoRA
+ *              adapters on W get their gradients either way) */
 static whale_code linear(nw_session *s, int M, int N, int K, const float *A, int lda, const float *W, int ldw,
                          float *C, int ldc, whale_err *err) {
-    return whale_linear(s->gemm, s->base.model, M, N, K, A, lda, W, ldw, C, ldc, err);
+    return whale_linear(&s->base, M, N, K, A, lda, W, ldw, C, ldc, err);
 }
 static whale_code linear_dx(nw_session *s, int M, int N, int K, const float *dC, int lddc, const float *W, int ldw,
                             float *dA, int ldda, int accumulate, whale_err *err) {
-    return whale_linear_dx(s->gemm, s->base.model, M, N, K, dC, lddc, W, ldw, dA, ldda, accumulate, err);
+    return whale_linear_dx(&s->base, M, N, K, dC, lddc, W, ldw, dA, ldda, accumulate, err);
 }
 static whale_code linear_dw(nw_session *s, int M, int N, int K, const float *dC, int lddc, const float *A, int lda,
-                            float *gW, int ldgw, whale_err *err) {
-    return whale_linear_dw(s->gemm, s->base.model, M, N, K, dC, lddc, A, lda, gW, ldgw, err);
+                            const float *W, float *gW, int ldgw, whale_err *err) {
+    return whale_linear_dw(&s->base, M, N, K, dC, lddc, A, lda, W, gW, ldgw, err);
 }
 
 /* HC_pre (§3.5) of state X, then the sub-layer's RMSNorm. */
@@ -872,14 +879,14 @@ static whale_code attention_backward(nw_session *s, const nw_model *nw, const nw
     float scale = 1.0f / sqrtf((float)c->Dh);
     whale_code e;
     if ((e = linear_dx(s, T, c->D, GR, b->dsub, c->D, ly->wo_b, GR, b->dz, GR, 0, err)) ||
-        (e = linear_dw(s, T, c->D, GR, b->dsub, c->D, a->z, GR, gl->wo_b, GR, err)))
+        (e = linear_dw(s, T, c->D, GR, b->dsub, c->D, a->z, GR, ly->wo_b, gl->wo_b, GR, err)))
         return e;
     for (int gi = 0; gi < c->G; gi++) { /* block-diagonal wo_a, one group at a time */
         size_t wo = (size_t)gi * c->Ro * gin;
         if ((e = linear_dx(s, T, c->Ro, gin, b->dz + (size_t)gi * c->Ro, GR, ly->wo_a + wo, gin,
                            b->datt + (size_t)gi * gin, HD, 0, err)) ||
             (e = linear_dw(s, T, c->Ro, gin, b->dz + (size_t)gi * c->Ro, GR, a->att_d + (size_t)gi * gin, HD,
-                           gl->wo_a + wo, gin, err)))
+                           ly->wo_a + wo, gl->wo_a ? gl->wo_a + wo : NULL, gin, err)))
             return e;
     }
     k_rope_backward(b->datt, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 1);
@@ -897,16 +904,16 @@ static whale_code attention_backward(nw_session *s, const nw_model *nw, const nw
     k_rope_backward(b->dkv, T, c->Dh, 1, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
     k_rmsnorm_backward(b->dq, NULL, b->dq, a->q_raw, NULL, a->q_rstd, (long)T * c->H, c->Dh);
     if ((e = linear_dx(s, T, HD, c->Q, b->dq, HD, ly->wq_b, c->Q, b->dqlat, c->Q, 0, err)) ||
-        (e = linear_dw(s, T, HD, c->Q, b->dq, HD, a->qlat, c->Q, gl->wq_b, c->Q, err)))
+        (e = linear_dw(s, T, HD, c->Q, b->dq, HD, a->qlat, c->Q, ly->wq_b, gl->wq_b, c->Q, err)))
         return e;
     k_rmsnorm_backward(b->dqlat, gl->q_norm, b->dqlat, a->qlat_raw, ly->q_norm, a->qlat_rstd, T, c->Q);
     const float *yn = a->hca.yn;
     if ((e = linear_dx(s, T, c->Q, c->D, b->dqlat, c->Q, ly->wq_a, c->D, b->dyn, c->D, 0, err)) ||
-        (e = linear_dw(s, T, c->Q, c->D, b->dqlat, c->Q, yn, c->D, gl->wq_a, c->D, err)))
+        (e = linear_dw(s, T, c->Q, c->D, b->dqlat, c->Q, yn, c->D, ly->wq_a, gl->wq_a, c->D, err)))
         return e;
     k_rmsnorm_backward(b->dkv, gl->kv_norm, b->dkv, a->kv_raw, ly->kv_norm, a->kv_rstd, T, c->Dh);
     if ((e = linear_dx(s, T, c->Dh, c->D, b->dkv, c->Dh, ly->wkv, c->D, b->dyn, c->D, 1, err))) return e;
-    return linear_dw(s, T, c->Dh, c->D, b->dkv, c->Dh, yn, c->D, gl->wkv, c->D, err);
+    return linear_dw(s, T, c->Dh, c->D, b->dkv, c->Dh, yn, c->D, ly->wkv, gl->wkv, c->D, err);
 }
 
 /* Backward of one SwiGLU expert on n rows: dout [n, D] → dx [n, D] (written)
@@ -918,14 +925,14 @@ static whale_code expert_backward(nw_session *s, const nw_config *c, int n, cons
     struct nw_backward *b = s->bw;
     whale_code e;
     if ((e = linear_dx(s, n, c->D, c->F, dout, c->D, w2, c->F, b->dh, c->F, 0, err)) ||
-        (e = linear_dw(s, n, c->D, c->F, dout, c->D, hh, c->F, g2, c->F, err)))
+        (e = linear_dw(s, n, c->D, c->F, dout, c->D, hh, c->F, w2, g2, c->F, err)))
         return e;
     k_swiglu_backward(b->dg, b->du, b->dh, gg, uu, (long)n * c->F, limit);
     if ((e = linear_dx(s, n, c->F, c->D, b->dg, c->F, w1, c->D, dx, c->D, 0, err)) ||
         (e = linear_dx(s, n, c->F, c->D, b->du, c->F, w3, c->D, dx, c->D, 1, err)) ||
-        (e = linear_dw(s, n, c->F, c->D, b->dg, c->F, x, c->D, g1, c->D, err)))
+        (e = linear_dw(s, n, c->F, c->D, b->dg, c->F, x, c->D, w1, g1, c->D, err)))
         return e;
-    return linear_dw(s, n, c->F, c->D, b->du, c->F, x, c->D, g3, c->D, err);
+    return linear_dw(s, n, c->F, c->D, b->du, c->F, x, c->D, w3, g3, c->D, err);
 }
 
 /* ---- bf16 products (whale_linear* with bf16 weights): the same backward
@@ -937,7 +944,7 @@ static whale_code expert_backward(nw_session *s, const nw_config *c, int n, cons
  * / _dw add beyond the product (adapters, say) must turn them off here. */
 static int bf16_products(const nw_session *s, const float *W) {
     const whale_model *m = s->base.model;
-    return m->compute_dtype == WHALE_BF16 && whale_model_weight(m, W).dtype == WHALE_BF16;
+    return m->compute_dtype == WHALE_BF16 && whale_model_weight(m, W).dtype == WHALE_BF16 && !m->n_lora;
 }
 
 static const uint16_t *w16(const nw_session *s, const float *W) { return whale_model_weight(s->base.model, W).data; }
@@ -1130,13 +1137,13 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
             uint16_t *hn16 = (uint16_t *)b->de_out; /* free until the MoE backward */
             round_rows(hn16, hn, n, D, D);
             if ((e = whale_gemm_nn_b16(s->gemm, n, D, V, dl, 2 * V, w16(s, head), D, dhn, D, 0, err)) ||
-                (e = whale_gemm_tn_b16(s->gemm, V, D, n, dl, 2 * V, hn16, D, ghead, D, 1, err)))
+                (ghead && (e = whale_gemm_tn_b16(s->gemm, V, D, n, dl, 2 * V, hn16, D, ghead, D, 1, err))))
                 return e;
         } else {
             l = whale_cross_entropy_labels_backward_scaled(b->logits, b->logits, b->tgt + r0, 1, n, V, gs, &cn);
             TRACE(WHALE_F32, b->logits, 2, DIMS(n, V), "grad.logits");
             if ((e = linear_dx(s, n, V, D, b->logits, V, head, D, dhn, D, 0, err)) ||
-                (e = linear_dw(s, n, V, D, b->logits, V, hn, D, ghead, D, err)))
+                (e = linear_dw(s, n, V, D, b->logits, V, hn, D, head, ghead, D, err)))
                 return e;
         }
         if (cn) total += l * (double)cn;
@@ -1204,7 +1211,7 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
         else TRACE(WHALE_F32, dX, 3, DIMS(T, M, D), "grad.embedding");
     }
     /* embedding: every stream of X0 is a copy of the token's row */
-    PROF(s, P_B_EMBED, for (int t = 0; t < T; t++) {
+    PROF(s, P_B_EMBED, for (int t = 0; gw->embed && t < T; t++) { /* NULL: frozen */
         float *row = gw->embed + (size_t)ids[t] * D;
         for (int m = 0; m < M; m++) {
             const float *d = dX + ((size_t)t * M + m) * D;
@@ -1227,9 +1234,14 @@ static whale_code train_session_create(whale_model *m, int max_batch, int seq, i
     struct nw_backward *b = s->bw = calloc(1, sizeof *b);
     base->grad_offsets = malloc(sizeof(size_t) * (size_t)m->n_params);
     if (!b || !base->grad_offsets) goto nomem;
-    for (int i = 0; i < m->n_params; i++) {
+    for (int i = 0; i < m->n_params; i++) { /* frozen weights (LoRA's base) get no gradient buffer */
+        const whale_param *p = &m->params[i];
+        if (p->frozen && whale_param_is_product_weight(p)) {
+            base->grad_offsets[i] = SIZE_MAX;
+            continue;
+        }
         base->grad_offsets[i] = base->n_grad;
-        base->n_grad += (size_t)whale_shape_numel(m->params[i].ndim, m->params[i].shape);
+        base->n_grad += (size_t)whale_shape_numel(p->ndim, p->shape);
     }
     if (count_only) {
         base->n_grad_bytes = sizeof(float) * base->n_grad;
@@ -1248,7 +1260,7 @@ static whale_code train_session_create(whale_model *m, int max_batch, int seq, i
         return err->code;
     }
     for (int i = 0; !count_only && i < shadow.n_params; i++)
-        *shadow.params[i].slot = base->grads + base->grad_offsets[i];
+        *shadow.params[i].slot = base->grad_offsets[i] == SIZE_MAX ? NULL : base->grads + base->grad_offsets[i];
     free(shadow.params);
 
     size_t V = (size_t)c->vocab, ch = T < CE_CHUNK ? T : CE_CHUNK;

@@ -14,6 +14,7 @@
 #include "io/safetensors.h"
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
+#include "whale_lora.h"
 
 #include <omp.h>
 #include <string.h>
@@ -22,7 +23,8 @@
 
 int whale_param_is_product_weight(const whale_param *p) {
     size_t n = strlen(p->name);
-    return p->ndim == 2 && n > 7 && !strcmp(p->name + n - 7, ".weight") && !strstr(p->name, "ffn.gate.");
+    return p->ndim == 2 && n > 7 && !strcmp(p->name + n - 7, ".weight") && !strstr(p->name, "ffn.gate.") &&
+           !strstr(p->name, ".lora_");
 }
 
 static int is_handle(const whale_model *m, const float *W) {
@@ -277,6 +279,7 @@ whale_code whale_model_drop_master(whale_model *m, whale_err *err) {
     free(m->owned);
     m->owned = owned;
     qsort(m->copies, (size_t)m->n_copies, sizeof *m->copies, copy_cmp);
+    whale_lora_rekey(m);
     if (m->source && !m->mapped_copy_bytes) { /* nothing points into the checkpoint any more */
         whale_st_close(m->source);
         m->source = NULL;
@@ -290,42 +293,162 @@ static void round_rows_f16(float *C, int M, int N, int ldc) {
     for (int i = 0; i < M; i++) whale_round_f16_inplace(C + (size_t)i * ldc, (size_t)N);
 }
 
-whale_code whale_linear(whale_gemm *g, const whale_model *m, int M, int N, int K, const float *A, int lda,
-                        const float *W, int ldw, float *C, int ldc, whale_err *err) {
-    whale_wview v = whale_model_weight(m, W);
-    whale_code e;
-    switch (v.dtype) {
-    case WHALE_BF16: return whale_gemm_nt_bf16(g, M, N, K, A, lda, v.data, ldw, C, ldc, 0, err);
-    case WHALE_F16:
-        if (!(e = whale_gemm_nt_f16(g, M, N, K, A, lda, v.data, ldw, C, ldc, 0, err))) round_rows_f16(C, M, N, ldc);
-        return e;
-    case WHALE_I8: return whale_gemm_nt_q8(g, M, N, K, A, lda, v.data, ldw, v.scale, C, ldc, 0, err);
-    default: return whale_gemm_nt(g, M, N, K, A, lda, W, ldw, C, ldc, 0, err);
+const whale_lora_target *whale_lora_find(const whale_model *m, const float *W) {
+    int lo = 0, hi = m->n_lora - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        const whale_lora_target *t = &m->lora[mid];
+        if (W < t->start) hi = mid - 1;
+        else if (W >= t->end) lo = mid + 1;
+        else return t;
     }
+    return NULL;
 }
 
-whale_code whale_linear_dx(whale_gemm *g, const whale_model *m, int M, int N, int K, const float *dC, int lddc,
-                           const float *W, int ldw, float *dA, int ldda, int accumulate, whale_err *err) {
+/* LoRA dropout: whether element i of the adapter input is kept, from a
+ * counter-based hash of (seed, training step, adapter, row offset, i), so
+ * the backward pass regenerates the forward's mask without storing it. */
+static inline int lora_keep(uint64_t key, uint64_t i, uint32_t threshold) {
+    uint64_t z = key + (i + 1) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (uint32_t)(z >> 32) >= threshold;
+}
+
+typedef struct {
+    const whale_lora_target *t;
+    int64_t row0;     /* first row of the base weight this product uses */
+    float *xa;        /* [M, r]: drop(x)·Aᵀ, then scratch */
+    float *u;         /* [M, r] */
+    float *xd;        /* [M, K]: the dropped-out input, or NULL without dropout */
+    uint64_t key;
+    uint32_t threshold;
+    float keep_scale; /* 1 / (1 − p) */
+} lora_call;
+
+/* Set up the adapter term of a product with W (0 when W has no adapter). */
+static int lora_begin(whale_session *s, const float *W, int M, int K, lora_call *lc) {
+    const whale_model *m = s->model;
+    if (!m->n_lora || !(lc->t = whale_lora_find(m, W))) return 0;
+    const whale_lora_target *t = lc->t;
+    lc->row0 = (int64_t)(W - t->start) / t->cols;
+    int r = t->rank;
+    lc->xa = s->lora_work;
+    lc->u = s->lora_work + (size_t)M * r;
+    double p = m->lora_cfg ? ((const whale_lora_config *)m->lora_cfg)->dropout : 0.0;
+    lc->xd = NULL;
+    if (s->training && p > 0) {
+        lc->xd = s->lora_work + (size_t)2 * M * r;
+        uint64_t seed = ((const whale_lora_config *)m->lora_cfg)->seed;
+        lc->key = seed ^ (s->lora_calls << 40) ^ ((uint64_t)(t - m->lora) << 20) ^ (uint64_t)lc->row0;
+        lc->threshold = (uint32_t)(p * 4294967296.0);
+        lc->keep_scale = (float)(1.0 / (1.0 - p));
+    }
+    (void)K;
+    return 1;
+}
+
+/* xa = drop(X)·Aᵀ; with dropout, xd receives drop(X). */
+static whale_code lora_input(whale_session *s, lora_call *lc, int M, int K, const float *X, int ldx, whale_err *err) {
+    const whale_lora_target *t = lc->t;
+    if (lc->xd) {
+#pragma omp parallel for schedule(static) if ((long)M * K > 65536)
+        for (int i = 0; i < M; i++)
+            for (int k = 0; k < K; k++) {
+                uint64_t e = (uint64_t)i * (uint64_t)K + (uint64_t)k;
+                lc->xd[e] = lora_keep(lc->key, e, lc->threshold) ? X[(size_t)i * ldx + k] * lc->keep_scale : 0.0f;
+            }
+        X = lc->xd;
+        ldx = K;
+    }
+    return whale_gemm_nt(s->gemm, M, t->rank, K, X, ldx, t->A, (int)t->cols, lc->xa, t->rank, 0, err);
+}
+
+whale_code whale_linear(whale_session *s, int M, int N, int K, const float *A, int lda, const float *W, int ldw,
+                        float *C, int ldc, whale_err *err) {
+    const whale_model *m = s->model;
+    whale_gemm *g = s->gemm;
     whale_wview v = whale_model_weight(m, W);
     whale_code e;
     switch (v.dtype) {
-    case WHALE_BF16: return whale_gemm_nn_bf16(g, M, K, N, dC, lddc, v.data, ldw, dA, ldda, accumulate, err);
+    case WHALE_BF16: e = whale_gemm_nt_bf16(g, M, N, K, A, lda, v.data, ldw, C, ldc, 0, err); break;
+    case WHALE_F16:
+        if (!(e = whale_gemm_nt_f16(g, M, N, K, A, lda, v.data, ldw, C, ldc, 0, err))) round_rows_f16(C, M, N, ldc);
+        break;
+    case WHALE_I8: e = whale_gemm_nt_q8(g, M, N, K, A, lda, v.data, ldw, v.scale, C, ldc, 0, err); break;
+    default: e = whale_gemm_nt(g, M, N, K, A, lda, W, ldw, C, ldc, 0, err);
+    }
+    lora_call lc;
+    if (e || !lora_begin(s, W, M, K, &lc)) return e;
+    /* C += s · (drop(A)·Aᵀ) · B[rows]ᵀ */
+    const whale_lora_target *t = lc.t;
+    if ((e = lora_input(s, &lc, M, K, A, lda, err))) return e;
+    for (size_t i = 0; i < (size_t)M * t->rank; i++) lc.xa[i] *= t->scale;
+    return whale_gemm_nt(g, M, N, t->rank, lc.xa, t->rank, t->B + lc.row0 * t->rank, t->rank, C, ldc, 1, err);
+}
+
+whale_code whale_linear_dx(whale_session *s, int M, int N, int K, const float *dC, int lddc, const float *W, int ldw,
+                           float *dA, int ldda, int accumulate, whale_err *err) {
+    const whale_model *m = s->model;
+    whale_gemm *g = s->gemm;
+    whale_wview v = whale_model_weight(m, W);
+    whale_code e;
+    switch (v.dtype) {
+    case WHALE_BF16: e = whale_gemm_nn_bf16(g, M, K, N, dC, lddc, v.data, ldw, dA, ldda, accumulate, err); break;
     case WHALE_F16:
         if (!(e = whale_gemm_nn_f16(g, M, K, N, dC, lddc, v.data, ldw, dA, ldda, accumulate, err)))
             round_rows_f16(dA, M, K, ldda);
-        return e;
+        break;
     case WHALE_I8:
         return whale_errf(err, WHALE_ERR_UNSUPPORTED, "int8 weights are for inference: no gradient flows through them");
-    default: return whale_gemm_nn(g, M, K, N, dC, lddc, W, ldw, dA, ldda, accumulate, err);
+    default: e = whale_gemm_nn(g, M, K, N, dC, lddc, W, ldw, dA, ldda, accumulate, err);
     }
+    lora_call lc;
+    if (e || !lora_begin(s, W, M, K, &lc)) return e;
+    /* dA += drop'(s · (dC·B[rows]) · A) */
+    const whale_lora_target *t = lc.t;
+    int r = t->rank;
+    if ((e = whale_gemm_nn(g, M, r, N, dC, lddc, t->B + lc.row0 * r, r, lc.u, r, 0, err))) return e;
+    for (size_t i = 0; i < (size_t)M * r; i++) lc.u[i] *= t->scale;
+    if (!lc.xd) return whale_gemm_nn(g, M, K, r, lc.u, r, t->A, (int)t->cols, dA, ldda, 1, err);
+    if ((e = whale_gemm_nn(g, M, K, r, lc.u, r, t->A, (int)t->cols, lc.xd, K, 0, err))) return e;
+#pragma omp parallel for schedule(static) if ((long)M * K > 65536)
+    for (int i = 0; i < M; i++)
+        for (int k = 0; k < K; k++) {
+            uint64_t el = (uint64_t)i * (uint64_t)K + (uint64_t)k;
+            if (lora_keep(lc.key, el, lc.threshold)) dA[(size_t)i * ldda + k] += lc.xd[el] * lc.keep_scale;
+        }
+    return WHALE_OK;
 }
 
-whale_code whale_linear_dw(whale_gemm *g, const whale_model *m, int M, int N, int K, const float *dC, int lddc,
-                           const float *A, int lda, float *dW, int lddw, whale_err *err) {
-    switch (m->compute_dtype) {
-    case WHALE_BF16: return whale_gemm_tn_bf16(g, N, K, M, dC, lddc, A, lda, dW, lddw, 1, err);
-    case WHALE_F16: return whale_gemm_tn_f16(g, N, K, M, dC, lddc, A, lda, dW, lddw, 1, err);
-    case WHALE_I8: return whale_errf(err, WHALE_ERR_UNSUPPORTED, "int8 weights are for inference: they cannot be trained");
-    default: return whale_gemm_tn(g, N, K, M, dC, lddc, A, lda, dW, lddw, 1, err);
+whale_code whale_linear_dw(whale_session *s, int M, int N, int K, const float *dC, int lddc, const float *A, int lda,
+                           const float *W, float *dW, int lddw, whale_err *err) {
+    const whale_model *m = s->model;
+    whale_gemm *g = s->gemm;
+    whale_code e = WHALE_OK;
+    if (dW) {
+        switch (m->compute_dtype) {
+        case WHALE_BF16: e = whale_gemm_tn_bf16(g, N, K, M, dC, lddc, A, lda, dW, lddw, 1, err); break;
+        case WHALE_F16: e = whale_gemm_tn_f16(g, N, K, M, dC, lddc, A, lda, dW, lddw, 1, err); break;
+        case WHALE_I8:
+            return whale_errf(err, WHALE_ERR_UNSUPPORTED, "int8 weights are for inference: they cannot be trained");
+        default: e = whale_gemm_tn(g, N, K, M, dC, lddc, A, lda, dW, lddw, 1, err);
+        }
     }
+    lora_call lc;
+    if (e || !lora_begin(s, W, M, K, &lc)) return e;
+    /* gB[rows] += s · dCᵀ · (drop(x)·Aᵀ);  gA += s · (dC·B[rows])ᵀ · drop(x) */
+    const whale_lora_target *t = lc.t;
+    int r = t->rank;
+    float *gA = whale_session_grad(s, t->a), *gB = whale_session_grad(s, t->b);
+    if (!gA || !gB) return WHALE_OK; /* not a training session */
+    if ((e = lora_input(s, &lc, M, K, A, lda, err))) return e;
+    const float *X = lc.xd ? lc.xd : A;
+    int ldx = lc.xd ? K : lda;
+    for (size_t i = 0; i < (size_t)M * r; i++) lc.xa[i] *= t->scale;
+    if ((e = whale_gemm_tn(g, N, r, M, dC, lddc, lc.xa, r, gB + lc.row0 * r, r, 1, err))) return e;
+    if ((e = whale_gemm_nn(g, M, r, N, dC, lddc, t->B + lc.row0 * r, r, lc.u, r, 0, err))) return e;
+    for (size_t i = 0; i < (size_t)M * r; i++) lc.u[i] *= t->scale;
+    return whale_gemm_tn(g, r, K, M, lc.u, r, X, ldx, gA, (int)t->cols, 1, err);
 }

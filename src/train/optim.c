@@ -15,7 +15,8 @@ struct whale_optimizer {
     whale_model *model;
     whale_adamw_config cfg;
     int64_t steps;
-    float *m, *v;     /* laid out like the session gradients */
+    float *m, *v;     /* one pair per element of every trainable parameter */
+    size_t n_moments;
     size_t *offsets;  /* [n_params] */
 };
 
@@ -43,7 +44,8 @@ whale_code whale_model_make_writable(whale_model *m, whale_err *err) {
     m->owned = buf;
     whale_st_close(m->source);
     m->source = NULL;
-    /* the compute copies are found by the fp32 addresses, which moved */
+    /* the compute copies and adapters are found by the fp32 addresses, which moved */
+    whale_lora_rekey(m);
     whale_dtype dt = m->compute_dtype;
     if (dt == WHALE_F32) return WHALE_OK;
     whale_model_clear_copies(m);
@@ -64,10 +66,11 @@ whale_code whale_adamw_new(whale_model *m, const whale_adamw_config *cfg, whale_
     o->cfg = *cfg;
     o->offsets = malloc(sizeof(size_t) * (size_t)m->n_params);
     size_t n = 0;
-    for (int i = 0; o->offsets && i < m->n_params; i++) {
-        o->offsets[i] = n;
-        n += (size_t)whale_shape_numel(m->params[i].ndim, m->params[i].shape);
+    for (int i = 0; o->offsets && i < m->n_params; i++) { /* frozen parameters (LoRA's base) have no moments */
+        o->offsets[i] = m->params[i].frozen ? SIZE_MAX : n;
+        if (!m->params[i].frozen) n += (size_t)whale_shape_numel(m->params[i].ndim, m->params[i].shape);
     }
+    o->n_moments = n;
     o->m = whale_calloc(n * sizeof(float));
     o->v = whale_calloc(n * sizeof(float));
     if (!o->offsets || !o->m || !o->v) {
@@ -87,16 +90,11 @@ void whale_optimizer_free(whale_optimizer *o) {
 }
 
 int64_t whale_optimizer_steps(const whale_optimizer *o) { return o->steps; }
-size_t whale_optimizer_bytes(const whale_optimizer *o) {
-    size_t n = 0;
-    for (int i = 0; i < o->model->n_params; i++)
-        n += (size_t)whale_shape_numel(o->model->params[i].ndim, o->model->params[i].shape);
-    return 2 * n * sizeof(float);
-}
+size_t whale_optimizer_bytes(const whale_optimizer *o) { return 2 * o->n_moments * sizeof(float); }
 void whale_optimizer_set_steps(whale_optimizer *o, int64_t steps) { o->steps = steps; }
 
 float *whale_optimizer_moment(whale_optimizer *o, int which, int i) {
-    if (i < 0 || i >= o->model->n_params) return NULL;
+    if (i < 0 || i >= o->model->n_params || o->offsets[i] == SIZE_MAX) return NULL;
     return (which ? o->v : o->m) + o->offsets[i];
 }
 
@@ -109,7 +107,7 @@ void whale_adamw_step(whale_optimizer *o, whale_session *s, double lr) {
     float b1 = (float)c->beta1, b2 = (float)c->beta2, eps = (float)c->eps;
     for (int i = 0; i < m->n_params; i++) {
         const whale_param *p = &m->params[i];
-        if (p->no_grad) continue; /* PyTorch skips parameters without a gradient */
+        if (p->no_grad || p->frozen) continue; /* PyTorch skips parameters without a gradient */
         float decay = p->decay ? (float)(1.0 - lr * c->weight_decay) : 1.0f;
         long n = (long)whale_shape_numel(p->ndim, p->shape);
         float *w = p->data, *mm = o->m + o->offsets[i], *vv = o->v + o->offsets[i];

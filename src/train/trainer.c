@@ -405,7 +405,7 @@ static const char *first_nonfinite_grad(run_t *r) {
         whale_tensor t = whale_model_param(r->m, i);
         const float *g = whale_session_grad(r->s, i);
         long n = (long)whale_shape_numel(t.ndim, t.shape);
-        for (long k = 0; k < n; k++)
+        for (long k = 0; g && k < n; k++) /* frozen parameters have no gradient */
             if (!isfinite(g[k])) return whale_model_param_name(r->m, i);
     }
     return NULL;

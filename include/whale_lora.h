@@ -1,0 +1,67 @@
+/*
+ * whale_lora.h — LoRA adapters (PEFT-compatible) on a model's Linear layers.
+ *
+ * An adapter on a weight W [out, in] adds s · B·A with A [r, in], B [out, r]
+ * and s = alpha / r (alpha / sqrt(r) with rsLoRA): y = W·x + s·B·(A·drop(x)).
+ * Initialisation as PEFT: A uniform in ±1/sqrt(in), B zero, so an attached
+ * adapter changes nothing until trained. With adapters attached, every base
+ * parameter is frozen (no gradient buffer, no optimiser state: PEFT's
+ * default) and the adapters are the model's trainable parameters, named
+ * "<module>.lora_A.weight" / "<module>.lora_B.weight" in the parameter table.
+ *
+ * nanowhale's all-linear targets are wq_a, wq_b, wkv, wo_a, wo_b and the
+ * routed and shared experts' w1, w2, w3 (not lm_head, not the gate, whose
+ * weight is a raw parameter). wo_a is used block-diagonally by the model
+ * (each group of o_groups multiplies its slice of the attention output), so
+ * its adapter acts through the effective weight W + s·B·A on every group:
+ * group g adds s · B[g rows] · A · x_g. Merging is therefore exact.
+ *
+ * Attach adapters before creating sessions.
+ */
+#ifndef WHALE_LORA_H
+#define WHALE_LORA_H
+
+#include "whale.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int rank;                   /* r (8) */
+    double alpha;               /* lora_alpha (32) */
+    double dropout;             /* lora_dropout on the adapter's input, training only (0.05) */
+    int use_rslora;             /* scale alpha / sqrt(r) instead of alpha / r */
+    const char *target_modules; /* "all-linear" or comma-separated module names ("wq_a,wkv,w1") */
+    uint64_t seed;              /* A's initialisation and the dropout masks */
+} whale_lora_config;
+
+whale_lora_config whale_lora_defaults(void);
+
+/* Add adapters to every targeted Linear of m (initialised as PEFT does) and
+ * freeze the base. Fails if m already has adapters or no module matches. */
+whale_code whale_lora_attach(whale_model *m, const whale_lora_config *cfg, whale_err *err);
+/* Load a PEFT adapter folder (adapter_config.json + adapter_model.safetensors)
+ * onto m: shapes, names and config are checked (errors name the file). */
+whale_code whale_lora_load(whale_model *m, const char *dir, whale_err *err);
+/* Write dir/adapter_model.safetensors (keys base_model.model.<module>.lora_A
+ * .weight [r, in] and .lora_B.weight [out, r], fp32) and dir/adapter_config.json
+ * (peft_type LORA, task_type CAUSAL_LM, r, lora_alpha, lora_dropout,
+ * target_modules, base_model_name_or_path, use_rslora, bias "none"). Files
+ * are written to temporary names, fsynced and renamed. */
+whale_code whale_lora_save(const whale_model *m, const char *dir, const char *base_model_name_or_path,
+                           whale_err *err);
+/* W += s·B·A for every adapter, into the fp32 weights (or the bf16/fp16
+ * copy of a model loaded without fp32 weights), then drop the adapters and
+ * unfreeze the base: the model computes what the adapted model computed. */
+whale_code whale_lora_merge(whale_model *m, whale_err *err);
+/* Number of adapters (0 when none) and their parameter count. */
+int whale_lora_count(const whale_model *m);
+int64_t whale_lora_num_params(const whale_model *m);
+/* The config the adapters were attached or loaded with (NULL if none). */
+const whale_lora_config *whale_lora_get_config(const whale_model *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

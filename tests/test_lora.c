@@ -1,0 +1,169 @@
+/* LoRA against the PyTorch reference with a hand-written LoRA
+ * (tests/reference/gen_lora.py): the PEFT adapter folder loads, logits and
+ * loss match, the adapters' gradients match with the base frozen, merging
+ * gives the adapted logits, a training step changes only the adapters (the
+ * base bit for bit), save → load round-trips, PEFT's initialisation leaves
+ * the model unchanged. */
+#include "testutil.h"
+
+#include "io/safetensors.h"
+#include "whale.h"
+#include "whale_lora.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static double rel(const float *a, const float *b, long n) {
+    double d = 0, r = 0;
+    for (long i = 0; i < n; i++) {
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        r += (double)b[i] * b[i];
+    }
+    return r > 0 ? sqrt(d / r) : sqrt(d);
+}
+
+static whale_model *load_tiny(void) {
+    char dir[512];
+    whale_err err;
+    whale_model *m = NULL;
+    snprintf(dir, sizeof dir, "%s/tiny", WHALE_TEST_DATA);
+    CHECK(whale_model_load(dir, &m, &err) == WHALE_OK, "%s", err.msg);
+    return m;
+}
+
+static int param_index(const whale_model *m, const char *name) {
+    for (int i = 0; i < whale_model_num_params(m); i++)
+        if (!strcmp(whale_model_param_name(m, i), name)) return i;
+    return -1;
+}
+
+int main(void) {
+    char adir[512], gpath[600];
+    snprintf(adir, sizeof adir, "%s/lora-tiny", WHALE_TEST_DATA);
+    snprintf(gpath, sizeof gpath, "%s/golden.safetensors", adir);
+    whale_err err;
+    whale_st *g;
+    if (whale_st_open(gpath, &g, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    const whale_st_entry *eids = whale_st_find(g, "input_ids"), *elab = whale_st_find(g, "labels"),
+                         *elog = whale_st_find(g, "logits"), *eloss = whale_st_find(g, "loss"),
+                         *emerged = whale_st_find(g, "merged_logits");
+    int B = (int)eids->shape[0], S = (int)eids->shape[1];
+    const int32_t *ids = eids->data, *labels = elab->data;
+
+    whale_model *m = load_tiny();
+    int n_base = whale_model_num_params(m), V = whale_model_vocab_size(m);
+    CHECK(whale_lora_load(m, adir, &err) == WHALE_OK, "%s", err.msg);
+    CHECK(whale_lora_count(m) == 40, "40 adapters on tiny's all-linear modules, got %d", whale_lora_count(m));
+
+    /* forward */
+    size_t nl = (size_t)B * S * V;
+    float *logits = malloc(nl * sizeof(float)), *merged = malloc(nl * sizeof(float));
+    whale_session *s;
+    CHECK(whale_session_new(m, B, S, &s, &err) == WHALE_OK, "%s", err.msg);
+    CHECK(whale_session_forward(s, ids, B, S, logits, 1, &err) == WHALE_OK, "%s", err.msg);
+    whale_session_free(s);
+    double dl = rel(logits, elog->data, (long)nl);
+    printf("adapted logits vs reference: relative %.3g\n", dl);
+    CHECK(dl <= 1e-5, "adapted logits differ from the reference by %g", dl);
+
+    /* backward: the adapters' gradients, the base frozen */
+    whale_session *ts;
+    double loss;
+    int64_t cnt;
+    CHECK(whale_train_session_new(m, B, S, 0, &ts, &err) == WHALE_OK, "%s", err.msg);
+    whale_session_zero_grad(ts);
+    CHECK(whale_session_train_step(ts, ids, labels, NULL, NULL, B, S, 1.0, &loss, &cnt, &err) == WHALE_OK, "%s",
+          err.msg);
+    CHECK(fabs(loss - ((const float *)eloss->data)[0]) <= 1e-5 * fabs(loss), "loss %.7f vs %.7f", loss,
+          ((const float *)eloss->data)[0]);
+    double worst = 0;
+    const char *worst_name = "";
+    for (int i = n_base; i < whale_model_num_params(m); i++) {
+        char key[256];
+        snprintf(key, sizeof key, "grad.base_model.model.%s", whale_model_param_name(m, i));
+        const whale_st_entry *e = whale_st_find(g, key);
+        CHECK(e != NULL, "golden has no %s", key);
+        if (!e) continue;
+        double r = rel(whale_session_grad(ts, i), e->data, (long)(e->nbytes / 4));
+        if (r > worst) worst = r, worst_name = whale_model_param_name(m, i);
+    }
+    printf("adapter gradients vs reference: worst relative %.3g (%s)\n", worst, worst_name);
+    CHECK(worst <= 1e-4, "adapter gradient %s off by %g", worst_name, worst);
+    for (int i = 0; i < n_base; i++)
+        CHECK(whale_session_grad(ts, i) == NULL || !strstr(whale_model_param_name(m, i), ".weight") ||
+                  strstr(whale_model_param_name(m, i), "norm") || strstr(whale_model_param_name(m, i), "gate"),
+              "frozen product weight %s has a gradient buffer", whale_model_param_name(m, i));
+
+    /* one AdamW step changes the adapters and nothing else */
+    int iw = param_index(m, "model.layers.0.attn.wq_a.weight");
+    whale_tensor tw = whale_model_param(m, iw);
+    size_t nw = (size_t)whale_shape_numel(tw.ndim, tw.shape);
+    float *before = malloc(nw * sizeof(float)), *a_before = malloc(sizeof(float) * 4 * 64);
+    memcpy(before, tw.data, nw * sizeof(float));
+    int ia = param_index(m, "model.layers.0.attn.wq_a.lora_A.weight");
+    memcpy(a_before, whale_model_param(m, ia).data, sizeof(float) * 4 * 64);
+    whale_optimizer *o;
+    whale_adamw_config ac = {.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0};
+    CHECK(whale_adamw_new(m, &ac, &o, &err) == WHALE_OK, "%s", err.msg);
+    CHECK(whale_optimizer_bytes(o) == 2 * sizeof(float) * (size_t)whale_lora_num_params(m),
+          "moments for the adapters only: %zu bytes", whale_optimizer_bytes(o));
+    whale_adamw_step(o, ts, 1e-3);
+    tw = whale_model_param(m, iw);
+    CHECK(memcmp(before, tw.data, nw * sizeof(float)) == 0, "a frozen base weight changed");
+    CHECK(memcmp(a_before, whale_model_param(m, ia).data, sizeof(float) * 4 * 64) != 0, "lora_A did not change");
+    whale_optimizer_free(o);
+    whale_session_free(ts);
+    free(before);
+    free(a_before);
+
+    /* save → load round trip, then merge: the adapted logits without adapters */
+    char tmp[512];
+    test_tmpdir("lora", tmp, sizeof tmp);
+    CHECK(whale_lora_save(m, tmp, "tests/data/tiny", &err) == WHALE_OK, "%s", err.msg);
+    whale_model *m2 = load_tiny();
+    CHECK(whale_lora_load(m2, tmp, &err) == WHALE_OK, "%s", err.msg);
+    CHECK(whale_session_new(m2, B, S, &s, &err) == WHALE_OK, "%s", err.msg);
+    CHECK(whale_session_forward(s, ids, B, S, logits, 1, &err) == WHALE_OK, "%s", err.msg);
+    whale_session_free(s);
+    CHECK(whale_lora_merge(m2, &err) == WHALE_OK, "%s", err.msg);
+    CHECK(whale_lora_count(m2) == 0 && whale_model_num_params(m2) == n_base, "merge removes the adapters");
+    CHECK(whale_session_new(m2, B, S, &s, &err) == WHALE_OK, "%s", err.msg);
+    CHECK(whale_session_forward(s, ids, B, S, merged, 1, &err) == WHALE_OK, "%s", err.msg);
+    whale_session_free(s);
+    double dm = rel(merged, logits, (long)nl);
+    printf("merged vs adapted logits: relative %.3g\n", dm);
+    CHECK(dm <= 1e-5, "merged logits differ from the adapted ones by %g", dm);
+    (void)emerged;
+    whale_model_free(m2);
+
+    /* PEFT's initialisation (B = 0) changes nothing */
+    whale_model *m3 = load_tiny();
+    float *plain = malloc(nl * sizeof(float));
+    CHECK(whale_session_new(m3, B, S, &s, &err) == WHALE_OK, "%s", err.msg);
+    CHECK(whale_session_forward(s, ids, B, S, plain, 1, &err) == WHALE_OK, "%s", err.msg);
+    whale_session_free(s);
+    whale_lora_config cfg = whale_lora_defaults();
+    cfg.rank = 8;
+    CHECK(whale_lora_attach(m3, &cfg, &err) == WHALE_OK, "%s", err.msg);
+    CHECK(whale_session_new(m3, B, S, &s, &err) == WHALE_OK, "%s", err.msg);
+    CHECK(whale_session_forward(s, ids, B, S, logits, 1, &err) == WHALE_OK, "%s", err.msg);
+    whale_session_free(s);
+    CHECK(memcmp(plain, logits, nl * sizeof(float)) == 0, "fresh adapters must not change the logits");
+    cfg.target_modules = "no_such_module";
+    whale_model *m4 = load_tiny();
+    CHECK(whale_lora_attach(m4, &cfg, &err) == WHALE_ERR_ARG, "a target that matches nothing is refused");
+    whale_model_free(m4);
+
+    whale_model_free(m3);
+
+    free(plain);
+    free(logits);
+    free(merged);
+    whale_model_free(m);
+    whale_st_close(g);
+    return test_finish("test_lora");
+}
