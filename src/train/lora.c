@@ -311,6 +311,7 @@ whale_code whale_lora_load(whale_model *m, const char *dir, whale_err *err) {
 }
 
 void whale_lora_rekey(whale_model *m) {
+    if (!m->n_lora) return;
     for (int i = 0; i < m->n_lora; i++) {
         whale_lora_target *t = &m->lora[i];
         t->start = m->params[t->base].data;
