@@ -176,10 +176,14 @@ void whale_memory_print(const whale_memory *mm, FILE *f) {
 }
 
 void whale_memory_print_line(const whale_memory *mm, FILE *f) {
-    fprintf(f, "memory: weights %.1f MiB (fp32 %.1f, %s copies %.1f, mapped %.1f), KV cache %.1f MiB, activations %.1f MiB, "
-               "workspace %.1f MiB; about %.1f MiB with the runtime\n",
-            (mm->weights_f32 + mm->weights_lowp + mm->weights_mapped) / 1048576.0, mm->weights_f32 / 1048576.0,
-            mm->dtype == WHALE_BF16 ? "bf16" : mm->dtype == WHALE_F16 ? "fp16" : mm->dtype == WHALE_I8 ? "int8" : "no",
-            mm->weights_lowp / 1048576.0, mm->weights_mapped / 1048576.0, mm->kv_cache / 1048576.0,
-            mm->activations / 1048576.0, mm->workspace / 1048576.0, mm->total / 1048576.0);
+    const char *dn = mm->dtype == WHALE_BF16 ? "bf16" : mm->dtype == WHALE_F16 ? "fp16" : "int8";
+    if (mm->dtype == WHALE_F32)
+        fprintf(f, "memory: weights %.1f MiB fp32", mm->weights_f32 / 1048576.0);
+    else
+        fprintf(f, "memory: weights %.1f MiB (%s %.1f%s, fp32 %.1f)",
+                (mm->weights_f32 + mm->weights_lowp + mm->weights_mapped) / 1048576.0, dn,
+                (mm->weights_lowp + mm->weights_mapped) / 1048576.0, mm->weights_mapped ? " mapped in place" : "",
+                mm->weights_f32 / 1048576.0);
+    fprintf(f, ", KV cache %.1f MiB, activations %.1f MiB, workspace %.1f MiB; about %.1f MiB with the runtime\n",
+            mm->kv_cache / 1048576.0, mm->activations / 1048576.0, mm->workspace / 1048576.0, mm->total / 1048576.0);
 }
