@@ -3,10 +3,12 @@
  * loss match, the adapters' gradients match with the base frozen, merging
  * gives the adapted logits, a training step changes only the adapters (the
  * base bit for bit), save → load round-trips, PEFT's initialisation leaves
- * the model unchanged. */
+ * the model unchanged, and with dropout the backward pass uses the forward's
+ * masks (central differences of the loss with the masks held fixed). */
 #include "testutil.h"
 
 #include "io/safetensors.h"
+#include "models/model.h"
 #include "whale.h"
 #include "whale_lora.h"
 
@@ -158,6 +160,55 @@ int main(void) {
     CHECK(whale_lora_attach(m4, &cfg, &err) == WHALE_ERR_ARG, "a target that matches nothing is refused");
     whale_model_free(m4);
 
+    whale_model_free(m3);
+
+    /* dropout 0.3: the masks come from the session's step counter, so holding
+     * it fixed makes the loss a function of the adapters that the gradient
+     * must match */
+    m3 = load_tiny();
+    CHECK(whale_lora_load(m3, adir, &err) == WHALE_OK, "%s", err.msg);
+    ((whale_lora_config *)m3->lora_cfg)->dropout = 0.3; /* lora_cfg starts with the config */
+    CHECK(whale_train_session_new(m3, B, S, 0, &ts, &err) == WHALE_OK, "%s", err.msg);
+    const uint64_t step = 77;
+    double l0, lp, lm, lother;
+    ts->lora_calls = step - 1; /* train_step counts it up */
+    whale_session_zero_grad(ts);
+    CHECK(whale_session_train_step(ts, ids, labels, NULL, NULL, B, S, 1.0, &l0, &cnt, &err) == WHALE_OK, "%s", err.msg);
+    ts->lora_calls = step + 100;
+    CHECK(whale_session_train_step(ts, ids, labels, NULL, NULL, B, S, 0.0, &lother, &cnt, &err) == WHALE_OK, "%s",
+          err.msg);
+    CHECK(fabs(lother - l0) > 1e-6, "dropout must change the loss (eval %g vs train %g)", lother, l0);
+    const char *probe[] = {"model.layers.0.attn.wq_a.lora_A.weight", "model.layers.1.ffn.experts.0.w2.lora_B.weight",
+                           "model.layers.0.attn.wo_a.lora_B.weight"};
+    for (int k = 0; k < 3; k++) {
+        ts->lora_calls = step - 1; /* a fresh gradient of the step (the buffer accumulates) */
+        whale_session_zero_grad(ts);
+        CHECK(whale_session_train_step(ts, ids, labels, NULL, NULL, B, S, 1.0, &l0, &cnt, &err) == WHALE_OK, "%s",
+              err.msg);
+        int pi = param_index(m3, probe[k]);
+        whale_tensor t = whale_model_param(m3, pi);
+        float *w = t.data;
+        const float *gr = whale_session_grad(ts, pi);
+        long n = (long)whale_shape_numel(t.ndim, t.shape), at = 0;
+        for (long i = 1; i < n; i++)
+            if (fabsf(gr[i]) > fabsf(gr[at])) at = i;
+        double g_at = gr[at]; /* before the probes below add theirs */
+        float keep = w[at], h = 1e-2f;
+        w[at] = keep + h;
+        ts->lora_calls = step - 1;
+        CHECK(whale_session_train_step(ts, ids, labels, NULL, NULL, B, S, 1.0, &lp, &cnt, &err) == WHALE_OK, "%s",
+              err.msg);
+        w[at] = keep - h;
+        ts->lora_calls = step - 1;
+        CHECK(whale_session_train_step(ts, ids, labels, NULL, NULL, B, S, 1.0, &lm, &cnt, &err) == WHALE_OK, "%s",
+              err.msg);
+        w[at] = keep;
+        double fd = (lp - lm) / (2.0 * h);
+        printf("dropout 0.3, %s[%ld]: gradient %.6g, central difference %.6g\n", probe[k], at, g_at, fd);
+        CHECK(fabs(fd - g_at) <= 0.03 * fabs(g_at) + 1e-5, "%s: dropout gradient %g vs finite difference %g", probe[k],
+              g_at, fd);
+    }
+    whale_session_free(ts);
     whale_model_free(m3);
 
     free(plain);
