@@ -34,18 +34,6 @@ static size_t lowp_gemm_bytes(const whale_model *m) {
 
 static size_t pad_f32(int64_t n) { return (((size_t)n + 15) & ~(size_t)15) * sizeof(float); }
 
-static size_t copy_size(whale_dtype dt, int64_t rows, int64_t cols) {
-    size_t b = (size_t)(rows * cols) * whale_dtype_size(dt);
-    if (dt == WHALE_I8) b += sizeof(float) * (size_t)rows;
-    return (b + 63) & ~(size_t)63;
-}
-
-/* LoRA's all-linear targets: every product weight except the embedding and
- * lm_head. */
-static int is_lora_target(const whale_param *p) {
-    return whale_param_is_product_weight(p) && !strstr(p->name, "embed_tokens") && strcmp(p->name, "lm_head.weight");
-}
-
 static void total(whale_memory *mm) {
     mm->total = mm->runtime + mm->weights_f32 + mm->weights_lowp + mm->weights_mapped + mm->adapters + mm->grads +
                 mm->moments + mm->activations + mm->kv_cache + mm->workspace;
@@ -111,8 +99,8 @@ whale_code whale_memory_estimate(const char *config, const whale_memory_plan *pl
         /* fp32 values: every parameter of an fp32 run or of full training
          * (master weights); otherwise only those without a copy */
         if (dt == WHALE_F32 || full || !product) mm->weights_f32 += pad_f32(n);
-        if (dt != WHALE_F32 && product) mm->weights_lowp += copy_size(dt, p->shape[0], p->shape[1]);
-        if (plan->train == WHALE_TRAIN_LORA && is_lora_target(p))
+        if (dt != WHALE_F32 && product) mm->weights_lowp += whale_copy_bytes(dt, p->shape[0], p->shape[1]);
+        if (plan->train == WHALE_TRAIN_LORA && whale_lora_is_target(p, "all-linear"))
             mm->trainable += (int64_t)plan->lora_rank * (p->shape[0] + p->shape[1]);
     }
     if (full) mm->trainable = mm->params;

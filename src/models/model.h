@@ -188,6 +188,10 @@ whale_code whale_linear_dx(whale_session *s, int M, int N, int K, const float *d
                            float *dA, int ldda, int accumulate, whale_err *err);
 whale_code whale_linear_dw(whale_session *s, int M, int N, int K, const float *dC, int lddc, const float *A, int lda,
                            const float *W, float *dW, int lddw, whale_err *err);
+/* Whether LoRA's target_modules ("all-linear" or a comma list of module
+ * names) select p: all-linear is every product weight but the embedding
+ * and lm_head. */
+int whale_lora_is_target(const whale_param *p, const char *targets);
 /* Drop the adapters (lora.c) and unfreeze the base. */
 void whale_lora_free(whale_model *m);
 /* The base weights moved (made writable, masters dropped): find the
@@ -203,6 +207,9 @@ const whale_lora_target *whale_lora_find(const whale_model *m, const float *W);
 whale_code whale_model_build_copies(whale_model *m, whale_dtype dt, const whale_st_entry *const *src,
                                     whale_err *err);
 void whale_model_clear_copies(whale_model *m);
+/* Bytes the compute copy of a rows × cols weight takes in dt (int8: with
+ * its scales), as allocated. */
+size_t whale_copy_bytes(whale_dtype dt, int64_t rows, int64_t cols);
 /* Rebuild the compute copies from the fp32 master weights (after an
  * optimiser step). */
 void whale_model_refresh_copies(whale_model *m);

@@ -139,7 +139,7 @@ void whale_convert_checkpoint(void *dst, whale_dtype dt, const void *src, whale_
     convert_rows(dst, NULL, dt, src, sdt, rows, cols, 1);
 }
 
-static size_t copy_bytes(whale_dtype dt, int64_t rows, int64_t cols) {
+size_t whale_copy_bytes(whale_dtype dt, int64_t rows, int64_t cols) {
     size_t b = (size_t)(rows * cols) * whale_dtype_size(dt);
     if (dt == WHALE_I8) b += sizeof(float) * (size_t)rows;
     return (b + 63) & ~(size_t)63;
@@ -170,7 +170,7 @@ whale_code whale_model_build_copies(whale_model *m, whale_dtype dt, const whale_
         n++;
         const whale_st_entry *e = src ? src[i] : NULL;
         int mapped = e && e->dtype == dt && !((uintptr_t)e->data & 1);
-        if (!mapped) total += copy_bytes(dt, p->shape[0], p->shape[1]);
+        if (!mapped) total += whale_copy_bytes(dt, p->shape[0], p->shape[1]);
     }
     m->copies = calloc((size_t)(n ? n : 1), sizeof *m->copies);
     m->copy_mem = total ? whale_alloc(total) : NULL;
@@ -200,7 +200,7 @@ whale_code whale_model_build_copies(whale_model *m, whale_dtype dt, const whale_
         else convert_rows(dst, scale, dt, p->data, WHALE_F32, rows, cols, 0);
         w->data = dst;
         w->scale = scale;
-        off += copy_bytes(dt, rows, cols);
+        off += whale_copy_bytes(dt, rows, cols);
     }
     m->copy_bytes = total;
     qsort(m->copies, (size_t)m->n_copies, sizeof *m->copies, copy_cmp);

@@ -39,7 +39,7 @@ static void module_name(const char *param, char *out, size_t cap) {
 
 /* all-linear: every product weight except the embedding and lm_head (the
  * gate is not a product weight: a raw parameter). */
-static int is_target(const whale_param *p, const char *targets) {
+int whale_lora_is_target(const whale_param *p, const char *targets) {
     if (!whale_param_is_product_weight(p) || strstr(p->name, "embed_tokens") || !strcmp(p->name, "lm_head.weight"))
         return 0;
     if (!strcmp(targets, "all-linear")) return 1;
@@ -74,7 +74,7 @@ static whale_code add_adapters(whale_model *m, const whale_lora_config *cfg, wha
     int nb = m->n_base_params ? m->n_base_params : m->n_params, n = 0;
     size_t floats = 0;
     for (int i = 0; i < nb; i++)
-        if (is_target(&m->params[i], targets)) {
+        if (whale_lora_is_target(&m->params[i], targets)) {
             n++;
             floats += (size_t)cfg->rank * (size_t)(m->params[i].shape[0] + m->params[i].shape[1]);
         }
@@ -100,7 +100,7 @@ static whale_code add_adapters(whale_model *m, const whale_lora_config *cfg, wha
     int k = 0;
     for (int i = 0; i < nb; i++) {
         whale_param *base = &m->params[i];
-        if (!is_target(base, targets)) continue;
+        if (!whale_lora_is_target(base, targets)) continue;
         whale_lora_target *t = &lt[k++];
         int64_t rows = base->shape[0], cols = base->shape[1];
         *t = (whale_lora_target){.base = i, .start = base->data, .end = base->data + rows * cols, .rows = rows,
