@@ -155,6 +155,14 @@ int main(void) {
     CHECK(whale_session_forward(s, ids, B, S, logits, 1, &err) == WHALE_OK, "%s", err.msg);
     whale_session_free(s);
     CHECK(memcmp(plain, logits, nl * sizeof(float)) == 0, "fresh adapters must not change the logits");
+    /* whale memory --train lora counts the same trainable parameters */
+    whale_memory est;
+    whale_memory_plan plan = {.dtype = WHALE_BF16, .train = WHALE_TRAIN_LORA, .lora_rank = 8, .batch = 1, .seq_len = 16};
+    char tdir[512];
+    snprintf(tdir, sizeof tdir, "%s/tiny", WHALE_TEST_DATA);
+    CHECK(whale_memory_estimate(tdir, &plan, &est, &err) == WHALE_OK, "%s", err.msg);
+    CHECK(est.trainable == whale_lora_num_params(m3), "LoRA estimate %lld trainable, attached %lld",
+          (long long)est.trainable, (long long)whale_lora_num_params(m3));
     cfg.target_modules = "no_such_module";
     whale_model *m4 = load_tiny();
     CHECK(whale_lora_attach(m4, &cfg, &err) == WHALE_ERR_ARG, "a target that matches nothing is refused");
@@ -210,6 +218,53 @@ int main(void) {
     }
     whale_session_free(ts);
     whale_model_free(m3);
+
+    /* bad adapter folders: one-line errors naming the file */
+    char bad[600], path[700];
+    snprintf(bad, sizeof bad, "%s/bad", tmp);
+    CHECK(whale_lora_save(m, bad, "tests/data/tiny", &err) == WHALE_OK, "%s", err.msg);
+    snprintf(path, sizeof path, "%s/adapter_config.json", bad);
+    struct {
+        const char *config, *expect;
+        whale_code code;
+    } cases[] = {
+        {"{\"peft_type\": \"PREFIX_TUNING\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"wq_a\"]}",
+         "peft_type must be \"LORA\"", WHALE_ERR_FORMAT},
+        {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 8, \"target_modules\": \"all-linear\"}",
+         "expected [8,", WHALE_ERR_FORMAT}, /* the file holds rank-4 tensors */
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"wq_a\"]}",
+         "do not belong to an adapter", WHALE_ERR_FORMAT}, /* tensors for modules the config does not name */
+        {"{\"peft_type\": \"LORA\", \"r\": 4", "invalid JSON", WHALE_ERR_FORMAT},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        FILE *f = fopen(path, "w");
+        fputs(cases[k].config, f);
+        fclose(f);
+        whale_model *mb = load_tiny();
+        whale_code c = whale_lora_load(mb, bad, &err);
+        CHECK(c == cases[k].code && strstr(err.msg, cases[k].expect) && strstr(err.msg, bad) && !strchr(err.msg, '\n'),
+              "bad adapter %zu: got %d \"%s\"", k, (int)c, err.msg);
+        CHECK(whale_lora_count(mb) == 0 && whale_model_num_params(mb) == n_base, "a failed load leaves no adapters");
+        whale_model_free(mb);
+    }
+    whale_model *mb = load_tiny();
+    CHECK(whale_lora_load(mb, "no/such/adapter", &err) == WHALE_ERR_IO, "a missing folder is an i/o error: %s", err.msg);
+    CHECK(whale_lora_merge(mb, &err) == WHALE_ERR_ARG, "merging without adapters is refused");
+    whale_model_free(mb);
+
+    /* a base used in place from a BF16 checkpoint cannot take a merge */
+    char b16[600];
+    snprintf(b16, sizeof b16, "%s/base-bf16", tmp);
+    mb = load_tiny();
+    CHECK(whale_model_set_dtype(mb, WHALE_BF16, &err) == WHALE_OK && whale_model_drop_master(mb, &err) == WHALE_OK &&
+              whale_model_save(mb, b16, &err) == WHALE_OK,
+          "%s", err.msg);
+    whale_model_free(mb);
+    CHECK(whale_model_load_as(b16, WHALE_BF16, &mb, &err) == WHALE_OK, "%s", err.msg);
+    CHECK(whale_lora_load(mb, adir, &err) == WHALE_OK, "%s", err.msg);
+    CHECK(whale_lora_merge(mb, &err) == WHALE_ERR_UNSUPPORTED && strstr(err.msg, "mapped read-only"),
+          "merge into a mapped bf16 base must be refused: %s", err.msg);
+    whale_model_free(mb);
 
     free(plain);
     free(logits);

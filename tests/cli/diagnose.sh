@@ -8,17 +8,6 @@ set -u
 WHALE=$1
 DATA=$2
 . "$(dirname "$0")/lib.bash"
-expect_fail() { # expect_fail STATUS PATTERN -- command...: that status and one matching stderr line
-    local status=$1 pattern=$2
-    shift 3
-    checks=$((checks + 1))
-    "$@" >"$TMP/out" 2>"$TMP/err"
-    local st=$?
-    if [ "$st" != "$status" ] || ! grep -Eq -- "$pattern" "$TMP/err" || [ "$(wc -l <"$TMP/err")" != 1 ]; then
-        echo "FAIL: $* -> status $st (want $status), stderr: $(cat "$TMP/err")" >&2
-        fails=$((fails + 1))
-    fi
-}
 
 echo '[[0, 5, 17, 33, 100, 200, 300, 400], [7, 9, 11, 13, 15, 17, 19, 21]]' >"$TMP/ids.json"
 "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/ids.json" --json "$TMP/report.json" --threads 2 >"$TMP/table" 2>"$TMP/err"
@@ -58,17 +47,17 @@ check "JSON: gradients are phase backward" grep -Eq '"phase":[[:space:]]*"backwa
 "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/ids.json" --backward --loss-scale 1024 >"$TMP/back32" 2>"$TMP/err"
 check "diagnose --backward in fp32 with a loss scale: $(cat "$TMP/err")" grep -q 'gradients of 1024 ×' "$TMP/back32"
 
-expect_fail 2 '--dtype must be fp32, bf16, fp16 or int8' \
+expect_status 2 '--dtype must be fp32, bf16, fp16 or int8' \
     -- "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/ids.json" --dtype fp8
-expect_fail 2 'int8 runs inference only' -- "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/ids.json" --dtype int8 --backward
-expect_fail 2 '--loss-scale applies to --backward' -- "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/ids.json" --loss-scale 8
-expect_fail 2 'exactly one of' -- "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/ids.json" --text hi
-expect_fail 3 'whale: ' -- "$WHALE" diagnose -m "$TMP/missing" --ids "$TMP/ids.json"
+expect_status 2 'int8 runs inference only' -- "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/ids.json" --dtype int8 --backward
+expect_status 2 '--loss-scale applies to --backward' -- "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/ids.json" --loss-scale 8
+expect_status 2 'exactly one of' -- "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/ids.json" --text hi
+expect_status 3 'whale: ' -- "$WHALE" diagnose -m "$TMP/missing" --ids "$TMP/ids.json"
 echo '[[1, 2, 512]]' >"$TMP/range.json"
-expect_fail 5 'token id 512 is outside the vocabulary' -- "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/range.json"
+expect_status 5 'token id 512 is outside the vocabulary' -- "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/range.json"
 echo '[[1, 2' >"$TMP/bad.json"
-expect_fail 4 'not valid JSON' -- "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/bad.json"
-expect_fail 3 'tokenizer' -- "$WHALE" diagnose -m "$DATA/tiny" --text "no tokenizer here"
+expect_status 4 'not valid JSON' -- "$WHALE" diagnose -m "$DATA/tiny" --ids "$TMP/bad.json"
+expect_status 3 'tokenizer' -- "$WHALE" diagnose -m "$DATA/tiny" --text "no tokenizer here"
 
 # text input through a small trained tokenizer
 for d in 1 2 3; do
@@ -81,7 +70,7 @@ check "diagnose --text: $(cat "$TMP/err")" grep -Eq '^- +logits ' "$TMP/text.tab
 head -3 "$TMP/doc1.txt" >"$TMP/short.txt"
 "$WHALE" diagnose -m "$TMP/model" --text-file "$TMP/short.txt" >"$TMP/file.table" 2>"$TMP/err"
 check "diagnose --text-file: $(cat "$TMP/err")" grep -Eq '^- +logits ' "$TMP/file.table"
-expect_fail 5 'doc1.txt: [0-9]+ tokens exceed max_position_embeddings 128' \
+expect_status 5 'doc1.txt: [0-9]+ tokens exceed max_position_embeddings 128' \
     -- "$WHALE" diagnose -m "$TMP/model" --text-file "$TMP/doc1.txt"
 
 # a copy of the model with one NaN in layers.1.attn.wq_b (element 40: row 1, head 0)
@@ -95,9 +84,9 @@ printf '\000\000\300\177' | dd of="$st" bs=1 seek=$((8 + hlen + start + 4 * 40))
 check "diagnose names the first non-finite tensor" \
     grep -q 'non-finite value in layers.1.attn.q (forward, call 1, element 0 \[0, 0\] = nan' "$TMP/nan.table"
 origin='^whale: non-finite value in layers\.1\.attn\.q \(forward, call 1, '
-expect_fail 5 "$origin.*last finite inputs: layers\.1\.attn\.q_latent max" \
+expect_status 5 "$origin.*last finite inputs: layers\.1\.attn\.q_latent max" \
     -- "$WHALE" score -m "$TMP/nan" --ids "$TMP/ids.json" --nan-check
-expect_fail 5 "$origin" -- "$WHALE" generate -m "$TMP/nan" --ids 1,2,3 -n 4 --nan-check
+expect_status 5 "$origin" -- "$WHALE" generate -m "$TMP/nan" --ids 1,2,3 -n 4 --nan-check
 "$WHALE" score -m "$DATA/tiny" --ids "$TMP/ids.json" --nan-check >"$TMP/score" 2>&1
 check "score --nan-check on a healthy model: $(cat "$TMP/score")" grep -q '"loss": [0-9]' "$TMP/score"
 

@@ -24,6 +24,20 @@ need_tokenizer() { # need_tokenizer NAME -> sets TOK
     fi
 }
 
+# expect_status STATUS PATTERN -- command...: the command fails with that
+# exit status and exactly one stderr line matching PATTERN
+expect_status() {
+    local status=$1 pattern=$2
+    shift 3
+    checks=$((checks + 1))
+    "$@" >"$TMP/out" 2>"$TMP/err"
+    local st=$?
+    if [ "$st" != "$status" ] || ! grep -Eq -- "$pattern" "$TMP/err" || [ "$(wc -l <"$TMP/err")" != 1 ]; then
+        echo "FAIL: $* -> status $st (want $status), stderr: $(cat "$TMP/err")" >&2
+        fails=$((fails + 1))
+    fi
+}
+
 # finish NAME: the summary line CI reads, and the exit status
 finish() {
     echo "$1: $((checks - fails)) passed, $fails failed"

@@ -10,17 +10,6 @@ WHALE=$1
 DATA=$2
 TINY=$DATA/tiny
 . "$(dirname "$0")/lib.bash"
-expect_fail() { # expect_fail STATUS PATTERN -- command...: that status and one matching stderr line
-    local status=$1 pattern=$2
-    shift 3
-    checks=$((checks + 1))
-    "$@" >"$TMP/out" 2>"$TMP/err"
-    local st=$?
-    if [ "$st" != "$status" ] || ! grep -Eq -- "$pattern" "$TMP/err" || [ "$(wc -l <"$TMP/err")" != 1 ]; then
-        echo "FAIL: $* -> status $st (want $status), stderr: $(cat "$TMP/err")" >&2
-        fails=$((fails + 1))
-    fi
-}
 # json_ok FILE: parses as JSON (node, which the setup's npm brings, or python3)
 json_ok() {
     if command -v node >/dev/null; then node -e 'JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"))' "$1"
@@ -91,21 +80,21 @@ check "data report JSON parses" json_ok "$TMP/data-report.json"
 check "JSON has five training runs" test "$(grep -c '{"name": "' "$TMP/data-report.json")" = 5
 
 # errors: one line, the usual statuses
-expect_fail 2 'exactly one of' -- "$WHALE" precision-report -m "$TINY"
-expect_fail 2 'exactly one of' -- "$WHALE" precision-report -m "$TINY" --ids "$TMP/ids.json" --data "$TMP/data"
-expect_fail 2 '--steps needs --data' -- "$WHALE" precision-report -m "$TINY" --ids "$TMP/ids.json" --steps 2
-expect_fail 2 '--batch and --seq-len apply to --data' \
+expect_status 2 'exactly one of' -- "$WHALE" precision-report -m "$TINY"
+expect_status 2 'exactly one of' -- "$WHALE" precision-report -m "$TINY" --ids "$TMP/ids.json" --data "$TMP/data"
+expect_status 2 '--steps needs --data' -- "$WHALE" precision-report -m "$TINY" --ids "$TMP/ids.json" --steps 2
+expect_status 2 '--batch and --seq-len apply to --data' \
     -- "$WHALE" precision-report -m "$TINY" --ids "$TMP/ids.json" --seq-len 8
-expect_fail 2 'unknown option "--bogus"' -- "$WHALE" precision-report -m "$TINY" --bogus 1
-expect_fail 2 '--reps expects an integer' -- "$WHALE" precision-report -m "$TINY" --ids "$TMP/ids.json" --reps x
-expect_fail 3 'missing/config.json' -- "$WHALE" precision-report -m "$TMP/missing" --ids "$TMP/ids.json"
-expect_fail 3 'nodata' -- "$WHALE" precision-report -m "$TINY" --data "$TMP/nodata"
-expect_fail 5 'seq-len 200 exceeds the model.s max_position_embeddings 128' \
+expect_status 2 'unknown option "--bogus"' -- "$WHALE" precision-report -m "$TINY" --bogus 1
+expect_status 2 '--reps expects an integer' -- "$WHALE" precision-report -m "$TINY" --ids "$TMP/ids.json" --reps x
+expect_status 3 'missing/config.json' -- "$WHALE" precision-report -m "$TMP/missing" --ids "$TMP/ids.json"
+expect_status 3 'nodata' -- "$WHALE" precision-report -m "$TINY" --data "$TMP/nodata"
+expect_status 5 'seq-len 200 exceeds the model.s max_position_embeddings 128' \
     -- "$WHALE" precision-report -m "$TINY" --data "$TMP/data" --seq-len 200
 echo '[[1, 2, 512]]' >"$TMP/range.json"
-expect_fail 5 'token id 512 is outside the vocabulary' -- "$WHALE" precision-report -m "$TINY" --ids "$TMP/range.json"
+expect_status 5 'token id 512 is outside the vocabulary' -- "$WHALE" precision-report -m "$TINY" --ids "$TMP/range.json"
 # a weight file that does not match its config: the child's load error, as one line
 mkdir "$TMP/broken" && cp "$TINY/config.json" "$TMP/broken/" && head -c 1000 "$TINY/model.safetensors" >"$TMP/broken/model.safetensors"
-expect_fail 4 'fp32 run: .*model.safetensors' -- "$WHALE" precision-report -m "$TMP/broken" --ids "$TMP/ids.json"
+expect_status 4 'fp32 run: .*model.safetensors' -- "$WHALE" precision-report -m "$TMP/broken" --ids "$TMP/ids.json"
 
 finish precision
