@@ -205,6 +205,8 @@ size_t whale_session_activation_bytes(const whale_session *s, size_t *recompute_
 /* Gradient of parameter i (same shape as whale_model_param(m, i)); NULL for
  * an inference session. */
 float *whale_session_grad(whale_session *s, int param_index);
+/* The model a session runs. */
+whale_model *whale_session_model(const whale_session *s);
 void whale_session_zero_grad(whale_session *s);
 /* Number of scored targets in ids/labels [B,S]: labels follow Hugging Face
  * (labels[b][s] is what position s−1 should predict, −100 = ignored; NULL
@@ -311,6 +313,7 @@ typedef struct {
     whale_dtype dtype;
     whale_train_kind train;
     int lora_rank;
+    const char *lora_targets; /* LoRA target_modules; NULL = "all-linear" */
     int batch, seq_len; /* inference: the session's batch and context (KV cache) */
     int recompute;
 } whale_memory_plan;

@@ -6,6 +6,8 @@
 #define WHALE_TRAIN_H
 
 #include "whale.h"
+#include "whale_lora.h"
+#include "whale_sft.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -55,6 +57,74 @@ whale_code whale_train_run(const whale_train_opts *opts, whale_train_result *res
 whale_code whale_eval_dataset(whale_model *m, const char *data_dir, const char *split, int seq_len,
                               int64_t max_windows, int batch, int cross_doc, double *loss, int64_t *tokens,
                               whale_err *err);
+
+/* ---------------------------------------------------------------- SFT */
+
+/* Supervised fine-tuning as ms-swift's `swift sft` does it: chat records
+ * (whale_sft.h) rendered with the base model's chat template, loss on the
+ * assistant turns, LoRA adapters on a frozen base or full fine-tuning.
+ *
+ * The run folder is OUT/vN-YYYYMMDD-HHMMSS (N one past the highest vN in
+ * OUT) holding args.json, logging.jsonl (one JSON object per logged step
+ * with ms-swift's keys) and checkpoint-STEP/ folders: for LoRA PEFT's
+ * adapter_model.safetensors + adapter_config.json, for full fine-tuning a
+ * Hugging Face model folder (config, weights, tokenizer); both with a copy
+ * of args.json, whose "model" names the base so that adapters alone find
+ * it. Each checkpoint is written to a temporary name, fsynced and renamed.
+ *
+ * Rows: one sample per row padded to the longest sample (packing: rows of
+ * max_length holding several samples, each attending only to itself); each
+ * micro-batch is cut to its longest row before it runs, which changes
+ * nothing the loss sees (attention is causal and padding is untrained). */
+typedef enum { WHALE_TUNE_LORA = 0, WHALE_TUNE_FULL } whale_tuner_type;
+
+typedef struct {
+    const char *model;           /* base model directory */
+    const char *const *data;     /* .jsonl files */
+    int n_data;
+    const char *out;             /* output root ("output") */
+    whale_tuner_type tuner;
+    whale_lora_config lora;
+    whale_sft_opts data_opts;    /* loss scope, max_length, truncation, packing, bad records, names, system */
+    const char *chat_template;   /* "deepseek" | "chatml" | "raw"; NULL = the model folder's */
+    whale_dtype dtype;           /* F32, BF16 or F16 products; a LoRA base is held in that precision only */
+    double lr;                   /* 0 = 1e-4 for LoRA, 1e-5 for full (ms-swift's defaults) */
+    double warmup_ratio, weight_decay, beta1, beta2, adam_eps, max_grad_norm;
+    whale_lr_schedule schedule;
+    double epochs;               /* 3 */
+    int64_t max_steps;           /* > 0 overrides epochs */
+    int batch_size;              /* rows per micro-batch (1) */
+    int grad_accum;              /* 0 = ms-swift's choice: a total batch of at least 16 rows */
+    int64_t save_steps, logging_steps;
+    int save_total_limit;        /* 0 = keep all */
+    uint64_t seed;
+    int recompute;
+    int nan_check;
+    int quiet;
+    double memory_limit;         /* bytes the run may take; 0 = the machine's physical memory */
+    const char *command_line;    /* recorded in args.json (may be NULL) */
+} whale_sft_run_opts;
+
+whale_sft_run_opts whale_sft_run_defaults(void);
+
+typedef struct {
+    int64_t steps;
+    double last_loss, seconds, tokens_per_s;
+    int64_t trainable_params;
+    char run_dir[4096];
+    char last_checkpoint[4200];
+} whale_sft_result;
+
+/* Run a fine-tuning. Before loading the model, the memory the run needs is
+ * estimated (whale_memory_estimate) and a run that would not fit in
+ * memory_limit is refused (WHALE_ERR_NOMEM with the breakdown's figures). */
+whale_code whale_sft_run(const whale_sft_run_opts *opts, whale_sft_result *result, whale_err *err);
+
+/* The base model folder recorded in a checkpoint's args.json ("model"),
+ * malloc'd; also its chat template and system prompt when recorded
+ * (each malloc'd or NULL; pass NULL to skip). */
+whale_code whale_sft_checkpoint_base(const char *checkpoint, char **model, char **chat_template, char **system,
+                                     whale_err *err);
 
 #ifdef __cplusplus
 }

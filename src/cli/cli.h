@@ -36,6 +36,15 @@ int cli_parse_id_list(const char *cmd, const char *text, int32_t **ids, int *n);
 /* The model folder's tokenizer, checked against the model's vocabulary. */
 whale_code cli_load_tokenizer(const char *dir, const whale_model *m, whale_tokenizer **tok, whale_err *err);
 
+/* A model to run: dir in dtype, with a LoRA checkpoint's adapters applied
+ * when adapters is not NULL (dir may then be NULL: the checkpoint's
+ * args.json names the base). *base_dir (malloc'd) is the folder the model
+ * came from (its tokenizer and template); *tmpl and *system (malloc'd or
+ * NULL, pass NULL to skip) what the fine-tuning used. With merge the
+ * adapters are merged into the weights (dtype must then be fp32). */
+whale_code cli_load_model(const char *dir, const char *adapters, whale_dtype dtype, int merge, whale_model **m,
+                          char **base_dir, char **tmpl, char **system, whale_err *err);
+
 /* A JSON array of equal-length arrays of token ids, checked against vocab. */
 whale_code cli_read_ids_file(const char *path, int vocab, int32_t **ids, int *B, int *S, whale_err *err);
 
@@ -48,7 +57,9 @@ int cmd_bench(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_grad(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
+int cmd_chat_eval(int argc, char **argv);
 int cmd_train_model(int argc, char **argv);
+int cmd_sft(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_precision_report(int argc, char **argv);

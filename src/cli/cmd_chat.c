@@ -5,6 +5,10 @@
 
 #include "core/core.h"
 #include "whale_chat.h"
+#include "whale_sft.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,7 +78,8 @@ static char *read_message(FILE *in, int interactive, int *eof) {
 }
 
 int cmd_chat(int argc, char **argv) {
-    const char *dir = NULL, *system = NULL, *tmpl = NULL;
+    const char *dir = NULL, *system = NULL, *tmpl = NULL, *adapters = NULL;
+    char *base = NULL, *run_tmpl = NULL, *run_system = NULL;
     whale_dtype dtype = WHALE_F32;
     long n_new = 512, threads = 0;
     whale_sampler_params sp = cli_sampling_defaults();
@@ -82,7 +87,9 @@ int cmd_chat(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            puts("usage: whale chat -m DIR [--system TEXT] [--chat-template deepseek|chatml|raw] [options]\n"
+            puts("usage: whale chat (-m DIR | --adapters CKPT | both) [--system TEXT] [--chat-template deepseek|chatml|raw]\n"
+                 "  --adapters CKPT: a LoRA checkpoint of whale sft; its args.json gives the base model and\n"
+                 "  the template and system prompt it was trained with (flags override them)\n"
                  "  type a message and press enter; \"\"\" on a line starts and ends a multi-line message;\n"
                  "  'clear' forgets the conversation, 'exit' (or end of input) quits. From a pipe, each line\n"
                  "  is one message and each reply is printed on its own line.\n"
@@ -96,6 +103,7 @@ int cmd_chat(int argc, char **argv) {
         if (cli_sampling_option("chat", a, v, &sp, &seed_given, &bad)) {
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "--system")) system = v;
+        else if (!strcmp(a, "--adapters")) adapters = v;
         else if (!strcmp(a, "--chat-template")) tmpl = v;
         else if (!strcmp(a, "--dtype")) bad = cli_dtype("chat", v, &dtype);
         else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens")) bad = cli_int("chat", a, v, 1, 1 << 24, &n_new);
@@ -103,7 +111,7 @@ int cmd_chat(int argc, char **argv) {
         else return cli_usage("chat", "unknown option \"%s\"", a);
         if (bad) return bad;
     }
-    if (!dir) return cli_usage("chat", "-m DIR is required");
+    if (!dir && !adapters) return cli_usage("chat", "-m DIR or --adapters CKPT is required");
     whale_set_threads((int)threads);
 
     whale_err err;
@@ -116,8 +124,11 @@ int cmd_chat(int argc, char **argv) {
     whale_chat_message *msgs = NULL;
     int n_msgs = 0, status = 0, interactive = isatty(0) && isatty(1);
     int32_t *ctx = NULL, *ids = NULL, stop[16];
-    if (whale_model_load_as(dir, dtype, &m, &err) ||
-        cli_load_tokenizer(dir, m, &tok, &err) ||
+    if (cli_load_model(dir, adapters, dtype, 0, &m, &base, &run_tmpl, &run_system, &err)) goto fail;
+    dir = base;
+    if (!tmpl) tmpl = run_tmpl;
+    if (!system) system = run_system;
+    if (cli_load_tokenizer(dir, m, &tok, &err) ||
         (tmpl ? whale_chat_format_from_name(tmpl, &fmt, &err) : whale_chat_detect(dir, &fmt, &err)) ||
         whale_detokenizer_new(tok, 1, &detok, &err))
         goto fail;
@@ -217,5 +228,214 @@ out:
     whale_detokenizer_free(detok);
     whale_tokenizer_free(tok);
     whale_model_free(m);
+    free(base);
+    free(run_tmpl);
+    free(run_system);
+    return status;
+}
+
+/* ------------------------------------------------------------ chat-eval */
+
+
+/* Does text contain any of the (one or two) values? */
+static int mentions(const char *text, const char *const v[2]) {
+    for (int i = 0; i < 2; i++)
+        if (v[i] && *v[i] && strstr(text, v[i])) return 1;
+    return 0;
+}
+
+/* One greedy reply to a single-turn conversation. *reply is malloc'd. */
+static whale_code reply_to(whale_session *s, whale_sampler *sm, whale_tokenizer *tok, whale_chat_format fmt,
+                           const char *system, const char *query, int32_t *buf, int cap, int n_new,
+                           const int32_t *stop, int n_stop, char **reply, whale_err *err) {
+    whale_chat_message msgs[2];
+    int n = 0, n_ids;
+    if (system) msgs[n++] = (whale_chat_message){"system", system};
+    msgs[n++] = (whale_chat_message){"user", query};
+    int32_t *ids;
+    whale_code c = whale_chat_encode(tok, fmt, msgs, n, 1, &ids, NULL, &n_ids, err);
+    if (c) return c;
+    if (n_ids + 1 >= cap) {
+        free(ids);
+        return whale_errf(err, WHALE_ERR_RANGE, "the question (%d tokens) fills the model's %d positions", n_ids, cap);
+    }
+    memcpy(buf, ids, sizeof(int32_t) * (size_t)n_ids);
+    free(ids);
+    whale_session_reset(s);
+    int n_ctx = n_ids, budget = n_new < cap - n_ids ? n_new : cap - n_ids;
+    whale_gen_stats st;
+    if ((c = whale_generate(s, sm, buf, &n_ctx, cap, budget, stop, n_stop, NULL, NULL, &st, err))) return c;
+    size_t len;
+    return whale_tokenizer_decode(tok, buf + n_ids, n_ctx - n_ids - (st.stopped ? 1 : 0), 1, reply, &len, err);
+}
+
+int cmd_chat_eval(int argc, char **argv) {
+    const char *dir = NULL, *adapters = NULL, *data = NULL, *system = NULL, *tmpl = NULL, *answers = NULL;
+    const char *names[2] = {0}, *authors[2] = {0};
+    char *base = NULL, *run_tmpl = NULL, *run_system = NULL;
+    whale_dtype dtype = WHALE_F32;
+    long n_new = 64, threads = 0;
+    int show = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            puts("usage: whale chat-eval (-m DIR | --adapters CKPT | both) --data EVAL.jsonl --model-name ZH [EN]\n"
+                 "                       --model-author ZH [EN] [--show] [--answers OUT.jsonl] [-n N (64)]\n"
+                 "  asks each {\"query\", \"tag\", \"expect\": [\"name\", \"author\"]} record's question in a fresh\n"
+                 "  conversation (greedy), and counts the replies that contain the expected name / author\n"
+                 "  (either language's value); {{NAME}} / {{AUTHOR}} in queries are filled as in whale sft.\n"
+                 "  --system, --chat-template, --dtype, --threads as in whale chat; prints a JSON summary");
+            return 0;
+        }
+        if (!strcmp(a, "--show")) {
+            show = 1;
+            continue;
+        }
+        if (!strcmp(a, "--model-name") || !strcmp(a, "--model-author")) {
+            const char **dst = a[8] == 'n' ? names : authors;
+            int k = 0;
+            while (i + 1 < argc && argv[i + 1][0] != '-' && k < 2) dst[k++] = argv[++i];
+            if (!k) return cli_usage("chat-eval", "%s needs one or two values (Chinese, English)", a);
+            continue;
+        }
+        if (!(v = cli_value(argc, argv, &i))) return cli_usage("chat-eval", "%s needs a value", a);
+        int bad = 0;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
+        else if (!strcmp(a, "--adapters")) adapters = v;
+        else if (!strcmp(a, "--data")) data = v;
+        else if (!strcmp(a, "--answers")) answers = v;
+        else if (!strcmp(a, "--system")) system = v;
+        else if (!strcmp(a, "--chat-template")) tmpl = v;
+        else if (!strcmp(a, "--dtype")) bad = cli_dtype("chat-eval", v, &dtype);
+        else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens")) bad = cli_int("chat-eval", a, v, 1, 1 << 20, &n_new);
+        else if (!strcmp(a, "--threads")) bad = cli_int("chat-eval", a, v, 1, 1024, &threads);
+        else return cli_usage("chat-eval", "unknown option \"%s\"", a);
+        if (bad) return bad;
+    }
+    if ((!dir && !adapters) || !data || !names[0] || !authors[0])
+        return cli_usage("chat-eval", "-m DIR (or --adapters), --data, --model-name and --model-author are required");
+    whale_set_threads((int)threads);
+    whale_err err;
+    whale_model *m = NULL;
+    whale_tokenizer *tok = NULL;
+    whale_session *s = NULL;
+    whale_sampler *sm = NULL;
+    FILE *in = NULL, *out = NULL;
+    int32_t *buf = NULL, stop[16];
+    char *line = NULL;
+    size_t lcap = 0;
+    int status = 0;
+    long asked[2] = {0}, right[2] = {0}, questions = 0, correct = 0, lineno = 0;
+    whale_chat_format fmt;
+    whale_sft_opts fo = whale_sft_defaults();
+    fo.model_name[0] = names[0], fo.model_name[1] = names[1];
+    fo.model_author[0] = authors[0], fo.model_author[1] = authors[1];
+    if (cli_load_model(dir, adapters, dtype, 0, &m, &base, &run_tmpl, &run_system, &err)) goto fail;
+    if (!tmpl) tmpl = run_tmpl;
+    if (!system) system = run_system;
+    whale_sampler_params sp = whale_sampler_defaults();
+    sp.temperature = 0;
+    int maxpos = whale_model_max_positions(m);
+    if (cli_load_tokenizer(base, m, &tok, &err) ||
+        (tmpl ? whale_chat_format_from_name(tmpl, &fmt, &err) : whale_chat_detect(base, &fmt, &err)) ||
+        whale_sampler_new(&sp, whale_model_vocab_size(m), &sm, &err) || whale_session_new(m, 1, maxpos, &s, &err))
+        goto fail;
+    int n_stop = whale_chat_stop_ids(tok, fmt, stop, 8);
+    if (n_stop > 8) n_stop = 8;
+    n_stop += whale_model_eos_ids(m, stop + n_stop, 8);
+    if (!(buf = malloc(sizeof(int32_t) * (size_t)(maxpos + 1)))) {
+        whale_errf(&err, WHALE_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if (!(in = fopen(data, "r"))) {
+        whale_errf(&err, WHALE_ERR_IO, "%s: cannot open: %s", data, strerror(errno));
+        goto fail;
+    }
+    if (answers && !(out = fopen(answers, "w"))) {
+        whale_errf(&err, WHALE_ERR_IO, "%s: cannot create: %s", answers, strerror(errno));
+        goto fail;
+    }
+    ssize_t got;
+    while ((got = getline(&line, &lcap, in)) >= 0) {
+        lineno++;
+        while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) line[--got] = 0;
+        if (!got) continue;
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *q = cJSON_GetObjectItemCaseSensitive(j, "query"), *tag = cJSON_GetObjectItemCaseSensitive(j, "tag");
+        const cJSON *ex = cJSON_GetObjectItemCaseSensitive(j, "expect"), *e;
+        int want[2] = {0, 0}, ok_shape = cJSON_IsString(q) && (!ex || cJSON_IsArray(ex));
+        cJSON_ArrayForEach(e, ex) {
+            if (cJSON_IsString(e) && !strcmp(e->valuestring, "name")) want[0] = 1;
+            else if (cJSON_IsString(e) && !strcmp(e->valuestring, "author")) want[1] = 1;
+            else ok_shape = 0;
+        }
+        if (!ex) want[0] = 1;
+        if (!ok_shape) {
+            cJSON_Delete(j);
+            whale_errf(&err, WHALE_ERR_FORMAT, "%s:%ld: want {\"query\": string, \"tag\"?, \"expect\"?: [\"name\"|\"author\"]}",
+                       data, lineno);
+            goto fail;
+        }
+        char *query = NULL, *reply = NULL;
+        whale_code c = whale_sft_fill_placeholders(q->valuestring, cJSON_IsString(tag) ? tag->valuestring : NULL, &fo,
+                                                   &query, &err);
+        if (!c) c = reply_to(s, sm, tok, fmt, system, query, buf, maxpos, (int)n_new, stop, n_stop, &reply, &err);
+        if (c) {
+            free(query);
+            cJSON_Delete(j);
+            goto fail;
+        }
+        int hit[2] = {mentions(reply, fo.model_name), mentions(reply, fo.model_author)}, ok = 1;
+        for (int k = 0; k < 2; k++)
+            if (want[k]) {
+                asked[k]++;
+                right[k] += hit[k];
+                ok &= hit[k];
+            }
+        questions++;
+        correct += ok;
+        if (show) fprintf(stderr, "%s %s\n    → %s\n", ok ? "[ok]  " : "[miss]", query, reply);
+        if (out) {
+            cJSON *a = cJSON_CreateObject();
+            cJSON_AddStringToObject(a, "query", query);
+            cJSON_AddStringToObject(a, "response", reply);
+            cJSON_AddBoolToObject(a, "correct", ok);
+            char *t = cJSON_PrintUnformatted(a);
+            if (t) fprintf(out, "%s\n", t);
+            free(t);
+            cJSON_Delete(a);
+        }
+        free(query);
+        free(reply);
+        cJSON_Delete(j);
+    }
+    if (!questions) {
+        whale_errf(&err, WHALE_ERR_FORMAT, "%s: no questions", data);
+        goto fail;
+    }
+    if (out && fclose(out) != 0) {
+        out = NULL;
+        whale_errf(&err, WHALE_ERR_IO, "%s: write failed", answers);
+        goto fail;
+    }
+    out = NULL;
+    printf("{\"questions\": %ld, \"correct\": %ld, \"score\": %.4f, \"name\": {\"asked\": %ld, \"correct\": %ld}, "
+           "\"author\": {\"asked\": %ld, \"correct\": %ld}}\n",
+           questions, correct, (double)correct / (double)questions, asked[0], right[0], asked[1], right[1]);
+    goto done;
+fail:
+    status = cli_fail(&err);
+done:
+    if (in) fclose(in);
+    if (out) fclose(out);
+    free(line);
+    free(buf);
+    whale_sampler_free(sm);
+    whale_session_free(s);
+    whale_tokenizer_free(tok);
+    whale_model_free(m);
+    free(base);
+    free(run_tmpl);
+    free(run_system);
     return status;
 }

@@ -14,24 +14,49 @@
 
 /* whale export -m DIR --dtype bf16|fp16|fp32 --out DIR: the checkpoint with
  * every floating tensor converted (round to nearest even), tokenizer files
- * copied. Loading converts back to fp32 (exactly, for bf16 and fp16 values). */
+ * copied. Loading converts back to fp32 (exactly, for bf16 and fp16 values).
+ * With --adapters CKPT --merge-lora: the base with the LoRA checkpoint merged
+ * in fp32 (W + s·B·A), as `swift export --merge_lora` writes it. */
 int cmd_export(int argc, char **argv) {
-    const char *dir = NULL, *out = NULL, *dtname = NULL;
+    const char *dir = NULL, *out = NULL, *dtname = NULL, *adapters = NULL;
+    char *base = NULL, merged_out[4200];
+    int merge = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             puts("usage: whale export -m DIR --dtype bf16|fp16|fp32 --out DIR\n"
+                 "       whale export --adapters CKPT --merge-lora [-m BASE] [--dtype D] [--out DIR (CKPT-merged)]\n"
                  "  writes config.json + model.safetensors with every tensor in that dtype (round to nearest\n"
-                 "  even; fp16 values beyond 65504 become infinity and are reported), plus the tokenizer files");
+                 "  even; fp16 values beyond 65504 become infinity and are reported), plus the tokenizer files;\n"
+                 "  --merge-lora first merges the LoRA checkpoint into the base (fp32; the base comes from the\n"
+                 "  checkpoint's args.json unless -m is given; default dtype fp32)");
             return 0;
+        }
+        if (!strcmp(a, "--merge-lora") || !strcmp(a, "--merge_lora")) {
+            merge = 1;
+            if (i + 1 < argc && (!strcmp(argv[i + 1], "true") || !strcmp(argv[i + 1], "false")))
+                merge = !strcmp(argv[++i], "true");
+            continue;
         }
         if (!(v = cli_value(argc, argv, &i))) return cli_usage("export", "%s needs a value", a);
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
+        else if (!strcmp(a, "--adapters")) adapters = v;
         else if (!strcmp(a, "--out")) out = v;
         else if (!strcmp(a, "--dtype")) dtname = v;
         else return cli_usage("export", "unknown option \"%s\"", a);
     }
-    if (!dir || !out || !dtname) return cli_usage("export", "-m DIR, --dtype and --out DIR are required");
+    if (adapters && !merge) return cli_usage("export", "--adapters needs --merge-lora (the adapter files are already PEFT's)");
+    if (merge && !adapters) return cli_usage("export", "--merge-lora needs --adapters CKPT");
+    if (adapters) {
+        if (!dtname) dtname = "fp32";
+        if (!out) {
+            size_t n = strlen(adapters);
+            while (n > 1 && adapters[n - 1] == '/') n--;
+            snprintf(merged_out, sizeof merged_out, "%.*s-merged", (int)n, adapters);
+            out = merged_out;
+        }
+    }
+    if ((!dir && !adapters) || !out || !dtname) return cli_usage("export", "-m DIR, --dtype and --out DIR are required");
     whale_dtype dt;
     if (!strcmp(dtname, "bf16") || !strcmp(dtname, "bfloat16")) dt = WHALE_BF16;
     else if (!strcmp(dtname, "fp16") || !strcmp(dtname, "f16") || !strcmp(dtname, "float16")) dt = WHALE_F16;
@@ -44,7 +69,8 @@ int cmd_export(int argc, char **argv) {
     whale_tensor *shapes = NULL;
     uint16_t *buf = NULL;
     int status = 0, n = 0;
-    if (whale_model_load(dir, &m, &err)) goto fail;
+    if (cli_load_model(dir, adapters, WHALE_F32, merge, &m, &base, NULL, NULL, &err)) goto fail;
+    dir = base;
     n = whale_model_num_params(m);
     items = calloc((size_t)n, sizeof *items);
     shapes = calloc((size_t)n, sizeof *shapes);
@@ -74,7 +100,7 @@ int cmd_export(int argc, char **argv) {
         }
         items[i] = (whale_st_item){whale_model_param_name(m, i), dt, shapes[i].ndim, shapes[i].shape, data};
     }
-    char path[4096], *config;
+    char path[4400], *config;
     if (whale_mkdir(out, &err) || whale_model_config_json(m, &config, &err)) goto fail;
     cJSON *cfg = cJSON_Parse(config);
     free(config);
@@ -103,6 +129,7 @@ out:
     free(items);
     free(shapes);
     free(buf);
+    free(base);
     whale_model_free(m);
     return status;
 }

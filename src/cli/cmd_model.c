@@ -1,6 +1,9 @@
 /* whale info / init / score / generate */
 #include "cli/cli.h"
 
+#include "whale_lora.h"
+#include "whale_train.h"
+
 #include "core/core.h"
 #include "io/safetensors.h"
 #include "whale_diag.h"
@@ -268,15 +271,46 @@ whale_code cli_load_tokenizer(const char *dir, const whale_model *m, whale_token
     return WHALE_OK;
 }
 
+whale_code cli_load_model(const char *dir, const char *adapters, whale_dtype dtype, int merge, whale_model **m,
+                          char **base_dir, char **tmpl, char **system, whale_err *err) {
+    char *base = NULL, *t = NULL, *sys = NULL;
+    whale_code c;
+    *m = NULL;
+    *base_dir = NULL;
+    if (tmpl) *tmpl = NULL;
+    if (system) *system = NULL;
+    if (adapters && (c = whale_sft_checkpoint_base(adapters, &base, &t, &sys, err))) {
+        if (!dir || c != WHALE_ERR_IO) return c; /* with -m, a checkpoint without args.json is fine */
+        base = t = sys = NULL;
+    }
+    const char *from = dir ? dir : base;
+    if ((c = whale_model_load_as(from, dtype, m, err)) || (adapters && (c = whale_lora_load(*m, adapters, err))) ||
+        (merge && (c = whale_lora_merge(*m, err)))) {
+        whale_model_free(*m);
+        *m = NULL;
+        free(base), free(t), free(sys);
+        return c;
+    }
+    *base_dir = strdup(from);
+    free(base);
+    if (tmpl) *tmpl = t;
+    else free(t);
+    if (system) *system = sys;
+    else free(sys);
+    return *base_dir ? WHALE_OK : whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+}
+
 int cmd_generate(int argc, char **argv) {
-    const char *dir = NULL, *ids_text = NULL, *prompt_text = NULL;
+    const char *dir = NULL, *ids_text = NULL, *prompt_text = NULL, *adapters = NULL;
+    char *base = NULL;
     whale_dtype dtype = WHALE_F32;
     long n_new = 32, threads = 0, ignore_eos = 0;
     int nan_check = 0;
     whale_sampler_params sp = cli_sampling_defaults();
     int seed_given = 0;
     if (wants_help(argc, argv)) {
-        puts("usage: whale generate -m DIR (-p TEXT | --ids 0,15,27) [-n N] [options]\n"
+        puts("usage: whale generate (-m DIR | --adapters CKPT | both) (-p TEXT | --ids 0,15,27) [-n N] [options]\n"
+             "  --adapters CKPT      a LoRA checkpoint of whale sft (its args.json names the base)\n"
              "  -p, --prompt TEXT    text prompt (needs the model folder's tokenizer.json); streams text\n"
              "  --ids LIST           token-id prompt; prints the generated ids\n"
              "  -n N                 tokens to generate (default 32)\n"
@@ -311,6 +345,7 @@ int cmd_generate(int argc, char **argv) {
         if (cli_sampling_option("generate", a, v, &sp, &seed_given, &bad)) {
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "--ids")) ids_text = v;
+        else if (!strcmp(a, "--adapters")) adapters = v;
         else if (!strcmp(a, "--dtype")) bad = cli_dtype("generate", v, &dtype);
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) prompt_text = v;
         else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens")) bad = cli_int("generate", a, v, 0, 1 << 24, &n_new);
@@ -318,7 +353,8 @@ int cmd_generate(int argc, char **argv) {
         else return cli_usage("generate", "unknown option \"%s\"", a);
         if (bad) return bad;
     }
-    if (!dir || !ids_text == !prompt_text) return cli_usage("generate", "-m DIR and one of -p TEXT or --ids are required");
+    if ((!dir && !adapters) || !ids_text == !prompt_text)
+        return cli_usage("generate", "-m DIR (or --adapters CKPT) and one of -p TEXT or --ids are required");
     whale_set_threads((int)threads);
 
     whale_err err;
@@ -331,7 +367,8 @@ int cmd_generate(int argc, char **argv) {
     int32_t *prompt = NULL, *ids = NULL;
     int n_prompt = 0, status = 0;
     if (ids_text && (status = cli_parse_id_list("generate", ids_text, &prompt, &n_prompt))) return status;
-    if (whale_model_load_as(dir, dtype, &m, &err)) goto fail;
+    if (cli_load_model(dir, adapters, dtype, 0, &m, &base, NULL, NULL, &err)) goto fail;
+    dir = base;
     int V = whale_model_vocab_size(m), maxpos = whale_model_max_positions(m);
     if (prompt_text && !*prompt_text) {
         whale_errf(&err, WHALE_ERR_ARG, "-p: the prompt is empty");
@@ -407,5 +444,6 @@ out:
     whale_detokenizer_free(detok);
     whale_tokenizer_free(tok);
     whale_model_free(m);
+    free(base);
     return status;
 }

@@ -19,10 +19,12 @@ static const char usage_text[] =
     "  generate  -m DIR --ids 0,15,27 [-n N] [sampling options] generate token ids\n"
     "  bench     (-m DIR | --preset NAME) --what forward|prefill|decode   speed\n"
     "  chat      -m DIR [--system TEXT]                            interactive chat (or from a pipe)\n"
+    "  chat-eval (-m DIR | --adapters CKPT) --data EVAL.jsonl ...   score identity answers (self-cognition)\n"
     "  grad      -m DIR --ids FILE --out GRADS.safetensors         gradient of the mean loss\n"
     "  tokenizer train --vocab-size N --out DIR FILES...           train a byte-level BPE tokenizer\n"
     "  data prepare --tokenizer DIR --out DIR FILES...             text to token shards\n"
     "  train     --init PRESET|DIR --data DIR --out DIR            train (or resume) a model\n"
+    "  sft       -m DIR --data F.jsonl [--train-type lora|full]    fine-tune on chat data (LoRA or full)\n"
     "  eval      -m DIR --data DIR                                 validation loss and perplexity\n"
     "  export    -m DIR --dtype bf16|fp16|fp32 --out DIR           checkpoint in another dtype\n"
     "  precision-report -m DIR (--ids FILE | --data DIR) [--steps N]  fp32, bf16, fp16, int8 side by side\n"
@@ -179,7 +181,7 @@ int main(int argc, char **argv) {
         const char *name;
         int (*fn)(int, char **);
     } cmds[] = {{"info", cmd_info}, {"init", cmd_init}, {"score", cmd_score}, {"generate", cmd_generate}, {"chat", cmd_chat}, {"bench", cmd_bench},
-                  {"tokenize", cmd_tokenize}, {"grad", cmd_grad}, {"train", cmd_train_model}, {"eval", cmd_eval}, {"export", cmd_export},
+                  {"tokenize", cmd_tokenize}, {"grad", cmd_grad}, {"train", cmd_train_model}, {"sft", cmd_sft}, {"chat-eval", cmd_chat_eval}, {"eval", cmd_eval}, {"export", cmd_export},
                   {"precision-report", cmd_precision_report},
                   {"data", cmd_data}, {"plot", cmd_plot}, {"tokenizer", cmd_tokenizer}, {"detokenize", cmd_detokenize}, {"diagnose", cmd_diagnose}, {"memory", cmd_memory}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)

@@ -46,10 +46,15 @@ void whale_memory_of_model(const whale_model *m, whale_memory *mm) {
     for (int i = 0; i < m->n_params; i++) {
         const whale_param *p = &m->params[i];
         int64_t n = whale_shape_numel(p->ndim, p->shape);
+        if (i >= m->n_base_params && m->n_lora) { /* an adapter (fp32, trainable) */
+            mm->adapters += (size_t)n * sizeof(float);
+            mm->trainable += n;
+            continue;
+        }
         mm->params += n;
         if (whale_param_has_f32(m, p)) mm->weights_f32 += pad_f32(n);
     }
-    mm->trainable = whale_model_has_master(m) ? mm->params : 0;
+    if (!m->n_lora) mm->trainable = whale_model_has_master(m) ? mm->params : 0;
     mm->weights_lowp = m->copy_bytes;
     mm->weights_mapped = m->mapped_copy_bytes;
     total(mm);
@@ -100,7 +105,7 @@ whale_code whale_memory_estimate(const char *config, const whale_memory_plan *pl
          * (master weights); otherwise only those without a copy */
         if (dt == WHALE_F32 || full || !product) mm->weights_f32 += pad_f32(n);
         if (dt != WHALE_F32 && product) mm->weights_lowp += whale_copy_bytes(dt, p->shape[0], p->shape[1]);
-        if (plan->train == WHALE_TRAIN_LORA && whale_lora_is_target(p, "all-linear"))
+        if (plan->train == WHALE_TRAIN_LORA && whale_lora_is_target(p, plan->lora_targets ? plan->lora_targets : "all-linear"))
             mm->trainable += (int64_t)plan->lora_rank * (p->shape[0] + p->shape[1]);
     }
     if (full) mm->trainable = mm->params;
@@ -138,11 +143,15 @@ static void line(FILE *f, const char *what, size_t bytes, const char *note) {
 void whale_memory_print(const whale_memory *mm, FILE *f) {
     char buf[128];
     const char *dn = mm->dtype == WHALE_F32 ? "fp32" : mm->dtype == WHALE_BF16 ? "bf16" : mm->dtype == WHALE_F16 ? "fp16" : "int8";
-    snprintf(buf, sizeof buf, "%lld parameters, %lld trainable", (long long)mm->params, (long long)mm->trainable);
+    if (mm->adapters) /* LoRA: the adapters are trained, the base is frozen */
+        snprintf(buf, sizeof buf, "%lld frozen base parameters, %lld trainable adapter parameters (%.2f%%)",
+                 (long long)mm->params, (long long)mm->trainable, 100.0 * (double)mm->trainable / (double)mm->params);
+    else
+        snprintf(buf, sizeof buf, "%lld parameters, %lld trainable", (long long)mm->params, (long long)mm->trainable);
     fprintf(f, "memory (%s products; %s):\n", dn, buf);
     line(f, "weights fp32", mm->weights_f32,
          mm->weights_lowp || mm->weights_mapped
-             ? (mm->trainable && !mm->adapters ? "master weights" : "norms, gate, hyper-connections")
+             ? (mm->trainable && !mm->adapters ? "master weights" : "norms, biases and other small tensors")
              : NULL);
     if (mm->weights_lowp) {
         snprintf(buf, sizeof buf, "%s copies of the product weights", dn);

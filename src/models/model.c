@@ -516,6 +516,8 @@ size_t whale_session_activation_bytes(const whale_session *s, size_t *recompute_
     return s->activation_bytes;
 }
 
+whale_model *whale_session_model(const whale_session *s) { return s->model; }
+
 float *whale_session_grad(whale_session *s, int i) {
     if (!s->grads || i < 0 || i >= s->model->n_params || s->grad_offsets[i] == SIZE_MAX) return NULL;
     return s->grads + s->grad_offsets[i];

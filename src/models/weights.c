@@ -212,7 +212,7 @@ void whale_model_refresh_copies(whale_model *m) {
     for (int i = 0; i < m->n_copies; i++) {
         whale_wcopy *w = &m->copies[i];
         const whale_param *p = &m->params[w->param];
-        if (!whale_param_has_f32(m, p)) continue;
+        if (p->frozen || !whale_param_has_f32(m, p)) continue; /* frozen: never changes */
         int64_t rows = p->shape[0];
         convert_rows((void *)w->data, (float *)w->scale, w->dtype, p->data, WHALE_F32, rows, w->cols, 0);
     }

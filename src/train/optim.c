@@ -58,7 +58,9 @@ whale_code whale_adamw_new(whale_model *m, const whale_adamw_config *cfg, whale_
         return whale_errf(err, WHALE_ERR_ARG, "AdamW betas must be in [0, 1), got %g and %g", cfg->beta1, cfg->beta2);
     if (!(cfg->eps > 0) || !(cfg->weight_decay >= 0))
         return whale_errf(err, WHALE_ERR_ARG, "AdamW needs eps > 0 and weight decay >= 0");
-    whale_code c = whale_model_make_writable(m, err);
+    /* With LoRA only the adapters (own memory, fp32) change: the frozen base
+     * stays as loaded, mapped and in any precision. */
+    whale_code c = m->n_lora ? WHALE_OK : whale_model_make_writable(m, err);
     if (c) return c;
     whale_optimizer *o = calloc(1, sizeof *o);
     if (!o) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");

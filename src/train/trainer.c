@@ -14,6 +14,7 @@
 #include "io/safetensors.h"
 #include "kernels/convert.h"
 #include "models/model.h"
+#include "train/step.h"
 #include "whale_data.h"
 #include "whale_diag.h"
 
@@ -53,66 +54,9 @@ whale_train_opts whale_train_defaults(void) {
 
 /* ------------------------------------------------------------ files */
 
-static int is_dir(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-static void fsync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
-}
-
-/* Remove a directory holding only files (checkpoints are flat). */
-static void remove_flat_dir(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char path[4096];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        unlink(path);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
 /* Checkpoints and the final model carry the tokenizer when the run has one. */
 static whale_code copy_tokenizer_files(const char *src, const char *dst, whale_err *err) {
     return src ? whale_tokenizer_copy_files(src, dst, err) : WHALE_OK;
-}
-
-/* Checkpoints present in out, ascending by step (malloc'd array). */
-static int list_checkpoints(const char *out, int64_t **steps) {
-    DIR *d = opendir(out);
-    int n = 0, cap = 0;
-    *steps = NULL;
-    if (!d) return 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        char *end;
-        if (strncmp(e->d_name, "checkpoint-", 11) != 0) continue;
-        long long v = strtoll(e->d_name + 11, &end, 10);
-        if (*end) continue; /* checkpoint-N.tmp: an interrupted save */
-        if (n == cap) {
-            int64_t *grown = realloc(*steps, sizeof(int64_t) * (size_t)(cap = cap ? 2 * cap : 8));
-            if (!grown) break;
-            *steps = grown;
-        }
-        (*steps)[n++] = v;
-    }
-    closedir(d);
-    for (int i = 1; i < n; i++) /* insertion sort: a handful of entries */
-        for (int j = i; j > 0 && (*steps)[j - 1] > (*steps)[j]; j--) {
-            int64_t t = (*steps)[j];
-            (*steps)[j] = (*steps)[j - 1];
-            (*steps)[j - 1] = t;
-        }
-    return n;
 }
 
 /* ------------------------------------------------------------ run state */
@@ -200,32 +144,16 @@ static whale_code save_checkpoint(run_t *r, whale_err *err) {
     char dir[4096], tmp[4200];
     snprintf(dir, sizeof dir, "%s/checkpoint-%lld", r->o->out, (long long)r->step);
     snprintf(tmp, sizeof tmp, "%s.tmp", dir);
-    remove_flat_dir(tmp);
+    whale_remove_flat_dir(tmp);
     whale_code c;
     if ((c = whale_model_save(r->m, tmp, err)) || (c = write_trainer_state(r, tmp, err)) ||
         (c = copy_tokenizer_files(r->tokenizer_dir, tmp, err))) {
-        remove_flat_dir(tmp);
+        whale_remove_flat_dir(tmp);
         return c;
     }
-    fsync_dir(tmp);
-    if (is_dir(dir)) remove_flat_dir(dir);
-    if (rename(tmp, dir) != 0) {
-        c = whale_errf(err, WHALE_ERR_IO, "%s: cannot rename into place: %s", dir, strerror(errno));
-        remove_flat_dir(tmp);
-        return c;
-    }
-    fsync_dir(r->o->out);
+    if ((c = whale_publish_dir(tmp, dir, r->o->out, err))) return c;
     if (r->metrics) fprintf(r->metrics, "{\"event\": \"checkpoint\", \"step\": %lld}\n", (long long)r->step);
-    if (r->o->save_total_limit > 0) {
-        int64_t *steps;
-        int n = list_checkpoints(r->o->out, &steps);
-        for (int i = 0; i + r->o->save_total_limit < n; i++) {
-            char old[4096];
-            snprintf(old, sizeof old, "%s/checkpoint-%lld", r->o->out, (long long)steps[i]);
-            remove_flat_dir(old);
-        }
-        free(steps);
-    }
+    whale_prune_checkpoints(r->o->out, r->o->save_total_limit);
     return WHALE_OK;
 }
 
@@ -385,38 +313,12 @@ whale_code whale_eval_dataset(whale_model *m, const char *data_dir, const char *
 
 /* ------------------------------------------------------------ the loop */
 
-/* A number for JSON: non-finite values become null. */
-static const char *json_double(char *buf, size_t cap, const char *fmt, double v) {
-    if (isfinite(v)) snprintf(buf, cap, fmt, v);
-    else snprintf(buf, cap, "null");
-    return buf;
-}
-
-static void fmt_duration(char *buf, size_t cap, double s) {
-    if (!(s >= 0) || s > 1e7) snprintf(buf, cap, "?");
-    else if (s < 60) snprintf(buf, cap, "%.0fs", s);
-    else if (s < 3600) snprintf(buf, cap, "%dm%02ds", (int)s / 60, (int)s % 60);
-    else snprintf(buf, cap, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
-}
-
-/* Name the first parameter whose gradient is not finite. */
-static const char *first_nonfinite_grad(run_t *r) {
-    for (int i = 0; i < whale_model_num_params(r->m); i++) {
-        whale_tensor t = whale_model_param(r->m, i);
-        const float *g = whale_session_grad(r->s, i);
-        long n = (long)whale_shape_numel(t.ndim, t.shape);
-        for (long k = 0; g && k < n; k++) /* frozen parameters have no gradient */
-            if (!isfinite(g[k])) return whale_model_param_name(r->m, i);
-    }
-    return NULL;
-}
-
 static whale_code setup_model(run_t *r, const char *resume_dir, whale_err *err) {
     const whale_train_opts *o = r->o;
     if (resume_dir) return whale_model_load(resume_dir, &r->m, err);
     char cfg[4096];
     snprintf(cfg, sizeof cfg, "%s/config.json", o->init);
-    if (is_dir(o->init) && access(cfg, R_OK) == 0) return whale_model_load(o->init, &r->m, err);
+    if (whale_is_dir(o->init) && access(cfg, R_OK) == 0) return whale_model_load(o->init, &r->m, err);
     /* a preset or config file: the vocabulary comes from the data */
     char overrides[128];
     snprintf(overrides, sizeof overrides, "{\"vocab_size\": %d, \"eos_token_id\": %d}", whale_dataset_vocab(r->train),
@@ -455,7 +357,7 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
     if (o->resume) {
         if (!strcmp(o->resume, "latest")) {
             int64_t *steps;
-            int n = list_checkpoints(o->out, &steps);
+            int n = whale_list_checkpoints(o->out, &steps);
             if (n == 0) {
                 free(steps);
                 c = whale_errf(err, WHALE_ERR_IO, "%s: --resume latest: no checkpoint-N folder to resume from", o->out);
@@ -468,7 +370,7 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
         }
     }
     if ((c = setup_model(&r, resume_dir[0] ? resume_dir : NULL, err))) goto done;
-    const char *tok = o->tokenizer ? o->tokenizer : resume_dir[0] ? resume_dir : is_dir(o->init) ? o->init : NULL;
+    const char *tok = o->tokenizer ? o->tokenizer : resume_dir[0] ? resume_dir : whale_is_dir(o->init) ? o->init : NULL;
     char tok_json[4200];
     snprintf(tok_json, sizeof tok_json, "%s/tokenizer.json", tok ? tok : "");
     r.tokenizer_dir = tok && access(tok_json, R_OK) == 0 ? strdup(tok) : NULL;
@@ -544,49 +446,16 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
     while (r.step < o->max_steps) {
         double t0 = whale_now();
         double lr = o->lr * whale_lr_multiplier(o->schedule, r.step, warmup, o->max_steps);
-        int64_t total = 0, counts[64];
         for (int i = 0; i < o->grad_accum && !c; i++)
             c = whale_dataset_next_batch(r.train, &r.cursor, o->batch_size, o->seq_len, &r.micro[i], err);
         if (c) goto done;
-        for (int i = 0; i < o->grad_accum; i++) {
-            int64_t n = whale_count_targets(r.micro[i].labels, o->batch_size, o->seq_len);
-            if (i < 64) counts[i] = n;
-            total += n;
-        }
-        whale_session_zero_grad(r.s);
-        double step_loss = 0, loss_scale = fp16 ? r.scaler.scale : 1.0;
-        for (int i = 0; i < o->grad_accum; i++) {
-            int64_t n = i < 64 ? counts[i] : whale_count_targets(r.micro[i].labels, o->batch_size, o->seq_len), cn;
-            double l, scale = o->hf_accum_compat ? 1.0 : total ? (double)n / (double)total : 0.0;
-            scale *= loss_scale;
-            whale_batch *b = &r.micro[i];
-            if ((c = whale_session_train_step(r.s, b->ids, b->labels, b->pos, b->seg, o->batch_size, o->seq_len, scale,
-                                              &l, &cn, err)))
-                goto done;
-            if (whale_diag_failed(r.nan)) {
-                c = whale_errf(err, WHALE_ERR_RANGE, "step %lld, micro-batch %d: %s", (long long)r.step + 1, i + 1,
-                               whale_diag_report_nan(r.nan));
-                goto done;
-            }
-            if (cn) step_loss += o->hf_accum_compat ? l : l * (double)cn / (double)total;
-        }
-        int take_step = 1;
-        if (fp16) { /* GradScaler: skip on inf/NaN, else unscale */
-            double raw = whale_grad_norm(r.s);
-            take_step = whale_loss_scaler_update(&r.scaler, !isfinite(raw));
-            if (take_step) whale_scale_grads(r.s, 1.0 / loss_scale);
-        }
-        double norm = !take_step ? NAN
-                      : o->max_grad_norm > 0 ? whale_clip_grad_norm(r.s, o->max_grad_norm) : whale_grad_norm(r.s);
-        if (take_step && (!isfinite(step_loss) || !isfinite(norm))) {
-            const char *bad = first_nonfinite_grad(&r);
-            c = whale_errf(err, WHALE_ERR_RANGE,
-                           "step %lld: the %s is not finite (loss %g, gradient norm %g); first non-finite gradient: %s",
-                           (long long)r.step + 1, isfinite(step_loss) ? "gradient" : "loss", step_loss, norm,
-                           bad ? bad : "none");
+        double loss_scale = fp16 ? r.scaler.scale : 1.0;
+        whale_step_result sr;
+        if ((c = whale_train_one_step(r.s, r.opt, fp16 ? &r.scaler : NULL, r.nan, r.micro, o->grad_accum,
+                                      o->hf_accum_compat, o->max_grad_norm, lr, r.step + 1, &sr, err)))
             goto done;
-        }
-        if (take_step) whale_adamw_step(r.opt, r.s, lr);
+        double step_loss = sr.loss, norm = sr.grad_norm;
+        int take_step = sr.taken;
         r.step++;
         t_train += whale_now() - t0;
         last_loss = step_loss;
@@ -609,7 +478,7 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
             fprintf(r.metrics,
                     "{\"step\": %lld, \"loss\": %s, \"lr\": %.6g, \"grad_norm\": %s, \"tokens\": %lld, "
                     "\"tokens_per_s\": %.1f, \"elapsed_s\": %.2f, \"epoch\": %.4f",
-                    (long long)r.step, json_double(jl, sizeof jl, "%.6f", mean_loss), lr, json_double(jn, sizeof jn, "%.6g", mean_norm),
+                    (long long)r.step, whale_json_double(jl, sizeof jl, "%.6f", mean_loss), lr, whale_json_double(jn, sizeof jn, "%.6g", mean_norm),
                     (long long)(r.step * tokens_per_step), tps, whale_now() - t_start,
                     r.cursor.epoch + (double)r.cursor.index / (double)(r.cursor.windows ? r.cursor.windows : 1));
             if (fp16)
@@ -619,8 +488,8 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
             fflush(r.metrics);
             if (!o->quiet) {
                 char e1[32], e2[32];
-                fmt_duration(e1, sizeof e1, whale_now() - t_start);
-                fmt_duration(e2, sizeof e2, eta);
+                whale_fmt_duration(e1, sizeof e1, whale_now() - t_start);
+                whale_fmt_duration(e2, sizeof e2, eta);
                 char sc[64] = "";
                 if (fp16)
                     snprintf(sc, sizeof sc, "  scale %.0f%s", r.scaler.scale, take_step ? "" : " (skipped)");

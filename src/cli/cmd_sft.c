@@ -1,0 +1,258 @@
+/* whale sft: supervised fine-tuning (LoRA or full) on chat data, with
+ * ms-swift's option names (dashes or underscores) and run layout. */
+#include "cli/cli.h"
+
+#include "whale_train.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char sft_usage[] =
+    "usage: whale sft -m BASE_DIR --data FILE.jsonl... [options]\n"
+    "  --train-type lora|full (lora; alias --tuner-type)   --dtype fp32|bf16|fp16 (fp32; alias --torch-dtype)\n"
+    "  --lora-rank R (8)  --lora-alpha A (32)  --lora-dropout P (0.05)  --use-rslora [true|false]\n"
+    "  --target-modules all-linear|NAME... (all-linear: every Linear but lm_head)\n"
+    "  --lr LR (1e-4 LoRA, 1e-5 full; alias --learning-rate)  --lr-scheduler constant|linear|cosine (cosine)\n"
+    "  --epochs N (3; alias --num-train-epochs)  --max-steps N (overrides epochs)\n"
+    "  --batch-size B (1; alias --per-device-train-batch-size)  --grad-accum N (a total batch of 16 rows;\n"
+    "      alias --gradient-accumulation-steps)\n"
+    "  --max-length N (no limit)  --truncation-strategy delete|left|right (delete)  --packing\n"
+    "  --loss-scope assistant|all (assistant)   --on-bad-record fail|skip (fail)\n"
+    "  --model-name ZH [EN]  --model-author ZH [EN]   fill {{NAME}} / {{AUTHOR}} of self-cognition records\n"
+    "  --system TEXT   system prompt for records without one (default: the chat template's)\n"
+    "  --chat-template deepseek|chatml|raw (default: the model folder's)\n"
+    "  --warmup-ratio R (0)  --weight-decay W (0.1)  --max-grad-norm G (1)  --seed S (42)\n"
+    "  --save-steps N (500)  --save-total-limit N (keep all)  --logging-steps N (5)\n"
+    "  --gradient-checkpointing (alias --recompute)  --nan-check  --memory-limit GIB  --threads N  --quiet\n"
+    "  --out DIR (output; alias --output-dir)   --dry-run [N]: show N samples (3) with the trained text in [[ ]]\n"
+    "writes DIR/vN-YYYYMMDD-HHMMSS/{args.json,logging.jsonl,checkpoint-STEP/}; prints a JSON summary";
+
+/* "--lora_rank" → "--lora-rank": ms-swift's spelling is accepted too. */
+static void canonical_option(const char *a, char *out, size_t cap) {
+    snprintf(out, cap, "%s", a);
+    for (char *p = out + 2; *p; p++)
+        if (*p == '_') *p = '-';
+}
+
+/* The values after option i up to the next option (at least one). */
+static int multi_values(int argc, char **argv, int *i, const char **vals, int cap) {
+    int n = 0;
+    while (*i + 1 < argc && (argv[*i + 1][0] != '-' || !argv[*i + 1][1]) && n < cap)
+        vals[n++] = argv[++*i];
+    return n;
+}
+
+static int parse_bool(const char *v, int *out) {
+    if (!strcmp(v, "true") || !strcmp(v, "1")) *out = 1;
+    else if (!strcmp(v, "false") || !strcmp(v, "0")) *out = 0;
+    else return -1;
+    return 0;
+}
+
+/* Print a sample's text with the trained bytes inside [[ ]]. */
+static whale_code show_sample(whale_sft_dataset *ds, int64_t i, whale_err *err) {
+    char *text;
+    size_t len;
+    uint8_t *mask;
+    whale_code c = whale_sft_sample_text(ds, i, &text, &len, &mask, err);
+    if (c) return c;
+    whale_sft_sample smp;
+    if ((c = whale_sft_dataset_sample(ds, i, &smp, err))) {
+        free(text);
+        free(mask);
+        return c;
+    }
+    int trained = 0;
+    for (int k = 0; k < smp.n; k++) trained += smp.train[k];
+    printf("--- sample %lld (%s:%lld): %d tokens, %d trained%s\n", (long long)i, smp.file, (long long)smp.line, smp.n,
+           trained, smp.truncated ? ", truncated" : "");
+    int in = 0;
+    for (size_t k = 0; k < len; k++) {
+        if (mask[k] != in) fputs((in = mask[k]) ? "[[" : "]]", stdout);
+        putchar(text[k]);
+    }
+    if (in) fputs("]]", stdout);
+    putchar('\n');
+    free(text);
+    free(mask);
+    return WHALE_OK;
+}
+
+static int dry_run(const whale_sft_run_opts *o, long n_show) {
+    whale_err err;
+    whale_tokenizer *tok = NULL;
+    whale_sft_dataset *ds = NULL;
+    whale_chat_format fmt;
+    int status = 0;
+    if (whale_tokenizer_load(o->model, &tok, &err) ||
+        (o->chat_template ? whale_chat_format_from_name(o->chat_template, &fmt, &err)
+                          : whale_chat_detect(o->model, &fmt, &err)) ||
+        whale_sft_dataset_open(o->data, o->n_data, tok, fmt, &o->data_opts, &ds, &err))
+        goto fail;
+    whale_sft_stats st;
+    whale_sft_dataset_stats(ds, &st);
+    for (int64_t i = 0; i < n_show && i < st.samples; i++)
+        if (show_sample(ds, i, &err)) goto fail;
+    printf("{\"template\": \"%s\", \"records\": %lld, \"samples\": %lld, \"skipped\": %lld, \"deleted\": %lld, "
+           "\"truncated\": %lld, \"untrained\": %lld, \"tokens\": %lld, \"trained_tokens\": %lld, \"longest\": %d}\n",
+           whale_chat_format_name(fmt), (long long)st.records, (long long)st.samples, (long long)st.skipped,
+           (long long)st.deleted, (long long)st.truncated, (long long)st.untrained, (long long)st.tokens,
+           (long long)st.trained_tokens, st.max_sample_tokens);
+    goto out;
+fail:
+    status = cli_fail(&err);
+out:
+    whale_sft_dataset_free(ds);
+    whale_tokenizer_free(tok);
+    return status;
+}
+
+int cmd_sft(int argc, char **argv) {
+    whale_sft_run_opts o = whale_sft_run_defaults();
+    o.out = "output";
+    const char *data[256], *names[2] = {0}, *authors[2] = {0}, *targets[64];
+    char target_list[2048] = "";
+    long threads = 0, n_show = -1;
+    int n_data = 0;
+    char cmdline[4096] = "whale";
+    for (int i = 0; i < argc; i++) /* recorded in args.json */
+        if (i && strlen(cmdline) + strlen(argv[i]) + 2 < sizeof cmdline) strcat(strcat(cmdline, " "), argv[i]);
+    o.command_line = cmdline;
+    for (int i = 1; i < argc; i++) {
+        char a[64];
+        const char *v;
+        canonical_option(argv[i], a, sizeof a);
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            puts(sft_usage);
+            return 0;
+        }
+        int bad = 0;
+        long n = 0;
+        double d = 0;
+        /* flags and options with several values */
+        if (!strcmp(a, "--packing")) {
+            o.data_opts.packing = 1;
+            continue;
+        }
+        if (!strcmp(a, "--gradient-checkpointing") || !strcmp(a, "--recompute")) {
+            o.recompute = 1;
+            continue;
+        }
+        if (!strcmp(a, "--nan-check")) {
+            o.nan_check = 1;
+            continue;
+        }
+        if (!strcmp(a, "--quiet")) {
+            o.quiet = 1;
+            continue;
+        }
+        if (!strcmp(a, "--use-rslora")) {
+            o.lora.use_rslora = 1;
+            if (i + 1 < argc && !parse_bool(argv[i + 1], &o.lora.use_rslora)) i++;
+            continue;
+        }
+        if (!strcmp(a, "--dry-run")) {
+            n_show = 3;
+            if (i + 1 < argc && argv[i + 1][0] != '-' && cli_int("sft", a, argv[++i], 0, 1L << 30, &n_show)) return 2;
+            continue;
+        }
+        if (!strcmp(a, "--data") || !strcmp(a, "--dataset")) {
+            int k = multi_values(argc, argv, &i, data + n_data, 256 - n_data);
+            if (!k) return cli_usage("sft", "%s needs one or more files", argv[i]);
+            n_data += k;
+            continue;
+        }
+        if (!strcmp(a, "--model-name") || !strcmp(a, "--model-author")) {
+            const char **dst = a[8] == 'n' ? names : authors;
+            int k = multi_values(argc, argv, &i, dst, 2);
+            if (!k) return cli_usage("sft", "%s needs one or two values (Chinese, English)", argv[i]);
+            if (i + 1 < argc && argv[i + 1][0] != '-') return cli_usage("sft", "%s takes at most two values", a);
+            continue;
+        }
+        if (!strcmp(a, "--target-modules")) {
+            int k = multi_values(argc, argv, &i, targets, 64);
+            if (!k) return cli_usage("sft", "--target-modules needs all-linear or module names");
+            target_list[0] = 0;
+            for (int t = 0; t < k; t++) {
+                if (strlen(target_list) + strlen(targets[t]) + 2 > sizeof target_list)
+                    return cli_usage("sft", "--target-modules: too many names");
+                if (t) strcat(target_list, ",");
+                strcat(target_list, targets[t]);
+            }
+            o.lora.target_modules = target_list;
+            continue;
+        }
+        if (!(v = cli_value(argc, argv, &i))) return cli_usage("sft", "%s needs a value", argv[i]);
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) o.model = v;
+        else if (!strcmp(a, "--out") || !strcmp(a, "--output-dir")) o.out = v;
+        else if (!strcmp(a, "--train-type") || !strcmp(a, "--tuner-type")) {
+            if (!strcmp(v, "lora")) o.tuner = WHALE_TUNE_LORA;
+            else if (!strcmp(v, "full")) o.tuner = WHALE_TUNE_FULL;
+            else return cli_usage("sft", "%s must be lora or full, got \"%s\"", argv[i - 1], v);
+        } else if (!strcmp(a, "--dtype") || !strcmp(a, "--torch-dtype")) {
+            if ((bad = cli_dtype("sft", v, &o.dtype))) return bad;
+            if (o.dtype == WHALE_I8) return cli_usage("sft", "int8 is an inference format; fine-tune in fp32, bf16 or fp16");
+        } else if (!strcmp(a, "--chat-template") || !strcmp(a, "--template")) o.chat_template = v;
+        else if (!strcmp(a, "--system")) o.data_opts.system = v;
+        else if (!strcmp(a, "--loss-scope")) {
+            whale_err err;
+            if (whale_sft_loss_scope_from_name(v, &o.data_opts.loss_scope, &err)) return cli_usage("sft", "%s", err.msg);
+        } else if (!strcmp(a, "--truncation-strategy")) {
+            whale_err err;
+            if (whale_sft_truncation_from_name(v, &o.data_opts.truncation, &err)) return cli_usage("sft", "%s", err.msg);
+        } else if (!strcmp(a, "--on-bad-record")) {
+            whale_err err;
+            if (whale_sft_bad_policy_from_name(v, &o.data_opts.bad_records, &err)) return cli_usage("sft", "%s", err.msg);
+        } else if (!strcmp(a, "--lr-scheduler") || !strcmp(a, "--lr-scheduler-type")) {
+            if (!strcmp(v, "constant")) o.schedule = WHALE_LR_CONSTANT;
+            else if (!strcmp(v, "linear")) o.schedule = WHALE_LR_LINEAR;
+            else if (!strcmp(v, "cosine")) o.schedule = WHALE_LR_COSINE;
+            else return cli_usage("sft", "%s must be constant, linear or cosine, got \"%s\"", argv[i - 1], v);
+        }
+#define INT_OPT(name, lo, hi, dst) else if (!strcmp(a, name)) { if (!(bad = cli_int("sft", argv[i - 1], v, lo, hi, &n))) dst = n; }
+#define FLT_OPT(name, lo, hi, dst) else if (!strcmp(a, name)) { if (!(bad = cli_float("sft", argv[i - 1], v, lo, hi, &d))) dst = d; }
+        INT_OPT("--lora-rank", 1, 1 << 16, o.lora.rank)
+        FLT_OPT("--lora-alpha", 1e-6, 1e6, o.lora.alpha)
+        FLT_OPT("--lora-dropout", 0, 0.99, o.lora.dropout)
+        FLT_OPT("--lr", 1e-12, 10, o.lr)
+        FLT_OPT("--learning-rate", 1e-12, 10, o.lr)
+        FLT_OPT("--epochs", 1e-6, 1e6, o.epochs)
+        FLT_OPT("--num-train-epochs", 1e-6, 1e6, o.epochs)
+        INT_OPT("--max-steps", 1, 1L << 40, o.max_steps)
+        INT_OPT("--batch-size", 1, 65536, o.batch_size)
+        INT_OPT("--per-device-train-batch-size", 1, 65536, o.batch_size)
+        INT_OPT("--grad-accum", 1, 65536, o.grad_accum)
+        INT_OPT("--gradient-accumulation-steps", 1, 65536, o.grad_accum)
+        INT_OPT("--max-length", 2, 1 << 24, o.data_opts.max_length)
+        FLT_OPT("--warmup-ratio", 0, 1, o.warmup_ratio)
+        FLT_OPT("--weight-decay", 0, 10, o.weight_decay)
+        FLT_OPT("--max-grad-norm", 0, 1e9, o.max_grad_norm)
+        INT_OPT("--seed", 0, 0x7fffffffffffffffL, o.seed)
+        INT_OPT("--save-steps", 1, 1L << 40, o.save_steps)
+        INT_OPT("--save-total-limit", 0, 1 << 20, o.save_total_limit)
+        INT_OPT("--logging-steps", 1, 1L << 40, o.logging_steps)
+        INT_OPT("--threads", 1, 1024, threads)
+        FLT_OPT("--memory-limit", 1e-3, 1e6, o.memory_limit)
+        else return cli_usage("sft", "unknown option \"%s\"", argv[i - 1]);
+#undef INT_OPT
+#undef FLT_OPT
+        if (bad) return bad;
+    }
+    if (!o.model || !n_data) return cli_usage("sft", "-m BASE_DIR and --data FILE.jsonl are required");
+    o.memory_limit *= 1073741824.0; /* GiB */
+    o.data = data;
+    o.n_data = n_data;
+    o.data_opts.model_name[0] = names[0], o.data_opts.model_name[1] = names[1];
+    o.data_opts.model_author[0] = authors[0], o.data_opts.model_author[1] = authors[1];
+    if (n_show >= 0) return dry_run(&o, n_show);
+    whale_set_threads((int)threads);
+    whale_err err;
+    whale_sft_result res;
+    if (whale_sft_run(&o, &res, &err)) return cli_fail(&err);
+    printf("{\"steps\": %lld, \"loss\": %.6f, \"seconds\": %.1f, \"tokens_per_s\": %.1f, \"trainable_params\": %lld, "
+           "\"run_dir\": \"%s\", \"last_checkpoint\": \"%s\"}\n",
+           (long long)res.steps, res.last_loss, res.seconds, res.tokens_per_s, (long long)res.trainable_params,
+           res.run_dir, res.last_checkpoint);
+    return 0;
+}

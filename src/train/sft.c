@@ -1,0 +1,491 @@
+/*
+ * Supervised fine-tuning runs (whale_train.h): chat data → rows → the
+ * shared optimiser step, with LoRA adapters on a frozen base or full
+ * fine-tuning, written out the way ms-swift lays out its runs.
+ */
+#include "whale_train.h"
+
+#include "core/core.h"
+#include "models/model.h"
+#include "train/step.h"
+#include "whale_diag.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+whale_sft_run_opts whale_sft_run_defaults(void) {
+    whale_sft_run_opts o = {0};
+    o.tuner = WHALE_TUNE_LORA;
+    o.lora = whale_lora_defaults();
+    o.data_opts = whale_sft_defaults();
+    o.dtype = WHALE_F32;
+    o.warmup_ratio = 0.0;
+    o.weight_decay = 0.1;
+    o.beta1 = 0.9;
+    o.beta2 = 0.95;
+    o.adam_eps = 1e-8;
+    o.max_grad_norm = 1.0;
+    o.schedule = WHALE_LR_COSINE;
+    o.epochs = 3;
+    o.batch_size = 1;
+    o.save_steps = 500;
+    o.logging_steps = 5;
+    o.seed = 42;
+    return o;
+}
+
+static const char *dtype_hf_name(whale_dtype dt) {
+    return dt == WHALE_BF16 ? "bfloat16" : dt == WHALE_F16 ? "float16" : "float32";
+}
+
+/* ms-swift's add_version_to_work_dir: vN-YYYYMMDD-HHMMSS with N one past
+ * the highest version already in out. */
+static void version_dir(const char *out, char *buf, size_t cap) {
+    int next = 0;
+    DIR *d = opendir(out);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            char *end;
+            if (e->d_name[0] != 'v') continue;
+            long v = strtol(e->d_name + 1, &end, 10);
+            if (end != e->d_name + 1 && *end == '-' && v >= next) next = (int)v + 1;
+        }
+        closedir(d);
+    }
+    time_t now = time(NULL);
+    struct tm tm;
+    localtime_r(&now, &tm);
+    char stamp[32];
+    strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+    snprintf(buf, cap, "%s/v%d-%s", out, next, stamp);
+}
+
+static cJSON *string_pair(const char *const v[2]) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < 2; i++)
+        if (v[i] && *v[i]) cJSON_AddItemToArray(a, cJSON_CreateString(v[i]));
+    return a;
+}
+
+/* args.json: the run's settings under ms-swift's argument names. */
+static cJSON *make_args(const whale_sft_run_opts *o, const char *model, const char *run_dir, whale_chat_format fmt,
+                        int grad_accum, double lr, int64_t max_steps, int S) {
+    cJSON *j = cJSON_CreateObject();
+    const whale_sft_opts *d = &o->data_opts;
+    cJSON_AddStringToObject(j, "model", model);
+    cJSON_AddStringToObject(j, "tuner_type", o->tuner == WHALE_TUNE_LORA ? "lora" : "full");
+    cJSON_AddStringToObject(j, "train_type", o->tuner == WHALE_TUNE_LORA ? "lora" : "full");
+    cJSON *ds = cJSON_AddArrayToObject(j, "dataset");
+    for (int i = 0; i < o->n_data; i++) cJSON_AddItemToArray(ds, cJSON_CreateString(o->data[i]));
+    cJSON_AddStringToObject(j, "template", whale_chat_format_name(fmt));
+    if (d->system) cJSON_AddStringToObject(j, "system", d->system);
+    else cJSON_AddNullToObject(j, "system");
+    cJSON_AddStringToObject(j, "torch_dtype", dtype_hf_name(o->dtype));
+    if (o->tuner == WHALE_TUNE_LORA) {
+        cJSON_AddNumberToObject(j, "lora_rank", o->lora.rank);
+        cJSON_AddNumberToObject(j, "lora_alpha", o->lora.alpha);
+        cJSON_AddNumberToObject(j, "lora_dropout", o->lora.dropout);
+        cJSON_AddBoolToObject(j, "use_rslora", o->lora.use_rslora);
+        cJSON *tm = cJSON_AddArrayToObject(j, "target_modules");
+        const char *t = o->lora.target_modules ? o->lora.target_modules : "all-linear";
+        while (*t) { /* the comma list as a JSON list, as ms-swift records it */
+            const char *e = strchr(t, ',');
+            size_t n = e ? (size_t)(e - t) : strlen(t);
+            char name[128];
+            snprintf(name, sizeof name, "%.*s", (int)(n < sizeof name ? n : sizeof name - 1), t);
+            if (*name) cJSON_AddItemToArray(tm, cJSON_CreateString(name));
+            t += n + (e != NULL);
+        }
+    }
+    cJSON_AddNumberToObject(j, "learning_rate", lr);
+    cJSON_AddNumberToObject(j, "num_train_epochs", o->epochs);
+    cJSON_AddNumberToObject(j, "max_steps", (double)max_steps);
+    cJSON_AddNumberToObject(j, "per_device_train_batch_size", o->batch_size);
+    cJSON_AddNumberToObject(j, "gradient_accumulation_steps", grad_accum);
+    if (d->max_length > 0) cJSON_AddNumberToObject(j, "max_length", d->max_length);
+    else cJSON_AddNullToObject(j, "max_length");
+    cJSON_AddNumberToObject(j, "row_length", S);
+    cJSON_AddStringToObject(j, "truncation_strategy",
+                            d->truncation == WHALE_SFT_TRUNC_LEFT    ? "left"
+                            : d->truncation == WHALE_SFT_TRUNC_RIGHT ? "right"
+                                                                     : "delete");
+    cJSON_AddBoolToObject(j, "packing", d->packing);
+    cJSON_AddStringToObject(j, "loss_scale", d->loss_scope == WHALE_SFT_LOSS_ALL ? "all" : "default");
+    cJSON_AddItemToObject(j, "model_name", string_pair(d->model_name));
+    cJSON_AddItemToObject(j, "model_author", string_pair(d->model_author));
+    cJSON_AddNumberToObject(j, "warmup_ratio", o->warmup_ratio);
+    cJSON_AddNumberToObject(j, "weight_decay", o->weight_decay);
+    cJSON_AddNumberToObject(j, "adam_beta1", o->beta1);
+    cJSON_AddNumberToObject(j, "adam_beta2", o->beta2);
+    cJSON_AddNumberToObject(j, "adam_epsilon", o->adam_eps);
+    cJSON_AddNumberToObject(j, "max_grad_norm", o->max_grad_norm);
+    cJSON_AddStringToObject(j, "lr_scheduler_type",
+                            o->schedule == WHALE_LR_CONSTANT ? "constant" : o->schedule == WHALE_LR_LINEAR ? "linear" : "cosine");
+    cJSON_AddBoolToObject(j, "gradient_checkpointing", o->recompute);
+    cJSON_AddNumberToObject(j, "seed", (double)o->seed);
+    cJSON_AddNumberToObject(j, "save_steps", (double)o->save_steps);
+    cJSON_AddNumberToObject(j, "logging_steps", (double)o->logging_steps);
+    if (o->save_total_limit > 0) cJSON_AddNumberToObject(j, "save_total_limit", o->save_total_limit);
+    else cJSON_AddNullToObject(j, "save_total_limit");
+    cJSON_AddStringToObject(j, "output_dir", run_dir);
+    if (o->command_line) cJSON_AddStringToObject(j, "command_line", o->command_line);
+    return j;
+}
+
+static whale_code write_json(const char *dir, const char *name, const cJSON *j, whale_err *err) {
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    char *text = cJSON_Print(j);
+    if (!text) return whale_errf(err, WHALE_ERR_NOMEM, "%s: out of memory", path);
+    size_t n = strlen(text);
+    char *withnl = realloc(text, n + 2);
+    if (!withnl) {
+        free(text);
+        return whale_errf(err, WHALE_ERR_NOMEM, "%s: out of memory", path);
+    }
+    withnl[n] = '\n';
+    withnl[n + 1] = 0;
+    whale_code c = whale_write_file_atomic(path, withnl, n + 1, err);
+    free(withnl);
+    return c;
+}
+
+/* Cut a batch's rows to its longest trained prefix: positions after a row's
+ * last label see nothing the loss uses (causal attention), so dropping the
+ * columns past the batch's last label changes no loss and no gradient. */
+static void trim_batch(whale_batch *b) {
+    int B = b->B, S = b->S, L = 2;
+    for (int r = 0; r < B; r++)
+        for (int s = S - 1; s >= L; s--)
+            if (b->labels[(size_t)r * S + s] != -100) {
+                L = s + 1;
+                break;
+            }
+    if (L == S) return;
+    for (int r = 1; r < B; r++) { /* row r moves left: memmove, increasing r */
+        memmove(b->ids + (size_t)r * L, b->ids + (size_t)r * S, sizeof(int32_t) * L);
+        memmove(b->labels + (size_t)r * L, b->labels + (size_t)r * S, sizeof(int32_t) * L);
+        memmove(b->pos + (size_t)r * L, b->pos + (size_t)r * S, sizeof(int32_t) * L);
+        memmove(b->seg + (size_t)r * L, b->seg + (size_t)r * S, sizeof(int32_t) * L);
+    }
+    b->S = L;
+}
+
+static double physical_memory(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && size > 0 ? (double)pages * (double)size : 0;
+}
+
+typedef struct {
+    const whale_sft_run_opts *o;
+    whale_model *m;
+    whale_session *s;
+    whale_optimizer *opt;
+    cJSON *args;
+    const char *model_dir;
+    char run_dir[4096];
+} sft_run;
+
+static whale_code save_checkpoint(sft_run *r, int64_t step, char *out_path, size_t cap, whale_err *err) {
+    char dir[4200], tmp[4300];
+    snprintf(dir, sizeof dir, "%s/checkpoint-%lld", r->run_dir, (long long)step);
+    snprintf(tmp, sizeof tmp, "%s.tmp", dir);
+    whale_remove_flat_dir(tmp);
+    whale_code c = whale_mkdir(tmp, err);
+    if (!c) {
+        if (r->o->tuner == WHALE_TUNE_LORA) c = whale_lora_save(r->m, tmp, r->model_dir, err);
+        else if (!(c = whale_model_save(r->m, tmp, err)))
+            c = whale_tokenizer_copy_files(r->model_dir, tmp, err);
+    }
+    if (!c) c = write_json(tmp, "args.json", r->args, err);
+    if (c) {
+        whale_remove_flat_dir(tmp);
+        return c;
+    }
+    if ((c = whale_publish_dir(tmp, dir, r->run_dir, err))) return c;
+    whale_prune_checkpoints(r->run_dir, r->o->save_total_limit);
+    snprintf(out_path, cap, "%s", dir);
+    return WHALE_OK;
+}
+
+static whale_code check_opts(const whale_sft_run_opts *o, whale_err *err) {
+    if (!o->model || !o->out || o->n_data < 1)
+        return whale_errf(err, WHALE_ERR_ARG, "a base model, at least one data file and an output folder are required");
+    if (o->batch_size < 1 || o->grad_accum < 0)
+        return whale_errf(err, WHALE_ERR_ARG, "--batch-size must be >= 1 and --grad-accum >= 1");
+    if (o->max_steps <= 0 && !(o->epochs > 0))
+        return whale_errf(err, WHALE_ERR_ARG, "--num-train-epochs must be > 0 (or give --max-steps)");
+    if (o->lr < 0) return whale_errf(err, WHALE_ERR_ARG, "--lr must be > 0");
+    if (o->dtype != WHALE_F32 && o->dtype != WHALE_BF16 && o->dtype != WHALE_F16)
+        return whale_errf(err, WHALE_ERR_ARG, "fine-tuning runs in fp32, bf16 or fp16, not %s", whale_dtype_name(o->dtype));
+    if (o->data_opts.packing && o->data_opts.max_length < 2)
+        return whale_errf(err, WHALE_ERR_ARG, "--packing needs --max-length (the length of a packed row)");
+    return WHALE_OK;
+}
+
+whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, whale_err *err) {
+    sft_run r = {.o = o};
+    whale_code c = check_opts(o, err);
+    if (c) return c;
+    whale_tokenizer *tok = NULL;
+    whale_sft_dataset *ds = NULL;
+    whale_model *skel = NULL;
+    whale_batch *micro = NULL;
+    whale_diag *nan = NULL;
+    FILE *log = NULL;
+    char model_dir[PATH_MAX], ckpt[4200] = "";
+    int grad_accum = 0;
+    whale_chat_format fmt;
+    if (!realpath(o->model, model_dir) || !whale_is_dir(model_dir))
+        return whale_errf(err, WHALE_ERR_IO, "%s: not a model directory", o->model);
+    r.model_dir = model_dir;
+
+    /* data first: its longest row sizes the run */
+    if ((c = whale_tokenizer_load(model_dir, &tok, err)) ||
+        (c = o->chat_template ? whale_chat_format_from_name(o->chat_template, &fmt, err)
+                              : whale_chat_detect(model_dir, &fmt, err)) ||
+        (c = whale_sft_dataset_open(o->data, o->n_data, tok, fmt, &o->data_opts, &ds, err)) ||
+        (c = whale_model_skeleton(model_dir, &skel, err)))
+        goto done;
+    whale_sft_stats st;
+    whale_sft_dataset_stats(ds, &st);
+    int S = o->data_opts.packing ? o->data_opts.max_length : st.max_sample_tokens;
+    if (S > skel->max_positions) {
+        c = whale_errf(err, WHALE_ERR_RANGE,
+                       "%s: rows of %d tokens exceed the model's %d positions; set --max-length %d or less",
+                       o->data[0], S, skel->max_positions, skel->max_positions);
+        goto done;
+    }
+    if (whale_tokenizer_vocab_size(tok) > skel->vocab_size) {
+        c = whale_errf(err, WHALE_ERR_FORMAT, "%s: the tokenizer has %d tokens but the model's vocabulary %d",
+                       model_dir, whale_tokenizer_vocab_size(tok), skel->vocab_size);
+        goto done;
+    }
+    int64_t rows;
+    if ((c = whale_sft_dataset_num_rows(ds, S, &rows, err))) goto done;
+    int B = o->batch_size;
+    grad_accum = o->grad_accum > 0 ? o->grad_accum : (16 + B - 1) / B; /* ms-swift: a total batch >= 16 */
+    int64_t per_step = (int64_t)B * grad_accum;
+    int64_t max_steps = o->max_steps > 0 ? o->max_steps : (int64_t)ceil(o->epochs * (double)rows / (double)per_step);
+    if (max_steps < 1) max_steps = 1;
+    double lr = o->lr > 0 ? o->lr : o->tuner == WHALE_TUNE_LORA ? 1e-4 : 1e-5;
+    int lora = o->tuner == WHALE_TUNE_LORA;
+    if (!o->quiet)
+        fprintf(stderr,
+                "sft: %lld records → %lld samples (%lld tokens, %lld trained; longest %d)%s%s; %lld rows of %d tokens%s\n",
+                (long long)st.records, (long long)st.samples, (long long)st.tokens, (long long)st.trained_tokens,
+                st.max_sample_tokens, st.skipped ? "; skipped malformed: " : "", st.skipped ? st.first_bad : "",
+                (long long)rows, S, o->data_opts.packing ? " (packed)" : "");
+    if (!o->quiet && (st.deleted || st.truncated || st.untrained))
+        fprintf(stderr, "sft: longer than --max-length %d: %lld deleted, %lld truncated; %lld left with nothing to train\n",
+                o->data_opts.max_length, (long long)st.deleted, (long long)st.truncated, (long long)st.untrained);
+
+    /* refuse up front what cannot fit */
+    whale_memory_plan plan = {.dtype = o->dtype, .train = lora ? WHALE_TRAIN_LORA : WHALE_TRAIN_FULL,
+                              .lora_rank = o->lora.rank, .lora_targets = o->lora.target_modules, .batch = B,
+                              .seq_len = S, .recompute = o->recompute};
+    whale_memory est;
+    if ((c = whale_memory_estimate(model_dir, &plan, &est, err))) goto done;
+    double limit = o->memory_limit > 0 ? o->memory_limit : physical_memory();
+    if (limit > 0 && (double)est.total > limit) {
+        if (!o->quiet) {
+            fprintf(stderr, "sft: estimated ");
+            whale_memory_print(&est, stderr);
+        }
+        double gib = 1073741824.0;
+        c = whale_errf(err, WHALE_ERR_NOMEM,
+                       "%s: this run needs an estimated %.2f GiB (weights %.2f, gradients %.2f, AdamW moments %.2f, "
+                       "activations %.2f) but %s is %.2f GiB; %s",
+                       o->model, est.total / gib, (est.weights_f32 + est.weights_lowp + est.weights_mapped) / gib,
+                       est.grads / gib, est.moments / gib, est.activations / gib,
+                       o->memory_limit > 0 ? "--memory-limit" : "the machine's memory", limit / gib,
+                       o->dtype == WHALE_F32 ? "try --dtype bf16, --gradient-checkpointing or a smaller --max-length"
+                                             : "try --gradient-checkpointing, a smaller --batch-size or --max-length");
+        goto done;
+    }
+
+    /* the model: a LoRA base is held in the run's precision only */
+    if (lora) {
+        if ((c = whale_model_load_as(model_dir, o->dtype, &r.m, err))) goto done;
+        whale_lora_config lc = o->lora;
+        if ((c = whale_lora_attach(r.m, &lc, err))) goto done;
+    } else if ((c = whale_model_load(model_dir, &r.m, err)) || (c = whale_model_set_dtype(r.m, o->dtype, err))) {
+        goto done;
+    }
+    whale_adamw_config ac = {.beta1 = o->beta1, .beta2 = o->beta2, .eps = o->adam_eps, .weight_decay = o->weight_decay,
+                             .seed = o->seed};
+    if ((c = whale_train_session_new(r.m, B, S, o->recompute, &r.s, err)) || (c = whale_adamw_new(r.m, &ac, &r.opt, err)))
+        goto done;
+    if (o->nan_check) {
+        if (!(nan = whale_diag_new(1))) {
+            c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        if ((c = whale_diag_set_model(nan, r.m, err))) goto done;
+        whale_session_set_trace(r.s, whale_diag_trace, nan);
+    }
+    if (!(micro = calloc((size_t)grad_accum, sizeof *micro))) {
+        c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < grad_accum && !c; i++) c = whale_batch_alloc(B, S, &micro[i], err);
+    if (c) goto done;
+
+    /* the run folder */
+    if ((c = whale_mkdir(o->out, err))) goto done;
+    version_dir(o->out, r.run_dir, sizeof r.run_dir);
+    if ((c = whale_mkdir(r.run_dir, err))) goto done;
+    r.args = make_args(o, model_dir, r.run_dir, fmt, grad_accum, lr, max_steps, S);
+    if (!r.args) {
+        c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if ((c = write_json(r.run_dir, "args.json", r.args, err))) goto done;
+    char path[4400];
+    snprintf(path, sizeof path, "%s/logging.jsonl", r.run_dir);
+    if (!(log = fopen(path, "w"))) {
+        c = whale_errf(err, WHALE_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+        goto done;
+    }
+    if (!o->quiet) {
+        whale_memory mm;
+        whale_memory_of_model(r.m, &mm);
+        whale_memory_add_session(&mm, r.s);
+        whale_memory_add_optimizer(&mm, whale_optimizer_bytes(r.opt));
+        fprintf(stderr, "sft: ");
+        whale_memory_print(&mm, stderr);
+        fprintf(stderr, "sft: %s, %s; %lld steps of %d × %d rows (%.3g epochs), lr %.3g; run folder %s\n",
+                lora ? "LoRA" : "full fine-tuning", dtype_hf_name(o->dtype), (long long)max_steps, B, grad_accum,
+                (double)max_steps * (double)per_step / (double)rows, lr, r.run_dir);
+    }
+
+    whale_loss_scaler scaler;
+    whale_loss_scaler_init(&scaler);
+    int fp16 = o->dtype == WHALE_F16;
+    whale_data_cursor cur = {.seed = o->seed};
+    int64_t warmup = (int64_t)ceil(o->warmup_ratio * (double)max_steps), tokens = 0;
+    double t_start = whale_now(), t_train = 0, int_loss = 0, int_norm = 0, last_loss = NAN, loss_sum = 0;
+    int int_n = 0, int_steps = 0;
+    int64_t log_every = o->logging_steps > 0 ? o->logging_steps : 1, loss_n = 0;
+    for (int64_t step = 0; step < max_steps;) {
+        double t0 = whale_now();
+        double lr_now = lr * whale_lr_multiplier(o->schedule, step, warmup, max_steps);
+        for (int i = 0; i < grad_accum && !c; i++)
+            if (!(c = whale_sft_next_batch(ds, &cur, B, S, &micro[i], err))) {
+                trim_batch(&micro[i]);
+                tokens += (int64_t)micro[i].B * micro[i].S;
+            }
+        if (c) goto done;
+        whale_step_result sr;
+        if ((c = whale_train_one_step(r.s, r.opt, fp16 ? &scaler : NULL, nan, micro, grad_accum, 0, o->max_grad_norm,
+                                      lr_now, step + 1, &sr, err)))
+            goto done;
+        step++;
+        t_train += whale_now() - t0;
+        last_loss = sr.loss;
+        int_loss += sr.loss, int_n++, loss_sum += sr.loss, loss_n++;
+        if (sr.taken) int_norm += sr.grad_norm, int_steps++;
+        int last = step == max_steps;
+        if (step % log_every == 0 || last || step == 1) {
+            double elapsed = whale_now() - t_start, spi = t_train / (double)step;
+            double epoch = (double)cur.epoch + (double)cur.index / (double)(cur.windows ? cur.windows : 1);
+            char e1[32], e2[32], jl[32], jn[32];
+            whale_fmt_duration(e1, sizeof e1, elapsed);
+            whale_fmt_duration(e2, sizeof e2, spi * (double)(max_steps - step));
+            double mean_loss = int_loss / int_n, mean_norm = int_steps ? int_norm / int_steps : NAN;
+            fprintf(log,
+                    "{\"loss\": %s, \"grad_norm\": %s, \"learning_rate\": %.6g, \"epoch\": %.4f, "
+                    "\"global_step/max_steps\": \"%lld/%lld\", \"percentage\": \"%.2f%%\", \"elapsed_time\": \"%s\", "
+                    "\"remaining_time\": \"%s\", \"memory(GiB)\": %.2f, \"train_speed(s/it)\": %.4f, "
+                    "\"tokens_per_s\": %.1f",
+                    whale_json_double(jl, sizeof jl, "%.6f", mean_loss),
+                    whale_json_double(jn, sizeof jn, "%.6g", mean_norm), lr_now, epoch, (long long)step,
+                    (long long)max_steps, 100.0 * (double)step / (double)max_steps, e1, e2,
+                    whale_peak_rss() / 1073741824.0, spi, (double)tokens / t_train);
+            if (fp16)
+                fprintf(log, ", \"loss_scale\": %.0f, \"skipped_steps\": %lld", scaler.scale, (long long)scaler.skipped);
+            fprintf(log, "}\n");
+            fflush(log);
+            if (!o->quiet)
+                fprintf(stderr, "step %5lld/%lld  loss %.4f  lr %.2e  grad-norm %.3f  %.0f tok/s  %.2f s/it  elapsed %s  ETA %s\n",
+                        (long long)step, (long long)max_steps, mean_loss, lr_now, mean_norm,
+                        (double)tokens / t_train, spi, e1, e2);
+            int_loss = int_norm = 0;
+            int_n = int_steps = 0;
+        }
+        if ((o->save_steps > 0 && step % o->save_steps == 0) || last) {
+            if ((c = save_checkpoint(&r, step, ckpt, sizeof ckpt, err))) goto done;
+            if (!o->quiet) fprintf(stderr, "sft: saved %s\n", ckpt);
+        }
+    }
+    double seconds = whale_now() - t_start;
+    char jl[32];
+    fprintf(log,
+            "{\"train_runtime\": %.2f, \"train_samples_per_second\": %.3f, \"train_steps_per_second\": %.3f, "
+            "\"train_loss\": %s, \"epoch\": %.4f, \"global_step/max_steps\": \"%lld/%lld\", "
+            "\"last_model_checkpoint\": \"%s\", \"memory(GiB)\": %.2f}\n",
+            seconds, (double)max_steps * (double)per_step / seconds, (double)max_steps / seconds,
+            whale_json_double(jl, sizeof jl, "%.6f", loss_sum / (double)loss_n),
+            (double)cur.epoch + (double)cur.index / (double)(cur.windows ? cur.windows : 1), (long long)max_steps,
+            (long long)max_steps, ckpt, whale_peak_rss() / 1073741824.0);
+    if (!o->quiet) fprintf(stderr, "sft: peak resident memory %.1f MiB\n", whale_peak_rss() / 1048576.0);
+    if (res) {
+        res->steps = max_steps;
+        res->last_loss = last_loss;
+        res->seconds = seconds;
+        res->tokens_per_s = t_train > 0 ? (double)tokens / t_train : 0;
+        res->trainable_params = lora ? whale_lora_num_params(r.m) : whale_model_param_count(r.m);
+        snprintf(res->run_dir, sizeof res->run_dir, "%s", r.run_dir);
+        snprintf(res->last_checkpoint, sizeof res->last_checkpoint, "%s", ckpt);
+    }
+done:
+    if (log && fclose(log) != 0 && !c) c = whale_errf(err, WHALE_ERR_IO, "%s/logging.jsonl: write failed", r.run_dir);
+    if (micro)
+        for (int i = 0; i < grad_accum; i++) whale_batch_free(&micro[i]);
+    free(micro);
+    cJSON_Delete(r.args);
+    whale_optimizer_free(r.opt);
+    whale_session_free(r.s);
+    whale_diag_free(nan);
+    whale_model_free(r.m);
+    whale_model_free(skel);
+    whale_sft_dataset_free(ds);
+    whale_tokenizer_free(tok);
+    return c;
+}
+
+whale_code whale_sft_checkpoint_base(const char *checkpoint, char **model, char **chat_template, char **system,
+                                     whale_err *err) {
+    char path[4400], *text;
+    *model = NULL;
+    if (chat_template) *chat_template = NULL;
+    if (system) *system = NULL;
+    snprintf(path, sizeof path, "%s/args.json", checkpoint);
+    if (access(path, R_OK) != 0)
+        return whale_errf(err, WHALE_ERR_IO, "%s: no args.json to find the base model in (give -m BASE)", checkpoint);
+    whale_code c = whale_read_file(path, &text, NULL, err);
+    if (c) return c;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    const cJSON *mv = cJSON_GetObjectItemCaseSensitive(j, "model");
+    if (!cJSON_IsString(mv) || !*mv->valuestring) {
+        cJSON_Delete(j);
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: %s", path, j ? "no \"model\" string" : "invalid JSON");
+    }
+    *model = strdup(mv->valuestring);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "template"), *s = cJSON_GetObjectItemCaseSensitive(j, "system");
+    if (chat_template && cJSON_IsString(t)) *chat_template = strdup(t->valuestring);
+    if (system && cJSON_IsString(s)) *system = strdup(s->valuestring);
+    cJSON_Delete(j);
+    if (!*model) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    return WHALE_OK;
+}

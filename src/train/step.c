@@ -1,0 +1,162 @@
+/* One optimiser step over accumulated micro-batches, and run-folder
+ * housekeeping, shared by pretraining and fine-tuning runs. */
+#include "train/step.h"
+
+#include "whale_diag.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Name the first parameter whose gradient is not finite. */
+static const char *first_nonfinite_grad(whale_session *s) {
+    const whale_model *m = whale_session_model(s);
+    for (int i = 0; i < whale_model_num_params(m); i++) {
+        whale_tensor t = whale_model_param(m, i);
+        const float *g = whale_session_grad(s, i);
+        long n = (long)whale_shape_numel(t.ndim, t.shape);
+        for (long k = 0; g && k < n; k++) /* frozen parameters have no gradient */
+            if (!isfinite(g[k])) return whale_model_param_name(m, i);
+    }
+    return NULL;
+}
+
+whale_code whale_train_one_step(whale_session *s, whale_optimizer *opt, whale_loss_scaler *scaler,
+                                struct whale_diag *nan, whale_batch *micro, int n, int hf_compat,
+                                double max_grad_norm, double lr, int64_t step, whale_step_result *out,
+                                whale_err *err) {
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) total += whale_count_targets(micro[i].labels, micro[i].B, micro[i].S);
+    whale_session_zero_grad(s);
+    double loss = 0, loss_scale = scaler ? scaler->scale : 1.0;
+    for (int i = 0; i < n; i++) {
+        whale_batch *b = &micro[i];
+        int64_t cnt = whale_count_targets(b->labels, b->B, b->S), got;
+        if (!cnt) continue;
+        double l, scale = (hf_compat ? 1.0 : (double)cnt / (double)total) * loss_scale;
+        whale_code c = whale_session_train_step(s, b->ids, b->labels, b->pos, b->seg, b->B, b->S, scale, &l, &got, err);
+        if (c) return c;
+        if (whale_diag_failed(nan))
+            return whale_errf(err, WHALE_ERR_RANGE, "step %lld, micro-batch %d: %s", (long long)step, i + 1,
+                              whale_diag_report_nan(nan));
+        loss += hf_compat ? l : l * (double)cnt / (double)total;
+    }
+    int taken = 1;
+    if (scaler) { /* GradScaler: skip the step on inf/NaN, else unscale */
+        double raw = whale_grad_norm(s);
+        taken = whale_loss_scaler_update(scaler, !isfinite(raw));
+        if (taken) whale_scale_grads(s, 1.0 / loss_scale);
+    }
+    double norm = !taken ? NAN : max_grad_norm > 0 ? whale_clip_grad_norm(s, max_grad_norm) : whale_grad_norm(s);
+    if (taken && (!isfinite(loss) || !isfinite(norm))) {
+        const char *bad = first_nonfinite_grad(s);
+        return whale_errf(err, WHALE_ERR_RANGE,
+                          "step %lld: the %s is not finite (loss %g, gradient norm %g); first non-finite gradient: %s",
+                          (long long)step, isfinite(loss) ? "gradient" : "loss", loss, norm, bad ? bad : "none");
+    }
+    if (taken) whale_adamw_step(opt, s, lr);
+    out->loss = loss;
+    out->grad_norm = norm;
+    out->targets = total;
+    out->taken = taken;
+    return WHALE_OK;
+}
+
+/* ---------------------------------------------------------------- folders */
+
+int whale_is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+void whale_fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
+void whale_remove_flat_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char path[4096];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+int whale_list_checkpoints(const char *out, int64_t **steps) {
+    DIR *d = opendir(out);
+    int n = 0, cap = 0;
+    *steps = NULL;
+    if (!d) return 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char *end;
+        if (strncmp(e->d_name, "checkpoint-", 11) != 0) continue;
+        long long v = strtoll(e->d_name + 11, &end, 10);
+        if (*end) continue; /* checkpoint-N.tmp: an interrupted save */
+        if (n == cap) {
+            int64_t *grown = realloc(*steps, sizeof(int64_t) * (size_t)(cap = cap ? 2 * cap : 8));
+            if (!grown) break;
+            *steps = grown;
+        }
+        (*steps)[n++] = v;
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++) /* insertion sort: a handful of entries */
+        for (int j = i; j > 0 && (*steps)[j - 1] > (*steps)[j]; j--) {
+            int64_t t = (*steps)[j];
+            (*steps)[j] = (*steps)[j - 1];
+            (*steps)[j - 1] = t;
+        }
+    return n;
+}
+
+void whale_prune_checkpoints(const char *dir, int limit) {
+    if (limit <= 0) return;
+    int64_t *steps;
+    int n = whale_list_checkpoints(dir, &steps);
+    for (int i = 0; i + limit < n; i++) {
+        char old[4096];
+        snprintf(old, sizeof old, "%s/checkpoint-%lld", dir, (long long)steps[i]);
+        whale_remove_flat_dir(old);
+    }
+    free(steps);
+}
+
+whale_code whale_publish_dir(const char *tmp, const char *dir, const char *parent, whale_err *err) {
+    whale_fsync_dir(tmp);
+    if (whale_is_dir(dir)) whale_remove_flat_dir(dir);
+    if (rename(tmp, dir) != 0) {
+        whale_code c = whale_errf(err, WHALE_ERR_IO, "%s: cannot rename into place: %s", dir, strerror(errno));
+        whale_remove_flat_dir(tmp);
+        return c;
+    }
+    whale_fsync_dir(parent);
+    return WHALE_OK;
+}
+
+void whale_fmt_duration(char *buf, size_t cap, double s) {
+    if (!(s >= 0) || s > 1e7) snprintf(buf, cap, "?");
+    else if (s < 60) snprintf(buf, cap, "%.0fs", s);
+    else if (s < 3600) snprintf(buf, cap, "%dm%02ds", (int)s / 60, (int)s % 60);
+    else snprintf(buf, cap, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
+}
+
+const char *whale_json_double(char *buf, size_t cap, const char *fmt, double v) {
+    if (isfinite(v)) snprintf(buf, cap, fmt, v);
+    else snprintf(buf, cap, "null");
+    return buf;
+}
