@@ -5,6 +5,7 @@
 #include "cli/cli.h"
 
 #include "core/core.h"
+#include "whale_lora.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,9 +22,18 @@ static whale_code run_step(const char *config, const whale_memory_plan *p, int i
     int32_t *ids = NULL;
     float *logits = NULL;
     whale_code c;
-    if (is_dir) c = p->train ? whale_model_load(config, &m, err) : whale_model_load_as(config, p->dtype, &m, err);
+    /* full training keeps fp32 masters; inference and a LoRA base hold only
+     * the run's precision */
+    int full = p->train == WHALE_TRAIN_FULL;
+    if (is_dir) c = full ? whale_model_load(config, &m, err) : whale_model_load_as(config, p->dtype, &m, err);
     else c = whale_model_init(config, 1, &m, err);
     if (!c) c = whale_model_set_dtype(m, p->dtype, err);
+    if (!c && p->train == WHALE_TRAIN_LORA) {
+        whale_lora_config lc = whale_lora_defaults();
+        lc.rank = p->lora_rank;
+        if (p->lora_targets) lc.target_modules = p->lora_targets;
+        c = whale_lora_attach(m, &lc, err);
+    }
     if (c) goto done;
     size_t n = (size_t)p->batch * p->seq_len;
     int V = whale_model_vocab_size(m);
@@ -115,7 +125,7 @@ static whale_code run_step_child(const char *config, const whale_memory_plan *p,
 }
 
 /* Peak resident memory of the planned run, measured in a child process so
- * that nothing else counts. An inference run of a preset in a low precision
+ * that nothing else counts. An inference run or a LoRA base of a preset in a low precision
  * loads a checkpoint written for it, as a real run would: creating the fp32
  * weights in the same process first would set the peak. (A checkpoint
  * already in the run's dtype is mapped instead of copied; its pages become
@@ -126,9 +136,7 @@ static whale_code measure(const char *config, const whale_memory_plan *p, double
     char tmp[] = "/tmp/whale-memory-XXXXXX";
     const char *dir = NULL;
     whale_code c = WHALE_OK;
-    if (p->train == WHALE_TRAIN_LORA)
-        return whale_errf(err, WHALE_ERR_UNSUPPORTED, "--measure of LoRA training needs whale sft (the estimate stands)");
-    if (!is_dir && !p->train && p->dtype != WHALE_F32) {
+    if (!is_dir && p->train != WHALE_TRAIN_FULL && p->dtype != WHALE_F32) {
         if (!mkdtemp(tmp)) return whale_errf(err, WHALE_ERR_IO, "cannot create a temporary directory: %s", strerror(errno));
         dir = tmp;
         c = in_child(save_random, config, p, dir, NULL, err);

@@ -159,27 +159,6 @@ static whale_code write_json(const char *dir, const char *name, const cJSON *j, 
     return c;
 }
 
-/* Cut a batch's rows to its longest trained prefix: positions after a row's
- * last label see nothing the loss uses (causal attention), so dropping the
- * columns past the batch's last label changes no loss and no gradient. */
-static void trim_batch(whale_batch *b) {
-    int B = b->B, S = b->S, L = 2;
-    for (int r = 0; r < B; r++)
-        for (int s = S - 1; s >= L; s--)
-            if (b->labels[(size_t)r * S + s] != -100) {
-                L = s + 1;
-                break;
-            }
-    if (L == S) return;
-    for (int r = 1; r < B; r++) { /* row r moves left: memmove, increasing r */
-        memmove(b->ids + (size_t)r * L, b->ids + (size_t)r * S, sizeof(int32_t) * L);
-        memmove(b->labels + (size_t)r * L, b->labels + (size_t)r * S, sizeof(int32_t) * L);
-        memmove(b->pos + (size_t)r * L, b->pos + (size_t)r * S, sizeof(int32_t) * L);
-        memmove(b->seg + (size_t)r * L, b->seg + (size_t)r * S, sizeof(int32_t) * L);
-    }
-    b->S = L;
-}
-
 static double physical_memory(void) {
     long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
     return pages > 0 && size > 0 ? (double)pages * (double)size : 0;
@@ -248,6 +227,11 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
     if (!realpath(o->model, model_dir) || !whale_is_dir(model_dir))
         return whale_errf(err, WHALE_ERR_IO, "%s: not a model directory", o->model);
     r.model_dir = model_dir;
+    /* an unwritable output folder fails now, not after loading the model */
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s/.write-test", o->out);
+    if ((c = whale_mkdir(o->out, err)) || (c = whale_write_file_atomic(probe, "", 0, err))) return c;
+    unlink(probe);
 
     /* data first: its longest row sizes the run */
     if ((c = whale_tokenizer_load(model_dir, &tok, err)) ||
@@ -341,7 +325,6 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
     if (c) goto done;
 
     /* the run folder */
-    if ((c = whale_mkdir(o->out, err))) goto done;
     version_dir(o->out, r.run_dir, sizeof r.run_dir);
     if ((c = whale_mkdir(r.run_dir, err))) goto done;
     r.args = make_args(o, model_dir, r.run_dir, fmt, grad_accum, lr, max_steps, S);
@@ -381,7 +364,7 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
         double lr_now = lr * whale_lr_multiplier(o->schedule, step, warmup, max_steps);
         for (int i = 0; i < grad_accum && !c; i++)
             if (!(c = whale_sft_next_batch(ds, &cur, B, S, &micro[i], err))) {
-                trim_batch(&micro[i]);
+                whale_batch_trim(&micro[i]);
                 tokens += (int64_t)micro[i].B * micro[i].S;
             }
         if (c) goto done;

@@ -67,6 +67,27 @@ whale_code whale_train_one_step(whale_session *s, whale_optimizer *opt, whale_lo
     return WHALE_OK;
 }
 
+/* Cut a batch's rows to its longest trained prefix: positions after a row's
+ * last label see nothing the loss uses (causal attention), so dropping the
+ * columns past the batch's last label changes no loss and no gradient. */
+void whale_batch_trim(whale_batch *b) {
+    int B = b->B, S = b->S, L = 2;
+    for (int r = 0; r < B; r++)
+        for (int s = S - 1; s >= L; s--)
+            if (b->labels[(size_t)r * S + s] != -100) {
+                L = s + 1;
+                break;
+            }
+    if (L == S) return;
+    for (int r = 1; r < B; r++) { /* row r moves left: memmove, increasing r */
+        memmove(b->ids + (size_t)r * L, b->ids + (size_t)r * S, sizeof(int32_t) * L);
+        memmove(b->labels + (size_t)r * L, b->labels + (size_t)r * S, sizeof(int32_t) * L);
+        memmove(b->pos + (size_t)r * L, b->pos + (size_t)r * S, sizeof(int32_t) * L);
+        memmove(b->seg + (size_t)r * L, b->seg + (size_t)r * S, sizeof(int32_t) * L);
+    }
+    b->S = L;
+}
+
 /* ---------------------------------------------------------------- folders */
 
 int whale_is_dir(const char *p) {

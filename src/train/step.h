@@ -32,6 +32,10 @@ whale_code whale_train_one_step(whale_session *s, whale_optimizer *opt, whale_lo
                                 double max_grad_norm, double lr, int64_t step, whale_step_result *out,
                                 whale_err *err);
 
+/* Cut b's rows (B × S, with labels, pos and seg) to the batch's longest
+ * trained prefix, in place; b->S becomes that length (at least 2). */
+void whale_batch_trim(whale_batch *b);
+
 /* ---------------------------------------------------------------- folders */
 
 int whale_is_dir(const char *path);

@@ -25,6 +25,7 @@ within10 --config nanowhale-100m --dtype fp32 --train full --batch 1 --seq-len 6
 within10 --config nanowhale-100m --dtype bf16 --batch 1 --seq-len 256
 within10 --config nanowhale-100m --dtype int8 --batch 1 --seq-len 256
 within10 --config nanowhale-100m --dtype fp32 --batch 2 --seq-len 256
+within10 --config nanowhale-100m --dtype bf16 --train lora --lora-rank 8 --batch 2 --seq-len 128
 
 "$WHALE" memory --config nanowhale-100m --dtype bf16 --train full --batch 4 --seq-len 256 >"$TMP/t.txt"
 check "the table names every category" grep -q "master weights" "$TMP/t.txt"

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# whale sft end to end on a tiny model: the loss mask as rendered, a LoRA
+# run's folder layout, PEFT adapter files, --adapters for generate/chat,
+# export --merge-lora (same greedy text as the adapters), an untouched base,
+# full fine-tuning, and the errors.
+# usage: sft.sh WHALE_BIN TEST_DATA_DIR
+set -u
+WHALE=$1
+DATA=$2
+ROOT=$DATA/../..
+. "$(dirname "$0")/lib.bash"
+need_tokenizer deepseek_v3
+cat >"$TMP/cfg.json" <<'JSON'
+{"model_type": "deepseek_v4", "vocab_size": 128815, "hidden_size": 32, "num_hidden_layers": 1,
+ "num_attention_heads": 2, "head_dim": 16, "qk_rope_head_dim": 8, "q_lora_rank": 16, "o_groups": 1,
+ "o_lora_rank": 8, "moe_intermediate_size": 32, "n_routed_experts": 2, "num_experts_per_tok": 1,
+ "hc_mult": 2, "hc_sinkhorn_iters": 2, "max_position_embeddings": 512, "eos_token_id": 1}
+JSON
+"$WHALE" init --preset "$TMP/cfg.json" --out "$TMP/base" --tokenizer "$TOK" 2>/dev/null
+SC=$ROOT/data/self_cognition.jsonl
+NAMES=(--model-name 小鲸 "Little Whale" --model-author 鲸鱼工坊 "Whale Works")
+
+# the loss mask: exactly the assistant contents and each turn's end token
+cat >"$TMP/multi.jsonl" <<'JSON'
+{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Name?"}, {"role": "assistant", "content": "{{NAME}}"}]}
+{"query": "Who made you?", "response": "{{AUTHOR}}.", "tag": "en"}
+JSON
+"$WHALE" sft -m "$TMP/base" --data "$TMP/multi.jsonl" "${NAMES[@]}" --dry-run 2 >"$TMP/dry" 2>"$TMP/err"
+check "dry run" test $? = 0
+check "multi-turn: both replies and their end tokens are trained, nothing else" \
+    grep -qxF 'Be brief.<｜User｜>Hi<｜Assistant｜>[[Hello!<｜end▁of▁sentence｜>]]<｜User｜>Name?<｜Assistant｜>[[{{NAME}}<｜end▁of▁sentence｜>]]' \
+    <(sed -n 2p "$TMP/dry" | sed 's/^<｜begin▁of▁sentence｜>//')
+check "self-cognition record: {{AUTHOR}} filled in English, only the reply trained" \
+    grep -qxF '<｜begin▁of▁sentence｜><｜User｜>Who made you?<｜Assistant｜>[[Whale Works.<｜end▁of▁sentence｜>]]' <(sed -n 4p "$TMP/dry")
+"$WHALE" sft -m "$TMP/base" --data "$TMP/multi.jsonl" "${NAMES[@]}" --dry-run 1 --loss-scope all >"$TMP/dry" 2>/dev/null
+check "--loss-scope all trains everything after the first token" \
+    grep -qxF '<｜begin▁of▁sentence｜>[[Be brief.<｜User｜>Hi<｜Assistant｜>Hello!<｜end▁of▁sentence｜><｜User｜>Name?<｜Assistant｜>{{NAME}}<｜end▁of▁sentence｜>]]' \
+    <(sed -n 2p "$TMP/dry")
+DS_TOK=$TOK
+need_tokenizer qwen3 # ChatML's special tokens are single tokens here
+sed 's/"vocab_size": 128815/"vocab_size": 151669/' "$TMP/cfg.json" >"$TMP/cfg-qwen.json"
+"$WHALE" init --preset "$TMP/cfg-qwen.json" --out "$TMP/base-qwen" --tokenizer "$TOK" 2>/dev/null
+"$WHALE" sft -m "$TMP/base-qwen" --data "$TMP/multi.jsonl" "${NAMES[@]}" --dry-run 2 --chat-template chatml >"$TMP/dry" 2>/dev/null
+printf '%s\n' '--- sample 0' '<|im_start|>system' 'Be brief.<|im_end|>' '<|im_start|>user' 'Hi<|im_end|>' \
+    '<|im_start|>assistant' '[[Hello!<|im_end|>]]' '<|im_start|>user' 'Name?<|im_end|>' '<|im_start|>assistant' \
+    '[[{{NAME}}<|im_end|>]]' '' '--- sample 1' '<|im_start|>system' \
+    'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>' '<|im_start|>user' \
+    'Who made you?<|im_end|>' '<|im_start|>assistant' '[[Whale Works.<|im_end|>]]' '' >"$TMP/want"
+check "ChatML: replies and their <|im_end|> trained, the default system turn added, the newline after not" \
+    cmp -s <(sed 's/^\(--- sample [0-9]\).*/\1/' "$TMP/dry" | head -20) "$TMP/want"
+TOK=$DS_TOK
+
+# a LoRA run (ms-swift's spellings accepted)
+sha_before=$(sha256sum "$TMP/base/model.safetensors")
+"$WHALE" sft --model "$TMP/base" --dataset "$SC" "${NAMES[@]}" --tuner_type lora --lora_rank 4 --lora_alpha 8 \
+    --max_steps 4 --per_device_train_batch_size 4 --gradient_accumulation_steps 1 --save_steps 2 \
+    --save_total_limit 1 --logging_steps 1 --output_dir "$TMP/runs" --dtype bf16 --learning_rate 1e-3 \
+    >"$TMP/res" 2>"$TMP/err"
+check "LoRA run succeeds" test $? = 0
+RUN=$(ls -d "$TMP"/runs/v0-*)
+CK=$RUN/checkpoint-4
+check "run folder vN-YYYYMMDD-HHMMSS" test -d "$RUN"
+check "--save-total-limit 1 keeps only the last checkpoint" test "$(ls -d "$RUN"/checkpoint-* | wc -l)" = 1
+for f in adapter_model.safetensors adapter_config.json args.json; do check "checkpoint has $f" test -s "$CK/$f"; done
+check "run folder has args.json" test -s "$RUN/args.json"
+check "logging.jsonl: one line per step and a summary" test "$(wc -l <"$RUN/logging.jsonl")" = 5
+for k in '"loss"' '"grad_norm"' '"learning_rate"' '"epoch"' '"global_step/max_steps": "4/4"' '"elapsed_time"' \
+    '"remaining_time"' '"memory(GiB)"' '"train_speed(s/it)"' '"train_runtime"'; do
+    check "logging.jsonl has $k" grep -qF "$k" "$RUN/logging.jsonl"
+done
+check "memory breakdown: frozen base, trainable adapters" grep -q 'frozen base parameters, [0-9]* trainable adapter' "$TMP/err"
+check "progress lines" grep -q 'step     4/4  loss' "$TMP/err"
+check "the base checkpoint is untouched" test "$(sha256sum "$TMP/base/model.safetensors")" = "$sha_before"
+if command -v python3 >/dev/null; then
+    check "PEFT reads the adapter files (names, shapes, dtypes, config)" \
+        python3 "$ROOT/tests/reference/check_adapter.py" "$CK" "$TMP/base" 4
+fi
+check "adapter_config records the recipe" grep -q '"lora_alpha":.8' "$CK/adapter_config.json"
+
+# the adapters alone find the base; the merged model generates the same text
+"$WHALE" generate --adapters "$CK" -p "Who are you?" -n 12 --temperature 0 >"$TMP/g_ad" 2>/dev/null
+check "generate --adapters (base from args.json)" test $? = 0
+"$WHALE" generate -m "$TMP/base" --adapters "$CK" -p "Who are you?" -n 12 --temperature 0 >"$TMP/g_ad2" 2>/dev/null
+check "generate -m BASE --adapters" cmp -s "$TMP/g_ad" "$TMP/g_ad2"
+"$WHALE" export --adapters "$CK" --merge-lora 2>/dev/null
+check "export --merge-lora writes CKPT-merged" test -s "$CK-merged/model.safetensors"
+"$WHALE" generate -m "$CK-merged" -p "Who are you?" -n 12 --temperature 0 >"$TMP/g_mg" 2>/dev/null
+check "merged model = base + adapters (greedy text)" cmp -s "$TMP/g_ad" "$TMP/g_mg"
+printf 'Who are you?\n' | "$WHALE" chat --adapters "$CK" -n 8 --temperature 0 >/dev/null 2>&1
+check "chat --adapters" test $? = 0
+"$WHALE" chat-eval --adapters "$CK" --data "$ROOT/data/self_cognition_eval.jsonl" "${NAMES[@]}" -n 4 >"$TMP/ev" 2>/dev/null
+check "chat-eval scores the held-out questions" grep -q '"questions": 26' "$TMP/ev"
+
+# full fine-tuning writes loadable models
+"$WHALE" sft -m "$TMP/base" --data "$SC" "${NAMES[@]}" --train-type full --max-steps 2 --batch-size 2 \
+    --grad-accum 1 --out "$TMP/full" --quiet >/dev/null 2>&1
+check "full fine-tuning succeeds" test $? = 0
+FK=$(ls -d "$TMP"/full/v0-*/checkpoint-2)
+check "full checkpoint is a model folder" test -s "$FK/model.safetensors" -a -s "$FK/config.json" -a -s "$FK/tokenizer.json"
+"$WHALE" generate -m "$FK" -p "Hi" -n 4 --temperature 0 >/dev/null 2>&1
+check "the fine-tuned model loads" test $? = 0
+
+# errors: one line, the right status, nothing left behind
+expect_status 7 'needs an estimated .* GiB.*--memory-limit' -- \
+    "$WHALE" sft -m "$TMP/base" --data "$SC" "${NAMES[@]}" --max-steps 1 --out "$TMP/nofit" --memory-limit 0.01 --quiet
+check "a refused run leaves no run folder" test ! -e "$TMP/nofit/v0-"*
+printf '{"query": "Hi", "response": "Hello"}\n{"query": "Hi"\n' >"$TMP/bad.jsonl"
+expect_status 4 'bad.jsonl:2: ' -- "$WHALE" sft -m "$TMP/base" --data "$TMP/bad.jsonl" --max-steps 1 --out "$TMP/o"
+"$WHALE" sft -m "$TMP/base" --data "$TMP/bad.jsonl" --on-bad-record skip --max-steps 1 --out "$TMP/skip" \
+    --dry-run 0 >"$TMP/dry" 2>/dev/null
+check "--on-bad-record skip counts the record" grep -q '"skipped": 1' "$TMP/dry"
+expect_status 3 'missing.jsonl' -- "$WHALE" sft -m "$TMP/base" --data "$TMP/missing.jsonl" --out "$TMP/o"
+expect_status 2 'must be lora or full' -- "$WHALE" sft -m "$TMP/base" --data "$SC" --train-type qlora
+expect_status 2 'needs --merge-lora' -- "$WHALE" export --adapters "$CK"
+mkdir "$TMP/noargs" && cp "$CK"/adapter_* "$TMP/noargs/"
+expect_status 3 'no args.json' -- "$WHALE" generate --adapters "$TMP/noargs" -p hi -n 2
+"$WHALE" generate -m "$TMP/base" --adapters "$TMP/noargs" -p hi -n 2 >/dev/null 2>&1
+check "-m BASE makes args.json unnecessary" test $? = 0
+expect_status 2 'needs --max-length' -- "$WHALE" sft -m "$TMP/base" --data "$SC" --packing --out "$TMP/o"
+expect_status 3 'cannot' -- "$WHALE" sft -m "$TMP/base" --data "$SC" "${NAMES[@]}" --max-steps 1 --out /proc/whale-out --quiet
+
+finish sft
