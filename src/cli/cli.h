@@ -20,10 +20,22 @@ const char *cli_value(int argc, char **argv, int *i);
  * top-k 50, top-p 0.9 (the original nanowhale chat settings with Hugging
  * Face's top-k), seed from the clock unless --seed is given. */
 whale_sampler_params cli_sampling_defaults(void);
-/* If option a (value v) is a sampling option, parse it into sp and return 1
- * (*bad is then a usage status or 0); otherwise return 0. */
-int cli_sampling_option(const char *cmd, const char *a, const char *v, whale_sampler_params *sp, int *seed_given,
+/* If option a (value v) is a sampling option, parse it into sp, mark it in
+ * *given (CLI_GIVEN_*) and return 1 (*bad is then a usage status or 0);
+ * otherwise return 0. */
+enum {
+    CLI_GIVEN_TEMPERATURE = 1,
+    CLI_GIVEN_TOP_K = 2,
+    CLI_GIVEN_TOP_P = 4,
+    CLI_GIVEN_REPEAT_PENALTY = 8
+};
+int cli_sampling_option(const char *cmd, const char *a, const char *v, whale_sampler_params *sp, unsigned *given,
                         int *bad);
+/* The model folder's generation_config.json (if any) sets the sampling
+ * options the command line did not (as ms-swift and transformers do);
+ * verbose prints what it took. */
+whale_code cli_generation_config(const char *dir, whale_sampler_params *sp, unsigned given, int verbose,
+                                 whale_err *err);
 
 /* --dtype fp32|bf16 (compute precision of a model run). */
 int cli_dtype(const char *cmd, const char *v, whale_dtype *dt);

@@ -83,7 +83,7 @@ int cmd_chat(int argc, char **argv) {
     whale_dtype dtype = WHALE_F32;
     long n_new = 512, threads = 0;
     whale_sampler_params sp = cli_sampling_defaults();
-    int seed_given = 0;
+    unsigned given = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -100,7 +100,7 @@ int cmd_chat(int argc, char **argv) {
         }
         if (!(v = cli_value(argc, argv, &i))) return cli_usage("chat", "%s needs a value", a);
         int bad = 0;
-        if (cli_sampling_option("chat", a, v, &sp, &seed_given, &bad)) {
+        if (cli_sampling_option("chat", a, v, &sp, &given, &bad)) {
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "--system")) system = v;
         else if (!strcmp(a, "--adapters")) adapters = v;
@@ -126,6 +126,7 @@ int cmd_chat(int argc, char **argv) {
     int32_t *ctx = NULL, *ids = NULL, stop[16];
     if (cli_load_model(dir, adapters, dtype, 0, &m, &base, &run_tmpl, &run_system, &err)) goto fail;
     dir = base;
+    if (cli_generation_config(dir, &sp, given, interactive, &err)) goto fail;
     if (!tmpl) tmpl = run_tmpl;
     if (!system) system = run_system;
     if (cli_load_tokenizer(dir, m, &tok, &err) ||

@@ -307,7 +307,7 @@ int cmd_generate(int argc, char **argv) {
     long n_new = 32, threads = 0, ignore_eos = 0;
     int nan_check = 0;
     whale_sampler_params sp = cli_sampling_defaults();
-    int seed_given = 0;
+    unsigned given = 0;
     if (wants_help(argc, argv)) {
         puts("usage: whale generate (-m DIR | --adapters CKPT | both) (-p TEXT | --ids 0,15,27) [-n N] [options]\n"
              "  --adapters CKPT      a LoRA checkpoint of whale sft (its args.json names the base)\n"
@@ -342,7 +342,7 @@ int cmd_generate(int argc, char **argv) {
             return cli_usage("generate", "unexpected argument \"%s\"", a);
         }
         int bad = 0;
-        if (cli_sampling_option("generate", a, v, &sp, &seed_given, &bad)) {
+        if (cli_sampling_option("generate", a, v, &sp, &given, &bad)) {
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "--ids")) ids_text = v;
         else if (!strcmp(a, "--adapters")) adapters = v;
@@ -369,6 +369,7 @@ int cmd_generate(int argc, char **argv) {
     if (ids_text && (status = cli_parse_id_list("generate", ids_text, &prompt, &n_prompt))) return status;
     if (cli_load_model(dir, adapters, dtype, 0, &m, &base, NULL, NULL, &err)) goto fail;
     dir = base;
+    if (cli_generation_config(dir, &sp, given, 1, &err)) goto fail;
     int V = whale_model_vocab_size(m), maxpos = whale_model_max_positions(m);
     if (prompt_text && !*prompt_text) {
         whale_errf(&err, WHALE_ERR_ARG, "-p: the prompt is empty");

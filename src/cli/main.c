@@ -1,6 +1,9 @@
 /* whale: the nanowhale.c command-line program. */
 #include "cli/cli.h"
 
+#include "core/core.h"
+
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -8,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static const char usage_text[] =
     "usage: whale COMMAND [options]\n"
@@ -141,30 +145,77 @@ whale_sampler_params cli_sampling_defaults(void) {
     return sp;
 }
 
-int cli_sampling_option(const char *cmd, const char *a, const char *v, whale_sampler_params *sp, int *seed_given,
+int cli_sampling_option(const char *cmd, const char *a, const char *v, whale_sampler_params *sp, unsigned *given,
                         int *bad) {
     long n;
     double d;
+    unsigned bit = 0;
     *bad = 0;
     if (!strcmp(a, "--temperature")) {
         if (!(*bad = cli_float(cmd, a, v, 0, 1e6, &d))) sp->temperature = (float)d;
+        bit = CLI_GIVEN_TEMPERATURE;
     } else if (!strcmp(a, "--top-k")) {
         if (!(*bad = cli_int(cmd, a, v, 0, 1 << 30, &n))) sp->top_k = (int)n;
+        bit = CLI_GIVEN_TOP_K;
     } else if (!strcmp(a, "--top-p")) {
         if (!(*bad = cli_float(cmd, a, v, 1e-9, 1, &d))) sp->top_p = (float)d;
+        bit = CLI_GIVEN_TOP_P;
     } else if (!strcmp(a, "--min-p")) {
         if (!(*bad = cli_float(cmd, a, v, 0, 0.999999, &d))) sp->min_p = (float)d;
-    } else if (!strcmp(a, "--repeat-penalty")) {
+    } else if (!strcmp(a, "--repeat-penalty") || !strcmp(a, "--repetition-penalty")) {
         if (!(*bad = cli_float(cmd, a, v, 1e-6, 1e6, &d))) sp->repeat_penalty = (float)d;
+        bit = CLI_GIVEN_REPEAT_PENALTY;
     } else if (!strcmp(a, "--seed")) {
-        if (!(*bad = cli_int(cmd, a, v, 0, 0x7fffffffffffffffL, &n))) {
-            sp->seed = (uint64_t)n;
-            *seed_given = 1;
-        }
+        if (!(*bad = cli_int(cmd, a, v, 0, 0x7fffffffffffffffL, &n))) sp->seed = (uint64_t)n;
     } else {
         return 0;
     }
+    *given |= bit;
     return 1;
+}
+
+/* generation_config.json's sampling fields (as transformers reads them):
+ * do_sample false means greedy; temperature, top_k, top_p,
+ * repetition_penalty fill what the command line did not give. */
+whale_code cli_generation_config(const char *dir, whale_sampler_params *sp, unsigned given, int verbose,
+                                 whale_err *err) {
+    char path[4200], *text;
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    if (access(path, R_OK) != 0) return WHALE_OK;
+    whale_code c = whale_read_file(path, &text, NULL, err);
+    if (c) return c;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: not a JSON object", path);
+    }
+    const cJSON *v;
+    char used[256] = "";
+    size_t u = 0;
+#define FIELD(key, bit, lo, hi, assign)                                                                          \
+    if ((v = cJSON_GetObjectItemCaseSensitive(j, key)) && !cJSON_IsNull(v) && !(given & (bit))) {                \
+        if (!cJSON_IsNumber(v) || !(v->valuedouble >= (lo) && v->valuedouble <= (hi))) {                          \
+            cJSON_Delete(j);                                                                                      \
+            return whale_errf(err, WHALE_ERR_FORMAT, "%s: \"%s\" must be a number in [%g, %g]", path, key,        \
+                              (double)(lo), (double)(hi));                                                       \
+        }                                                                                                         \
+        assign;                                                                                                   \
+        u += (size_t)snprintf(used + u, sizeof used - u, "%s%s %g", u ? ", " : "", key, v->valuedouble);          \
+    }
+    FIELD("temperature", CLI_GIVEN_TEMPERATURE, 0, 1e6, sp->temperature = (float)v->valuedouble)
+    FIELD("top_k", CLI_GIVEN_TOP_K, 0, 1 << 30, sp->top_k = (int)v->valuedouble)
+    FIELD("top_p", CLI_GIVEN_TOP_P, 1e-9, 1, sp->top_p = (float)v->valuedouble)
+    FIELD("repetition_penalty", CLI_GIVEN_REPEAT_PENALTY, 1e-6, 1e6, sp->repeat_penalty = (float)v->valuedouble)
+#undef FIELD
+    v = cJSON_GetObjectItemCaseSensitive(j, "do_sample");
+    if (cJSON_IsFalse(v) && !(given & CLI_GIVEN_TEMPERATURE)) { /* transformers: greedy */
+        sp->temperature = 0;
+        u += (size_t)snprintf(used + u, sizeof used - u, "%sdo_sample false (greedy)", u ? ", " : "");
+    }
+    cJSON_Delete(j);
+    if (verbose && u) fprintf(stderr, "whale: sampling defaults from %s: %s\n", path, used);
+    return WHALE_OK;
 }
 
 int main(int argc, char **argv) {

@@ -28,6 +28,19 @@ printf 'Hello\n' | "$WHALE" chat -m "$TMP/m" -n 6 --seed 3 --temperature 0 >"$TM
 printf 'Hello\n' | "$WHALE" chat -m "$TMP/m" -n 6 --seed 9 --temperature 0 >"$TMP/g2" 2>/dev/null
 check "greedy replies do not depend on the seed" cmp -s "$TMP/g1" "$TMP/g2"
 
+# generation_config.json fills the sampling options the command line leaves out
+printf '{"do_sample": false, "top_k": 20, "top_p": 0.8, "repetition_penalty": 1.05}\n' >"$TMP/m/generation_config.json"
+"$WHALE" generate -m "$TMP/m" -p "Hello" -n 6 --seed 1 >"$TMP/s1" 2>"$TMP/err"
+check "generation_config.json is reported" grep -q 'top_k 20, top_p 0.8, repetition_penalty 1.05, do_sample false' "$TMP/err"
+"$WHALE" generate -m "$TMP/m" -p "Hello" -n 6 --seed 2 >"$TMP/s2" 2>/dev/null
+check "do_sample false: greedy whatever the seed" cmp -s "$TMP/s1" "$TMP/s2"
+"$WHALE" generate -m "$TMP/m" -p "Hello" -n 6 --seed 1 --temperature 0.7 2>"$TMP/err" >/dev/null
+check "a flag wins over the file (temperature given: do_sample not applied)" \
+    grep -q 'top_k 20, top_p 0.8, repetition_penalty 1.05$' "$TMP/err"
+printf '{"top_p": 7}\n' >"$TMP/m/generation_config.json"
+expect_status 4 'generation_config.json: "top_p" must be' -- "$WHALE" generate -m "$TMP/m" -p "Hello" -n 2
+rm "$TMP/m/generation_config.json"
+
 # template detection: a folder whose tokenizer has no chat template
 mkdir "$TMP/notmpl"
 cp "$TMP/m/config.json" "$TMP/m/model.safetensors" "$TMP/m/tokenizer.json" "$TMP/notmpl/"
