@@ -86,15 +86,18 @@ int whale_get_threads(void);
 
 typedef struct whale_model whale_model;
 
-typedef enum { WHALE_FAMILY_NANOWHALE = 0, WHALE_FAMILY_COUNT } whale_family;
+/* Model families: nanowhale (DeepSeek-V4 style, model_type deepseek_v4) and
+ * Qwen2 / Qwen2.5 (model_type qwen2, Qwen2ForCausalLM). */
+typedef enum { WHALE_FAMILY_NANOWHALE = 0, WHALE_FAMILY_QWEN2, WHALE_FAMILY_COUNT } whale_family;
 
 /* Load a Hugging Face model directory (config.json + model.safetensors or
  * model.safetensors.index.json). Loading is strict: every missing,
  * unexpected or wrong-shape tensor is reported. */
 whale_code whale_model_load(const char *dir, whale_model **out, whale_err *err);
 
-/* Random initialisation. preset: "nanowhale-100m", "debug", "tiny", or a
- * path to a config.json. Weights follow the family's reference init. */
+/* Random initialisation. preset: "nanowhale-100m", "debug", "small", "tiny",
+ * "qwen2.5-0.5b", "qwen2.5-7b", "qwen2-tiny", or a path to a config.json.
+ * Weights follow the family's reference init. */
 whale_code whale_model_init(const char *preset, uint64_t seed, whale_model **out, whale_err *err);
 /* The same with a JSON object of config fields that replace the preset's
  * (e.g. {"vocab_size": 8192}); overrides may be NULL. */

@@ -31,6 +31,107 @@ whale_param *whale_model_add_param(whale_model *m, int cap, float **slot, int de
 
 static int64_t param_numel(const whale_param *p) { return whale_shape_numel(p->ndim, p->shape); }
 
+/* ------------------------------------------------------------ family helpers */
+
+void *whale_bufs_alloc(whale_bufs *b, size_t n, size_t sz, size_t *total) {
+    if (b->count_only) {
+        *total += n * sz;
+        return b;
+    }
+    if (b->n == b->cap) {
+        int cap = b->cap ? 2 * b->cap : 64;
+        void **grown = realloc(b->ptrs, sizeof(void *) * (size_t)cap);
+        if (!grown) return NULL;
+        b->ptrs = grown;
+        b->cap = cap;
+    }
+    void *p = whale_alloc(n * sz > 0 ? n * sz : 64);
+    if (p) b->ptrs[b->n++] = p;
+    *total += n * sz;
+    return p;
+}
+
+void whale_bufs_free(whale_bufs *b) {
+    for (int i = 0; i < b->n; i++) free(b->ptrs[i]);
+    free(b->ptrs);
+    b->ptrs = NULL;
+    b->n = b->cap = 0;
+}
+
+whale_code whale_session_alloc_grads(whale_session *s, int count_only, whale_err *err) {
+    const whale_model *m = s->model;
+    s->n_grad = 0;
+    s->grad_offsets = malloc(sizeof(size_t) * (size_t)(m->n_params ? m->n_params : 1));
+    if (!s->grad_offsets) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory for the gradient table");
+    for (int i = 0; i < m->n_params; i++) {
+        const whale_param *p = &m->params[i];
+        if (p->frozen && whale_param_is_product_weight(p)) {
+            s->grad_offsets[i] = SIZE_MAX;
+            continue;
+        }
+        s->grad_offsets[i] = s->n_grad;
+        s->n_grad += (size_t)param_numel(p);
+    }
+    s->n_grad_bytes = sizeof(float) * s->n_grad;
+    if (!count_only && !(s->grads = whale_calloc(s->n_grad_bytes)) && s->n_grad)
+        return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of gradients", s->n_grad_bytes / 1048576.0);
+    return WHALE_OK;
+}
+
+size_t whale_lora_work_floats(const whale_model *m) {
+    size_t most = 0;
+    for (int i = 0; i < m->n_lora; i++) {
+        size_t f = (size_t)2 * m->lora[i].rank + (size_t)m->lora[i].cols;
+        if (f > most) most = f;
+    }
+    return most;
+}
+
+void whale_trace_emit(whale_session *s, whale_dtype dt, void *data, int ndim, const int64_t *shape, const char *fmt,
+                      ...) {
+    char name[128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    whale_tensor t = {.dtype = dt, .ndim = ndim, .data = data};
+    for (int i = 0; i < ndim; i++) t.shape[i] = shape[i];
+    s->trace(s->trace_user, name, &t);
+}
+
+const char *whale_fmt_count(char *buf, int64_t v) {
+    char tmp[32];
+    int n = snprintf(tmp, sizeof tmp, "%lld", (long long)v), o = 0;
+    for (int i = 0; i < n; i++) {
+        if (i && tmp[i - 1] != '-' && (n - i) % 3 == 0) buf[o++] = ',';
+        buf[o++] = tmp[i];
+    }
+    buf[o] = 0;
+    return buf;
+}
+
+whale_code whale_config_eos(whale_model *m, const cJSON *cfg, const char *file, whale_err *err) {
+    const cJSON *eos = cJSON_GetObjectItemCaseSensitive(cfg, "eos_token_id"), *it;
+    m->n_eos = 0;
+    if (!eos || cJSON_IsNull(eos)) return WHALE_OK;
+    if (!cJSON_IsNumber(eos) && !cJSON_IsArray(eos))
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: field \"eos_token_id\" must be a number or a list of numbers",
+                          file);
+    int cap = (int)(sizeof m->eos_ids / sizeof m->eos_ids[0]);
+    for (it = cJSON_IsArray(eos) ? eos->child : eos; it; it = cJSON_IsArray(eos) ? it->next : NULL) {
+        if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble))
+            return whale_errf(err, WHALE_ERR_FORMAT, "%s: field \"eos_token_id\" must hold integers", file);
+        if (m->n_eos == cap)
+            return whale_errf(err, WHALE_ERR_FORMAT, "%s: field \"eos_token_id\" lists more than %d ids", file, cap);
+        double v = it->valuedouble;
+        if (v < 0 || v >= m->vocab_size)
+            return whale_errf(err, WHALE_ERR_FORMAT, "%s: eos_token_id %.0f is outside the vocabulary [0, %d)", file, v,
+                              m->vocab_size);
+        m->eos_ids[m->n_eos++] = (int32_t)v;
+    }
+    return WHALE_OK;
+}
+
 whale_code whale_model_alloc_params(whale_model *m, whale_err *err) {
     size_t total = 0;
     for (int i = 0; i < m->n_params; i++) total += ((size_t)param_numel(&m->params[i]) + 15) & ~(size_t)15;
@@ -262,8 +363,56 @@ static whale_code model_from_config(const cJSON *cfg, const char *file, whale_mo
     if (!cJSON_IsString(mt))
         return whale_errf(err, WHALE_ERR_FORMAT, "%s: missing \"model_type\"", file);
     if (strcmp(mt->valuestring, "deepseek_v4") == 0) return nanowhale_from_config(cfg, file, out, err);
-    return whale_errf(err, WHALE_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not supported (supported: deepseek_v4)",
-                      file, mt->valuestring);
+    if (strcmp(mt->valuestring, "qwen2") == 0) return qwen2_from_config(cfg, file, out, err);
+    return whale_errf(err, WHALE_ERR_UNSUPPORTED,
+                      "%s: model_type \"%s\" is not supported (supported: deepseek_v4, qwen2)", file,
+                      mt->valuestring);
+}
+
+/* The config of a named preset of any family. */
+static whale_code preset_config(const char *name, cJSON **out, whale_err *err) {
+    whale_code c = nanowhale_preset_config(name, out, err);
+    if (c != WHALE_ERR_ARG) return c;
+    c = qwen2_preset_config(name, out, err);
+    if (c != WHALE_ERR_ARG) return c;
+    return whale_errf(err, WHALE_ERR_ARG,
+                      "unknown preset \"%s\" (nanowhale-100m, debug, small, tiny, qwen2.5-0.5b, qwen2.5-7b, "
+                      "qwen2-tiny, or a config .json file)",
+                      name);
+}
+
+static whale_code init_weights(whale_model *m, uint64_t seed, whale_err *err) {
+    switch (m->family) {
+    case WHALE_FAMILY_NANOWHALE: return nanowhale_init_weights(m, seed, err);
+    case WHALE_FAMILY_QWEN2: return qwen2_init_weights(m, seed, err);
+    default: return whale_errf(err, WHALE_ERR_INTERNAL, "no initialisation for model family %d", (int)m->family);
+    }
+}
+
+/* generation_config.json, when the model directory has one, may list more
+ * end-of-sequence ids than config.json (Qwen2.5-Instruct: <|im_end|> and
+ * <|endoftext|>); generation stops at any of them, as in transformers. */
+static whale_code add_generation_eos(whale_model *m, const char *dir, whale_err *err) {
+    char path[4096];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    if (stat(path, &sb) != 0) return WHALE_OK;
+    cJSON *gc;
+    whale_code c = parse_json_file(path, &gc, err);
+    if (c) return c;
+    int32_t have[8];
+    int n_have = whale_model_eos_ids(m, have, 8);
+    c = whale_config_eos(m, gc, path, err); /* the generation config's list */
+    cJSON_Delete(gc);
+    if (c) return c;
+    for (int i = 0; i < n_have; i++) { /* then config.json's ids not in it */
+        int dup = 0;
+        for (int j = 0; j < m->n_eos; j++) dup |= m->eos_ids[j] == have[i];
+        if (dup) continue;
+        if (m->n_eos == 8) return whale_errf(err, WHALE_ERR_FORMAT, "%s: more than 8 end-of-sequence ids", path);
+        m->eos_ids[m->n_eos++] = have[i];
+    }
+    return WHALE_OK;
 }
 
 whale_code whale_model_load(const char *dir, whale_model **out, whale_err *err) {
@@ -286,6 +435,10 @@ whale_code whale_model_load_as(const char *dir, whale_dtype dt, whale_model **ou
     c = model_from_config(cfg, path, &m, err);
     cJSON_Delete(cfg);
     if (c) return c;
+    if ((c = add_generation_eos(m, dir, err))) {
+        whale_model_free(m);
+        return c;
+    }
     whale_st *st;
     c = whale_st_open_dir(dir, &st, err);
     if (c) {
@@ -310,7 +463,7 @@ whale_code whale_model_init_config(const char *preset, const char *overrides, ui
     whale_code c;
     size_t n = strlen(preset);
     if (n > 5 && strcmp(preset + n - 5, ".json") == 0) c = parse_json_file(preset, &cfg, err);
-    else c = nanowhale_preset_config(preset, &cfg, err);
+    else c = preset_config(preset, &cfg, err);
     if (c) return c;
     if (overrides && *overrides) {
         cJSON *ov = cJSON_Parse(overrides);
@@ -331,7 +484,7 @@ whale_code whale_model_init_config(const char *preset, const char *overrides, ui
     c = model_from_config(cfg, preset, &m, err);
     cJSON_Delete(cfg);
     if (c) return c;
-    if ((c = whale_model_alloc_params(m, err)) || (c = nanowhale_init_weights(m, seed, err))) {
+    if ((c = whale_model_alloc_params(m, err)) || (c = init_weights(m, seed, err))) {
         whale_model_free(m);
         return c;
     }
@@ -354,7 +507,7 @@ whale_code whale_model_skeleton(const char *src, whale_model **out, whale_err *e
         c = parse_json_file(src, &cfg, err);
     } else {
         snprintf(path, sizeof path, "%s", src);
-        c = nanowhale_preset_config(src, &cfg, err);
+        c = preset_config(src, &cfg, err);
     }
     if (c) return c;
     c = model_from_config(cfg, path, out, err);

@@ -6,6 +6,7 @@
 
 #include "whale.h"
 
+#include "core/core.h"
 #include "io/safetensors.h"
 
 #include <cjson/cJSON.h>
@@ -139,6 +140,52 @@ struct whale_session {
 };
 
 /* Helpers shared by families. */
+
+/* A session's buffers: every allocation remembered for freeing. With
+ * count_only set nothing is allocated, only the sizes are added up (what a
+ * session would hold: whale memory), and a non-NULL pointer that must
+ * never be dereferenced is returned. */
+typedef struct {
+    void **ptrs;
+    int n, cap;
+    int count_only;
+} whale_bufs;
+/* n elements of size sz (64-byte aligned, uninitialised), added to *total;
+ * NULL when out of memory. */
+void *whale_bufs_alloc(whale_bufs *b, size_t n, size_t sz, size_t *total);
+void whale_bufs_free(whale_bufs *b);
+
+/* The gradient buffer of a training session, laid out like the parameter
+ * table: grad_offsets, n_grad, n_grad_bytes and (unless count_only) grads,
+ * zero-filled. Frozen product weights (LoRA's base) get no space and the
+ * offset SIZE_MAX; frozen norms and biases keep a buffer the optimiser
+ * never reads (it skips frozen parameters). */
+whale_code whale_session_alloc_grads(whale_session *s, int count_only, whale_err *err);
+/* Floats per token of the LoRA scratch (s->lora_work): x·Aᵀ and dC·B
+ * [r] each plus the dropped-out input [in], for the widest adapter; 0
+ * without adapters. */
+size_t whale_lora_work_floats(const whale_model *m);
+
+/* Call the session's trace hook (set: the caller checks s->trace) with a
+ * tensor and a printf-style name. */
+void whale_trace_emit(whale_session *s, whale_dtype dt, void *data, int ndim, const int64_t *shape, const char *fmt,
+                      ...) __attribute__((format(printf, 6, 7)));
+/* Time a statement into the session's profile group id when profiling (one
+ * branch when not). */
+#define WHALE_PROF(sess, id, stmt)                                               \
+    do {                                                                         \
+        double t0_ = (sess)->profiling ? whale_now() : 0;                        \
+        stmt;                                                                    \
+        if ((sess)->profiling) (sess)->prof[id] += whale_now() - t0_;            \
+    } while (0)
+
+/* 110369621 -> "110,369,621" into buf (at least 32 bytes); returns buf. */
+const char *whale_fmt_count(char *buf, int64_t v);
+
+/* eos_token_id of a config (absent or null, a number, or a list of
+ * numbers) into m->eos_ids, each checked against the vocabulary. */
+whale_code whale_config_eos(whale_model *m, const cJSON *cfg, const char *file, whale_err *err);
+
 whale_param *whale_model_add_param(whale_model *m, int cap, float **slot, int decay, int used,
                                    int ndim, const int64_t *shape, const char *fmt, ...)
     __attribute__((format(printf, 8, 9)));
@@ -225,10 +272,14 @@ void whale_model_release_handles(whale_model *m);
  * directory, with no parameter storage (sizes only: whale memory). */
 whale_code whale_model_skeleton(const char *src, whale_model **out, whale_err *err);
 
-/* Family entry points. */
+/* Family entry points. A preset function fails with WHALE_ERR_ARG exactly
+ * when the name is not one of its presets. */
 whale_code nanowhale_from_config(const cJSON *cfg, const char *file, whale_model **out,
                                  whale_err *err);
 whale_code nanowhale_preset_config(const char *name, cJSON **out, whale_err *err);
 whale_code nanowhale_init_weights(whale_model *m, uint64_t seed, whale_err *err);
+whale_code qwen2_from_config(const cJSON *cfg, const char *file, whale_model **out, whale_err *err);
+whale_code qwen2_preset_config(const char *name, cJSON **out, whale_err *err);
+whale_code qwen2_init_weights(whale_model *m, uint64_t seed, whale_err *err);
 
 #endif

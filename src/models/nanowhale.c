@@ -24,7 +24,6 @@
 #include "train/loss.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <string.h>
 
 /* ------------------------------------------------------------------ config */
@@ -266,18 +265,6 @@ whale_code nanowhale_init_weights(whale_model *m, uint64_t seed, whale_err *err)
 
 /* ------------------------------------------------------------------ info */
 
-/* 110369621 -> "110,369,621" */
-static const char *fmt_count(char *buf, int64_t v) {
-    char tmp[32];
-    int n = snprintf(tmp, sizeof tmp, "%lld", (long long)v), o = 0;
-    for (int i = 0; i < n; i++) {
-        if (i && tmp[i - 1] != '-' && (n - i) % 3 == 0) buf[o++] = ',';
-        buf[o++] = tmp[i];
-    }
-    buf[o] = 0;
-    return buf;
-}
-
 static void nw_print_info(const whale_model *m, FILE *f) {
     const nw_model *nw = m->impl;
     const nw_config *c = &nw->c;
@@ -310,16 +297,16 @@ static void nw_print_info(const whale_model *m, FILE *f) {
     fprintf(f, "vocab             %d; max positions %d; rope theta %g; rms eps %g; lm_head %s\n", c->vocab,
             c->max_pos, (double)c->rope_theta, (double)c->norm_eps, c->tie_embeddings ? "tied" : "untied");
     char nb[32];
-    fprintf(f, "parameters        %s total\n", fmt_count(nb, total));
-    fprintf(f, "  embeddings      %s\n", fmt_count(nb, g_embed));
-    fprintf(f, "  attention       %s\n", fmt_count(nb, g_attn));
-    fprintf(f, "  gate            %s\n", fmt_count(nb, g_gate));
-    fprintf(f, "  routed experts  %s\n", fmt_count(nb, g_routed));
-    fprintf(f, "  shared experts  %s\n", fmt_count(nb, g_shared));
-    fprintf(f, "  norms           %s\n", fmt_count(nb, g_norm));
-    fprintf(f, "  hyper-conn.     %s\n", fmt_count(nb, g_hc));
-    fprintf(f, "  lm_head         %s\n", fmt_count(nb, g_head));
-    fprintf(f, "  used per token  %s (all but the embedding table and unselected experts)\n", fmt_count(nb, active));
+    fprintf(f, "parameters        %s total\n", whale_fmt_count(nb, total));
+    fprintf(f, "  embeddings      %s\n", whale_fmt_count(nb, g_embed));
+    fprintf(f, "  attention       %s\n", whale_fmt_count(nb, g_attn));
+    fprintf(f, "  gate            %s\n", whale_fmt_count(nb, g_gate));
+    fprintf(f, "  routed experts  %s\n", whale_fmt_count(nb, g_routed));
+    fprintf(f, "  shared experts  %s\n", whale_fmt_count(nb, g_shared));
+    fprintf(f, "  norms           %s\n", whale_fmt_count(nb, g_norm));
+    fprintf(f, "  hyper-conn.     %s\n", whale_fmt_count(nb, g_hc));
+    fprintf(f, "  lm_head         %s\n", whale_fmt_count(nb, g_head));
+    fprintf(f, "  used per token  %s (all but the embedding table and unselected experts)\n", whale_fmt_count(nb, active));
     fprintf(f, "weights memory    fp32 %.1f MiB, bf16/fp16 %.1f MiB, int8 %.1f MiB\n", total * 4 / 1048576.0,
             total * 2 / 1048576.0, total / 1048576.0);
     fprintf(f, "unused tensors    attn.attn_sink (%d layers): loaded, never read by the forward pass\n", c->L);
@@ -380,9 +367,7 @@ typedef struct {
     float *last;        /* [max_batch, D] last-position rows for logits */
     float *att_work;
     float *kcache;      /* [L, max_batch, max_seq, Dh] rotated kv (K = V), inference only */
-    void **allocs;      /* every buffer, for freeing */
-    int n_allocs, cap_allocs;
-    int count_only;     /* size the buffers without allocating them (whale memory) */
+    whale_bufs bufs;    /* every buffer, or only their sizes (whale memory) */
     struct nw_backward *bw; /* training sessions only */
 } nw_session;
 
@@ -397,12 +382,7 @@ static const char *const prof_names[P_COUNT] = {
     "attention backward", "embedding backward", "recompute (forward again)",
 };
 /* Time a statement into group id when profiling (one branch when not). */
-#define PROF(s, id, stmt)                                                  \
-    do {                                                                   \
-        double t0_ = (s)->base.profiling ? whale_now() : 0;               \
-        stmt;                                                              \
-        if ((s)->base.profiling) (s)->base.prof[id] += whale_now() - t0_; \
-    } while (0)
+#define PROF(s, id, stmt) WHALE_PROF(&(s)->base, id, stmt)
 
 static whale_code nw_forward(whale_session *base, const int32_t *ids, int B, int S, float *logits,
                              int all_logits, whale_err *err);
@@ -415,32 +395,15 @@ static void nw_session_free(whale_session *base) {
     nw_backward_free(s->bw);
     free(base->grads);
     free(base->grad_offsets);
-    for (int i = 0; i < s->n_allocs; i++) free(s->allocs[i]);
-    free(s->allocs);
+    whale_bufs_free(&s->bufs);
     free(s->acts);
     free(s->X);
     free(s);
 }
 
-/* Allocates n elements of size sz, remembered for nw_session_free. When
- * only counting, adds to *total and returns a non-NULL pointer that is
- * never dereferenced. */
+/* n elements of size sz, freed with the session (counted only, when sizing). */
 static void *sess_alloc(nw_session *s, size_t n, size_t sz, size_t *total) {
-    if (s->count_only) {
-        *total += n * sz;
-        return s;
-    }
-    if (s->n_allocs == s->cap_allocs) {
-        int cap = s->cap_allocs ? 2 * s->cap_allocs : 64;
-        void **grown = realloc(s->allocs, sizeof(void *) * (size_t)cap);
-        if (!grown) return NULL;
-        s->allocs = grown;
-        s->cap_allocs = cap;
-    }
-    void *p = whale_alloc(n * sz > 0 ? n * sz : 64);
-    if (p) s->allocs[s->n_allocs++] = p;
-    *total += n * sz;
-    return p;
+    return whale_bufs_alloc(&s->bufs, n, sz, total);
 }
 
 static int alloc_hc_acts(nw_session *s, nw_hc_acts *h, const nw_config *c, size_t T, size_t *tot) {
@@ -484,7 +447,7 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
     s->base.forward_fn = nw_forward;
     s->base.prof_names = prof_names;
     s->base.n_prof = P_COUNT;
-    s->count_only = count_only;
+    s->bufs.count_only = count_only;
     size_t T = (size_t)max_batch * max_seq, MD = (size_t)c->M * c->D, tot = 0;
     s->T = (int)T;
     s->n_act_sets = training && !recompute ? c->L : 1;
@@ -508,11 +471,7 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
          (s->h = sess_alloc(s, T * c->D, 4, &tot)) && (s->hn_rstd = sess_alloc(s, T, 4, &tot)) &&
          (s->hn = sess_alloc(s, T * c->D, 4, &tot)) && (s->ex_in = sess_alloc(s, T * c->D, 4, &tot)) &&
          (s->last = sess_alloc(s, (size_t)max_batch * c->D, 4, &tot));
-    size_t work = 0, kv = 0, lora_floats = 0;
-    for (int i = 0; i < m->n_lora; i++) { /* LoRA: x·Aᵀ and dC·B [T, r] each, the dropped-out input [T, in] */
-        size_t f = (size_t)2 * m->lora[i].rank + (size_t)m->lora[i].cols;
-        if (f > lora_floats) lora_floats = f;
-    }
+    size_t work = 0, kv = 0, lora_floats = whale_lora_work_floats(m);
     ok = ok && (!lora_floats || (s->base.lora_work = sess_alloc(s, T * lora_floats, 4, &work))) &&
          (s->att_work = sess_alloc(s, k_attention_work_floats(max_seq, c->H), 4, &work)) &&
          (training || (s->kcache = sess_alloc(s, (size_t)c->L * max_batch * max_seq * c->Dh, 4, &kv)));
@@ -539,22 +498,9 @@ static whale_code nw_session_new(whale_model *m, int max_batch, int max_seq, wha
 
 /* ------------------------------------------------------------------ forward */
 
-static void trace(nw_session *s, whale_dtype dt, void *data, int ndim, const int64_t *shape, const char *fmt,
-                  ...) __attribute__((format(printf, 6, 7)));
-static void trace(nw_session *s, whale_dtype dt, void *data, int ndim, const int64_t *shape, const char *fmt,
-                  ...) {
-    char name[128];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    whale_tensor t = {.dtype = dt, .ndim = ndim, .data = data};
-    for (int i = 0; i < ndim; i++) t.shape[i] = shape[i];
-    s->base.trace(s->base.trace_user, name, &t);
-}
 #define TRACE(dt, data, ndim, shape, ...) \
     do {                                 \
-        if (s->base.trace) trace(s, dt, data, ndim, (const int64_t[])shape, __VA_ARGS__); \
+        if (s->base.trace) whale_trace_emit(&s->base, dt, data, ndim, (const int64_t[])shape, __VA_ARGS__); \
     } while (0)
 #define DIMS(...) {__VA_ARGS__}
 
@@ -1232,23 +1178,10 @@ static whale_code train_session_create(whale_model *m, int max_batch, int seq, i
     base->train_fn = nw_train_step;
     size_t T = (size_t)max_batch * seq, MD = (size_t)c->M * c->D, HD = (size_t)c->H * c->Dh, tot = 0;
     struct nw_backward *b = s->bw = calloc(1, sizeof *b);
-    base->grad_offsets = malloc(sizeof(size_t) * (size_t)m->n_params);
-    if (!b || !base->grad_offsets) goto nomem;
-    for (int i = 0; i < m->n_params; i++) { /* frozen weights (LoRA's base) get no gradient buffer */
-        const whale_param *p = &m->params[i];
-        if (p->frozen && whale_param_is_product_weight(p)) {
-            base->grad_offsets[i] = SIZE_MAX;
-            continue;
-        }
-        base->grad_offsets[i] = base->n_grad;
-        base->n_grad += (size_t)whale_shape_numel(p->ndim, p->shape);
-    }
-    if (count_only) {
-        base->n_grad_bytes = sizeof(float) * base->n_grad;
-    } else {
-        base->grads = whale_calloc(sizeof(float) * base->n_grad);
-        if (!base->grads) goto nomem;
-        base->n_grad_bytes = sizeof(float) * base->n_grad;
+    if (!b) goto nomem;
+    if ((e = whale_session_alloc_grads(base, count_only, err))) { /* frozen weights (LoRA's base): no buffer */
+        nw_session_free(base);
+        return e;
     }
     /* Gradient pointers with the model's structure: register the same
      * parameter table against gw, then aim each slot at its gradient. */
@@ -1380,20 +1313,10 @@ whale_code nanowhale_from_config(const cJSON *cfg, const char *file, whale_model
     }
     m->vocab_size = c->vocab;
     m->max_positions = c->max_pos;
-    /* eos_token_id may be a number or a list */
-    const cJSON *eos = cJSON_GetObjectItemCaseSensitive(cfg, "eos_token_id");
-    if (cJSON_IsNumber(eos)) m->eos_ids[m->n_eos++] = (int32_t)eos->valuedouble;
-    else if (cJSON_IsArray(eos)) {
-        const cJSON *it;
-        cJSON_ArrayForEach(it, eos) if (cJSON_IsNumber(it) && m->n_eos < 8) m->eos_ids[m->n_eos++] = (int32_t)it->valuedouble;
+    if ((e = whale_config_eos(m, cfg, file, err))) { /* a number or a list */
+        whale_model_free(m);
+        return e;
     }
-    for (int i = 0; i < m->n_eos; i++)
-        if (m->eos_ids[i] < 0 || m->eos_ids[i] >= c->vocab) {
-            e = whale_errf(err, WHALE_ERR_FORMAT, "%s: eos_token_id %d is outside the vocabulary [0, %d)", file,
-                           m->eos_ids[i], c->vocab);
-            whale_model_free(m);
-            return e;
-        }
     *out = m;
     return WHALE_OK;
 }

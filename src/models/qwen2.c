@@ -1,0 +1,945 @@
+/*
+ * qwen2: the Qwen2 / Qwen2.5 architecture (Hugging Face Qwen2ForCausalLM,
+ * model_type "qwen2"), in the order of transformers' modeling_qwen2.py:
+ *
+ *   h = embed_tokens[ids]
+ *   per layer:  n = input_layernorm(h)
+ *               q, k, v = q_proj(n), k_proj(n), v_proj(n)          (Linear with bias)
+ *               h = h + o_proj(softmax(RoPE(q)·RoPE(k)ᵀ/√Dh, causal)·v)  (o_proj: no bias)
+ *               n = post_attention_layernorm(h)
+ *               h = h + down_proj(silu(gate_proj(n)) ⊙ up_proj(n))
+ *   logits = lm_head(norm(h))          (lm_head = embed_tokens with tie_word_embeddings)
+ *
+ * Grouped-query attention: H query heads share Hkv key/value heads, query
+ * head i reading K/V head i / (H/Hkv) (transformers' repeat_kv). RoPE
+ * covers the whole head, half-split (rotate_half: dim j pairs with
+ * j + Dh/2) and rotates by +angle, with inv_freq_j = rope_theta^(−2j/Dh).
+ * Every Linear goes through whale_linear* (precision modes, LoRA); biases
+ * are added after the product.
+ */
+#include "models/model.h"
+
+#include "core/core.h"
+#include "kernels/gemm.h"
+#include "kernels/ops.h"
+#include "train/loss.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ config */
+
+typedef struct {
+    int vocab, D, L, H, Hkv, Dh, F, max_pos, tie;
+    float norm_eps, rope_theta, init_range;
+} qw_config;
+
+typedef struct {
+    float *wq, *bq, *wk, *bk, *wv, *bv, *wo; /* self_attn */
+    float *wg, *wu, *wd;                     /* mlp: gate_proj, up_proj, down_proj */
+    float *in_norm, *post_norm;              /* input_layernorm, post_attention_layernorm */
+} qw_layer;
+
+typedef struct {
+    qw_config c;
+    cJSON *config_json; /* the config as given (fields we do not read are kept for saving) */
+    float *embed, *norm, *lm_head; /* lm_head is NULL when tied */
+    qw_layer *layers;
+    float *rope_cos, *rope_sin; /* [max_pos, Dh/2], recomputed, never loaded */
+} qw_model;
+
+/* A field that must be present (the helpers take a default otherwise). */
+static whale_code need_field(const cJSON *j, const char *key, const char *file, whale_err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    return v && !cJSON_IsNull(v) ? WHALE_OK
+                                 : whale_errf(err, WHALE_ERR_FORMAT, "%s: missing required field \"%s\"", file, key);
+}
+
+static whale_code parse_config(const cJSON *j, const char *file, qw_config *c, whale_err *err) {
+    long long v;
+    double d;
+    whale_code e;
+#define INT_FIELD(key, req, def, lo, hi, dst)                                    \
+    if ((e = whale_json_int(j, key, req, def, lo, hi, &v, file, err))) return e; \
+    dst = (int)v;
+#define FLOAT_FIELD(key, req, def, lo, hi, dst)                                    \
+    if ((e = whale_json_float(j, key, req, def, lo, hi, &d, file, err))) return e; \
+    dst = (float)d;
+    INT_FIELD("vocab_size", 1, 0, 1, 1 << 24, c->vocab)
+    INT_FIELD("hidden_size", 1, 0, 1, 65536, c->D)
+    INT_FIELD("intermediate_size", 1, 0, 1, 1 << 20, c->F)
+    INT_FIELD("num_hidden_layers", 1, 0, 1, 1024, c->L)
+    INT_FIELD("num_attention_heads", 1, 0, 1, 1024, c->H)
+    INT_FIELD("num_key_value_heads", 0, c->H, 1, 1024, c->Hkv) /* absent: one K/V head per query head */
+    INT_FIELD("max_position_embeddings", 1, 0, 1, 1 << 20, c->max_pos)
+    FLOAT_FIELD("rms_norm_eps", 1, 0, 0, 1, c->norm_eps)
+    FLOAT_FIELD("rope_theta", 1, 0, 1e-6, 1e30, c->rope_theta)
+    FLOAT_FIELD("initializer_range", 0, 0.02, 0, 10, c->init_range)
+    if ((e = need_field(j, "tie_word_embeddings", file, err)) ||
+        (e = whale_json_bool(j, "tie_word_embeddings", 0, &c->tie, file, err)))
+        return e;
+    /* head_dim is hidden_size / heads unless the config says otherwise
+     * (transformers reads an explicit head_dim the same way) */
+    const cJSON *hd = cJSON_GetObjectItemCaseSensitive(j, "head_dim");
+    if (hd && !cJSON_IsNull(hd)) {
+        INT_FIELD("head_dim", 1, 0, 1, 4096, c->Dh)
+    } else {
+        if (c->D % c->H)
+            return whale_errf(err, WHALE_ERR_FORMAT, "%s: hidden_size (%d) must be divisible by num_attention_heads (%d)",
+                              file, c->D, c->H);
+        c->Dh = c->D / c->H;
+    }
+#undef INT_FIELD
+#undef FLOAT_FIELD
+    if ((e = whale_json_float(j, "attention_dropout", 0, 0.0, 0, 1, &d, file, err))) return e;
+    if (d != 0)
+        return whale_errf(err, WHALE_ERR_UNSUPPORTED, "%s: attention_dropout = %g is not supported (only 0)", file, d);
+    if (c->H % c->Hkv)
+        return whale_errf(err, WHALE_ERR_FORMAT,
+                          "%s: num_key_value_heads (%d) must divide num_attention_heads (%d)", file, c->Hkv, c->H);
+    if (c->Dh % 2)
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: head_dim (%d) must be even: RoPE rotates half-split pairs", file,
+                          c->Dh);
+    if ((int64_t)c->vocab * c->D > ((int64_t)1 << 34) || (int64_t)c->H * c->Dh > (1 << 20))
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: vocab_size × hidden_size or heads × head_dim is implausibly large",
+                          file);
+
+    /* Features this engine does not implement are refused, not ignored. */
+    int sliding;
+    if ((e = whale_json_bool(j, "use_sliding_window", 0, &sliding, file, err))) return e;
+    if (sliding)
+        return whale_errf(err, WHALE_ERR_UNSUPPORTED,
+                          "%s: use_sliding_window is true: sliding-window attention is not supported", file);
+    /* newer transformers also spell it per layer */
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
+    for (const cJSON *it = cJSON_IsArray(lt) ? lt->child : NULL; it; it = it->next)
+        if (cJSON_IsString(it) && strcmp(it->valuestring, "full_attention") != 0)
+            return whale_errf(err, WHALE_ERR_UNSUPPORTED,
+                              "%s: layer_types lists \"%s\": sliding-window attention is not supported", file,
+                              it->valuestring);
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+    if (rs && !cJSON_IsNull(rs)) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+        if (!cJSON_IsString(t)) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
+        return whale_errf(err, WHALE_ERR_UNSUPPORTED,
+                          "%s: rope_scaling of type \"%s\" is not supported (only null: plain RoPE)", file,
+                          cJSON_IsString(t) ? t->valuestring : "?");
+    }
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(j, "hidden_act");
+    if (act && !cJSON_IsNull(act) && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0))
+        return whale_errf(err, WHALE_ERR_UNSUPPORTED, "%s: hidden_act \"%s\" is not supported (only silu)", file,
+                          cJSON_IsString(act) ? act->valuestring : "?");
+    return WHALE_OK;
+}
+
+/* Presets: the shapes of the released Qwen2.5 models (config.json of the
+ * Instruct checkpoints) and a tiny model for tests. */
+static const struct qw_preset {
+    const char *name;
+    int vocab, D, F, L, H, Hkv, max_pos, tie, max_window_layers, bos, eos;
+    double theta;
+} presets[] = {
+    {"qwen2.5-0.5b", 151936, 896, 4864, 24, 14, 2, 32768, 1, 21, 151643, 151645, 1e6},
+    {"qwen2.5-7b", 152064, 3584, 18944, 28, 28, 4, 32768, 0, 28, 151643, 151645, 1e6},
+    {"qwen2-tiny", 512, 64, 128, 2, 4, 2, 256, 1, 2, 0, 1, 1e6},
+};
+
+whale_code qwen2_preset_config(const char *name, cJSON **out, whale_err *err) {
+    const struct qw_preset *p = NULL;
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (strcmp(presets[i].name, name) == 0) p = &presets[i];
+    if (!p)
+        return whale_errf(err, WHALE_ERR_ARG, "unknown preset \"%s\" (qwen2.5-0.5b, qwen2.5-7b, qwen2-tiny)", name);
+    cJSON *j = cJSON_CreateObject();
+    cJSON *arch = cJSON_AddArrayToObject(j, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString("Qwen2ForCausalLM"));
+    cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
+    cJSON_AddNumberToObject(j, "bos_token_id", p->bos);
+    cJSON_AddNumberToObject(j, "eos_token_id", p->eos);
+    cJSON_AddStringToObject(j, "hidden_act", "silu");
+    cJSON_AddNumberToObject(j, "hidden_size", p->D);
+    cJSON_AddNumberToObject(j, "initializer_range", 0.02);
+    cJSON_AddNumberToObject(j, "intermediate_size", p->F);
+    cJSON_AddNumberToObject(j, "max_position_embeddings", p->max_pos);
+    cJSON_AddNumberToObject(j, "max_window_layers", p->max_window_layers);
+    cJSON_AddStringToObject(j, "model_type", "qwen2");
+    cJSON_AddNumberToObject(j, "num_attention_heads", p->H);
+    cJSON_AddNumberToObject(j, "num_hidden_layers", p->L);
+    cJSON_AddNumberToObject(j, "num_key_value_heads", p->Hkv);
+    cJSON_AddNumberToObject(j, "rms_norm_eps", 1e-6);
+    cJSON_AddNullToObject(j, "rope_scaling");
+    cJSON_AddNumberToObject(j, "rope_theta", p->theta);
+    cJSON_AddNumberToObject(j, "sliding_window", p->max_pos);
+    cJSON_AddBoolToObject(j, "tie_word_embeddings", p->tie);
+    cJSON_AddStringToObject(j, "torch_dtype", "float32");
+    cJSON_AddTrueToObject(j, "use_cache");
+    cJSON_AddFalseToObject(j, "use_sliding_window");
+    cJSON_AddNumberToObject(j, "vocab_size", p->vocab);
+    *out = j;
+    return WHALE_OK;
+}
+
+/* ------------------------------------------------------------------ params */
+
+/* The parameter table in state_dict order (module registration order of
+ * Qwen2DecoderLayer: self_attn, mlp, input_layernorm, post_attention_layernorm).
+ * Norm weights and biases are not decayed. */
+static whale_code register_params(whale_model *m, qw_model *qw, whale_err *err) {
+    const qw_config *c = &qw->c;
+    int cap = 3 + 12 * c->L;
+    m->params = calloc((size_t)cap, sizeof *m->params);
+    qw->layers = calloc((size_t)c->L, sizeof *qw->layers);
+    if (!m->params || !qw->layers) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory building the parameter table");
+    int64_t D = c->D, F = c->F, HD = (int64_t)c->H * c->Dh, KVD = (int64_t)c->Hkv * c->Dh;
+#define P(slot, decay, ...) whale_model_add_param(m, cap, slot, decay, 1, __VA_ARGS__)
+#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
+    P(&qw->embed, 1, 2, SHAPE(c->vocab, D), "model.embed_tokens.weight");
+    for (int l = 0; l < c->L; l++) {
+        qw_layer *ly = &qw->layers[l];
+        const char *pre = "model.layers";
+        P(&ly->wq, 1, 2, SHAPE(HD, D), "%s.%d.self_attn.q_proj.weight", pre, l);
+        P(&ly->bq, 0, 1, SHAPE(HD), "%s.%d.self_attn.q_proj.bias", pre, l);
+        P(&ly->wk, 1, 2, SHAPE(KVD, D), "%s.%d.self_attn.k_proj.weight", pre, l);
+        P(&ly->bk, 0, 1, SHAPE(KVD), "%s.%d.self_attn.k_proj.bias", pre, l);
+        P(&ly->wv, 1, 2, SHAPE(KVD, D), "%s.%d.self_attn.v_proj.weight", pre, l);
+        P(&ly->bv, 0, 1, SHAPE(KVD), "%s.%d.self_attn.v_proj.bias", pre, l);
+        P(&ly->wo, 1, 2, SHAPE(D, HD), "%s.%d.self_attn.o_proj.weight", pre, l);
+        P(&ly->wg, 1, 2, SHAPE(F, D), "%s.%d.mlp.gate_proj.weight", pre, l);
+        P(&ly->wu, 1, 2, SHAPE(F, D), "%s.%d.mlp.up_proj.weight", pre, l);
+        P(&ly->wd, 1, 2, SHAPE(D, F), "%s.%d.mlp.down_proj.weight", pre, l);
+        P(&ly->in_norm, 0, 1, SHAPE(D), "%s.%d.input_layernorm.weight", pre, l);
+        P(&ly->post_norm, 0, 1, SHAPE(D), "%s.%d.post_attention_layernorm.weight", pre, l);
+    }
+    P(&qw->norm, 0, 1, SHAPE(D), "model.norm.weight");
+    if (!c->tie) P(&qw->lm_head, 1, 2, SHAPE(c->vocab, D), "lm_head.weight");
+#undef P
+#undef SHAPE
+    return WHALE_OK;
+}
+
+static void qw_free_impl(whale_model *m) {
+    qw_model *qw = m->impl;
+    if (!qw) return;
+    cJSON_Delete(qw->config_json);
+    free(qw->layers);
+    free(qw->rope_cos);
+    free(qw->rope_sin);
+    free(qw);
+}
+
+/* Replace or add key; takes item (deleted on failure, which is only out of
+ * memory, as is a NULL item). */
+static int put(cJSON *j, const char *key, cJSON *item) {
+    if (!item) return 0;
+    int ok = cJSON_GetObjectItemCaseSensitive(j, key) ? cJSON_ReplaceItemInObjectCaseSensitive(j, key, item)
+                                                     : cJSON_AddItemToObject(j, key, item);
+    if (!ok) cJSON_Delete(item);
+    return ok;
+}
+
+/* The config as transformers loads it: the fields given, kept as they were
+ * (rms_norm_eps, rope_theta, bos_token_id, max_window_layers, ...), plus the
+ * ones that identify the architecture and those a config may leave to their
+ * defaults, written from what the model is. */
+static whale_code qw_config_to_json(const whale_model *m, cJSON **out, whale_err *err) {
+    const qw_model *qw = m->impl;
+    const qw_config *c = &qw->c;
+    cJSON *j = cJSON_Duplicate(qw->config_json, 1), *arch = cJSON_CreateArray();
+    if (arch) cJSON_AddItemToArray(arch, cJSON_CreateString("Qwen2ForCausalLM"));
+    /* the dtype whale_model_save writes the weights in */
+    whale_dtype dt = whale_model_has_master(m) ? WHALE_F32 : m->compute_dtype;
+    const char *dtn = dt == WHALE_BF16 ? "bfloat16" : dt == WHALE_F16 ? "float16" : "float32";
+    int ok = j && put(j, "architectures", arch) && put(j, "model_type", cJSON_CreateString("qwen2")) &&
+             put(j, "num_key_value_heads", cJSON_CreateNumber(c->Hkv)) &&
+             put(j, "hidden_act", cJSON_CreateString("silu")) &&
+             put(j, "use_sliding_window", cJSON_CreateFalse()) && put(j, "rope_scaling", cJSON_CreateNull()) &&
+             put(j, "attention_dropout", cJSON_CreateNumber(0.0)) &&
+             (cJSON_GetObjectItemCaseSensitive(j, "initializer_range") ||
+              put(j, "initializer_range", cJSON_CreateNumber(0.02))) &&
+             put(j, "torch_dtype", cJSON_CreateString(dtn)) &&
+             (!cJSON_GetObjectItemCaseSensitive(j, "dtype") || put(j, "dtype", cJSON_CreateString(dtn)));
+    if (ok && c->Dh * c->H != c->D) ok = put(j, "head_dim", cJSON_CreateNumber(c->Dh));
+    if (!ok) {
+        cJSON_Delete(j);
+        if (!j) cJSON_Delete(arch);
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory writing the config");
+    }
+    *out = j;
+    return WHALE_OK;
+}
+
+/* Normal(0, initializer_range) for every Linear weight and the embedding,
+ * zeros for biases, ones for norm weights (Qwen2PreTrainedModel._init_weights),
+ * drawn in parameter order from one generator. */
+whale_code qwen2_init_weights(whale_model *m, uint64_t seed, whale_err *err) {
+    const qw_model *qw = m->impl;
+    whale_rng rng;
+    whale_rng_seed(&rng, seed);
+    for (int i = 0; i < m->n_params; i++) {
+        whale_param *p = &m->params[i];
+        int64_t n = whale_shape_numel(p->ndim, p->shape);
+        size_t len = strlen(p->name);
+        if (len > 5 && strcmp(p->name + len - 5, ".bias") == 0)
+            for (int64_t k = 0; k < n; k++) p->data[k] = 0.0f;
+        else if (strstr(p->name, "norm.weight"))
+            for (int64_t k = 0; k < n; k++) p->data[k] = 1.0f;
+        else
+            for (int64_t k = 0; k < n; k++) p->data[k] = (float)(whale_rng_normal(&rng) * qw->c.init_range);
+    }
+    return WHALE_OK;
+}
+
+/* ------------------------------------------------------------------ info */
+
+static void qw_print_info(const whale_model *m, FILE *f) {
+    const qw_model *qw = m->impl;
+    const qw_config *c = &qw->c;
+    int64_t g_embed = 0, g_attn = 0, g_mlp = 0, g_norm = 0, g_head = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const whale_param *p = &m->params[i];
+        int64_t n = whale_shape_numel(p->ndim, p->shape);
+        if (strstr(p->name, "embed_tokens")) g_embed += n;
+        else if (strcmp(p->name, "lm_head.weight") == 0) g_head += n;
+        else if (strstr(p->name, ".self_attn.")) g_attn += n;
+        else if (strstr(p->name, ".mlp.")) g_mlp += n;
+        else g_norm += n;
+    }
+    int64_t total = whale_model_param_count(m);
+    char nb[32];
+    fprintf(f, "architecture      Qwen2 (model_type qwen2, Qwen2ForCausalLM)\n");
+    fprintf(f, "layers            %d, hidden %d, heads %d × %d, %d key/value heads (GQA %d:1)\n", c->L, c->D, c->H,
+            c->Dh, c->Hkv, c->H / c->Hkv);
+    fprintf(f, "mlp               SwiGLU, intermediate %d\n", c->F);
+    fprintf(f, "vocab             %d; max positions %d; rope theta %g; rms eps %g; lm_head %s\n", c->vocab,
+            c->max_pos, (double)c->rope_theta, (double)c->norm_eps, c->tie ? "tied to embed_tokens" : "untied");
+    fprintf(f, "parameters        %s total\n", whale_fmt_count(nb, total));
+    fprintf(f, "  embeddings      %s\n", whale_fmt_count(nb, g_embed));
+    fprintf(f, "  attention       %s (q/k/v with bias, o without)\n", whale_fmt_count(nb, g_attn));
+    fprintf(f, "  mlp             %s\n", whale_fmt_count(nb, g_mlp));
+    fprintf(f, "  norms           %s\n", whale_fmt_count(nb, g_norm));
+    if (c->tie) fprintf(f, "  lm_head         tied: reads embed_tokens\n");
+    else fprintf(f, "  lm_head         %s\n", whale_fmt_count(nb, g_head));
+    fprintf(f, "weights memory    fp32 %.1f MiB, bf16/fp16 %.1f MiB, int8 %.1f MiB\n", total * 4 / 1048576.0,
+            total * 2 / 1048576.0, total / 1048576.0);
+}
+
+/* ------------------------------------------------------------------ sessions */
+
+/* What one layer's forward produces that its backward reads. An inference
+ * session has one set for all layers; a training session one per layer
+ * (or one, recomputed, with --recompute). */
+typedef struct {
+    float *rstd1, *xn1; /* [T], [T, D]: input_layernorm */
+    float *q, *k, *v;   /* [T, H·Dh], [T, Hkv·Dh] ×2: projections with bias, q and k rotated */
+    float *att;         /* [T, H·Dh]: attention output, o_proj's input */
+    float *xmid;        /* [T, D]: residual stream after attention */
+    float *rstd2, *xn2; /* post_attention_layernorm */
+    float *g, *u;       /* [T, F]: gate_proj, up_proj outputs */
+    float *h;           /* [T, F]: silu(g)·u, down_proj's input (training; inference computes it in g) */
+} qw_layer_acts;
+
+typedef struct {
+    whale_session base;
+    whale_gemm *gemm;
+    int n_act_sets;     /* 1 (inference, recompute) or L (training) */
+    int32_t *pos;       /* [T] RoPE positions */
+    const int32_t *seg; /* [T] first key each token may see (packed documents), or NULL */
+    float **X;          /* [L+1] residual stream [T, D]: X[l] enters layer l */
+    float *xbuf;        /* storage behind X: L+1 states (training) or 2, alternating */
+    qw_layer_acts *acts;
+    float *proj;        /* [T, D] o_proj / down_proj output before the residual add */
+    float *hn_rstd, *hn; /* final norm */
+    float *last;        /* [max_batch, D] last-position rows for logits */
+    float *att_work;
+    float *kcache, *vcache; /* [L, max_batch, max_seq, Hkv·Dh] rotated K and V, inference only */
+    whale_bufs bufs;
+    struct qw_backward *bw; /* training sessions only */
+} qw_session;
+
+/* Op groups timed by --profile. */
+enum {
+    P_EMBED, P_NORM, P_ATTN, P_MLP, P_LOGITS, P_B_LOGITS, P_B_NORM, P_B_ATTN, P_B_MLP, P_B_EMBED, P_RECOMPUTE, P_COUNT
+};
+static const char *const prof_names[P_COUNT] = {
+    "embedding", "rmsnorm + residual", "attention (q/k/v/o, RoPE, softmax)", "mlp", "lm_head (+ loss)",
+    "lm_head + loss backward", "rmsnorm + residual backward", "attention backward", "mlp backward",
+    "embedding backward", "recompute (forward again)",
+};
+#define PROF(s, id, stmt) WHALE_PROF(&(s)->base, id, stmt)
+#define TRACE(dt, data, ndim, shape, ...)                                                                      \
+    do {                                                                                                       \
+        if (s->base.trace) whale_trace_emit(&s->base, dt, data, ndim, (const int64_t[])shape, __VA_ARGS__); \
+    } while (0)
+#define DIMS(...) {__VA_ARGS__}
+
+/* Rows of the lm_head + cross-entropy processed at once: bounds the logits
+ * buffer to CE_CHUNK × V instead of T × V. */
+enum { CE_CHUNK = 256 };
+
+/* Gradient buffers (one set, reused by every layer) and gw, the model's
+ * structure with every parameter pointer aimed at its gradient (NULL for a
+ * frozen weight). */
+struct qw_backward {
+    qw_model gw;
+    float *dx;               /* [T, D] gradient of the residual stream */
+    float *dxn;              /* [T, D] gradient of a norm's output, then of its input */
+    float *datt, *dq;        /* [T, H·Dh] */
+    float *dk, *dv;          /* [T, Hkv·Dh] */
+    float *dh, *du;          /* [T, F]: of h, then of g (in place); of u */
+    int32_t *tgt;            /* [T] shifted targets */
+    float *logits;           /* [CE_CHUNK, V] logits, then their gradient */
+    float *att_work;
+};
+
+static whale_code qw_forward(whale_session *base, const int32_t *ids, int B, int S, float *logits, int all_logits,
+                             whale_err *err);
+
+static void qw_session_free(whale_session *base) {
+    qw_session *s = (qw_session *)base;
+    whale_gemm_free(s->gemm);
+    if (s->bw) free(s->bw->gw.layers);
+    free(s->bw); /* its buffers are in s->bufs */
+    free(base->grads);
+    free(base->grad_offsets);
+    whale_bufs_free(&s->bufs);
+    free(s->acts);
+    free(s->X);
+    free(s);
+}
+
+static void *sess_alloc(qw_session *s, size_t n, size_t sz, size_t *total) {
+    return whale_bufs_alloc(&s->bufs, n, sz, total);
+}
+
+static int alloc_layer_acts(qw_session *s, qw_layer_acts *a, const qw_config *c, size_t T, int training,
+                            size_t *tot) {
+    size_t D = (size_t)c->D, F = (size_t)c->F, HD = (size_t)c->H * c->Dh, KVD = (size_t)c->Hkv * c->Dh;
+    return (a->rstd1 = sess_alloc(s, T, 4, tot)) && (a->xn1 = sess_alloc(s, T * D, 4, tot)) &&
+           (a->q = sess_alloc(s, T * HD, 4, tot)) && (a->k = sess_alloc(s, T * KVD, 4, tot)) &&
+           (a->v = sess_alloc(s, T * KVD, 4, tot)) && (a->att = sess_alloc(s, T * HD, 4, tot)) &&
+           (a->xmid = sess_alloc(s, T * D, 4, tot)) && (a->rstd2 = sess_alloc(s, T, 4, tot)) &&
+           (a->xn2 = sess_alloc(s, T * D, 4, tot)) && (a->g = sess_alloc(s, T * F, 4, tot)) &&
+           (a->u = sess_alloc(s, T * F, 4, tot)) && (!training || (a->h = sess_alloc(s, T * F, 4, tot)));
+}
+
+/* Every buffer a session needs, for max_batch × max_seq tokens; with
+ * count_only, their sizes only (the same code, so whale memory cannot
+ * drift from what is allocated). training keeps every layer's input state
+ * and, unless recompute, every layer's activations (and no KV cache). */
+static whale_code session_create(whale_model *m, int max_batch, int max_seq, int training, int recompute,
+                                 int count_only, qw_session **out, whale_err *err) {
+    const qw_config *c = &((qw_model *)m->impl)->c;
+    qw_session *s = calloc(1, sizeof *s);
+    if (!s) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory creating a session");
+    s->base.model = m;
+    s->base.max_batch = max_batch;
+    s->base.max_seq = max_seq;
+    s->base.free_fn = qw_session_free;
+    s->base.forward_fn = qw_forward;
+    s->base.prof_names = prof_names;
+    s->base.n_prof = P_COUNT;
+    s->bufs.count_only = count_only;
+    size_t T = (size_t)max_batch * max_seq, D = (size_t)c->D, KVD = (size_t)c->Hkv * c->Dh, tot = 0;
+    whale_code e = count_only ? WHALE_OK : whale_gemm_new(&s->gemm, err);
+    if (e) {
+        free(s);
+        return e;
+    }
+    s->base.gemm = s->gemm;
+    s->n_act_sets = training && !recompute ? c->L : 1;
+    int n_states = training ? c->L + 1 : 2, ok;
+    s->X = calloc((size_t)c->L + 1, sizeof(float *));
+    s->acts = calloc((size_t)s->n_act_sets, sizeof *s->acts);
+    ok = s->X && s->acts && (s->xbuf = sess_alloc(s, (size_t)n_states * T * D, 4, &tot));
+    for (int i = 0; ok && !count_only && i <= c->L; i++) s->X[i] = s->xbuf + (size_t)(training ? i : i % 2) * T * D;
+    size_t before_acts = tot;
+    for (int l = 0; ok && l < s->n_act_sets; l++) ok = alloc_layer_acts(s, &s->acts[l], c, T, training, &tot);
+    size_t per_set = (tot - before_acts) / (size_t)s->n_act_sets;
+    ok = ok && (s->pos = sess_alloc(s, T, 4, &tot)) && (s->proj = sess_alloc(s, T * D, 4, &tot)) &&
+         (s->hn_rstd = sess_alloc(s, T, 4, &tot)) && (s->hn = sess_alloc(s, T * D, 4, &tot)) &&
+         (s->last = sess_alloc(s, (size_t)max_batch * D, 4, &tot));
+    size_t work = 0, kv = 0, lora_floats = whale_lora_work_floats(m), cache = (size_t)c->L * T * KVD;
+    ok = ok && (!lora_floats || (s->base.lora_work = sess_alloc(s, T * lora_floats, 4, &work))) &&
+         (s->att_work = sess_alloc(s, k_attention_work_floats(max_seq, c->H), 4, &work)) &&
+         (training || ((s->kcache = sess_alloc(s, cache, 4, &kv)) && (s->vcache = sess_alloc(s, cache, 4, &kv))));
+    if (!ok) {
+        qw_session_free(&s->base);
+        return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of activations for batch %d × %d",
+                          (tot + work + kv) / 1048576.0, max_batch, max_seq);
+    }
+    s->base.activation_bytes = tot;
+    s->base.kv_bytes = kv;
+    s->base.work_bytes = work;
+    s->base.recompute_saves = training ? per_set * (size_t)(c->L - 1) : 0;
+    *out = s;
+    return WHALE_OK;
+}
+
+static whale_code qw_session_new(whale_model *m, int max_batch, int max_seq, whale_session **out, whale_err *err) {
+    qw_session *s = NULL;
+    whale_code e = session_create(m, max_batch, max_seq, 0, 0, 0, &s, err);
+    *out = e ? NULL : &s->base;
+    return e;
+}
+
+/* ------------------------------------------------------------------ forward */
+
+/* y[r, :] += b: a Linear's bias, added after the product */
+static void add_bias(float *y, const float *b, int rows, int n) {
+#pragma omp parallel for schedule(static) if ((long)rows * n > 65536)
+    for (int r = 0; r < rows; r++) {
+        float *yr = y + (size_t)r * n;
+        for (int i = 0; i < n; i++) yr[i] += b[i];
+    }
+}
+
+/* y = a + b over n floats (the residual connections) */
+static void add(float *y, const float *a, const float *b, size_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+}
+
+static whale_code linear(qw_session *s, int M, int N, int K, const float *A, const float *W, float *C,
+                         whale_err *err) {
+    return whale_linear(&s->base, M, N, K, A, K, W, K, C, N, err);
+}
+
+/* Qwen2Attention on a->xn1 into s->proj (o_proj's output). Keys and values
+ * come from the KV cache (inference: this step's appended) or from a->k,
+ * a->v (training). */
+static whale_code attention(qw_session *s, const qw_model *qw, const qw_layer *ly, qw_layer_acts *a, int l, int B,
+                            int S, whale_err *err) {
+    const qw_config *c = &qw->c;
+    int T = B * S, D = c->D, HD = c->H * c->Dh, KVD = c->Hkv * c->Dh, p0 = s->base.cached;
+    whale_code e;
+    if ((e = linear(s, T, HD, D, a->xn1, ly->wq, a->q, err)) || (e = linear(s, T, KVD, D, a->xn1, ly->wk, a->k, err)) ||
+        (e = linear(s, T, KVD, D, a->xn1, ly->wv, a->v, err)))
+        return e;
+    add_bias(a->q, ly->bq, T, HD);
+    add_bias(a->k, ly->bk, T, KVD);
+    add_bias(a->v, ly->bv, T, KVD);
+    /* rotate_half: x' = x·cos + rotate_half(x)·sin, k_rope's inverse (+angle) direction */
+    k_rope(a->q, T, HD, c->H, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
+    k_rope(a->k, T, KVD, c->Hkv, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
+
+    size_t seq_stride = (size_t)s->base.max_seq * KVD;
+    float scale = 1.0f / sqrtf((float)c->Dh);
+    for (int b = 0; b < B; b++) {
+        const float *kb = a->k + (size_t)b * S * KVD, *vb = a->v + (size_t)b * S * KVD;
+        if (s->kcache) {
+            float *kc = s->kcache + ((size_t)l * s->base.max_batch + b) * seq_stride;
+            float *vc = s->vcache + ((size_t)l * s->base.max_batch + b) * seq_stride;
+            memcpy(kc + (size_t)p0 * KVD, kb, sizeof(float) * S * KVD);
+            memcpy(vc + (size_t)p0 * KVD, vb, sizeof(float) * S * KVD);
+            kb = kc;
+            vb = vc;
+        }
+        if ((e = k_attention(s->gemm, a->att + (size_t)b * S * HD, a->q + (size_t)b * S * HD, kb, vb, KVD,
+                             s->seg ? s->seg + (size_t)b * S : NULL, S, p0, c->H, c->Hkv, c->Dh, scale, s->att_work,
+                             err)))
+            return e;
+    }
+    TRACE(WHALE_F32, a->q, 2, DIMS(T, HD), "layers.%d.attn.q", l);
+    TRACE(WHALE_F32, a->k, 2, DIMS(T, KVD), "layers.%d.attn.k", l);
+    TRACE(WHALE_F32, a->v, 2, DIMS(T, KVD), "layers.%d.attn.v", l);
+    TRACE(WHALE_F32, a->att, 2, DIMS(T, HD), "layers.%d.attn.context", l);
+    return linear(s, T, D, HD, a->att, ly->wo, s->proj, err);
+}
+
+/* Qwen2MLP on a->xn2 into s->proj: down_proj(silu(gate_proj(x)) ⊙ up_proj(x)). */
+static whale_code mlp(qw_session *s, const qw_config *c, const qw_layer *ly, qw_layer_acts *a, int l, int T,
+                      whale_err *err) {
+    whale_code e;
+    if ((e = linear(s, T, c->F, c->D, a->xn2, ly->wg, a->g, err)) ||
+        (e = linear(s, T, c->F, c->D, a->xn2, ly->wu, a->u, err)))
+        return e;
+    float *h = a->g; /* in place, unless the backward needs g */
+    if (a->h) {
+        h = a->h;
+        memcpy(h, a->g, sizeof(float) * (size_t)T * c->F);
+    }
+    k_swiglu(h, a->u, (long)T * c->F, 0.0f);
+    TRACE(WHALE_F32, h, 2, DIMS(T, c->F), "layers.%d.mlp.hidden", l);
+    return linear(s, T, c->D, c->F, h, ly->wd, s->proj, err);
+}
+
+/* Qwen2DecoderLayer: X[l] → X[l+1], saving what the backward needs into a. */
+static whale_code layer_forward(qw_session *s, int l, int B, int S, qw_layer_acts *a, whale_err *err) {
+    const qw_model *qw = s->base.model->impl;
+    const qw_config *c = &qw->c;
+    const qw_layer *ly = &qw->layers[l];
+    int T = B * S, D = c->D;
+    size_t TD = (size_t)T * D;
+    const float *x = s->X[l];
+    float *out = s->X[l + 1];
+    whale_code e;
+    PROF(s, P_NORM, k_rmsnorm(a->xn1, x, ly->in_norm, T, D, c->norm_eps, a->rstd1));
+    TRACE(WHALE_F32, a->xn1, 2, DIMS(T, D), "layers.%d.input_layernorm", l);
+    PROF(s, P_ATTN, e = attention(s, qw, ly, a, l, B, S, err));
+    if (e) return e;
+    TRACE(WHALE_F32, s->proj, 2, DIMS(T, D), "layers.%d.attn.out", l);
+    PROF(s, P_NORM, {
+        add(a->xmid, x, s->proj, TD);
+        k_rmsnorm(a->xn2, a->xmid, ly->post_norm, T, D, c->norm_eps, a->rstd2);
+    });
+    TRACE(WHALE_F32, a->xmid, 2, DIMS(T, D), "layers.%d.attn.state", l);
+    TRACE(WHALE_F32, a->xn2, 2, DIMS(T, D), "layers.%d.post_attention_layernorm", l);
+    PROF(s, P_MLP, e = mlp(s, c, ly, a, l, T, err));
+    if (e) return e;
+    TRACE(WHALE_F32, s->proj, 2, DIMS(T, D), "layers.%d.mlp.out", l);
+    PROF(s, P_NORM, add(out, a->xmid, s->proj, TD));
+    TRACE(WHALE_F32, out, 2, DIMS(T, D), "layers.%d.state", l);
+    return WHALE_OK;
+}
+
+/* Embedding, all layers and the final norm: ids [B·S] → hn [T, D]. */
+static whale_code forward_hidden(qw_session *s, const int32_t *ids, const int32_t *pos, int B, int S,
+                                 whale_err *err) {
+    const qw_model *qw = s->base.model->impl;
+    const qw_config *c = &qw->c;
+    int T = B * S, D = c->D;
+    whale_code e;
+    PROF(s, P_EMBED, for (int t = 0; t < T; t++) {
+        s->pos[t] = pos ? pos[t] : s->base.cached + t % S;
+        whale_model_row(s->base.model, qw->embed, ids[t], D, s->X[0] + (size_t)t * D);
+    });
+    for (int l = 0; l < c->L; l++)
+        if ((e = layer_forward(s, l, B, S, &s->acts[s->n_act_sets > 1 ? l : 0], err))) return e;
+    PROF(s, P_NORM, k_rmsnorm(s->hn, s->X[c->L], qw->norm, T, D, c->norm_eps, s->hn_rstd));
+    TRACE(WHALE_F32, s->hn, 2, DIMS(T, D), "final_hidden");
+    return WHALE_OK;
+}
+
+static whale_code qw_forward(whale_session *base, const int32_t *ids, int B, int S, float *logits, int all_logits,
+                             whale_err *err) {
+    qw_session *s = (qw_session *)base;
+    const qw_model *qw = base->model->impl;
+    const qw_config *c = &qw->c;
+    int T = B * S, D = c->D;
+    s->seg = NULL;
+    whale_code e = forward_hidden(s, ids, NULL, B, S, err);
+    if (e || !logits) return e;
+    const float *head = c->tie ? qw->embed : qw->lm_head;
+    if (all_logits) {
+        PROF(s, P_LOGITS, e = linear(s, T, c->vocab, D, s->hn, head, logits, err));
+        if (!e) TRACE(WHALE_F32, logits, 2, DIMS(T, c->vocab), "logits");
+        return e;
+    }
+    for (int b = 0; b < B; b++) memcpy(s->last + (size_t)b * D, s->hn + ((size_t)b * S + S - 1) * D, sizeof(float) * D);
+    PROF(s, P_LOGITS, e = linear(s, B, c->vocab, D, s->last, head, logits, err));
+    if (!e) TRACE(WHALE_F32, logits, 2, DIMS(B, c->vocab), "logits");
+    return e;
+}
+
+/* ------------------------------------------------------------------ backward */
+
+static whale_code linear_dx(qw_session *s, int M, int N, int K, const float *dC, const float *W, float *dA,
+                            int accumulate, whale_err *err) {
+    return whale_linear_dx(&s->base, M, N, K, dC, N, W, K, dA, K, accumulate, err);
+}
+/* gW NULL: W is frozen (LoRA adapters on W get their gradients either way) */
+static whale_code linear_dw(qw_session *s, int M, int N, int K, const float *dC, const float *A, const float *W,
+                            float *gW, whale_err *err) {
+    return whale_linear_dw(&s->base, M, N, K, dC, N, A, K, W, gW, K, err);
+}
+
+/* db[i] += Σ_r dy[r, i]: the bias gradient. Columns are split into blocks,
+ * each summed by one thread in row order: bit-identical for any thread count. */
+static void bias_backward(float *db, const float *dy, int rows, int n) {
+    enum { COLS = 32 };
+    int nb = (n + COLS - 1) / COLS;
+#pragma omp parallel for schedule(static) if ((long)rows * n > 16384)
+    for (int b = 0; b < nb; b++) {
+        int c0 = b * COLS, c1 = c0 + COLS < n ? c0 + COLS : n;
+        double acc[COLS] = {0};
+        for (int r = 0; r < rows; r++)
+            for (int i = c0; i < c1; i++) acc[i - c0] += dy[(size_t)r * n + i];
+        for (int i = c0; i < c1; i++) db[i] += (float)acc[i - c0];
+    }
+}
+
+/* Backward of mlp(): b->dx (gradient of its output) into b->dxn (gradient
+ * of a->xn2, written). */
+static whale_code mlp_backward(qw_session *s, const qw_config *c, const qw_layer *ly, qw_layer *gl,
+                               const qw_layer_acts *a, int l, int T, whale_err *err) {
+    struct qw_backward *b = s->bw;
+    int D = c->D, F = c->F;
+    whale_code e;
+    if ((e = linear_dx(s, T, D, F, b->dx, ly->wd, b->dh, 0, err)) ||
+        (e = linear_dw(s, T, D, F, b->dx, a->h, ly->wd, gl->wd, err)))
+        return e;
+    TRACE(WHALE_F32, b->dh, 2, DIMS(T, F), "grad.layers.%d.mlp.hidden", l);
+    k_swiglu_backward(b->dh, b->du, b->dh, a->g, a->u, (long)T * F, 0.0f); /* dh becomes dg */
+    if ((e = linear_dx(s, T, F, D, b->dh, ly->wg, b->dxn, 0, err)) ||
+        (e = linear_dx(s, T, F, D, b->du, ly->wu, b->dxn, 1, err)) ||
+        (e = linear_dw(s, T, F, D, b->dh, a->xn2, ly->wg, gl->wg, err)))
+        return e;
+    return linear_dw(s, T, F, D, b->du, a->xn2, ly->wu, gl->wu, err);
+}
+
+/* Backward of attention(): b->dx (gradient of its output) into b->dxn
+ * (gradient of a->xn1, written). */
+static whale_code attention_backward(qw_session *s, const qw_model *qw, const qw_layer *ly, qw_layer *gl,
+                                     const qw_layer_acts *a, int l, int B, int S, whale_err *err) {
+    const qw_config *c = &qw->c;
+    struct qw_backward *b = s->bw;
+    int T = B * S, D = c->D, HD = c->H * c->Dh, KVD = c->Hkv * c->Dh;
+    float scale = 1.0f / sqrtf((float)c->Dh);
+    whale_code e;
+    if ((e = linear_dx(s, T, D, HD, b->dx, ly->wo, b->datt, 0, err)) ||
+        (e = linear_dw(s, T, D, HD, b->dx, a->att, ly->wo, gl->wo, err)))
+        return e;
+    TRACE(WHALE_F32, b->datt, 2, DIMS(T, HD), "grad.layers.%d.attn.context", l);
+    memset(b->dk, 0, sizeof(float) * (size_t)T * KVD);
+    memset(b->dv, 0, sizeof(float) * (size_t)T * KVD);
+    for (int bi = 0; bi < B; bi++) {
+        size_t qo = (size_t)bi * S * HD, ko = (size_t)bi * S * KVD;
+        if ((e = k_attention_backward(s->gemm, b->dq + qo, b->dk + ko, b->dv + ko, b->datt + qo, a->q + qo, a->k + ko,
+                                      a->v + ko, KVD, s->seg ? s->seg + (size_t)bi * S : NULL, S, 0, c->H, c->Hkv,
+                                      c->Dh, scale, b->att_work, err)))
+            return e;
+    }
+    k_rope_backward(b->dq, T, HD, c->H, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
+    k_rope_backward(b->dk, T, KVD, c->Hkv, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
+    TRACE(WHALE_F32, b->dq, 2, DIMS(T, HD), "grad.layers.%d.attn.q", l);
+    TRACE(WHALE_F32, b->dk, 2, DIMS(T, KVD), "grad.layers.%d.attn.k", l);
+    TRACE(WHALE_F32, b->dv, 2, DIMS(T, KVD), "grad.layers.%d.attn.v", l);
+    if (gl->bq) bias_backward(gl->bq, b->dq, T, HD);
+    if (gl->bk) bias_backward(gl->bk, b->dk, T, KVD);
+    if (gl->bv) bias_backward(gl->bv, b->dv, T, KVD);
+    if ((e = linear_dx(s, T, HD, D, b->dq, ly->wq, b->dxn, 0, err)) ||
+        (e = linear_dx(s, T, KVD, D, b->dk, ly->wk, b->dxn, 1, err)) ||
+        (e = linear_dx(s, T, KVD, D, b->dv, ly->wv, b->dxn, 1, err)) ||
+        (e = linear_dw(s, T, HD, D, b->dq, a->xn1, ly->wq, gl->wq, err)) ||
+        (e = linear_dw(s, T, KVD, D, b->dk, a->xn1, ly->wk, gl->wk, err)))
+        return e;
+    return linear_dw(s, T, KVD, D, b->dv, a->xn1, ly->wv, gl->wv, err);
+}
+
+/* dx += RMSNorm backward of dxn (the norm's output gradient, consumed):
+ * the residual branch and the normalised branch of one sub-layer meet. */
+static void norm_backward(qw_session *s, const float *x, const float *w, float *gw, const float *rstd, int T, int D) {
+    struct qw_backward *b = s->bw;
+    k_rmsnorm_backward(b->dxn, gw, b->dxn, x, w, rstd, T, D);
+    add(b->dx, b->dx, b->dxn, (size_t)T * D);
+}
+
+static whale_code qw_train_step(whale_session *base, const int32_t *ids, const int32_t *labels, const int32_t *pos,
+                                const int32_t *seg, int B, int S, double loss_scale, double *loss_out,
+                                int64_t *count_out, whale_err *err) {
+    qw_session *s = (qw_session *)base;
+    const qw_model *qw = base->model->impl;
+    const qw_config *c = &qw->c;
+    struct qw_backward *b = s->bw;
+    qw_model *gw = &b->gw;
+    int T = B * S, D = c->D, V = c->vocab;
+    s->seg = seg;
+    whale_code e = forward_hidden(s, ids, pos, B, S, err);
+    if (e) return e;
+
+    /* lm_head and cross-entropy in row chunks; row t predicts token t+1 */
+    int64_t count = 0;
+    for (int t = 0; t < T; t++) {
+        b->tgt[t] = t % S == S - 1 ? -100 : labels ? labels[t + 1] : ids[t + 1];
+        count += b->tgt[t] != -100;
+    }
+    /* tied: both uses of embed_tokens accumulate into its one gradient */
+    const float *head = c->tie ? qw->embed : qw->lm_head;
+    float *ghead = c->tie ? gw->embed : gw->lm_head;
+    double total = 0, t_ce = s->base.profiling ? whale_now() : 0;
+    for (int r0 = 0; r0 < T; r0 += CE_CHUNK) {
+        int n = T - r0 < CE_CHUNK ? T - r0 : CE_CHUNK;
+        const float *hn = s->hn + (size_t)r0 * D;
+        if ((e = linear(s, n, V, D, hn, head, b->logits, err))) return e;
+        int64_t cn;
+        double l;
+        if (loss_scale == 0) { /* evaluation: the loss only */
+            l = whale_cross_entropy_labels(b->logits, b->tgt + r0, 1, n, V, &cn);
+        } else { /* gradient of loss_scale × the batch mean: each row's share is 1/count */
+            l = whale_cross_entropy_labels_backward_scaled(b->logits, b->logits, b->tgt + r0, 1, n, V,
+                                                           loss_scale / (double)count, &cn);
+            TRACE(WHALE_F32, b->logits, 2, DIMS(n, V), "grad.logits");
+            if ((e = linear_dx(s, n, V, D, b->logits, head, b->dx + (size_t)r0 * D, 0, err)) ||
+                (e = linear_dw(s, n, V, D, b->logits, hn, head, ghead, err)))
+                return e;
+        }
+        if (cn) total += l * (double)cn;
+    }
+    if (s->base.profiling) s->base.prof[loss_scale == 0 ? P_LOGITS : P_B_LOGITS] += whale_now() - t_ce;
+    *loss_out = count ? total / (double)count : NAN;
+    *count_out = count;
+    if (loss_scale == 0) return WHALE_OK;
+
+    TRACE(WHALE_F32, b->dx, 2, DIMS(T, D), "grad.final_hidden");
+    PROF(s, P_B_NORM, k_rmsnorm_backward(b->dx, gw->norm, b->dx, s->X[c->L], qw->norm, s->hn_rstd, T, D));
+    for (int l = c->L - 1; l >= 0; l--) {
+        const qw_layer *ly = &qw->layers[l];
+        qw_layer *gl = &gw->layers[l];
+        const qw_layer_acts *a = &s->acts[s->n_act_sets > 1 ? l : 0];
+        if (s->n_act_sets == 1) { /* recompute: this layer's activations again, from its saved input */
+            PROF(s, P_RECOMPUTE, e = layer_forward(s, l, B, S, &s->acts[0], err));
+            if (e) return e;
+        }
+        /* b->dx: gradient of the layer's output, then of the state after
+         * attention, then of its input */
+        TRACE(WHALE_F32, b->dx, 2, DIMS(T, D), "grad.layers.%d.state", l);
+        PROF(s, P_B_MLP, e = mlp_backward(s, c, ly, gl, a, l, T, err));
+        if (e) return e;
+        PROF(s, P_B_NORM, norm_backward(s, a->xmid, ly->post_norm, gl->post_norm, a->rstd2, T, D));
+        TRACE(WHALE_F32, b->dx, 2, DIMS(T, D), "grad.layers.%d.attn.state", l);
+        PROF(s, P_B_ATTN, e = attention_backward(s, qw, ly, gl, a, l, B, S, err));
+        if (e) return e;
+        PROF(s, P_B_NORM, norm_backward(s, s->X[l], ly->in_norm, gl->in_norm, a->rstd1, T, D));
+    }
+    TRACE(WHALE_F32, b->dx, 2, DIMS(T, D), "grad.embedding");
+    /* embedding: each token's row gets its gradient, in token order (deterministic) */
+    PROF(s, P_B_EMBED, for (int t = 0; gw->embed && t < T; t++) { /* NULL: frozen */
+        float *row = gw->embed + (size_t)ids[t] * D;
+        const float *d = b->dx + (size_t)t * D;
+        for (int i = 0; i < D; i++) row[i] += d[i];
+    });
+    return WHALE_OK;
+}
+
+static whale_code train_session_create(whale_model *m, int max_batch, int seq, int recompute, int count_only,
+                                       qw_session **out, whale_err *err) {
+    const qw_config *c = &((const qw_model *)m->impl)->c;
+    qw_session *s = NULL;
+    whale_code e = session_create(m, max_batch, seq, 1, recompute, count_only, &s, err);
+    if (e) return e;
+    whale_session *base = &s->base;
+    base->train_fn = qw_train_step;
+    struct qw_backward *b = s->bw = calloc(1, sizeof *b);
+    if (!b) {
+        qw_session_free(base);
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory creating a training session");
+    }
+    if ((e = whale_session_alloc_grads(base, count_only, err))) { /* frozen weights (LoRA's base): no buffer */
+        qw_session_free(base);
+        return e;
+    }
+    /* Gradient pointers with the model's structure: register the same
+     * parameter table against gw, then aim each slot at its gradient. */
+    whale_model shadow = {0};
+    b->gw.c = *c;
+    if ((e = register_params(&shadow, &b->gw, err))) {
+        free(shadow.params);
+        qw_session_free(base);
+        return e;
+    }
+    for (int i = 0; !count_only && i < shadow.n_params; i++)
+        *shadow.params[i].slot = base->grad_offsets[i] == SIZE_MAX ? NULL : base->grads + base->grad_offsets[i];
+    free(shadow.params);
+
+    size_t T = (size_t)max_batch * seq, D = (size_t)c->D, F = (size_t)c->F, HD = (size_t)c->H * c->Dh,
+           KVD = (size_t)c->Hkv * c->Dh, V = (size_t)c->vocab, ch = T < CE_CHUNK ? T : CE_CHUNK, tot = 0;
+#define A(ptr, n) ((ptr = sess_alloc(s, (n), 4, &tot)) != NULL)
+    if (!(A(b->dx, T * D) && A(b->dxn, T * D) && A(b->datt, T * HD) && A(b->dq, T * HD) && A(b->dk, T * KVD) &&
+          A(b->dv, T * KVD) && A(b->dh, T * F) && A(b->du, T * F) && A(b->tgt, T) && A(b->logits, ch * V) &&
+          A(b->att_work, k_attention_backward_work_floats(seq, c->H)))) {
+        qw_session_free(base);
+        return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate training buffers for batch %d × %d", max_batch, seq);
+    }
+#undef A
+    base->work_bytes += tot;
+    *out = s;
+    return WHALE_OK;
+}
+
+static whale_code qw_train_session_new(whale_model *m, int max_batch, int seq, int recompute, whale_session **out,
+                                       whale_err *err) {
+    qw_session *s = NULL;
+    whale_code e = train_session_create(m, max_batch, seq, recompute, 0, &s, err);
+    *out = e ? NULL : &s->base;
+    return e;
+}
+
+/* Buffer sizes of a session without allocating it (whale memory). */
+static whale_code qw_session_sizes(whale_model *m, int max_batch, int seq, int training, int recompute,
+                                   whale_session_sizes *out, whale_err *err) {
+    qw_session *s = NULL;
+    whale_code e = training ? train_session_create(m, max_batch, seq, recompute, 1, &s, err)
+                            : session_create(m, max_batch, seq, 0, 0, 1, &s, err);
+    if (e) return e;
+    out->activations = s->base.activation_bytes;
+    out->recompute_saves = s->base.recompute_saves;
+    out->kv_cache = s->base.kv_bytes;
+    out->work = s->base.work_bytes;
+    out->grads = s->base.n_grad_bytes;
+    qw_session_free(&s->base);
+    return WHALE_OK;
+}
+
+/* ------------------------------------------------------------------ costs */
+
+/* Weights every token multiplies with, per layer: q, k, v, o and the MLP. */
+static double layer_macs_per_token(const qw_config *c) {
+    double HD = (double)c->H * c->Dh, KVD = (double)c->Hkv * c->Dh;
+    return (double)c->D * (2 * HD + 2 * KVD) + 3.0 * c->D * c->F;
+}
+
+static double qw_forward_flops(const whale_model *m, int B, int S, int p0, int logit_rows) {
+    const qw_config *c = &((const qw_model *)m->impl)->c;
+    double T = (double)B * S;
+    /* causal attention: query s sees p0+s+1 keys; QKᵀ and PV both 2·Dh per key per head */
+    double keys = (double)B * ((double)S * p0 + (double)S * (S + 1) / 2.0);
+    double attn = 4.0 * keys * c->H * c->Dh * c->L;
+    return 2.0 * T * layer_macs_per_token(c) * c->L + attn + 2.0 * (double)logit_rows * c->vocab * c->D;
+}
+
+static double qw_decode_weight_bytes(const whale_model *m) {
+    const qw_config *c = &((const qw_model *)m->impl)->c;
+    return 4.0 * (layer_macs_per_token(c) * c->L + (double)c->vocab * c->D);
+}
+
+/* ------------------------------------------------------------------ entry */
+
+static const whale_model_ops qw_ops = {
+    .family_name = "qwen2",
+    .free_impl = qw_free_impl,
+    .config_to_json = qw_config_to_json,
+    .print_info = qw_print_info,
+    .session_new = qw_session_new,
+    .train_session_new = qw_train_session_new,
+    .session_sizes = qw_session_sizes,
+    .forward_flops = qw_forward_flops,
+    .decode_weight_bytes = qw_decode_weight_bytes,
+};
+
+whale_code qwen2_from_config(const cJSON *cfg, const char *file, whale_model **out, whale_err *err) {
+    *out = NULL;
+    whale_model *m = calloc(1, sizeof *m);
+    qw_model *qw = calloc(1, sizeof *qw);
+    if (!m || !qw) {
+        free(m);
+        free(qw);
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    }
+    m->family = WHALE_FAMILY_QWEN2;
+    m->ops = &qw_ops;
+    m->impl = qw;
+    whale_code e = parse_config(cfg, file, &qw->c, err);
+    const qw_config *c = &qw->c;
+    if (!e) {
+        size_t rn = (size_t)c->max_pos * (size_t)(c->Dh / 2);
+        qw->config_json = cJSON_Duplicate(cfg, 1);
+        qw->rope_cos = whale_alloc(rn * sizeof(float));
+        qw->rope_sin = whale_alloc(rn * sizeof(float));
+        if (!qw->config_json || !qw->rope_cos || !qw->rope_sin) e = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    }
+    if (!e) {
+        k_rope_table(qw->rope_cos, qw->rope_sin, c->max_pos, c->Dh, c->rope_theta);
+        e = register_params(m, qw, err);
+    }
+    if (!e) {
+        m->vocab_size = c->vocab;
+        m->max_positions = c->max_pos;
+        e = whale_config_eos(m, cfg, file, err); /* a number or a list */
+    }
+    if (e) {
+        whale_model_free(m);
+        return e;
+    }
+    *out = m;
+    return WHALE_OK;
+}
