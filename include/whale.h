@@ -99,6 +99,13 @@ whale_code whale_model_load(const char *dir, whale_model **out, whale_err *err);
  * "qwen2.5-0.5b", "qwen2.5-7b", "qwen2-tiny", or a path to a config.json.
  * Weights follow the family's reference init. */
 whale_code whale_model_init(const char *preset, uint64_t seed, whale_model **out, whale_err *err);
+/* Random initialisation written straight to dir (config.json +
+ * model.safetensors in dt: fp32, bf16 or fp16), one parameter at a time:
+ * the same weights as whale_model_init_config (rounded to dt) without ever
+ * holding the model, so a 7B model can be made in bf16 on a machine that
+ * could not hold it in fp32. *n_params (may be NULL) gets the count. */
+whale_code whale_model_init_to_dir(const char *preset, const char *overrides, uint64_t seed, whale_dtype dt,
+                                   const char *dir, int64_t *n_params, whale_err *err);
 /* The same with a JSON object of config fields that replace the preset's
  * (e.g. {"vocab_size": 8192}); overrides may be NULL. */
 whale_code whale_model_init_config(const char *preset, const char *overrides, uint64_t seed, whale_model **out,

@@ -9,7 +9,8 @@
  * default) and the adapters are the model's trainable parameters, named
  * "<module>.lora_A.weight" / "<module>.lora_B.weight" in the parameter table.
  *
- * nanowhale's all-linear targets are wq_a, wq_b, wkv, wo_a, wo_b and the
+ * Qwen2's all-linear targets are q_proj, k_proj, v_proj, o_proj, gate_proj,
+ * up_proj and down_proj (every Linear but lm_head). nanowhale's are wq_a, wq_b, wkv, wo_a, wo_b and the
  * routed and shared experts' w1, w2, w3 (not lm_head, not the gate, whose
  * weight is a raw parameter). wo_a is used block-diagonally by the model
  * (each group of o_groups multiplies its slice of the attention output), so

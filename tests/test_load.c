@@ -273,6 +273,41 @@ static void test_presets(void) {
     CHECK(whale_model_init("nanowhale-7b", 0, &m, &err) == WHALE_ERR_ARG && strstr(err.msg, "nanowhale-7b"), "%s", err.msg);
 }
 
+/* whale_model_init_to_dir streams the same weights whale_model_init makes
+ * (bit for bit in fp32, rounded to nearest even in bf16), for both families */
+static void test_init_to_dir(void) {
+    const char *presets[] = {"tiny", "qwen2-tiny"};
+    char tmp[512], dir[600];
+    test_tmpdir("init-stream", tmp, sizeof tmp);
+    for (int k = 0; k < 2; k++)
+        for (int bf = 0; bf < 2; bf++) {
+            whale_err err;
+            whale_model *ref = NULL, *got = NULL;
+            int64_t n = 0;
+            snprintf(dir, sizeof dir, "%s/%s-%s", tmp, presets[k], bf ? "bf16" : "fp32");
+            CHECK(whale_model_init(presets[k], 11, &ref, &err) == WHALE_OK, "%s", err.msg);
+            CHECK(whale_model_init_to_dir(presets[k], NULL, 11, bf ? WHALE_BF16 : WHALE_F32, dir, &n, &err) == WHALE_OK,
+                  "%s", err.msg);
+            CHECK(whale_model_load(dir, &got, &err) == WHALE_OK, "%s", err.msg);
+            if (!ref || !got) continue;
+            CHECK(n == whale_model_param_count(ref), "%s: %lld parameters streamed, %lld made", presets[k], (long long)n,
+                  (long long)whale_model_param_count(ref));
+            long bad = 0;
+            for (int i = 0; i < whale_model_num_params(ref); i++) {
+                whale_tensor a = whale_model_param(ref, i), b = whale_model_param(got, i);
+                long cnt = (long)whale_shape_numel(a.ndim, a.shape);
+                for (long j = 0; j < cnt; j++) {
+                    float want = ((float *)a.data)[j];
+                    if (bf) whale_round_bf16_inplace(&want, 1);
+                    bad += memcmp(&want, (float *)b.data + j, sizeof want) != 0;
+                }
+            }
+            CHECK(bad == 0, "%s %s: %ld values differ from whale_model_init", presets[k], bf ? "bf16" : "fp32", bad);
+            whale_model_free(ref);
+            whale_model_free(got);
+        }
+}
+
 int main(void) {
     snprintf(tiny_dir, sizeof tiny_dir, "%s/tiny", WHALE_TEST_DATA);
     test_config_errors();
@@ -280,5 +315,6 @@ int main(void) {
     test_round_trip();
     test_truncated();
     test_presets();
+    test_init_to_dir();
     return test_finish("test_load");
 }

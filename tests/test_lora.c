@@ -94,6 +94,14 @@ int main(void) {
         double r = rel(whale_session_grad(ts, i), e->data, (long)(e->nbytes / 4));
         if (r > worst) worst = r, worst_name = whale_model_param_name(m, i);
     }
+    double sq = 0; /* PEFT clips the norm of the trainable gradients: the adapters' */
+    for (int i = n_base; i < whale_model_num_params(m); i++) {
+        whale_tensor t = whale_model_param(m, i);
+        const float *gr = whale_session_grad(ts, i);
+        for (long k = 0; k < (long)whale_shape_numel(t.ndim, t.shape); k++) sq += (double)gr[k] * gr[k];
+    }
+    CHECK(fabs(whale_grad_norm(ts) - sqrt(sq)) <= 1e-12 * sqrt(sq), "gradient norm %.12g, adapters only %.12g",
+          whale_grad_norm(ts), sqrt(sq));
     printf("adapter gradients vs reference: worst relative %.3g (%s)\n", worst, worst_name);
     CHECK(worst <= 1e-4, "adapter gradient %s off by %g", worst_name, worst);
     for (int i = 0; i < n_base; i++)

@@ -459,6 +459,31 @@ static void check_files(void) {
         whale_model_free(m2);
     }
 
+    /* a tied checkpoint that also stores lm_head.weight (as some exporters
+     * do) loads: transformers ties it back and ignores the copy */
+    snprintf(dir, sizeof dir, "%s/tied-with-head", tmp);
+    CHECK(whale_model_save(m, dir, &err) == WHALE_OK, "%s", err.msg);
+    {
+        int n = whale_model_num_params(m);
+        whale_st_item *items = calloc((size_t)n + 1, sizeof *items);
+        whale_tensor *ts = calloc((size_t)n, sizeof *ts); /* the items point at their shapes */
+        for (int i = 0; i < n; i++) {
+            ts[i] = whale_model_param(m, i);
+            items[i] = (whale_st_item){whale_model_param_name(m, i), WHALE_F32, ts[i].ndim, ts[i].shape, ts[i].data};
+            if (strstr(items[i].name, "embed_tokens")) items[n] = items[i], items[n].name = "lm_head.weight";
+        }
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        CHECK(whale_st_write(path, items, n + 1, NULL, &err) == WHALE_OK, "%s", err.msg);
+        free(items);
+        free(ts);
+        CHECK(whale_model_load(dir, &m2, &err) == WHALE_OK, "tied + lm_head.weight: %s", err.msg);
+        if (m2) {
+            forward_all(m2, ids, B, S, b);
+            CHECK(memcmp(a, b, sizeof(float) * S * V) == 0, "the ignored lm_head copy changed the logits");
+            whale_model_free(m2);
+        }
+    }
+
     /* two shards */
     snprintf(dir, sizeof dir, "%s/sharded", tmp);
     CHECK(whale_model_save(m, dir, &err) == WHALE_OK, "%s", err.msg);

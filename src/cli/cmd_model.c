@@ -6,6 +6,7 @@
 
 #include "core/core.h"
 #include "io/safetensors.h"
+#include "models/model.h"
 #include "whale_diag.h"
 
 #include <cjson/cJSON.h>
@@ -49,35 +50,47 @@ int cmd_info(int argc, char **argv) {
 int cmd_init(int argc, char **argv) {
     const char *preset = NULL, *out = NULL, *tokenizer = NULL;
     long seed = 0;
+    whale_dtype dt = WHALE_F32;
     if (wants_help(argc, argv)) {
-        puts("usage: whale init --preset nanowhale-100m|debug|tiny|FILE.json --out DIR [--seed N] [--tokenizer DIR]\n"
-             "  writes config.json + model.safetensors with the reference initialisation;\n"
+        puts("usage: whale init --preset NAME|FILE.json --out DIR [--seed N] [--dtype fp32|bf16|fp16] [--tokenizer DIR]\n"
+             "  presets: nanowhale-100m, small, debug, tiny (nanowhale); qwen2.5-0.5b, qwen2.5-7b, qwen2-tiny (Qwen2)\n"
+             "  writes config.json + model.safetensors with the family's reference initialisation, one tensor at\n"
+             "  a time (a 7B model in bf16 needs no more memory than its largest tensor);\n"
              "  --tokenizer copies tokenizer.json (+ tokenizer_config.json, chat_template.jinja) into DIR");
         return 0;
     }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
-        if (!strcmp(a, "--preset") || !strcmp(a, "--out") || !strcmp(a, "--seed") || !strcmp(a, "--tokenizer")) {
+        if (!strcmp(a, "--preset") || !strcmp(a, "--out") || !strcmp(a, "--seed") || !strcmp(a, "--tokenizer") ||
+            !strcmp(a, "--dtype")) {
             if (!(v = cli_value(argc, argv, &i))) return cli_usage("init", "%s needs a value", a);
             if (!strcmp(a, "--preset")) preset = v;
             else if (!strcmp(a, "--tokenizer")) tokenizer = v;
             else if (!strcmp(a, "--out")) out = v;
-            else if (cli_int("init", a, v, 0, 0x7fffffffffffffffL, &seed)) return 2;
+            else if (!strcmp(a, "--dtype")) {
+                if (cli_dtype("init", v, &dt)) return 2;
+                if (dt == WHALE_I8) return cli_usage("init", "checkpoints are fp32, bf16 or fp16 (int8 is made at load time)");
+            } else if (cli_int("init", a, v, 0, 0x7fffffffffffffffL, &seed)) return 2;
         } else return cli_usage("init", "unknown option \"%s\"", a);
     }
     if (!preset || !out) return cli_usage("init", "--preset and --out are required");
     whale_err err;
-    whale_model *m;
-    if (whale_model_init(preset, (uint64_t)seed, &m, &err)) return cli_fail(&err);
-    whale_code c = whale_model_save(m, out, &err);
-    if (!c && tokenizer) {
+    int64_t n_params = 0;
+    whale_code c = WHALE_OK;
+    if (tokenizer) { /* refuse a tokenizer that does not fit before writing gigabytes */
+        whale_model *skel;
         whale_tokenizer *tok = NULL;
-        c = cli_load_tokenizer(tokenizer, m, &tok, &err); /* refuse a tokenizer that does not fit */
-        whale_tokenizer_free(tok);
-        if (!c) c = whale_tokenizer_copy_files(tokenizer, out, &err);
+        if (!(c = whale_model_skeleton(preset, &skel, &err))) {
+            c = cli_load_tokenizer(tokenizer, skel, &tok, &err);
+            whale_tokenizer_free(tok);
+            whale_model_free(skel);
+        }
     }
-    if (!c) fprintf(stderr, "whale: wrote %s (%lld parameters, seed %ld)\n", out, (long long)whale_model_param_count(m), seed);
-    whale_model_free(m);
+    if (!c) c = whale_model_init_to_dir(preset, NULL, (uint64_t)seed, dt, out, &n_params, &err);
+    if (!c && tokenizer) c = whale_tokenizer_copy_files(tokenizer, out, &err);
+    if (!c)
+        fprintf(stderr, "whale: wrote %s (%lld parameters in %s, seed %ld)\n", out, (long long)n_params,
+                cli_dtype_name(dt), seed);
     return c ? cli_fail(&err) : 0;
 }
 

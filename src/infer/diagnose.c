@@ -162,7 +162,17 @@ whale_code whale_diag_set_model(whale_diag *d, const whale_model *m, whale_err *
     else if (cJSON_IsString(sf) && !strcmp(sf->valuestring, "sigmoid")) scoring = SCORE_SIGMOID;
     int L = cJSON_IsNumber(nl) ? nl->valueint : 0, E = cJSON_IsNumber(ne) ? ne->valueint : 0;
     cJSON_Delete(j);
-    if (L <= 0 || E <= 0) return whale_errf(err, WHALE_ERR_INTERNAL, "diagnose: the model's config has no MoE layers");
+    if (L <= 0) return whale_errf(err, WHALE_ERR_INTERNAL, "diagnose: the model's config has no num_hidden_layers");
+    if (E <= 0) { /* a dense model (Qwen2): no routing to follow */
+        free(d->bias);
+        free(d->has_bias);
+        d->bias = NULL;
+        d->has_bias = NULL;
+        d->scoring = scoring;
+        d->n_layers = L;
+        d->n_experts = 0;
+        return WHALE_OK;
+    }
 
     float *bias = calloc((size_t)L * E, sizeof(float));
     unsigned char *has = calloc((size_t)L, 1);

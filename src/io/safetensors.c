@@ -829,7 +829,7 @@ static whale_code write_all(int fd, const void *data, size_t n, const char *path
 }
 
 /* Check the items and compute each one's byte size. */
-static whale_code check_items(const char *path, const whale_st_item *items, int n, size_t *sizes,
+static whale_code check_items(const char *path, const whale_st_item *items, int n, size_t *sizes, int need_data,
                               whale_err *err) {
     strmap seen;
     if (!strmap_init(&seen, (size_t)n)) return whale_errf(err, WHALE_ERR_NOMEM, "%s: out of memory", path);
@@ -865,7 +865,7 @@ static whale_code check_items(const char *path, const whale_st_item *items, int 
             else if ((uint64_t)v > SIZE_MAX || !whale_mul_size(nb, (size_t)v, &nb))
                 rc = whale_errf(err, WHALE_ERR_ARG, "%s: tensor '%s': byte size overflows", path, name);
         }
-        if (!rc && nb > 0 && !it->data)
+        if (!rc && nb > 0 && need_data && !it->data)
             rc = whale_errf(err, WHALE_ERR_ARG, "%s: tensor '%s': data is NULL for %zu bytes", path, name,
                             nb);
         sizes[i] = nb;
@@ -948,8 +948,22 @@ static void sync_parent_dir(const char *path) {
     free(dir);
 }
 
+static whale_code write_file(const char *path, const whale_st_item *items, int n, const char *const *meta,
+                             whale_st_producer produce, void *user, whale_err *err);
+
 whale_code whale_st_write(const char *path, const whale_st_item *items, int n,
                           const char *const *meta, whale_err *err) {
+    return write_file(path, items, n, meta, NULL, NULL, err);
+}
+
+whale_code whale_st_write_stream(const char *path, const whale_st_item *items, int n, const char *const *meta,
+                                 whale_st_producer produce, void *user, whale_err *err) {
+    if (!produce) return whale_errf(err, WHALE_ERR_ARG, "%s: whale_st_write_stream needs a producer", path);
+    return write_file(path, items, n, meta, produce, user, err);
+}
+
+static whale_code write_file(const char *path, const whale_st_item *items, int n, const char *const *meta,
+                             whale_st_producer produce, void *user, whale_err *err) {
     if (!path) return whale_errf(err, WHALE_ERR_ARG, "whale_st_write: path is NULL");
     if (n < 0 || (n > 0 && !items))
         return whale_errf(err, WHALE_ERR_ARG, "%s: bad item list (n = %d)", path, n);
@@ -960,7 +974,7 @@ whale_code whale_st_write(const char *path, const whale_st_item *items, int n,
     int fd = -1, created = 0;
     size_t *sizes = malloc((size_t)(n ? n : 1) * sizeof *sizes);
     if (!sizes) return whale_errf(err, WHALE_ERR_NOMEM, "%s: out of memory", path);
-    if ((rc = check_items(path, items, n, sizes, err))) goto done;
+    if ((rc = check_items(path, items, n, sizes, !produce, err))) goto done;
     if ((rc = build_header(path, items, n, sizes, meta, &sb, err))) goto done;
 
     size_t plen = strlen(path);
@@ -981,8 +995,18 @@ whale_code whale_st_write(const char *path, const whale_st_item *items, int n,
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)sb.len >> (8 * i));
     if ((rc = write_all(fd, len8, 8, path, err))) goto done;
     if ((rc = write_all(fd, sb.buf, sb.len, path, err))) goto done;
-    for (int i = 0; i < n; i++)
-        if ((rc = write_all(fd, items[i].data, sizes[i], path, err))) goto done;
+    for (int i = 0; i < n; i++) {
+        const void *data = items[i].data;
+        if (produce && sizes[i]) {
+            whale_err perr = {0};
+            if (!(data = produce(user, i, &perr))) {
+                rc = perr.code ? whale_errf(err, perr.code, "%s", perr.msg)
+                               : whale_errf(err, WHALE_ERR_INTERNAL, "%s: no data for tensor %d", path, i);
+                goto done;
+            }
+        }
+        if ((rc = write_all(fd, data, sizes[i], path, err))) goto done;
+    }
 
     if (fsync(fd) != 0) {
         rc = whale_errf(err, WHALE_ERR_IO, "%s: fsync failed: %s", path, strerror(errno));

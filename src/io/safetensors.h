@@ -81,4 +81,12 @@ typedef struct {
 whale_code whale_st_write(const char *path, const whale_st_item *items, int n,
                           const char *const *meta, whale_err *err);
 
+/* The same, with tensor i's bytes from produce(user, i, err), called once
+ * per tensor in order (items[i].data is ignored): a pointer to sizes' worth
+ * of bytes, valid until the next call, or NULL with err set. For files
+ * larger than memory (a model initialised tensor by tensor). */
+typedef const void *(*whale_st_producer)(void *user, int i, whale_err *err);
+whale_code whale_st_write_stream(const char *path, const whale_st_item *items, int n, const char *const *meta,
+                                 whale_st_producer produce, void *user, whale_err *err);
+
 #endif

@@ -183,6 +183,9 @@ whale_code whale_model_bind(whale_model *m, whale_st *st, const char *path, whal
         for (j = 0; j < m->n_params; j++)
             if (strcmp(m->params[j].name, name) == 0) break;
         if (j == m->n_params) {
+            /* a tied model saved with its lm_head copy too: transformers
+             * ties it back to the embedding and ignores the tensor */
+            if (!strcmp(name, "lm_head.weight") && m->family == WHALE_FAMILY_QWEN2) continue;
             list_add(unexpected, sizeof unexpected, &n_unexpected, e->name);
             continue;
         }
@@ -456,9 +459,8 @@ whale_code whale_model_load_as(const char *dir, whale_dtype dt, whale_model **ou
     return WHALE_OK;
 }
 
-whale_code whale_model_init_config(const char *preset, const char *overrides, uint64_t seed, whale_model **out,
-                                   whale_err *err) {
-    *out = NULL;
+/* A preset's or config file's config with the overrides applied. */
+static whale_code config_with_overrides(const char *preset, const char *overrides, cJSON **out, whale_err *err) {
     cJSON *cfg;
     whale_code c;
     size_t n = strlen(preset);
@@ -480,6 +482,16 @@ whale_code whale_model_init_config(const char *preset, const char *overrides, ui
         }
         cJSON_Delete(ov);
     }
+    *out = cfg;
+    return WHALE_OK;
+}
+
+whale_code whale_model_init_config(const char *preset, const char *overrides, uint64_t seed, whale_model **out,
+                                   whale_err *err) {
+    *out = NULL;
+    cJSON *cfg;
+    whale_code c = config_with_overrides(preset, overrides, &cfg, err);
+    if (c) return c;
     whale_model *m;
     c = model_from_config(cfg, preset, &m, err);
     cJSON_Delete(cfg);
@@ -519,6 +531,71 @@ whale_code whale_model_init(const char *preset, uint64_t seed, whale_model **out
     return whale_model_init_config(preset, NULL, seed, out, err);
 }
 
+static whale_code write_config(const whale_model *m, const char *dir, whale_dtype dt, whale_err *err);
+
+/* Streaming initialisation: one parameter at a time through the family's
+ * init, converted to the file's dtype. */
+typedef struct {
+    const whale_model *m;
+    whale_rng rng;
+    whale_dtype dt;
+    float *buf;      /* the largest parameter, fp32 */
+    uint16_t *half;  /* its bf16/fp16 form */
+} init_stream;
+
+static const void *produce_param(void *user, int i, whale_err *err) {
+    init_stream *is = user;
+    const whale_param *p = &is->m->params[i];
+    size_t n = (size_t)whale_shape_numel(p->ndim, p->shape);
+    (void)err;
+    if (is->m->family == WHALE_FAMILY_QWEN2) qwen2_init_param(is->m, i, &is->rng, is->buf);
+    else nanowhale_init_param(is->m, i, &is->rng, is->buf);
+    if (is->dt == WHALE_F32) return is->buf;
+    if (is->dt == WHALE_F16) whale_f32_to_f16_rows(is->half, is->buf, n);
+    else
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (size_t k = 0; k < n; k++) is->half[k] = whale_float_to_bf16(is->buf[k]);
+    return is->half;
+}
+
+whale_code whale_model_init_to_dir(const char *preset, const char *overrides, uint64_t seed, whale_dtype dt,
+                                   const char *dir, int64_t *n_params, whale_err *err) {
+    if (dt != WHALE_F32 && dt != WHALE_BF16 && dt != WHALE_F16)
+        return whale_errf(err, WHALE_ERR_ARG, "a checkpoint is written in fp32, bf16 or fp16, not %s", whale_dtype_name(dt));
+    cJSON *cfg;
+    whale_code c = config_with_overrides(preset, overrides, &cfg, err);
+    if (c) return c;
+    whale_model *m;
+    c = model_from_config(cfg, preset, &m, err);
+    cJSON_Delete(cfg);
+    if (c) return c;
+    init_stream is = {.m = m, .dt = dt};
+    whale_rng_seed(&is.rng, seed);
+    size_t largest = 0;
+    whale_st_item *items = calloc((size_t)m->n_params, sizeof *items);
+    for (int i = 0; i < m->n_params; i++) {
+        const whale_param *p = &m->params[i];
+        size_t n = (size_t)whale_shape_numel(p->ndim, p->shape);
+        if (n > largest) largest = n;
+        if (items) items[i] = (whale_st_item){p->name, dt, p->ndim, p->shape, NULL};
+    }
+    is.buf = whale_alloc(largest * sizeof(float));
+    is.half = dt == WHALE_F32 ? NULL : whale_alloc(largest * sizeof(uint16_t));
+    char path[4200];
+    if (!items || !is.buf || (dt != WHALE_F32 && !is.half))
+        c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory for a %zu-value parameter", largest);
+    else if (!(c = whale_mkdir(dir, err)) && !(c = write_config(m, dir, dt, err))) {
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        c = whale_st_write_stream(path, items, m->n_params, NULL, produce_param, &is, err);
+    }
+    if (!c && n_params) *n_params = whale_model_param_count(m);
+    free(is.buf);
+    free(is.half);
+    free(items);
+    whale_model_free(m);
+    return c;
+}
+
 whale_code whale_model_config_json(const whale_model *m, char **json, whale_err *err) {
     cJSON *cfg;
     whale_code c = m->ops->config_to_json(m, &cfg, err);
@@ -528,11 +605,14 @@ whale_code whale_model_config_json(const whale_model *m, char **json, whale_err 
     return *json ? WHALE_OK : whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
 }
 
-whale_code whale_model_save(const whale_model *m, const char *dir, whale_err *err) {
-    whale_code c = whale_mkdir(dir, err);
-    if (c) return c;
+/* dir/config.json, recording the weights' dtype as transformers does. */
+static whale_code write_config(const whale_model *m, const char *dir, whale_dtype dt, whale_err *err) {
     cJSON *cfg;
+    whale_code c;
     if ((c = m->ops->config_to_json(m, &cfg, err))) return c;
+    cJSON_DeleteItemFromObject(cfg, "torch_dtype");
+    cJSON_DeleteItemFromObject(cfg, "dtype");
+    cJSON_AddStringToObject(cfg, "torch_dtype", dt == WHALE_BF16 ? "bfloat16" : dt == WHALE_F16 ? "float16" : "float32");
     char *text = cJSON_Print(cfg);
     cJSON_Delete(cfg);
     if (!text) return whale_errf(err, WHALE_ERR_NOMEM, "%s: cannot render config.json", dir);
@@ -549,7 +629,18 @@ whale_code whale_model_save(const whale_model *m, const char *dir, whale_err *er
     free(text);
     c = whale_write_file_atomic(path, withnl, tn + 1, err);
     free(withnl);
+    return c;
+}
+
+whale_code whale_model_save(const whale_model *m, const char *dir, whale_err *err) {
+    whale_code c = whale_mkdir(dir, err);
     if (c) return c;
+    whale_dtype dt = WHALE_F32; /* the dtype the product weights are stored in */
+    for (int i = 0; i < (m->n_lora ? m->n_base_params : m->n_params); i++)
+        if (whale_param_is_product_weight(&m->params[i]) && whale_model_param(m, i).dtype != WHALE_F32)
+            dt = whale_model_param(m, i).dtype;
+    if ((c = write_config(m, dir, dt, err))) return c;
+    char path[4200];
 
     int n_save = m->n_lora ? m->n_base_params : m->n_params; /* the base model, not its adapters */
     whale_st_item *items = calloc((size_t)n_save, sizeof *items);

@@ -278,6 +278,11 @@ whale_code nanowhale_from_config(const cJSON *cfg, const char *file, whale_model
                                  whale_err *err);
 whale_code nanowhale_preset_config(const char *name, cJSON **out, whale_err *err);
 whale_code nanowhale_init_weights(whale_model *m, uint64_t seed, whale_err *err);
+/* Parameter i's initial values into out (its numel floats), drawing from
+ * rng: the init functions call it for every parameter in order, so streaming
+ * the parameters through it gives the same weights. */
+void nanowhale_init_param(const whale_model *m, int i, whale_rng *rng, float *out);
+void qwen2_init_param(const whale_model *m, int i, whale_rng *rng, float *out);
 whale_code qwen2_from_config(const cJSON *cfg, const char *file, whale_model **out, whale_err *err);
 whale_code qwen2_preset_config(const char *name, cJSON **out, whale_err *err);
 whale_code qwen2_init_weights(whale_model *m, uint64_t seed, whale_err *err);

@@ -242,24 +242,27 @@ static whale_code nw_config_to_json(const whale_model *m, cJSON **out, whale_err
 /* Spec §5 distributions: Normal(0, initializer_range) for linears, embeddings
  * and the gate; Normal(0, 0.01) for HC fn matrices; ones for norm weights and
  * HC scales; zeros for HC bases, gate bias and attn_sink. */
+void nanowhale_init_param(const whale_model *m, int i, whale_rng *rng, float *out) {
+    const nw_model *nw = m->impl;
+    const whale_param *p = &m->params[i];
+    int64_t n = whale_shape_numel(p->ndim, p->shape);
+    const char *name = p->name;
+    size_t len = strlen(name);
+    float fill = NAN, std = nw->c.init_range;
+    if (strstr(name, "norm.weight") || strstr(name, "_scale")) fill = 1.0f;
+    else if (strstr(name, "_base") || strstr(name, "gate.bias") || strstr(name, "attn_sink")) fill = 0.0f;
+    else if (len >= 3 && strcmp(name + len - 3, "_fn") == 0) std = 0.01f;
+    if (!isnan(fill))
+        for (int64_t k = 0; k < n; k++) out[k] = fill;
+    else
+        for (int64_t k = 0; k < n; k++) out[k] = (float)(whale_rng_normal(rng) * std);
+}
+
 whale_code nanowhale_init_weights(whale_model *m, uint64_t seed, whale_err *err) {
-    nw_model *nw = m->impl;
+    (void)err;
     whale_rng rng;
     whale_rng_seed(&rng, seed);
-    for (int i = 0; i < m->n_params; i++) {
-        whale_param *p = &m->params[i];
-        int64_t n = whale_shape_numel(p->ndim, p->shape);
-        const char *name = p->name;
-        size_t len = strlen(name);
-        float fill = NAN, std = nw->c.init_range;
-        if (strstr(name, "norm.weight") || strstr(name, "_scale")) fill = 1.0f;
-        else if (strstr(name, "_base") || strstr(name, "gate.bias") || strstr(name, "attn_sink")) fill = 0.0f;
-        else if (len >= 3 && strcmp(name + len - 3, "_fn") == 0) std = 0.01f;
-        if (!isnan(fill))
-            for (int64_t k = 0; k < n; k++) p->data[k] = fill;
-        else
-            for (int64_t k = 0; k < n; k++) p->data[k] = (float)(whale_rng_normal(&rng) * std);
-    }
+    for (int i = 0; i < m->n_params; i++) nanowhale_init_param(m, i, &rng, m->params[i].data);
     return WHALE_OK;
 }
 

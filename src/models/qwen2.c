@@ -271,21 +271,24 @@ static whale_code qw_config_to_json(const whale_model *m, cJSON **out, whale_err
 /* Normal(0, initializer_range) for every Linear weight and the embedding,
  * zeros for biases, ones for norm weights (Qwen2PreTrainedModel._init_weights),
  * drawn in parameter order from one generator. */
-whale_code qwen2_init_weights(whale_model *m, uint64_t seed, whale_err *err) {
+void qwen2_init_param(const whale_model *m, int i, whale_rng *rng, float *out) {
     const qw_model *qw = m->impl;
+    const whale_param *p = &m->params[i];
+    int64_t n = whale_shape_numel(p->ndim, p->shape);
+    size_t len = strlen(p->name);
+    if (len > 5 && strcmp(p->name + len - 5, ".bias") == 0)
+        for (int64_t k = 0; k < n; k++) out[k] = 0.0f;
+    else if (strstr(p->name, "norm.weight"))
+        for (int64_t k = 0; k < n; k++) out[k] = 1.0f;
+    else
+        for (int64_t k = 0; k < n; k++) out[k] = (float)(whale_rng_normal(rng) * qw->c.init_range);
+}
+
+whale_code qwen2_init_weights(whale_model *m, uint64_t seed, whale_err *err) {
+    (void)err;
     whale_rng rng;
     whale_rng_seed(&rng, seed);
-    for (int i = 0; i < m->n_params; i++) {
-        whale_param *p = &m->params[i];
-        int64_t n = whale_shape_numel(p->ndim, p->shape);
-        size_t len = strlen(p->name);
-        if (len > 5 && strcmp(p->name + len - 5, ".bias") == 0)
-            for (int64_t k = 0; k < n; k++) p->data[k] = 0.0f;
-        else if (strstr(p->name, "norm.weight"))
-            for (int64_t k = 0; k < n; k++) p->data[k] = 1.0f;
-        else
-            for (int64_t k = 0; k < n; k++) p->data[k] = (float)(whale_rng_normal(&rng) * qw->c.init_range);
-    }
+    for (int i = 0; i < m->n_params; i++) qwen2_init_param(m, i, &rng, m->params[i].data);
     return WHALE_OK;
 }
 

@@ -131,25 +131,44 @@ void whale_adamw_step(whale_optimizer *o, whale_session *s, double lr) {
 }
 
 double whale_grad_norm(whale_session *s) {
-    double total = 0;
-    const float *g = s->grads;
-    /* fixed chunks summed in order: the same result for any thread count */
+    /* over the trainable parameters only (under LoRA the frozen norms keep a
+     * buffer the optimiser never reads), in fixed chunks summed in order:
+     * the same result for any thread count */
     enum { CHUNK = 1 << 16 };
-    size_t n = s->n_grad, nchunks = (n + CHUNK - 1) / CHUNK;
-    double *part = malloc(sizeof(double) * (nchunks ? nchunks : 1));
-    if (!part) { /* fall back to one sequential sum */
-        for (size_t k = 0; k < n; k++) total += (double)g[k] * g[k];
+    const whale_model *m = s->model;
+    size_t nchunks = 0;
+    for (int i = 0; i < m->n_params; i++)
+        if (!m->params[i].frozen && s->grad_offsets[i] != SIZE_MAX)
+            nchunks += ((size_t)whale_shape_numel(m->params[i].ndim, m->params[i].shape) + CHUNK - 1) / CHUNK;
+    size_t *start = malloc(sizeof(size_t) * (nchunks ? nchunks : 1)), *len = malloc(sizeof(size_t) * (nchunks ? nchunks : 1));
+    double *part = malloc(sizeof(double) * (nchunks ? nchunks : 1)), total = 0;
+    if (!start || !len || !part) { /* fall back to one sequential sum */
+        for (int i = 0; i < m->n_params; i++) {
+            const float *g = whale_session_grad(s, i);
+            if (!g || m->params[i].frozen) continue;
+            for (int64_t k = 0; k < whale_shape_numel(m->params[i].ndim, m->params[i].shape); k++) total += (double)g[k] * g[k];
+        }
+        free(start), free(len), free(part);
         return sqrt(total);
+    }
+    size_t c = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        if (m->params[i].frozen || s->grad_offsets[i] == SIZE_MAX) continue;
+        size_t n = (size_t)whale_shape_numel(m->params[i].ndim, m->params[i].shape);
+        for (size_t k = 0; k < n; k += CHUNK, c++) {
+            start[c] = s->grad_offsets[i] + k;
+            len[c] = n - k < CHUNK ? n - k : CHUNK;
+        }
     }
 #pragma omp parallel for schedule(static)
     for (size_t ch = 0; ch < nchunks; ch++) {
         double acc = 0;
-        size_t end = (ch + 1) * CHUNK < n ? (ch + 1) * CHUNK : n;
-        for (size_t k = ch * CHUNK; k < end; k++) acc += (double)g[k] * g[k];
+        const float *g = s->grads + start[ch];
+        for (size_t k = 0; k < len[ch]; k++) acc += (double)g[k] * g[k];
         part[ch] = acc;
     }
     for (size_t ch = 0; ch < nchunks; ch++) total += part[ch];
-    free(part);
+    free(start), free(len), free(part);
     return sqrt(total);
 }
 
