@@ -77,8 +77,11 @@ int cmd_bench(int argc, char **argv) {
 
     whale_err err;
     whale_model *m;
-    if (dir ? whale_model_load(dir, &m, &err) : whale_model_init(preset, 0, &m, &err)) return cli_fail(&err);
-    /* inference runs hold only the dtype's weights; training keeps fp32 masters */
+    /* inference runs hold only the dtype's weights (a checkpoint already in
+     * that dtype is used in place); training keeps fp32 masters */
+    if (dir ? (mode == 3 ? whale_model_load(dir, &m, &err) : whale_model_load_as(dir, dtype, &m, &err))
+            : whale_model_init(preset, 0, &m, &err))
+        return cli_fail(&err);
     if (whale_model_set_dtype(m, dtype, &err) || (mode != 3 && whale_model_drop_master(m, &err))) {
         whale_model_free(m);
         return cli_fail(&err);
