@@ -5,8 +5,10 @@
  * at a time equal to the full forward, packed rows (positions and segment
  * starts) equal to the documents run separately, recompute bit-identical,
  * bf16 close to fp32. Then LoRA on qwen2-tiny (7 adapters per layer, merge
- * exact), save/load, bf16 and int8 loads without fp32 weights (and LoRA
- * training on the bf16 one), sharded checkpoints and their failures, bad
+ * exact), a PEFT adapter folder on qwen2-gqa2 against the reference's LoRA
+ * (tests/reference/gen_qwen2_lora.py: logits, loss, adapter gradients,
+ * merged logits, rsLoRA), save/load, bf16 and int8 loads without fp32
+ * weights (and LoRA training on the bf16 one), sharded checkpoints and their failures, bad
  * configs, the memory estimate against live sessions and the parameter
  * counts of the real Qwen2.5-0.5B and 7B shapes. */
 #include "testutil.h"
@@ -368,6 +370,107 @@ static void check_lora(void) {
     whale_model_free(m);
 }
 
+/* A PEFT adapter folder (tests/reference/gen_qwen2_lora.py) on qwen2-gqa2,
+ * against the reference's hand-written LoRA: adapted logits (≤ 1e-5 of the
+ * largest), loss and every adapter's gradient with the base frozen (≤ 1e-4
+ * norm-relative per tensor); golden names are prefix + "logits", "loss",
+ * "grad.<adapter file key>". */
+static void check_lora_pass(whale_model *m, const whale_st *g, const char *prefix, const char *label) {
+    whale_err err;
+    char key[256];
+    const whale_st_entry *ids_e = need(g, "input_ids"), *lab_e = need(g, "labels");
+    int B = (int)ids_e->shape[0], S = (int)ids_e->shape[1], V = whale_model_vocab_size(m);
+    long nl = (long)B * S * V;
+    float *logits = malloc(sizeof(float) * (size_t)nl);
+    forward_all(m, ids_e->data, B, S, logits);
+    snprintf(key, sizeof key, "%slogits", prefix);
+    double rl = rel_max(logits, need(g, key)->data, nl);
+    CHECK(rl <= 1e-5, "%s logits: max |diff| %.3g of max |logit|", label, rl);
+    free(logits);
+
+    whale_session *ts;
+    double loss;
+    int64_t cnt;
+    CHECK(whale_train_session_new(m, B, S, 0, &ts, &err) == WHALE_OK, "%s", err.msg);
+    if (!ts) return;
+    whale_session_zero_grad(ts);
+    CHECK(whale_session_train_step(ts, ids_e->data, lab_e->data, NULL, NULL, B, S, 1.0, &loss, &cnt, &err) == WHALE_OK,
+          "%s", err.msg);
+    snprintf(key, sizeof key, "%sloss", prefix);
+    float lref = *(const float *)need(g, key)->data;
+    CHECK(fabs(loss - lref) <= 1e-5 * fabs(lref), "%s loss %.9g vs %.9g", label, loss, lref);
+    CHECK(cnt == whale_count_targets(lab_e->data, B, S), "%s: %lld targets", label, (long long)cnt);
+    int n_base = whale_model_num_params(m) - 2 * whale_lora_count(m), compared = 0;
+    double worst = 0;
+    const char *worst_name = "";
+    for (int i = 0; i < whale_model_num_params(m); i++) {
+        if (i < n_base) { /* frozen base: only non-product parameters may keep a buffer */
+            CHECK(whale_session_grad(ts, i) == NULL || !whale_param_is_product_weight(&m->params[i]),
+                  "%s: frozen %s has a gradient buffer", label, whale_model_param_name(m, i));
+            continue;
+        }
+        snprintf(key, sizeof key, "%sgrad.base_model.model.%s", prefix, whale_model_param_name(m, i));
+        const whale_st_entry *e = need(g, key);
+        if (!e || e->nbytes != (size_t)numel(m, i) * 4) continue;
+        double r = rel_norm(whale_session_grad(ts, i), e->data, numel(m, i));
+        compared++;
+        if (r > worst) worst = r, worst_name = whale_model_param_name(m, i);
+    }
+    printf("%s: logits %.2g of max |logit|, loss %.7f (|diff| %.2g), %d adapter gradients ≤ %.2g (%s)\n", label, rl,
+           loss, fabs(loss - lref), compared, worst, worst_name);
+    CHECK(compared == 2 * whale_lora_count(m), "%s: %d adapter gradients compared", label, compared);
+    CHECK(worst <= 1e-4, "%s adapter gradient %s: %.3g norm-relative", label, worst_name, worst);
+    whale_session_free(ts);
+}
+
+static void check_lora_reference(void) {
+    char base[512], adir[600], rsdir[700], gpath[700];
+    snprintf(base, sizeof base, "%s/qwen2-gqa2", WHALE_TEST_DATA);
+    snprintf(adir, sizeof adir, "%s/qwen2-lora", WHALE_TEST_DATA);
+    snprintf(rsdir, sizeof rsdir, "%s/rslora", adir);
+    snprintf(gpath, sizeof gpath, "%s/golden.safetensors", adir);
+    whale_err err;
+    whale_model *m;
+    whale_st *g;
+    if (whale_st_open(gpath, &g, &err) || whale_model_load(base, &m, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    int n_base = whale_model_num_params(m), V = whale_model_vocab_size(m);
+    CHECK(whale_lora_load(m, adir, &err) == WHALE_OK, "%s", err.msg);
+    const whale_lora_config *c = whale_lora_get_config(m);
+    CHECK(whale_lora_count(m) == 14 && whale_lora_num_params(m) == 7424 && c && c->rank == 4 && c->alpha == 8.0 &&
+              c->dropout == 0.0 && !c->use_rslora,
+          "qwen2-lora: %d adapters, %lld parameters", whale_lora_count(m), (long long)whale_lora_num_params(m));
+    check_lora_pass(m, g, "", "qwen2-lora");
+
+    /* merged: the adapted model's logits without adapters */
+    const whale_st_entry *ids_e = need(g, "input_ids");
+    int B = (int)ids_e->shape[0], S = (int)ids_e->shape[1];
+    long nl = (long)B * S * V;
+    float *merged = malloc(sizeof(float) * (size_t)nl);
+    CHECK(whale_lora_merge(m, &err) == WHALE_OK, "%s", err.msg);
+    CHECK(whale_lora_count(m) == 0 && whale_model_num_params(m) == n_base, "merge drops the adapters");
+    forward_all(m, ids_e->data, B, S, merged);
+    double rm = rel_max(merged, need(g, "merged_logits")->data, nl);
+    printf("qwen2-lora merged: logits %.2g of max |logit|\n", rm);
+    CHECK(rm <= 1e-5, "merged logits: max |diff| %.3g of max |logit|", rm);
+    free(merged);
+    whale_model_free(m);
+
+    /* rsLoRA: the same tensors, scale alpha / sqrt(r) = 4 instead of 2 */
+    if (whale_model_load(base, &m, &err)) {
+        CHECK(0, "%s", err.msg);
+    } else {
+        CHECK(whale_lora_load(m, rsdir, &err) == WHALE_OK, "%s", err.msg);
+        c = whale_lora_get_config(m);
+        CHECK(c && c->use_rslora, "rslora/adapter_config.json: use_rslora not read");
+        check_lora_pass(m, g, "rslora.", "qwen2-lora rsLoRA");
+        whale_model_free(m);
+    }
+    whale_st_close(g);
+}
+
 /* ------------------------------------------------------------ files */
 
 static void write_text(const char *path, const char *text) {
@@ -652,6 +755,7 @@ int main(void) {
     check_case("qwen2-gqa2");
     check_case("qwen2-gqa7");
     check_lora();
+    check_lora_reference();
     check_files();
     check_bad_configs();
     check_sizes();
