@@ -18,6 +18,7 @@
  * are added after the product.
  */
 #include "models/model.h"
+#include "kernels/convert.h"
 
 #include "core/core.h"
 #include "kernels/gemm.h"
@@ -341,10 +342,19 @@ typedef struct {
     float *h;           /* [T, F]: silu(g)·u, down_proj's input (training; inference computes it in g) */
 } qw_layer_acts;
 
+/* A layer's activations kept in bf16 between its forward and its backward
+ * (training in bf16, as autocast keeps them): the product inputs and
+ * outputs in bf16, the residual state and the norms' statistics in fp32. */
+typedef struct {
+    uint16_t *xn1, *q, *k, *v, *att, *xn2, *g, *u, *h;
+    float *rstd1, *xmid, *rstd2;
+} qw_stash;
+
 typedef struct {
     whale_session base;
     whale_gemm *gemm;
-    int n_act_sets;     /* 1 (inference, recompute) or L (training) */
+    int n_act_sets;     /* 1 (inference, recompute, bf16 training) or L (training) */
+    qw_stash *stash;    /* [L] bf16 training: each layer's activations; acts[0] is the fp32 working set */
     int32_t *pos;       /* [T] RoPE positions */
     const int32_t *seg; /* [T] first key each token may see (packed documents), or NULL */
     float **X;          /* [L+1] residual stream [T, D]: X[l] enters layer l */
@@ -361,12 +371,13 @@ typedef struct {
 
 /* Op groups timed by --profile. */
 enum {
-    P_EMBED, P_NORM, P_ATTN, P_MLP, P_LOGITS, P_B_LOGITS, P_B_NORM, P_B_ATTN, P_B_MLP, P_B_EMBED, P_RECOMPUTE, P_COUNT
+    P_EMBED, P_NORM, P_ATTN, P_MLP, P_LOGITS, P_B_LOGITS, P_B_NORM, P_B_ATTN, P_B_MLP, P_B_EMBED, P_RECOMPUTE,
+    P_STASH, P_COUNT
 };
 static const char *const prof_names[P_COUNT] = {
     "embedding", "rmsnorm + residual", "attention (q/k/v/o, RoPE, softmax)", "mlp", "lm_head (+ loss)",
     "lm_head + loss backward", "rmsnorm + residual backward", "attention backward", "mlp backward",
-    "embedding backward", "recompute (forward again)",
+    "embedding backward", "recompute (forward again)", "bf16 activations (store, load)",
 };
 #define PROF(s, id, stmt) WHALE_PROF(&(s)->base, id, stmt)
 #define TRACE(dt, data, ndim, shape, ...)                                                                      \
@@ -406,6 +417,7 @@ static void qw_session_free(whale_session *base) {
     free(base->grad_offsets);
     whale_bufs_free(&s->bufs);
     free(s->acts);
+    free(s->stash);
     free(s->X);
     free(s);
 }
@@ -423,6 +435,43 @@ static int alloc_layer_acts(qw_session *s, qw_layer_acts *a, const qw_config *c,
            (a->xmid = sess_alloc(s, T * D, 4, tot)) && (a->rstd2 = sess_alloc(s, T, 4, tot)) &&
            (a->xn2 = sess_alloc(s, T * D, 4, tot)) && (a->g = sess_alloc(s, T * F, 4, tot)) &&
            (a->u = sess_alloc(s, T * F, 4, tot)) && (!training || (a->h = sess_alloc(s, T * F, 4, tot)));
+}
+
+static int alloc_stash(qw_session *s, qw_stash *st, const qw_config *c, size_t T, size_t *tot) {
+    size_t D = (size_t)c->D, F = (size_t)c->F, HD = (size_t)c->H * c->Dh, KVD = (size_t)c->Hkv * c->Dh;
+    return (st->xn1 = sess_alloc(s, T * D, 2, tot)) && (st->q = sess_alloc(s, T * HD, 2, tot)) &&
+           (st->k = sess_alloc(s, T * KVD, 2, tot)) && (st->v = sess_alloc(s, T * KVD, 2, tot)) &&
+           (st->att = sess_alloc(s, T * HD, 2, tot)) && (st->xn2 = sess_alloc(s, T * D, 2, tot)) &&
+           (st->g = sess_alloc(s, T * F, 2, tot)) && (st->u = sess_alloc(s, T * F, 2, tot)) &&
+           (st->h = sess_alloc(s, T * F, 2, tot)) && (st->rstd1 = sess_alloc(s, T, 4, tot)) &&
+           (st->xmid = sess_alloc(s, T * D, 4, tot)) && (st->rstd2 = sess_alloc(s, T, 4, tot));
+}
+
+static void to_bf16(uint16_t *dst, const float *src, size_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) dst[i] = whale_float_to_bf16(src[i]);
+}
+
+/* Layer l's activations (in the working set a) into its bf16 stash, and back. */
+static void stash_put(qw_session *s, const qw_layer_acts *a, int l, size_t T) {
+    const qw_config *c = &((const qw_model *)s->base.model->impl)->c;
+    qw_stash *st = &s->stash[l];
+    size_t D = (size_t)c->D, F = (size_t)c->F, HD = (size_t)c->H * c->Dh, KVD = (size_t)c->Hkv * c->Dh;
+    to_bf16(st->xn1, a->xn1, T * D), to_bf16(st->q, a->q, T * HD), to_bf16(st->k, a->k, T * KVD);
+    to_bf16(st->v, a->v, T * KVD), to_bf16(st->att, a->att, T * HD), to_bf16(st->xn2, a->xn2, T * D);
+    to_bf16(st->g, a->g, T * F), to_bf16(st->u, a->u, T * F), to_bf16(st->h, a->h, T * F);
+    memcpy(st->rstd1, a->rstd1, 4 * T), memcpy(st->xmid, a->xmid, 4 * T * D), memcpy(st->rstd2, a->rstd2, 4 * T);
+}
+
+static void stash_get(qw_session *s, qw_layer_acts *a, int l, size_t T) {
+    const qw_config *c = &((const qw_model *)s->base.model->impl)->c;
+    const qw_stash *st = &s->stash[l];
+    size_t D = (size_t)c->D, F = (size_t)c->F, HD = (size_t)c->H * c->Dh, KVD = (size_t)c->Hkv * c->Dh;
+    whale_bf16_to_f32(a->xn1, st->xn1, T * D), whale_bf16_to_f32(a->q, st->q, T * HD);
+    whale_bf16_to_f32(a->k, st->k, T * KVD), whale_bf16_to_f32(a->v, st->v, T * KVD);
+    whale_bf16_to_f32(a->att, st->att, T * HD), whale_bf16_to_f32(a->xn2, st->xn2, T * D);
+    whale_bf16_to_f32(a->g, st->g, T * F), whale_bf16_to_f32(a->u, st->u, T * F), whale_bf16_to_f32(a->h, st->h, T * F);
+    memcpy(a->rstd1, st->rstd1, 4 * T), memcpy(a->xmid, st->xmid, 4 * T * D), memcpy(a->rstd2, st->rstd2, 4 * T);
 }
 
 /* Every buffer a session needs, for max_batch × max_seq tokens; with
@@ -449,15 +498,21 @@ static whale_code session_create(whale_model *m, int max_batch, int max_seq, int
         return e;
     }
     s->base.gemm = s->gemm;
-    s->n_act_sets = training && !recompute ? c->L : 1;
+    /* bf16 training keeps the activations between forward and backward in
+     * bf16 (one fp32 working set computes each layer) */
+    int bf16_acts = training && !recompute && m->compute_dtype == WHALE_BF16;
+    s->n_act_sets = training && !recompute && !bf16_acts ? c->L : 1;
     int n_states = training ? c->L + 1 : 2, ok;
     s->X = calloc((size_t)c->L + 1, sizeof(float *));
     s->acts = calloc((size_t)s->n_act_sets, sizeof *s->acts);
-    ok = s->X && s->acts && (s->xbuf = sess_alloc(s, (size_t)n_states * T * D, 4, &tot));
+    s->stash = bf16_acts ? calloc((size_t)c->L, sizeof *s->stash) : NULL;
+    ok = s->X && s->acts && (!bf16_acts || s->stash) && (s->xbuf = sess_alloc(s, (size_t)n_states * T * D, 4, &tot));
     for (int i = 0; ok && !count_only && i <= c->L; i++) s->X[i] = s->xbuf + (size_t)(training ? i : i % 2) * T * D;
     size_t before_acts = tot;
     for (int l = 0; ok && l < s->n_act_sets; l++) ok = alloc_layer_acts(s, &s->acts[l], c, T, training, &tot);
-    size_t per_set = (tot - before_acts) / (size_t)s->n_act_sets;
+    size_t per_set = (tot - before_acts) / (size_t)s->n_act_sets, before_stash = tot;
+    for (int l = 0; ok && bf16_acts && l < c->L; l++) ok = alloc_stash(s, &s->stash[l], c, T, &tot);
+    size_t stash_bytes = tot - before_stash;
     ok = ok && (s->pos = sess_alloc(s, T, 4, &tot)) && (s->proj = sess_alloc(s, T * D, 4, &tot)) &&
          (s->hn_rstd = sess_alloc(s, T, 4, &tot)) && (s->hn = sess_alloc(s, T * D, 4, &tot)) &&
          (s->last = sess_alloc(s, (size_t)max_batch * D, 4, &tot));
@@ -473,7 +528,7 @@ static whale_code session_create(whale_model *m, int max_batch, int max_seq, int
     s->base.activation_bytes = tot;
     s->base.kv_bytes = kv;
     s->base.work_bytes = work;
-    s->base.recompute_saves = training ? per_set * (size_t)(c->L - 1) : 0;
+    s->base.recompute_saves = !training ? 0 : bf16_acts ? stash_bytes : per_set * (size_t)(c->L - 1);
     *out = s;
     return WHALE_OK;
 }
@@ -606,8 +661,10 @@ static whale_code forward_hidden(qw_session *s, const int32_t *ids, const int32_
         s->pos[t] = pos ? pos[t] : s->base.cached + t % S;
         whale_model_row(s->base.model, qw->embed, ids[t], D, s->X[0] + (size_t)t * D);
     });
-    for (int l = 0; l < c->L; l++)
+    for (int l = 0; l < c->L; l++) {
         if ((e = layer_forward(s, l, B, S, &s->acts[s->n_act_sets > 1 ? l : 0], err))) return e;
+        if (s->stash) PROF(s, P_STASH, stash_put(s, &s->acts[0], l, (size_t)T));
+    }
     PROF(s, P_NORM, k_rmsnorm(s->hn, s->X[c->L], qw->norm, T, D, c->norm_eps, s->hn_rstd));
     TRACE(WHALE_F32, s->hn, 2, DIMS(T, D), "final_hidden");
     return WHALE_OK;
@@ -779,7 +836,9 @@ static whale_code qw_train_step(whale_session *base, const int32_t *ids, const i
         const qw_layer *ly = &qw->layers[l];
         qw_layer *gl = &gw->layers[l];
         const qw_layer_acts *a = &s->acts[s->n_act_sets > 1 ? l : 0];
-        if (s->n_act_sets == 1) { /* recompute: this layer's activations again, from its saved input */
+        if (s->stash) { /* bf16 training: this layer's activations from their bf16 copies */
+            PROF(s, P_STASH, stash_get(s, &s->acts[0], l, (size_t)T));
+        } else if (s->n_act_sets == 1) { /* recompute: this layer's activations again, from its saved input */
             PROF(s, P_RECOMPUTE, e = layer_forward(s, l, B, S, &s->acts[0], err));
             if (e) return e;
         }
