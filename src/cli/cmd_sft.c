@@ -10,7 +10,8 @@
 
 static const char sft_usage[] =
     "usage: whale sft -m BASE_DIR --data FILE.jsonl... [options]\n"
-    "  --train-type lora|full (lora; alias --tuner-type)   --dtype fp32|bf16|fp16 (fp32; alias --torch-dtype)\n"
+    "  --train-type lora|full (lora; alias --tuner-type)   --dtype fp32|bf16|fp16|int8 (fp32; alias --torch-dtype;\n"
+    "      int8: LoRA on a frozen int8 base)\n"
     "  --lora-rank R (8)  --lora-alpha A (32)  --lora-dropout P (0.05)  --use-rslora [true|false]\n"
     "  --target-modules all-linear|NAME... (all-linear: every Linear but lm_head)\n"
     "  --lr LR (1e-4 LoRA, 1e-5 full; alias --learning-rate)  --lr-scheduler constant|linear|cosine (cosine)\n"
@@ -192,7 +193,6 @@ int cmd_sft(int argc, char **argv) {
             else return cli_usage("sft", "%s must be lora or full, got \"%s\"", argv[i - 1], v);
         } else if (!strcmp(a, "--dtype") || !strcmp(a, "--torch-dtype")) {
             if ((bad = cli_dtype("sft", v, &o.dtype))) return bad;
-            if (o.dtype == WHALE_I8) return cli_usage("sft", "int8 is an inference format; fine-tune in fp32, bf16 or fp16");
         } else if (!strcmp(a, "--chat-template") || !strcmp(a, "--template")) o.chat_template = v;
         else if (!strcmp(a, "--system")) o.data_opts.system = v;
         else if (!strcmp(a, "--loss-scope")) {
@@ -240,6 +240,9 @@ int cmd_sft(int argc, char **argv) {
         if (bad) return bad;
     }
     if (!o.model || !n_data) return cli_usage("sft", "-m BASE_DIR and --data FILE.jsonl are required");
+    if (o.dtype == WHALE_I8 && o.tuner != WHALE_TUNE_LORA)
+        return cli_usage("sft", "int8 is an inference format: full fine-tuning runs in fp32, bf16 or fp16; "
+                                "--dtype int8 takes --train-type lora (adapters on a frozen int8 base)");
     o.memory_limit *= 1073741824.0; /* GiB */
     o.data = data;
     o.n_data = n_data;

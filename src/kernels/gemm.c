@@ -40,21 +40,24 @@
 /* The products. The first six are what oneDNN primitives are made for:
  * f32, and bf16 A and B (already converted) with f32 C. The others are
  * computed by our kernels or through those six on converted blocks. The
- * layout (nt, nn, tn) of kind k is k % 3: KIND_NT_Q8 is nt, KIND_NN_B16 nn
- * and KIND_TN_B16 tn. */
+ * layout (nt, nn, tn) of kind k is k % 3 for the first nine; layout() gives
+ * it for all (KIND_NT_Q8 is nt, KIND_NN_B16 and KIND_NN_Q8 nn, KIND_TN_B16
+ * tn). */
 enum {
     KIND_NT = 0, KIND_NN, KIND_TN,
     KIND_NT_BF16, KIND_NN_BF16, KIND_TN_BF16,
     KIND_NT_F16, KIND_NN_F16, KIND_TN_F16,
     KIND_NT_Q8,
     KIND_NN_B16, KIND_TN_B16, /* nn_bf16 / tn_bf16 with A (and B) given in bf16 */
+    KIND_NN_Q8,               /* nn with int8 B and per-row scales of B */
     KIND_COUNT
 };
 static const char *const kind_names[KIND_COUNT] = {
     "nt",     "nn",     "tn",    "nt_bf16",  "nn_bf16", "tn_bf16",
-    "nt_f16", "nn_f16", "tn_f16", "nt_q8",   "nn_b16",   "tn_b16"};
+    "nt_f16", "nn_f16", "tn_f16", "nt_q8",   "nn_b16",   "tn_b16", "nn_q8"};
 
-static int layout(int kind) { return kind % 3; } /* KIND_NT, KIND_NN or KIND_TN */
+/* KIND_NT, KIND_NN or KIND_TN */
+static int layout(int kind) { return kind == KIND_NN_Q8 ? KIND_NN : kind % 3; }
 static int is_bf16_kind(int kind) { return kind >= KIND_NT_BF16 && kind <= KIND_TN_BF16; }
 
 /* Our kernels run single-threaded below this many multiply-adds, where the
@@ -106,7 +109,7 @@ typedef struct {
     gemm_key s; /* the actual shape (no -1) */
     const void *A, *B; /* float, uint16_t (bf16, fp16 bits) or int8_t, by kind */
     float *C;
-    const float *scale; /* KIND_NT_Q8: per output column */
+    const float *scale; /* KIND_NT_Q8: per output column; KIND_NN_Q8: per row of B */
 } gemm_call;
 
 /* ------------------------------------------------------------ errors */
@@ -1119,7 +1122,10 @@ typedef enum {
     CV_F32_F16R,  /* f32 -> f32 rounded to fp16 */
     CV_BF16_F32,  /* bf16 -> f32, exact */
     CV_F16_F32,   /* fp16 -> f32, exact */
-    CV_I8_BF16    /* int8 -> bf16, exact */
+    CV_I8_BF16,   /* int8 -> bf16, exact */
+    CV_I8_F32,    /* int8 -> f32, exact */
+    CV_F32S_BF16, /* f32 times a per-column scale (in f32) -> bf16, nearest even */
+    CV_F32S_BF16R /* the same, kept as f32 */
 } conv;
 
 static size_t conv_src_size(conv cv, size_t inner_size) {
@@ -1127,13 +1133,14 @@ static size_t conv_src_size(conv cv, size_t inner_size) {
     case CV_NONE: return inner_size;
     case CV_BF16_F32:
     case CV_F16_F32: return 2;
-    case CV_I8_BF16: return 1;
+    case CV_I8_BF16:
+    case CV_I8_F32: return 1;
     default: return 4;
     }
 }
 
 static size_t conv_dst_size(conv cv) {
-    return cv == CV_NONE ? 0 : cv == CV_F32_BF16 || cv == CV_I8_BF16 ? 2 : 4;
+    return cv == CV_NONE ? 0 : cv == CV_F32_BF16 || cv == CV_I8_BF16 || cv == CV_F32S_BF16 ? 2 : 4;
 }
 
 static void i8_to_bf16_rows(uint16_t *dst, const int8_t *src, size_t n) {
@@ -1149,10 +1156,28 @@ static void i8_to_bf16_rows(uint16_t *dst, const int8_t *src, size_t n) {
     for (; i < n; i++) dst[i] = whale_float_to_bf16((float)src[i]);
 }
 
+static void i8_to_f32_rows(float *dst, const int8_t *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = (float)src[i];
+}
+
+/* dst[i] = src[i] * scale[i] (one fp32 product) rounded to bf16, nearest
+ * even (as bf16 bits, or with keep_f32 as the f32 value). */
+static void scaled_to_bf16_rows(void *dst, const float *src, const float *scale, size_t n,
+                                int keep_f32) {
+    enum { STEP = 256 };
+    float t[STEP];
+    for (size_t i = 0; i < n; i += STEP) {
+        const size_t len = n - i < STEP ? n - i : STEP;
+        for (size_t j = 0; j < len; j++) t[j] = src[i + j] * scale[i + j];
+        if (keep_f32) whale_round_bf16_rows((float *)dst + i, t, len);
+        else whale_f32_to_bf16_rows((uint16_t *)dst + i, t, len);
+    }
+}
+
 /* rows x cols elements from src (row stride lds elements) into dst (row
- * stride ldd), converted. */
+ * stride ldd), converted; scale: the per-column factors of CV_F32S_*. */
 static void convert_block(conv cv, void *dst, size_t ldd, const void *src, size_t lds, int rows,
-                          int cols) {
+                          int cols, const float *scale) {
     const size_t ss = conv_src_size(cv, 0), ds = conv_dst_size(cv), n = (size_t)cols;
     const int par = (double)rows * cols >= OWN_PARALLEL_MIN_WORK;
 #pragma omp parallel for schedule(static) if (par)
@@ -1166,6 +1191,9 @@ static void convert_block(conv cv, void *dst, size_t ldd, const void *src, size_
         case CV_BF16_F32: whale_bf16_to_f32(d, s, n); break;
         case CV_F16_F32: whale_f16_to_f32(d, s, n); break;
         case CV_I8_BF16: i8_to_bf16_rows(d, s, n); break;
+        case CV_I8_F32: i8_to_f32_rows(d, s, n); break;
+        case CV_F32S_BF16: scaled_to_bf16_rows(d, s, scale, n, 0); break;
+        case CV_F32S_BF16R: scaled_to_bf16_rows(d, s, scale, n, 1); break;
         case CV_NONE: break;
         }
     }
@@ -1225,7 +1253,7 @@ static whale_code gemm_converted(whale_gemm *g, const gemm_call *c, int inner,
                                  whale_err *err) {
     const gemm_key *s = &c->s;
     const int L = layout(s->kind), M = s->M, N = s->N, K = s->K;
-    const int q8 = s->kind == KIND_NT_Q8;
+    const int q8 = s->kind == KIND_NT_Q8, nnq8 = s->kind == KIND_NN_Q8;
     const size_t in_size = is_bf16_kind(inner) ? 2 : 4;
     const size_t sa_src = conv_src_size(ca, in_size), sb_src = conv_src_size(cb, in_size);
     const int blk = g->block_mn > 0 ? g->block_mn : CONV_BLOCK_MN;
@@ -1257,9 +1285,9 @@ static whale_code gemm_converted(whale_gemm *g, const gemm_call *c, int inner,
                 const void *Ab = A + a_off * sa_src;
                 int ldab = s->lda;
                 if (ca) {
-                    if (a_m != m0 || a_k != k0)
+                    if (a_m != m0 || a_k != k0) /* nn_q8: A's columns k carry B's row scales */
                         convert_block(ca, g->sa.p, (size_t)a_cols, Ab, (size_t)s->lda, a_rows,
-                                      a_cols);
+                                      a_cols, nnq8 ? c->scale + k0 : NULL);
                     a_m = m0;
                     a_k = k0;
                     Ab = g->sa.p;
@@ -1274,7 +1302,7 @@ static whale_code gemm_converted(whale_gemm *g, const gemm_call *c, int inner,
                 if (cb) {
                     if (b_n != n0 || b_k != k0)
                         convert_block(cb, g->sb.p, (size_t)b_cols, Bb, (size_t)s->ldb, b_rows,
-                                      b_cols);
+                                      b_cols, NULL);
                     b_n = n0;
                     b_k = k0;
                     Bb = g->sb.p;
@@ -1352,6 +1380,16 @@ static whale_code gemm_nt_q8(whale_gemm *g, const gemm_call *c, whale_err *err) 
         return own_nt_x(g, c, WT_I8, path == WHALE_GEMM_OWN_PORTABLE, err);
     }
     return gemm_converted(g, c, KIND_NT_BF16, path, CV_F32_BF16, CV_I8_BF16, "cvt_q8", err);
+}
+
+/* nn with int8 B and B's row scales: oneDNN bf16 on blocks of A times the
+ * scales rounded to bf16 and of B converted exactly to bf16; forced OWN:
+ * our f32 kernels on the same values kept as f32. */
+static whale_code gemm_nn_q8(whale_gemm *g, const gemm_call *c, whale_err *err) {
+    if (own_path(g->path))
+        return gemm_converted(g, c, KIND_NN, WHALE_GEMM_OWN, CV_F32S_BF16R, CV_I8_F32, "cvt_q8",
+                              err);
+    return gemm_converted(g, c, KIND_NN_BF16, g->path, CV_F32S_BF16, CV_I8_BF16, "cvt_q8", err);
 }
 
 /* nn / tn with bf16 operands: oneDNN bf16 on A (and B for tn) rounded to
@@ -1451,7 +1489,7 @@ static whale_code gemm(whale_gemm *g, const gemm_call *c, whale_err *err) {
     if (!c->A || !c->B)
         return whale_errf(err, WHALE_ERR_ARG, "gemm %s: %s is NULL", kn,
                           !c->A ? "A" : is_nt ? "W" : "B");
-    if (s->kind == KIND_NT_Q8 && !c->scale)
+    if ((s->kind == KIND_NT_Q8 || s->kind == KIND_NN_Q8) && !c->scale)
         return whale_errf(err, WHALE_ERR_ARG, "gemm %s: scale is NULL", kn);
 
     switch (s->kind) {
@@ -1462,6 +1500,7 @@ static whale_code gemm(whale_gemm *g, const gemm_call *c, whale_err *err) {
     case KIND_NN_F16:
     case KIND_TN_F16: return gemm_nn_tn_f16(g, c, err);
     case KIND_NT_Q8: return gemm_nt_q8(g, c, err);
+    case KIND_NN_Q8: return gemm_nn_q8(g, c, err);
     case KIND_NN_B16:
     case KIND_TN_B16: return gemm_b16(g, c, err);
     default: return gemm_f32(g, c, g->path, err);
@@ -1545,6 +1584,13 @@ whale_code whale_gemm_nt_q8(whale_gemm *g, int M, int N, int K, const float *A, 
                             const int8_t *W, int ldw, const float *scale, float *C, int ldc,
                             int accumulate, whale_err *err) {
     gemm_call c = {{KIND_NT_Q8, accumulate ? 1 : 0, M, N, K, lda, ldw, ldc}, A, W, C, scale};
+    return gemm(g, &c, err);
+}
+
+whale_code whale_gemm_nn_q8(whale_gemm *g, int M, int N, int K, const float *A, int lda,
+                            const int8_t *B, int ldb, const float *scale, float *C, int ldc,
+                            int accumulate, whale_err *err) {
+    gemm_call c = {{KIND_NN_Q8, accumulate ? 1 : 0, M, N, K, lda, ldb, ldc}, A, B, C, scale};
     return gemm(g, &c, err);
 }
 

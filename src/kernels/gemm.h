@@ -153,6 +153,21 @@ whale_code whale_gemm_nn_b16(whale_gemm *g, int M, int N, int K, const uint16_t 
 whale_code whale_gemm_tn_b16(whale_gemm *g, int M, int N, int K, const uint16_t *A, int lda,
                              const uint16_t *B, int ldb, float *C, int ldc, int accumulate,
                              whale_err *err);
+/* C[M,N] = sum_k bf16(A[m,k] · scale[k]) · B[k,n] with B int8 [K,N] (row
+ * stride ldb) and scale[K] fp32 per row of B: the input gradient dX = dY·W
+ * of a Linear with int8 weights W[out,in] = q[out,in]·scale[out] (B = q,
+ * K = out). Each A value is multiplied by its scale in fp32 and rounded to
+ * bf16; the int8 values are exact in bf16; the products are summed in fp32
+ * (the bf16 policy, error bound as above). oneDNN bf16 matmul on blocks of
+ * A converted that way and of B converted exactly to bf16, in the scratch
+ * of the other converted products (bounded as stated above, kept until
+ * whale_gemm_free: no allocation once it has grown to the largest block);
+ * the shape rules of whale_gemm_nn_bf16 per block. A NaN or inf scale
+ * poisons every row of C. Forced OWN / OWN_PORTABLE: our f32 kernels on
+ * the same rounded values kept as f32. */
+whale_code whale_gemm_nn_q8(whale_gemm *g, int M, int N, int K, const float *A, int lda,
+                            const int8_t *B, int ldb, const float *scale, float *C, int ldc,
+                            int accumulate, whale_err *err);
 /* The fp16 analogues: A rounded to fp16 and B fp16 [K,N] (nn), or A and B
  * both rounded to fp16 (tn); computed by whale_gemm_nn / whale_gemm_tn
  * (their shape rules, per block) on blocks converted to f32. */

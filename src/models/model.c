@@ -783,8 +783,12 @@ whale_code whale_session_train_step(whale_session *s, const int32_t *ids, const 
                                     whale_err *err) {
     const whale_model *m = s->model;
     if (!s->train_fn) return whale_errf(err, WHALE_ERR_ARG, "not a training session");
-    if (m->compute_dtype == WHALE_I8)
-        return whale_errf(err, WHALE_ERR_UNSUPPORTED, "int8 is an inference format: train in fp32, bf16 or fp16");
+    /* int8 weights take no gradient: only a frozen int8 base (LoRA) trains */
+    for (int i = 0; i < m->n_copies; i++)
+        if (m->copies[i].dtype == WHALE_I8 && !m->params[m->copies[i].param].frozen)
+            return whale_errf(err, WHALE_ERR_UNSUPPORTED,
+                              "int8 is an inference format: train in fp32, bf16 or fp16, or attach LoRA adapters to "
+                              "an int8 base");
     if (B < 1 || B > s->max_batch || S < 2 || S > s->max_seq)
         return whale_errf(err, WHALE_ERR_ARG, "batch %d × %d outside the training session's %d × %d", B, S,
                           s->max_batch, s->max_seq);

@@ -223,7 +223,9 @@ void whale_model_row(const whale_model *m, const float *W, int64_t r, int64_t co
  * fp32: exact fp32 products. bf16: inputs rounded to bf16, fp32 sums and
  * outputs. fp16: inputs rounded to fp16, fp32 sums, outputs of whale_linear
  * and whale_linear_dx rounded to fp16 (values past 65504 become inf, as in
- * an fp16 autocast run). int8: weight-only int8 (forward only). */
+ * an fp16 autocast run). int8: weight-only int8 — forward bf16(A)·qᵀ then the
+ * rows' scales, input gradient bf16(dC ⊙ scale)·q, no weight gradient (an
+ * int8 base is frozen: LoRA). */
 struct whale_gemm;
 /* With LoRA adapters, each adds its low-rank term (whale_lora.h): the
  * forward s·B·(A·drop(x)), the input gradient through it, and in

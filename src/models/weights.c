@@ -400,8 +400,9 @@ whale_code whale_linear_dx(whale_session *s, int M, int N, int K, const float *d
         if (!(e = whale_gemm_nn_f16(g, M, K, N, dC, lddc, v.data, ldw, dA, ldda, accumulate, err)))
             round_rows_f16(dA, M, K, ldda);
         break;
-    case WHALE_I8:
-        return whale_errf(err, WHALE_ERR_UNSUPPORTED, "int8 weights are for inference: no gradient flows through them");
+    case WHALE_I8: /* dC·(diag(scale)·q): dC's columns scaled in fp32, rounded to bf16, times q in bf16 */
+        e = whale_gemm_nn_q8(g, M, K, N, dC, lddc, v.data, ldw, v.scale, dA, ldda, accumulate, err);
+        break;
     default: e = whale_gemm_nn(g, M, K, N, dC, lddc, W, ldw, dA, ldda, accumulate, err);
     }
     lora_call lc;
@@ -431,8 +432,9 @@ whale_code whale_linear_dw(whale_session *s, int M, int N, int K, const float *d
         switch (m->compute_dtype) {
         case WHALE_BF16: e = whale_gemm_tn_bf16(g, N, K, M, dC, lddc, A, lda, dW, lddw, 1, err); break;
         case WHALE_F16: e = whale_gemm_tn_f16(g, N, K, M, dC, lddc, A, lda, dW, lddw, 1, err); break;
-        case WHALE_I8:
-            return whale_errf(err, WHALE_ERR_UNSUPPORTED, "int8 weights are for inference: they cannot be trained");
+        case WHALE_I8: /* an int8 base is frozen (LoRA): its weights have no gradient */
+            return whale_errf(err, WHALE_ERR_UNSUPPORTED,
+                              "int8 weights cannot be trained: attach LoRA adapters to an int8 base");
         default: e = whale_gemm_tn(g, N, K, M, dC, lddc, A, lda, dW, lddw, 1, err);
         }
     }

@@ -43,7 +43,7 @@ whale_sft_run_opts whale_sft_run_defaults(void) {
 }
 
 static const char *dtype_hf_name(whale_dtype dt) {
-    return dt == WHALE_BF16 ? "bfloat16" : dt == WHALE_F16 ? "float16" : "float32";
+    return dt == WHALE_BF16 ? "bfloat16" : dt == WHALE_F16 ? "float16" : dt == WHALE_I8 ? "int8" : "float32";
 }
 
 /* ms-swift's add_version_to_work_dir: vN-YYYYMMDD-HHMMSS with N one past
@@ -204,8 +204,13 @@ static whale_code check_opts(const whale_sft_run_opts *o, whale_err *err) {
     if (o->max_steps <= 0 && !(o->epochs > 0))
         return whale_errf(err, WHALE_ERR_ARG, "--num-train-epochs must be > 0 (or give --max-steps)");
     if (o->lr < 0) return whale_errf(err, WHALE_ERR_ARG, "--lr must be > 0");
-    if (o->dtype != WHALE_F32 && o->dtype != WHALE_BF16 && o->dtype != WHALE_F16)
-        return whale_errf(err, WHALE_ERR_ARG, "fine-tuning runs in fp32, bf16 or fp16, not %s", whale_dtype_name(o->dtype));
+    if (o->dtype == WHALE_I8 && o->tuner != WHALE_TUNE_LORA)
+        return whale_errf(err, WHALE_ERR_ARG,
+                          "int8 is an inference format: full fine-tuning runs in fp32, bf16 or fp16; int8 takes LoRA "
+                          "(adapters on a frozen int8 base)");
+    if (o->dtype != WHALE_F32 && o->dtype != WHALE_BF16 && o->dtype != WHALE_F16 && o->dtype != WHALE_I8)
+        return whale_errf(err, WHALE_ERR_ARG, "fine-tuning runs in fp32, bf16, fp16 or int8 (LoRA), not %s",
+                          whale_dtype_name(o->dtype));
     if (o->data_opts.packing && o->data_opts.max_length < 2)
         return whale_errf(err, WHALE_ERR_ARG, "--packing needs --max-length (the length of a packed row)");
     return WHALE_OK;

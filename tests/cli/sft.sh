@@ -91,6 +91,22 @@ check "chat --adapters" test $? = 0
 "$WHALE" chat-eval --adapters "$CK" --data "$ROOT/data/self_cognition_eval.jsonl" "${NAMES[@]}" -n 4 >"$TMP/ev" 2>/dev/null
 check "chat-eval scores the held-out questions" grep -q '"questions": 26' "$TMP/ev"
 
+# LoRA on an int8 base: the base held in int8 and frozen, the adapters trained
+sha_before=$(sha256sum "$TMP/base/model.safetensors")
+"$WHALE" sft -m "$TMP/base" --data "$SC" "${NAMES[@]}" --train-type lora --dtype int8 --lora-rank 4 --max-steps 2 \
+    --batch-size 2 --grad-accum 1 --lr 1e-3 --logging-steps 1 --out "$TMP/i8" >"$TMP/res8" 2>"$TMP/err8"
+check "LoRA on an int8 base succeeds: $(tail -1 "$TMP/err8")" test $? = 0
+check "the int8 run reports a finite loss" grep -Eq '"loss": [0-9]+\.[0-9]+' "$TMP/res8"
+check "the int8 base is held as int8 copies" grep -q 'int8 copies of the product weights' "$TMP/err8"
+check "the int8 run trains only the adapters" grep -q 'frozen base parameters, [0-9]* trainable adapter' "$TMP/err8"
+I8K=$(ls -d "$TMP"/i8/v0-*/checkpoint-2 2>/dev/null)
+check "the int8 run writes PEFT adapter files" test -s "$I8K/adapter_model.safetensors" -a -s "$I8K/adapter_config.json"
+"$WHALE" generate -m "$TMP/base" --adapters "$I8K" -p "Hi" -n 4 --temperature 0 >/dev/null 2>&1
+check "adapters trained on the int8 base load on the base" test $? = 0
+check "the int8 run leaves the base checkpoint untouched" test "$(sha256sum "$TMP/base/model.safetensors")" = "$sha_before"
+expect_status 2 'int8 is an inference format.*--train-type lora' -- \
+    "$WHALE" sft -m "$TMP/base" --data "$SC" --train-type full --dtype int8 --max-steps 1 --out "$TMP/o"
+
 # full fine-tuning writes loadable models
 "$WHALE" sft -m "$TMP/base" --data "$SC" "${NAMES[@]}" --train-type full --max-steps 2 --batch-size 2 \
     --grad-accum 1 --out "$TMP/full" --quiet >/dev/null 2>&1
