@@ -498,9 +498,10 @@ static whale_code session_create(whale_model *m, int max_batch, int max_seq, int
         return e;
     }
     s->base.gemm = s->gemm;
-    /* bf16 training keeps the activations between forward and backward in
-     * bf16 (one fp32 working set computes each layer) */
-    int bf16_acts = training && !recompute && m->compute_dtype == WHALE_BF16;
+    /* bf16 training (and LoRA on an int8 base, whose products take bf16
+     * inputs) keeps the activations between forward and backward in bf16;
+     * one fp32 working set computes each layer */
+    int bf16_acts = training && !recompute && (m->compute_dtype == WHALE_BF16 || m->compute_dtype == WHALE_I8);
     s->n_act_sets = training && !recompute && !bf16_acts ? c->L : 1;
     int n_states = training ? c->L + 1 : 2, ok;
     s->X = calloc((size_t)c->L + 1, sizeof(float *));
