@@ -619,6 +619,49 @@ static void check_files(void) {
         CHECK(memcmp(a, b, sizeof(float) * S * V) == 0, "the sharded checkpoint gives other logits");
         whale_model_free(m2);
     }
+    /* the same shards in BF16, run in bf16: used in place from both files
+     * (mapped, no copy), the logits of the single-file bf16 load */
+    {
+        char single[600], dir16[640];
+        snprintf(single, sizeof single, "%s/single", tmp);
+        snprintf(dir16, sizeof dir16, "%s/sharded-bf16", tmp);
+        whale_model *m16 = NULL, *s16 = NULL;
+        CHECK(whale_model_load_as(single, WHALE_BF16, &m16, &err) == WHALE_OK, "%s", err.msg);
+        CHECK(whale_model_save(m16, dir16, &err) == WHALE_OK, "%s", err.msg); /* config + a BF16 single file */
+        snprintf(path, sizeof path, "%s/model.safetensors", dir16);
+        unlink(path);
+        whale_tensor *ts = calloc((size_t)n, sizeof *ts);
+        whale_st_item *it16 = calloc((size_t)n, sizeof *it16);
+        for (int i = 0; i < n; i++) {
+            ts[i] = whale_model_param(m16, i);
+            it16[i] = (whale_st_item){whale_model_param_name(m16, i), ts[i].dtype, ts[i].ndim, m16->params[i].shape,
+                                      ts[i].data};
+        }
+        for (int k = 0; k < 2; k++) {
+            snprintf(path, sizeof path, "%s/%s", dir16, shard[k]);
+            CHECK(whale_st_write(path, it16 + (k ? half : 0), k ? n - half : half, NULL, &err) == WHALE_OK, "%s",
+                  err.msg);
+        }
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir16);
+        write_text(path, index);
+        float *c16 = malloc(sizeof(float) * S * V);
+        forward_all(m16, ids, B, S, c16);
+        CHECK(whale_model_load_as(dir16, WHALE_BF16, &s16, &err) == WHALE_OK, "%s", err.msg);
+        if (s16) {
+            whale_memory mm;
+            whale_memory_of_model(s16, &mm);
+            forward_all(s16, ids, B, S, b);
+            CHECK(mm.weights_mapped > 0 && mm.weights_lowp == 0 && !whale_model_has_master(s16),
+                  "sharded BF16 in bf16: %zu bytes mapped, %zu copied", mm.weights_mapped, mm.weights_lowp);
+            CHECK(memcmp(c16, b, sizeof(float) * S * V) == 0, "sharded BF16 gives other logits than one BF16 file");
+            whale_model_free(s16);
+        }
+        free(c16);
+        free(ts);
+        free(it16);
+        whale_model_free(m16);
+    }
+
     snprintf(path, sizeof path, "%s/%s", dir, shard[1]);
     unlink(path);
     whale_code c = whale_model_load(dir, &m2, &err);
