@@ -782,8 +782,8 @@ static void test_attention(whale_gemm *g, whale_rng *r, int S, int p0, int Hq, i
     long nq = (long)S * Hq * DH, nkv = (long)ctx * ldkv;
     float *q = falloc(nq), *k = falloc(nkv), *v = shared ? k : falloc(nkv), *out = falloc(nq), *dout = falloc(nq);
     float *dq = falloc(nq), *dk = falloc(nkv), *dv = shared ? dk : falloc(nkv);
-    size_t wf = k_attention_backward_work_floats(ctx, Hq);
-    CHECK(wf >= k_attention_work_floats(ctx, Hq), "backward work smaller than the forward's");
+    size_t wf = k_attention_backward_work_floats(ctx, Hq, Hkv, DH);
+    CHECK(wf >= k_attention_work_floats(ctx, Hq, Hkv, DH), "backward work smaller than the forward's");
     float *work = falloc((long)wf);
     whale_err err;
     float scale = 1.0f / sqrtf(DH);
@@ -1038,6 +1038,7 @@ int main(void) {
     /* packed documents: block-diagonal causal masks */
     test_attention(g, &r, 3, 20, 4, 2, 0, 1);
     test_attention(g, &r, 130, 0, 4, 1, 1, 1);
+    test_attention(g, &r, 90, 7, 14, 2, 0, 1); /* GQA 7:1, packed documents, two query blocks */
     test_attention(g, &r, 70, 9, 4, 2, 0, 1);
     test_cross_entropy(&r);
     test_cross_entropy_determinism(&r);

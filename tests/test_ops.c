@@ -225,7 +225,7 @@ static void test_attention(whale_gemm *g, whale_rng *r, int S, int p0, int Hq, i
     int ctx = p0 + S, ldkv = Hkv * DH;
     float *q = malloc(sizeof(float) * S * Hq * DH), *k = malloc(sizeof(float) * ctx * ldkv);
     float *v = malloc(sizeof(float) * ctx * ldkv), *out = malloc(sizeof(float) * S * Hq * DH);
-    float *work = malloc(sizeof(float) * k_attention_work_floats(ctx, Hq));
+    float *work = malloc(sizeof(float) * k_attention_work_floats(ctx, Hq, Hkv, DH));
     fill(r, q, S * Hq * DH, 1.0);
     fill(r, k, ctx * ldkv, 1.0);
     fill(r, v, ctx * ldkv, 1.0);
@@ -279,6 +279,7 @@ int main(void) {
     test_attention(g, &r, 150, 0, 8, 1);
     test_attention(g, &r, 70, 33, 8, 1);
     test_attention(g, &r, 130, 5, 6, 2);
+    test_attention(g, &r, 90, 7, 14, 2); /* GQA 7:1 over two query blocks */
     whale_gemm_free(g);
     return test_finish("test_ops");
 }

@@ -224,10 +224,26 @@ whale_code k_grouped_linear_backward(whale_gemm *g, float *din, float *dW, const
 
 enum { ATT_QBLOCK = 64, ATT_DIRECT_ROWS = 4 };
 
-size_t k_attention_work_floats(int max_ctx, int Hq) {
+size_t k_attention_work_floats(int max_ctx, int Hq, int Hkv, int Dh) {
     size_t rows = (size_t)ATT_QBLOCK * Hq;
     if (rows < ATT_DIRECT_ROWS) rows = ATT_DIRECT_ROWS;
-    return rows * (size_t)max_ctx;
+    /* several K/V heads: a group's query rows are gathered into one matrix,
+     * and its output (or gradient) is gathered too, next to the scores */
+    return rows * ((size_t)max_ctx + (Hkv > 1 ? 2 * (size_t)Dh : 0));
+}
+
+/* The query rows of K/V head j's group for positions s0..s0+nq−1, as one
+ * [nq·rep, Dh] matrix (position-major, then head), and back. */
+static void gather_group(float *dst, const float *src, int s0, int nq, int Hq, int rep, int j, int Dh) {
+    for (int s = 0; s < nq; s++)
+        memcpy(dst + (size_t)s * rep * Dh, src + ((size_t)(s0 + s) * Hq + (size_t)j * rep) * Dh,
+               sizeof(float) * (size_t)rep * Dh);
+}
+
+static void scatter_group(float *dst, const float *src, int s0, int nq, int Hq, int rep, int j, int Dh) {
+    for (int s = 0; s < nq; s++)
+        memcpy(dst + ((size_t)(s0 + s) * Hq + (size_t)j * rep) * Dh, src + (size_t)s * rep * Dh,
+               sizeof(float) * (size_t)rep * Dh);
 }
 
 /* softmax of row[lo..valid) scaled by `scale`; entries outside set to 0 */
@@ -315,25 +331,29 @@ whale_code k_attention(whale_gemm *g, float *out, const float *q, const float *k
             c = whale_gemm_nn(g, rows, Dh, ctx, work, ctx, v, ldkv, out + (long)s0 * Hq * Dh, Dh, 0, err);
             if (c) return c;
         } else {
-            for (int h = 0; h < Hq; h++) {
-                int j = h / rep;
-                c = whale_gemm_nt(g, nq, ctx, Dh, q + (long)s0 * Hq * Dh + (long)h * Dh, Hq * Dh,
-                                  k + (long)j * Dh, ldkv, work, ctx, 0, err);
+            /* GQA: the rep query heads sharing K/V head j, gathered into one
+             * matrix (rows position-major, as above), take one product each
+             * way instead of one per head */
+            int rows = nq * rep;
+            float *Qg = work + (size_t)rows * ctx, *Og = Qg + (size_t)rows * Dh;
+            for (int j = 0; j < Hkv; j++) {
+                gather_group(Qg, q, s0, nq, Hq, rep, j, Dh);
+                c = whale_gemm_nt(g, rows, ctx, Dh, Qg, Dh, k + (long)j * Dh, ldkv, work, ctx, 0, err);
                 if (c) return c;
 #pragma omp parallel for schedule(static)
-                for (int r = 0; r < nq; r++)
-                    masked_softmax(work + (long)r * ctx, SEG_LO(seg, s0 + r), p0 + s0 + r + 1, ctx, scale);
-                c = whale_gemm_nn(g, nq, Dh, ctx, work, ctx, v + (long)j * Dh, ldkv,
-                                  out + (long)s0 * Hq * Dh + (long)h * Dh, Hq * Dh, 0, err);
+                for (int r = 0; r < rows; r++)
+                    masked_softmax(work + (long)r * ctx, SEG_LO(seg, s0 + r / rep), p0 + s0 + r / rep + 1, ctx, scale);
+                c = whale_gemm_nn(g, rows, Dh, ctx, work, ctx, v + (long)j * Dh, ldkv, Og, Dh, 0, err);
                 if (c) return c;
+                scatter_group(out, Og, s0, nq, Hq, rep, j, Dh);
             }
         }
     }
     return WHALE_OK;
 }
 
-size_t k_attention_backward_work_floats(int max_ctx, int Hq) {
-    return 2 * k_attention_work_floats(max_ctx, Hq); /* probabilities and their gradient */
+size_t k_attention_backward_work_floats(int max_ctx, int Hq, int Hkv, int Dh) {
+    return 2 * k_attention_work_floats(max_ctx, Hq, Hkv, Dh); /* probabilities and their gradient */
 }
 
 /* One row's score gradient from its probabilities p and dp = dO·vᵀ (in place):
@@ -431,7 +451,7 @@ whale_code k_attention_backward(whale_gemm *g, float *dq, float *dk, float *dv, 
         return WHALE_OK;
     }
     int rep = Hq / Hkv;
-    float *P = work, *dS = work + k_attention_work_floats(p0 + S, Hq);
+    float *P = work, *dS = work + k_attention_work_floats(p0 + S, Hq, Hkv, Dh);
     /* Same query blocks as the forward, so the recomputed probabilities are
      * the forward's; dk/dv accumulate block after block in a fixed order. */
     for (int s0 = 0; s0 < S; s0 += ATT_QBLOCK) {
@@ -443,12 +463,18 @@ whale_code k_attention_backward(whale_gemm *g, float *dq, float *dk, float *dv, 
                                          seg ? seg + s0 : NULL, p0 + s0 + 1, ctx, Dh, scale, P, dS, err);
             if (c) return c;
         } else {
-            for (int h = 0; h < Hq; h++) {
-                long hoff = off + (long)h * Dh, koff = (long)(h / rep) * Dh;
-                c = attention_backward_block(g, dq + hoff, dk + koff, dv + koff, dout + hoff, q + hoff, k + koff,
-                                             v + koff, ldkv, Hq * Dh, nq, 1, seg ? seg + s0 : NULL, p0 + s0 + 1, ctx,
-                                             Dh, scale, P, dS, err);
+            /* GQA: each K/V head's group of query heads in one block (the
+             * forward's gathering), the gathered dq scattered back */
+            int rows = nq * rep;
+            float *Qg = P + (size_t)rows * ctx, *Dg = Qg + (size_t)rows * Dh, *dQg = dS + (size_t)rows * ctx;
+            for (int j = 0; j < Hkv; j++) {
+                long koff = (long)j * Dh;
+                gather_group(Qg, q, s0, nq, Hq, rep, j, Dh);
+                gather_group(Dg, dout, s0, nq, Hq, rep, j, Dh);
+                c = attention_backward_block(g, dQg, dk + koff, dv + koff, Dg, Qg, k + koff, v + koff, ldkv, Dh, rows,
+                                             rep, seg ? seg + s0 : NULL, p0 + s0 + 1, ctx, Dh, scale, P, dS, err);
                 if (c) return c;
+                scatter_group(dq, dQg, s0, nq, Hq, rep, j, Dh);
             }
         }
     }

@@ -99,7 +99,7 @@ whale_code k_grouped_linear_backward(whale_gemm *g, float *din, float *dW, const
  * head j at column j·Dh. seg (may be NULL) gives for each query s the first
  * key it may see (block-diagonal masks for packed documents); keys seg[s]..p0+s
  * are attended. work must hold k_attention_work_floats() floats. */
-size_t k_attention_work_floats(int max_ctx, int Hq);
+size_t k_attention_work_floats(int max_ctx, int Hq, int Hkv, int Dh);
 whale_code k_attention(whale_gemm *g, float *out, const float *q, const float *k, const float *v,
                        int ldkv, const int32_t *seg, int S, int p0, int Hq, int Hkv, int Dh, float scale,
                        float *work, whale_err *err);
@@ -111,7 +111,7 @@ whale_code k_attention(whale_gemm *g, float *out, const float *q, const float *k
  * contributions are then summed into it). work must hold
  * k_attention_backward_work_floats() floats. Deterministic for a given
  * thread count. */
-size_t k_attention_backward_work_floats(int max_ctx, int Hq);
+size_t k_attention_backward_work_floats(int max_ctx, int Hq, int Hkv, int Dh);
 whale_code k_attention_backward(whale_gemm *g, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                 const float *k, const float *v, int ldkv, const int32_t *seg, int S, int p0, int Hq,
                                 int Hkv, int Dh, float scale, float *work, whale_err *err);

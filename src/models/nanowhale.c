@@ -476,7 +476,7 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
          (s->last = sess_alloc(s, (size_t)max_batch * c->D, 4, &tot));
     size_t work = 0, kv = 0, lora_floats = whale_lora_work_floats(m);
     ok = ok && (!lora_floats || (s->base.lora_work = sess_alloc(s, T * lora_floats, 4, &work))) &&
-         (s->att_work = sess_alloc(s, k_attention_work_floats(max_seq, c->H), 4, &work)) &&
+         (s->att_work = sess_alloc(s, k_attention_work_floats(max_seq, c->H, 1, c->Dh), 4, &work)) &&
          (training || (s->kcache = sess_alloc(s, (size_t)c->L * max_batch * max_seq * c->Dh, 4, &kv)));
     if (!ok) {
         nw_session_free(&s->base);
@@ -1207,7 +1207,7 @@ static whale_code train_session_create(whale_model *m, int max_batch, int seq, i
           A(b->dq, T * HD) && A(b->dqlat, T * c->Q) && A(b->dkv, T * c->Dh) && A(b->dtopw, T * c->K) &&
           A(b->dglog, T * c->E) && A(b->de_out, T * c->D) && A(b->de_x, T * c->D) && A(b->dh, T * c->F) &&
           A(b->dg, T * c->F) && A(b->du, T * c->F) && A(b->tgt, T) && A(b->logits, ch * V) && A(b->dhn, T * c->D) &&
-          A(b->att_work, k_attention_backward_work_floats(seq, c->H))))
+          A(b->att_work, k_attention_backward_work_floats(seq, c->H, 1, c->Dh))))
         goto nomem;
 #undef A
     base->work_bytes += tot;

@@ -519,7 +519,7 @@ static whale_code session_create(whale_model *m, int max_batch, int max_seq, int
          (s->last = sess_alloc(s, (size_t)max_batch * D, 4, &tot));
     size_t work = 0, kv = 0, lora_floats = whale_lora_work_floats(m), cache = (size_t)c->L * T * KVD;
     ok = ok && (!lora_floats || (s->base.lora_work = sess_alloc(s, T * lora_floats, 4, &work))) &&
-         (s->att_work = sess_alloc(s, k_attention_work_floats(max_seq, c->H), 4, &work)) &&
+         (s->att_work = sess_alloc(s, k_attention_work_floats(max_seq, c->H, c->Hkv, c->Dh), 4, &work)) &&
          (training || ((s->kcache = sess_alloc(s, cache, 4, &kv)) && (s->vcache = sess_alloc(s, cache, 4, &kv))));
     if (!ok) {
         qw_session_free(&s->base);
@@ -899,7 +899,7 @@ static whale_code train_session_create(whale_model *m, int max_batch, int seq, i
 #define A(ptr, n) ((ptr = sess_alloc(s, (n), 4, &tot)) != NULL)
     if (!(A(b->dx, T * D) && A(b->dxn, T * D) && A(b->datt, T * HD) && A(b->dq, T * HD) && A(b->dk, T * KVD) &&
           A(b->dv, T * KVD) && A(b->dh, T * F) && A(b->du, T * F) && A(b->tgt, T) && A(b->logits, ch * V) &&
-          A(b->att_work, k_attention_backward_work_floats(seq, c->H)))) {
+          A(b->att_work, k_attention_backward_work_floats(seq, c->H, c->Hkv, c->Dh)))) {
         qw_session_free(base);
         return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate training buffers for batch %d × %d", max_batch, seq);
     }
