@@ -754,8 +754,11 @@ static whale_code nw_forward(whale_session *base, const int32_t *ids, int B, int
 /* ------------------------------------------------------------------ backward */
 
 /* Rows of the lm_head + cross-entropy processed at once: bounds the logits
- * buffer to CE_CHUNK × V instead of T × V. */
-enum { CE_CHUNK = 256 };
+ * buffer to CE_CHUNK × V instead of T × V. Each chunk's weight-gradient
+ * product reads and writes all of dlm_head (165 MB at nanowhale-100m), so
+ * 512 rows rather than 256 halve that traffic: +5–10 % bf16 training speed
+ * measured at 4 × 256, for 132 MB more buffer. */
+enum { CE_CHUNK = 512 };
 
 /* Gradient buffers (one set, reused by every layer) and the gradient
  * pointers: gw has the model's structure with every weight pointer aimed at
