@@ -103,6 +103,8 @@ typedef struct {
     int quiet;
     double memory_limit;         /* bytes the run may take; 0 = the machine's physical memory */
     const char *command_line;    /* recorded in args.json (may be NULL) */
+    const char *resume;          /* a checkpoint of an earlier run with the same settings: continue from it
+                                    (into a new run folder), exactly as the run would have gone on */
 } whale_sft_run_opts;
 
 whale_sft_run_opts whale_sft_run_defaults(void);

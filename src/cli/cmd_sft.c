@@ -27,6 +27,8 @@ static const char sft_usage[] =
     "  --save-steps N (500)  --save-total-limit N (keep all)  --logging-steps N (5)\n"
     "  --gradient-checkpointing (alias --recompute)  --nan-check  --memory-limit GIB  --threads N  --quiet\n"
     "  --out DIR (output; alias --output-dir)   --dry-run [N]: show N samples (3) with the trained text in [[ ]]\n"
+    "  --resume CKPT (alias --resume-from-checkpoint): continue a run from its checkpoint, same settings,\n"
+    "      into a new run folder (the steps after it are those the run would have taken)\n"
     "writes DIR/vN-YYYYMMDD-HHMMSS/{args.json,logging.jsonl,checkpoint-STEP/}; prints a JSON summary";
 
 /* "--lora_rank" → "--lora-rank": ms-swift's spelling is accepted too. */
@@ -195,6 +197,7 @@ int cmd_sft(int argc, char **argv) {
             if ((bad = cli_dtype("sft", v, &o.dtype))) return bad;
         } else if (!strcmp(a, "--chat-template") || !strcmp(a, "--template")) o.chat_template = v;
         else if (!strcmp(a, "--system")) o.data_opts.system = v;
+        else if (!strcmp(a, "--resume") || !strcmp(a, "--resume-from-checkpoint")) o.resume = v;
         else if (!strcmp(a, "--loss-scope")) {
             whale_err err;
             if (whale_sft_loss_scope_from_name(v, &o.data_opts.loss_scope, &err)) return cli_usage("sft", "%s", err.msg);

@@ -138,6 +138,7 @@ static cJSON *make_args(const whale_sft_run_opts *o, const char *model, const ch
     else cJSON_AddNullToObject(j, "save_total_limit");
     cJSON_AddStringToObject(j, "output_dir", run_dir);
     if (o->command_line) cJSON_AddStringToObject(j, "command_line", o->command_line);
+    if (o->resume) cJSON_AddStringToObject(j, "resume_from_checkpoint", o->resume);
     return j;
 }
 
@@ -172,7 +173,115 @@ typedef struct {
     cJSON *args;
     const char *model_dir;
     char run_dir[4096];
+    whale_data_cursor cur;
+    whale_loss_scaler scaler;
+    char fingerprint[128]; /* what must not change when resuming */
 } sft_run;
+
+/* Moments of the trainable parameters and the loop's state: with them a
+ * resumed run continues exactly where the checkpoint was taken. */
+static whale_code write_trainer_state(sft_run *r, const char *dir, int64_t step, whale_err *err) {
+    const whale_model *m = r->m;
+    int n = whale_model_num_params(m), k = 0;
+    whale_st_item *items = calloc((size_t)2 * n, sizeof *items);
+    char (*names)[200] = calloc((size_t)2 * n, 200);
+    whale_tensor *shapes = calloc((size_t)n, sizeof *shapes);
+    whale_code c = WHALE_OK;
+    if (!items || !names || !shapes) c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory writing a checkpoint");
+    for (int i = 0; !c && i < n; i++) {
+        shapes[i] = whale_model_param(m, i);
+        for (int which = 0; which < 2; which++) {
+            const float *mom = whale_optimizer_moment(r->opt, which, i);
+            if (!mom) continue; /* frozen */
+            snprintf(names[k], 200, "%s.%s", which ? "exp_avg_sq" : "exp_avg", whale_model_param_name(m, i));
+            items[k] = (whale_st_item){names[k], WHALE_F32, shapes[i].ndim, shapes[i].shape, mom};
+            k++;
+        }
+    }
+    char path[4400];
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    if (!c) c = whale_st_write(path, items, k, NULL, err);
+    free(items);
+    free(names);
+    free(shapes);
+    if (c) return c;
+    cJSON *j = cJSON_CreateObject();
+    char num[32];
+    cJSON_AddNumberToObject(j, "global_step", (double)step);
+    snprintf(num, sizeof num, "%llu", (unsigned long long)r->cur.seed);
+    cJSON_AddStringToObject(j, "data_seed", num); /* 64-bit: not exact as a JSON number */
+    cJSON_AddNumberToObject(j, "data_epoch", (double)r->cur.epoch);
+    cJSON_AddNumberToObject(j, "data_index", (double)r->cur.index);
+    cJSON_AddNumberToObject(j, "data_rows", (double)r->cur.windows);
+    snprintf(num, sizeof num, "%llu", (unsigned long long)r->s->lora_calls);
+    cJSON_AddStringToObject(j, "dropout_counter", num);
+    cJSON_AddNumberToObject(j, "loss_scale", r->scaler.scale);
+    cJSON_AddNumberToObject(j, "loss_scale_clean_steps", r->scaler.clean_steps);
+    cJSON_AddNumberToObject(j, "loss_scale_skipped", (double)r->scaler.skipped);
+    cJSON_AddStringToObject(j, "run", r->fingerprint);
+    c = write_json(dir, "trainer_state.json", j, err);
+    cJSON_Delete(j);
+    return c;
+}
+
+static double num_field(const cJSON *j, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : -1;
+}
+
+/* Restore what write_trainer_state saved; refuse a checkpoint of another run. */
+static whale_code read_trainer_state(sft_run *r, const char *dir, int64_t *step, whale_err *err) {
+    char path[4400], *text;
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    whale_code c = whale_read_file(path, &text, NULL, err);
+    if (c) return c;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    const cJSON *run = cJSON_GetObjectItemCaseSensitive(j, "run"), *seed = cJSON_GetObjectItemCaseSensitive(j, "data_seed"),
+                *drop = cJSON_GetObjectItemCaseSensitive(j, "dropout_counter");
+    if (!cJSON_IsString(run) || !cJSON_IsString(seed) || !cJSON_IsString(drop) || num_field(j, "global_step") < 0) {
+        cJSON_Delete(j);
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: not a whale sft trainer state", path);
+    }
+    if (strcmp(run->valuestring, r->fingerprint)) {
+        c = whale_errf(err, WHALE_ERR_ARG, "%s: the checkpoint was trained with other settings (%s; now %s); resume with "
+                       "the same data, --train-type, --dtype, --batch-size, --grad-accum and --max-length",
+                       dir, run->valuestring, r->fingerprint);
+        cJSON_Delete(j);
+        return c;
+    }
+    *step = (int64_t)num_field(j, "global_step");
+    r->cur.seed = strtoull(seed->valuestring, NULL, 10);
+    r->cur.epoch = (int64_t)num_field(j, "data_epoch");
+    r->cur.index = (int64_t)num_field(j, "data_index");
+    r->cur.windows = (int64_t)num_field(j, "data_rows");
+    r->s->lora_calls = strtoull(drop->valuestring, NULL, 10);
+    if (num_field(j, "loss_scale") > 0) r->scaler.scale = num_field(j, "loss_scale");
+    r->scaler.clean_steps = (int)num_field(j, "loss_scale_clean_steps");
+    r->scaler.skipped = (int64_t)num_field(j, "loss_scale_skipped");
+    cJSON_Delete(j);
+
+    whale_st *st;
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    if ((c = whale_st_open(path, &st, err))) return c;
+    for (int i = 0; i < whale_model_num_params(r->m) && !c; i++)
+        for (int which = 0; which < 2 && !c; which++) {
+            float *mom = whale_optimizer_moment(r->opt, which, i);
+            if (!mom) continue;
+            char name[200];
+            snprintf(name, sizeof name, "%s.%s", which ? "exp_avg_sq" : "exp_avg", whale_model_param_name(r->m, i));
+            const whale_st_entry *e = whale_st_find(st, name);
+            whale_tensor t = whale_model_param(r->m, i);
+            size_t bytes = sizeof(float) * (size_t)whale_shape_numel(t.ndim, t.shape);
+            if (!e || e->dtype != WHALE_F32 || e->nbytes != bytes)
+                c = whale_errf(err, WHALE_ERR_FORMAT, "%s: missing or mis-sized %s", path, name);
+            else
+                memcpy(mom, e->data, bytes);
+        }
+    whale_st_close(st);
+    whale_optimizer_set_steps(r->opt, *step);
+    return c;
+}
 
 static whale_code save_checkpoint(sft_run *r, int64_t step, char *out_path, size_t cap, whale_err *err) {
     char dir[4200], tmp[4300];
@@ -186,6 +295,7 @@ static whale_code save_checkpoint(sft_run *r, int64_t step, char *out_path, size
             c = whale_tokenizer_copy_files(r->model_dir, tmp, err);
     }
     if (!c) c = write_json(tmp, "args.json", r->args, err);
+    if (!c) c = write_trainer_state(r, tmp, step, err);
     if (c) {
         whale_remove_flat_dir(tmp);
         return c;
@@ -302,18 +412,36 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
         goto done;
     }
 
-    /* the model: a LoRA base is held in the run's precision only */
+    /* the model: a LoRA base is held in the run's precision only; resuming,
+     * the adapters (or the fully trained weights) come from the checkpoint */
     if (lora) {
         if ((c = whale_model_load_as(model_dir, o->dtype, &r.m, err))) goto done;
         whale_lora_config lc = o->lora;
-        if ((c = whale_lora_attach(r.m, &lc, err))) goto done;
-    } else if ((c = whale_model_load(model_dir, &r.m, err)) || (c = whale_model_set_dtype(r.m, o->dtype, err))) {
+        if ((c = o->resume ? whale_lora_load(r.m, o->resume, err) : whale_lora_attach(r.m, &lc, err))) goto done;
+        ((whale_lora_config *)r.m->lora_cfg)->seed = o->lora.seed; /* the dropout masks' seed */
+    } else if ((c = whale_model_load(o->resume ? o->resume : model_dir, &r.m, err)) ||
+               (c = whale_model_set_dtype(r.m, o->dtype, err))) {
         goto done;
     }
     whale_adamw_config ac = {.beta1 = o->beta1, .beta2 = o->beta2, .eps = o->adam_eps, .weight_decay = o->weight_decay,
                              .seed = o->seed};
     if ((c = whale_train_session_new(r.m, B, S, o->recompute, &r.s, err)) || (c = whale_adamw_new(r.m, &ac, &r.opt, err)))
         goto done;
+    r.cur.seed = o->seed;
+    whale_loss_scaler_init(&r.scaler);
+    snprintf(r.fingerprint, sizeof r.fingerprint, "%s %s, %lld rows of %d tokens (%lld trained), batch %d x %d",
+             lora ? "lora" : "full", dtype_hf_name(o->dtype), (long long)rows, S, (long long)st.trained_tokens, B,
+             grad_accum);
+    int64_t start = 0; /* before creating the run folder: a refused resume leaves nothing behind */
+    if (o->resume) {
+        if ((c = read_trainer_state(&r, o->resume, &start, err))) goto done;
+        if (start >= max_steps) {
+            c = whale_errf(err, WHALE_ERR_ARG, "%s: the checkpoint is at step %lld of %lld: nothing left to train",
+                           o->resume, (long long)start, (long long)max_steps);
+            goto done;
+        }
+        if (!o->quiet) fprintf(stderr, "sft: resuming from %s at step %lld\n", o->resume, (long long)start);
+    }
     if (o->nan_check) {
         if (!(nan = whale_diag_new(1))) {
             c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
@@ -356,25 +484,23 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
                 (double)max_steps * (double)per_step / (double)rows, lr, r.run_dir);
     }
 
-    whale_loss_scaler scaler;
-    whale_loss_scaler_init(&scaler);
     int fp16 = o->dtype == WHALE_F16;
-    whale_data_cursor cur = {.seed = o->seed};
     int64_t warmup = (int64_t)ceil(o->warmup_ratio * (double)max_steps), tokens = 0;
+    whale_data_cursor *cur = &r.cur;
     double t_start = whale_now(), t_train = 0, int_loss = 0, int_norm = 0, last_loss = NAN, loss_sum = 0;
     int int_n = 0, int_steps = 0;
     int64_t log_every = o->logging_steps > 0 ? o->logging_steps : 1, loss_n = 0;
-    for (int64_t step = 0; step < max_steps;) {
+    for (int64_t step = start; step < max_steps;) {
         double t0 = whale_now();
         double lr_now = lr * whale_lr_multiplier(o->schedule, step, warmup, max_steps);
         for (int i = 0; i < grad_accum && !c; i++)
-            if (!(c = whale_sft_next_batch(ds, &cur, B, S, &micro[i], err))) {
+            if (!(c = whale_sft_next_batch(ds, cur, B, S, &micro[i], err))) {
                 whale_batch_trim(&micro[i]);
                 tokens += (int64_t)micro[i].B * micro[i].S;
             }
         if (c) goto done;
         whale_step_result sr;
-        if ((c = whale_train_one_step(r.s, r.opt, fp16 ? &scaler : NULL, nan, micro, grad_accum, 0, o->max_grad_norm,
+        if ((c = whale_train_one_step(r.s, r.opt, fp16 ? &r.scaler : NULL, nan, micro, grad_accum, 0, o->max_grad_norm,
                                       lr_now, step + 1, &sr, err)))
             goto done;
         step++;
@@ -383,9 +509,9 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
         int_loss += sr.loss, int_n++, loss_sum += sr.loss, loss_n++;
         if (sr.taken) int_norm += sr.grad_norm, int_steps++;
         int last = step == max_steps;
-        if (step % log_every == 0 || last || step == 1) {
-            double elapsed = whale_now() - t_start, spi = t_train / (double)step;
-            double epoch = (double)cur.epoch + (double)cur.index / (double)(cur.windows ? cur.windows : 1);
+        if (step % log_every == 0 || last || step == start + 1) {
+            double elapsed = whale_now() - t_start, spi = t_train / (double)(step - start);
+            double epoch = (double)cur->epoch + (double)cur->index / (double)(cur->windows ? cur->windows : 1);
             char e1[32], e2[32], jl[32], jn[32];
             whale_fmt_duration(e1, sizeof e1, elapsed);
             whale_fmt_duration(e2, sizeof e2, spi * (double)(max_steps - step));
@@ -400,7 +526,7 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
                     (long long)max_steps, 100.0 * (double)step / (double)max_steps, e1, e2,
                     whale_peak_rss() / 1073741824.0, spi, (double)tokens / t_train);
             if (fp16)
-                fprintf(log, ", \"loss_scale\": %.0f, \"skipped_steps\": %lld", scaler.scale, (long long)scaler.skipped);
+                fprintf(log, ", \"loss_scale\": %.0f, \"skipped_steps\": %lld", r.scaler.scale, (long long)r.scaler.skipped);
             fprintf(log, "}\n");
             fflush(log);
             if (!o->quiet)
@@ -421,9 +547,9 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
             "{\"train_runtime\": %.2f, \"train_samples_per_second\": %.3f, \"train_steps_per_second\": %.3f, "
             "\"train_loss\": %s, \"epoch\": %.4f, \"global_step/max_steps\": \"%lld/%lld\", "
             "\"last_model_checkpoint\": \"%s\", \"memory(GiB)\": %.2f}\n",
-            seconds, (double)max_steps * (double)per_step / seconds, (double)max_steps / seconds,
+            seconds, (double)(max_steps - start) * (double)per_step / seconds, (double)(max_steps - start) / seconds,
             whale_json_double(jl, sizeof jl, "%.6f", loss_sum / (double)loss_n),
-            (double)cur.epoch + (double)cur.index / (double)(cur.windows ? cur.windows : 1), (long long)max_steps,
+            (double)cur->epoch + (double)cur->index / (double)(cur->windows ? cur->windows : 1), (long long)max_steps,
             (long long)max_steps, ckpt, whale_peak_rss() / 1073741824.0);
     if (!o->quiet) fprintf(stderr, "sft: peak resident memory %.1f MiB\n", whale_peak_rss() / 1048576.0);
     if (res) {

@@ -77,6 +77,18 @@ if command -v python3 >/dev/null; then
 fi
 check "adapter_config records the recipe" grep -q '"lora_alpha":.8' "$CK/adapter_config.json"
 
+# --resume continues exactly: the same adapters as the uninterrupted run
+RS=(-m "$TMP/base" --data "$SC" "${NAMES[@]}" --max-steps 4 --batch-size 2 --grad-accum 2 --save-steps 2 --lr 1e-3 --quiet)
+"$WHALE" sft "${RS[@]}" --out "$TMP/rs-full" >/dev/null 2>&1
+"$WHALE" sft "${RS[@]}" --out "$TMP/rs-res" --resume_from_checkpoint "$(ls -d "$TMP"/rs-full/v0-*/checkpoint-2)" >/dev/null 2>&1
+check "resume: the run goes on from checkpoint-2" test $? = 0
+check "resume: checkpoint-4's adapters equal the uninterrupted run's" \
+    cmp -s "$(ls -d "$TMP"/rs-full/v0-*/checkpoint-4)/adapter_model.safetensors" \
+    "$(ls -d "$TMP"/rs-res/v0-*/checkpoint-4)/adapter_model.safetensors"
+expect_status 2 'trained with other settings' -- "$WHALE" sft -m "$TMP/base" --data "$SC" "${NAMES[@]}" --max-steps 4 \
+    --batch-size 1 --grad-accum 2 --quiet --out "$TMP/rs-bad" --resume "$(ls -d "$TMP"/rs-full/v0-*/checkpoint-2)"
+check "a refused resume leaves no run folder" test ! -e "$TMP/rs-bad/v0-"*
+
 # the adapters alone find the base; the merged model generates the same text
 "$WHALE" generate --adapters "$CK" -p "Who are you?" -n 12 --temperature 0 >"$TMP/g_ad" 2>/dev/null
 check "generate --adapters (base from args.json)" test $? = 0
