@@ -61,6 +61,8 @@ typedef enum {
 size_t whale_dtype_size(whale_dtype dt);
 /* safetensors spelling: "F32", "F16", "BF16", "I8", "U8", "I32", "I64" */
 const char *whale_dtype_name(whale_dtype dt);
+/* PyTorch spelling, as configs record it: "float32", "bfloat16", "float16", "int8", … */
+const char *whale_dtype_torch_name(whale_dtype dt);
 /* returns 0 and sets *dt, or -1 if the name is unknown */
 int whale_dtype_from_name(const char *name, whale_dtype *dt);
 

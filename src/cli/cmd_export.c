@@ -4,6 +4,7 @@
 #include "core/core.h"
 #include "io/safetensors.h"
 #include "kernels/convert.h"
+#include "models/model.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -105,8 +106,7 @@ int cmd_export(int argc, char **argv) {
     cJSON *cfg = cJSON_Parse(config);
     free(config);
     if (cfg) { /* record the stored dtype like transformers does */
-        cJSON_DeleteItemFromObject(cfg, "dtype");
-        cJSON_AddStringToObject(cfg, "dtype", dt == WHALE_BF16 ? "bfloat16" : dt == WHALE_F16 ? "float16" : "float32");
+        whale_config_set_dtype(cfg, dt);
         config = cJSON_Print(cfg);
         cJSON_Delete(cfg);
     }

@@ -179,17 +179,12 @@ int cli_sampling_option(const char *cmd, const char *a, const char *v, whale_sam
  * repetition_penalty fill what the command line did not give. */
 whale_code cli_generation_config(const char *dir, whale_sampler_params *sp, unsigned given, int verbose,
                                  whale_err *err) {
-    char path[4200], *text;
+    char path[4200];
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
     if (access(path, R_OK) != 0) return WHALE_OK;
-    whale_code c = whale_read_file(path, &text, NULL, err);
+    cJSON *j;
+    whale_code c = whale_read_json_object(path, &j, err);
     if (c) return c;
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    if (!cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        return whale_errf(err, WHALE_ERR_FORMAT, "%s: not a JSON object", path);
-    }
     const cJSON *v;
     char used[256] = "";
     size_t u = 0;

@@ -33,6 +33,11 @@ double whale_rng_normal(whale_rng *r);
 whale_code whale_write_file_atomic(const char *path, const void *data, size_t n, whale_err *err);
 /* Read a whole file (NUL-terminated for convenience). */
 whale_code whale_read_file(const char *path, char **data, size_t *n, whale_err *err);
+/* Read a JSON file whose top level must be an object; errors name the file
+ * ("invalid JSON near byte N", "top level must be a JSON object"). Free
+ * *out with cJSON_Delete. */
+struct cJSON;
+whale_code whale_read_json_object(const char *path, struct cJSON **out, whale_err *err);
 /* mkdir -p for one level (the directory itself); ok if it exists. */
 whale_code whale_mkdir(const char *dir, whale_err *err);
 

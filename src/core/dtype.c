@@ -20,6 +20,16 @@ const char *whale_dtype_name(whale_dtype dt) {
     return (unsigned)dt < WHALE_DTYPE_COUNT ? dtype_info[dt].name : "?";
 }
 
+const char *whale_dtype_torch_name(whale_dtype dt) {
+    switch (dt) {
+    case WHALE_F32: return "float32";
+    case WHALE_BF16: return "bfloat16";
+    case WHALE_F16: return "float16";
+    case WHALE_I8: return "int8";
+    default: return whale_dtype_name(dt);
+    }
+}
+
 int whale_dtype_from_name(const char *name, whale_dtype *dt) {
     for (int i = 0; i < WHALE_DTYPE_COUNT; i++)
         if (strcmp(name, dtype_info[i].name) == 0) {

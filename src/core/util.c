@@ -2,10 +2,13 @@
 #define _POSIX_C_SOURCE 200809L
 #include "core.h"
 
+#include <cjson/cJSON.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -150,4 +153,26 @@ double whale_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+whale_code whale_read_json_object(const char *path, cJSON **out, whale_err *err) {
+    char *text;
+    size_t n;
+    *out = NULL;
+    whale_code c = whale_read_file(path, &text, &n, err);
+    if (c) return c;
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(text, n + 1, &end, 1); /* text is NUL-terminated */
+    if (!j) {
+        size_t off = end && end >= text ? (size_t)(end - text) : 0;
+        free(text);
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: invalid JSON near byte %zu", path, off);
+    }
+    free(text);
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: top level must be a JSON object", path);
+    }
+    *out = j;
+    return WHALE_OK;
 }

@@ -183,9 +183,9 @@ whale_code whale_model_bind(whale_model *m, whale_st *st, const char *path, whal
         for (j = 0; j < m->n_params; j++)
             if (strcmp(m->params[j].name, name) == 0) break;
         if (j == m->n_params) {
-            /* a tied model saved with its lm_head copy too: transformers
-             * ties it back to the embedding and ignores the tensor */
-            if (!strcmp(name, "lm_head.weight") && m->family == WHALE_FAMILY_QWEN2) continue;
+            /* a tied model (it has no lm_head parameter) saved with the
+             * head's copy too: transformers ties it back and ignores it */
+            if (!strcmp(name, "lm_head.weight")) continue;
             list_add(unexpected, sizeof unexpected, &n_unexpected, e->name);
             continue;
         }
@@ -340,27 +340,6 @@ whale_code whale_json_bool(const cJSON *obj, const char *key, int def, int *out,
 
 /* ------------------------------------------------------------ public API */
 
-static whale_code parse_json_file(const char *path, cJSON **out, whale_err *err) {
-    char *text;
-    size_t n;
-    whale_code c = whale_read_file(path, &text, &n, err);
-    if (c) return c;
-    const char *end = NULL;
-    cJSON *j = cJSON_ParseWithLengthOpts(text, n + 1, &end, 1); /* text is NUL-terminated */
-    if (!j) {
-        size_t off = end && end >= text ? (size_t)(end - text) : 0;
-        free(text);
-        return whale_errf(err, WHALE_ERR_FORMAT, "%s: invalid JSON near byte %zu", path, off);
-    }
-    free(text);
-    if (!cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        return whale_errf(err, WHALE_ERR_FORMAT, "%s: top level must be a JSON object", path);
-    }
-    *out = j;
-    return WHALE_OK;
-}
-
 static whale_code model_from_config(const cJSON *cfg, const char *file, whale_model **out, whale_err *err) {
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(cfg, "model_type");
     if (!cJSON_IsString(mt))
@@ -401,7 +380,7 @@ static whale_code add_generation_eos(whale_model *m, const char *dir, whale_err 
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
     if (stat(path, &sb) != 0) return WHALE_OK;
     cJSON *gc;
-    whale_code c = parse_json_file(path, &gc, err);
+    whale_code c = whale_read_json_object(path, &gc, err);
     if (c) return c;
     int32_t have[8];
     int n_have = whale_model_eos_ids(m, have, 8);
@@ -432,7 +411,7 @@ whale_code whale_model_load_as(const char *dir, whale_dtype dt, whale_model **ou
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     cJSON *cfg;
-    whale_code c = parse_json_file(path, &cfg, err);
+    whale_code c = whale_read_json_object(path, &cfg, err);
     if (c) return c;
     whale_model *m;
     c = model_from_config(cfg, path, &m, err);
@@ -464,7 +443,7 @@ static whale_code config_with_overrides(const char *preset, const char *override
     cJSON *cfg;
     whale_code c;
     size_t n = strlen(preset);
-    if (n > 5 && strcmp(preset + n - 5, ".json") == 0) c = parse_json_file(preset, &cfg, err);
+    if (n > 5 && strcmp(preset + n - 5, ".json") == 0) c = whale_read_json_object(preset, &cfg, err);
     else c = preset_config(preset, &cfg, err);
     if (c) return c;
     if (overrides && *overrides) {
@@ -486,15 +465,21 @@ static whale_code config_with_overrides(const char *preset, const char *override
     return WHALE_OK;
 }
 
-whale_code whale_model_init_config(const char *preset, const char *overrides, uint64_t seed, whale_model **out,
-                                   whale_err *err) {
-    *out = NULL;
+/* The model of a preset or config file with overrides, parameters unallocated. */
+static whale_code model_of_preset(const char *preset, const char *overrides, whale_model **out, whale_err *err) {
     cJSON *cfg;
     whale_code c = config_with_overrides(preset, overrides, &cfg, err);
     if (c) return c;
-    whale_model *m;
-    c = model_from_config(cfg, preset, &m, err);
+    c = model_from_config(cfg, preset, out, err);
     cJSON_Delete(cfg);
+    return c;
+}
+
+whale_code whale_model_init_config(const char *preset, const char *overrides, uint64_t seed, whale_model **out,
+                                   whale_err *err) {
+    *out = NULL;
+    whale_model *m;
+    whale_code c = model_of_preset(preset, overrides, &m, err);
     if (c) return c;
     if ((c = whale_model_alloc_params(m, err)) || (c = init_weights(m, seed, err))) {
         whale_model_free(m);
@@ -513,10 +498,10 @@ whale_code whale_model_skeleton(const char *src, whale_model **out, whale_err *e
     size_t n = strlen(src);
     if (stat(src, &sb) == 0 && S_ISDIR(sb.st_mode)) {
         snprintf(path, sizeof path, "%s/config.json", src);
-        c = parse_json_file(path, &cfg, err);
+        c = whale_read_json_object(path, &cfg, err);
     } else if (n > 5 && strcmp(src + n - 5, ".json") == 0) {
         snprintf(path, sizeof path, "%s", src);
-        c = parse_json_file(src, &cfg, err);
+        c = whale_read_json_object(src, &cfg, err);
     } else {
         snprintf(path, sizeof path, "%s", src);
         c = preset_config(src, &cfg, err);
@@ -552,9 +537,7 @@ static const void *produce_param(void *user, int i, whale_err *err) {
     else nanowhale_init_param(is->m, i, &is->rng, is->buf);
     if (is->dt == WHALE_F32) return is->buf;
     if (is->dt == WHALE_F16) whale_f32_to_f16_rows(is->half, is->buf, n);
-    else
-#pragma omp parallel for schedule(static) if (n > 65536)
-        for (size_t k = 0; k < n; k++) is->half[k] = whale_float_to_bf16(is->buf[k]);
+    else whale_f32_to_bf16_rows(is->half, is->buf, n);
     return is->half;
 }
 
@@ -562,12 +545,8 @@ whale_code whale_model_init_to_dir(const char *preset, const char *overrides, ui
                                    const char *dir, int64_t *n_params, whale_err *err) {
     if (dt != WHALE_F32 && dt != WHALE_BF16 && dt != WHALE_F16)
         return whale_errf(err, WHALE_ERR_ARG, "a checkpoint is written in fp32, bf16 or fp16, not %s", whale_dtype_name(dt));
-    cJSON *cfg;
-    whale_code c = config_with_overrides(preset, overrides, &cfg, err);
-    if (c) return c;
     whale_model *m;
-    c = model_from_config(cfg, preset, &m, err);
-    cJSON_Delete(cfg);
+    whale_code c = model_of_preset(preset, overrides, &m, err);
     if (c) return c;
     init_stream is = {.m = m, .dt = dt};
     whale_rng_seed(&is.rng, seed);
@@ -605,14 +584,23 @@ whale_code whale_model_config_json(const whale_model *m, char **json, whale_err 
     return *json ? WHALE_OK : whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
 }
 
+void whale_config_set_dtype(cJSON *cfg, whale_dtype dt) {
+    const char *keys[2] = {"torch_dtype", "dtype"};
+    int found = 0;
+    for (int k = 0; k < 2; k++)
+        if (cJSON_GetObjectItemCaseSensitive(cfg, keys[k])) {
+            cJSON_ReplaceItemInObjectCaseSensitive(cfg, keys[k], cJSON_CreateString(whale_dtype_torch_name(dt)));
+            found = 1;
+        }
+    if (!found) cJSON_AddStringToObject(cfg, "torch_dtype", whale_dtype_torch_name(dt));
+}
+
 /* dir/config.json, recording the weights' dtype as transformers does. */
 static whale_code write_config(const whale_model *m, const char *dir, whale_dtype dt, whale_err *err) {
     cJSON *cfg;
     whale_code c;
     if ((c = m->ops->config_to_json(m, &cfg, err))) return c;
-    cJSON_DeleteItemFromObject(cfg, "torch_dtype");
-    cJSON_DeleteItemFromObject(cfg, "dtype");
-    cJSON_AddStringToObject(cfg, "torch_dtype", dt == WHALE_BF16 ? "bfloat16" : dt == WHALE_F16 ? "float16" : "float32");
+    whale_config_set_dtype(cfg, dt);
     char *text = cJSON_Print(cfg);
     cJSON_Delete(cfg);
     if (!text) return whale_errf(err, WHALE_ERR_NOMEM, "%s: cannot render config.json", dir);
@@ -761,6 +749,14 @@ size_t whale_session_activation_bytes(const whale_session *s, size_t *recompute_
 }
 
 whale_model *whale_session_model(const whale_session *s) { return s->model; }
+
+void whale_session_sizes_of(const whale_session *s, whale_session_sizes *out) {
+    out->activations = s->activation_bytes;
+    out->recompute_saves = s->recompute_saves;
+    out->kv_cache = s->kv_bytes;
+    out->work = s->work_bytes;
+    out->grads = s->n_grad_bytes;
+}
 
 float *whale_session_grad(whale_session *s, int i) {
     if (!s->grads || i < 0 || i >= s->model->n_params || s->grad_offsets[i] == SIZE_MAX) return NULL;

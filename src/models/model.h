@@ -141,6 +141,10 @@ struct whale_session {
 
 /* Helpers shared by families. */
 
+/* Record the weights' dtype in a config: under the keys it already has
+ * ("torch_dtype" and/or the newer "dtype"), else "torch_dtype". */
+void whale_config_set_dtype(cJSON *cfg, whale_dtype dt);
+
 /* A session's buffers: every allocation remembered for freeing. With
  * count_only set nothing is allocated, only the sizes are added up (what a
  * session would hold: whale memory), and a non-NULL pointer that must
@@ -165,6 +169,9 @@ whale_code whale_session_alloc_grads(whale_session *s, int count_only, whale_err
  * [r] each plus the dropped-out input [in], for the widest adapter; 0
  * without adapters. */
 size_t whale_lora_work_floats(const whale_model *m);
+
+/* The sizes of a session's buffers (from a count-only session: whale memory). */
+void whale_session_sizes_of(const whale_session *s, whale_session_sizes *out);
 
 /* Call the session's trace hook (set: the caller checks s->trace) with a
  * tensor and a printf-style name. */

@@ -1236,11 +1236,7 @@ static whale_code nw_session_sizes(whale_model *m, int max_batch, int seq, int t
     whale_code e = training ? train_session_create(m, max_batch, seq, recompute, 1, &s, err)
                             : nw_session_create(m, max_batch, seq, 0, 0, 1, &s, err);
     if (e) return e;
-    out->activations = s->base.activation_bytes;
-    out->recompute_saves = s->base.recompute_saves;
-    out->kv_cache = s->base.kv_bytes;
-    out->work = s->base.work_bytes;
-    out->grads = s->base.n_grad_bytes;
+    whale_session_sizes_of(&s->base, out);
     nw_session_free(&s->base);
     return WHALE_OK;
 }

@@ -249,7 +249,7 @@ static whale_code qw_config_to_json(const whale_model *m, cJSON **out, whale_err
     if (arch) cJSON_AddItemToArray(arch, cJSON_CreateString("Qwen2ForCausalLM"));
     /* the dtype whale_model_save writes the weights in */
     whale_dtype dt = whale_model_has_master(m) ? WHALE_F32 : m->compute_dtype;
-    const char *dtn = dt == WHALE_BF16 ? "bfloat16" : dt == WHALE_F16 ? "float16" : "float32";
+    const char *dtn = whale_dtype_torch_name(dt);
     int ok = j && put(j, "architectures", arch) && put(j, "model_type", cJSON_CreateString("qwen2")) &&
              put(j, "num_key_value_heads", cJSON_CreateNumber(c->Hkv)) &&
              put(j, "hidden_act", cJSON_CreateString("silu")) &&
@@ -448,8 +448,9 @@ static int alloc_stash(qw_session *s, qw_stash *st, const qw_config *c, size_t T
 }
 
 static void to_bf16(uint16_t *dst, const float *src, size_t n) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i++) dst[i] = whale_float_to_bf16(src[i]);
+    enum { BLOCK = 1 << 16 };
+#pragma omp parallel for schedule(static) if (n > BLOCK)
+    for (size_t i = 0; i < n; i += BLOCK) whale_f32_to_bf16_rows(dst + i, src + i, n - i < BLOCK ? n - i : BLOCK);
 }
 
 /* Layer l's activations (in the working set a) into its bf16 stash, and back. */
@@ -664,7 +665,7 @@ static whale_code forward_hidden(qw_session *s, const int32_t *ids, const int32_
     });
     for (int l = 0; l < c->L; l++) {
         if ((e = layer_forward(s, l, B, S, &s->acts[s->n_act_sets > 1 ? l : 0], err))) return e;
-        if (s->stash) PROF(s, P_STASH, stash_put(s, &s->acts[0], l, (size_t)T));
+        if (s->stash && s->base.training) PROF(s, P_STASH, stash_put(s, &s->acts[0], l, (size_t)T));
     }
     PROF(s, P_NORM, k_rmsnorm(s->hn, s->X[c->L], qw->norm, T, D, c->norm_eps, s->hn_rstd));
     TRACE(WHALE_F32, s->hn, 2, DIMS(T, D), "final_hidden");
@@ -924,11 +925,7 @@ static whale_code qw_session_sizes(whale_model *m, int max_batch, int seq, int t
     whale_code e = training ? train_session_create(m, max_batch, seq, recompute, 1, &s, err)
                             : session_create(m, max_batch, seq, 0, 0, 1, &s, err);
     if (e) return e;
-    out->activations = s->base.activation_bytes;
-    out->recompute_saves = s->base.recompute_saves;
-    out->kv_cache = s->base.kv_bytes;
-    out->work = s->base.work_bytes;
-    out->grads = s->base.n_grad_bytes;
+    whale_session_sizes_of(&s->base, out);
     qw_session_free(&s->base);
     return WHALE_OK;
 }

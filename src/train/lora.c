@@ -238,15 +238,9 @@ whale_code whale_lora_save(const whale_model *m, const char *dir, const char *ba
 whale_code whale_lora_load(whale_model *m, const char *dir, whale_err *err) {
     char path[4200];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    char *text;
-    whale_code c = whale_read_file(path, &text, NULL, err);
+    cJSON *j;
+    whale_code c = whale_read_json_object(path, &j, err);
     if (c) return c;
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    if (!cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        return whale_errf(err, WHALE_ERR_FORMAT, "%s: invalid JSON", path);
-    }
     const cJSON *pt = cJSON_GetObjectItemCaseSensitive(j, "peft_type"), *r = cJSON_GetObjectItemCaseSensitive(j, "r"),
                 *al = cJSON_GetObjectItemCaseSensitive(j, "lora_alpha"),
                 *dr = cJSON_GetObjectItemCaseSensitive(j, "lora_dropout"),

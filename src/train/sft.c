@@ -42,10 +42,6 @@ whale_sft_run_opts whale_sft_run_defaults(void) {
     return o;
 }
 
-static const char *dtype_hf_name(whale_dtype dt) {
-    return dt == WHALE_BF16 ? "bfloat16" : dt == WHALE_F16 ? "float16" : dt == WHALE_I8 ? "int8" : "float32";
-}
-
 /* ms-swift's add_version_to_work_dir: vN-YYYYMMDD-HHMMSS with N one past
  * the highest version already in out. */
 static void version_dir(const char *out, char *buf, size_t cap) {
@@ -89,7 +85,7 @@ static cJSON *make_args(const whale_sft_run_opts *o, const char *model, const ch
     cJSON_AddStringToObject(j, "template", whale_chat_format_name(fmt));
     if (d->system) cJSON_AddStringToObject(j, "system", d->system);
     else cJSON_AddNullToObject(j, "system");
-    cJSON_AddStringToObject(j, "torch_dtype", dtype_hf_name(o->dtype));
+    cJSON_AddStringToObject(j, "torch_dtype", whale_dtype_torch_name(o->dtype));
     if (o->tuner == WHALE_TUNE_LORA) {
         cJSON_AddNumberToObject(j, "lora_rank", o->lora.rank);
         cJSON_AddNumberToObject(j, "lora_alpha", o->lora.alpha);
@@ -231,12 +227,11 @@ static double num_field(const cJSON *j, const char *k) {
 
 /* Restore what write_trainer_state saved; refuse a checkpoint of another run. */
 static whale_code read_trainer_state(sft_run *r, const char *dir, int64_t *step, whale_err *err) {
-    char path[4400], *text;
+    char path[4400];
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
-    whale_code c = whale_read_file(path, &text, NULL, err);
+    cJSON *j;
+    whale_code c = whale_read_json_object(path, &j, err);
     if (c) return c;
-    cJSON *j = cJSON_Parse(text);
-    free(text);
     const cJSON *run = cJSON_GetObjectItemCaseSensitive(j, "run"), *seed = cJSON_GetObjectItemCaseSensitive(j, "data_seed"),
                 *drop = cJSON_GetObjectItemCaseSensitive(j, "dropout_counter");
     if (!cJSON_IsString(run) || !cJSON_IsString(seed) || !cJSON_IsString(drop) || num_field(j, "global_step") < 0) {
@@ -430,7 +425,7 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
     r.cur.seed = o->seed;
     whale_loss_scaler_init(&r.scaler);
     snprintf(r.fingerprint, sizeof r.fingerprint, "%s %s, %lld rows of %d tokens (%lld trained), batch %d x %d",
-             lora ? "lora" : "full", dtype_hf_name(o->dtype), (long long)rows, S, (long long)st.trained_tokens, B,
+             lora ? "lora" : "full", whale_dtype_torch_name(o->dtype), (long long)rows, S, (long long)st.trained_tokens, B,
              grad_accum);
     int64_t start = 0; /* before creating the run folder: a refused resume leaves nothing behind */
     if (o->resume) {
@@ -480,7 +475,7 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
         fprintf(stderr, "sft: ");
         whale_memory_print(&mm, stderr);
         fprintf(stderr, "sft: %s, %s; %lld steps of %d × %d rows (%.3g epochs), lr %.3g; run folder %s\n",
-                lora ? "LoRA" : "full fine-tuning", dtype_hf_name(o->dtype), (long long)max_steps, B, grad_accum,
+                lora ? "LoRA" : "full fine-tuning", whale_dtype_torch_name(o->dtype), (long long)max_steps, B, grad_accum,
                 (double)max_steps * (double)per_step / (double)rows, lr, r.run_dir);
     }
 
@@ -579,21 +574,20 @@ done:
 
 whale_code whale_sft_checkpoint_base(const char *checkpoint, char **model, char **chat_template, char **system,
                                      whale_err *err) {
-    char path[4400], *text;
+    char path[4400];
     *model = NULL;
     if (chat_template) *chat_template = NULL;
     if (system) *system = NULL;
     snprintf(path, sizeof path, "%s/args.json", checkpoint);
     if (access(path, R_OK) != 0)
         return whale_errf(err, WHALE_ERR_IO, "%s: no args.json to find the base model in (give -m BASE)", checkpoint);
-    whale_code c = whale_read_file(path, &text, NULL, err);
+    cJSON *j;
+    whale_code c = whale_read_json_object(path, &j, err);
     if (c) return c;
-    cJSON *j = cJSON_Parse(text);
-    free(text);
     const cJSON *mv = cJSON_GetObjectItemCaseSensitive(j, "model");
     if (!cJSON_IsString(mv) || !*mv->valuestring) {
         cJSON_Delete(j);
-        return whale_errf(err, WHALE_ERR_FORMAT, "%s: %s", path, j ? "no \"model\" string" : "invalid JSON");
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: no \"model\" string", path);
     }
     *model = strdup(mv->valuestring);
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "template"), *s = cJSON_GetObjectItemCaseSensitive(j, "system");

@@ -169,12 +169,11 @@ static double json_num(const cJSON *o, const char *k, double def) {
 
 /* Restore moments, step and data cursor; refuse a checkpoint of another run. */
 static whale_code load_trainer_state(run_t *r, const char *dir, whale_err *err) {
-    char path[4096], *text;
+    char path[4096];
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
-    whale_code c = whale_read_file(path, &text, NULL, err);
+    cJSON *j;
+    whale_code c = whale_read_json_object(path, &j, err);
     if (c) return c;
-    cJSON *j = cJSON_Parse(text);
-    free(text);
     const cJSON *cur = cJSON_GetObjectItemCaseSensitive(j, "data_cursor"), *run = cJSON_GetObjectItemCaseSensitive(j, "run");
     if (!cJSON_IsObject(cur) || !cJSON_IsObject(run) || !json_str(cur, "seed")) {
         cJSON_Delete(j);

@@ -81,11 +81,18 @@ expect 0 'wrote' -- "$WHALE" init --preset tiny --seed 5 --out "$TMP/init"
 expect 0 '' -- "$WHALE" info -m "$TMP/init"
 expect 2 'unknown preset "huge"' -- "$WHALE" init --preset huge --out "$TMP/x"
 expect 3 'cannot create directory' -- "$WHALE" init --preset tiny --out "$TMP/no/such/place"
+expect 0 'in bf16' -- "$WHALE" init --preset tiny --seed 5 --dtype bf16 --out "$TMP/init16"
+check "init --dtype bf16: BF16 tensors, half the bytes" test "$(stat -c %s "$TMP/init16/model.safetensors")" -lt \
+    "$(( $(stat -c %s "$TMP/init/model.safetensors") * 51 / 100 ))"
+check "init --dtype bf16: the config records it under the config's own key" grep -q '"dtype":[[:space:]]*"bfloat16"' "$TMP/init16/config.json"
+expect 2 'checkpoints are fp32, bf16 or fp16' -- "$WHALE" init --preset tiny --dtype int8 --out "$TMP/x"
 
 # export to bf16 / fp16: half the bytes, loads back, scores close to fp32
 expect 0 'wrote' -- "$WHALE" export -m "$TINY" --dtype bf16 --out "$TMP/bf16"
 check "bf16 checkpoint is half the size" test "$(stat -c %s "$TMP/bf16/model.safetensors")" -lt \
     "$(( $(stat -c %s "$TINY/model.safetensors") * 51 / 100 ))"
+check "the exported config records bfloat16" grep -q '"dtype":[[:space:]]*"bfloat16"' "$TMP/bf16/config.json"
+check "... and only once" test "$(grep -c 'float32\|bfloat16' "$TMP/bf16/config.json")" = 1
 expect 0 '' -- "$WHALE" score -m "$TMP/bf16" --ids "$TMP/ids.json"
 loss16=$(sed -E 's/.*"loss": ([0-9.]+).*/\1/' "$TMP/out")
 expect 0 '' -- "$WHALE" score -m "$TINY" --ids "$TMP/ids.json"
