@@ -17,15 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static double rel(const float *a, const float *b, long n) {
-    double d = 0, r = 0;
-    for (long i = 0; i < n; i++) {
-        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        r += (double)b[i] * b[i];
-    }
-    return r > 0 ? sqrt(d / r) : sqrt(d);
-}
-
 static whale_model *load_tiny(void) {
     char dir[512];
     whale_err err;
@@ -69,7 +60,7 @@ int main(void) {
     CHECK(whale_session_new(m, B, S, &s, &err) == WHALE_OK, "%s", err.msg);
     CHECK(whale_session_forward(s, ids, B, S, logits, 1, &err) == WHALE_OK, "%s", err.msg);
     whale_session_free(s);
-    double dl = rel(logits, elog->data, (long)nl);
+    double dl = test_rel_norm(logits, elog->data, (long)nl);
     printf("adapted logits vs reference: relative %.3g\n", dl);
     CHECK(dl <= 1e-5, "adapted logits differ from the reference by %g", dl);
 
@@ -91,7 +82,7 @@ int main(void) {
         const whale_st_entry *e = whale_st_find(g, key);
         CHECK(e != NULL, "golden has no %s", key);
         if (!e) continue;
-        double r = rel(whale_session_grad(ts, i), e->data, (long)(e->nbytes / 4));
+        double r = test_rel_norm(whale_session_grad(ts, i), e->data, (long)(e->nbytes / 4));
         if (r > worst) worst = r, worst_name = whale_model_param_name(m, i);
     }
     double sq = 0; /* PEFT clips the norm of the trainable gradients: the adapters' */
@@ -145,7 +136,7 @@ int main(void) {
     CHECK(whale_session_new(m2, B, S, &s, &err) == WHALE_OK, "%s", err.msg);
     CHECK(whale_session_forward(s, ids, B, S, merged, 1, &err) == WHALE_OK, "%s", err.msg);
     whale_session_free(s);
-    double dm = rel(merged, logits, (long)nl);
+    double dm = test_rel_norm(merged, logits, (long)nl);
     printf("merged vs adapted logits: relative %.3g\n", dm);
     CHECK(dm <= 1e-5, "merged logits differ from the adapted ones by %g", dm);
     (void)emerged;
@@ -283,18 +274,7 @@ int main(void) {
     lc.rank = 4;
     lc.dropout = 0; /* the trim comparison below needs the same function twice */
     CHECK(whale_lora_attach(mb, &lc, &err) == WHALE_OK, "%s", err.msg);
-    size_t snap_bytes = 0;
-    for (int i = 0; i < n_base; i++) {
-        whale_tensor t = whale_model_param(mb, i);
-        snap_bytes += (size_t)whale_shape_numel(t.ndim, t.shape) * whale_dtype_size(t.dtype);
-    }
-    unsigned char *snap = malloc(snap_bytes), *at = snap;
-    for (int i = 0; i < n_base; i++) {
-        whale_tensor t = whale_model_param(mb, i);
-        size_t b = (size_t)whale_shape_numel(t.ndim, t.shape) * whale_dtype_size(t.dtype);
-        memcpy(at, t.data, b);
-        at += b;
-    }
+    unsigned char *snap = test_snapshot_params(mb, n_base);
     whale_memory before_mm;
     whale_memory_of_model(mb, &before_mm);
     CHECK(whale_train_session_new(mb, B, S, 0, &ts, &err) == WHALE_OK, "%s", err.msg);
@@ -314,14 +294,7 @@ int main(void) {
         if (!k) l_first = sr.loss;
         l_last = sr.loss;
     }
-    at = snap;
-    int changed = 0;
-    for (int i = 0; i < n_base; i++) {
-        whale_tensor t = whale_model_param(mb, i);
-        size_t b = (size_t)whale_shape_numel(t.ndim, t.shape) * whale_dtype_size(t.dtype);
-        if (memcmp(at, t.data, b)) changed++;
-        at += b;
-    }
+    int changed = test_params_changed(mb, n_base, snap);
     whale_memory after_mm;
     whale_memory_of_model(mb, &after_mm);
     printf("LoRA on a mapped bf16 base, 3 steps: loss %.4f -> %.4f, %d base tensors changed\n", l_first, l_last, changed);
@@ -368,7 +341,7 @@ int main(void) {
     double gworst = 0;
     for (int i = n_base, off = 0; i < n_base + na; i++) {
         size_t n = (size_t)whale_shape_numel(2, whale_model_param(mb, i).shape);
-        double r = rel(whale_session_grad(ts, i), g_full + off, (long)n);
+        double r = test_rel_norm(whale_session_grad(ts, i), g_full + off, (long)n);
         if (r > gworst) gworst = r;
         off += (int)n;
     }

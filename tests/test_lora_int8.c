@@ -23,15 +23,6 @@
 
 static const char *const REFUSAL = "attach LoRA adapters to an int8 base";
 
-static double rel(const float *a, const float *b, long n) {
-    double d = 0, r = 0;
-    for (long i = 0; i < n; i++) {
-        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        r += (double)b[i] * b[i];
-    }
-    return r > 0 ? sqrt(d / r) : sqrt(d);
-}
-
 static whale_model *load(whale_dtype dt) {
     char dir[512];
     whale_err err;
@@ -116,7 +107,7 @@ static void grad_errors(const whale_model *m, const float *g, const float *g0, d
             d += ((double)g[off + j] - g0[off + j]) * ((double)g[off + j] - g0[off + j]);
             r += (double)g0[off + j] * g0[off + j];
         }
-        double e = rel(g + off, g0 + off, (long)n);
+        double e = test_rel_norm(g + off, g0 + off, (long)n);
         if (e > *worst) *worst = e, *worst_name = m->params[i].name;
         off += n;
     }
@@ -341,26 +332,9 @@ static void test_steps(void) {
     lc.dropout = 0;
     CHECK(whale_lora_attach(m, &lc, &err) == WHALE_OK, "%s", err.msg);
     /* every base tensor in its stored form, and the int8 scales */
-    size_t snap_bytes = 0;
-    for (int i = 0; i < n_base; i++) {
-        whale_tensor t = whale_model_param(m, i);
-        snap_bytes += (size_t)whale_shape_numel(t.ndim, t.shape) * whale_dtype_size(t.dtype);
-    }
-    for (int j = 0; j < m->n_copies; j++) snap_bytes += sizeof(float) * (size_t)m->params[m->copies[j].param].shape[0];
-    unsigned char *snap = malloc(snap_bytes), *at = snap;
+    unsigned char *snap = test_snapshot_params(m, n_base);
     int n_i8 = 0;
-    for (int i = 0; i < n_base; i++) {
-        whale_tensor t = whale_model_param(m, i);
-        size_t b = (size_t)whale_shape_numel(t.ndim, t.shape) * whale_dtype_size(t.dtype);
-        n_i8 += t.dtype == WHALE_I8;
-        memcpy(at, t.data, b);
-        at += b;
-    }
-    for (int j = 0; j < m->n_copies; j++) {
-        size_t b = sizeof(float) * (size_t)m->params[m->copies[j].param].shape[0];
-        memcpy(at, m->copies[j].scale, b);
-        at += b;
-    }
+    for (int i = 0; i < n_base; i++) n_i8 += whale_model_param(m, i).dtype == WHALE_I8;
     CHECK(n_i8 > 0 && n_i8 == m->n_copies, "the base's product weights are int8 (%d of %d)", n_i8, m->n_copies);
     whale_memory before_mm;
     whale_memory_of_model(m, &before_mm);
@@ -401,19 +375,7 @@ static void test_steps(void) {
         if (!k) l_first = sr.loss;
         l_last = sr.loss;
     }
-    at = snap;
-    int changed = 0;
-    for (int i = 0; i < n_base; i++) {
-        whale_tensor t = whale_model_param(m, i);
-        size_t b = (size_t)whale_shape_numel(t.ndim, t.shape) * whale_dtype_size(t.dtype);
-        if (memcmp(at, t.data, b)) changed++;
-        at += b;
-    }
-    for (int j = 0; j < m->n_copies; j++) {
-        size_t b = sizeof(float) * (size_t)m->params[m->copies[j].param].shape[0];
-        if (memcmp(at, m->copies[j].scale, b)) changed++;
-        at += b;
-    }
+    int changed = test_params_changed(m, n_base, snap);
     whale_memory after_mm;
     whale_memory_of_model(m, &after_mm);
     printf("LoRA on an int8 base, 3 AdamW steps: loss %.4f -> %.4f, %d base tensors or scales changed\n", l_first,

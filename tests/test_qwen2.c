@@ -29,16 +29,6 @@ static double rel_max(const float *a, const float *b, long n) {
     return m > 0 ? d / m : d;
 }
 
-/* ‖a − b‖ / ‖b‖ */
-static double rel_norm(const float *a, const float *b, long n) {
-    double d = 0, r = 0;
-    for (long i = 0; i < n; i++) {
-        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        r += (double)b[i] * b[i];
-    }
-    return r > 0 ? sqrt(d / r) : sqrt(d);
-}
-
 static const whale_st_entry *need(const whale_st *g, const char *name) {
     const whale_st_entry *e = whale_st_find(g, name);
     CHECK(e != NULL, "golden tensor %s missing", name);
@@ -247,7 +237,7 @@ static void check_bf16(whale_model *m, const whale_st *g, const char *label, con
     CHECK(whale_train_session_new(m, B, S, 0, &s, &err) == WHALE_OK, "%s", err.msg);
     CHECK(whale_session_train_step(s, ids_e->data, lab_e->data, NULL, NULL, B, S, 1.0, &loss, &cnt, &err) == WHALE_OK,
           "%s", err.msg);
-    double rg = rel_norm(whale_session_grad(s, 0), g32, (long)n);
+    double rg = test_rel_norm(whale_session_grad(s, 0), g32, (long)n);
     whale_session_free(s);
     CHECK(whale_model_set_dtype(m, WHALE_F32, &err) == WHALE_OK, "%s", err.msg);
     printf("%s: bf16 vs fp32: logits %.2g of max |logit|, gradients %.2g (norm-relative)\n", label, rl, rg);
@@ -412,7 +402,7 @@ static void check_lora_pass(whale_model *m, const whale_st *g, const char *prefi
         snprintf(key, sizeof key, "%sgrad.base_model.model.%s", prefix, whale_model_param_name(m, i));
         const whale_st_entry *e = need(g, key);
         if (!e || e->nbytes != (size_t)numel(m, i) * 4) continue;
-        double r = rel_norm(whale_session_grad(ts, i), e->data, numel(m, i));
+        double r = test_rel_norm(whale_session_grad(ts, i), e->data, numel(m, i));
         compared++;
         if (r > worst) worst = r, worst_name = whale_model_param_name(m, i);
     }

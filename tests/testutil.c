@@ -2,6 +2,7 @@
 
 #include "whale.h"
 #include "core/core.h"
+#include "models/model.h"
 
 #include <cjson/cJSON.h>
 
@@ -9,6 +10,59 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+double test_rel_norm(const float *a, const float *b, long n) {
+    double d = 0, r = 0;
+    for (long i = 0; i < n; i++) {
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        r += (double)b[i] * b[i];
+    }
+    return r > 0 ? sqrt(d / r) : sqrt(d);
+}
+
+/* Calls fn on every stored piece of parameters [0, n): tensors, int8 scales. */
+static void each_stored(const whale_model *m, int n, void (*fn)(void *, const void *, size_t), void *user) {
+    for (int i = 0; i < n; i++) {
+        whale_tensor t = whale_model_param(m, i);
+        fn(user, t.data, (size_t)whale_shape_numel(t.ndim, t.shape) * whale_dtype_size(t.dtype));
+    }
+    for (int j = 0; j < m->n_copies; j++)
+        if (m->copies[j].scale && m->copies[j].param < n)
+            fn(user, m->copies[j].scale, sizeof(float) * (size_t)m->params[m->copies[j].param].shape[0]);
+}
+
+typedef struct {
+    unsigned char *at;
+    size_t bytes;
+    int changed;
+} snap_walk;
+
+static void count_bytes(void *u, const void *p, size_t b) { (void)p, ((snap_walk *)u)->bytes += b; }
+static void copy_in(void *u, const void *p, size_t b) {
+    snap_walk *w = u;
+    memcpy(w->at, p, b);
+    w->at += b;
+}
+static void compare(void *u, const void *p, size_t b) {
+    snap_walk *w = u;
+    w->changed += memcmp(w->at, p, b) != 0;
+    w->at += b;
+}
+
+unsigned char *test_snapshot_params(const whale_model *m, int n) {
+    snap_walk w = {0};
+    each_stored(m, n, count_bytes, &w);
+    unsigned char *snap = malloc(w.bytes ? w.bytes : 1);
+    w.at = snap;
+    if (snap) each_stored(m, n, copy_in, &w);
+    return snap;
+}
+
+int test_params_changed(const whale_model *m, int n, const unsigned char *snap) {
+    snap_walk w = {.at = (unsigned char *)snap};
+    each_stored(m, n, compare, &w);
+    return w.changed;
+}
 
 int test_failures = 0;
 int test_checks = 0;

@@ -22,6 +22,14 @@ extern int test_checks;
 /* max |a-b| and max |b| over n floats */
 double test_max_abs_diff(const float *a, const float *b, long n);
 double test_max_abs(const float *a, long n);
+/* ‖a − b‖ / ‖b‖ (‖a − b‖ when b is 0), in double */
+double test_rel_norm(const float *a, const float *b, long n);
+/* Parameters [0, n) of m as stored (in their dtype), then the scales of
+ * its int8 copies: test_params_changed counts what differs from such a
+ * snapshot (malloc'd; free it). For "the frozen base did not move". */
+struct whale_model;
+unsigned char *test_snapshot_params(const struct whale_model *m, int n);
+int test_params_changed(const struct whale_model *m, int n, const unsigned char *snap);
 /* Parse a JSON file (NULL with a message on stderr when it cannot be read). */
 struct cJSON *test_read_json(const char *path);
 /* Make a fresh empty temporary directory (under $TMPDIR or /tmp). */

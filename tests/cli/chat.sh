@@ -7,13 +7,7 @@ WHALE=$1
 DATA=$2
 . "$(dirname "$0")/lib.bash"
 need_tokenizer deepseek_v3
-cat >"$TMP/cfg.json" <<'JSON'
-{"model_type": "deepseek_v4", "vocab_size": 128815, "hidden_size": 32, "num_hidden_layers": 1,
- "num_attention_heads": 2, "head_dim": 16, "qk_rope_head_dim": 8, "q_lora_rank": 16, "o_groups": 1,
- "o_lora_rank": 8, "moe_intermediate_size": 32, "n_routed_experts": 2, "num_experts_per_tok": 1,
- "hc_mult": 2, "hc_sinkhorn_iters": 2, "max_position_embeddings": 128, "eos_token_id": 1}
-JSON
-"$WHALE" init --preset "$TMP/cfg.json" --out "$TMP/m" --tokenizer "$TOK" 2>/dev/null
+tiny_model "$TMP/m" 128815 128
 
 printf 'Hello there\n你是谁？\nclear\n"""\nline one\nline two\n"""\nexit\nnot read\n' |
     "$WHALE" chat -m "$TMP/m" -n 6 --seed 3 --ignore-case 2>/dev/null

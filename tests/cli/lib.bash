@@ -24,6 +24,18 @@ need_tokenizer() { # need_tokenizer NAME -> sets TOK
     fi
 }
 
+# tiny_model OUT VOCAB MAX_POSITIONS: a one-layer nanowhale with random
+# weights whose embedding covers a real tokenizer's ids, with $TOK's files
+tiny_model() {
+    cat >"$TMP/tiny-cfg.json" <<JSON
+{"model_type": "deepseek_v4", "vocab_size": $2, "hidden_size": 32, "num_hidden_layers": 1,
+ "num_attention_heads": 2, "head_dim": 16, "qk_rope_head_dim": 8, "q_lora_rank": 16, "o_groups": 1,
+ "o_lora_rank": 8, "moe_intermediate_size": 32, "n_routed_experts": 2, "num_experts_per_tok": 1,
+ "hc_mult": 2, "hc_sinkhorn_iters": 2, "max_position_embeddings": $3, "eos_token_id": 1}
+JSON
+    "$WHALE" init --preset "$TMP/tiny-cfg.json" --out "$1" --tokenizer "$TOK" 2>/dev/null
+}
+
 # expect_status STATUS PATTERN -- command...: the command fails with that
 # exit status and exactly one stderr line matching PATTERN
 expect_status() {

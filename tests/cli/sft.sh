@@ -10,13 +10,7 @@ DATA=$2
 ROOT=$DATA/../..
 . "$(dirname "$0")/lib.bash"
 need_tokenizer deepseek_v3
-cat >"$TMP/cfg.json" <<'JSON'
-{"model_type": "deepseek_v4", "vocab_size": 128815, "hidden_size": 32, "num_hidden_layers": 1,
- "num_attention_heads": 2, "head_dim": 16, "qk_rope_head_dim": 8, "q_lora_rank": 16, "o_groups": 1,
- "o_lora_rank": 8, "moe_intermediate_size": 32, "n_routed_experts": 2, "num_experts_per_tok": 1,
- "hc_mult": 2, "hc_sinkhorn_iters": 2, "max_position_embeddings": 512, "eos_token_id": 1}
-JSON
-"$WHALE" init --preset "$TMP/cfg.json" --out "$TMP/base" --tokenizer "$TOK" 2>/dev/null
+tiny_model "$TMP/base" 128815 512
 SC=$ROOT/data/self_cognition.jsonl
 NAMES=(--model-name 小鲸 "Little Whale" --model-author 鲸鱼工坊 "Whale Works")
 
@@ -38,8 +32,7 @@ check "--loss-scope all trains everything after the first token" \
     <(sed -n 2p "$TMP/dry")
 DS_TOK=$TOK
 need_tokenizer qwen3 # ChatML's special tokens are single tokens here
-sed 's/"vocab_size": 128815/"vocab_size": 151669/' "$TMP/cfg.json" >"$TMP/cfg-qwen.json"
-"$WHALE" init --preset "$TMP/cfg-qwen.json" --out "$TMP/base-qwen" --tokenizer "$TOK" 2>/dev/null
+tiny_model "$TMP/base-qwen" 151669 512
 "$WHALE" sft -m "$TMP/base-qwen" --data "$TMP/multi.jsonl" "${NAMES[@]}" --dry-run 2 --chat-template chatml >"$TMP/dry" 2>/dev/null
 printf '%s\n' '--- sample 0' '<|im_start|>system' 'Be brief.<|im_end|>' '<|im_start|>user' 'Hi<|im_end|>' \
     '<|im_start|>assistant' '[[Hello!<|im_end|>]]' '<|im_start|>user' 'Name?<|im_end|>' '<|im_start|>assistant' \

@@ -20,13 +20,7 @@ check "--show lists one piece per line" test "$(wc -l <"$TMP/show")" = 2
 check "chat markers are single ids" grep -q '^128803,' "$TMP/special"
 
 # a tiny model that uses this tokenizer (its embedding must cover every id)
-cat >"$TMP/cfg.json" <<'JSON'
-{"model_type": "deepseek_v4", "vocab_size": 128815, "hidden_size": 32, "num_hidden_layers": 1,
- "num_attention_heads": 2, "head_dim": 16, "qk_rope_head_dim": 8, "q_lora_rank": 16, "o_groups": 1,
- "o_lora_rank": 8, "moe_intermediate_size": 32, "n_routed_experts": 2, "num_experts_per_tok": 1,
- "hc_mult": 2, "hc_sinkhorn_iters": 2, "max_position_embeddings": 64, "eos_token_id": 1}
-JSON
-"$WHALE" init --preset "$TMP/cfg.json" --out "$TMP/model" --tokenizer "$TOK" 2>/dev/null
+tiny_model "$TMP/model" 128815 64
 check "init copies the tokenizer" test -s "$TMP/model/tokenizer.json"
 "$WHALE" generate -m "$TMP/model" -p "Once upon a time" -n 12 --seed 3 --ignore-eos >"$TMP/gen" 2>"$TMP/err"
 check "generate -p streams text and reports speed" grep -q 'generated 12 tokens' "$TMP/err"
