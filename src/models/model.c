@@ -6,6 +6,7 @@
 #include "io/safetensors.h"
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
+#include "train/loss.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -749,6 +750,30 @@ size_t whale_session_activation_bytes(const whale_session *s, size_t *recompute_
 }
 
 whale_model *whale_session_model(const whale_session *s) { return s->model; }
+
+int64_t whale_shift_targets(const int32_t *ids, const int32_t *labels, int B, int S, int32_t *tgt) {
+    int64_t count = 0;
+    for (int t = 0; t < B * S; t++) {
+        tgt[t] = t % S == S - 1 ? -100 : labels ? labels[t + 1] : ids[t + 1];
+        count += tgt[t] != -100;
+    }
+    return count;
+}
+
+whale_code whale_head_loss_chunk(whale_session *s, int n, int D, int V, const float *hn, const float *head,
+                                 float *ghead, const int32_t *tgt, double gs, float *logits, float *dhn, double *loss,
+                                 int64_t *count, whale_err *err) {
+    whale_code e = whale_linear(s, n, V, D, hn, D, head, D, logits, V, err);
+    if (e) return e;
+    if (gs == 0) { /* evaluation: the loss only */
+        *loss = whale_cross_entropy_labels(logits, tgt, 1, n, V, count);
+        return WHALE_OK;
+    }
+    *loss = whale_cross_entropy_labels_backward_scaled(logits, logits, tgt, 1, n, V, gs, count);
+    if (s->trace) whale_trace_emit(s, WHALE_F32, logits, 2, (const int64_t[]){n, V}, "grad.logits");
+    if ((e = whale_linear_dx(s, n, V, D, logits, V, head, D, dhn, D, 0, err))) return e;
+    return whale_linear_dw(s, n, V, D, logits, V, hn, D, head, ghead, D, err);
+}
 
 void whale_session_sizes_of(const whale_session *s, whale_session_sizes *out) {
     out->activations = s->activation_bytes;

@@ -386,9 +386,6 @@ static const char *const prof_names[P_COUNT] = {
     } while (0)
 #define DIMS(...) {__VA_ARGS__}
 
-/* Rows of the lm_head + cross-entropy processed at once: bounds the logits
- * buffer to CE_CHUNK × V instead of T × V. */
-enum { CE_CHUNK = 256 };
 
 /* Gradient buffers (one set, reused by every layer) and gw, the model's
  * structure with every parameter pointer aimed at its gradient (NULL for a
@@ -401,7 +398,7 @@ struct qw_backward {
     float *dk, *dv;          /* [T, Hkv·Dh] */
     float *dh, *du;          /* [T, F]: of h, then of g (in place); of u */
     int32_t *tgt;            /* [T] shifted targets */
-    float *logits;           /* [CE_CHUNK, V] logits, then their gradient */
+    float *logits;           /* [WHALE_CE_CHUNK, V] logits, then their gradient */
     float *att_work;
 };
 
@@ -800,31 +797,18 @@ static whale_code qw_train_step(whale_session *base, const int32_t *ids, const i
     if (e) return e;
 
     /* lm_head and cross-entropy in row chunks; row t predicts token t+1 */
-    int64_t count = 0;
-    for (int t = 0; t < T; t++) {
-        b->tgt[t] = t % S == S - 1 ? -100 : labels ? labels[t + 1] : ids[t + 1];
-        count += b->tgt[t] != -100;
-    }
+    int64_t count = whale_shift_targets(ids, labels, B, S, b->tgt);
     /* tied: both uses of embed_tokens accumulate into its one gradient */
     const float *head = c->tie ? qw->embed : qw->lm_head;
     float *ghead = c->tie ? gw->embed : gw->lm_head;
     double total = 0, t_ce = s->base.profiling ? whale_now() : 0;
-    for (int r0 = 0; r0 < T; r0 += CE_CHUNK) {
-        int n = T - r0 < CE_CHUNK ? T - r0 : CE_CHUNK;
-        const float *hn = s->hn + (size_t)r0 * D;
-        if ((e = linear(s, n, V, D, hn, head, b->logits, err))) return e;
+    for (int r0 = 0; r0 < T; r0 += WHALE_CE_CHUNK) {
+        int n = T - r0 < WHALE_CE_CHUNK ? T - r0 : WHALE_CE_CHUNK;
         int64_t cn;
-        double l;
-        if (loss_scale == 0) { /* evaluation: the loss only */
-            l = whale_cross_entropy_labels(b->logits, b->tgt + r0, 1, n, V, &cn);
-        } else { /* gradient of loss_scale × the batch mean: each row's share is 1/count */
-            l = whale_cross_entropy_labels_backward_scaled(b->logits, b->logits, b->tgt + r0, 1, n, V,
-                                                           loss_scale / (double)count, &cn);
-            TRACE(WHALE_F32, b->logits, 2, DIMS(n, V), "grad.logits");
-            if ((e = linear_dx(s, n, V, D, b->logits, head, b->dx + (size_t)r0 * D, 0, err)) ||
-                (e = linear_dw(s, n, V, D, b->logits, hn, head, ghead, err)))
-                return e;
-        }
+        double l; /* gradient of loss_scale × the batch mean: each row's share is 1/count */
+        if ((e = whale_head_loss_chunk(base, n, D, V, s->hn + (size_t)r0 * D, head, ghead, b->tgt + r0,
+                                       loss_scale / (double)count, b->logits, b->dx + (size_t)r0 * D, &l, &cn, err)))
+            return e;
         if (cn) total += l * (double)cn;
     }
     if (s->base.profiling) s->base.prof[loss_scale == 0 ? P_LOGITS : P_B_LOGITS] += whale_now() - t_ce;
@@ -896,7 +880,7 @@ static whale_code train_session_create(whale_model *m, int max_batch, int seq, i
     free(shadow.params);
 
     size_t T = (size_t)max_batch * seq, D = (size_t)c->D, F = (size_t)c->F, HD = (size_t)c->H * c->Dh,
-           KVD = (size_t)c->Hkv * c->Dh, V = (size_t)c->vocab, ch = T < CE_CHUNK ? T : CE_CHUNK, tot = 0;
+           KVD = (size_t)c->Hkv * c->Dh, V = (size_t)c->vocab, ch = T < WHALE_CE_CHUNK ? T : WHALE_CE_CHUNK, tot = 0;
 #define A(ptr, n) ((ptr = sess_alloc(s, (n), 4, &tot)) != NULL)
     if (!(A(b->dx, T * D) && A(b->dxn, T * D) && A(b->datt, T * HD) && A(b->dq, T * HD) && A(b->dk, T * KVD) &&
           A(b->dv, T * KVD) && A(b->dh, T * F) && A(b->du, T * F) && A(b->tgt, T) && A(b->logits, ch * V) &&
