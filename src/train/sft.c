@@ -337,6 +337,13 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
     if (!realpath(o->model, model_dir) || !whale_is_dir(model_dir))
         return whale_errf(err, WHALE_ERR_IO, "%s: not a model directory", o->model);
     r.model_dir = model_dir;
+    if (o->resume) { /* before loading anything */
+        char state[4200];
+        snprintf(state, sizeof state, "%s/trainer_state.json", o->resume);
+        if (access(state, R_OK) != 0)
+            return whale_errf(err, WHALE_ERR_IO, "%s: not a whale sft checkpoint (no readable trainer_state.json)",
+                              o->resume);
+    }
     /* an unwritable output folder fails now, not after loading the model */
     char probe[4200];
     snprintf(probe, sizeof probe, "%s/.write-test", o->out);

@@ -90,4 +90,10 @@ expect_status 5 "$origin" -- "$WHALE" generate -m "$TMP/nan" --ids 1,2,3 -n 4 --
 "$WHALE" score -m "$DATA/tiny" --ids "$TMP/ids.json" --nan-check >"$TMP/score" 2>&1
 check "score --nan-check on a healthy model: $(cat "$TMP/score")" grep -q '"loss": [0-9]' "$TMP/score"
 
+# a dense model (Qwen2): no routing, every tensor and gradient still reported
+echo '[[0, 5, 17, 33, 100, 150, 190, 7]]' >"$TMP/ids-qwen.json" # its vocabulary is 192
+"$WHALE" diagnose -m "$DATA/qwen2-gqa2" --ids "$TMP/ids-qwen.json" --dtype bf16 --backward >"$TMP/qwen" 2>"$TMP/err"
+check "diagnose runs on a dense Qwen2 model: $(head -c 200 "$TMP/err")" grep -q 'attn.q' "$TMP/qwen"
+check "... with its gradients" grep -q 'grad\.' "$TMP/qwen"
+
 finish diagnose

@@ -81,6 +81,9 @@ check "resume: checkpoint-4's adapters equal the uninterrupted run's" \
 expect_status 2 'trained with other settings' -- "$WHALE" sft -m "$TMP/base" --data "$SC" "${NAMES[@]}" --max-steps 4 \
     --batch-size 1 --grad-accum 2 --quiet --out "$TMP/rs-bad" --resume "$(ls -d "$TMP"/rs-full/v0-*/checkpoint-2)"
 check "a refused resume leaves no run folder" test ! -e "$TMP/rs-bad/v0-"*
+expect_status 2 'nothing left to train' -- "$WHALE" sft "${RS[@]}" --out "$TMP/rs-done" \
+    --resume "$(ls -d "$TMP"/rs-full/v0-*/checkpoint-4)"
+expect_status 3 'trainer_state.json' -- "$WHALE" sft "${RS[@]}" --out "$TMP/rs-none" --resume "$TMP/base"
 
 # the adapters alone find the base; the merged model generates the same text
 "$WHALE" generate --adapters "$CK" -p "Who are you?" -n 12 --temperature 0 >"$TMP/g_ad" 2>/dev/null
@@ -133,6 +136,9 @@ check "--on-bad-record skip counts the record" grep -q '"skipped": 1' "$TMP/dry"
 expect_status 3 'missing.jsonl' -- "$WHALE" sft -m "$TMP/base" --data "$TMP/missing.jsonl" --out "$TMP/o"
 expect_status 2 'must be lora or full' -- "$WHALE" sft -m "$TMP/base" --data "$SC" --train-type qlora
 expect_status 2 'needs --merge-lora' -- "$WHALE" export --adapters "$CK"
+expect_status 2 'needs --adapters' -- "$WHALE" export -m "$TMP/base" --merge-lora
+printf '{"query": "Who are you?", "tag": "en"}\n{"query": 7}\n' >"$TMP/bad-eval.jsonl"
+expect_status 4 'bad-eval.jsonl:2: ' -- "$WHALE" chat-eval --adapters "$CK" --data "$TMP/bad-eval.jsonl" "${NAMES[@]}" -n 2
 mkdir "$TMP/noargs" && cp "$CK"/adapter_* "$TMP/noargs/"
 expect_status 3 'no args.json' -- "$WHALE" generate --adapters "$TMP/noargs" -p hi -n 2
 "$WHALE" generate -m "$TMP/base" --adapters "$TMP/noargs" -p hi -n 2 >/dev/null 2>&1
