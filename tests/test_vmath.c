@@ -1,8 +1,9 @@
 /* kernels/vmath: exp accuracy against double exp (max ulp over a dense sample
  * of every binade, or over every float with WHALE_VMATH_EXHAUSTIVE=1), special
  * values, the AVX-512 and scalar paths giving the same bits, the fused sum
- * against a double sum, k_max, and (printed, not asserted) the speed of k_exp
- * against a libm expf loop on 132M elements. */
+ * against a double sum, k_max, k_dot_f64's lane order and error, and
+ * (printed, not asserted) the speed of k_exp against a libm expf loop on 132M
+ * elements. */
 #include "testutil.h"
 
 #include "core/core.h"
@@ -180,6 +181,36 @@ static void test_max(whale_rng *rng) {
     CHECK(k_max(x, 40) == -INFINITY, "all NaN: -inf");
 }
 
+/* k_dot_f64: exactly the documented lane order (a scalar model of it), and
+ * within its bound of a long double sum, for every length up to 200 and
+ * one long row with cancellation. */
+static double dot_lanes_model(const float *a, const float *b, long n) {
+    double lane[32] = {0};
+    for (long i = 0; i < n; i++) lane[i % 32] += (double)a[i] * b[i];
+    double s = 0;
+    for (int l = 0; l < 32; l++) s += lane[l];
+    return s;
+}
+
+static void test_dot(whale_rng *rng) {
+    enum { N = 5000 };
+    float *a = malloc(sizeof(float) * N), *b = malloc(sizeof(float) * N);
+    for (long i = 0; i < N; i++) a[i] = (float)whale_rng_normal(rng), b[i] = (float)whale_rng_normal(rng);
+    for (long n = 0; n <= N; n = n < 200 ? n + 1 : n < N ? N : N + 1) { /* 0..200, then N */
+        long double exact = 0, mag = 0;
+        for (long i = 0; i < n; i++) exact += (long double)a[i] * b[i], mag += fabsl((long double)a[i] * b[i]);
+        double d = k_dot_f64(a, b, n), bound = ((double)n / 32 + 32) * 0x1p-53 * (double)mag;
+        CHECK(d == dot_lanes_model(a, b, n), "k_dot_f64 n=%ld: lane order", n);
+        CHECK(fabsl((long double)d - exact) <= bound, "k_dot_f64 n=%ld: error %Lg > bound %g", n,
+              fabsl((long double)d - exact), bound);
+    }
+    CHECK(k_dot_f64(a, a + 1, 0) == 0, "empty dot");
+    a[7] = NAN;
+    CHECK(isnan(k_dot_f64(a, b, 40)), "NaN propagates");
+    free(a);
+    free(b);
+}
+
 /* 1024 rows of a 129,280-entry vocabulary: one training step's logits. */
 static void bench(void) {
 #if defined(__SANITIZE_ADDRESS__)
@@ -220,6 +251,7 @@ int main(void) {
     test_special();
     test_max(&rng);
     test_sum(&rng);
+    test_dot(&rng);
     test_accuracy();
     bench();
     return test_finish("test_vmath");

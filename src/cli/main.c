@@ -147,8 +147,8 @@ whale_sampler_params cli_sampling_defaults(void) {
 
 int cli_sampling_option(const char *cmd, const char *a, const char *v, whale_sampler_params *sp, unsigned *given,
                         int *bad) {
-    long n;
-    double d;
+    long n = 0;
+    double d = 0;
     unsigned bit = 0;
     *bad = 0;
     if (!strcmp(a, "--temperature")) {

@@ -10,15 +10,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+/* Buffers of 2 MiB and more (weights, activations, optimizer state) are
+ * aligned to 2 MiB and offered to the kernel as transparent huge pages:
+ * streaming a 165 MB weight through 4 KiB pages costs a TLB walk every
+ * 4 KiB, which held decode at ~60 % of the read bandwidth. */
+enum { HUGE_PAGE = 2 << 20 };
+
 void *whale_alloc(size_t bytes) {
     if (bytes == 0) return NULL;
-    size_t rounded = (bytes + 63) & ~(size_t)63;
+    size_t align = bytes >= HUGE_PAGE ? HUGE_PAGE : 64;
+    size_t rounded = (bytes + align - 1) & ~(align - 1);
     if (rounded < bytes) return NULL;
-    return aligned_alloc(64, rounded);
+    void *p = aligned_alloc(align, rounded);
+#ifdef MADV_HUGEPAGE
+    if (p && align == HUGE_PAGE) madvise(p, rounded, MADV_HUGEPAGE);
+#endif
+    return p;
 }
 
 void *whale_calloc(size_t bytes) {

@@ -70,7 +70,7 @@ static whale_code from_name(const char *what, const char *name, const char *cons
 
 whale_code whale_sft_loss_scope_from_name(const char *name, whale_sft_loss_scope *out, whale_err *err) {
     static const char *const names[] = {"assistant", "all"};
-    int v;
+    int v = 0;
     whale_code rc = from_name("loss scope", name, names, 2, &v, err);
     if (!rc) *out = (whale_sft_loss_scope)v;
     return rc;
@@ -78,7 +78,7 @@ whale_code whale_sft_loss_scope_from_name(const char *name, whale_sft_loss_scope
 
 whale_code whale_sft_truncation_from_name(const char *name, whale_sft_truncation *out, whale_err *err) {
     static const char *const names[] = {"delete", "left", "right"};
-    int v;
+    int v = 0;
     whale_code rc = from_name("truncation strategy", name, names, 3, &v, err);
     if (!rc) *out = (whale_sft_truncation)v;
     return rc;
@@ -86,7 +86,7 @@ whale_code whale_sft_truncation_from_name(const char *name, whale_sft_truncation
 
 whale_code whale_sft_bad_policy_from_name(const char *name, whale_sft_bad_policy *out, whale_err *err) {
     static const char *const names[] = {"fail", "skip"};
-    int v;
+    int v = 0;
     whale_code rc = from_name("bad record policy", name, names, 2, &v, err);
     if (!rc) *out = (whale_sft_bad_policy)v;
     return rc;
@@ -303,7 +303,7 @@ static whale_code history_shape(rec *r, const cJSON *root, const char *query, co
 
 /* {"query", "response", "system"?, "history"?} */
 static whale_code query_shape(rec *r, const cJSON *root, whale_err *err) {
-    const char *q, *a;
+    const char *q = NULL, *a = NULL;
     whale_code rc;
     if ((rc = req_string(root, "query", &q, err)) || (rc = req_string(root, "response", &a, err))) return rc;
     return history_shape(r, root, q, a, "response", err);
@@ -312,7 +312,7 @@ static whale_code query_shape(rec *r, const cJSON *root, whale_err *err) {
 /* Alpaca: {"instruction", "input"?, "output"}; the query as ms-swift's
  * AlpacaPreprocessor makes it. */
 static whale_code alpaca_shape(rec *r, const cJSON *root, whale_err *err) {
-    const char *ins, *in, *out;
+    const char *ins = NULL, *in = NULL, *out = NULL;
     whale_code rc;
     if ((rc = opt_string(root, "instruction", &ins, err)) || (rc = opt_string(root, "input", &in, err)) ||
         (rc = req_string(root, "output", &out, err)))

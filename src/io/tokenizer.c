@@ -434,7 +434,7 @@ static whale_code parse_pretok(loader *L, const cJSON *n, const char *path) {
             return FAIL(L, cJSON_IsString(beh) ? WHALE_ERR_UNSUPPORTED : WHALE_ERR_FORMAT,
                         "%s.behavior: expected Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous",
                         path);
-        int invert;
+        int invert = 0;
         if ((rc = get_bool(L, n, path, "invert", 0, &invert))) return rc;
         if ((rc = add_step(L, path, &st))) return rc;
         st->kind = STEP_SPLIT;
@@ -449,7 +449,7 @@ static whale_code parse_pretok(loader *L, const cJSON *n, const char *path) {
         return compile_regex(L, sub, lit->valuestring, 1, &st->re, &st->jit);
     }
     if (!strcmp(ty, "ByteLevel")) {
-        int prefix, use_regex;
+        int prefix = 0, use_regex = 0;
         if ((rc = get_bool(L, n, path, "add_prefix_space", 1, &prefix))) return rc;
         if ((rc = get_bool(L, n, path, "use_regex", 1, &use_regex))) return rc;
         if ((rc = add_step(L, path, &st))) return rc;
@@ -563,7 +563,7 @@ static whale_code check_model_options(loader *L, const cJSON *m) {
         if (!is_null(v) && !(cJSON_IsString(v) && !v->valuestring[0]))
             return FAIL(L, WHALE_ERR_UNSUPPORTED, "model.%s: a non-empty value is not supported", affixes[k]);
     }
-    int fallback;
+    int fallback = 0;
     whale_code rc = get_bool(L, m, "model", "byte_fallback", 0, &fallback);
     if (rc) return rc;
     if (fallback) return FAIL(L, WHALE_ERR_UNSUPPORTED, "model.byte_fallback: true is not supported");
@@ -815,7 +815,7 @@ static whale_code load_config(loader *L, const cJSON *cfg) {
         t->role_tok[r] = strdup(v->valuestring);
         if (!t->role_tok[r]) return FAIL(L, WHALE_ERR_NOMEM, "out of memory");
     }
-    int v;
+    int v = 0;
     whale_code rc;
     if ((rc = get_bool(L, cfg, "tokenizer_config", "clean_up_tokenization_spaces", 0, &v))) return rc;
     if (v)

@@ -1,22 +1,11 @@
 #include "kernels/hc.h"
 
+#include "kernels/vmath.h"
+
 #include <math.h>
 #include <string.h>
 
 static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-/* Dot product with 16 independent fp32 lanes (vectorisable, fixed order),
- * combined in double. */
-static double dot16(const float *a, const float *b, int n) {
-    float lane[16] = {0};
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int k = 0; k < 16; k++) lane[k] += a[i + k] * b[i + k];
-    double s = 0;
-    for (int k = 0; k < 16; k++) s += lane[k];
-    for (; i < n; i++) s += (double)a[i] * b[i];
-    return s;
-}
 
 /* Largest hc_mult the backward handles (the config allows at most 64). */
 enum { HC_MAXM = 64, HC_MAXMIX = (2 + HC_MAXM) * HC_MAXM, HC_TAPE = 4096 };
@@ -233,7 +222,7 @@ void k_hc_reduce_backward(float *dX, float *dpre, const float *dy, const float *
         const float *dyr = dy + r * D, *Xr = X + r * M * D, *p = pre + r * M;
         float *dXr = dX + r * M * D;
         for (int m = 0; m < M; m++) {
-            dpre[r * M + m] = (float)dot16(dyr, Xr + (long)m * D, D);
+            dpre[r * M + m] = (float)k_dot_f64(dyr, Xr + (long)m * D, D);
             for (int d = 0; d < D; d++) dXr[(long)m * D + d] += p[m] * dyr[d];
         }
     }
@@ -268,8 +257,8 @@ void k_hc_expand_backward(float *dout, float *dX, float *dpost, float *dcomb, co
             for (int d = 0; d < D; d++) dor[d] += pr[i] * g[(long)i * D + d];
         for (int i = 0; i < M; i++) {
             const float *gi = g + (long)i * D;
-            dpost[r * M + i] = (float)dot16(gi, orow, D);
-            for (int j = 0; j < M; j++) dcomb[(r * M + i) * M + j] = (float)dot16(gi, Xr + (long)j * D, D);
+            dpost[r * M + i] = (float)k_dot_f64(gi, orow, D);
+            for (int j = 0; j < M; j++) dcomb[(r * M + i) * M + j] = (float)k_dot_f64(gi, Xr + (long)j * D, D);
         }
         for (int j = 0; j < M; j++) {
             float *dxj = dXr + (long)j * D;
@@ -286,8 +275,7 @@ void k_hc_rstd(float *rstd, const float *X, long rows, int MD, float eps) {
 #pragma omp parallel for schedule(static) if (rows * MD > 65536)
     for (long r = 0; r < rows; r++) {
         const float *x = X + r * MD;
-        double ss = 0;
-        for (int i = 0; i < MD; i++) ss += (double)x[i] * x[i];
+        double ss = k_dot_f64(x, x, MD);
         rstd[r] = (float)(1.0 / sqrt(ss / MD + (double)eps));
     }
 }

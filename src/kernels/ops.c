@@ -1,5 +1,7 @@
 #include "kernels/ops.h"
 
+#include "kernels/vmath.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -8,8 +10,7 @@ void k_rmsnorm(float *y, const float *x, const float *w, long rows, int n, float
     for (long r = 0; r < rows; r++) {
         const float *xr = x + r * n;
         float *yr = y + r * n;
-        double ss = 0; /* double sum: the mean is then exact to fp32 rounding */
-        for (int i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
+        double ss = k_dot_f64(xr, xr, n); /* double sum: the mean is exact to fp32 rounding */
         float rs = (float)(1.0 / sqrt(ss / n + (double)eps));
         if (rstd) rstd[r] = rs;
         if (w)
@@ -43,13 +44,15 @@ void k_rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, c
     for (long r = 0; r < rows; r++) {
         const float *dyr = dy + r * n, *xr = x + r * n;
         float *dxr = dx + r * n;
-        double rs = rstd[r], dot = 0;
-        for (int i = 0; i < n; i++) dot += (double)(w ? dyr[i] * w[i] : dyr[i]) * xr[i];
-        float a = (float)rs, c = (float)(rs * rs * rs * dot / n);
-        for (int i = 0; i < n; i++) {
-            float gi = w ? dyr[i] * w[i] : dyr[i];
-            dxr[i] = a * gi - c * xr[i];
+        /* g = dy·w goes through dx (element for element, so dx may be dy) */
+        const float *gr = dyr;
+        if (w) {
+            for (int i = 0; i < n; i++) dxr[i] = dyr[i] * w[i];
+            gr = dxr;
         }
+        double rs = rstd[r], dot = k_dot_f64(gr, xr, n);
+        float a = (float)rs, c = (float)(rs * rs * rs * dot / n);
+        for (int i = 0; i < n; i++) dxr[i] = a * gr[i] - c * xr[i];
     }
 }
 
@@ -88,22 +91,41 @@ void k_rope_backward(float *dx, long rows, int ld, int nh, int hd, int R, const 
     k_rope(dx, rows, ld, nh, hd, R, pos, cos_t, sin_t, !inverse);
 }
 
+/* Elements per block of the SwiGLU loops: exp(−g) of a block is computed
+ * first, vectorised (vmath.h), into a buffer on the stack. */
+enum { SWIGLU_BLOCK = 256 };
+
+static void neg_exp_block(float *e, const float *g, int m, float limit) {
+    for (int i = 0; i < m; i++) e[i] = -(limit > 0 ? fminf(g[i], limit) : g[i]);
+    k_exp(e, e, m);
+}
+
 void k_swiglu(float *g, const float *u, long n, float limit) {
 #pragma omp parallel for schedule(static) if (n > 65536)
-    for (long i = 0; i < n; i++) {
-        float gi = g[i], ui = u[i];
-        if (limit > 0) {
-            ui = fminf(fmaxf(ui, -limit), limit);
-            gi = fminf(gi, limit);
+    for (long b0 = 0; b0 < n; b0 += SWIGLU_BLOCK) {
+        float e[SWIGLU_BLOCK];
+        int m = n - b0 < SWIGLU_BLOCK ? (int)(n - b0) : SWIGLU_BLOCK;
+        neg_exp_block(e, g + b0, m, limit);
+        for (int j = 0; j < m; j++) {
+            float gi = g[b0 + j], ui = u[b0 + j];
+            if (limit > 0) {
+                ui = fminf(fmaxf(ui, -limit), limit);
+                gi = fminf(gi, limit);
+            }
+            g[b0 + j] = gi / (1.0f + e[j]) * ui;
         }
-        g[i] = gi / (1.0f + expf(-gi)) * ui;
     }
 }
 
-void k_swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u, long n, float limit) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (long i = 0; i < n; i++) {
-        float gi = g[i], ui = u[i], d = dh[i];
+void k_swiglu_backward_block(float *dg, float *du, const float *dh, const float *g, const float *u, int m,
+                             float limit) {
+    float e[SWIGLU_BLOCK];
+    for (int b0 = 0; b0 < m; b0 += SWIGLU_BLOCK) {
+        int mb = m - b0 < SWIGLU_BLOCK ? m - b0 : SWIGLU_BLOCK;
+        neg_exp_block(e, g + b0, mb, limit);
+        for (int j = 0; j < mb; j++) {
+            int i = b0 + j;
+            float gi = g[i], ui = u[i], d = dh[i];
         int gpass = 1, upass = 1;
         if (limit > 0) {
             /* torch.clamp passes the gradient for min <= x <= max */
@@ -112,10 +134,19 @@ void k_swiglu_backward(float *dg, float *du, const float *dh, const float *g, co
             ui = fminf(fmaxf(ui, -limit), limit);
             gi = fminf(gi, limit);
         }
-        float sg = 1.0f / (1.0f + expf(-gi));
-        float silu = gi * sg, dsilu = sg * (1.0f + gi * (1.0f - sg));
-        dg[i] = gpass ? d * ui * dsilu : 0.0f;
-        du[i] = upass ? d * silu : 0.0f;
+            float sg = 1.0f / (1.0f + e[j]);
+            float silu = gi * sg, dsilu = sg * (1.0f + gi * (1.0f - sg));
+            dg[i] = gpass ? d * ui * dsilu : 0.0f;
+            du[i] = upass ? d * silu : 0.0f;
+        }
+    }
+}
+
+void k_swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u, long n, float limit) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (long b0 = 0; b0 < n; b0 += SWIGLU_BLOCK) {
+        int m = n - b0 < SWIGLU_BLOCK ? (int)(n - b0) : SWIGLU_BLOCK;
+        k_swiglu_backward_block(dg + b0, du + b0, dh + b0, g + b0, u + b0, m, limit);
     }
 }
 
@@ -246,22 +277,15 @@ static void scatter_group(float *dst, const float *src, int s0, int nq, int Hq, 
                sizeof(float) * (size_t)rep * Dh);
 }
 
-/* softmax of row[lo..valid) scaled by `scale`; entries outside set to 0 */
+/* softmax of row[lo..valid) scaled by `scale` (> 0, so the largest raw
+ * score is the largest scaled one); entries outside set to 0. Vectorised
+ * (vmath.h): exp((x − max)·scale), summed in fixed lanes. */
 static void masked_softmax(float *row, int lo, int valid, int n, float scale) {
-    float mx = -INFINITY;
-    for (int t = lo; t < valid; t++) {
-        row[t] *= scale;
-        if (row[t] > mx) mx = row[t];
-    }
-    float sum = 0;
-    for (int t = lo; t < valid; t++) {
-        row[t] = expf(row[t] - mx);
-        sum += row[t];
-    }
-    float inv = 1.0f / sum;
-    for (int t = 0; t < lo; t++) row[t] = 0;
-    for (int t = lo; t < valid; t++) row[t] *= inv;
-    for (int t = valid; t < n; t++) row[t] = 0;
+    float mx = k_max(row + lo, valid - lo);
+    float inv = (float)(1.0 / k_exp_sum(row + lo, row + lo, mx, scale, valid - lo));
+    memset(row, 0, sizeof(float) * (size_t)lo);
+    k_scale(row + lo, inv, valid - lo);
+    memset(row + valid, 0, sizeof(float) * (size_t)(n - valid));
 }
 
 /* first key a query may see: its segment's start, or 0 */
@@ -360,9 +384,7 @@ size_t k_attention_backward_work_floats(int max_ctx, int Hq, int Hkv, int Dh) {
  * ds_t = p_t·(dp_t − Σ_u p_u·dp_u)·scale, where the scale folds in the
  * forward's multiplication of the raw dot products. Masked entries become 0. */
 static void softmax_row_backward(float *dp, const float *p, int lo, int valid, int n, float scale) {
-    double dot = 0;
-    for (int t = lo; t < valid; t++) dot += (double)p[t] * dp[t];
-    float d = (float)dot;
+    float d = (float)k_dot_f64(p + lo, dp + lo, valid - lo);
     for (int t = 0; t < lo; t++) dp[t] = 0;
     for (int t = lo; t < valid; t++) dp[t] = p[t] * (dp[t] - d) * scale;
     for (int t = valid; t < n; t++) dp[t] = 0;

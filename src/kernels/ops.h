@@ -54,6 +54,10 @@ void k_swiglu(float *g, const float *u, long n, float limit);
  * dg and du are overwritten; each element is read before it is written, so
  * any of the buffers may alias one another element-for-element. */
 void k_swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u, long n, float limit);
+/* The same on m elements, in the calling thread (for callers that already
+ * split the work, and round the result themselves). */
+void k_swiglu_backward_block(float *dg, float *du, const float *dh, const float *g, const float *u, int m,
+                             float limit);
 
 /* Mixture-of-experts routing for one token. scores s_e = f(logit_e) with f
  * sqrt(softplus) (PyTorch softplus: x itself above 20), softmax or sigmoid;

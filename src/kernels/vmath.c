@@ -124,6 +124,28 @@ double k_exp_sum(float *dst, const float *x, float sub, float scale, long n) {
     return s;
 }
 
+double k_dot_f64(const float *a, const float *b, long n) {
+    __m512d acc[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
+    long i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int j = 0; j < 4; j++) {
+            __m512d x = _mm512_cvtps_pd(_mm256_loadu_ps(a + i + 8 * j));
+            __m512d y = _mm512_cvtps_pd(_mm256_loadu_ps(b + i + 8 * j));
+            acc[j] = _mm512_fmadd_pd(x, y, acc[j]);
+        }
+    for (int j = 0; i < n; i += 8, j++) { /* the tail, lanes in the same order */
+        __mmask8 m = n - i >= 8 ? 0xFF : (__mmask8)((1u << (n - i)) - 1);
+        __m512d x = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, a + i));
+        __m512d y = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, b + i));
+        acc[j] = _mm512_fmadd_pd(x, y, acc[j]);
+    }
+    double lane[32];
+    for (int j = 0; j < 4; j++) _mm512_storeu_pd(lane + 8 * j, acc[j]);
+    double s = 0;
+    for (int l = 0; l < 32; l++) s += lane[l];
+    return s;
+}
+
 void k_scale(float *x, float a, long n) {
     const __m512 va = _mm512_set1_ps(a);
     long i = 0;
@@ -161,6 +183,14 @@ void k_exp(float *dst, const float *x, long n) {
 
 double k_exp_sum(float *dst, const float *x, float sub, float scale, long n) {
     return k_exp_sum_scalar(dst, x, sub, scale, n);
+}
+
+double k_dot_f64(const float *a, const float *b, long n) {
+    double lane[32] = {0};
+    for (long i = 0; i < n; i++) lane[i % 32] += (double)a[i] * b[i]; /* exact product: fma or not, same sum */
+    double s = 0;
+    for (int l = 0; l < 32; l++) s += lane[l];
+    return s;
 }
 
 void k_scale(float *x, float a, long n) {

@@ -468,7 +468,7 @@ static whale_code config_with_overrides(const char *preset, const char *override
 
 /* The model of a preset or config file with overrides, parameters unallocated. */
 static whale_code model_of_preset(const char *preset, const char *overrides, whale_model **out, whale_err *err) {
-    cJSON *cfg;
+    cJSON *cfg = NULL;
     whale_code c = config_with_overrides(preset, overrides, &cfg, err);
     if (c) return c;
     c = model_from_config(cfg, preset, out, err);

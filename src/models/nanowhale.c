@@ -901,31 +901,15 @@ static void round_rows(uint16_t *dst, const float *src, int rows, int cols, int 
 }
 
 /* k_swiglu_backward with dg and du rounded to bf16, the form the products
- * read, and exp from k_exp (vmath.h, <= 1.02 ulp, vectorised): the scalar
- * expf there costs ~60 ms of a 100m training step. */
+ * read. */
 static void swiglu_backward_bf16(uint16_t *dg16, uint16_t *du16, const float *dh, const float *g, const float *u, long n,
                                  float limit) {
     enum { BLK = 256 };
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (long b0 = 0; b0 < n; b0 += BLK) {
-        float e[BLK], tg[BLK], tu[BLK];
+        float tg[BLK], tu[BLK];
         int m = n - b0 < BLK ? (int)(n - b0) : BLK;
-        for (int i = 0; i < m; i++) e[i] = -(limit > 0 ? fminf(g[b0 + i], limit) : g[b0 + i]);
-        k_exp(e, e, m);
-        for (int i = 0; i < m; i++) {
-            float gi = g[b0 + i], ui = u[b0 + i], d = dh[b0 + i];
-            int gpass = 1, upass = 1;
-            if (limit > 0) { /* as k_swiglu_backward */
-                upass = ui >= -limit && ui <= limit;
-                gpass = gi <= limit;
-                ui = fminf(fmaxf(ui, -limit), limit);
-                gi = fminf(gi, limit);
-            }
-            float sg = 1.0f / (1.0f + e[i]);
-            float silu = gi * sg, dsilu = sg * (1.0f + gi * (1.0f - sg));
-            tg[i] = gpass ? d * ui * dsilu : 0.0f;
-            tu[i] = upass ? d * silu : 0.0f;
-        }
+        k_swiglu_backward_block(tg, tu, dh + b0, g + b0, u + b0, m, limit);
         whale_f32_to_bf16_rows(dg16 + b0, tg, (size_t)m);
         whale_f32_to_bf16_rows(du16 + b0, tu, (size_t)m);
     }
@@ -980,9 +964,7 @@ static whale_code moe_backward(nw_session *s, const nw_config *c, const nw_layer
     for (int t = 0; t < T; t++)
         for (int k = 0; k < c->K; k++) {
             const float *eo = a->ex_out + (size_t)a->ex_row[(size_t)t * c->K + k] * c->D, *d = df + (size_t)t * c->D;
-            double acc = 0;
-            for (int i = 0; i < c->D; i++) acc += (double)d[i] * eo[i];
-            b->dtopw[(size_t)t * c->K + k] = (float)acc;
+            b->dtopw[(size_t)t * c->K + k] = (float)k_dot_f64(d, eo, c->D);
         }
     for (int ex = 0; ex < c->E; ex++) {
         int r0 = a->ex_off[ex], ne = a->ex_off[ex + 1] - r0;

@@ -964,7 +964,7 @@ static whale_code map_shard(whale_dataset *d, shard_in *s, uint64_t want_tokens,
 }
 
 static whale_code open_split(whale_dataset *d, const cJSON *root, const char *meta, whale_err *err) {
-    uint64_t v, vocab, tb;
+    uint64_t v = 0, vocab = 0, tb = 0;
     whale_code rc;
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
     if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "whale-tokens"))
