@@ -255,12 +255,77 @@ whale_code k_grouped_linear_backward(whale_gemm *g, float *din, float *dW, const
 
 enum { ATT_QBLOCK = 64, ATT_DIRECT_ROWS = 4 };
 
-size_t k_attention_work_floats(int max_ctx, int Hq, int Hkv, int Dh) {
+/* scores (or probabilities) of one query block */
+static size_t att_block_floats(int max_ctx, int Hq, int Hkv, int Dh) {
     size_t rows = (size_t)ATT_QBLOCK * Hq;
     if (rows < ATT_DIRECT_ROWS) rows = ATT_DIRECT_ROWS;
     /* several K/V heads: a group's query rows are gathered into one matrix,
      * and its output (or gradient) is gathered too, next to the scores */
     return rows * ((size_t)max_ctx + (Hkv > 1 ? 2 * (size_t)Dh : 0));
+}
+
+/* K and V rounded to bf16 for bf16 products: two [ctx, Hkv·Dh] uint16 */
+static size_t att_b16_floats(int max_ctx, int Hkv, int Dh) { return (size_t)max_ctx * Hkv * Dh; }
+
+size_t k_attention_work_floats(int max_ctx, int Hq, int Hkv, int Dh) {
+    return att_block_floats(max_ctx, Hq, Hkv, Dh) + att_b16_floats(max_ctx, Hkv, Dh);
+}
+
+/* The keys and values the products read: fp32 (k, v with row stride ldkv),
+ * and with bf16 products also rounded copies (k16, v16, dense rows of
+ * Hkv·Dh; the same copy when k == v). Offsetting both by a head keeps them
+ * in step. */
+typedef struct {
+    const float *k, *v;
+    const uint16_t *k16, *v16; /* NULL: fp32 products */
+    int ldkv, ld16;
+} att_kv;
+
+static att_kv att_kv_head(att_kv kv, int j, int Dh) {
+    kv.k += (size_t)j * Dh, kv.v += (size_t)j * Dh;
+    if (kv.k16) kv.k16 += (size_t)j * Dh, kv.v16 += (size_t)j * Dh;
+    return kv;
+}
+
+/* Queries over a KV cache (p0 > 0: decoding, chunked prefill) keep fp32
+ * products: rounding the whole cache on every call would cost more than the
+ * products save for a few queries. Training and whole-sequence forwards
+ * (p0 = 0) take bf16 at any length, so the precision never depends on how
+ * wide a batch is. */
+static att_kv att_kv_make(const float *k, const float *v, int ldkv, int ctx, int Hkv, int Dh, int p0,
+                          whale_dtype products, uint16_t *b16) {
+    att_kv kv = {k, v, NULL, NULL, ldkv, Hkv * Dh};
+    if (products != WHALE_BF16 || p0 > 0) return kv;
+    uint16_t *k16 = b16, *v16 = k == v ? k16 : b16 + (size_t)ctx * Hkv * Dh;
+#pragma omp parallel for schedule(static) if ((long)ctx * Hkv * Dh >= 65536)
+    for (int t = 0; t < ctx; t++) {
+        whale_f32_to_bf16_rows(k16 + (size_t)t * Hkv * Dh, k + (size_t)t * ldkv, (size_t)Hkv * Dh);
+        if (v16 != k16) whale_f32_to_bf16_rows(v16 + (size_t)t * Hkv * Dh, v + (size_t)t * ldkv, (size_t)Hkv * Dh);
+    }
+    kv.k16 = k16, kv.v16 = v16;
+    return kv;
+}
+
+/* The attention products in either precision. bf16: both operands rounded
+ * to bf16, fp32 sums (whale_gemm_*_bf16), as PyTorch's bf16 autocast
+ * computes them; scores, probabilities and gradients stay fp32 in between.
+ *   scores  C[M,ctx] = A[M,Dh]·Kᵀ  (or dO·Vᵀ: att_nt with the V operand)
+ *   out     C[M,Dh]  = P[M,ctx]·X  (X = V, or K for dq) */
+static whale_code att_nt(whale_gemm *g, int M, int N, int K, const float *A, int lda, const float *B,
+                         const uint16_t *B16, const att_kv *kv, float *C, int ldc, whale_err *err) {
+    return B16 ? whale_gemm_nt_bf16(g, M, N, K, A, lda, B16, kv->ld16, C, ldc, 0, err)
+               : whale_gemm_nt(g, M, N, K, A, lda, B, kv->ldkv, C, ldc, 0, err);
+}
+static whale_code att_nn(whale_gemm *g, int M, int N, int K, const float *A, int lda, const float *B,
+                         const uint16_t *B16, const att_kv *kv, float *C, int ldc, whale_err *err) {
+    return B16 ? whale_gemm_nn_bf16(g, M, N, K, A, lda, B16, kv->ld16, C, ldc, 0, err)
+               : whale_gemm_nn(g, M, N, K, A, lda, B, kv->ldkv, C, ldc, 0, err);
+}
+/* dK or dV [ctx, Dh] (stride ldkv) += A[n,ctx]ᵀ·B[n,Dh] */
+static whale_code att_tn(whale_gemm *g, const att_kv *kv, int M, int N, int K, const float *A, int lda,
+                         const float *B, int ldb, float *C, whale_err *err) {
+    return kv->k16 ? whale_gemm_tn_bf16(g, M, N, K, A, lda, B, ldb, C, kv->ldkv, 1, err)
+                   : whale_gemm_tn(g, M, N, K, A, lda, B, ldb, C, kv->ldkv, 1, err);
 }
 
 /* The query rows of K/V head j's group for positions s0..s0+nq−1, as one
@@ -330,7 +395,7 @@ static void attention_direct(float *out, const float *q, const float *k, const f
 
 whale_code k_attention(whale_gemm *g, float *out, const float *q, const float *k, const float *v,
                        int ldkv, const int32_t *seg, int S, int p0, int Hq, int Hkv, int Dh, float scale,
-                       float *work, whale_err *err) {
+                       whale_dtype products, float *work, whale_err *err) {
     /* With several K/V heads the GEMM path below runs head by head (three
      * parallel regions each): for a few query positions (decoding), the
      * direct dot products in one region are 5× faster (Qwen2.5-0.5B). */
@@ -339,45 +404,41 @@ whale_code k_attention(whale_gemm *g, float *out, const float *q, const float *k
         return WHALE_OK;
     }
     int rep = Hq / Hkv;
+    att_kv kv = att_kv_make(k, v, ldkv, p0 + S, Hkv, Dh, p0, products,
+                            (uint16_t *)(work + att_block_floats(p0 + S, Hq, Hkv, Dh)));
     /* Query blocks: keys beyond the block's last position are never needed,
      * so causal attention costs about half of the full square. */
     for (int s0 = 0; s0 < S; s0 += ATT_QBLOCK) {
         int s1 = s0 + ATT_QBLOCK < S ? s0 + ATT_QBLOCK : S, nq = s1 - s0, ctx = p0 + s1;
-        whale_code c;
-        if (Hkv == 1) {
-            /* one shared head: all query heads of the block form one matrix */
-            int rows = nq * Hq;
-            c = whale_gemm_nt(g, rows, ctx, Dh, q + (long)s0 * Hq * Dh, Dh, k, ldkv, work, ctx, 0, err);
+        /* one shared head: all query heads of the block form one matrix;
+         * GQA: the rep query heads sharing K/V head j, gathered into one
+         * matrix (rows position-major, as above), take one product each way
+         * instead of one per head */
+        int rows = nq * rep;
+        float *Qg = work + (size_t)rows * ctx, *Og = Qg + (size_t)rows * Dh;
+        for (int j = 0; j < Hkv; j++) {
+            att_kv h = att_kv_head(kv, j, Dh);
+            const float *Q = q + (long)s0 * Hq * Dh;
+            float *O = out + (long)s0 * Hq * Dh;
+            if (Hkv > 1) {
+                gather_group(Qg, q, s0, nq, Hq, rep, j, Dh);
+                Q = Qg, O = Og;
+            }
+            whale_code c = att_nt(g, rows, ctx, Dh, Q, Dh, h.k, h.k16, &h, work, ctx, err);
             if (c) return c;
 #pragma omp parallel for schedule(static)
             for (int r = 0; r < rows; r++)
-                masked_softmax(work + (long)r * ctx, SEG_LO(seg, s0 + r / Hq), p0 + s0 + r / Hq + 1, ctx, scale);
-            c = whale_gemm_nn(g, rows, Dh, ctx, work, ctx, v, ldkv, out + (long)s0 * Hq * Dh, Dh, 0, err);
-            if (c) return c;
-        } else {
-            /* GQA: the rep query heads sharing K/V head j, gathered into one
-             * matrix (rows position-major, as above), take one product each
-             * way instead of one per head */
-            int rows = nq * rep;
-            float *Qg = work + (size_t)rows * ctx, *Og = Qg + (size_t)rows * Dh;
-            for (int j = 0; j < Hkv; j++) {
-                gather_group(Qg, q, s0, nq, Hq, rep, j, Dh);
-                c = whale_gemm_nt(g, rows, ctx, Dh, Qg, Dh, k + (long)j * Dh, ldkv, work, ctx, 0, err);
-                if (c) return c;
-#pragma omp parallel for schedule(static)
-                for (int r = 0; r < rows; r++)
-                    masked_softmax(work + (long)r * ctx, SEG_LO(seg, s0 + r / rep), p0 + s0 + r / rep + 1, ctx, scale);
-                c = whale_gemm_nn(g, rows, Dh, ctx, work, ctx, v + (long)j * Dh, ldkv, Og, Dh, 0, err);
-                if (c) return c;
-                scatter_group(out, Og, s0, nq, Hq, rep, j, Dh);
-            }
+                masked_softmax(work + (long)r * ctx, SEG_LO(seg, s0 + r / rep), p0 + s0 + r / rep + 1, ctx, scale);
+            if ((c = att_nn(g, rows, Dh, ctx, work, ctx, h.v, h.v16, &h, O, Dh, err))) return c;
+            if (Hkv > 1) scatter_group(out, Og, s0, nq, Hq, rep, j, Dh);
         }
     }
     return WHALE_OK;
 }
 
 size_t k_attention_backward_work_floats(int max_ctx, int Hq, int Hkv, int Dh) {
-    return 2 * k_attention_work_floats(max_ctx, Hq, Hkv, Dh); /* probabilities and their gradient */
+    /* probabilities and their gradient, then the bf16 copies of K and V */
+    return 2 * att_block_floats(max_ctx, Hq, Hkv, Dh) + att_b16_floats(max_ctx, Hkv, Dh);
 }
 
 /* One row's score gradient from its probabilities p and dp = dO·vᵀ (in place):
@@ -447,12 +508,12 @@ static void attention_backward_direct(float *dq, float *dk, float *dv, const flo
 /* GEMM path for one block of query rows (all heads sharing one K/V head):
  * n rows of q/dout/dq with stride ldq, row r at query position p0+s0+r/per. */
 static whale_code attention_backward_block(whale_gemm *g, float *dq, float *dk, float *dv, const float *dout,
-                                           const float *q, const float *k, const float *v, int ldkv, int ldq, int n,
-                                           int per, const int32_t *seg, int first_valid, int ctx, int Dh,
-                                           float scale, float *P, float *dS, whale_err *err) {
+                                           const float *q, const att_kv *kv, int ldq, int n, int per,
+                                           const int32_t *seg, int first_valid, int ctx, int Dh, float scale,
+                                           float *P, float *dS, whale_err *err) {
     whale_code c;
-    if ((c = whale_gemm_nt(g, n, ctx, Dh, q, ldq, k, ldkv, P, ctx, 0, err))) return c;
-    if ((c = whale_gemm_nt(g, n, ctx, Dh, dout, ldq, v, ldkv, dS, ctx, 0, err))) return c;
+    if ((c = att_nt(g, n, ctx, Dh, q, ldq, kv->k, kv->k16, kv, P, ctx, err))) return c;
+    if ((c = att_nt(g, n, ctx, Dh, dout, ldq, kv->v, kv->v16, kv, dS, ctx, err))) return c;
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < n; r++) {
         float *pr = P + (long)r * ctx;
@@ -460,44 +521,45 @@ static whale_code attention_backward_block(whale_gemm *g, float *dq, float *dk, 
         masked_softmax(pr, lo, first_valid + r / per, ctx, scale);
         softmax_row_backward(dS + (long)r * ctx, pr, lo, first_valid + r / per, ctx, scale);
     }
-    if ((c = whale_gemm_nn(g, n, Dh, ctx, dS, ctx, k, ldkv, dq, ldq, 0, err))) return c;
-    if ((c = whale_gemm_tn(g, ctx, Dh, n, dS, ctx, q, ldq, dk, ldkv, 1, err))) return c;
-    return whale_gemm_tn(g, ctx, Dh, n, P, ctx, dout, ldq, dv, ldkv, 1, err);
+    if ((c = att_nn(g, n, Dh, ctx, dS, ctx, kv->k, kv->k16, kv, dq, ldq, err))) return c;
+    if ((c = att_tn(g, kv, ctx, Dh, n, dS, ctx, q, ldq, dk, err))) return c;
+    return att_tn(g, kv, ctx, Dh, n, P, ctx, dout, ldq, dv, err);
 }
 
 whale_code k_attention_backward(whale_gemm *g, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                 const float *k, const float *v, int ldkv, const int32_t *seg, int S, int p0, int Hq,
-                                int Hkv, int Dh, float scale, float *work, whale_err *err) {
+                                int Hkv, int Dh, float scale, whale_dtype products, float *work, whale_err *err) {
     if (S * Hq <= ATT_DIRECT_ROWS) {
         attention_backward_direct(dq, dk, dv, dout, q, k, v, ldkv, seg, S, p0, Hq, Hkv, Dh, scale, work);
         return WHALE_OK;
     }
     int rep = Hq / Hkv;
-    float *P = work, *dS = work + k_attention_work_floats(p0 + S, Hq, Hkv, Dh);
+    size_t block = att_block_floats(p0 + S, Hq, Hkv, Dh);
+    float *P = work, *dS = work + block;
+    att_kv kv = att_kv_make(k, v, ldkv, p0 + S, Hkv, Dh, p0, products, (uint16_t *)(work + 2 * block));
     /* Same query blocks as the forward, so the recomputed probabilities are
-     * the forward's; dk/dv accumulate block after block in a fixed order. */
+     * the forward's; dk/dv accumulate block after block in a fixed order.
+     * GQA: each K/V head's group of query heads in one block (the forward's
+     * gathering), the gathered dq scattered back. */
     for (int s0 = 0; s0 < S; s0 += ATT_QBLOCK) {
-        int s1 = s0 + ATT_QBLOCK < S ? s0 + ATT_QBLOCK : S, nq = s1 - s0, ctx = p0 + s1;
+        int s1 = s0 + ATT_QBLOCK < S ? s0 + ATT_QBLOCK : S, nq = s1 - s0, ctx = p0 + s1, rows = nq * rep;
         long off = (long)s0 * Hq * Dh;
-        whale_code c;
-        if (Hkv == 1) {
-            c = attention_backward_block(g, dq + off, dk, dv, dout + off, q + off, k, v, ldkv, Dh, nq * Hq, Hq,
-                                         seg ? seg + s0 : NULL, p0 + s0 + 1, ctx, Dh, scale, P, dS, err);
-            if (c) return c;
-        } else {
-            /* GQA: each K/V head's group of query heads in one block (the
-             * forward's gathering), the gathered dq scattered back */
-            int rows = nq * rep;
-            float *Qg = P + (size_t)rows * ctx, *Dg = Qg + (size_t)rows * Dh, *dQg = dS + (size_t)rows * ctx;
-            for (int j = 0; j < Hkv; j++) {
-                long koff = (long)j * Dh;
+        float *Qg = P + (size_t)rows * ctx, *Dg = Qg + (size_t)rows * Dh, *dQg = dS + (size_t)rows * ctx;
+        for (int j = 0; j < Hkv; j++) {
+            att_kv h = att_kv_head(kv, j, Dh);
+            long koff = (long)j * Dh;
+            whale_code c;
+            if (Hkv == 1)
+                c = attention_backward_block(g, dq + off, dk, dv, dout + off, q + off, &h, Dh, rows, rep,
+                                             seg ? seg + s0 : NULL, p0 + s0 + 1, ctx, Dh, scale, P, dS, err);
+            else {
                 gather_group(Qg, q, s0, nq, Hq, rep, j, Dh);
                 gather_group(Dg, dout, s0, nq, Hq, rep, j, Dh);
-                c = attention_backward_block(g, dQg, dk + koff, dv + koff, Dg, Qg, k + koff, v + koff, ldkv, Dh, rows,
-                                             rep, seg ? seg + s0 : NULL, p0 + s0 + 1, ctx, Dh, scale, P, dS, err);
-                if (c) return c;
-                scatter_group(dq, dQg, s0, nq, Hq, rep, j, Dh);
+                c = attention_backward_block(g, dQg, dk + koff, dv + koff, Dg, Qg, &h, Dh, rows, rep,
+                                             seg ? seg + s0 : NULL, p0 + s0 + 1, ctx, Dh, scale, P, dS, err);
+                if (!c) scatter_group(dq, dQg, s0, nq, Hq, rep, j, Dh);
             }
+            if (c) return c;
         }
     }
     return WHALE_OK;

@@ -102,22 +102,28 @@ whale_code k_grouped_linear_backward(whale_gemm *g, float *din, float *dW, const
  * q [S, Hq·Dh], out [S, Hq·Dh] (contiguous rows); k, v [p0+S rows, stride ldkv],
  * head j at column j·Dh. seg (may be NULL) gives for each query s the first
  * key it may see (block-diagonal masks for packed documents); keys seg[s]..p0+s
- * are attended. work must hold k_attention_work_floats() floats. */
+ * are attended. products WHALE_F32: fp32 products; WHALE_BF16: Q·Kᵀ and P·V
+ * with both operands rounded to bf16 and fp32 sums (bf16 autocast) when
+ * p0 = 0 (over a cache, p0 > 0, they stay fp32); softmax in fp32 either way.
+ * The few-row path (S·Hq <= 4, or S <= 4 with Hkv > 1) is fp32 always.
+ * work must hold k_attention_work_floats() floats. */
 size_t k_attention_work_floats(int max_ctx, int Hq, int Hkv, int Dh);
 whale_code k_attention(whale_gemm *g, float *out, const float *q, const float *k, const float *v,
                        int ldkv, const int32_t *seg, int S, int p0, int Hq, int Hkv, int Dh, float scale,
-                       float *work, whale_err *err);
+                       whale_dtype products, float *work, whale_err *err);
 
 /* Backward of k_attention (same arguments), recomputing the probabilities
  * from q and k. dout [S, Hq·Dh] is the output gradient; dq [S, Hq·Dh] is
  * overwritten; dk and dv [p0+S rows, stride ldkv] are accumulated, including
  * the p0 cached rows. dk and dv may be the same buffer (K = V: both
- * contributions are then summed into it). work must hold
+ * contributions are then summed into it). products as for k_attention:
+ * with bf16 all five products round their operands. work must hold
  * k_attention_backward_work_floats() floats. Deterministic for a given
  * thread count. */
 size_t k_attention_backward_work_floats(int max_ctx, int Hq, int Hkv, int Dh);
 whale_code k_attention_backward(whale_gemm *g, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                 const float *k, const float *v, int ldkv, const int32_t *seg, int S, int p0, int Hq,
-                                int Hkv, int Dh, float scale, float *work, whale_err *err);
+                                int Hkv, int Dh, float scale, whale_dtype products, float *work,
+                                whale_err *err);
 
 #endif

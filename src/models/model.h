@@ -111,6 +111,13 @@ struct whale_model {
     int32_t eos_ids[8];
 };
 
+/* Precision of the attention products (Q·Kᵀ, P·V and their backward): bf16
+ * in bf16 runs, as autocast computes them; fp32 otherwise (fp16 has no
+ * faster product on this class of CPU, and int8 covers weights only). */
+static inline whale_dtype whale_attention_products(const whale_model *m) {
+    return m->compute_dtype == WHALE_BF16 ? WHALE_BF16 : WHALE_F32;
+}
+
 /* Common session header; families embed it first in their session struct. */
 struct whale_session {
     whale_model *model;

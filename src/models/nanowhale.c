@@ -581,7 +581,7 @@ static whale_code attention(nw_session *s, const nw_model *nw, const nw_layer *l
         }
         if ((e = k_attention(g, a->att + (size_t)b * S * HD, a->q + (size_t)b * S * HD, kv, kv, c->Dh,
                              s->seg ? s->seg + (size_t)b * S : NULL, S, p0, c->H,
-                             1, c->Dh, scale, s->att_work, err)))
+                             1, c->Dh, scale, whale_attention_products(s->base.model), s->att_work, err)))
             return e;
     }
     TRACE(WHALE_F32, a->qlat, 2, DIMS(T, c->Q), "layers.%d.attn.q_latent", l);
@@ -841,7 +841,7 @@ static whale_code attention_backward(nw_session *s, const nw_model *nw, const nw
         float *dkv = b->dkv + (size_t)bi * S * c->Dh;
         if ((e = k_attention_backward(g, b->dq + (size_t)bi * S * HD, dkv, dkv, b->datt + (size_t)bi * S * HD,
                                       a->q + (size_t)bi * S * HD, kv, kv, c->Dh, s->seg ? s->seg + (size_t)bi * S : NULL,
-                                      S, 0, c->H, 1, c->Dh, scale,
+                                      S, 0, c->H, 1, c->Dh, scale, whale_attention_products(s->base.model),
                                       b->att_work, err)))
             return e;
     }

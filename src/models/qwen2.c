@@ -592,8 +592,8 @@ static whale_code attention(qw_session *s, const qw_model *qw, const qw_layer *l
             vb = vc;
         }
         if ((e = k_attention(s->gemm, a->att + (size_t)b * S * HD, a->q + (size_t)b * S * HD, kb, vb, KVD,
-                             s->seg ? s->seg + (size_t)b * S : NULL, S, p0, c->H, c->Hkv, c->Dh, scale, s->att_work,
-                             err)))
+                             s->seg ? s->seg + (size_t)b * S : NULL, S, p0, c->H, c->Hkv, c->Dh, scale,
+                             whale_attention_products(s->base.model), s->att_work, err)))
             return e;
     }
     TRACE(WHALE_F32, a->q, 2, DIMS(T, HD), "layers.%d.attn.q", l);
@@ -755,7 +755,7 @@ static whale_code attention_backward(qw_session *s, const qw_model *qw, const qw
         size_t qo = (size_t)bi * S * HD, ko = (size_t)bi * S * KVD;
         if ((e = k_attention_backward(s->gemm, b->dq + qo, b->dk + ko, b->dv + ko, b->datt + qo, a->q + qo, a->k + ko,
                                       a->v + ko, KVD, s->seg ? s->seg + (size_t)bi * S : NULL, S, 0, c->H, c->Hkv,
-                                      c->Dh, scale, b->att_work, err)))
+                                      c->Dh, scale, whale_attention_products(s->base.model), b->att_work, err)))
             return e;
     }
     k_rope_backward(b->dq, T, HD, c->H, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
