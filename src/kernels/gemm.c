@@ -1769,14 +1769,21 @@ double whale_measure_read_bandwidth(size_t bytes, int reps) {
             const long nt = omp_get_num_threads(), id = omp_get_thread_num();
             const long lo = nb * id / nt, hi = nb * (id + 1) / nt;
 #ifdef __AVX512F__
+            /* four distant streams per thread, one 64-byte line of each per
+             * step: the access pattern of the decode kernels (own_nt), which
+             * one sequential stream per core reaches only about half of */
+            const long q = (hi - lo) / 4;
             __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-            for (long b = lo; b < hi; b++) {
-                const float *p = buf + b * per_block;
-                s0 = _mm512_add_ps(s0, _mm512_load_ps(p));
-                s1 = _mm512_add_ps(s1, _mm512_load_ps(p + 16));
-                s2 = _mm512_add_ps(s2, _mm512_load_ps(p + 32));
-                s3 = _mm512_add_ps(s3, _mm512_load_ps(p + 48));
-            }
+            for (long b = lo; b < lo + q; b++)
+                for (int l = 0; l < 4; l++) {
+                    const float *p = buf + b * per_block + (size_t)16 * l;
+                    s0 = _mm512_add_ps(s0, _mm512_load_ps(p));
+                    s1 = _mm512_add_ps(s1, _mm512_load_ps(p + q * per_block));
+                    s2 = _mm512_add_ps(s2, _mm512_load_ps(p + 2 * q * per_block));
+                    s3 = _mm512_add_ps(s3, _mm512_load_ps(p + 3 * q * per_block));
+                }
+            for (long b = lo + 4 * q; b < hi; b++)
+                for (int l = 0; l < 4; l++) s0 = _mm512_add_ps(s0, _mm512_load_ps(buf + b * per_block + 16 * l));
             total += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
 #else
             float s = 0;
