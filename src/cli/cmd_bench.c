@@ -167,7 +167,7 @@ int cmd_bench(int argc, char **argv) {
         /* bytes of the product weights in the dtype; the fp32 islands (HC, gate) are under 1 % */
         double bytes = whale_model_decode_weight_bytes(m) * (double)whale_dtype_size(dtype) / 4.0;
         double share[1001];
-        int med = 0;
+        int med = 1; /* reps >= 1 */
         for (int r = 1; r <= reps; r++) share[r] = bytes * tokens / dt_of[r] / (bw_of[r] * 1e9);
         for (int r = 1; r <= reps; r++) { /* the run of median share */
             int below = 0;
