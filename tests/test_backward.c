@@ -765,13 +765,6 @@ static double att_loss(void *vc) {
     return L;
 }
 
-/* ||a − b|| / ||b|| */
-static double rel_diff(const float *a, const float *b, long n) {
-    double d = 0, m = 0;
-    for (long i = 0; i < n; i++) d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), m += (double)b[i] * b[i];
-    return m > 0 ? sqrt(d / m) : sqrt(d); /* one key: dq = 0 exactly */
-}
-
 /* shared: one tensor is both K and V (nanowhale), so dk and dv are one buffer */
 /* segmented: packed documents, each query sees keys from its document's start */
 static void test_attention(whale_gemm *g, whale_rng *r, int S, int p0, int Hq, int Hkv, int shared, int segmented) {
@@ -849,7 +842,7 @@ static void test_attention(whale_gemm *g, whale_rng *r, int S, int p0, int Hq, i
     CHECK(k_attention_backward(g, dq3, dk3, dv3, dout, q, k, v, ldkv, seg, S, p0, Hq, Hkv, DH, scale, WHALE_BF16, work,
                                &err) == WHALE_OK,
           "%s", err.msg);
-    double rq = rel_diff(dq3, dq2, nq), rk = rel_diff(dk3, dk2, nkv), rv = rel_diff(dv3, dv2, nkv);
+    double rq = test_rel_norm(dq3, dq2, nq), rk = test_rel_norm(dk3, dk2, nkv), rv = test_rel_norm(dv3, dv2, nkv);
     if (p0 == 0 && S * Hq > 4)
         CHECK(rq < 2e-2 && rk < 2e-2 && rv < 2e-2 && fmax(rq, fmax(rk, rv)) > 1e-4,
               "attention backward (bf16) S=%d: relative distance to fp32 dq %g dk %g dv %g", S, rq, rk, rv);

@@ -21,6 +21,7 @@
 #include "testutil.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1225,6 +1226,20 @@ static void test_quantize(void) {
     free(q);
 }
 
+/* whale_alloc: buffers of 2 MiB and more start on a 2 MiB boundary (so they
+ * can be backed by huge pages, which the streaming kernels depend on);
+ * smaller ones on 64 bytes; both writable to their last byte. */
+static void test_alloc_alignment(void) {
+    size_t sizes[] = {1, 100, (2u << 20) - 1, 2u << 20, (3u << 20) + 5};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        unsigned char *p = whale_alloc(sizes[i]);
+        size_t want = sizes[i] >= (2u << 20) ? 2u << 20 : 64;
+        CHECK(p && (uintptr_t)p % want == 0, "whale_alloc(%zu) = %p, not aligned to %zu", sizes[i], (void *)p, want);
+        if (p) p[0] = 1, p[sizes[i] - 1] = 2;
+        free(p);
+    }
+}
+
 int main(void) {
     whale_err err;
     whale_gemm *g;
@@ -1232,6 +1247,7 @@ int main(void) {
         fprintf(stderr, "test_gemm: %s\n", err.msg);
         return 1;
     }
+    test_alloc_alignment();
     test_shapes(g);
     test_model_shapes(g);
     test_empty(g);
