@@ -21,6 +21,7 @@
 #include "testutil.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1240,6 +1241,106 @@ static void test_alloc_alignment(void) {
     }
 }
 
+/* whale_gemm_nt_parts: each part bit-identical to its own call, whatever
+ * the thread count (rows split in chunks taken dynamically, singles summed
+ * in the quads' order); checked before anything is computed. */
+static void parts_weights(whale_dtype dt, whale_rng *r, int n, int K, void **W, float **scale) {
+    float *w = malloc(sizeof(float) * (size_t)n * K);
+    for (size_t i = 0; i < (size_t)n * K; i++) w[i] = draw(r, 0);
+    *scale = NULL;
+    if (dt == WHALE_F32) {
+        *W = w;
+        return;
+    }
+    if (dt == WHALE_I8) {
+        *W = malloc((size_t)n * K);
+        *scale = malloc(sizeof(float) * n);
+        whale_quantize_q8_rows(*W, *scale, w, n, K);
+    } else {
+        uint16_t *h = malloc(sizeof(uint16_t) * (size_t)n * K);
+        for (size_t i = 0; i < (size_t)n * K; i++) h[i] = dt == WHALE_BF16 ? whale_float_to_bf16(w[i]) : whale_float_to_f16(w[i]);
+        *W = h;
+    }
+    free(w);
+}
+
+static whale_code parts_single(whale_gemm *g, whale_dtype dt, int K, const whale_nt_part *p, float *C,
+                               whale_err *err) {
+    switch (dt) {
+    case WHALE_BF16: return whale_gemm_nt_bf16(g, p->M, p->N, K, p->A, p->lda, p->W, p->ldw, C, p->ldc, 0, err);
+    case WHALE_F16: return whale_gemm_nt_f16(g, p->M, p->N, K, p->A, p->lda, p->W, p->ldw, C, p->ldc, 0, err);
+    case WHALE_I8: return whale_gemm_nt_q8(g, p->M, p->N, K, p->A, p->lda, p->W, p->ldw, p->scale, C, p->ldc, 0, err);
+    default: return whale_gemm_nt(g, p->M, p->N, K, p->A, p->lda, p->W, p->ldw, C, p->ldc, 0, err);
+    }
+}
+
+static void test_parts(whale_gemm *g) {
+    enum { NP = 6, K = 200 };
+    /* decode-like parts sharing A, a large one (several chunks per
+     * thread), more rows than our kernel takes, an empty one */
+    static const int ms[NP] = {1, 1, 3, 40, 1, 2}, ns[NP] = {640, 97, 300, 50, 9001, 0}, a_of[NP] = {0, 0, 1, 2, 3, 0};
+    static const whale_dtype dts[] = {WHALE_F32, WHALE_BF16, WHALE_F16, WHALE_I8};
+    static const whale_gemm_path paths[] = {WHALE_GEMM_AUTO, WHALE_GEMM_OWN, WHALE_GEMM_OWN_PORTABLE};
+    whale_rng r;
+    whale_rng_seed(&r, 21);
+    float *A[4];
+    for (int i = 0; i < 4; i++) {
+        A[i] = malloc(sizeof(float) * 40 * (K + 3));
+        for (int j = 0; j < 40 * (K + 3); j++) A[i][j] = draw(&r, 0);
+    }
+    whale_err err;
+    omp_set_num_threads(2);
+    for (size_t d = 0; d < 4; d++) {
+        whale_dtype dt = dts[d];
+        whale_nt_part p[NP];
+        float *C[NP], *ref[NP];
+        for (int i = 0; i < NP; i++) {
+            void *W;
+            float *scale;
+            parts_weights(dt, &r, ns[i] ? ns[i] : 1, K, &W, &scale);
+            size_t nc = (size_t)ms[i] * (ns[i] + 5);
+            C[i] = malloc(sizeof(float) * (nc ? nc : 1));
+            ref[i] = malloc(sizeof(float) * (nc ? nc : 1));
+            p[i] = (whale_nt_part){ms[i], ns[i], A[a_of[i]], K + 3, W, K, scale, C[i], ns[i] + 5};
+        }
+        for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++)
+            for (int threads = 2; threads >= 1; threads--) {
+                whale_gemm_set_path(g, paths[pi]);
+                for (int i = 0; i < NP; i++) { /* references: each alone, two threads */
+                    size_t nc = (size_t)ms[i] * (ns[i] + 5);
+                    for (size_t j = 0; j < nc; j++) C[i][j] = ref[i][j] = C_SENTINEL;
+                    CHECK(!parts_single(g, dt, K, &p[i], ref[i], &err), "%s part %d alone: %s",
+                          whale_dtype_name(dt), i, err.msg);
+                }
+                omp_set_num_threads(threads);
+                CHECK(!whale_gemm_nt_parts(g, dt, K, NP, p, 0, &err), "%s parts: %s", whale_dtype_name(dt), err.msg);
+                omp_set_num_threads(2);
+                for (int i = 0; i < NP; i++)
+                    CHECK(!memcmp(C[i], ref[i], sizeof(float) * (size_t)ms[i] * (ns[i] + 5)),
+                          "%s path %s, %d thread(s): part %d (M=%d N=%d) differs from its own call",
+                          whale_dtype_name(dt), path_names[pi], threads, i, ms[i], ns[i]);
+            }
+        whale_gemm_set_path(g, WHALE_GEMM_AUTO);
+        /* a bad part: an error naming it, and no part computed */
+        p[2].lda = K - 1;
+        for (int i = 0; i < NP; i++) C[i][0] = C_SENTINEL;
+        whale_code rc = whale_gemm_nt_parts(g, dt, K, NP, p, 0, &err);
+        CHECK(rc == WHALE_ERR_ARG && strstr(err.msg, "lda=199"), "%s bad part: rc=%d %s", whale_dtype_name(dt),
+              (int)rc, err.msg);
+        CHECK(C[0][0] == C_SENTINEL && C[1][0] == C_SENTINEL, "%s: parts computed before the bad one",
+              whale_dtype_name(dt));
+        for (int i = 0; i < NP; i++) {
+            free((void *)p[i].W);
+            free((void *)p[i].scale);
+            free(C[i]);
+            free(ref[i]);
+        }
+    }
+    CHECK(whale_gemm_nt_parts(g, WHALE_I32, K, 0, NULL, 0, &err) == WHALE_ERR_ARG, "int32 weights accepted");
+    CHECK(whale_gemm_nt_parts(g, WHALE_F32, K, 0, NULL, 0, &err) == WHALE_OK, "no parts");
+    for (int i = 0; i < 4; i++) free(A[i]);
+}
+
 int main(void) {
     whale_err err;
     whale_gemm *g;
@@ -1276,6 +1377,7 @@ int main(void) {
     test_mixed_rounding(g);
     test_mixed_nan(g);
     test_mixed_misc(g);
+    test_parts(g);
     whale_gemm_free(g);
     test_mixed_blocks();
     test_mixed_rules();

@@ -169,6 +169,11 @@ static inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
     return _mm_hadd_ps(_mm_hadd_ps(a4, b4), _mm_hadd_ps(c4, d4));
 }
 
+/* The sum of one vector in the order hsum4 gives each of its four: a row
+ * then sums alike whether it falls in a quad or is a single, so results
+ * never depend on how rows are split over threads. */
+static inline float hsum1(__m512 a) { return _mm_cvtss_f32(hsum4(a, a, a, a)); }
+
 /* 16 weights of row w from column k (lanes outside mask 0) as fp32. */
 static inline __attribute__((always_inline)) __m512 load_w(const int wt, __mmask16 mask,
                                                           const void *w, int k) {
@@ -241,7 +246,7 @@ nt_single(const int wt, const int mr, int K, const float *A, size_t lda, const v
     }
 #pragma GCC unroll 4
     for (int m = 0; m < mr; m++) {
-        float v = _mm512_reduce_add_ps(s[m]);
+        float v = hsum1(s[m]);
         if (wt == WT_I8) v *= sc;
         C[m * ldc] = acc ? C[m * ldc] + v : v;
     }
@@ -345,51 +350,6 @@ static void ntx_single_c(int wt, int mr, int K, const float *A, size_t lda, cons
         const float v = wt == WT_I8 ? sc * s[m] : s[m];
         C[m * ldc] = acc ? C[m * ldc] + v : v;
     }
-}
-
-/* The split of W rows over threads, four distant streams per thread (see
- * NT_MR), for our nt kernels; A already in the form the kernel takes. */
-static void skinny_nt(int wt, int portable, int M, int N, int K, const float *A, size_t lda,
-                      const void *W, size_t ldw, const float *scale, float *C, size_t ldc,
-                      int acc) {
-    const size_t row = ldw * wt_size(wt);
-    const int par = (double)M * N * K >= OWN_PARALLEL_MIN_WORK;
-#pragma omp parallel if (par)
-    {
-        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        const size_t lo = (size_t)((int64_t)N * id / nt), hi = (size_t)((int64_t)N * (id + 1) / nt);
-        const size_t q = (hi - lo) / 4;
-        for (size_t i = 0; i < q; i++)
-            for (int m0 = 0; m0 < M; m0 += NT_MR) {
-                const int mr = M - m0 < NT_MR ? M - m0 : NT_MR;
-                if (!portable) {
-                    nt_quad_rows(wt, mr, K, A + m0 * lda, lda, W, ldw, lo + i, q, scale,
-                                 C + m0 * ldc, ldc, acc);
-                    continue;
-                }
-                for (int r = 0; r < 4; r++) {
-                    const size_t n = lo + i + r * q;
-                    ntx_single_c(wt, mr, K, A + m0 * lda, lda, (const char *)W + n * row,
-                                 scale ? scale[n] : 0, C + m0 * ldc + n, ldc, acc);
-                }
-            }
-        for (size_t n = lo + 4 * q; n < hi; n++)
-            for (int m0 = 0; m0 < M; m0 += NT_MR) {
-                const int mr = M - m0 < NT_MR ? M - m0 : NT_MR;
-                const void *w = (const char *)W + n * row;
-                const float sc = scale ? scale[n] : 0;
-                if (portable)
-                    ntx_single_c(wt, mr, K, A + m0 * lda, lda, w, sc, C + m0 * ldc + n, ldc, acc);
-                else
-                    nt_single_rows(wt, mr, K, A + m0 * lda, lda, w, sc, C + m0 * ldc + n, ldc,
-                                   acc);
-            }
-    }
-}
-
-static void own_nt(const gemm_call *c) {
-    skinny_nt(WT_F32, 0, c->s.M, c->s.N, c->s.K, c->A, (size_t)c->s.lda, c->B, (size_t)c->s.ldb,
-              NULL, c->C, (size_t)c->s.ldc, c->s.acc);
 }
 
 /* ------------------------------------------------------------ own kernels: nn / tn */
@@ -774,7 +734,7 @@ ntb_single(const int mr, int K, const uint16_t *A, size_t lda, const uint16_t *w
     }
 #pragma GCC unroll 4
     for (int m = 0; m < mr; m++) {
-        const float v = _mm512_reduce_add_ps(s[m]);
+        const float v = hsum1(s[m]);
         C[m * ldc] = acc ? C[m * ldc] + v : v;
     }
 }
@@ -919,7 +879,7 @@ q8_single(const int mr, int K, const uint16_t *A, size_t lda, const int8_t *w, f
     }
 #pragma GCC unroll 4
     for (int m = 0; m < mr; m++) {
-        const float v = sc * _mm512_reduce_add_ps(s[m]);
+        const float v = sc * hsum1(s[m]);
         C[m * ldc] = acc ? C[m * ldc] + v : v;
     }
 }
@@ -964,42 +924,6 @@ static void q8_single_rows(int mr, int K, const uint16_t *A, size_t lda, const i
 #undef SINGLE_Q8
 }
 
-/* Our kernel for int8 weights (see q8_load). */
-static whale_code own_nt_q8(whale_gemm *g, const gemm_call *c, whale_err *err) {
-    const int M = c->s.M, N = c->s.N, K = c->s.K, acc = c->s.acc;
-    const size_t ldw = (size_t)c->s.ldb, ldc = (size_t)c->s.ldc;
-    const size_t ld = ((size_t)K + Q8_STEP - 1) / Q8_STEP * Q8_STEP;
-    whale_code rc = scratch_reserve(&g->sa, (size_t)M * ld, sizeof(uint16_t), c, err);
-    if (rc) return rc;
-    uint16_t *A16 = g->sa.p;
-    a_to_bf16_q8(M, K, c->A, (size_t)c->s.lda, A16, ld);
-    const int8_t *W = c->B;
-    const float *scale = c->scale;
-    float *C = c->C;
-    const int par = (double)M * N * K >= OWN_PARALLEL_MIN_WORK;
-#pragma omp parallel if (par)
-    {
-        const q8_tables t = q8_tables_make();
-        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        const size_t lo = (size_t)((int64_t)N * id / nt), hi = (size_t)((int64_t)N * (id + 1) / nt);
-        const size_t q = (hi - lo) / 4;
-        for (size_t i = 0; i < q; i++)
-            for (int m0 = 0; m0 < M; m0 += NT_MR) {
-                const int mr = M - m0 < NT_MR ? M - m0 : NT_MR;
-                q8_quad_rows(mr, K, A16 + m0 * ld, ld, W, ldw, lo + i, q, scale, C + m0 * ldc, ldc,
-                             acc, &t);
-            }
-        for (size_t n = lo + 4 * q; n < hi; n++)
-            for (int m0 = 0; m0 < M; m0 += NT_MR) {
-                const int mr = M - m0 < NT_MR ? M - m0 : NT_MR;
-                q8_single_rows(mr, K, A16 + m0 * ld, ld, W + n * ldw, scale[n], C + m0 * ldc + n,
-                               ldc, acc, &t);
-            }
-    }
-    snprintf(g->last_impl, sizeof g->last_impl, "whale:skinny_nt_q8");
-    g->stats.own_calls++;
-    return WHALE_OK;
-}
 #define WHALE_HAVE_Q8_KERNEL 1
 
 #else
@@ -1015,103 +939,248 @@ static whale_code own_nt_q8(whale_gemm *g, const gemm_call *c, whale_err *err) {
 
 #endif
 
-static void ntb_quad_rows_c(int mr, int K, const uint16_t *A, size_t lda, const uint16_t *W,
-                            size_t ldw, size_t n, size_t q, float *C, size_t ldc, int acc) {
-    for (int r = 0; r < 4; r++)
-        ntb_single_c(mr, K, A, lda, W + (n + r * q) * ldw, C + n + r * q, ldc, acc);
+
+/* ------------------------------------------------------------ the skinny split */
+
+/* Our nt kernels, by weight type: fp32 FMAs on f32, fp16 or int8 weights
+ * (A as is, or rounded to fp16 / bf16 and kept as f32), vdpbf16ps on bf16
+ * weights or on int8 ones expanded in registers (A in bf16). */
+typedef enum { SK_F32, SK_F16, SK_I8, SK_BF16, SK_Q8 } sk_kind;
+
+/* One product of a skinny run, A already in the kind's form (sk_convert). */
+typedef struct {
+    int M, N, K, acc;
+    const void *A;
+    size_t lda;
+    const void *W;
+    size_t ldw;
+    const float *scale;
+    float *C;
+    size_t ldc;
+} sk_part;
+
+static int sk_wt(sk_kind k) { return k == SK_F16 ? WT_F16 : k == SK_I8 ? WT_I8 : WT_F32; }
+static size_t sk_wsize(sk_kind k) { return k == SK_F32 ? 4 : k == SK_I8 || k == SK_Q8 ? 1 : 2; }
+
+/* Row length (elements) and element size of A in the kernel's form; 0: A
+ * is used in place. */
+static size_t sk_a_len(sk_kind k, int K) {
+    switch (k) {
+    case SK_F16:
+    case SK_I8: return (size_t)K;
+    case SK_BF16: return bf16_row_len(K);
+#if WHALE_HAVE_Q8_KERNEL
+    case SK_Q8: return ((size_t)K + Q8_STEP - 1) / Q8_STEP * Q8_STEP;
+#endif
+    default: return 0;
+    }
+}
+static size_t sk_a_size(sk_kind k) { return k == SK_F16 || k == SK_I8 ? 4 : 2; }
+
+static void sk_convert(sk_kind k, int portable, int M, int K, const float *A, size_t lda,
+                       void *dst, size_t ld) {
+    (void)portable;
+    if (k == SK_F16 || k == SK_I8) {
+        for (int m = 0; m < M; m++) {
+            float *d = (float *)dst + m * ld;
+            if (k == SK_F16) whale_round_f16_rows(d, A + m * lda, (size_t)K);
+            else whale_round_bf16_rows(d, A + m * lda, (size_t)K);
+        }
+        return;
+    }
+#if WHALE_HAVE_Q8_KERNEL
+    if (k == SK_Q8) {
+        a_to_bf16_q8(M, K, A, lda, dst, ld);
+        return;
+    }
+#endif
+#if WHALE_HAVE_BF16_KERNEL
+    if (!portable) {
+        a_to_bf16_hw(M, K, A, lda, dst, ld);
+        return;
+    }
+#endif
+    for (int m = 0; m < M; m++) {
+        uint16_t *d = (uint16_t *)dst + m * ld;
+        whale_f32_to_bf16_rows(d, A + m * lda, (size_t)K);
+        memset(d + K, 0, (ld - (size_t)K) * sizeof(uint16_t));
+    }
 }
 
-/* Our kernel for a bf16 nt product; portable: the plain C kernel even when
- * the vdpbf16ps one is available (to compare them). */
-static whale_code own_nt_bf16(whale_gemm *g, const gemm_call *c, int portable, whale_err *err) {
-    const int M = c->s.M, N = c->s.N, K = c->s.K, acc = c->s.acc;
-    const size_t lda = (size_t)c->s.lda, ldw = (size_t)c->s.ldb, ldc = (size_t)c->s.ldc;
-    const size_t ld16 = bf16_row_len(K);
-    whale_code rc = scratch_reserve(&g->sa, (size_t)M * ld16, sizeof(uint16_t), c, err);
-    if (rc) return rc;
-    const float *A = c->A;
-    uint16_t *A16 = g->sa.p;
-#if WHALE_HAVE_BF16_KERNEL
-    const int fast = !portable;
-#else
-    const int fast = 0;
-#endif
-    if (fast) {
-#if WHALE_HAVE_BF16_KERNEL
-        a_to_bf16_hw(M, K, A, lda, A16, ld16);
-#endif
-    } else {
-        for (int m = 0; m < M; m++) {
-            whale_f32_to_bf16_rows(A16 + m * ld16, A + m * lda, (size_t)K);
-            memset(A16 + m * ld16 + K, 0, (ld16 - (size_t)K) * sizeof(uint16_t));
+/* W rows n, n+q, n+2q, n+3q (quad) or row n alone (q = 0) of part p against
+ * its A rows m0..m0+mr−1. */
+static void sk_rows(sk_kind k, int portable, const sk_part *p, int m0, int mr, size_t n, size_t q,
+                    const void *tables) {
+    const int K = p->K, acc = p->acc;
+    const size_t lda = p->lda, ldw = p->ldw, ldc = p->ldc;
+    float *C = p->C + m0 * ldc;
+    const float sc = p->scale && !q ? p->scale[n] : 0;
+    (void)tables;
+    if (k == SK_BF16 || k == SK_Q8) {
+        const uint16_t *A = (const uint16_t *)p->A + m0 * lda;
+#if WHALE_HAVE_Q8_KERNEL
+        if (k == SK_Q8) {
+            const int8_t *W = p->W;
+            if (q) q8_quad_rows(mr, K, A, lda, W, ldw, n, q, p->scale, C, ldc, acc, tables);
+            else q8_single_rows(mr, K, A, lda, W + n * ldw, sc, C + n, ldc, acc, tables);
+            return;
         }
+#endif
+        const uint16_t *W = p->W;
+#if WHALE_HAVE_BF16_KERNEL
+        if (!portable) {
+            if (q) ntb_quad_rows(mr, K, A, lda, W, ldw, n, q, C, ldc, acc);
+            else ntb_single_rows(mr, K, A, lda, W + n * ldw, C + n, ldc, acc);
+            return;
+        }
+#endif
+        for (int r = 0; r < (q ? 4 : 1); r++)
+            ntb_single_c(mr, K, A, lda, W + (n + r * q) * ldw, C + n + r * q, ldc, acc);
+        return;
     }
-    const uint16_t *W = c->B;
-    float *C = c->C;
-    const int par = (double)M * N * K >= OWN_PARALLEL_MIN_WORK;
+    const int wt = sk_wt(k);
+    const float *A = (const float *)p->A + m0 * lda;
+    const char *W = p->W;
+    const size_t row = ldw * wt_size(wt);
+    if (portable && k != SK_F32) {
+        for (int r = 0; r < (q ? 4 : 1); r++) {
+            const size_t i = n + r * q;
+            ntx_single_c(wt, mr, K, A, lda, W + i * row, p->scale ? p->scale[i] : 0, C + i, ldc, acc);
+        }
+        return;
+    }
+    if (q) nt_quad_rows(wt, mr, K, A, lda, W, ldw, n, q, p->scale, C, ldc, acc);
+    else nt_single_rows(wt, mr, K, A, lda, W + n * row, sc, C + n, ldc, acc);
+}
+
+/* Rows lo..hi−1 of part p: cut into four quarters walked side by side (four
+ * distant sequential streams, see NT_MR), the few left over one by one. */
+static void sk_range(sk_kind k, int portable, const sk_part *p, size_t lo, size_t hi,
+                     const void *tables) {
+    const size_t q = (hi - lo) / 4;
+    for (size_t i = 0; i < q; i++)
+        for (int m0 = 0; m0 < p->M; m0 += NT_MR)
+            sk_rows(k, portable, p, m0, p->M - m0 < NT_MR ? p->M - m0 : NT_MR, lo + i, q, tables);
+    for (size_t n = lo + 4 * q; n < hi; n++)
+        for (int m0 = 0; m0 < p->M; m0 += NT_MR)
+            sk_rows(k, portable, p, m0, p->M - m0 < NT_MR ? p->M - m0 : NT_MR, n, 0, tables);
+}
+
+/* Chunks of W rows that threads take as they finish: a part is cut into
+ * nthreads × (its bytes / SK_CHUNK_BYTES, 1..SK_CHUNKS_MAX) chunks. Dealing
+ * out fixed halves left one thread waiting up to a quarter of a large
+ * product (the two cores do not stream at the same rate), and many small
+ * products in one region (a decode step's experts) pay one fork/join. */
+#define SK_CHUNK_BYTES ((size_t)256 << 10)
+#define SK_CHUNKS_MAX 32
+#define SK_PARTS_MAX 16
+
+/* The skinny kernels stream their weights from memory (decode): two
+ * threads read faster than one from a quarter of the general threshold up
+ * (a 16K-weight product is ~16-64 KB). */
+#define SK_PARALLEL_MIN_WORK (OWN_PARALLEL_MIN_WORK / 4)
+
+static void sk_run(sk_kind k, int portable, const sk_part *parts, int n) {
+    double work = 0;
+    for (int i = 0; i < n; i++) work += (double)parts[i].M * parts[i].N * parts[i].K;
+    const int par = work >= SK_PARALLEL_MIN_WORK;
+    const int nt = par ? omp_get_max_threads() : 1;
+    size_t rows[SK_PARTS_MAX];
+    int first[SK_PARTS_MAX + 1];
+    first[0] = 0;
+    for (int i = 0; i < n; i++) {
+        const size_t N = (size_t)parts[i].N;
+        size_t c = N * (size_t)parts[i].K * sk_wsize(k) / SK_CHUNK_BYTES;
+        c = (c < 1 ? 1 : c > SK_CHUNKS_MAX ? SK_CHUNKS_MAX : c) * (size_t)nt;
+        rows[i] = (N + c - 1) / c;
+        rows[i] = (rows[i] + 3) / 4 * 4; /* whole quads */
+        first[i + 1] = first[i] + (int)((N + rows[i] - 1) / rows[i]);
+    }
 #pragma omp parallel if (par)
     {
-        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        const size_t lo = (size_t)((int64_t)N * id / nt), hi = (size_t)((int64_t)N * (id + 1) / nt);
-        const size_t q = (hi - lo) / 4;
-        for (size_t i = 0; i < q; i++)
-            for (int m0 = 0; m0 < M; m0 += NT_MR) {
-                const int mr = M - m0 < NT_MR ? M - m0 : NT_MR;
-#if WHALE_HAVE_BF16_KERNEL
-                if (fast)
-                    ntb_quad_rows(mr, K, A16 + m0 * ld16, ld16, W, ldw, lo + i, q, C + m0 * ldc,
-                                  ldc, acc);
-                else
+#if WHALE_HAVE_Q8_KERNEL
+        q8_tables tab;
+        if (k == SK_Q8) tab = q8_tables_make();
+        const void *tables = &tab;
+#else
+        const void *tables = NULL;
 #endif
-                    ntb_quad_rows_c(mr, K, A16 + m0 * ld16, ld16, W, ldw, lo + i, q, C + m0 * ldc,
-                                    ldc, acc);
-            }
-        for (size_t n = lo + 4 * q; n < hi; n++)
-            for (int m0 = 0; m0 < M; m0 += NT_MR) {
-                const int mr = M - m0 < NT_MR ? M - m0 : NT_MR;
-#if WHALE_HAVE_BF16_KERNEL
-                if (fast)
-                    ntb_single_rows(mr, K, A16 + m0 * ld16, ld16, W + n * ldw, C + m0 * ldc + n,
-                                    ldc, acc);
-                else
-#endif
-                    ntb_single_c(mr, K, A16 + m0 * ld16, ld16, W + n * ldw, C + m0 * ldc + n,
-                                 ldc, acc);
-            }
+#pragma omp for schedule(dynamic, 1)
+        for (int ch = 0; ch < first[n]; ch++) {
+            int i = 0;
+            while (ch >= first[i + 1]) i++;
+            const size_t lo = (size_t)(ch - first[i]) * rows[i];
+            const size_t hi = lo + rows[i] < (size_t)parts[i].N ? lo + rows[i] : (size_t)parts[i].N;
+            sk_range(k, portable, &parts[i], lo, hi, tables);
+        }
     }
-    snprintf(g->last_impl, sizeof g->last_impl, fast ? "whale:skinny_nt_bf16" : "whale:nt_bf16_c");
-    g->stats.own_calls++;
-    return WHALE_OK;
 }
 
-/* Our kernel for fp16 (wt WT_F16) or int8 (WT_I8) weights with fp32 FMAs:
- * A rounded (to fp16, or to bf16 for int8 weights) into fp32 rows in
- * scratch, then the skinny kernel; portable: the plain C kernel. */
-static whale_code own_nt_x(whale_gemm *g, const gemm_call *c, int wt, int portable,
-                           whale_err *err) {
-    const int M = c->s.M, K = c->s.K;
-    whale_code rc = scratch_reserve(&g->sa, (size_t)M * K, sizeof(float), c, err);
+static int own_path(whale_gemm_path p) {
+    return p == WHALE_GEMM_OWN || p == WHALE_GEMM_OWN_PORTABLE;
+}
+
+/* Does our kernel compute an nt product of this kind with M rows, and
+ * which one? (Else oneDNN, directly or on converted blocks.) */
+static int sk_choose(const whale_gemm *g, int kind, int M, sk_kind *k, int *portable) {
+    const whale_gemm_path path = g->path;
+    const int auto_own = path == WHALE_GEMM_AUTO && M <= WHALE_GEMM_OWN_MAX_M_NT;
+    *portable = path == WHALE_GEMM_OWN_PORTABLE;
+    switch (kind) {
+    case KIND_NT: *k = SK_F32; *portable = 0; return auto_own || own_path(path);
+    case KIND_NT_BF16: *k = SK_BF16; break;
+    case KIND_NT_F16: *k = SK_F16; break;
+    case KIND_NT_Q8: *k = WHALE_HAVE_Q8_KERNEL && !*portable ? SK_Q8 : SK_I8; break;
+    default: return 0;
+    }
+    if ((*k == SK_F16 || *k == SK_I8)) *portable |= !WHALE_HAVE_NARROW_KERNEL;
+    if (*k == SK_BF16) *portable |= !WHALE_HAVE_BF16_KERNEL;
+    return auto_own || own_path(path);
+}
+
+static const char *sk_name(sk_kind k, int portable) {
+    switch (k) {
+    case SK_F32: return "whale:skinny_nt";
+    case SK_F16: return portable ? "whale:nt_f16_c" : "whale:skinny_nt_f16";
+    case SK_I8: return portable ? "whale:nt_q8_c" : "whale:skinny_nt_q8_fma";
+    case SK_BF16: return portable ? "whale:nt_bf16_c" : "whale:skinny_nt_bf16";
+    default: return "whale:skinny_nt_q8";
+    }
+}
+
+/* The products c[0..n) (validated, M, N, K > 0) with our kernel k: A
+ * converted into scratch (once for consecutive parts with the same A),
+ * then one split over all their rows. */
+static whale_code own_nt_run(whale_gemm *g, const gemm_call *c, int n, sk_kind k, int portable,
+                             whale_err *err) {
+    sk_part parts[SK_PARTS_MAX];
+    size_t need = 0;
+    for (int i = 0; i < n; i++)
+        if (!i || c[i].A != c[i - 1].A || c[i].s.lda != c[i - 1].s.lda || c[i].s.M != c[i - 1].s.M)
+            need += (size_t)c[i].s.M * sk_a_len(k, c[i].s.K);
+    whale_code rc = need ? scratch_reserve(&g->sa, need, sk_a_size(k), c, err) : WHALE_OK;
     if (rc) return rc;
-    float *Ar = g->sa.p;
-    const float *A = c->A;
-    for (int m = 0; m < M; m++) {
-        float *dst = Ar + (size_t)m * K;
-        const float *src = A + (size_t)m * c->s.lda;
-        if (wt == WT_F16)
-            whale_round_f16_rows(dst, src, (size_t)K);
-        else
-            whale_round_bf16_rows(dst, src, (size_t)K);
+    char *at = g->sa.p;
+    for (int i = 0; i < n; i++) {
+        const gemm_key *s = &c[i].s;
+        const size_t ld = sk_a_len(k, s->K);
+        sk_part *p = &parts[i];
+        *p = (sk_part){s->M, s->N, s->K, s->acc, c[i].A, (size_t)s->lda, c[i].B, (size_t)s->ldb,
+                       c[i].scale, c[i].C, (size_t)s->ldc};
+        if (!ld) continue;
+        if (i && c[i].A == c[i - 1].A && s->lda == c[i - 1].s.lda && s->M == c[i - 1].s.M) {
+            p->A = parts[i - 1].A, p->lda = ld;
+            continue;
+        }
+        sk_convert(k, portable, s->M, s->K, c[i].A, (size_t)s->lda, at, ld);
+        p->A = at, p->lda = ld;
+        at += (size_t)s->M * ld * sk_a_size(k);
     }
-    portable |= !WHALE_HAVE_NARROW_KERNEL;
-    skinny_nt(wt, portable, M, c->s.N, K, Ar, (size_t)K, c->B, (size_t)c->s.ldb, c->scale, c->C,
-              (size_t)c->s.ldc, c->s.acc);
-    const char *name = portable ? (wt == WT_F16 ? "whale:nt_f16_c" : "whale:nt_q8_c")
-                                : (wt == WT_F16 ? "whale:skinny_nt_f16" : "whale:skinny_nt_q8_fma");
-    snprintf(g->last_impl, sizeof g->last_impl, "%s", name);
-    g->stats.own_calls++;
+    sk_run(k, portable, parts, n);
+    snprintf(g->last_impl, sizeof g->last_impl, "%s", sk_name(k, portable));
+    g->stats.own_calls += (unsigned long)n;
     return WHALE_OK;
 }
-
 /* ------------------------------------------------------------ converted blocks */
 
 /* How gemm_converted brings an operand block into the inner product's type. */
@@ -1331,9 +1400,6 @@ static whale_code gemm_converted(whale_gemm *g, const gemm_call *c, int inner,
 
 /* ------------------------------------------------------------ per-kind routing */
 
-static int own_path(whale_gemm_path p) {
-    return p == WHALE_GEMM_OWN || p == WHALE_GEMM_OWN_PORTABLE;
-}
 
 /* A bf16 nt product, already validated (M, N, K > 0). */
 static whale_code gemm_bf16(whale_gemm *g, const gemm_call *c, whale_err *err) {
@@ -1341,7 +1407,7 @@ static whale_code gemm_bf16(whale_gemm *g, const gemm_call *c, whale_err *err) {
     whale_gemm_path path = g->path;
     if (path == WHALE_GEMM_AUTO)
         path = s->M <= WHALE_GEMM_OWN_MAX_M_NT ? WHALE_GEMM_OWN : bf16_auto(KIND_NT_BF16, s->M);
-    if (own_path(path)) return own_nt_bf16(g, c, path == WHALE_GEMM_OWN_PORTABLE, err);
+    if (own_path(path)) return own_nt_run(g, c, 1, SK_BF16, path == WHALE_GEMM_OWN_PORTABLE || !WHALE_HAVE_BF16_KERNEL, err);
     /* oneDNN takes A in bf16: round it into the dense scratch first */
     const size_t K = (size_t)s->K;
     whale_code rc = scratch_reserve(&g->sa, (size_t)s->M * K, sizeof(uint16_t), c, err);
@@ -1362,24 +1428,20 @@ static whale_code gemm_bf16(whale_gemm *g, const gemm_call *c, whale_err *err) {
 /* nt with fp16 weights: our kernel for few rows, else f32 oneDNN on blocks
  * of W widened to f32 and A rounded to fp16 (values kept as f32). */
 static whale_code gemm_nt_f16(whale_gemm *g, const gemm_call *c, whale_err *err) {
-    const whale_gemm_path path = g->path;
-    if (own_path(path) || (path == WHALE_GEMM_AUTO && c->s.M <= WHALE_GEMM_OWN_MAX_M_NT))
-        return own_nt_x(g, c, WT_F16, path == WHALE_GEMM_OWN_PORTABLE, err);
-    return gemm_converted(g, c, KIND_NT, path, CV_F32_F16R, CV_F16_F32, "cvt_f16", err);
+    sk_kind k;
+    int portable;
+    if (sk_choose(g, KIND_NT_F16, c->s.M, &k, &portable)) return own_nt_run(g, c, 1, k, portable, err);
+    return gemm_converted(g, c, KIND_NT, g->path, CV_F32_F16R, CV_F16_F32, "cvt_f16", err);
 }
 
 /* nt with int8 weights: our kernel for few rows (the vdpbf16ps one with
  * AVX512_BF16 + VBMI, else fp32 FMAs), else bf16 oneDNN on blocks of W
  * converted exactly to bf16, then the scales. */
 static whale_code gemm_nt_q8(whale_gemm *g, const gemm_call *c, whale_err *err) {
-    const whale_gemm_path path = g->path;
-    if (own_path(path) || (path == WHALE_GEMM_AUTO && c->s.M <= WHALE_GEMM_OWN_MAX_M_NT)) {
-#if WHALE_HAVE_Q8_KERNEL
-        if (path != WHALE_GEMM_OWN_PORTABLE) return own_nt_q8(g, c, err);
-#endif
-        return own_nt_x(g, c, WT_I8, path == WHALE_GEMM_OWN_PORTABLE, err);
-    }
-    return gemm_converted(g, c, KIND_NT_BF16, path, CV_F32_BF16, CV_I8_BF16, "cvt_q8", err);
+    sk_kind k;
+    int portable;
+    if (sk_choose(g, KIND_NT_Q8, c->s.M, &k, &portable)) return own_nt_run(g, c, 1, k, portable, err);
+    return gemm_converted(g, c, KIND_NT_BF16, g->path, CV_F32_BF16, CV_I8_BF16, "cvt_q8", err);
 }
 
 /* nn with int8 B and B's row scales: oneDNN bf16 on blocks of A times the
@@ -1442,20 +1504,17 @@ static whale_code gemm_f32(whale_gemm *g, const gemm_call *c, whale_gemm_path pa
             path = s->M <= WHALE_GEMM_OWN_MAX_M_NN ? WHALE_GEMM_OWN : WHALE_GEMM_DNNL_RUNTIME;
     }
     if (path == WHALE_GEMM_OWN) {
-        if (s->kind == KIND_NT) {
-            own_nt(c);
-            snprintf(g->last_impl, sizeof g->last_impl, "whale:skinny_nt");
-        } else {
-            own_nn_tn(c);
-            snprintf(g->last_impl, sizeof g->last_impl, "whale:skinny_%s", kind_names[s->kind]);
-        }
+        if (s->kind == KIND_NT) return own_nt_run(g, c, 1, SK_F32, 0, err);
+        own_nn_tn(c);
+        snprintf(g->last_impl, sizeof g->last_impl, "whale:skinny_%s", kind_names[s->kind]);
         g->stats.own_calls++;
         return WHALE_OK;
     }
     return dnnl_run(g, c, path == WHALE_GEMM_DNNL_RUNTIME, err);
 }
 
-static whale_code gemm(whale_gemm *g, const gemm_call *c, whale_err *err) {
+/* Are c's sizes, strides and pointers consistent? */
+static whale_code gemm_check(const whale_gemm *g, const gemm_call *c, whale_err *err) {
     const gemm_key *s = &c->s;
     const char *kn = kind_names[s->kind];
     if (!g) return whale_errf(err, WHALE_ERR_ARG, "gemm %s: no whale_gemm object", kn);
@@ -1479,20 +1538,31 @@ static whale_code gemm(whale_gemm *g, const gemm_call *c, whale_err *err) {
                           s->N);
     if (s->M == 0 || s->N == 0) return WHALE_OK;
     if (!c->C) return whale_errf(err, WHALE_ERR_ARG, "gemm %s: C is NULL", kn);
-    if (s->K == 0) { /* empty sum */
-        if (!s->acc)
-            for (int m = 0; m < s->M; m++)
-                memset(c->C + (size_t)m * s->ldc, 0, (size_t)s->N * sizeof(float));
-        snprintf(g->last_impl, sizeof g->last_impl, "whale:empty");
-        return WHALE_OK;
-    }
+    if (s->K == 0) return WHALE_OK;
     if (!c->A || !c->B)
         return whale_errf(err, WHALE_ERR_ARG, "gemm %s: %s is NULL", kn,
                           !c->A ? "A" : is_nt ? "W" : "B");
     if ((s->kind == KIND_NT_Q8 || s->kind == KIND_NN_Q8) && !c->scale)
         return whale_errf(err, WHALE_ERR_ARG, "gemm %s: scale is NULL", kn);
+    return WHALE_OK;
+}
 
-    switch (s->kind) {
+/* A checked product with nothing to multiply (M, N or K zero) is done here:
+ * K = 0 is an empty sum. */
+static int gemm_trivial(whale_gemm *g, const gemm_call *c) {
+    const gemm_key *s = &c->s;
+    if (s->M == 0 || s->N == 0) return 1;
+    if (s->K) return 0;
+    if (!s->acc)
+        for (int m = 0; m < s->M; m++) memset(c->C + (size_t)m * s->ldc, 0, (size_t)s->N * sizeof(float));
+    snprintf(g->last_impl, sizeof g->last_impl, "whale:empty");
+    return 1;
+}
+
+static whale_code gemm(whale_gemm *g, const gemm_call *c, whale_err *err) {
+    whale_code rc = gemm_check(g, c, err);
+    if (rc || gemm_trivial(g, c)) return rc;
+    switch (c->s.kind) {
     case KIND_NT_BF16: return gemm_bf16(g, c, err);
     case KIND_NN_BF16:
     case KIND_TN_BF16: return gemm_nn_tn_bf16(g, c, err);
@@ -1585,6 +1655,39 @@ whale_code whale_gemm_nt_q8(whale_gemm *g, int M, int N, int K, const float *A, 
                             int accumulate, whale_err *err) {
     gemm_call c = {{KIND_NT_Q8, accumulate ? 1 : 0, M, N, K, lda, ldw, ldc}, A, W, C, scale};
     return gemm(g, &c, err);
+}
+
+whale_code whale_gemm_nt_parts(whale_gemm *g, whale_dtype wtype, int K, int n, const whale_nt_part *parts,
+                               int accumulate, whale_err *err) {
+    const int kind = wtype == WHALE_F32    ? KIND_NT
+                     : wtype == WHALE_BF16 ? KIND_NT_BF16
+                     : wtype == WHALE_F16  ? KIND_NT_F16
+                     : wtype == WHALE_I8   ? KIND_NT_Q8
+                                           : -1;
+    if (kind < 0)
+        return whale_errf(err, WHALE_ERR_ARG, "gemm nt_parts: no product for %s weights", whale_dtype_name(wtype));
+    if (n < 0 || (n && !parts))
+        return whale_errf(err, WHALE_ERR_ARG, "gemm nt_parts: %d parts%s", n, n > 0 ? " at NULL" : "");
+    for (int i = 0; i < n; i++) { /* all checked before any is computed */
+        const whale_nt_part *p = &parts[i];
+        const gemm_call c = {{kind, accumulate ? 1 : 0, p->M, p->N, K, p->lda, p->ldw, p->ldc}, p->A, p->W, p->C,
+                             p->scale};
+        whale_code rc = gemm_check(g, &c, err);
+        if (rc) return rc;
+    }
+    gemm_call own[SK_PARTS_MAX];
+    int n_own = 0, portable = 0;
+    sk_kind k = SK_F32;
+    for (int i = 0; i < n; i++) {
+        const whale_nt_part *p = &parts[i];
+        const gemm_call c = {{kind, accumulate ? 1 : 0, p->M, p->N, K, p->lda, p->ldw, p->ldc}, p->A, p->W, p->C,
+                             p->scale};
+        whale_code rc = WHALE_OK;
+        if (gemm_trivial(g, &c)) continue;
+        if (n_own < SK_PARTS_MAX && sk_choose(g, kind, p->M, &k, &portable)) own[n_own++] = c;
+        else if ((rc = gemm(g, &c, err))) return rc;
+    }
+    return n_own ? own_nt_run(g, own, n_own, k, portable, err) : WHALE_OK;
 }
 
 whale_code whale_gemm_nn_q8(whale_gemm *g, int M, int N, int K, const float *A, int lda,

@@ -105,6 +105,31 @@ whale_code whale_gemm_nt_q8(whale_gemm *g, int M, int N, int K, const float *A, 
                             const int8_t *W, int ldw, const float *scale, float *C, int ldc,
                             int accumulate, whale_err *err);
 
+/* One product of whale_gemm_nt_parts: C[M,N] = A[M,K] · W[N,K]^T, W of the
+ * call's weight type (uint16_t bf16/fp16 patterns, int8 with scale[N], or
+ * float), strides in elements. */
+typedef struct {
+    int M, N;
+    const float *A;
+    int lda;
+    const void *W;
+    int ldw;
+    const float *scale; /* int8 weights only */
+    float *C;
+    int ldc;
+} whale_nt_part;
+
+/* n products with weights of type wtype (WHALE_F32, BF16, F16 or I8) and
+ * depth K, each exactly what its own whale_gemm_nt / _nt_bf16 / _nt_f16 /
+ * _nt_q8 call gives (same bits). Those our kernel takes (up to
+ * WHALE_GEMM_OWN_MAX_M_NT rows) share one parallel region, their W rows cut
+ * into chunks the threads take as they finish (A converted once for parts
+ * that share it): a decode step's small weights (the experts, the
+ * attention inputs) pay one fork/join instead of one each. The rest (more
+ * rows) run one by one. All parts are checked before any is computed. */
+whale_code whale_gemm_nt_parts(whale_gemm *g, whale_dtype wtype, int K, int n, const whale_nt_part *parts,
+                               int accumulate, whale_err *err);
+
 /* Symmetric per-row int8 quantisation of W[rows, cols] (dense): scale[r] =
  * max_c |W[r,c]| / 127, q[r,c] = W[r,c] / scale[r] rounded to nearest even,
  * clamped to +-127; so |q·scale - W| <= scale/2 (up to fp32 rounding). A

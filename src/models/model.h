@@ -267,6 +267,19 @@ struct whale_gemm;
  * dW may then be NULL (a frozen base weight has no gradient). */
 whale_code whale_linear(whale_session *s, int M, int N, int K, const float *A, int lda, const float *W, int ldw,
                         float *C, int ldc, whale_err *err);
+/* Several whale_linear products of one depth K (same results, bit for
+ * bit): one parallel region for those with few rows (whale_gemm_nt_parts)
+ * when their weights share a precision and none has an adapter. */
+typedef struct {
+    int M, N;
+    const float *A;
+    int lda;
+    const float *W;
+    int ldw;
+    float *C;
+    int ldc;
+} whale_linear_part;
+whale_code whale_linear_parts(whale_session *s, int K, int n, const whale_linear_part *parts, whale_err *err);
 whale_code whale_linear_dx(whale_session *s, int M, int N, int K, const float *dC, int lddc, const float *W, int ldw,
                            float *dA, int ldda, int accumulate, whale_err *err);
 whale_code whale_linear_dw(whale_session *s, int M, int N, int K, const float *dC, int lddc, const float *A, int lda,

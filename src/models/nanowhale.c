@@ -562,11 +562,12 @@ static whale_code attention(nw_session *s, const nw_model *nw, const nw_layer *l
     whale_gemm *g = s->gemm;
     int T = B * S, HD = c->H * c->Dh, p0 = s->base.cached, gin = HD / c->G; /* wo_a input per group */
     whale_code e;
-    if ((e = linear(s, T, c->Q, c->D, yn, c->D, ly->wq_a, c->D, a->qlat_raw, c->Q, err))) return e;
+    const whale_linear_part inputs[2] = {{T, c->Q, yn, c->D, ly->wq_a, c->D, a->qlat_raw, c->Q}, /* both from yn */
+                                         {T, c->Dh, yn, c->D, ly->wkv, c->D, a->kv_raw, c->Dh}};
+    if ((e = whale_linear_parts(&s->base, c->D, 2, inputs, err))) return e;
     k_rmsnorm(a->qlat, a->qlat_raw, ly->q_norm, T, c->Q, c->norm_eps, a->qlat_rstd);
     if ((e = linear(s, T, HD, c->Q, a->qlat, c->Q, ly->wq_b, c->Q, a->q_raw, HD, err))) return e;
     k_rmsnorm(a->q, a->q_raw, NULL, (long)T * c->H, c->Dh, c->norm_eps, a->q_rstd); /* per head, no weight */
-    if ((e = linear(s, T, c->Dh, c->D, yn, c->D, ly->wkv, c->D, a->kv_raw, c->Dh, err))) return e;
     k_rmsnorm(a->kv, a->kv_raw, ly->kv_norm, T, c->Dh, c->norm_eps, a->kv_rstd);
     k_rope(a->q, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
     k_rope(a->kv, T, c->Dh, 1, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
@@ -591,10 +592,16 @@ static whale_code attention(nw_session *s, const nw_model *nw, const nw_layer *l
     memcpy(a->att_d, a->att, sizeof(float) * (size_t)T * HD);
     k_rope(a->att_d, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 1); /* de-rotate */
     /* grouped low-rank output (block-diagonal wo_a, as k_grouped_linear) */
-    for (int gi = 0; gi < c->G; gi++)
-        if ((e = linear(s, T, c->Ro, gin, a->att_d + (size_t)gi * gin, HD, ly->wo_a + (size_t)gi * c->Ro * gin, gin,
-                        a->z + (size_t)gi * c->Ro, c->G * c->Ro, err)))
-            return e;
+    for (int g0 = 0; g0 < c->G; g0 += 16) { /* 16 groups per call */
+        whale_linear_part groups[16];
+        int ng = c->G - g0 < 16 ? c->G - g0 : 16;
+        for (int i = 0; i < ng; i++) {
+            size_t gi = (size_t)(g0 + i);
+            groups[i] = (whale_linear_part){T,   c->Ro, a->att_d + gi * gin, HD, ly->wo_a + gi * c->Ro * gin,
+                                            gin, a->z + gi * c->Ro, c->G * c->Ro};
+        }
+        if ((e = whale_linear_parts(&s->base, gin, ng, groups, err))) return e;
+    }
     return linear(s, T, c->D, c->G * c->Ro, a->z, c->G * c->Ro, ly->wo_b, c->G * c->Ro, a->a, c->D, err);
 }
 
@@ -608,6 +615,46 @@ static whale_code swiglu_expert(nw_session *s, const nw_config *c, int n, const 
     memcpy(h, g, sizeof(float) * (size_t)n * c->F);
     k_swiglu(h, u, (long)n * c->F, limit);
     return linear(s, n, c->D, c->F, h, c->F, w2, c->F, out, c->D, err);
+}
+
+/* The experts of one token (decoding): the same products and sums as the
+ * loop in moe below, but the up products of all its experts and the shared
+ * one (all of yn) go in one whale_linear_parts call, and the down products
+ * in another: two parallel regions instead of nine for top-2. */
+static whale_code moe_one_token(nw_session *s, const nw_config *c, const nw_layer *ly, nw_layer_acts *a,
+                                const float *yn, int l, whale_err *err) {
+    whale_linear_part up[16], down[8];
+    float *g[8], *u[8], *h[8], limit[8];
+    int n = 0;
+    for (int ex = 0; ex < c->E; ex++) {
+        int r0 = a->ex_off[ex];
+        if (a->ex_off[ex + 1] == r0) continue;
+        g[n] = a->ex_g + (size_t)r0 * c->F, u[n] = a->ex_u + (size_t)r0 * c->F, h[n] = a->ex_h + (size_t)r0 * c->F;
+        up[2 * n] = (whale_linear_part){1, c->F, yn, c->D, ly->w1[ex], c->D, g[n], c->F};
+        up[2 * n + 1] = (whale_linear_part){1, c->F, yn, c->D, ly->w3[ex], c->D, u[n], c->F};
+        down[n] = (whale_linear_part){1, c->D, h[n], c->F, ly->w2[ex], c->F, a->ex_out + (size_t)r0 * c->D, c->D};
+        limit[n++] = c->swiglu_limit;
+    }
+    g[n] = a->sh_g, u[n] = a->sh_u, h[n] = a->sh_h, limit[n] = 0.0f;
+    up[2 * n] = (whale_linear_part){1, c->F, yn, c->D, ly->sw1, c->D, g[n], c->F};
+    up[2 * n + 1] = (whale_linear_part){1, c->F, yn, c->D, ly->sw3, c->D, u[n], c->F};
+    down[n] = (whale_linear_part){1, c->D, h[n], c->F, ly->sw2, c->F, s->ex_in, c->D};
+    n++;
+    whale_code e = whale_linear_parts(&s->base, c->D, 2 * n, up, err);
+    if (e) return e;
+    for (int i = 0; i < n; i++) {
+        memcpy(h[i], g[i], sizeof(float) * c->F);
+        k_swiglu(h[i], u[i], c->F, limit[i]);
+    }
+    if ((e = whale_linear_parts(&s->base, c->F, n, down, err))) return e;
+    for (int i = 0; i < n - 1; i++) { /* ascending expert index, then the shared expert */
+        float w = a->ex_w[i];
+        const float *r = down[i].C;
+        for (int d = 0; d < c->D; d++) a->f[d] += w * r[d];
+    }
+    TRACE(WHALE_F32, a->ex_h, 2, DIMS(a->ex_off[c->E], c->F), "layers.%d.ffn.expert_hidden", l);
+    for (int d = 0; d < c->D; d++) a->f[d] += s->ex_in[d];
+    return WHALE_OK;
 }
 
 /* MoE (§3.8) of yn [T, D] into a->f [T, D]. */
@@ -637,6 +684,7 @@ static whale_code moe(nw_session *s, const nw_config *c, const nw_layer *ly, nw_
     a->ex_off[c->E] = n;
 
     memset(a->f, 0, sizeof(float) * (size_t)T * c->D);
+    if (T == 1 && c->K < 8) return moe_one_token(s, c, ly, a, yn, l, err);
     for (int ex = 0; ex < c->E; ex++) { /* ascending expert index: the reference's summation order */
         int r0 = a->ex_off[ex], ne = a->ex_off[ex + 1] - r0;
         if (!ne) continue;

@@ -388,6 +388,34 @@ whale_code whale_linear(whale_session *s, int M, int N, int K, const float *A, i
     return whale_gemm_nt(g, M, N, t->rank, lc.xa, t->rank, t->B + lc.row0 * t->rank, t->rank, C, ldc, 1, err);
 }
 
+whale_code whale_linear_parts(whale_session *s, int K, int n, const whale_linear_part *parts, whale_err *err) {
+    enum { MAX_PARTS = 16 };
+    const whale_model *m = s->model;
+    whale_nt_part np[MAX_PARTS] = {{0}};
+    whale_dtype dt = WHALE_F32;
+    int joint = n <= MAX_PARTS;
+    for (int i = 0; i < n && joint; i++) {
+        const whale_linear_part *p = &parts[i];
+        whale_wview v = whale_model_weight(m, p->W);
+        if (!i) dt = v.dtype;
+        joint = v.dtype == dt && !(m->n_lora && whale_lora_find(m, p->W));
+        np[i] = (whale_nt_part){p->M, p->N, p->A, p->lda, v.dtype == WHALE_F32 ? (const void *)p->W : v.data,
+                                p->ldw, v.scale, p->C, p->ldc};
+    }
+    if (!joint) {
+        for (int i = 0; i < n; i++) {
+            const whale_linear_part *p = &parts[i];
+            whale_code e = whale_linear(s, p->M, p->N, K, p->A, p->lda, p->W, p->ldw, p->C, p->ldc, err);
+            if (e) return e;
+        }
+        return WHALE_OK;
+    }
+    whale_code e = whale_gemm_nt_parts(s->gemm, dt, K, n, np, 0, err);
+    if (!e && dt == WHALE_F16)
+        for (int i = 0; i < n; i++) round_rows_f16(parts[i].C, parts[i].M, parts[i].N, parts[i].ldc);
+    return e;
+}
+
 whale_code whale_linear_dx(whale_session *s, int M, int N, int K, const float *dC, int lddc, const float *W, int ldw,
                            float *dA, int ldda, int accumulate, whale_err *err) {
     const whale_model *m = s->model;
