@@ -1278,7 +1278,7 @@ static void test_parts(whale_gemm *g) {
     enum { NP = 6, K = 200 };
     /* decode-like parts sharing A, a large one (several chunks per
      * thread), more rows than our kernel takes, an empty one */
-    static const int ms[NP] = {1, 1, 3, 40, 1, 2}, ns[NP] = {640, 97, 300, 50, 9001, 0}, a_of[NP] = {0, 0, 1, 2, 3, 0};
+    static const int ms[NP] = {1, 1, 3, 40, 1, 2}, ns[NP] = {640, 97, 300, 50, 30001, 0}, a_of[NP] = {0, 0, 1, 2, 3, 0};
     static const whale_dtype dts[] = {WHALE_F32, WHALE_BF16, WHALE_F16, WHALE_I8};
     static const whale_gemm_path paths[] = {WHALE_GEMM_AUTO, WHALE_GEMM_OWN, WHALE_GEMM_OWN_PORTABLE};
     whale_rng r;
