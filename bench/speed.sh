@@ -5,7 +5,7 @@
 # Prints every run, then per precision the median tokens/s, its ratio to
 # fp32 and the median of the per-round ratios; for decode also the median
 # share of the bandwidth bound (`whale bench` measures the memory read rate
-# before and after its runs and keeps the higher).
+# in one pass right before and one right after each run, averaged).
 #
 #   bench/speed.sh [WHAT (train)] [PRESET_OR_MODEL_DIR (nanowhale-100m)] [ROUNDS (3)] [DTYPES ("fp32 bf16")]
 #

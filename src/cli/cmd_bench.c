@@ -46,7 +46,7 @@ int cmd_bench(int argc, char **argv) {
                  "  --tokens N              decode: tokens to generate (default 32)\n"
                  "  --reps R                repetitions, best reported (default 3); decode also\n"
                  "                          reports the median run's share of the memory read\n"
-                 "                          rate measured right after it (pct_of_bound)\n"
+                 "                          rate measured around it (pct_of_bound)\n"
                  "  --threads N             (default: all cores)\n"
                  "  --recompute             train: recompute activations in the backward pass\n"
                  "  --profile               time per op group (one more run), as a table on stderr and JSON\n"
@@ -119,13 +119,18 @@ int cmd_bench(int argc, char **argv) {
     double ceiling = gemm_ceiling(dtype, &err);
     const char *label = dir ? dir : preset;
     double best = 1e30;
-    /* decode's bound: the memory read rate, measured right after each timed
-     * run (this machine's rate drifts by 2x within minutes), so each run is
-     * compared with the rate of its own moment; the median run is reported */
-    double bw_of[1001] = {0}, dt_of[1001] = {0};
+    /* decode's bound: the memory read rate around each timed run (this
+     * machine's rate drifts by 2x within minutes and comes in bursts): one
+     * pass over 512 MB right before the run and one right after, averaged,
+     * so each run is compared with the rate of its own moment (a best of
+     * several passes would compare a 0.1 s run with the peak of a burst);
+     * the median run is reported */
+    double bw_of[1001] = {0}, dt_of[1001] = {0}, bw_before = 0;
+    const size_t probe_bytes = (size_t)512 << 20;
     for (int r = 0; r < reps + 1 + profile; r++) { /* first run warms caches and oneDNN primitives */
         if (profile && r == reps + 1) whale_session_set_profile(s, 1); /* an extra run, not in the timings */
         whale_session_reset(s);
+        if (mode == 2 && r > 0 && r <= reps) bw_before = whale_measure_read_bandwidth(probe_bytes, 1);
         double t0 = whale_now(), dt;
         if (mode == 3) {
             double loss;
@@ -143,7 +148,7 @@ int cmd_bench(int argc, char **argv) {
         dt = whale_now() - t0;
         if (r > 0 && r <= reps && dt < best) best = dt;
         if (mode == 2 && r > 0 && r <= reps)
-            dt_of[r] = dt, bw_of[r] = whale_measure_read_bandwidth((size_t)512 << 20, 3);
+            dt_of[r] = dt, bw_of[r] = (bw_before + whale_measure_read_bandwidth(probe_bytes, 1)) / 2;
     }
     if (profile) {
         const char *names[32];
