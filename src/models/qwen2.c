@@ -568,10 +568,11 @@ static whale_code attention(qw_session *s, const qw_model *qw, const qw_layer *l
                             int S, whale_err *err) {
     const qw_config *c = &qw->c;
     int T = B * S, D = c->D, HD = c->H * c->Dh, KVD = c->Hkv * c->Dh, p0 = s->base.cached;
-    whale_code e;
-    if ((e = linear(s, T, HD, D, a->xn1, ly->wq, a->q, err)) || (e = linear(s, T, KVD, D, a->xn1, ly->wk, a->k, err)) ||
-        (e = linear(s, T, KVD, D, a->xn1, ly->wv, a->v, err)))
-        return e;
+    const whale_linear_part qkv[3] = {{T, HD, a->xn1, D, ly->wq, D, a->q, HD}, /* one input: one region when decoding */
+                                      {T, KVD, a->xn1, D, ly->wk, D, a->k, KVD},
+                                      {T, KVD, a->xn1, D, ly->wv, D, a->v, KVD}};
+    whale_code e = whale_linear_parts(&s->base, D, 3, qkv, err);
+    if (e) return e;
     add_bias(a->q, ly->bq, T, HD);
     add_bias(a->k, ly->bk, T, KVD);
     add_bias(a->v, ly->bv, T, KVD);
@@ -606,10 +607,10 @@ static whale_code attention(qw_session *s, const qw_model *qw, const qw_layer *l
 /* Qwen2MLP on a->xn2 into s->proj: down_proj(silu(gate_proj(x)) ⊙ up_proj(x)). */
 static whale_code mlp(qw_session *s, const qw_config *c, const qw_layer *ly, qw_layer_acts *a, int l, int T,
                       whale_err *err) {
-    whale_code e;
-    if ((e = linear(s, T, c->F, c->D, a->xn2, ly->wg, a->g, err)) ||
-        (e = linear(s, T, c->F, c->D, a->xn2, ly->wu, a->u, err)))
-        return e;
+    const whale_linear_part gate_up[2] = {{T, c->F, a->xn2, c->D, ly->wg, c->D, a->g, c->F},
+                                          {T, c->F, a->xn2, c->D, ly->wu, c->D, a->u, c->F}};
+    whale_code e = whale_linear_parts(&s->base, c->D, 2, gate_up, err);
+    if (e) return e;
     float *h = a->g; /* in place, unless the backward needs g */
     if (a->h) {
         h = a->h;
