@@ -227,7 +227,7 @@ static float round_bf16(float x) { return whale_bf16_to_float(whale_float_to_bf1
  * before P·V, which the reference repeats (either way for a probability
  * within fp32 error of a rounding boundary); the result must match it to
  * fp32 accuracy and differ from the unrounded reference by the bf16 rounding.
- * Fewer than 16 new queries (decoding) keep fp32 products either way. */
+ * Queries over a cache (decoding) keep fp32 products either way. */
 static void test_attention(whale_gemm *g, whale_rng *r, int S, int p0, int Hq, int Hkv, whale_dtype products) {
     enum { DH = 24 };
     int ctx = p0 + S, ldkv = Hkv * DH;
@@ -305,6 +305,8 @@ int main(void) {
         test_attention(g, &r, 1, 0, 8, 1, p);
         test_attention(g, &r, 1, 77, 8, 1, p);
         test_attention(g, &r, 3, 10, 4, 2, p);
+        test_attention(g, &r, 4, 300, 8, 1, p);  /* decoding: the fused kernel, key chunks over threads */
+        test_attention(g, &r, 2, 50, 14, 2, p);
         test_attention(g, &r, 150, 0, 8, 1, p);
         test_attention(g, &r, 70, 33, 8, 1, p);
         test_attention(g, &r, 130, 0, 6, 2, p);

@@ -1128,6 +1128,12 @@ static int own_path(whale_gemm_path p) {
     return p == WHALE_GEMM_OWN || p == WHALE_GEMM_OWN_PORTABLE;
 }
 
+void whale_gemm_nt_serial(int M, int N, int K, const float *A, int lda, const float *W, int ldw, float *C, int ldc) {
+    if (M <= 0 || N <= 0) return;
+    const sk_part p = {M, N, K, 0, A, (size_t)lda, W, (size_t)ldw, NULL, C, (size_t)ldc};
+    sk_range(SK_F32, 0, &p, 0, (size_t)N, NULL);
+}
+
 /* Does our kernel compute an nt product of this kind with M rows, and
  * which one? (Else oneDNN, directly or on converted blocks.) */
 static int sk_choose(const whale_gemm *g, int kind, int M, sk_kind *k, int *portable) {

@@ -130,6 +130,13 @@ typedef struct {
 whale_code whale_gemm_nt_parts(whale_gemm *g, whale_dtype wtype, int K, int n, const whale_nt_part *parts,
                                int accumulate, whale_err *err);
 
+/* C[M,N] = A[M,K] · W[N,K]^T in fp32 by our skinny kernel on the calling
+ * thread alone: no parallel region, no whale_gemm state, so threads of a
+ * caller's own region may each take a share of W's rows (the decode
+ * attention over its key chunks). Each element is summed as whale_gemm_nt's
+ * own kernel sums it, whatever the share. K > 0. */
+void whale_gemm_nt_serial(int M, int N, int K, const float *A, int lda, const float *W, int ldw, float *C, int ldc);
+
 /* Symmetric per-row int8 quantisation of W[rows, cols] (dense): scale[r] =
  * max_c |W[r,c]| / 127, q[r,c] = W[r,c] / scale[r] rounded to nearest even,
  * clamped to +-127; so |q·scale - W| <= scale/2 (up to fp32 rounding). A
