@@ -1274,6 +1274,37 @@ static whale_code parts_single(whale_gemm *g, whale_dtype dt, int K, const whale
     }
 }
 
+/* Part p (weights of type dt) against a double product of the operands
+ * as the kernels see them: A rounded to bf16 (bf16, int8 weights) or fp16,
+ * the weights widened, int8 times its row scale; the fp32 summation bound. */
+static double parts_excess(whale_dtype dt, int K, const whale_nt_part *p) {
+    double worst = 0;
+    for (int m = 0; m < p->M; m++)
+        for (int n = 0; n < p->N; n++) {
+            double sum = 0, mag = 0;
+            for (int k = 0; k < K; k++) {
+                float a = p->A[(size_t)m * p->lda + k], w;
+                size_t wi = (size_t)n * p->ldw + k;
+                if (dt == WHALE_F16) {
+                    a = whale_f16_to_float(whale_float_to_f16(a));
+                    w = whale_f16_to_float(((const uint16_t *)p->W)[wi]);
+                } else if (dt == WHALE_F32) {
+                    w = ((const float *)p->W)[wi];
+                } else {
+                    a = whale_bf16_to_float(whale_float_to_bf16(a));
+                    w = dt == WHALE_BF16 ? whale_bf16_to_float(((const uint16_t *)p->W)[wi])
+                                         : (float)((const int8_t *)p->W)[wi];
+                }
+                sum += (double)a * w;
+                mag += fabs((double)a * w);
+            }
+            double sc = dt == WHALE_I8 ? p->scale[n] : 1.0;
+            double err = fabs(p->C[(size_t)m * p->ldc + n] - sum * sc) - ((K + 2) * 0x1p-24 * mag * fabs(sc));
+            if (!(err <= worst)) worst = isnan(err) ? INFINITY : err;
+        }
+    return worst;
+}
+
 static void test_parts(whale_gemm *g) {
     enum { NP = 6, K = 200 };
     /* decode-like parts sharing A, a large one (several chunks per
@@ -1316,6 +1347,10 @@ static void test_parts(whale_gemm *g) {
                 CHECK(!whale_gemm_nt_parts(g, dt, K, NP, p, 0, &err), "%s parts: %s", whale_dtype_name(dt), err.msg);
                 omp_set_num_threads(2);
                 for (int i = 0; i < NP; i++)
+                    CHECK(parts_excess(dt, K, &p[i]) <= 0, "%s path %s, %d thread(s): part %d (M=%d N=%d) off the "
+                          "reference by %g beyond the fp32 bound", whale_dtype_name(dt), path_names[pi], threads, i,
+                          ms[i], ns[i], parts_excess(dt, K, &p[i]));
+                for (int i = 0; i < NP; i++)
                     CHECK(!memcmp(C[i], ref[i], sizeof(float) * (size_t)ms[i] * (ns[i] + 5)),
                           "%s path %s, %d thread(s): part %d (M=%d N=%d) differs from its own call",
                           whale_dtype_name(dt), path_names[pi], threads, i, ms[i], ns[i]);
@@ -1338,6 +1373,10 @@ static void test_parts(whale_gemm *g) {
     }
     CHECK(whale_gemm_nt_parts(g, WHALE_I32, K, 0, NULL, 0, &err) == WHALE_ERR_ARG, "int32 weights accepted");
     CHECK(whale_gemm_nt_parts(g, WHALE_F32, K, 0, NULL, 0, &err) == WHALE_OK, "no parts");
+    CHECK(whale_gemm_nt_parts(g, WHALE_F32, K, -1, NULL, 0, &err) == WHALE_ERR_ARG && strstr(err.msg, "-1 parts"),
+          "negative part count: %s", err.msg);
+    CHECK(whale_gemm_nt_parts(g, WHALE_F32, K, 2, NULL, 0, &err) == WHALE_ERR_ARG && strstr(err.msg, "at NULL"),
+          "parts at NULL: %s", err.msg);
     for (int i = 0; i < 4; i++) free(A[i]);
 }
 

@@ -658,7 +658,7 @@ static whale_code scratch_reserve(scratch *sc, size_t n, size_t size, const gemm
     return WHALE_OK;
 }
 
-/* Our bf16 kernel mirrors own_nt: the same split of W rows over threads
+/* Our bf16 kernel mirrors the fp32 one: the same split of W rows over threads
  * and the same four distant streams per thread (adjacent rows halve the
  * DRAM rate), with A converted once into rows of KB_STEP-multiple length,
  * zero-padded so only the W loads need a mask at the end of K. */
@@ -1671,6 +1671,11 @@ whale_code whale_gemm_nt_q8(whale_gemm *g, int M, int N, int K, const float *A, 
     return gemm(g, &c, err);
 }
 
+/* Part p of a whale_gemm_nt_parts call as a gemm_call. */
+static gemm_call part_call(int kind, int K, int accumulate, const whale_nt_part *p) {
+    return (gemm_call){{kind, accumulate ? 1 : 0, p->M, p->N, K, p->lda, p->ldw, p->ldc}, p->A, p->W, p->C, p->scale};
+}
+
 whale_code whale_gemm_nt_parts(whale_gemm *g, whale_dtype wtype, int K, int n, const whale_nt_part *parts,
                                int accumulate, whale_err *err) {
     const int kind = wtype == WHALE_F32    ? KIND_NT
@@ -1683,9 +1688,7 @@ whale_code whale_gemm_nt_parts(whale_gemm *g, whale_dtype wtype, int K, int n, c
     if (n < 0 || (n && !parts))
         return whale_errf(err, WHALE_ERR_ARG, "gemm nt_parts: %d parts%s", n, n > 0 ? " at NULL" : "");
     for (int i = 0; i < n; i++) { /* all checked before any is computed */
-        const whale_nt_part *p = &parts[i];
-        const gemm_call c = {{kind, accumulate ? 1 : 0, p->M, p->N, K, p->lda, p->ldw, p->ldc}, p->A, p->W, p->C,
-                             p->scale};
+        const gemm_call c = part_call(kind, K, accumulate, &parts[i]);
         whale_code rc = gemm_check(g, &c, err);
         if (rc) return rc;
     }
@@ -1693,12 +1696,10 @@ whale_code whale_gemm_nt_parts(whale_gemm *g, whale_dtype wtype, int K, int n, c
     int n_own = 0, portable = 0;
     sk_kind k = SK_F32;
     for (int i = 0; i < n; i++) {
-        const whale_nt_part *p = &parts[i];
-        const gemm_call c = {{kind, accumulate ? 1 : 0, p->M, p->N, K, p->lda, p->ldw, p->ldc}, p->A, p->W, p->C,
-                             p->scale};
+        const gemm_call c = part_call(kind, K, accumulate, &parts[i]);
         whale_code rc = WHALE_OK;
         if (gemm_trivial(g, &c)) continue;
-        if (n_own < SK_PARTS_MAX && sk_choose(g, kind, p->M, &k, &portable)) own[n_own++] = c;
+        if (n_own < SK_PARTS_MAX && sk_choose(g, kind, c.s.M, &k, &portable)) own[n_own++] = c;
         else if ((rc = gemm(g, &c, err))) return rc;
     }
     return n_own ? own_nt_run(g, own, n_own, k, portable, err) : WHALE_OK;
@@ -1887,7 +1888,7 @@ double whale_measure_read_bandwidth(size_t bytes, int reps) {
             const long lo = nb * id / nt, hi = nb * (id + 1) / nt;
 #ifdef __AVX512F__
             /* four distant streams per thread, one 64-byte line of each per
-             * step: the access pattern of the decode kernels (own_nt), which
+             * step: the access pattern of the decode kernels (sk_range), which
              * one sequential stream per core reaches only about half of */
             const long q = (hi - lo) / 4;
             __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;

@@ -399,8 +399,7 @@ whale_code whale_linear_parts(whale_session *s, int K, int n, const whale_linear
         whale_wview v = whale_model_weight(m, p->W);
         if (!i) dt = v.dtype;
         joint = v.dtype == dt && !(m->n_lora && whale_lora_find(m, p->W));
-        np[i] = (whale_nt_part){p->M, p->N, p->A, p->lda, v.dtype == WHALE_F32 ? (const void *)p->W : v.data,
-                                p->ldw, v.scale, p->C, p->ldc};
+        np[i] = (whale_nt_part){p->M, p->N, p->A, p->lda, v.data, p->ldw, v.scale, p->C, p->ldc};
     }
     if (!joint) {
         for (int i = 0; i < n; i++) {
