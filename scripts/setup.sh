@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(cmake make gcc pkg-config libdnnl-dev libpcre2-dev libcjson-dev python3) # python3: the adapter-file check in the tests
+packages=(cmake make gcc pkg-config libdnnl-dev ocl-icd-opencl-dev libpcre2-dev libcjson-dev python3) # python3: the adapter-file check in the tests
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
