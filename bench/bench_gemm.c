@@ -2,6 +2,8 @@
  *
  *   OMP_NUM_THREADS=2 bench_gemm            standard shapes, decode, MoE,
  *                                           read bandwidth
+ *   OMP_NUM_THREADS=2 bench_gemm --sweep-bf16   only the bf16 products over
+ *                                           M = 17..2048, every path
  *   OMP_NUM_THREADS=2 bench_gemm --sweep    also every path over small and
  *                                           medium M (how the shape rules
  *                                           in gemm.h were chosen)
@@ -210,8 +212,120 @@ static float *filled(size_t n, uint64_t seed) {
     return p;
 }
 
+/* The standard shapes: training products in every format, the lm_head,
+ * decode, decode attention and the mixture-of-experts pattern. */
+static void bench_standard(whale_gemm *g, const bufs *b) {
+    /* training-size products (a 320-wide model with 1280-wide MLP) */
+    static const int shapes[][3] = {{1024, 1280, 320}, {1024, 320, 1280}, {1024, 640, 320}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int kind = 0; kind < 3; kind++)
+            bench_paths(g, kind, shapes[i][0], shapes[i][1], shapes[i][2], 0, b);
+    /* the forward products again with bf16 weights (the f32 nt lines above
+     * are the comparison) */
+    for (size_t i = 0; i < 2; i++)
+        bench_paths(g, NT_BF16, shapes[i][0], shapes[i][1], shapes[i][2], 0, b);
+    /* ... and with fp16 and int8 weights (prefill) */
+    for (size_t i = 0; i < 2; i++) {
+        bench_paths(g, NT_F16, shapes[i][0], shapes[i][1], shapes[i][2], 0, b);
+        bench_paths(g, NT_Q8, shapes[i][0], shapes[i][1], shapes[i][2], 0, b);
+    }
+    /* the mixed-precision backward products at the same shapes (the f32 nn
+     * and tn lines above are the comparison) */
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int kind = NN_BF16; kind <= TN_B16; kind++)
+            bench_paths(g, kind, shapes[i][0], shapes[i][1], shapes[i][2], 0, b);
+    /* lm_head forward (f32 and bf16 weights), and its input gradient (dX = dY·W) */
+    bench_paths(g, NT, 1024, 129280, 320, 0, b);
+    bench_paths(g, NT_BF16, 1024, 129280, 320, 0, b);
+    bench_shape(g, NN, 1024, 320, 129280, WHALE_GEMM_AUTO, 0, b);
+    /* the training step's lm_head backward on a chunk of 256 rows: dX and
+     * dW from the fp32 logit gradient (rounded per product) or from its
+     * bf16 rounding made once (what nw_train_step does) */
+    for (int kind = NN_BF16; kind <= TN_B16; kind++) {
+        if (kind == NN_F16 || kind == TN_F16) continue;
+        const int nn = kind == NN_BF16 || kind == NN_B16;
+        bench_shape(g, kind, nn ? 256 : 129280, 320, nn ? 129280 : 256, WHALE_GEMM_AUTO, 0, b);
+    }
+
+    /* decode: one token (or a few) through the lm_head and a Linear */
+    bench_paths(g, NT, 1, 129280, 320, 0, b);
+    bench_paths(g, NT_BF16, 1, 129280, 320, 0, b);
+    bench_paths(g, NT, 4, 129280, 320, 0, b);
+    bench_paths(g, NT_BF16, 4, 129280, 320, 0, b);
+    for (int cold = 0; cold < 2; cold++) bench_paths(g, NT_BF16, 1, 1280, 320, cold, b);
+    /* fp16 and int8 weights: the lm_head and a Linear at decode, a prefill
+     * chunk through a Linear */
+    for (int kind = NT_F16; kind <= NT_Q8; kind++) {
+        bench_paths(g, kind, 1, 129280, 320, 0, b);
+        bench_paths(g, kind, 4, 129280, 320, 0, b);
+        bench_paths(g, kind, 16, 129280, 320, 0, b);
+        for (int cold = 0; cold < 2; cold++) bench_paths(g, kind, 1, 640, 320, cold, b);
+        bench_paths(g, kind, 256, 640, 320, 0, b);
+    }
+    static const int dec[][3] = {{1, 1280, 320}, {1, 320, 1280}, {4, 1280, 320}, {16, 1280, 320}};
+    for (size_t i = 0; i < sizeof dec / sizeof dec[0]; i++)
+        for (int cold = 0; cold < 2; cold++)
+            bench_paths(g, NT, dec[i][0], dec[i][1], dec[i][2], cold, b);
+    /* decode attention for one head: scores q·K^T over 1024 keys, then P·V */
+    bench_paths(g, NT, 1, 1024, 64, 0, b);
+    bench_paths(g, NN, 1, 64, 1024, 0, b);
+
+    for (int kind = 0; kind < 3; kind++) {
+        bench_moe(kind, "exact", b);
+        bench_moe(kind, "runtime", b);
+        bench_moe(kind, "blocks", b);
+        bench_moe(kind, "auto", b);
+    }
+}
+
+/* Every path over small and medium M (how the shape rules were chosen). */
+static void bench_sweep(whale_gemm *g, const bufs *b) {
+    static const int ms[] = {1,  2,  3,  4,  5,   6,   8,   12,  16, 24,
+                             32, 48, 64, 96, 128, 192, 256, 384, 512};
+    static const int nk[][2] = {{1280, 320}, {320, 1280}, {640, 320}};
+    for (size_t s = 0; s < sizeof nk / sizeof nk[0]; s++)
+        for (int kind = 0; kind < 3; kind++)
+            for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+                bench_paths(g, kind, ms[i], nk[s][0], nk[s][1], 0, b);
+                if (kind == NT && ms[i] <= 32)
+                    bench_paths(g, kind, ms[i], nk[s][0], nk[s][1], 1, b);
+            }
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0] && ms[i] <= 32; i++)
+        bench_paths(g, NT, ms[i], 129280, 320, 0, b);
+}
+
+static void bench_sweep_bf16(whale_gemm *g, const bufs *b) {
+    /* the bf16 products from a few rows to a training batch: where exact
+     * primitives stop paying against the runtime one depends on the
+     * tier (AVX512_BF16 brgemm, AMX tiles) */
+    static const int nk[][2] = {{1280, 320}, {320, 1280}, {640, 320}};
+    static const int mb[] = {17, 32, 64, 128, 256, 512, 1024, 2048};
+    static const int bkinds[] = {NT_BF16, NN_B16, TN_B16};
+    for (size_t s = 0; s < sizeof nk / sizeof nk[0]; s++)
+        for (size_t k = 0; k < sizeof bkinds / sizeof bkinds[0]; k++)
+            for (size_t i = 0; i < sizeof mb / sizeof mb[0]; i++)
+                bench_paths(g, bkinds[k], mb[i], nk[s][0], nk[s][1], 0, b);
+}
+
+/* Per-dtype ceilings as the library measures them. */
+static void bench_ceilings(whale_gemm *g) {
+    static const whale_dtype dts[] = {WHALE_F32, WHALE_BF16, WHALE_F16, WHALE_I8};
+    static const int ceil_shapes[][3] = {{1024, 1280, 320}, {1, 129280, 320}};
+    for (size_t s = 0; s < 2; s++)
+        for (size_t i = 0; i < 4; i++) {
+            const int M = ceil_shapes[s][0], N = ceil_shapes[s][1], K = ceil_shapes[s][2];
+            printf("{\"ceiling\":\"%s\",\"M\":%d,\"N\":%d,\"K\":%d,\"gflops\":%.1f}\n",
+                   whale_dtype_name(dts[i]), M, N, K,
+                   whale_gemm_measure_gflops_dtype(g, dts[i], M, N, K, 5));
+            fflush(stdout);
+        }
+}
+
 int main(int argc, char **argv) {
-    int sweep = argc > 1 && !strcmp(argv[1], "--sweep");
+    /* --sweep: everything, then every path over many shapes; --sweep-bf16:
+     * the bf16 part of the sweep alone */
+    const int sweep = argc > 1 && !strcmp(argv[1], "--sweep");
+    const int bf16_only = argc > 1 && !strcmp(argv[1], "--sweep-bf16");
     whale_err err;
     whale_gemm *g;
     if (whale_gemm_new(&g, &err)) {
@@ -236,99 +350,17 @@ int main(int argc, char **argv) {
     whale_f32_to_bf16_rows(b.A16, b.A, (size_t)1024 * 129280);
     whale_f32_to_f16_rows(b.F16, b.B, B_FLOATS);
     whale_quantize_q8_rows(b.B8, b.scale, b.B, (int)(B_FLOATS / 320), 320);
-    printf("{\"threads\":%d}\n", omp_get_max_threads());
+    printf("{\"threads\":%d,\"cpu\":\"%s\",\"isa\":\"%s\",\"isa_detected\":\"%s\",\"extras\":\"%s\"}\n",
+           omp_get_max_threads(), whale_cpu_model(), whale_isa_name(whale_isa_active()),
+           whale_isa_name(whale_isa_detected()), whale_cpu_extras());
 
     double bw = whale_measure_read_bandwidth((size_t)256 << 20, 5);
     printf("{\"read_bandwidth_gbs\":%.1f,\"bytes\":%zu}\n", bw, (size_t)256 << 20);
 
-    /* training-size products (a 320-wide model with 1280-wide MLP) */
-    static const int shapes[][3] = {{1024, 1280, 320}, {1024, 320, 1280}, {1024, 640, 320}};
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        for (int kind = 0; kind < 3; kind++)
-            bench_paths(g, kind, shapes[i][0], shapes[i][1], shapes[i][2], 0, &b);
-    /* the forward products again with bf16 weights (the f32 nt lines above
-     * are the comparison) */
-    for (size_t i = 0; i < 2; i++)
-        bench_paths(g, NT_BF16, shapes[i][0], shapes[i][1], shapes[i][2], 0, &b);
-    /* ... and with fp16 and int8 weights (prefill) */
-    for (size_t i = 0; i < 2; i++) {
-        bench_paths(g, NT_F16, shapes[i][0], shapes[i][1], shapes[i][2], 0, &b);
-        bench_paths(g, NT_Q8, shapes[i][0], shapes[i][1], shapes[i][2], 0, &b);
-    }
-    /* the mixed-precision backward products at the same shapes (the f32 nn
-     * and tn lines above are the comparison) */
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        for (int kind = NN_BF16; kind <= TN_B16; kind++)
-            bench_paths(g, kind, shapes[i][0], shapes[i][1], shapes[i][2], 0, &b);
-    /* lm_head forward (f32 and bf16 weights), and its input gradient (dX = dY·W) */
-    bench_paths(g, NT, 1024, 129280, 320, 0, &b);
-    bench_paths(g, NT_BF16, 1024, 129280, 320, 0, &b);
-    bench_shape(g, NN, 1024, 320, 129280, WHALE_GEMM_AUTO, 0, &b);
-    /* the training step's lm_head backward on a chunk of 256 rows: dX and
-     * dW from the fp32 logit gradient (rounded per product) or from its
-     * bf16 rounding made once (what nw_train_step does) */
-    for (int kind = NN_BF16; kind <= TN_B16; kind++) {
-        if (kind == NN_F16 || kind == TN_F16) continue;
-        const int nn = kind == NN_BF16 || kind == NN_B16;
-        bench_shape(g, kind, nn ? 256 : 129280, 320, nn ? 129280 : 256, WHALE_GEMM_AUTO, 0, &b);
-    }
-
-    /* decode: one token (or a few) through the lm_head and a Linear */
-    bench_paths(g, NT, 1, 129280, 320, 0, &b);
-    bench_paths(g, NT_BF16, 1, 129280, 320, 0, &b);
-    bench_paths(g, NT, 4, 129280, 320, 0, &b);
-    bench_paths(g, NT_BF16, 4, 129280, 320, 0, &b);
-    for (int cold = 0; cold < 2; cold++) bench_paths(g, NT_BF16, 1, 1280, 320, cold, &b);
-    /* fp16 and int8 weights: the lm_head and a Linear at decode, a prefill
-     * chunk through a Linear */
-    for (int kind = NT_F16; kind <= NT_Q8; kind++) {
-        bench_paths(g, kind, 1, 129280, 320, 0, &b);
-        bench_paths(g, kind, 4, 129280, 320, 0, &b);
-        bench_paths(g, kind, 16, 129280, 320, 0, &b);
-        for (int cold = 0; cold < 2; cold++) bench_paths(g, kind, 1, 640, 320, cold, &b);
-        bench_paths(g, kind, 256, 640, 320, 0, &b);
-    }
-    static const int dec[][3] = {{1, 1280, 320}, {1, 320, 1280}, {4, 1280, 320}, {16, 1280, 320}};
-    for (size_t i = 0; i < sizeof dec / sizeof dec[0]; i++)
-        for (int cold = 0; cold < 2; cold++)
-            bench_paths(g, NT, dec[i][0], dec[i][1], dec[i][2], cold, &b);
-    /* decode attention for one head: scores q·K^T over 1024 keys, then P·V */
-    bench_paths(g, NT, 1, 1024, 64, 0, &b);
-    bench_paths(g, NN, 1, 64, 1024, 0, &b);
-
-    for (int kind = 0; kind < 3; kind++) {
-        bench_moe(kind, "exact", &b);
-        bench_moe(kind, "runtime", &b);
-        bench_moe(kind, "blocks", &b);
-        bench_moe(kind, "auto", &b);
-    }
-
-    if (sweep) {
-        static const int ms[] = {1,  2,  3,  4,  5,   6,   8,   12,  16, 24,
-                                 32, 48, 64, 96, 128, 192, 256, 384, 512};
-        static const int nk[][2] = {{1280, 320}, {320, 1280}, {640, 320}};
-        for (size_t s = 0; s < sizeof nk / sizeof nk[0]; s++)
-            for (int kind = 0; kind < 3; kind++)
-                for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
-                    bench_paths(g, kind, ms[i], nk[s][0], nk[s][1], 0, &b);
-                    if (kind == NT && ms[i] <= 32)
-                        bench_paths(g, kind, ms[i], nk[s][0], nk[s][1], 1, &b);
-                }
-        for (size_t i = 0; i < sizeof ms / sizeof ms[0] && ms[i] <= 32; i++)
-            bench_paths(g, NT, ms[i], 129280, 320, 0, &b);
-    }
-
-    /* per-dtype ceilings as the library measures them */
-    static const whale_dtype dts[] = {WHALE_F32, WHALE_BF16, WHALE_F16, WHALE_I8};
-    static const int ceil_shapes[][3] = {{1024, 1280, 320}, {1, 129280, 320}};
-    for (size_t s = 0; s < 2; s++)
-        for (size_t i = 0; i < 4; i++) {
-            const int M = ceil_shapes[s][0], N = ceil_shapes[s][1], K = ceil_shapes[s][2];
-            printf("{\"ceiling\":\"%s\",\"M\":%d,\"N\":%d,\"K\":%d,\"gflops\":%.1f}\n",
-                   whale_dtype_name(dts[i]), M, N, K,
-                   whale_gemm_measure_gflops_dtype(g, dts[i], M, N, K, 5));
-            fflush(stdout);
-        }
+    if (!bf16_only) bench_standard(g, &b);
+    if (sweep) bench_sweep(g, &b);
+    if (sweep || bf16_only) bench_sweep_bf16(g, &b);
+    if (!bf16_only) bench_ceilings(g);
 
     whale_gemm_free(g);
     free(b.A);

@@ -84,6 +84,40 @@ int64_t whale_shape_numel(int ndim, const int64_t *shape);
 void whale_set_threads(int n);
 int whale_get_threads(void);
 
+/* ---------------------------------------------------------------- processor */
+
+/* Instruction tiers, each including the ones before it:
+ *   base         x86-64 with SSE4.2: plain C kernels
+ *   avx2         AVX2, FMA, F16C (x86-64-v3)
+ *   avx512       AVX-512 F/BW/VL/DQ/CD (x86-64-v4): the vector kernels
+ *   avx512_bf16  + AVX512_BF16 and VBMI: the bf16 and int8 dot kernels
+ *   amx          + AMX tiles (BF16, INT8) that the OS lets this process
+ *                use: oneDNN's AMX products
+ * The active tier is the best the processor and OS offer, capped by the
+ * environment variable WHALE_ISA (one of the names above), read once. */
+typedef enum {
+    WHALE_ISA_BASE = 0,
+    WHALE_ISA_AVX2,
+    WHALE_ISA_AVX512,
+    WHALE_ISA_AVX512_BF16,
+    WHALE_ISA_AMX,
+    WHALE_ISA_COUNT
+} whale_isa;
+
+/* Detects the processor and applies WHALE_ISA (also to oneDNN, whose
+ * products then use no instruction above the tier). Idempotent and
+ * thread-safe; called by whale_isa_active and by every session, so calling
+ * it is needed only to report a bad WHALE_ISA early (WHALE_ERR_ARG, naming
+ * the value; the detected tier is used meanwhile). */
+whale_code whale_isa_init(whale_err *err);
+whale_isa whale_isa_active(void);
+whale_isa whale_isa_detected(void);
+const char *whale_isa_name(whale_isa t);
+/* The processor's brand string ("AMD EPYC 9R14", ...) and extra features
+ * the tiers do not name, as "avx512_fp16 amx_int8" (empty when none). */
+const char *whale_cpu_model(void);
+const char *whale_cpu_extras(void);
+
 /* ---------------------------------------------------------------- models */
 
 typedef struct whale_model whale_model;

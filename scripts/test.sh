@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Run the test suite twice: the optimised build, then a build with
-# AddressSanitizer + UndefinedBehaviorSanitizer.
+# Run the test suite three times: the optimised build for this processor; a
+# build with AddressSanitizer + UndefinedBehaviorSanitizer; and the portable
+# build capped to the AVX2 tier (WHALE_ISA=avx2), as on a processor without
+# AVX-512.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
@@ -16,3 +18,8 @@ cmake --build build-asan -j"$(nproc)" >/dev/null
 ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} \
 UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1} \
     ctest --test-dir build-asan --output-on-failure -j2
+
+echo "== tests (portable build, instruction tier capped to avx2)"
+cmake -S . -B build-portable -DCMAKE_BUILD_TYPE=Release -DWHALE_NATIVE=OFF >/dev/null
+cmake --build build-portable -j"$(nproc)" >/dev/null
+WHALE_ISA=avx2 ctest --test-dir build-portable --output-on-failure -j2

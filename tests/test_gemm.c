@@ -647,9 +647,20 @@ static void test_bf16_rules(void) {
     whale_gemm_get_stats(g, &st);
     CHECK(st.created == 1 && st.hits == 2, "bf16 exact shape thrice: created %lld, hits %lld",
           (long long)st.created, (long long)st.hits);
-    if (__builtin_cpu_supports("avx512bf16"))
-        CHECK(!strcmp(whale_gemm_last_impl(g), "brg:avx512_core_bf16"),
-              "bf16 M=%d ran %s, want brg:avx512_core_bf16", t.M, whale_gemm_last_impl(g));
+    /* what runs it follows the tier: oneDNN's brgemm on the bf16 or AMX
+     * instructions, another oneDNN kernel on plain AVX-512, f32 products of
+     * the widened operands below */
+    const char *impl = whale_gemm_last_impl(g);
+    const whale_isa tier = whale_isa_active();
+    if (tier >= WHALE_ISA_AVX512_BF16)
+        CHECK(!strncmp(impl, "brg:", 4) && strstr(impl, "bf16") && !strstr(impl, "amx") == (tier != WHALE_ISA_AMX),
+              "bf16 M=%d ran %s at tier %s", t.M, impl, whale_isa_name(tier));
+    else if (tier == WHALE_ISA_AVX512)
+        CHECK(strncmp(impl, "whale:", 6) && !strstr(impl, "cvt") && !strstr(impl, "amx"), "bf16 M=%d ran %s at tier %s",
+              t.M, impl, whale_isa_name(tier));
+    else
+        CHECK(!strncmp(impl, "cvt_bf16+", 9) && !strstr(impl, "avx512"), "bf16 M=%d ran %s at tier %s", t.M, impl,
+              whale_isa_name(tier));
     /* varying large M: one runtime primitive, separate from the f32 ones */
     for (int M = WHALE_GEMM_BF16_EXACT_BELOW_M_NT; M < WHALE_GEMM_BF16_EXACT_BELOW_M_NT + 30;
          M += 7) {
@@ -659,8 +670,11 @@ static void test_bf16_rules(void) {
     gcase f = {NT, 300, 64, 40, 0, 0, 0, 0, 0, 0, 0};
     run_case(g, &f, ONLY(WHALE_GEMM_AUTO), 1, 5);
     whale_gemm_get_stats(g, &st);
-    CHECK(st.created == 3, "bf16 varying M then f32: created %lld primitives, want 3",
-          (long long)st.created);
+    /* below AVX-512 the bf16 products are f32 ones: the f32 call finds
+     * their runtime primitive */
+    const int want = tier >= WHALE_ISA_AVX512 ? 3 : 2;
+    CHECK(st.created == want, "bf16 varying M then f32: created %lld primitives, want %d",
+          (long long)st.created, want);
     /* errors are reported like the f32 ones */
     float x[64] = {0};
     uint16_t w[64] = {0};
@@ -1160,18 +1174,28 @@ static void test_mixed_rules(void) {
         CHECK(!strncmp(whale_gemm_last_impl(g), kind == MX_NT_F16 ? "cvt_f16+" : "cvt_q8+", 7),
               "%s M=%d ran %s", mx_names[kind], t.M, whale_gemm_last_impl(g));
     }
+    /* oneDNN has bf16 products from AVX-512 up; below, f32 ones on the
+     * widened operands stand in */
+    const int dnnl_bf16 = whale_isa_active() >= WHALE_ISA_AVX512;
     mcase t = {MX_NN_BF16, 300, 40, 24, 0, 0, 0, 0};
     run_mixed(g, &t, 1, 1, 5);
-    CHECK(strncmp(whale_gemm_last_impl(g), "whale:", 6) && !strstr(whale_gemm_last_impl(g), "cvt"),
-          "nn_bf16 M=300 ran %s", whale_gemm_last_impl(g));
-    if (__builtin_cpu_supports("avx512bf16"))
+    if (dnnl_bf16)
+        CHECK(strncmp(whale_gemm_last_impl(g), "whale:", 6) && !strstr(whale_gemm_last_impl(g), "cvt"),
+              "nn_bf16 M=300 ran %s", whale_gemm_last_impl(g));
+    else
+        CHECK(!strncmp(whale_gemm_last_impl(g), "cvt_bf16+", 9), "nn_bf16 M=300 ran %s", whale_gemm_last_impl(g));
+    if (whale_isa_active() >= WHALE_ISA_AVX512_BF16)
         CHECK(strstr(whale_gemm_last_impl(g), "bf16") || !strcmp(whale_gemm_last_impl(g), "gemm:jit"),
               "nn_bf16 ran %s", whale_gemm_last_impl(g));
     for (int kind = MX_NN_B16; kind <= MX_TN_B16; kind++) { /* no conversion: oneDNN alone */
         mcase u = {kind, 300, 40, 24, 0, 0, 0, 0};
         run_mixed(g, &u, 1, 1, 7);
-        CHECK(strncmp(whale_gemm_last_impl(g), "whale:", 6) && !strstr(whale_gemm_last_impl(g), "cvt"),
-              "%s M=300 ran %s", mx_names[kind], whale_gemm_last_impl(g));
+        if (dnnl_bf16)
+            CHECK(strncmp(whale_gemm_last_impl(g), "whale:", 6) && !strstr(whale_gemm_last_impl(g), "cvt"),
+                  "%s M=300 ran %s", mx_names[kind], whale_gemm_last_impl(g));
+        else
+            CHECK(!strncmp(whale_gemm_last_impl(g), "cvt_bf16+", 9), "%s M=300 ran %s", mx_names[kind],
+                  whale_gemm_last_impl(g));
         run_mixed(g, &u, 1 << WHALE_GEMM_OWN, 1, 8);
         CHECK(!strncmp(whale_gemm_last_impl(g), "cvt_bf16+whale:skinny_", 22), "%s own ran %s", mx_names[kind],
               whale_gemm_last_impl(g));
@@ -1337,9 +1361,15 @@ static void test_parts(whale_gemm *g) {
         for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++)
             for (int threads = 2; threads >= 1; threads--) {
                 whale_gemm_set_path(g, paths[pi]);
-                for (int i = 0; i < NP; i++) { /* references: each alone, two threads */
+                /* references: each alone, with two threads where our kernels
+                 * compute it (their results never depend on the thread count);
+                 * oneDNN's may (its AVX2 kernels split sums over threads), so
+                 * its parts are compared at the same count */
+                for (int i = 0; i < NP; i++) {
                     size_t nc = (size_t)ms[i] * (ns[i] + 5);
                     for (size_t j = 0; j < nc; j++) C[i][j] = ref[i][j] = C_SENTINEL;
+                    const int dnnl_part = paths[pi] == WHALE_GEMM_AUTO && ms[i] > WHALE_GEMM_OWN_MAX_M_NT;
+                    omp_set_num_threads(dnnl_part ? threads : 2);
                     CHECK(!parts_single(g, dt, K, &p[i], ref[i], &err), "%s part %d alone: %s",
                           whale_dtype_name(dt), i, err.msg);
                 }
@@ -1380,6 +1410,35 @@ static void test_parts(whale_gemm *g) {
     for (int i = 0; i < 4; i++) free(A[i]);
 }
 
+/* Which of our kernels a decode product runs follows the active tier
+ * (whale_isa_active: what the processor offers, capped by WHALE_ISA), never
+ * a fixed processor: the vdpbf16ps kernels from avx512_bf16, fp32 FMAs on
+ * the widened weights at avx512 and avx2, plain C below. */
+static void test_tier_dispatch(whale_gemm *g) {
+    enum { N = 24, K = 40 };
+    static float A[K], C[N];
+    static uint16_t W16[N * K];
+    static int8_t W8[N * K];
+    static float scale[N];
+    const whale_isa t = whale_isa_active();
+    const char *bf16 = t >= WHALE_ISA_AVX512_BF16 ? "whale:skinny_nt_bf16"
+                       : t >= WHALE_ISA_AVX2      ? "whale:skinny_nt_bf16_fma"
+                                                  : "whale:nt_bf16_c";
+    const char *f16 = t >= WHALE_ISA_AVX2 ? "whale:skinny_nt_f16" : "whale:nt_f16_c";
+    const char *q8 = t >= WHALE_ISA_AVX512_BF16 ? "whale:skinny_nt_q8"
+                     : t >= WHALE_ISA_AVX2      ? "whale:skinny_nt_q8_fma"
+                                                : "whale:nt_q8_c";
+    whale_err err;
+    CHECK(t <= whale_isa_detected(), "active tier %s above the detected %s", whale_isa_name(t),
+          whale_isa_name(whale_isa_detected()));
+    CHECK(!whale_gemm_nt_bf16(g, 1, N, K, A, K, W16, K, C, N, 0, &err) && !strcmp(whale_gemm_last_impl(g), bf16),
+          "bf16 decode at tier %s ran %s, want %s", whale_isa_name(t), whale_gemm_last_impl(g), bf16);
+    CHECK(!whale_gemm_nt_f16(g, 1, N, K, A, K, W16, K, C, N, 0, &err) && !strcmp(whale_gemm_last_impl(g), f16),
+          "fp16 decode at tier %s ran %s, want %s", whale_isa_name(t), whale_gemm_last_impl(g), f16);
+    CHECK(!whale_gemm_nt_q8(g, 1, N, K, A, K, W8, K, scale, C, N, 0, &err) && !strcmp(whale_gemm_last_impl(g), q8),
+          "int8 decode at tier %s ran %s, want %s", whale_isa_name(t), whale_gemm_last_impl(g), q8);
+}
+
 int main(void) {
     whale_err err;
     whale_gemm *g;
@@ -1417,6 +1476,7 @@ int main(void) {
     test_mixed_nan(g);
     test_mixed_misc(g);
     test_parts(g);
+    test_tier_dispatch(g);
     whale_gemm_free(g);
     test_mixed_blocks();
     test_mixed_rules();

@@ -10,6 +10,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Opens a result line with the processor and the instruction tier the
+ * kernels ran at: figures are only comparable between lines that agree. */
+static void print_machine(void) {
+    char model[80];
+    snprintf(model, sizeof model, "%s", whale_cpu_model());
+    for (char *c = model; *c; c++)
+        if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) *c = ' ';
+    printf("{\"cpu\": \"%s\", \"isa\": \"%s\", ", model, whale_isa_name(whale_isa_active()));
+}
+
 /* The best GEMM rate of the dtype's products at the model's typical shapes. */
 static double gemm_ceiling(whale_dtype dt, whale_err *err) {
     whale_gemm *g;
@@ -156,7 +166,8 @@ int cmd_bench(int argc, char **argv) {
         int n = whale_session_profile(s, names, secs, 32);
         for (int i = 0; i < n; i++) sum += secs[i];
         fprintf(stderr, "%-28s %10s %7s\n", "op group", "ms", "share");
-        printf("{\"profile\": \"%s\", \"ms\": {", what);
+        print_machine();
+        printf("\"profile\": \"%s\", \"ms\": {", what);
         for (int i = 0, first = 1; i < n; i++) {
             if (secs[i] == 0) continue;
             fprintf(stderr, "%-28s %10.2f %6.1f%%\n", names[i], secs[i] * 1e3, 100 * secs[i] / sum);
@@ -180,7 +191,8 @@ int cmd_bench(int argc, char **argv) {
             if (below == (reps - 1) / 2) med = r;
         }
         double tps = tokens / best, bw = bw_of[med], bound = bw * 1e9 / bytes;
-        printf("{\"what\": \"decode\", \"model\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"context\": %ld, "
+        print_machine();
+        printf("\"what\": \"decode\", \"model\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"context\": %ld, "
                "\"tokens\": %ld, \"tokens_per_s\": %.2f, \"gflops\": %.2f, \"weight_mb_per_token\": %.1f, "
                "\"weights_gb_s\": %.1f, \"read_gb_s\": %.1f, \"bound_tokens_per_s\": %.1f, \"pct_of_bound\": %.1f}\n",
                label, dtname, whale_get_threads(), context, tokens, tps, flops / best / 1e9, bytes / 1e6,
@@ -190,7 +202,8 @@ int cmd_bench(int argc, char **argv) {
         double flops = 3.0 * whale_model_forward_flops(m, (int)batch, (int)seq, 0, (int)(batch * seq));
         double gf = flops / best / 1e9;
         size_t saves, acts = whale_session_activation_bytes(s, &saves);
-        printf("{\"what\": \"train\", \"model\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"batch\": %ld, "
+        print_machine();
+        printf("\"what\": \"train\", \"model\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"batch\": %ld, "
                "\"seq_len\": %ld, \"recompute\": %s, \"tokens_per_s\": %.1f, \"seconds_per_step\": %.4f, "
                "\"gflops\": %.1f, \"ceiling_gflops\": %.1f, \"mfu_pct\": %.1f, \"activation_mib\": %.1f, "
                "\"recompute_saves_mib\": %.1f}\n",
@@ -199,7 +212,8 @@ int cmd_bench(int argc, char **argv) {
     } else {
         double flops = whale_model_forward_flops(m, (int)batch, (int)seq, 0, mode == 0 ? (int)(batch * seq) : (int)batch);
         double gf = flops / best / 1e9;
-        printf("{\"what\": \"%s\", \"model\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"batch\": %ld, "
+        print_machine();
+        printf("\"what\": \"%s\", \"model\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"batch\": %ld, "
                "\"seq_len\": %ld, \"tokens_per_s\": %.1f, \"seconds\": %.4f, \"gflops\": %.1f, "
                "\"ceiling_gflops\": %.1f, \"pct_of_ceiling\": %.1f}\n",
                what, label, dtname, whale_get_threads(), batch, seq, batch * seq / best, best, gf, ceiling,

@@ -223,6 +223,8 @@ int main(int argc, char **argv) {
         return 0;
     }
     const char *cmd = argv[1];
+    whale_err err;
+    if (whale_isa_init(&err)) return cli_fail(&err); /* a WHALE_ISA that names no tier */
     static const struct {
         const char *name;
         int (*fn)(int, char **);

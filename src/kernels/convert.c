@@ -3,7 +3,9 @@
 #include <omp.h>
 #include <string.h>
 
-#ifdef __AVX512F__
+#include "core/cpu.h"
+
+#if WHALE_X86
 #include <immintrin.h>
 #endif
 
@@ -64,14 +66,25 @@ uint16_t whale_float_to_f16(float f) {
  * functions are the definition, and each vector form is checked against
  * them bit for bit (tests/test_convert.c). */
 
-void whale_bf16_to_f32(float *dst, const void *src, size_t n) {
+#if WHALE_X86
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512)
+/* The whole vectors of whale_bf16_to_f32, from element i on; returns where it stopped. */
+static size_t whale_bf16_to_f32_avx512(float *dst, const void *src, size_t n, size_t i) {
     const uint16_t *s = src;
-    size_t i = 0;
-#ifdef __AVX512F__
     for (; i + 16 <= n; i += 16) {
         const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s + i)));
         _mm512_storeu_si512(dst + i, _mm512_slli_epi32(h, 16));
     }
+    return i;
+}
+WHALE_TARGET_END
+#endif
+
+void whale_bf16_to_f32(float *dst, const void *src, size_t n) {
+    const uint16_t *s = src;
+    size_t i = 0;
+#if WHALE_X86
+    if (whale_isa_at_least(WHALE_ISA_AVX512)) i = whale_bf16_to_f32_avx512(dst, src, n, i);
 #endif
     for (; i < n; i++) {
         uint16_t h;
@@ -80,10 +93,11 @@ void whale_bf16_to_f32(float *dst, const void *src, size_t n) {
     }
 }
 
-void whale_f16_to_f32(float *dst, const void *src, size_t n) {
+#if WHALE_X86
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512)
+/* The whole vectors of whale_f16_to_f32, from element i on; returns where it stopped. */
+static size_t whale_f16_to_f32_avx512(float *dst, const void *src, size_t n, size_t i) {
     const uint16_t *s = src;
-    size_t i = 0;
-#ifdef __AVX512F__
     const __m512i abs = _mm512_set1_epi32(0x7fff), inf = _mm512_set1_epi32(0x7c00);
     const __m512i sgn = _mm512_set1_epi32(0x8000), man = _mm512_set1_epi32(0x3ff);
     const __m512i exp32 = _mm512_set1_epi32(0x7f800000);
@@ -101,6 +115,16 @@ void whale_f16_to_f32(float *dst, const void *src, size_t n) {
         }
         _mm512_storeu_si512(dst + i, v);
     }
+    return i;
+}
+WHALE_TARGET_END
+#endif
+
+void whale_f16_to_f32(float *dst, const void *src, size_t n) {
+    const uint16_t *s = src;
+    size_t i = 0;
+#if WHALE_X86
+    if (whale_isa_at_least(WHALE_ISA_AVX512)) i = whale_f16_to_f32_avx512(dst, src, n, i);
 #endif
     for (; i < n; i++) {
         uint16_t h;
@@ -114,27 +138,51 @@ void whale_f16_to_f32(float *dst, const void *src, size_t n) {
  * payload bits: exactly whale_float_to_f16. */
 #define F16_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 
-void whale_f32_to_f16_rows(uint16_t *dst, const float *src, size_t n) {
-    size_t i = 0;
-#ifdef __AVX512F__
+#if WHALE_X86
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512)
+/* The whole vectors of whale_f32_to_f16_rows, from element i on; returns where it stopped. */
+static size_t whale_f32_to_f16_rows_avx512(uint16_t *dst, const float *src, size_t n, size_t i) {
+
     for (; i + 16 <= n; i += 16)
         _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), F16_RNE));
+    return i;
+}
+WHALE_TARGET_END
+#endif
+
+void whale_f32_to_f16_rows(uint16_t *dst, const float *src, size_t n) {
+    size_t i = 0;
+#if WHALE_X86
+    if (whale_isa_at_least(WHALE_ISA_AVX512)) i = whale_f32_to_f16_rows_avx512(dst, src, n, i);
 #endif
     for (; i < n; i++) dst[i] = whale_float_to_f16(src[i]);
 }
 
-void whale_round_f16_rows(float *dst, const float *src, size_t n) {
-    size_t i = 0;
-#ifdef __AVX512F__
+#if WHALE_X86
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512)
+/* The whole vectors of whale_round_f16_rows, from element i on; returns where it stopped. */
+static size_t whale_round_f16_rows_avx512(float *dst, const float *src, size_t n, size_t i) {
+
     for (; i + 16 <= n; i += 16)
         _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(src + i), F16_RNE)));
+    return i;
+}
+WHALE_TARGET_END
+#endif
+
+void whale_round_f16_rows(float *dst, const float *src, size_t n) {
+    size_t i = 0;
+#if WHALE_X86
+    if (whale_isa_at_least(WHALE_ISA_AVX512)) i = whale_round_f16_rows_avx512(dst, src, n, i);
 #endif
     for (; i < n; i++) dst[i] = whale_f16_to_float(whale_float_to_f16(src[i]));
 }
 
-void whale_round_bf16_rows(float *dst, const float *src, size_t n) {
-    size_t i = 0;
-#ifdef __AVX512F__
+#if WHALE_X86
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512)
+/* The whole vectors of whale_round_bf16_rows, from element i on; returns where it stopped. */
+static size_t whale_round_bf16_rows_avx512(float *dst, const float *src, size_t n, size_t i) {
+
     /* integer rounding as in whale_float_to_bf16; the bf16 instructions
      * would flush subnormals */
     const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
@@ -148,6 +196,15 @@ void whale_round_bf16_rows(float *dst, const float *src, size_t n) {
         r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_and_si512(u, hi_mask), quiet));
         _mm512_storeu_si512(dst + i, r);
     }
+    return i;
+}
+WHALE_TARGET_END
+#endif
+
+void whale_round_bf16_rows(float *dst, const float *src, size_t n) {
+    size_t i = 0;
+#if WHALE_X86
+    if (whale_isa_at_least(WHALE_ISA_AVX512)) i = whale_round_bf16_rows_avx512(dst, src, n, i);
 #endif
     for (; i < n; i++) dst[i] = whale_bf16_to_float(whale_float_to_bf16(src[i]));
 }
@@ -182,11 +239,10 @@ static inline float sr_one(float x, uint64_t seed, uint64_t j) {
     return whale_bf16_to_float(whale_float_to_bf16_sr(x, r));
 }
 
-/* x[0..n) with element indices j0, j0 + 1, ... */
-static void sr_range(float *x, size_t n, uint64_t seed, uint64_t j0) {
-    size_t i = 0;
-    for (; i < n && ((j0 + i) & 3); i++) x[i] = sr_one(x[i], seed, j0 + i);
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#if WHALE_X86
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512)
+/* The whole vectors of sr_range, from element i on; returns where it stopped. */
+static size_t sr_range_avx512(float *x, size_t n, uint64_t seed, uint64_t j0, size_t i) {
     /* 8 splitmix64 outputs = 32 16-bit values, in element order when the
      * zmm is read as 32 words (little endian: bits 16q.. of output t serve
      * element 4t + q) */
@@ -213,6 +269,17 @@ static void sr_range(float *x, size_t n, uint64_t seed, uint64_t j0) {
             _mm512_storeu_si512(p, v);
         }
     }
+    return i;
+}
+WHALE_TARGET_END
+#endif
+
+/* x[0..n) with element indices j0, j0 + 1, ... */
+static void sr_range(float *x, size_t n, uint64_t seed, uint64_t j0) {
+    size_t i = 0;
+    for (; i < n && ((j0 + i) & 3); i++) x[i] = sr_one(x[i], seed, j0 + i);
+#if WHALE_X86
+    if (whale_isa_at_least(WHALE_ISA_AVX512)) i = sr_range_avx512(x, n, seed, j0, i);
 #endif
     for (; i < n; i++) x[i] = sr_one(x[i], seed, j0 + i);
 }

@@ -24,6 +24,7 @@
 #include "kernels/gemm.h"
 
 #include "core/core.h"
+#include "core/cpu.h"
 #include "kernels/convert.h"
 
 #include <oneapi/dnnl/dnnl.h>
@@ -31,9 +32,10 @@
 #include <float.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <string.h>
 
-#ifdef __AVX512F__
+#if WHALE_X86
 #include <immintrin.h>
 #endif
 
@@ -142,20 +144,51 @@ static whale_code dnnl_fail(whale_err *err, const gemm_call *c, const char *what
  * vcvtdq2ps) for fp32 FMAs, with A already rounded to the product's format;
  * WT_I8 rows are multiplied by their scale. (bf16 weights, and int8 ones
  * where AVX512_BF16 and VBMI exist, have vdpbf16ps kernels below.) */
-enum { WT_F32 = 0, WT_F16, WT_I8 };
+enum { WT_F32 = 0, WT_F16, WT_I8, WT_BF16 };
 
 static size_t wt_size(int wt) { return wt == WT_F32 ? 4 : wt == WT_I8 ? 1 : 2; }
 
-/* Masked 8- and 16-bit loads need AVX512BW/VL; without them fp16 and int8
- * weights take the plain C kernel. */
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define WHALE_HAVE_NARROW_KERNEL 1
-#else
-#define WHALE_HAVE_NARROW_KERNEL 0
-#endif
+/* Does this tier have our AVX2 or AVX-512 kernels (fp32 FMAs on f32, fp16,
+ * int8 and bf16 weights), and the vdpbf16ps ones (bf16 weights, int8
+ * through bf16)? Below AVX2 the narrow weights take the plain C kernels. */
+static int have_avx2(void) { return WHALE_X86 && whale_isa_at_least(WHALE_ISA_AVX2); }
+static int have_narrow(void) { return WHALE_X86 && whale_isa_at_least(WHALE_ISA_AVX512); }
+static int have_bf16(void) { return WHALE_X86 && whale_isa_at_least(WHALE_ISA_AVX512_BF16); }
 
-#ifdef __AVX512F__
+/* Copies specialised for the weight type and the number of A rows. */
+#define BY_MR(call_with_mr)                                                                        \
+    switch (mr) {                                                                                  \
+    case 1: call_with_mr(1); break;                                                                \
+    case 2: call_with_mr(2); break;                                                                \
+    case 3: call_with_mr(3); break;                                                                \
+    default: call_with_mr(4); break;                                                               \
+    }
 
+/* plain C, f32 weights */
+static void nt_single_rows_c(int wt, int mr, int K, const float *A, size_t lda, const void *w,
+                           float sc, float *C, size_t ldc, int acc) {
+    (void)wt; /* f32 only: fp16 and int8 weights use ntx_single_c */
+    (void)sc;
+    const float *wf = w;
+    for (int m = 0; m < mr; m++) {
+        const float *a = A + m * lda;
+        float s = 0;
+        for (int k = 0; k < K; k++) s += a[k] * wf[k];
+        C[m * ldc] = acc ? C[m * ldc] + s : s;
+    }
+}
+
+static void nt_quad_rows_c(int wt, int mr, int K, const float *A, size_t lda, const void *W,
+                         size_t ldw, size_t n, size_t q, const float *scale, float *C, size_t ldc,
+                         int acc) {
+    (void)scale;
+    for (int r = 0; r < 4; r++)
+        nt_single_rows_c(wt, mr, K, A, lda, (const float *)W + (n + r * q) * ldw, 0,
+                       C + n + r * q, ldc, acc);
+}
+
+#if WHALE_X86
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512)
 /* Sums of four vectors, as lanes 0..3 of the result. */
 static inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
     __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
@@ -177,13 +210,14 @@ static inline float hsum1(__m512 a) { return _mm_cvtss_f32(hsum4(a, a, a, a)); }
 /* 16 weights of row w from column k (lanes outside mask 0) as fp32. */
 static inline __attribute__((always_inline)) __m512 load_w(const int wt, __mmask16 mask,
                                                           const void *w, int k) {
-#if WHALE_HAVE_NARROW_KERNEL
     if (wt == WT_F16)
         return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)w + k));
     if (wt == WT_I8)
         return _mm512_cvtepi32_ps(
             _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, (const int8_t *)w + k)));
-#endif
+    if (wt == WT_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)w + k)), 16));
     return _mm512_maskz_loadu_ps(mask, (const float *)w + k);
 }
 
@@ -252,23 +286,18 @@ nt_single(const int wt, const int mr, int K, const float *A, size_t lda, const v
     }
 }
 
-/* Copies specialised for the weight type and the number of A rows. */
-#define BY_MR(call_with_mr)                                                                        \
-    switch (mr) {                                                                                  \
-    case 1: call_with_mr(1); break;                                                                \
-    case 2: call_with_mr(2); break;                                                                \
-    case 3: call_with_mr(3); break;                                                                \
-    default: call_with_mr(4); break;                                                               \
-    }
-
-static void nt_quad_rows(int wt, int mr, int K, const float *A, size_t lda, const void *W,
+static void nt_quad_rows_avx512(int wt, int mr, int K, const float *A, size_t lda, const void *W,
                          size_t ldw, size_t n, size_t q, const float *scale, float *C, size_t ldc,
                          int acc) {
 #define QUAD(WT, MR) nt_quad(WT, MR, K, A, lda, W, ldw, n, q, scale, C, ldc, acc)
 #define QUAD_F32(MR) QUAD(WT_F32, MR)
 #define QUAD_F16(MR) QUAD(WT_F16, MR)
 #define QUAD_I8(MR) QUAD(WT_I8, MR)
-#if WHALE_HAVE_NARROW_KERNEL
+#define QUAD_BF(MR) QUAD(WT_BF16, MR)
+    if (wt == WT_BF16) {
+        BY_MR(QUAD_BF);
+        return;
+    }
     if (wt == WT_F16) {
         BY_MR(QUAD_F16);
         return;
@@ -277,21 +306,25 @@ static void nt_quad_rows(int wt, int mr, int K, const float *A, size_t lda, cons
         BY_MR(QUAD_I8);
         return;
     }
-#endif
     BY_MR(QUAD_F32);
 #undef QUAD
 #undef QUAD_F32
 #undef QUAD_F16
 #undef QUAD_I8
+#undef QUAD_BF
 }
 
-static void nt_single_rows(int wt, int mr, int K, const float *A, size_t lda, const void *w,
+static void nt_single_rows_avx512(int wt, int mr, int K, const float *A, size_t lda, const void *w,
                            float sc, float *C, size_t ldc, int acc) {
 #define SINGLE(WT, MR) nt_single(WT, MR, K, A, lda, w, sc, C, ldc, acc)
 #define SINGLE_F32(MR) SINGLE(WT_F32, MR)
 #define SINGLE_F16(MR) SINGLE(WT_F16, MR)
 #define SINGLE_I8(MR) SINGLE(WT_I8, MR)
-#if WHALE_HAVE_NARROW_KERNEL
+#define SINGLE_BF(MR) SINGLE(WT_BF16, MR)
+    if (wt == WT_BF16) {
+        BY_MR(SINGLE_BF);
+        return;
+    }
     if (wt == WT_F16) {
         BY_MR(SINGLE_F16);
         return;
@@ -300,39 +333,194 @@ static void nt_single_rows(int wt, int mr, int K, const float *A, size_t lda, co
         BY_MR(SINGLE_I8);
         return;
     }
-#endif
     BY_MR(SINGLE_F32);
 #undef SINGLE
 #undef SINGLE_F32
 #undef SINGLE_F16
 #undef SINGLE_I8
+#undef SINGLE_BF
+}
+WHALE_TARGET_END
+#endif
+
+#if WHALE_X86
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX2)
+/* The same kernels on 8 lanes (AVX2 has no masked loads of 8- and 16-bit
+ * values): whole vectors of K, then the last K % 8 columns once from
+ * zero-padded copies of the W and A tails. */
+#define NT8 8
+
+static inline __m128 hsum4_8(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m128 a4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 b4 = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+    __m128 c4 = _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));
+    __m128 d4 = _mm_add_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
+    return _mm_hadd_ps(_mm_hadd_ps(a4, b4), _mm_hadd_ps(c4, d4));
 }
 
-#else /* plain C */
+/* As hsum1: a single row sums as it would in a quad. */
+static inline float hsum1_8(__m256 a) { return _mm_cvtss_f32(hsum4_8(a, a, a, a)); }
 
-static void nt_single_rows(int wt, int mr, int K, const float *A, size_t lda, const void *w,
-                           float sc, float *C, size_t ldc, int acc) {
-    (void)wt; /* f32 only: fp16 and int8 weights use ntx_single_c */
-    (void)sc;
-    const float *wf = w;
+/* 8 weights of row w from column k as fp32. */
+static inline __attribute__((always_inline)) __m256 load8_w(const int wt, const void *w, int k) {
+    if (wt == WT_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + k)));
+    if (wt == WT_I8)
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)w + k))));
+    if (wt == WT_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + k))), 16));
+    return _mm256_loadu_ps((const float *)w + k);
+}
+
+/* Columns k0..K−1 (fewer than 8) of a W row, zero-padded, as fp32. */
+static inline __attribute__((always_inline)) __m256 tail8_w(const int wt, const void *w, int k0, int K) {
+    unsigned char buf[NT8 * 4] = {0};
+    const size_t es = wt_size(wt);
+    memcpy(buf, (const char *)w + (size_t)k0 * es, (size_t)(K - k0) * es);
+    return load8_w(wt, buf, 0);
+}
+
+static inline __attribute__((always_inline)) __m256 tail8_a(const float *a, int k0, int K) {
+    float buf[NT8] = {0};
+    memcpy(buf, a + k0, (size_t)(K - k0) * sizeof(float));
+    return _mm256_loadu_ps(buf);
+}
+
+static inline __attribute__((always_inline)) void
+nt_quad8(const int wt, const int mr, int K, const float *A, size_t lda, const void *W, size_t ldw, size_t n,
+         size_t q, const float *scale, float *C, size_t ldc, int acc) {
+    const size_t row = ldw * wt_size(wt), step = q * row;
+    const char *w0 = (const char *)W + n * row, *w1 = w0 + step, *w2 = w1 + step, *w3 = w2 + step;
+    const int K8 = K / NT8 * NT8;
+    __m256 s[NT_MR][4];
+#pragma GCC unroll 4
+    for (int m = 0; m < mr; m++)
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) s[m][r] = _mm256_setzero_ps();
+    for (int k = 0; k <= K8; k += NT8) {
+        if (k == K8 && k == K) break;
+        const int tail = k == K8;
+        const __m256 v0 = tail ? tail8_w(wt, w0, k, K) : load8_w(wt, w0, k);
+        const __m256 v1 = tail ? tail8_w(wt, w1, k, K) : load8_w(wt, w1, k);
+        const __m256 v2 = tail ? tail8_w(wt, w2, k, K) : load8_w(wt, w2, k);
+        const __m256 v3 = tail ? tail8_w(wt, w3, k, K) : load8_w(wt, w3, k);
+#pragma GCC unroll 4
+        for (int m = 0; m < mr; m++) {
+            const __m256 a = tail ? tail8_a(A + m * lda, k, K) : _mm256_loadu_ps(A + m * lda + k);
+            s[m][0] = _mm256_fmadd_ps(a, v0, s[m][0]);
+            s[m][1] = _mm256_fmadd_ps(a, v1, s[m][1]);
+            s[m][2] = _mm256_fmadd_ps(a, v2, s[m][2]);
+            s[m][3] = _mm256_fmadd_ps(a, v3, s[m][3]);
+        }
+    }
+#pragma GCC unroll 4
     for (int m = 0; m < mr; m++) {
-        const float *a = A + m * lda;
-        float s = 0;
-        for (int k = 0; k < K; k++) s += a[k] * wf[k];
-        C[m * ldc] = acc ? C[m * ldc] + s : s;
+        float sum[4];
+        _mm_storeu_ps(sum, hsum4_8(s[m][0], s[m][1], s[m][2], s[m][3]));
+        float *c = C + m * ldc + n;
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const float v = wt == WT_I8 ? scale[n + r * q] * sum[r] : sum[r];
+            c[r * q] = acc ? c[r * q] + v : v;
+        }
     }
 }
+
+static inline __attribute__((always_inline)) void
+nt_single8(const int wt, const int mr, int K, const float *A, size_t lda, const void *w, float sc, float *C,
+           size_t ldc, int acc) {
+    const int K8 = K / NT8 * NT8;
+    __m256 s[NT_MR];
+#pragma GCC unroll 4
+    for (int m = 0; m < mr; m++) s[m] = _mm256_setzero_ps();
+    for (int k = 0; k <= K8; k += NT8) {
+        if (k == K8 && k == K) break;
+        const int tail = k == K8;
+        const __m256 v = tail ? tail8_w(wt, w, k, K) : load8_w(wt, w, k);
+#pragma GCC unroll 4
+        for (int m = 0; m < mr; m++)
+            s[m] = _mm256_fmadd_ps(tail ? tail8_a(A + m * lda, k, K) : _mm256_loadu_ps(A + m * lda + k), v, s[m]);
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < mr; m++) {
+        float v = hsum1_8(s[m]);
+        if (wt == WT_I8) v *= sc;
+        C[m * ldc] = acc ? C[m * ldc] + v : v;
+    }
+}
+
+static void nt_quad_rows_avx2(int wt, int mr, int K, const float *A, size_t lda, const void *W, size_t ldw,
+                              size_t n, size_t q, const float *scale, float *C, size_t ldc, int acc) {
+#define QUAD8(WT, MR) nt_quad8(WT, MR, K, A, lda, W, ldw, n, q, scale, C, ldc, acc)
+#define QUAD8_F32(MR) QUAD8(WT_F32, MR)
+#define QUAD8_F16(MR) QUAD8(WT_F16, MR)
+#define QUAD8_I8(MR) QUAD8(WT_I8, MR)
+#define QUAD8_BF(MR) QUAD8(WT_BF16, MR)
+    switch (wt) {
+    case WT_F16: BY_MR(QUAD8_F16); break;
+    case WT_I8: BY_MR(QUAD8_I8); break;
+    case WT_BF16: BY_MR(QUAD8_BF); break;
+    default: BY_MR(QUAD8_F32); break;
+    }
+#undef QUAD8
+#undef QUAD8_F32
+#undef QUAD8_F16
+#undef QUAD8_I8
+#undef QUAD8_BF
+}
+
+static void nt_single_rows_avx2(int wt, int mr, int K, const float *A, size_t lda, const void *w, float sc,
+                                float *C, size_t ldc, int acc) {
+#define SINGLE8(WT, MR) nt_single8(WT, MR, K, A, lda, w, sc, C, ldc, acc)
+#define SINGLE8_F32(MR) SINGLE8(WT_F32, MR)
+#define SINGLE8_F16(MR) SINGLE8(WT_F16, MR)
+#define SINGLE8_I8(MR) SINGLE8(WT_I8, MR)
+#define SINGLE8_BF(MR) SINGLE8(WT_BF16, MR)
+    switch (wt) {
+    case WT_F16: BY_MR(SINGLE8_F16); break;
+    case WT_I8: BY_MR(SINGLE8_I8); break;
+    case WT_BF16: BY_MR(SINGLE8_BF); break;
+    default: BY_MR(SINGLE8_F32); break;
+    }
+#undef SINGLE8
+#undef SINGLE8_F32
+#undef SINGLE8_F16
+#undef SINGLE8_I8
+#undef SINGLE8_BF
+}
+WHALE_TARGET_END
+#endif
 
 static void nt_quad_rows(int wt, int mr, int K, const float *A, size_t lda, const void *W,
                          size_t ldw, size_t n, size_t q, const float *scale, float *C, size_t ldc,
                          int acc) {
-    (void)scale;
-    for (int r = 0; r < 4; r++)
-        nt_single_rows(wt, mr, K, A, lda, (const float *)W + (n + r * q) * ldw, 0,
-                       C + n + r * q, ldc, acc);
+#if WHALE_X86
+    if (have_narrow()) {
+        nt_quad_rows_avx512(wt, mr, K, A, lda, W, ldw, n, q, scale, C, ldc, acc);
+        return;
+    }
+    if (have_avx2()) {
+        nt_quad_rows_avx2(wt, mr, K, A, lda, W, ldw, n, q, scale, C, ldc, acc);
+        return;
+    }
+#endif
+    nt_quad_rows_c(wt, mr, K, A, lda, W, ldw, n, q, scale, C, ldc, acc);
 }
 
+static void nt_single_rows(int wt, int mr, int K, const float *A, size_t lda, const void *w,
+                           float sc, float *C, size_t ldc, int acc) {
+#if WHALE_X86
+    if (have_narrow()) {
+        nt_single_rows_avx512(wt, mr, K, A, lda, w, sc, C, ldc, acc);
+        return;
+    }
+    if (have_avx2()) {
+        nt_single_rows_avx2(wt, mr, K, A, lda, w, sc, C, ldc, acc);
+        return;
+    }
 #endif
+    nt_single_rows_c(wt, mr, K, A, lda, w, sc, C, ldc, acc);
+}
 
 /* One fp16 or int8 W row against mr A rows (already rounded, fp32), plain C:
  * the kernel without AVX512BW, and WHALE_GEMM_OWN_PORTABLE. Products of two
@@ -342,8 +530,9 @@ static void ntx_single_c(int wt, int mr, int K, const float *A, size_t lda, cons
                          float sc, float *C, size_t ldc, int acc) {
     float s[NT_MR] = {0};
     for (int k = 0; k < K; k++) {
-        const float v = wt == WT_F16 ? whale_f16_to_float(((const uint16_t *)w)[k])
-                                     : (float)((const int8_t *)w)[k];
+        const float v = wt == WT_F16    ? whale_f16_to_float(((const uint16_t *)w)[k])
+                        : wt == WT_BF16 ? whale_bf16_to_float(((const uint16_t *)w)[k])
+                                        : (float)((const int8_t *)w)[k];
         for (int m = 0; m < mr; m++) s[m] += A[m * lda + k] * v;
     }
     for (int m = 0; m < mr; m++) {
@@ -361,8 +550,21 @@ static void ntx_single_c(int wt, int mr, int K, const float *A, size_t lda, cons
 #define NN_MR 4
 #define NN_COLS 64
 
-#ifdef __AVX512F__
+static void nn_rows_c(int mr, int width, int K, const float *A, size_t sam, size_t sak,
+                    const float *B, size_t ldb, float *C, size_t ldc, int acc) {
+    for (int m = 0; m < mr; m++) {
+        float s[NN_COLS] = {0};
+        for (int k = 0; k < K; k++) {
+            const float a = A[m * sam + k * sak], *b = B + k * ldb;
+            for (int n = 0; n < width; n++) s[n] += a * b[n];
+        }
+        float *c = C + m * ldc;
+        for (int n = 0; n < width; n++) c[n] = acc ? c[n] + s[n] : s[n];
+    }
+}
 
+#if WHALE_X86
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512)
 static inline __attribute__((always_inline)) void
 nn_block(const int mr, int width, int K, const float *A, size_t sam, size_t sak,
          const float *B, size_t ldb, float *C, size_t ldc, int acc) {
@@ -400,7 +602,7 @@ nn_block(const int mr, int width, int K, const float *A, size_t sam, size_t sak,
     }
 }
 
-static void nn_rows(int mr, int width, int K, const float *A, size_t sam, size_t sak,
+static void nn_rows_avx512(int mr, int width, int K, const float *A, size_t sam, size_t sak,
                     const float *B, size_t ldb, float *C, size_t ldc, int acc) {
     switch (mr) {
     case 1: nn_block(1, width, K, A, sam, sak, B, ldb, C, ldc, acc); break;
@@ -409,23 +611,19 @@ static void nn_rows(int mr, int width, int K, const float *A, size_t sam, size_t
     default: nn_block(4, width, K, A, sam, sak, B, ldb, C, ldc, acc); break;
     }
 }
-
-#else /* plain C */
+WHALE_TARGET_END
+#endif
 
 static void nn_rows(int mr, int width, int K, const float *A, size_t sam, size_t sak,
                     const float *B, size_t ldb, float *C, size_t ldc, int acc) {
-    for (int m = 0; m < mr; m++) {
-        float s[NN_COLS] = {0};
-        for (int k = 0; k < K; k++) {
-            const float a = A[m * sam + k * sak], *b = B + k * ldb;
-            for (int n = 0; n < width; n++) s[n] += a * b[n];
-        }
-        float *c = C + m * ldc;
-        for (int n = 0; n < width; n++) c[n] = acc ? c[n] + s[n] : s[n];
+#if WHALE_X86
+    if (have_narrow()) {
+        nn_rows_avx512(mr, width, K, A, sam, sak, B, ldb, C, ldc, acc);
+        return;
     }
-}
-
 #endif
+    nn_rows_c(mr, width, K, A, sam, sak, B, ldb, C, ldc, acc);
+}
 
 static void own_nn_tn(const gemm_call *c) {
     const int M = c->s.M, N = c->s.N, K = c->s.K, acc = c->s.acc;
@@ -619,13 +817,13 @@ static whale_code dnnl_run(whale_gemm *g, const gemm_call *c, int runtime, whale
  * payload kept), subnormals are rounded, not flushed: bit-identical to
  * whale_float_to_bf16. Used for A before oneDNN and for converting weights,
  * so it must not depend on the bf16 instructions, which flush subnormals. */
-void whale_f32_to_bf16_rows(uint16_t *dst, const float *src, size_t n) {
-    size_t i = 0;
-#ifdef __AVX512F__
+#if WHALE_X86
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512)
+static void f32_to_bf16_avx512(uint16_t *dst, const float *src, size_t n) {
     const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
     const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
     const __m512i quiet = _mm512_set1_epi32(0x40);
-    for (; i < n; i += 16) {
+    for (size_t i = 0; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
         const __m512i u = _mm512_maskz_loadu_epi32(m, src + i);
         const __m512i hi = _mm512_srli_epi32(u, 16);
@@ -635,9 +833,18 @@ void whale_f32_to_bf16_rows(uint16_t *dst, const float *src, size_t n) {
         r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, quiet));
         _mm512_mask_cvtepi32_storeu_epi16(dst + i, m, r);
     }
-#else
-    for (; i < n; i++) dst[i] = whale_float_to_bf16(src[i]);
+}
+WHALE_TARGET_END
 #endif
+
+void whale_f32_to_bf16_rows(uint16_t *dst, const float *src, size_t n) {
+#if WHALE_X86
+    if (have_narrow()) {
+        f32_to_bf16_avx512(dst, src, n);
+        return;
+    }
+#endif
+    for (size_t i = 0; i < n; i++) dst[i] = whale_float_to_bf16(src[i]);
 }
 
 /* Room for n elements of `size` bytes in a scratch buffer: the only
@@ -679,7 +886,8 @@ static void ntb_single_c(int mr, int K, const uint16_t *A, size_t lda, const uin
     }
 }
 
-#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if WHALE_X86
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512_BF16)
 
 /* W rows n, n+q, n+2q, n+3q against mr A rows: vdpbf16ps adds the products
  * of adjacent k pairs into fp32 lanes. */
@@ -771,8 +979,6 @@ static void a_to_bf16_hw(int M, int K, const float *A, size_t lda, uint16_t *dst
             _mm512_store_si512(dst + m * ld16 + k, (__m512i)v);
         }
 }
-#if defined(__AVX512VBMI__)
-
 /* int8 weights into vdpbf16ps, 64 at a time, without widening to fp32: the
  * bf16 pattern of |q| (exact) is looked up byte plane by byte plane with
  * vpermi2b over 128-entry tables, the sign put back, and the planes
@@ -786,16 +992,17 @@ typedef struct {
     __m512i hi0, hi1, lo0, lo1;
 } q8_tables;
 
-static q8_tables q8_tables_make(void) {
+static void q8_tables_init(q8_tables *tab) {
     uint8_t hi[128], lo[128];
     for (int i = 0; i < 128; i++) {
         const uint16_t b = whale_float_to_bf16((float)i);
         hi[i] = (uint8_t)(b >> 8);
         lo[i] = (uint8_t)b;
     }
-    q8_tables t = {_mm512_loadu_si512(hi), _mm512_loadu_si512(hi + 64), _mm512_loadu_si512(lo),
-                   _mm512_loadu_si512(lo + 64)};
-    return t;
+    tab->hi0 = _mm512_loadu_si512(hi);
+    tab->hi1 = _mm512_loadu_si512(hi + 64);
+    tab->lo0 = _mm512_loadu_si512(lo);
+    tab->lo1 = _mm512_loadu_si512(lo + 64);
 }
 
 /* Element (of a 64 block) held by word j of the two bf16 vectors. */
@@ -924,20 +1131,8 @@ static void q8_single_rows(int mr, int K, const uint16_t *A, size_t lda, const i
 #undef SINGLE_Q8
 }
 
-#define WHALE_HAVE_Q8_KERNEL 1
-
-#else
-#define WHALE_HAVE_Q8_KERNEL 0
-#endif /* __AVX512VBMI__ */
-
-#define WHALE_HAVE_BF16_KERNEL 1
-
-#else /* no AVX512_BF16: only the plain C kernel */
-
-#define WHALE_HAVE_BF16_KERNEL 0
-#define WHALE_HAVE_Q8_KERNEL 0
-
-#endif
+WHALE_TARGET_END
+#endif /* WHALE_X86 */
 
 
 /* ------------------------------------------------------------ the skinny split */
@@ -945,7 +1140,7 @@ static void q8_single_rows(int mr, int K, const uint16_t *A, size_t lda, const i
 /* Our nt kernels, by weight type: fp32 FMAs on f32, fp16 or int8 weights
  * (A as is, or rounded to fp16 / bf16 and kept as f32), vdpbf16ps on bf16
  * weights or on int8 ones expanded in registers (A in bf16). */
-typedef enum { SK_F32, SK_F16, SK_I8, SK_BF16, SK_Q8 } sk_kind;
+typedef enum { SK_F32, SK_F16, SK_I8, SK_BF16, SK_Q8, SK_BF16_FMA } sk_kind;
 
 /* One product of a skinny run, A already in the kind's form (sk_convert). */
 typedef struct {
@@ -959,7 +1154,9 @@ typedef struct {
     size_t ldc;
 } sk_part;
 
-static int sk_wt(sk_kind k) { return k == SK_F16 ? WT_F16 : k == SK_I8 ? WT_I8 : WT_F32; }
+static int sk_wt(sk_kind k) {
+    return k == SK_F16 ? WT_F16 : k == SK_I8 ? WT_I8 : k == SK_BF16_FMA ? WT_BF16 : WT_F32;
+}
 static size_t sk_wsize(sk_kind k) { return k == SK_F32 ? 4 : k == SK_I8 || k == SK_Q8 ? 1 : 2; }
 
 /* Row length (elements) and element size of A in the kernel's form; 0: A
@@ -967,20 +1164,21 @@ static size_t sk_wsize(sk_kind k) { return k == SK_F32 ? 4 : k == SK_I8 || k == 
 static size_t sk_a_len(sk_kind k, int K) {
     switch (k) {
     case SK_F16:
-    case SK_I8: return (size_t)K;
+    case SK_I8:
+    case SK_BF16_FMA: return (size_t)K;
     case SK_BF16: return bf16_row_len(K);
-#if WHALE_HAVE_Q8_KERNEL
+#if WHALE_X86
     case SK_Q8: return ((size_t)K + Q8_STEP - 1) / Q8_STEP * Q8_STEP;
 #endif
     default: return 0;
     }
 }
-static size_t sk_a_size(sk_kind k) { return k == SK_F16 || k == SK_I8 ? 4 : 2; }
+static size_t sk_a_size(sk_kind k) { return k == SK_F16 || k == SK_I8 || k == SK_BF16_FMA ? 4 : 2; }
 
 static void sk_convert(sk_kind k, int portable, int M, int K, const float *A, size_t lda,
                        void *dst, size_t ld) {
     (void)portable;
-    if (k == SK_F16 || k == SK_I8) {
+    if (k == SK_F16 || k == SK_I8 || k == SK_BF16_FMA) {
         for (int m = 0; m < M; m++) {
             float *d = (float *)dst + m * ld;
             if (k == SK_F16) whale_round_f16_rows(d, A + m * lda, (size_t)K);
@@ -988,13 +1186,13 @@ static void sk_convert(sk_kind k, int portable, int M, int K, const float *A, si
         }
         return;
     }
-#if WHALE_HAVE_Q8_KERNEL
+#if WHALE_X86
     if (k == SK_Q8) {
         a_to_bf16_q8(M, K, A, lda, dst, ld);
         return;
     }
 #endif
-#if WHALE_HAVE_BF16_KERNEL
+#if WHALE_X86
     if (!portable) {
         a_to_bf16_hw(M, K, A, lda, dst, ld);
         return;
@@ -1018,7 +1216,7 @@ static void sk_rows(sk_kind k, int portable, const sk_part *p, int m0, int mr, s
     (void)tables;
     if (k == SK_BF16 || k == SK_Q8) {
         const uint16_t *A = (const uint16_t *)p->A + m0 * lda;
-#if WHALE_HAVE_Q8_KERNEL
+#if WHALE_X86
         if (k == SK_Q8) {
             const int8_t *W = p->W;
             if (q) q8_quad_rows(mr, K, A, lda, W, ldw, n, q, p->scale, C, ldc, acc, tables);
@@ -1027,7 +1225,7 @@ static void sk_rows(sk_kind k, int portable, const sk_part *p, int m0, int mr, s
         }
 #endif
         const uint16_t *W = p->W;
-#if WHALE_HAVE_BF16_KERNEL
+#if WHALE_X86
         if (!portable) {
             if (q) ntb_quad_rows(mr, K, A, lda, W, ldw, n, q, C, ldc, acc);
             else ntb_single_rows(mr, K, A, lda, W + n * ldw, C + n, ldc, acc);
@@ -1104,9 +1302,9 @@ static void sk_run(sk_kind k, int portable, const sk_part *parts, int n) {
     }
 #pragma omp parallel if (par)
     {
-#if WHALE_HAVE_Q8_KERNEL
+#if WHALE_X86
         q8_tables tab;
-        if (k == SK_Q8) tab = q8_tables_make();
+        if (k == SK_Q8) q8_tables_init(&tab);
         const void *tables = &tab;
 #else
         const void *tables = NULL;
@@ -1142,13 +1340,13 @@ static int sk_choose(const whale_gemm *g, int kind, int M, sk_kind *k, int *port
     *portable = path == WHALE_GEMM_OWN_PORTABLE;
     switch (kind) {
     case KIND_NT: *k = SK_F32; *portable = 0; return auto_own || own_path(path);
-    case KIND_NT_BF16: *k = SK_BF16; break;
+    case KIND_NT_BF16: *k = have_bf16() || *portable || !have_avx2() ? SK_BF16 : SK_BF16_FMA; break;
     case KIND_NT_F16: *k = SK_F16; break;
-    case KIND_NT_Q8: *k = WHALE_HAVE_Q8_KERNEL && !*portable ? SK_Q8 : SK_I8; break;
+    case KIND_NT_Q8: *k = have_bf16() && !*portable ? SK_Q8 : SK_I8; break;
     default: return 0;
     }
-    if ((*k == SK_F16 || *k == SK_I8)) *portable |= !WHALE_HAVE_NARROW_KERNEL;
-    if (*k == SK_BF16) *portable |= !WHALE_HAVE_BF16_KERNEL;
+    if ((*k == SK_F16 || *k == SK_I8)) *portable |= !have_avx2();
+    if (*k == SK_BF16) *portable |= !have_bf16();
     return auto_own || own_path(path);
 }
 
@@ -1158,6 +1356,7 @@ static const char *sk_name(sk_kind k, int portable) {
     case SK_F16: return portable ? "whale:nt_f16_c" : "whale:skinny_nt_f16";
     case SK_I8: return portable ? "whale:nt_q8_c" : "whale:skinny_nt_q8_fma";
     case SK_BF16: return portable ? "whale:nt_bf16_c" : "whale:skinny_nt_bf16";
+    case SK_BF16_FMA: return "whale:skinny_nt_bf16_fma";
     default: return "whale:skinny_nt_q8";
     }
 }
@@ -1226,15 +1425,26 @@ static size_t conv_dst_size(conv cv) {
     return cv == CV_NONE ? 0 : cv == CV_F32_BF16 || cv == CV_I8_BF16 || cv == CV_F32S_BF16 ? 2 : 4;
 }
 
-static void i8_to_bf16_rows(uint16_t *dst, const int8_t *src, size_t n) {
+#if WHALE_X86
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512)
+/* The whole vectors of i8_to_bf16_rows; returns how many values it did. */
+static size_t i8_to_bf16_avx512(uint16_t *dst, const int8_t *src, size_t n) {
     size_t i = 0;
-#ifdef __AVX512F__
     for (; i + 16 <= n; i += 16) {
         /* exact in fp32, so the top half of the fp32 pattern is the bf16 */
         const __m512i b = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
         const __m512i f = _mm512_castps_si512(_mm512_cvtepi32_ps(b));
         _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(f, 16)));
     }
+    return i;
+}
+WHALE_TARGET_END
+#endif
+
+static void i8_to_bf16_rows(uint16_t *dst, const int8_t *src, size_t n) {
+    size_t i = 0;
+#if WHALE_X86
+    if (have_narrow()) i = i8_to_bf16_avx512(dst, src, n);
 #endif
     for (; i < n; i++) dst[i] = whale_float_to_bf16((float)src[i]);
 }
@@ -1299,6 +1509,17 @@ static void scale_cols(float *C, size_t ldc, const float *T, size_t ldt, int row
 
 static whale_code gemm_f32(whale_gemm *g, const gemm_call *c, whale_gemm_path path,
                            whale_err *err);
+
+/* Does oneDNN compute bf16 products at the active tier? oneDNN 2.6 has
+ * bf16 matmul from AVX-512 (avx512_core) up; below, every bf16 product is
+ * an f32 one on blocks of its operands widened exactly (rounded first where
+ * they come in fp32): the same products, summed in another order, and bf16
+ * subnormals kept. */
+static int dnnl_has_bf16(void) { return whale_isa_at_least(WHALE_ISA_AVX512); }
+
+/* The path of the f32 products standing in for bf16 ones: forced own
+ * kernels stay forced, the rest follows the caller's choice. */
+static whale_gemm_path f32_standin(whale_gemm_path p) { return own_path(p) ? WHALE_GEMM_OWN : p; }
 
 /* The oneDNN choice for bf16 operands under WHALE_GEMM_AUTO. */
 static whale_gemm_path bf16_auto(int kind, int M) {
@@ -1421,7 +1642,14 @@ static whale_code gemm_bf16(whale_gemm *g, const gemm_call *c, whale_err *err) {
     whale_gemm_path path = g->path;
     if (path == WHALE_GEMM_AUTO)
         path = s->M <= WHALE_GEMM_OWN_MAX_M_NT ? WHALE_GEMM_OWN : bf16_auto(KIND_NT_BF16, s->M);
-    if (own_path(path)) return own_nt_run(g, c, 1, SK_BF16, path == WHALE_GEMM_OWN_PORTABLE || !WHALE_HAVE_BF16_KERNEL, err);
+    if (own_path(path)) {
+        sk_kind k;
+        int portable;
+        sk_choose(g, KIND_NT_BF16, s->M, &k, &portable);
+        return own_nt_run(g, c, 1, k, portable, err);
+    }
+    if (!dnnl_has_bf16())
+        return gemm_converted(g, c, KIND_NT, g->path, CV_F32_BF16R, CV_BF16_F32, "cvt_bf16", err);
     /* oneDNN takes A in bf16: round it into the dense scratch first */
     const size_t K = (size_t)s->K;
     whale_code rc = scratch_reserve(&g->sa, (size_t)s->M * K, sizeof(uint16_t), c, err);
@@ -1455,6 +1683,8 @@ static whale_code gemm_nt_q8(whale_gemm *g, const gemm_call *c, whale_err *err) 
     sk_kind k;
     int portable;
     if (sk_choose(g, KIND_NT_Q8, c->s.M, &k, &portable)) return own_nt_run(g, c, 1, k, portable, err);
+    if (!dnnl_has_bf16())
+        return gemm_converted(g, c, KIND_NT, g->path, CV_F32_BF16R, CV_I8_F32, "cvt_q8", err);
     return gemm_converted(g, c, KIND_NT_BF16, g->path, CV_F32_BF16, CV_I8_BF16, "cvt_q8", err);
 }
 
@@ -1462,9 +1692,9 @@ static whale_code gemm_nt_q8(whale_gemm *g, const gemm_call *c, whale_err *err) 
  * scales rounded to bf16 and of B converted exactly to bf16; forced OWN:
  * our f32 kernels on the same values kept as f32. */
 static whale_code gemm_nn_q8(whale_gemm *g, const gemm_call *c, whale_err *err) {
-    if (own_path(g->path))
-        return gemm_converted(g, c, KIND_NN, WHALE_GEMM_OWN, CV_F32S_BF16R, CV_I8_F32, "cvt_q8",
-                              err);
+    if (own_path(g->path) || !dnnl_has_bf16())
+        return gemm_converted(g, c, KIND_NN, f32_standin(g->path), CV_F32S_BF16R, CV_I8_F32,
+                              "cvt_q8", err);
     return gemm_converted(g, c, KIND_NN_BF16, g->path, CV_F32S_BF16, CV_I8_BF16, "cvt_q8", err);
 }
 
@@ -1473,8 +1703,8 @@ static whale_code gemm_nn_q8(whale_gemm *g, const gemm_call *c, whale_err *err) 
  * bf16 and kept as f32 (the same products, summed in another order). */
 static whale_code gemm_nn_tn_bf16(whale_gemm *g, const gemm_call *c, whale_err *err) {
     const int L = layout(c->s.kind);
-    if (own_path(g->path))
-        return gemm_converted(g, c, L, WHALE_GEMM_OWN, CV_F32_BF16R,
+    if (own_path(g->path) || !dnnl_has_bf16())
+        return gemm_converted(g, c, L, f32_standin(g->path), CV_F32_BF16R,
                               L == KIND_NN ? CV_BF16_F32 : CV_F32_BF16R, "cvt_bf16", err);
     return gemm_converted(g, c, c->s.kind, g->path, CV_F32_BF16,
                           L == KIND_NN ? CV_NONE : CV_F32_BF16, NULL, err);
@@ -1485,8 +1715,9 @@ static whale_code gemm_nn_tn_bf16(whale_gemm *g, const gemm_call *c, whale_err *
  * our f32 kernels on blocks widened to f32 (exactly). */
 static whale_code gemm_b16(whale_gemm *g, const gemm_call *c, whale_err *err) {
     const int L = layout(c->s.kind);
-    if (own_path(g->path))
-        return gemm_converted(g, c, L, WHALE_GEMM_OWN, CV_BF16_F32, CV_BF16_F32, "cvt_bf16", err);
+    if (own_path(g->path) || !dnnl_has_bf16())
+        return gemm_converted(g, c, L, f32_standin(g->path), CV_BF16_F32, CV_BF16_F32, "cvt_bf16",
+                              err);
     gemm_call d = *c;
     d.s.kind = L == KIND_NN ? KIND_NN_BF16 : KIND_TN_BF16;
     const whale_gemm_path path = g->path == WHALE_GEMM_AUTO ? bf16_auto(d.s.kind, c->s.M) : g->path;
@@ -1744,8 +1975,28 @@ void whale_quantize_q8_rows(int8_t *q, float *scale, const float *W, int rows, i
 
 /* ------------------------------------------------------------ object */
 
+/* oneDNN's instruction cap, set once before its first primitive: the
+ * active tier's instructions, when WHALE_ISA caps them below what the
+ * processor has (else oneDNN's own choice, which is the same). */
+static pthread_once_t dnnl_isa_once = PTHREAD_ONCE_INIT;
+static dnnl_status_t dnnl_isa_status = dnnl_success;
+
+static void dnnl_isa_cap(void) {
+    static const dnnl_cpu_isa_t cap[WHALE_ISA_COUNT] = {
+        dnnl_cpu_isa_sse41, dnnl_cpu_isa_avx2, dnnl_cpu_isa_avx512_core,
+        dnnl_cpu_isa_avx512_core_bf16, dnnl_cpu_isa_avx512_core_amx};
+    const whale_isa t = whale_isa_active();
+    if (t < whale_isa_detected()) dnnl_isa_status = dnnl_set_max_cpu_isa(cap[t]);
+}
+
 whale_code whale_gemm_new(whale_gemm **out, whale_err *err) {
     *out = NULL;
+    whale_code rc = whale_isa_init(err);
+    if (rc) return rc;
+    pthread_once(&dnnl_isa_once, dnnl_isa_cap);
+    if (dnnl_isa_status != dnnl_success)
+        return whale_errf(err, WHALE_ERR_INTERNAL, "gemm: oneDNN refused the instruction cap %s: %s",
+                          whale_isa_name(whale_isa_active()), dnnl_status2str(dnnl_isa_status));
     whale_gemm *g = calloc(1, sizeof *g);
     if (!g) return whale_errf(err, WHALE_ERR_NOMEM, "gemm: cannot allocate the context");
     dnnl_status_t st = dnnl_engine_create(&g->engine, dnnl_cpu, 0);
@@ -1861,8 +2112,41 @@ double whale_gemm_measure_gflops_bf16(whale_gemm *g, int M, int N, int K, int re
     return whale_gemm_measure_gflops_dtype(g, WHALE_BF16, M, N, K, reps);
 }
 
+/* One read pass over blocks lo..hi of READ_BLOCK floats. The vector one
+ * walks four distant streams per thread, one 64-byte line of each per
+ * step: the access pattern of the decode kernels (sk_range), which one
+ * sequential stream per core reaches only about half of. */
+#define READ_BLOCK 64
+static float read_pass_c(const float *buf, long lo, long hi) {
+    float s = 0;
+    for (long b = lo; b < hi; b++)
+        for (size_t i = 0; i < READ_BLOCK; i++) s += buf[b * READ_BLOCK + i];
+    return s;
+}
+
+#if WHALE_X86
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512)
+static float read_pass_avx512(const float *buf, long lo, long hi) {
+    const size_t per_block = READ_BLOCK;
+    const long q = (hi - lo) / 4;
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (long b = lo; b < lo + q; b++)
+        for (int l = 0; l < 4; l++) {
+            const float *p = buf + b * per_block + (size_t)16 * l;
+            s0 = _mm512_add_ps(s0, _mm512_load_ps(p));
+            s1 = _mm512_add_ps(s1, _mm512_load_ps(p + q * per_block));
+            s2 = _mm512_add_ps(s2, _mm512_load_ps(p + 2 * q * per_block));
+            s3 = _mm512_add_ps(s3, _mm512_load_ps(p + 3 * q * per_block));
+        }
+    for (long b = lo + 4 * q; b < hi; b++)
+        for (int l = 0; l < 4; l++) s0 = _mm512_add_ps(s0, _mm512_load_ps(buf + b * per_block + 16 * l));
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+WHALE_TARGET_END
+#endif
+
 double whale_measure_read_bandwidth(size_t bytes, int reps) {
-    const size_t per_block = 64; /* floats per inner step: four 64-byte vectors */
+    const size_t per_block = READ_BLOCK; /* floats per inner step: four 64-byte vectors */
     size_t blocks = bytes / (per_block * sizeof(float));
     if (blocks == 0) return 0;
     if (reps < 1) reps = 1;
@@ -1886,29 +2170,12 @@ double whale_measure_read_bandwidth(size_t bytes, int reps) {
             /* the same static split as the first touch above */
             const long nt = omp_get_num_threads(), id = omp_get_thread_num();
             const long lo = nb * id / nt, hi = nb * (id + 1) / nt;
-#ifdef __AVX512F__
-            /* four distant streams per thread, one 64-byte line of each per
-             * step: the access pattern of the decode kernels (sk_range), which
-             * one sequential stream per core reaches only about half of */
-            const long q = (hi - lo) / 4;
-            __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-            for (long b = lo; b < lo + q; b++)
-                for (int l = 0; l < 4; l++) {
-                    const float *p = buf + b * per_block + (size_t)16 * l;
-                    s0 = _mm512_add_ps(s0, _mm512_load_ps(p));
-                    s1 = _mm512_add_ps(s1, _mm512_load_ps(p + q * per_block));
-                    s2 = _mm512_add_ps(s2, _mm512_load_ps(p + 2 * q * per_block));
-                    s3 = _mm512_add_ps(s3, _mm512_load_ps(p + 3 * q * per_block));
-                }
-            for (long b = lo + 4 * q; b < hi; b++)
-                for (int l = 0; l < 4; l++) s0 = _mm512_add_ps(s0, _mm512_load_ps(buf + b * per_block + 16 * l));
-            total += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
-#else
-            float s = 0;
-            for (long b = lo; b < hi; b++)
-                for (size_t i = 0; i < per_block; i++) s += buf[b * per_block + i];
-            total += s;
+#if WHALE_X86
+            if (have_narrow())
+                total += read_pass_avx512(buf, lo, hi);
+            else
 #endif
+                total += read_pass_c(buf, lo, hi);
         }
         double t = whale_now() - t0;
         volatile float sink = total; /* keeps the reads from being optimised away */

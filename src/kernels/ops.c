@@ -1,12 +1,13 @@
 #include "kernels/ops.h"
 
+#include "core/cpu.h"
 #include "kernels/vmath.h"
 
 #include <math.h>
 #include <omp.h>
 #include <string.h>
 
-#ifdef __AVX512F__
+#if WHALE_X86
 #include <immintrin.h>
 #endif
 
@@ -373,6 +374,28 @@ static void masked_softmax(float *row, int lo, int valid, int n, float scale) {
  * context 1024. */
 enum { ATT_COLS = 16 /* one zmm of fp32 */, ATT_FEW_ROWS = 8 };
 
+#if WHALE_X86
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512)
+/* acc[i][0..16) = sum_t p_i[t] · v_i[t][0..16) for a block of
+ * ATT_FEW_ROWS rows (rows from nr on get weight 0): the full-width column
+ * block of attention_few's P·V, kept in registers. */
+static void pv_block_avx512(float acc[][ATT_COLS], const float *const *pr, const float *const *vr, int nr,
+                            int ctx, int ldkv) {
+    __m512 a[ATT_FEW_ROWS];
+#pragma GCC unroll 8
+    for (int i = 0; i < ATT_FEW_ROWS; i++) a[i] = _mm512_setzero_ps();
+    for (int t = 0; t < ctx; t++)
+#pragma GCC unroll 8
+        for (int i = 0; i < ATT_FEW_ROWS; i++)
+            a[i] = _mm512_fmadd_ps(_mm512_set1_ps(i < nr ? pr[i][t] : 0.0f),
+                                   _mm512_loadu_ps(vr[i] + (long)t * ldkv), a[i]);
+#pragma GCC unroll 8
+    for (int i = 0; i < ATT_FEW_ROWS; i++) _mm512_storeu_ps(acc[i], a[i]);
+}
+WHALE_TARGET_END
+#endif
+
+
 static void attention_few(float *out, const float *q, const float *k, const float *v, int ldkv, const int32_t *seg,
                           int S, int p0, int Hq, int Hkv, int Dh, float scale, float *work) {
     const int ctx = p0 + S, rep = Hq / Hkv, rows = S * Hq;
@@ -410,19 +433,10 @@ static void attention_few(float *out, const float *q, const float *k, const floa
                     vr[i] = v + (long)((r % Hq) / rep) * Dh + c0;
                     pr[i] = sc + (long)r * ctx;
                 }
-#ifdef __AVX512F__
-                if (w == ATT_COLS) {
-                    __m512 a[ATT_FEW_ROWS];
-#pragma GCC unroll 8
-                    for (int i = 0; i < ATT_FEW_ROWS; i++) a[i] = _mm512_setzero_ps();
-                    for (int t = 0; t < ctx; t++)
-#pragma GCC unroll 8
-                        for (int i = 0; i < ATT_FEW_ROWS; i++)
-                            a[i] = _mm512_fmadd_ps(_mm512_set1_ps(i < nr ? pr[i][t] : 0.0f),
-                                                   _mm512_loadu_ps(vr[i] + (long)t * ldkv), a[i]);
-#pragma GCC unroll 8
-                    for (int i = 0; i < ATT_FEW_ROWS; i++) _mm512_storeu_ps(acc[i], a[i]);
-                } else
+#if WHALE_X86
+                if (w == ATT_COLS && whale_isa_at_least(WHALE_ISA_AVX512))
+                    pv_block_avx512(acc, pr, vr, nr, ctx, ldkv);
+                else
 #endif
                     for (int t = 0; t < ctx; t++)
                         for (int i = 0; i < ATT_FEW_ROWS; i++) {

@@ -2,9 +2,11 @@
  * already split their rows over threads. */
 #include "kernels/vmath.h"
 
+#include "core/cpu.h"
+
 #include <math.h>
 
-#ifdef __AVX512F__
+#if WHALE_X86
 #include <immintrin.h>
 #endif
 
@@ -33,7 +35,11 @@
 /* Block of the fp32 partial sums in k_exp_sum: 16 elements per lane. */
 enum { SUM_BLOCK = 256, LANES = 16 };
 
-float k_exp1(float x) {
+/* Inlined into the portable kernels below, so their AVX2 copies get
+ * hardware FMAs (an fmaf call without them is a slow exact emulation). */
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE float exp1(float x) {
     if (x != x) return x + x;
     x = fminf(fmaxf(x, EXP_LO), EXP_HI);
     float k = rintf(x * LOG2E);
@@ -48,13 +54,15 @@ float k_exp1(float x) {
     return ldexpf(p, (int)k); /* one rounding, also into the subnormals */
 }
 
-double k_exp_sum_scalar(float *dst, const float *x, float sub, float scale, long n) {
+float k_exp1(float x) { return exp1(x); }
+
+INLINE double exp_sum_c(float *dst, const float *x, float sub, float scale, long n) {
     double total[LANES] = {0};
     for (long b = 0; b < n; b += SUM_BLOCK) {
         long e = n - b < SUM_BLOCK ? n : b + SUM_BLOCK;
         float acc[LANES] = {0};
         for (long i = b; i < e; i++) {
-            float y = k_exp1((x[i] - sub) * scale);
+            float y = exp1((x[i] - sub) * scale);
             if (dst) dst[i] = y;
             acc[i % LANES] += y;
         }
@@ -65,8 +73,58 @@ double k_exp_sum_scalar(float *dst, const float *x, float sub, float scale, long
     return s;
 }
 
-#ifdef __AVX512F__
+double k_exp_sum_scalar(float *dst, const float *x, float sub, float scale, long n) {
+    return exp_sum_c(dst, x, sub, scale, n);
+}
 
+/* portable path */
+
+INLINE void k_exp_c(float *dst, const float *x, long n) {
+    for (long i = 0; i < n; i++) dst[i] = exp1(x[i]);
+}
+
+INLINE double k_exp_sum_c(float *dst, const float *x, float sub, float scale, long n) {
+    return exp_sum_c(dst, x, sub, scale, n);
+}
+
+INLINE double k_dot_f64_c(const float *a, const float *b, long n) {
+    double lane[32] = {0};
+    for (long i = 0; i < n; i++) lane[i % 32] += (double)a[i] * b[i]; /* exact product: fma or not, same sum */
+    double s = 0;
+    for (int l = 0; l < 32; l++) s += lane[l];
+    return s;
+}
+
+INLINE void k_scale_c(float *x, float a, long n) {
+    for (long i = 0; i < n; i++) x[i] *= a;
+}
+
+INLINE float k_max_c(const float *x, long n) {
+    float m = -INFINITY;
+    for (long i = 0; i < n; i++)
+        if (x[i] > m) m = x[i];
+    return m;
+}
+
+/* The portable kernels compiled twice: for the build's baseline and for
+ * AVX2 + FMA (the same operations, so the same bits). */
+#define PORTABLE_COPIES(SUFFIX)                                                                    \
+    static void k_exp_##SUFFIX(float *dst, const float *x, long n) { k_exp_c(dst, x, n); }        \
+    static double k_exp_sum_##SUFFIX(float *dst, const float *x, float sub, float scale, long n) { \
+        return k_exp_sum_c(dst, x, sub, scale, n);                                                 \
+    }                                                                                              \
+    static double k_dot_f64_##SUFFIX(const float *a, const float *b, long n) { return k_dot_f64_c(a, b, n); } \
+    static void k_scale_##SUFFIX(float *x, float a, long n) { k_scale_c(x, a, n); }              \
+    static float k_max_##SUFFIX(const float *x, long n) { return k_max_c(x, n); }
+PORTABLE_COPIES(base)
+#if WHALE_X86
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX2)
+PORTABLE_COPIES(avx2)
+WHALE_TARGET_END
+#endif
+
+#if WHALE_X86
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512)
 /* k_exp1 on 16 lanes, operation for operation. max(lo, x) returns x when x
  * is NaN (the second operand), so NaN passes the clamp; scalef computes
  * p·2^k with one rounding, like ldexpf. */
@@ -87,7 +145,7 @@ static inline __m512 exp16(__m512 x) {
 
 static inline __mmask16 tail_mask(long m) { return (__mmask16)((1u << m) - 1); }
 
-void k_exp(float *dst, const float *x, long n) {
+static void k_exp_avx512(float *dst, const float *x, long n) {
     long i = 0;
     for (; i + LANES <= n; i += LANES) _mm512_storeu_ps(dst + i, exp16(_mm512_loadu_ps(x + i)));
     if (i < n) {
@@ -96,7 +154,7 @@ void k_exp(float *dst, const float *x, long n) {
     }
 }
 
-double k_exp_sum(float *dst, const float *x, float sub, float scale, long n) {
+static double k_exp_sum_avx512(float *dst, const float *x, float sub, float scale, long n) {
     const __m512 vsub = _mm512_set1_ps(sub), vscale = _mm512_set1_ps(scale);
     __m512d tlo = _mm512_setzero_pd(), thi = _mm512_setzero_pd(); /* lanes 0-7, 8-15 */
     for (long b = 0; b < n; b += SUM_BLOCK) {
@@ -124,7 +182,7 @@ double k_exp_sum(float *dst, const float *x, float sub, float scale, long n) {
     return s;
 }
 
-double k_dot_f64(const float *a, const float *b, long n) {
+static double k_dot_f64_avx512(const float *a, const float *b, long n) {
     __m512d acc[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
     long i = 0;
     for (; i + 32 <= n; i += 32)
@@ -146,7 +204,7 @@ double k_dot_f64(const float *a, const float *b, long n) {
     return s;
 }
 
-void k_scale(float *x, float a, long n) {
+static void k_scale_avx512(float *x, float a, long n) {
     const __m512 va = _mm512_set1_ps(a);
     long i = 0;
     for (; i + LANES <= n; i += LANES) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), va));
@@ -156,7 +214,7 @@ void k_scale(float *x, float a, long n) {
     }
 }
 
-float k_max(const float *x, long n) {
+static float k_max_avx512(const float *x, long n) {
     /* max(v, acc) returns acc when v is NaN: NaNs are skipped, as in the
      * scalar loop. Four accumulators hide the max latency. */
     __m512 a0 = _mm512_set1_ps(-INFINITY), a1 = a0, a2 = a0, a3 = a0;
@@ -174,34 +232,60 @@ float k_max(const float *x, long n) {
     }
     return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(a0, a1), _mm512_max_ps(a2, a3)));
 }
+WHALE_TARGET_END
+#endif
 
-#else /* portable path */
-
+/* Every form gives the same bits (tests/test_vmath.c checks the AVX-512
+ * ones against the portable ones). */
 void k_exp(float *dst, const float *x, long n) {
-    for (long i = 0; i < n; i++) dst[i] = k_exp1(x[i]);
+#if WHALE_X86
+    if (whale_isa_at_least(WHALE_ISA_AVX512)) {
+        k_exp_avx512(dst, x, n);
+        return;
+    }
+    if (whale_isa_at_least(WHALE_ISA_AVX2)) {
+        k_exp_avx2(dst, x, n);
+        return;
+    }
+#endif
+    k_exp_base(dst, x, n);
 }
 
 double k_exp_sum(float *dst, const float *x, float sub, float scale, long n) {
-    return k_exp_sum_scalar(dst, x, sub, scale, n);
+#if WHALE_X86
+    if (whale_isa_at_least(WHALE_ISA_AVX512)) return k_exp_sum_avx512(dst, x, sub, scale, n);
+    if (whale_isa_at_least(WHALE_ISA_AVX2)) return k_exp_sum_avx2(dst, x, sub, scale, n);
+#endif
+    return k_exp_sum_base(dst, x, sub, scale, n);
 }
 
 double k_dot_f64(const float *a, const float *b, long n) {
-    double lane[32] = {0};
-    for (long i = 0; i < n; i++) lane[i % 32] += (double)a[i] * b[i]; /* exact product: fma or not, same sum */
-    double s = 0;
-    for (int l = 0; l < 32; l++) s += lane[l];
-    return s;
+#if WHALE_X86
+    if (whale_isa_at_least(WHALE_ISA_AVX512)) return k_dot_f64_avx512(a, b, n);
+    if (whale_isa_at_least(WHALE_ISA_AVX2)) return k_dot_f64_avx2(a, b, n);
+#endif
+    return k_dot_f64_base(a, b, n);
 }
 
 void k_scale(float *x, float a, long n) {
-    for (long i = 0; i < n; i++) x[i] *= a;
+#if WHALE_X86
+    if (whale_isa_at_least(WHALE_ISA_AVX512)) {
+        k_scale_avx512(x, a, n);
+        return;
+    }
+    if (whale_isa_at_least(WHALE_ISA_AVX2)) {
+        k_scale_avx2(x, a, n);
+        return;
+    }
+#endif
+    k_scale_base(x, a, n);
 }
 
 float k_max(const float *x, long n) {
-    float m = -INFINITY;
-    for (long i = 0; i < n; i++)
-        if (x[i] > m) m = x[i];
-    return m;
+#if WHALE_X86
+    if (whale_isa_at_least(WHALE_ISA_AVX512)) return k_max_avx512(x, n);
+    if (whale_isa_at_least(WHALE_ISA_AVX2)) return k_max_avx2(x, n);
+#endif
+    return k_max_base(x, n);
 }
 
-#endif

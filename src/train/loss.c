@@ -3,6 +3,7 @@
  * the training variants that also produce the gradient (train/loss.h). */
 #include "train/loss.h"
 
+#include "core/cpu.h"
 #include "kernels/convert.h"
 #include "kernels/vmath.h"
 
@@ -11,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef __AVX512F__
+#if WHALE_X86
 #include <immintrin.h>
 #endif
 
@@ -52,19 +53,12 @@ static int32_t row_target(const int32_t *t, int shifted, long r, int S, int V) {
     return y >= 0 && y < V ? y : -1;
 }
 
-/* dst (bf16 bit patterns over the first 2n bytes of the fp32 row at dst) =
- * src[0, n) · a rounded to bf16 (nearest even, as whale_f32_to_bf16_rows),
- * with g subtracted at index y (none when y < 0) before the rounding: the
- * fp32 gradient's scaling pass (k_scale, then −g at the target) and its
- * rounding in one pass. src may be dst: value i lands on bytes [2i, 2i+2),
- * which belong to elements already read; the vector loop reads each group
- * of 16 before writing it, and the scalar one goes through memcpy, which
- * keeps the reuse of the row's bytes for another type well defined. */
-static void scale_narrow_bf16(float *dst, const float *src, float a, long y, float g, long n) {
-    char *d = (char *)dst;
-    float sy = y >= 0 ? src[y] : 0.0f; /* src[y] may be overwritten below */
+#if WHALE_X86
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512)
+/* The vector loop of scale_narrow_bf16 (every element, the last vector
+ * masked): the bytes of dst as d. */
+static void scale_narrow_bf16_avx512(char *d, const float *src, float a, long n) {
     long i = 0;
-#ifdef __AVX512F__
     const __m512 va = _mm512_set1_ps(a);
     const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
     const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
@@ -77,6 +71,27 @@ static void scale_narrow_bf16(float *dst, const float *src, float a, long y, flo
         const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
         r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, quiet));
         _mm512_mask_cvtepi32_storeu_epi16(d + 2 * i, m, r);
+    }
+}
+WHALE_TARGET_END
+#endif
+
+/* dst (bf16 bit patterns over the first 2n bytes of the fp32 row at dst) =
+ * src[0, n) · a rounded to bf16 (nearest even, as whale_f32_to_bf16_rows),
+ * with g subtracted at index y (none when y < 0) before the rounding: the
+ * fp32 gradient's scaling pass (k_scale, then −g at the target) and its
+ * rounding in one pass. src may be dst: value i lands on bytes [2i, 2i+2),
+ * which belong to elements already read; the vector loop reads each group
+ * of 16 before writing it, and the scalar one goes through memcpy, which
+ * keeps the reuse of the row's bytes for another type well defined. */
+static void scale_narrow_bf16(float *dst, const float *src, float a, long y, float g, long n) {
+    char *d = (char *)dst;
+    float sy = y >= 0 ? src[y] : 0.0f; /* src[y] may be overwritten below */
+    long i = 0;
+#if WHALE_X86
+    if (whale_isa_at_least(WHALE_ISA_AVX512)) {
+        scale_narrow_bf16_avx512(d, src, a, n);
+        i = n;
     }
 #endif
     for (; i < n; i++) {

@@ -1,0 +1,44 @@
+/* Instruction tiers: what the processor offers, what the kernels may use,
+ * and how a kernel is compiled for a tier above the build's baseline.
+ *
+ * A kernel written for a tier sits between WHALE_TARGET_BEGIN(tier's
+ * features) and WHALE_TARGET_END: GCC compiles that region for those
+ * features (and defines their macros, __AVX512F__ and so on, inside it)
+ * whatever -march the rest of the file has, so one binary carries every
+ * tier's kernels. The code that calls it checks whale_isa_active() first
+ * and never calls a region above the active tier. */
+#ifndef WHALE_CORE_CPU_H
+#define WHALE_CORE_CPU_H
+
+#include "whale.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define WHALE_X86 1
+#else
+#define WHALE_X86 0
+#endif
+
+/* The features of the tiers' regions (GCC target strings). */
+#define WHALE_FEATURES_AVX2 "avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt"
+#define WHALE_FEATURES_AVX512 WHALE_FEATURES_AVX2 ",avx512f,avx512bw,avx512vl,avx512dq,avx512cd"
+#define WHALE_FEATURES_AVX512_BF16 WHALE_FEATURES_AVX512 ",avx512bf16,avx512vbmi"
+
+#define WHALE_PRAGMA_(x) _Pragma(#x)
+#if WHALE_X86
+#define WHALE_TARGET_BEGIN(features) _Pragma("GCC push_options") WHALE_PRAGMA_(GCC target(features))
+#define WHALE_TARGET_END _Pragma("GCC pop_options")
+#else
+#define WHALE_TARGET_BEGIN(features)
+#define WHALE_TARGET_END
+#endif
+
+/* Is the active tier at least t? One load and compare: cheap enough for
+ * the entry of every kernel. */
+extern int whale_isa_level_;
+static inline int whale_isa_at_least(whale_isa t) {
+    int level = __atomic_load_n(&whale_isa_level_, __ATOMIC_ACQUIRE);
+    if (level < 0) level = (int)whale_isa_active();
+    return level >= (int)t;
+}
+
+#endif
