@@ -135,7 +135,8 @@ static void bench_paths(whale_gemm *g, int kind, int M, int N, int K, int cold, 
  * context per round so our cache starts empty; oneDNN's own process-wide
  * primitive cache does not, so the first round ("gflops_cold") pays for
  * creating each new shape and later ones mostly re-create from it cheaply
- * ("gflops" is the best round). */
+ * ("gflops" is the best round). Kinds nt_bf16, nn_b16 and tn_b16 are the
+ * same products on bf16 operands (a bf16 training step). */
 static void bench_moe(int kind, const char *strategy, const bufs *b) {
     enum { CALLS = 200, TMIN = 200, TMAX = 600, IN = 320, OUT = 640, ROUNDS = 3 };
     const int blocks = !strcmp(strategy, "blocks");
@@ -167,7 +168,16 @@ static void bench_moe(int kind, const char *strategy, const bufs *b) {
                     rows = p;
                 }
                 whale_code rc;
-                if (kind == NT) /* Y[T,OUT] = X[T,IN] W[OUT,IN]^T */
+                if (kind == NT_BF16)
+                    rc = whale_gemm_nt_bf16(g, rows, OUT, IN, b->A + (size_t)done * IN, IN, b->B16, IN,
+                                            b->C + (size_t)done * OUT, OUT, 0, &err);
+                else if (kind == NN_B16)
+                    rc = whale_gemm_nn_b16(g, rows, IN, OUT, b->A16 + (size_t)done * OUT, OUT, b->B16, IN,
+                                           b->C + (size_t)done * IN, IN, 0, &err);
+                else if (kind == TN_B16)
+                    rc = whale_gemm_tn_b16(g, OUT, IN, rows, b->A16 + (size_t)done * OUT, OUT,
+                                           b->B16 + (size_t)done * IN, IN, b->C, IN, done > 0, &err);
+                else if (kind == NT) /* Y[T,OUT] = X[T,IN] W[OUT,IN]^T */
                     rc = whale_gemm_nt(g, rows, OUT, IN, b->A + (size_t)done * IN, IN, b->B, IN,
                                        b->C + (size_t)done * OUT, OUT, 0, &err);
                 else if (kind == NN) /* dX[T,IN] = dY[T,OUT] W[OUT,IN] */
@@ -275,6 +285,13 @@ static void bench_standard(whale_gemm *g, const bufs *b) {
         bench_moe(kind, "runtime", b);
         bench_moe(kind, "blocks", b);
         bench_moe(kind, "auto", b);
+    }
+    /* the same with bf16 operands (training in bf16) */
+    static const int moe_bf16[] = {NT_BF16, NN_B16, TN_B16};
+    for (int i = 0; i < 3; i++) {
+        bench_moe(moe_bf16[i], "exact", b);
+        bench_moe(moe_bf16[i], "runtime", b);
+        bench_moe(moe_bf16[i], "auto", b);
     }
 }
 

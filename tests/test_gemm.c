@@ -251,6 +251,7 @@ static void test_empty(whale_gemm *g) {
  * share one per kind; a repeated exact shape must hit the cache; the cache
  * stays bounded and evicted shapes still work. */
 static void test_cache(void) {
+    const whale_gemm_rules *R = whale_gemm_rules_for(whale_isa_active());
     whale_err err;
     whale_gemm *g;
     if (whale_gemm_new(&g, &err)) {
@@ -262,7 +263,7 @@ static void test_cache(void) {
     whale_rng_seed(&r, 5);
     int failed = 0;
     for (int i = 0; i < 60; i++) {
-        int tokens = WHALE_GEMM_EXACT_BELOW_M_NT + (int)(whale_rng_u64(&r) % 300);
+        int tokens = R->exact_below_m_nt + (int)(whale_rng_u64(&r) % 300);
         gcase t = {i % 3, tokens, 40, 24, 0, 0, 0, 0, 0, 0, 0};
         if (t.kind == TN) { /* dW[out, in] = dY^T X: tokens are the sum */
             t.M = 40;
@@ -306,13 +307,14 @@ static void test_cache(void) {
 
 /* The automatic choice follows the documented shape rules. */
 static void test_rules(whale_gemm *g) {
-    static const struct {
+    const whale_gemm_rules *R = whale_gemm_rules_for(whale_isa_active());
+    const struct {
         int kind, M;
         int own; /* 1: our kernel, 0: oneDNN */
     } rules[] = {
         {NT, 1, 1},  {NT, WHALE_GEMM_OWN_MAX_M_NT, 1},     {NT, WHALE_GEMM_OWN_MAX_M_NT + 1, 0},
         {NN, 1, 1},  {NN, WHALE_GEMM_OWN_MAX_M_NN, 1},     {NN, WHALE_GEMM_OWN_MAX_M_NN + 1, 0},
-        {TN, 2, 1},  {TN, WHALE_GEMM_OWN_MAX_M_NN + 1, 0}, {NT, WHALE_GEMM_EXACT_BELOW_M_NT, 0},
+        {TN, 2, 1},  {TN, WHALE_GEMM_OWN_MAX_M_NN + 1, 0}, {NT, R->exact_below_m_nt, 0},
     };
     for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
         gcase t = {rules[i].kind, rules[i].M, 8, 8, 0, 0, 0, 0, 0, 0, 0};
@@ -331,7 +333,7 @@ static void test_rules(whale_gemm *g) {
     whale_gemm_get_stats(g, &b);
     CHECK(b.created - a.created == 3, "3 mid-size nt shapes created %lld primitives",
           (long long)(b.created - a.created));
-    for (int M = WHALE_GEMM_EXACT_BELOW_M_NT; M < WHALE_GEMM_EXACT_BELOW_M_NT + 3; M++) {
+    for (int M = R->exact_below_m_nt; M < R->exact_below_m_nt + 3; M++) {
         gcase t = {NT, M, 9, 8, 0, 0, 0, 0, 0, 0, 0};
         run_case(g, &t, ONLY(WHALE_GEMM_AUTO), 1, (uint64_t)M);
     }
@@ -629,6 +631,7 @@ static void test_bf16_convert(void) {
 
 /* Shape rules, primitive caching and the implementation oneDNN picks. */
 static void test_bf16_rules(void) {
+    const whale_gemm_rules *R = whale_gemm_rules_for(whale_isa_active());
     whale_err err;
     whale_gemm *g;
     if (whale_gemm_new(&g, &err)) {
@@ -662,7 +665,7 @@ static void test_bf16_rules(void) {
         CHECK(!strncmp(impl, "cvt_bf16+", 9) && !strstr(impl, "avx512"), "bf16 M=%d ran %s at tier %s", t.M, impl,
               whale_isa_name(tier));
     /* varying large M: one runtime primitive, separate from the f32 ones */
-    for (int M = WHALE_GEMM_BF16_EXACT_BELOW_M_NT; M < WHALE_GEMM_BF16_EXACT_BELOW_M_NT + 30;
+    for (int M = R->bf16_exact_below_m_nt; M < R->bf16_exact_below_m_nt + 30;
          M += 7) {
         t.M = M;
         run_bf16(g, &t, 1, 1, (uint64_t)M);
@@ -841,8 +844,7 @@ static void mx_free(mdata *d) {
 
 #define MX_PATHS 0x1Fu /* auto, own, exact, runtime, own_portable */
 
-/* Sanitized builds (no -march=native: every kernel in plain C at -O0) run
- * one in MX_SAMPLE grid cases. */
+/* Sanitized builds (-O0, slow) run one in MX_SAMPLE grid cases. */
 #if defined(__SANITIZE_ADDRESS__)
 #define MX_SAMPLE 4
 #else

@@ -550,8 +550,11 @@ static void ntx_single_c(int wt, int mr, int K, const float *A, size_t lda, cons
 #define NN_MR 4
 #define NN_COLS 64
 
-static void nn_rows_c(int mr, int width, int K, const float *A, size_t sam, size_t sak,
-                    const float *B, size_t ldb, float *C, size_t ldc, int acc) {
+/* Plain C, compiled for the baseline and (inlined below) for AVX2 + FMA:
+ * the loop over a row of C vectorises, with the same bits either way. */
+static inline __attribute__((always_inline)) void
+nn_rows_c(int mr, int width, int K, const float *A, size_t sam, size_t sak, const float *B, size_t ldb,
+          float *C, size_t ldc, int acc) {
     for (int m = 0; m < mr; m++) {
         float s[NN_COLS] = {0};
         for (int k = 0; k < K; k++) {
@@ -562,6 +565,20 @@ static void nn_rows_c(int mr, int width, int K, const float *A, size_t sam, size
         for (int n = 0; n < width; n++) c[n] = acc ? c[n] + s[n] : s[n];
     }
 }
+
+static void nn_rows_base(int mr, int width, int K, const float *A, size_t sam, size_t sak, const float *B,
+                         size_t ldb, float *C, size_t ldc, int acc) {
+    nn_rows_c(mr, width, K, A, sam, sak, B, ldb, C, ldc, acc);
+}
+
+#if WHALE_X86
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX2)
+static void nn_rows_avx2(int mr, int width, int K, const float *A, size_t sam, size_t sak, const float *B,
+                         size_t ldb, float *C, size_t ldc, int acc) {
+    nn_rows_c(mr, width, K, A, sam, sak, B, ldb, C, ldc, acc);
+}
+WHALE_TARGET_END
+#endif
 
 #if WHALE_X86
 WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512)
@@ -621,8 +638,12 @@ static void nn_rows(int mr, int width, int K, const float *A, size_t sam, size_t
         nn_rows_avx512(mr, width, K, A, sam, sak, B, ldb, C, ldc, acc);
         return;
     }
+    if (have_avx2()) {
+        nn_rows_avx2(mr, width, K, A, sam, sak, B, ldb, C, ldc, acc);
+        return;
+    }
 #endif
-    nn_rows_c(mr, width, K, A, sam, sak, B, ldb, C, ldc, acc);
+    nn_rows_base(mr, width, K, A, sam, sak, B, ldb, C, ldc, acc);
 }
 
 static void own_nn_tn(const gemm_call *c) {
@@ -1521,12 +1542,29 @@ static int dnnl_has_bf16(void) { return whale_isa_at_least(WHALE_ISA_AVX512); }
  * kernels stay forced, the rest follows the caller's choice. */
 static whale_gemm_path f32_standin(whale_gemm_path p) { return own_path(p) ? WHALE_GEMM_OWN : p; }
 
+/* Where exact-shape primitives stop paying, by tier (bench_gemm --sweep and
+ * --sweep-bf16 at each tier; the figures are in docs/architecture.md).
+ * Below AVX-512 the bf16 products are f32 ones (dnnl_has_bf16), so only
+ * the f32 rule applies there. */
+static const whale_gemm_rules tier_rules[WHALE_ISA_COUNT] = {
+    [WHALE_ISA_BASE] = {256, 256, 64},
+    [WHALE_ISA_AVX2] = {256, 256, 64},
+    [WHALE_ISA_AVX512] = {256, 256, 64},
+    [WHALE_ISA_AVX512_BF16] = {256, 256, 64},
+    [WHALE_ISA_AMX] = {256, 256, 64},
+};
+
+const whale_gemm_rules *whale_gemm_rules_for(whale_isa t) {
+    return &tier_rules[(unsigned)t < WHALE_ISA_COUNT ? t : WHALE_ISA_BASE];
+}
+
+static const whale_gemm_rules *rules(void) { return whale_gemm_rules_for(whale_isa_active()); }
+
 /* The oneDNN choice for bf16 operands under WHALE_GEMM_AUTO. */
 static whale_gemm_path bf16_auto(int kind, int M) {
     if (kind == KIND_NT_BF16)
-        return M < WHALE_GEMM_BF16_EXACT_BELOW_M_NT ? WHALE_GEMM_DNNL_EXACT
-                                                    : WHALE_GEMM_DNNL_RUNTIME;
-    return M < WHALE_GEMM_BF16_EXACT_BELOW_M_NN ? WHALE_GEMM_DNNL_EXACT : WHALE_GEMM_DNNL_RUNTIME;
+        return M < rules()->bf16_exact_below_m_nt ? WHALE_GEMM_DNNL_EXACT : WHALE_GEMM_DNNL_RUNTIME;
+    return M < rules()->bf16_exact_below_m_nn ? WHALE_GEMM_DNNL_EXACT : WHALE_GEMM_DNNL_RUNTIME;
 }
 
 /* One block product of gemm_converted. */
@@ -1743,7 +1781,7 @@ static whale_code gemm_f32(whale_gemm *g, const gemm_call *c, whale_gemm_path pa
     if (path == WHALE_GEMM_AUTO) {
         if (s->kind == KIND_NT)
             path = s->M <= WHALE_GEMM_OWN_MAX_M_NT        ? WHALE_GEMM_OWN
-                   : s->M < WHALE_GEMM_EXACT_BELOW_M_NT ? WHALE_GEMM_DNNL_EXACT
+                   : s->M < rules()->exact_below_m_nt ? WHALE_GEMM_DNNL_EXACT
                                                         : WHALE_GEMM_DNNL_RUNTIME;
         else
             path = s->M <= WHALE_GEMM_OWN_MAX_M_NN ? WHALE_GEMM_OWN : WHALE_GEMM_DNNL_RUNTIME;

@@ -155,7 +155,7 @@ void whale_quantize_q8_rows(int8_t *q, float *scale, const float *W, int rows, i
 /* C[M,N] = A[M,K] · B[K,N] with A rounded to bf16 and B bf16 [K,N] (row
  * stride ldb): the input gradient dX = dY·W of a Linear with bf16 weights
  * W[out,in]. oneDNN bf16 matmul (src and weights bf16, dst f32); exact-shape
- * primitives below WHALE_GEMM_BF16_EXACT_BELOW_M_NN rows, the runtime-size
+ * primitives below whale_gemm_rules' bf16_exact_below_m_nn rows, the runtime-size
  * one above. Forced WHALE_GEMM_OWN / OWN_PORTABLE: our f32 kernels on the
  * operands rounded to bf16 (kept as f32), as a check. */
 whale_code whale_gemm_nn_bf16(whale_gemm *g, int M, int N, int K, const float *A, int lda,
@@ -173,7 +173,7 @@ whale_code whale_gemm_tn_bf16(whale_gemm *g, int M, int N, int K, const float *A
  * for a caller that rounds an operand once for several products (the
  * gradient of a Linear's output feeds both dX and dW) or makes it in bf16
  * directly. One oneDNN call on the operands as they are (exact primitive
- * below WHALE_GEMM_BF16_EXACT_BELOW_M_NN rows of C, the runtime one above),
+ * below bf16_exact_below_m_nn rows of C, the runtime one above),
  * so within the bound stated above, though not bit-identical to nn_bf16 /
  * tn_bf16 (which sum over blocks of K). Forced OWN / OWN_PORTABLE: our f32
  * kernels on blocks widened to f32. The lm_head's backward on 256 rows
@@ -275,56 +275,40 @@ typedef struct {
 } whale_gemm_stats;
 void whale_gemm_get_stats(const whale_gemm *g, whale_gemm_stats *st);
 
-/* Shape rules for WHALE_GEMM_AUTO, from bench/bench_gemm.c and the numbers
- * measured on the 2-core Zen 4 machine (2 threads):
- *  - nt with M <= WHALE_GEMM_OWN_MAX_M_NT rows: our kernel. With weights
- *    coming from DRAM (decode: the model is far larger than L3) it beats
- *    oneDNN by 1.3-3x up to ~24 rows; only with weights already in cache
- *    is oneDNN ahead (by up to ~30% for 2..16 rows).
- *  - nn/tn with M <= WHALE_GEMM_OWN_MAX_M_NN rows: our kernel (5-30% faster
- *    than oneDNN there, about even beyond).
- *  - nt with M < WHALE_GEMM_EXACT_BELOW_M_NT rows: a oneDNN primitive for
- *    the exact shape ("brg:avx512_core", 10-75% faster than the runtime
- *    primitive at 16..192 rows).
- *  - everything else: one oneDNN primitive per (kind, accumulate) with all
- *    sizes and strides given at run time ("gemm:jit"; within ~5% of the
- *    exact ones, sometimes faster), so shapes that change every call, such
- *    as tokens per expert in a mixture of experts, create nothing new. */
+/* Shape rules for WHALE_GEMM_AUTO. The same on every tier:
+ *  - nt with M <= WHALE_GEMM_OWN_MAX_M_NT rows: our kernel (decode: it
+ *    streams weights from DRAM at close to the read rate, where oneDNN's
+ *    per-call work dominates);
+ *  - nn/tn with M <= WHALE_GEMM_OWN_MAX_M_NN rows: our kernel.
+ * Where oneDNN's primitives for the exact shape stop paying against one
+ * runtime-size primitive per (kind, accumulate) depends on the instruction
+ * tier: whale_gemm_rules. fp16 and int8 weights follow the nt / nt_bf16
+ * rules (their blocks are f32 / bf16 products). The figures behind every
+ * rule, per tier, are in docs/architecture.md (bench_gemm --sweep and
+ * --sweep-bf16). */
 #define WHALE_GEMM_OWN_MAX_M_NT 16
 #define WHALE_GEMM_OWN_MAX_M_NN 4
-#define WHALE_GEMM_EXACT_BELOW_M_NT 256
+
+/* Exact-shape primitives below these many rows of C, one runtime-size
+ * primitive from there on (so the varying token counts of the experts
+ * create no new primitive). For tn the rows are the output features of a
+ * weight gradient and K the tokens, which may change every call: a rule on
+ * K would create a primitive per token count. */
+typedef struct {
+    int exact_below_m_nt;      /* f32 nt */
+    int bf16_exact_below_m_nt; /* bf16 nt (and int8 weights above our kernel) */
+    int bf16_exact_below_m_nn; /* bf16 nn and tn */
+} whale_gemm_rules;
+
+/* The rules of tier t (WHALE_ISA_BASE .. WHALE_ISA_AMX); products follow
+ * those of whale_isa_active(). */
+const whale_gemm_rules *whale_gemm_rules_for(whale_isa t);
+
 /* Primitives kept per whale_gemm; the least recently used one is dropped
  * when a new shape needs room. Exact shapes whose N or K change every call
- * (attention over a growing context) each create a primitive once: ~0.1-0.3
- * ms, ~3 us when oneDNN's own process-wide cache (1024 entries) still holds
- * it. */
+ * (attention over a growing context) each create a primitive once (a
+ * fraction of a millisecond; a few microseconds when oneDNN's own
+ * process-wide cache of 1024 entries still holds it). */
 #define WHALE_GEMM_CACHE_CAP 128
-/* bf16 nt (whale_gemm_nt_bf16), same rules and measured the same way:
- * our vdpbf16ps kernel up to WHALE_GEMM_OWN_MAX_M_NT rows (lm_head decode,
- * 1x129280x320: 2.5-2.7 ms, ~30-33 GB/s of bf16 weights, half the time of
- * f32; oneDNN 5-7 ms); exact "brg:avx512_core_bf16" primitives below this
- * many rows (380-390 GFLOP/s at 100-300 rows, runtime "gemm:jit" 305-375);
- * one runtime-size primitive above, which oneDNN 2.6 also offers for bf16
- * ("gemm:jit", 390-440 GFLOP/s at 1024 rows, vs 340-420 for brgemm; f32:
- * 170-215). */
-#define WHALE_GEMM_BF16_EXACT_BELOW_M_NT 256
-/* bf16 nn / tn (whale_gemm_nn_bf16, whale_gemm_tn_bf16): exact primitives
- * below this many rows of C (20-60% faster than the runtime one at 17-32
- * rows), the runtime one from here (within noise of the exact ones from 64
- * rows: 330-410 GFLOP/s at 1024 tokens, twice f32). For tn the rows are the
- * output features of a weight gradient and K the tokens, which may change
- * every call: a rule on K would create a primitive per token count. oneDNN
- * reading tn's A transposed is as fast as nn, so A is not transposed. */
-#define WHALE_GEMM_BF16_EXACT_BELOW_M_NN 64
-/* fp16 and int8 weights use the rules of whale_gemm_nt and nt_bf16 above,
- * measured the same way (best of idle runs; the machine is shared):
- *  - fp16, up to WHALE_GEMM_OWN_MAX_M_NT rows our kernel: lm_head decode
- *    1x129280x320 2.1-2.7 ms (31-39 GB/s of fp16 weights, as fast as bf16);
- *    16 rows 11.3 ms, still 2x the converted path. Above, the converted
- *    path runs at f32 oneDNN speed (160-190 GFLOP/s at 256-1024 rows).
- *  - int8, up to WHALE_GEMM_OWN_MAX_M_NT rows our kernel: decode 0.93-1.2
- *    ms (35-44 GB/s of int8 weights, ~2x faster than bf16 weights); 16
- *    rows 7.2 ms (~180 GFLOP/s). Above, bf16 oneDNN on converted blocks:
- *    190-200 GFLOP/s at 256 rows, 250-330 at 1024 (~80% of nt_bf16). */
 
 #endif
