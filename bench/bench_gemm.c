@@ -4,6 +4,7 @@
  *                                           read bandwidth
  *   OMP_NUM_THREADS=2 bench_gemm --sweep-bf16   only the bf16 products over
  *                                           M = 17..2048, every path
+ *   OMP_NUM_THREADS=2 bench_gemm --moe      only the mixture-of-experts pattern
  *   OMP_NUM_THREADS=2 bench_gemm --sweep    also every path over small and
  *                                           medium M (how the shape rules
  *                                           in gemm.h were chosen)
@@ -222,6 +223,23 @@ static float *filled(size_t n, uint64_t seed) {
     return p;
 }
 
+/* The expert pattern in f32 and with bf16 operands (training in bf16). */
+static void bench_moe_all(const bufs *b) {
+    for (int kind = 0; kind < 3; kind++) {
+        bench_moe(kind, "exact", b);
+        bench_moe(kind, "runtime", b);
+        bench_moe(kind, "blocks", b);
+        bench_moe(kind, "auto", b);
+    }
+    /* the same with bf16 operands (training in bf16) */
+    static const int moe_bf16[] = {NT_BF16, NN_B16, TN_B16};
+    for (int i = 0; i < 3; i++) {
+        bench_moe(moe_bf16[i], "exact", b);
+        bench_moe(moe_bf16[i], "runtime", b);
+        bench_moe(moe_bf16[i], "auto", b);
+    }
+}
+
 /* The standard shapes: training products in every format, the lm_head,
  * decode, decode attention and the mixture-of-experts pattern. */
 static void bench_standard(whale_gemm *g, const bufs *b) {
@@ -280,19 +298,7 @@ static void bench_standard(whale_gemm *g, const bufs *b) {
     bench_paths(g, NT, 1, 1024, 64, 0, b);
     bench_paths(g, NN, 1, 64, 1024, 0, b);
 
-    for (int kind = 0; kind < 3; kind++) {
-        bench_moe(kind, "exact", b);
-        bench_moe(kind, "runtime", b);
-        bench_moe(kind, "blocks", b);
-        bench_moe(kind, "auto", b);
-    }
-    /* the same with bf16 operands (training in bf16) */
-    static const int moe_bf16[] = {NT_BF16, NN_B16, TN_B16};
-    for (int i = 0; i < 3; i++) {
-        bench_moe(moe_bf16[i], "exact", b);
-        bench_moe(moe_bf16[i], "runtime", b);
-        bench_moe(moe_bf16[i], "auto", b);
-    }
+    bench_moe_all(b);
 }
 
 /* Every path over small and medium M (how the shape rules were chosen). */
@@ -343,6 +349,7 @@ int main(int argc, char **argv) {
      * the bf16 part of the sweep alone */
     const int sweep = argc > 1 && !strcmp(argv[1], "--sweep");
     const int bf16_only = argc > 1 && !strcmp(argv[1], "--sweep-bf16");
+    const int moe_only = argc > 1 && !strcmp(argv[1], "--moe"); /* the expert pattern alone */
     whale_err err;
     whale_gemm *g;
     if (whale_gemm_new(&g, &err)) {
@@ -374,10 +381,11 @@ int main(int argc, char **argv) {
     double bw = whale_measure_read_bandwidth((size_t)256 << 20, 5);
     printf("{\"read_bandwidth_gbs\":%.1f,\"bytes\":%zu}\n", bw, (size_t)256 << 20);
 
-    if (!bf16_only) bench_standard(g, &b);
+    if (moe_only) bench_moe_all(&b);
+    else if (!bf16_only) bench_standard(g, &b);
     if (sweep) bench_sweep(g, &b);
     if (sweep || bf16_only) bench_sweep_bf16(g, &b);
-    if (!bf16_only) bench_ceilings(g);
+    if (!bf16_only && !moe_only) bench_ceilings(g);
 
     whale_gemm_free(g);
     free(b.A);

@@ -14,9 +14,17 @@
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/stat.h>
 
 /* ------------------------------------------------------------ helpers */
+
+/* CPU time of the calling thread, in seconds. */
+static double thread_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 static int valid_utf8(const unsigned char *s, size_t n) {
     size_t i = 0;
@@ -215,15 +223,17 @@ static void check_golden(const char *tokdir, const char *name, int has_normalize
         CHECK((double)len == cJSON_GetObjectItem(g, "bytes")->valuedouble, "%s: generated %zu bytes", gname, len);
         int32_t *ids;
         int n;
-        double t0 = whale_now();
+        double t0 = thread_seconds();
         rc = whale_tokenizer_encode(t, text, len, 0, &ids, &n, &err);
-        double dt = whale_now() - t0;
+        double dt = thread_seconds() - t0;
         CHECK(rc == WHALE_OK, "%s/%s: %s", name, gname, err.msg);
         int eq = rc == WHALE_OK && ids_equal(ids, n, cJSON_GetObjectItem(g, "ids"));
         CHECK(eq, "%s/%s: ids differ from Hugging Face", name, gname);
         if (!eq && rc == WHALE_OK) show_diff(gname, ids, n, cJSON_GetObjectItem(g, "ids"));
-        /* generous bound: linear-time BPE needs a few ms; quadratic needs seconds */
-        CHECK(dt < 1.0, "%s/%s: %zu bytes took %.3f s", name, gname, len, dt);
+        /* generous bound on this thread's CPU time (other processes on a
+         * loaded machine do not count): linear-time BPE needs a few ms,
+         * tens under the sanitizers; quadratic needs minutes */
+        CHECK(dt < 2.0, "%s/%s: %zu bytes took %.3f s", name, gname, len, dt);
         printf("%s: %s (%zu bytes, %d ids) %.1f ms\n", name, gname, len, n, dt * 1e3);
         char *out;
         size_t on;

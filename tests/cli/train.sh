@@ -55,7 +55,7 @@ check "eval --text prints a perplexity: $(cat "$TMP/evalt")" grep -q '"ppl"' "$T
 # interrupted at step 4 (a finished run with --max-steps 12 killed later): resume = same curve
 "$WHALE" train "${ARGS[@]}" --out "$TMP/b" >/dev/null 2>&1 &
 pid=$!
-for _ in $(seq 1 600); do [ -d "$TMP/b/checkpoint-4" ] && break; sleep 0.05; done
+for _ in $(seq 1 6000); do [ -d "$TMP/b/checkpoint-4" ] && break; sleep 0.05; done # 5 min: sanitizers on a loaded machine
 kill -9 "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
 check "a checkpoint survived the kill" test -d "$TMP/b/checkpoint-4"
