@@ -16,7 +16,7 @@
 #   CHECK_FRESH_MIRROR=URL   Debian mirror to use instead of the apt sources'
 #   CHECK_FRESH_CACHE=0      no debootstrap tarball / apt cache in .cache/check-fresh
 #   CHECK_FRESH_VERBOSE=1    stream each command's output (otherwise: its tail on failure)
-#   CHECK_FRESH_TIMEOUT=S    seconds allowed per command (default 2400)
+#   CHECK_FRESH_TIMEOUT=S    seconds allowed per command (default 3600)
 # Exit status: 0 when every command passed, 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +25,7 @@ suite=bookworm
 cache_dir=$repo/.cache/check-fresh # .cache/ is ignored by git
 use_cache=${CHECK_FRESH_CACHE:-1}
 verbose=${CHECK_FRESH_VERBOSE:-0}
-cmd_timeout=${CHECK_FRESH_TIMEOUT:-2400}
+cmd_timeout=${CHECK_FRESH_TIMEOUT:-3600}
 
 say() { printf 'check-fresh: %s\n' "$*"; }
 die() {
@@ -123,7 +123,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/check-fresh.XXXXXX")
 root=$work/root
 case $work in *[[:space:]]*) rmdir "$work"; die "temporary folder '$work' has white space: set TMPDIR" ;; esac
 mkdir "$root"
-child=""
+child="" ticker=""
 
 # mount points at or below $root, deepest first
 mounts_below() {
@@ -136,6 +136,7 @@ cleanup() {
     set +e
     trap - EXIT INT TERM
     [ -n "$child" ] && kill "$child" 2>/dev/null
+    [ -n "$ticker" ] && kill "$ticker" 2>/dev/null
     # processes still running inside the chroot (a test's leftover, a timed-out command)
     for sig in TERM KILL; do
         left=0
@@ -309,6 +310,10 @@ for i in "${!commands[@]}"; do
     say "run $((i + 1))/${#commands[@]}: $cmd"
     t0=$SECONDS
     rc=0
+    if [ "$verbose" != 1 ]; then # a sign of life every 5 minutes, for CI logs
+        (while sleep 300; do say "  ... still running ($(dur $((SECONDS - t0))))"; done) &
+        ticker=$!
+    fi
     # a login shell of a new root user, with only the environment above;
     # stdin is /dev/null as in CI
     run_in=(timeout --kill-after=30 "$cmd_timeout" chroot "$root" /usr/bin/env -i "${env_in[@]}"
@@ -319,6 +324,7 @@ for i in "${!commands[@]}"; do
         run_bg "${run_in[@]}" </dev/null >"$log" 2>&1 || rc=$?
     fi
     took=$((SECONDS - t0))
+    [ -n "$ticker" ] && { kill "$ticker" 2>/dev/null; wait "$ticker" 2>/dev/null || true; ticker=""; }
     cp "$log" "$cache_dir/logs/"
     if [ "$rc" = 0 ]; then
         results+=("PASS  exit 0  $(dur "$took")  $cmd")
