@@ -27,6 +27,7 @@ use_cache=${CHECK_FRESH_CACHE:-1}
 verbose=${CHECK_FRESH_VERBOSE:-0}
 cmd_timeout=${CHECK_FRESH_TIMEOUT:-3600}
 
+exec 3>&1 4>&2 # the terminal, for cleanup's messages even when a command's output goes to its log
 say() { printf 'check-fresh: %s\n' "$*"; }
 die() {
     printf 'check-fresh: error: %s\n' "$*" >&2
@@ -135,6 +136,8 @@ cleanup() {
     local status=$? m pid left
     set +e
     trap - EXIT INT TERM
+    exec 1>&3 2>&4
+    case $status in 130 | 143) say "interrupted: cleaning up" ;; esac
     [ -n "$child" ] && kill "$child" 2>/dev/null
     [ -n "$ticker" ] && kill "$ticker" 2>/dev/null
     # processes still running inside the chroot (a test's leftover, a timed-out command)
@@ -166,7 +169,7 @@ trap 'exit 143' TERM
 # run the command line in the background and wait for it, so a signal reaches
 # our trap at once rather than after the command finishes
 run_bg() {
-    "$@" &
+    "$@" 3>&- 4>&- &
     child=$!
     local rc=0
     wait "$child" || rc=$?
