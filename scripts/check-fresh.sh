@@ -161,7 +161,9 @@ cleanup() {
         exit 1
     fi
     # --one-file-system: even if a mount slipped in, never descend into it
+    say "unmounted; removing the chroot"
     rm -rf --one-file-system "$work"
+    say "done in $(dur "$SECONDS") in all"
     exit "$status"
 }
 trap cleanup EXIT
