@@ -350,7 +350,7 @@ for i in "${!commands[@]}"; do
         [ "$rc" = 124 ] && say "timed out after ${cmd_timeout}s"
         results+=("FAIL  exit $rc  $(dur "$took")  $cmd")
         say "FAILED with exit $rc after $(dur "$took"); the last 40 lines of its output:"
-        tail -n 40 "$log" | sed 's/^/check-fresh: | /'
+        tail -n 40 "$log" | awk '{ print "check-fresh: | " $0 }' # awk ends even a cut-off last line
     fi
 done
 
