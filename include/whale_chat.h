@@ -87,6 +87,12 @@ whale_code whale_chat_encode(whale_tokenizer *tok, whale_chat_format fmt,
                              const whale_chat_message *msgs, int n, int add_generation_prompt,
                              int32_t **ids, uint8_t **loss_mask, int *n_ids, whale_err *err);
 
+/* Tokenize text as whale_chat_encode does and mask the tokens that overlap
+ * the n_sp spans (byte ranges of text, in order; adjusted in place when the
+ * tokenizer's normalizer changes lengths). */
+whale_code whale_chat_encode_spans(whale_tokenizer *tok, const char *text, size_t len, whale_chat_span *sp,
+                                  int n_sp, int32_t **ids, uint8_t **loss_mask, int *n_ids, whale_err *err);
+
 /* End-of-turn strings generation stops at, NULL-terminated: DeepSeek
  * "<｜end▁of▁sentence｜>"; ChatML "<|im_end|>", "<|endoftext|>" (Qwen2.5's
  * generation_config stops at both); raw none (the model's EOS only). */
@@ -103,6 +109,62 @@ int whale_chat_stop_ids(const whale_tokenizer *tok, whale_chat_format fmt, int32
  * free it with free(). */
 whale_code whale_chat_parse_json(const char *json, size_t len, whale_chat_message **msgs, int *n,
                                  whale_err *err);
+
+/* ------------------------------------------------------------ templates */
+
+/* A chat template as chat, sft, chat-eval and chat-template use it: the
+ * model folder's own Jinja template (rendered by the project's Jinja
+ * renderer, see docs/chat-templates.md), a Jinja file, or one of the
+ * native formats above. */
+typedef struct whale_chat_template whale_chat_template;
+struct cJSON;
+
+/* choice NULL or "": the folder's own template — dir/chat_template.jinja,
+ * else tokenizer_config.json's "chat_template" (a string, or the "default"
+ * of a list of {name, template}) — and when the folder has none, the raw
+ * format of nanowhale's chat.py with a notice (whale_chat_template_notice).
+ * "deepseek", "chatml", "raw": the native formats. Anything else is a path
+ * to a Jinja template file. The folder's tokenizer_config.json gives the
+ * special tokens the template sees (bos_token, eos_token, ...), as
+ * transformers passes them. model_dir may name a file inside the folder. */
+whale_code whale_chat_template_load(const char *model_dir, const char *choice, whale_chat_template **out,
+                                    whale_err *err);
+/* A native format (no folder). */
+whale_code whale_chat_template_native(whale_chat_format fmt, whale_chat_template **out, whale_err *err);
+void whale_chat_template_free(whale_chat_template *t);
+/* "deepseek" / "chatml" / "raw", or where the Jinja template came from
+ * ("MODEL/chat_template.jinja", "MODEL/tokenizer_config.json", a file). */
+const char *whale_chat_template_name(const whale_chat_template *t);
+/* One line to show the user (the raw fallback was chosen), or NULL. */
+const char *whale_chat_template_notice(const whale_chat_template *t);
+
+/* apply_chat_template(messages, tools=tools, add_generation_prompt=...,
+ * **kwargs, tokenize=False): messages is a JSON array of message objects
+ * (any fields the template reads: content, tool_calls, reasoning_content,
+ * ...), tools a JSON array or NULL, kwargs a JSON object of extra template
+ * variables (enable_thinking, ...) or NULL. *text is malloc'd. */
+whale_code whale_chat_template_apply(const whale_chat_template *t, const struct cJSON *messages,
+                                     const struct cJSON *tools, const struct cJSON *kwargs,
+                                     int add_generation_prompt, char **text, size_t *len, whale_err *err);
+
+/* whale_chat_encode through t. For a Jinja template the loss mask covers
+ * each assistant message's rendering, found as transformers' and ms-swift's
+ * rule has it: the text between the conversation before the message
+ * rendered with the generation prompt and the conversation up to the
+ * message rendered without it — its content and end-of-turn token, without
+ * the whitespace the template puts after them. A template that renders
+ * earlier messages differently once later ones follow (so that those
+ * renders are not prefixes of the whole) is refused for the mask. */
+whale_code whale_chat_template_encode(whale_tokenizer *tok, const whale_chat_template *t,
+                                      const whale_chat_message *msgs, int n, int add_generation_prompt,
+                                      int32_t **ids, uint8_t **loss_mask, int *n_ids, whale_err *err);
+
+/* Ids generation stops at (besides the model's EOS): the native format's,
+ * or for a Jinja template its eos_token and the known end-of-turn tokens
+ * it contains (<|im_end|> with <|endoftext|>, <|eot_id|>, <|eom_id|>,
+ * <end_of_turn>, <｜end▁of▁sentence｜>, <|end|>, <|return|>, <|call|>) that
+ * are single tokens of tok. At most cap written; returns how many. */
+int whale_chat_template_stop_ids(const whale_tokenizer *tok, const whale_chat_template *t, int32_t *ids, int cap);
 
 #ifdef __cplusplus
 }

@@ -87,7 +87,7 @@ int cmd_chat(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            puts("usage: whale chat (-m DIR | --adapters CKPT | both) [--system TEXT] [--chat-template deepseek|chatml|raw]\n"
+            puts("usage: whale chat (-m DIR | --adapters CKPT | both) [--system TEXT] [--chat-template deepseek|chatml|raw|FILE.jinja]\n"
                  "  --adapters CKPT: a LoRA checkpoint of whale sft; its args.json gives the base model and\n"
                  "  the template and system prompt it was trained with (flags override them)\n"
                  "  type a message and press enter; \"\"\" on a line starts and ends a multi-line message;\n"
@@ -120,7 +120,7 @@ int cmd_chat(int argc, char **argv) {
     whale_detokenizer *detok = NULL;
     whale_session *s = NULL;
     whale_sampler *sm = NULL;
-    whale_chat_format fmt;
+    whale_chat_template *tpl = NULL;
     whale_chat_message *msgs = NULL;
     int n_msgs = 0, status = 0, interactive = isatty(0) && isatty(1);
     int32_t *ctx = NULL, *ids = NULL, stop[16];
@@ -130,10 +130,10 @@ int cmd_chat(int argc, char **argv) {
     if (!tmpl) tmpl = run_tmpl;
     if (!system) system = run_system;
     if (cli_load_tokenizer(dir, m, &tok, &err) ||
-        (tmpl ? whale_chat_format_from_name(tmpl, &fmt, &err) : whale_chat_detect(dir, &fmt, &err)) ||
-        whale_detokenizer_new(tok, 1, &detok, &err))
+        whale_chat_template_load(dir, tmpl, &tpl, &err) || whale_detokenizer_new(tok, 1, &detok, &err))
         goto fail;
-    int maxpos = whale_model_max_positions(m), n_stop = whale_chat_stop_ids(tok, fmt, stop, 8);
+    if (whale_chat_template_notice(tpl)) fprintf(stderr, "whale: %s\n", whale_chat_template_notice(tpl));
+    int maxpos = whale_model_max_positions(m), n_stop = whale_chat_template_stop_ids(tok, tpl, stop, 8);
     if (n_stop > 8) n_stop = 8;
     n_stop += whale_model_eos_ids(m, stop + n_stop, 8);
     msgs = calloc(2048, sizeof *msgs);
@@ -151,7 +151,7 @@ int cmd_chat(int argc, char **argv) {
         whale_memory_add_session(&mm, s);
         whale_memory_print_line(&mm, stderr);
         fprintf(stderr, "whale chat: %s template, %d positions; 'clear' to forget, 'exit' to quit, \"\"\" for multi-line\n",
-                whale_chat_format_name(fmt), maxpos);
+                whale_chat_template_name(tpl), maxpos);
     }
     int n_ctx = 0; /* ids the cache holds (plus the last sampled one) */
     for (;;) {
@@ -183,7 +183,7 @@ int cmd_chat(int argc, char **argv) {
         int n_ids;
         free(ids);
         ids = NULL;
-        if (whale_chat_encode(tok, fmt, msgs, n_msgs, 1, &ids, NULL, &n_ids, &err)) goto fail;
+        if (whale_chat_template_encode(tok, tpl, msgs, n_msgs, 1, &ids, NULL, &n_ids, &err)) goto fail;
         if (n_ids + 1 >= maxpos) {
             fprintf(stderr, "whale: the conversation (%d tokens) fills the model's %d positions; type clear\n", n_ids,
                     maxpos);
@@ -227,6 +227,7 @@ out:
     whale_sampler_free(sm);
     whale_session_free(s);
     whale_detokenizer_free(detok);
+    whale_chat_template_free(tpl);
     whale_tokenizer_free(tok);
     whale_model_free(m);
     free(base);
@@ -246,7 +247,7 @@ static int mentions(const char *text, const char *const v[2]) {
 }
 
 /* One greedy reply to a single-turn conversation. *reply is malloc'd. */
-static whale_code reply_to(whale_session *s, whale_sampler *sm, whale_tokenizer *tok, whale_chat_format fmt,
+static whale_code reply_to(whale_session *s, whale_sampler *sm, whale_tokenizer *tok, const whale_chat_template *tpl,
                            const char *system, const char *query, int32_t *buf, int cap, int n_new,
                            const int32_t *stop, int n_stop, char **reply, whale_err *err) {
     whale_chat_message msgs[2];
@@ -254,7 +255,7 @@ static whale_code reply_to(whale_session *s, whale_sampler *sm, whale_tokenizer 
     if (system) msgs[n++] = (whale_chat_message){"system", system};
     msgs[n++] = (whale_chat_message){"user", query};
     int32_t *ids;
-    whale_code c = whale_chat_encode(tok, fmt, msgs, n, 1, &ids, NULL, &n_ids, err);
+    whale_code c = whale_chat_template_encode(tok, tpl, msgs, n, 1, &ids, NULL, &n_ids, err);
     if (c) return c;
     if (n_ids + 1 >= cap) {
         free(ids);
@@ -327,7 +328,7 @@ int cmd_chat_eval(int argc, char **argv) {
     size_t lcap = 0;
     int status = 0;
     long asked[2] = {0}, right[2] = {0}, questions = 0, correct = 0, lineno = 0;
-    whale_chat_format fmt;
+    whale_chat_template *tpl = NULL;
     whale_sft_opts fo = whale_sft_defaults();
     fo.model_name[0] = names[0], fo.model_name[1] = names[1];
     fo.model_author[0] = authors[0], fo.model_author[1] = authors[1];
@@ -338,10 +339,9 @@ int cmd_chat_eval(int argc, char **argv) {
     sp.temperature = 0;
     int maxpos = whale_model_max_positions(m);
     if (cli_load_tokenizer(base, m, &tok, &err) ||
-        (tmpl ? whale_chat_format_from_name(tmpl, &fmt, &err) : whale_chat_detect(base, &fmt, &err)) ||
-        whale_sampler_new(&sp, whale_model_vocab_size(m), &sm, &err) || whale_session_new(m, 1, maxpos, &s, &err))
+        whale_chat_template_load(base, tmpl, &tpl, &err) || whale_sampler_new(&sp, whale_model_vocab_size(m), &sm, &err) || whale_session_new(m, 1, maxpos, &s, &err))
         goto fail;
-    int n_stop = whale_chat_stop_ids(tok, fmt, stop, 8);
+    int n_stop = whale_chat_template_stop_ids(tok, tpl, stop, 8);
     if (n_stop > 8) n_stop = 8;
     n_stop += whale_model_eos_ids(m, stop + n_stop, 8);
     if (!(buf = malloc(sizeof(int32_t) * (size_t)(maxpos + 1)))) {
@@ -380,7 +380,7 @@ int cmd_chat_eval(int argc, char **argv) {
         char *query = NULL, *reply = NULL;
         whale_code c = whale_sft_fill_placeholders(q->valuestring, cJSON_IsString(tag) ? tag->valuestring : NULL, &fo,
                                                    &query, &err);
-        if (!c) c = reply_to(s, sm, tok, fmt, system, query, buf, maxpos, (int)n_new, stop, n_stop, &reply, &err);
+        if (!c) c = reply_to(s, sm, tok, tpl, system, query, buf, maxpos, (int)n_new, stop, n_stop, &reply, &err);
         if (c) {
             free(query);
             cJSON_Delete(j);
@@ -433,6 +433,7 @@ done:
     free(buf);
     whale_sampler_free(sm);
     whale_session_free(s);
+    whale_chat_template_free(tpl);
     whale_tokenizer_free(tok);
     whale_model_free(m);
     free(base);

@@ -492,7 +492,7 @@ static whale_code take_sample(whale_sft_dataset *ds, const whale_sft_opts *o, in
 }
 
 /* Every record of one file. */
-static whale_code read_file(whale_sft_dataset *ds, whale_tokenizer *tok, whale_chat_format fmt,
+static whale_code read_file(whale_sft_dataset *ds, whale_tokenizer *tok, const whale_chat_template *tpl,
                             const whale_sft_opts *o, int fi, rec *r, whale_err *err) {
     const char *path = ds->files[fi];
     char *buf;
@@ -521,7 +521,7 @@ static whale_code read_file(whale_sft_dataset *ds, whale_tokenizer *tok, whale_c
         uint8_t *mask = NULL;
         int n_ids = 0;
         if (!bad) {
-            bad = whale_chat_encode(tok, fmt, r->m, r->n, 0, &ids, &mask, &n_ids, &e);
+            bad = whale_chat_template_encode(tok, tpl, r->m, r->n, 0, &ids, &mask, &n_ids, &e);
             if (bad == WHALE_ERR_NOMEM) r->fatal = 1;
             if (bad == WHALE_ERR_ARG) bad = WHALE_ERR_FORMAT; /* the record's messages, not the caller's */
         }
@@ -542,17 +542,28 @@ static whale_code read_file(whale_sft_dataset *ds, whale_tokenizer *tok, whale_c
     return rc;
 }
 
-static int32_t pad_id(const whale_tokenizer *tok, whale_chat_format fmt) {
+static int32_t pad_id(const whale_tokenizer *tok, const whale_chat_template *tpl) {
     int32_t id = whale_tokenizer_role_id(tok, WHALE_TOKEN_PAD);
     if (id < 0) id = whale_tokenizer_role_id(tok, WHALE_TOKEN_EOS);
-    if (id < 0 && whale_chat_stop_ids(tok, fmt, &id, 1) < 1) id = -1;
+    if (id < 0 && whale_chat_template_stop_ids(tok, tpl, &id, 1) < 1) id = -1;
     return id < 0 ? 0 : id;
 }
 
 whale_code whale_sft_dataset_open(const char *const *files, int n_files, whale_tokenizer *tok,
                                   whale_chat_format fmt, const whale_sft_opts *opts,
                                   whale_sft_dataset **out, whale_err *err) {
-    if (!out || !tok) return whale_errf(err, WHALE_ERR_ARG, "whale_sft_dataset_open: NULL argument");
+    whale_chat_template *tpl;
+    whale_code rc = whale_chat_template_native(fmt, &tpl, err);
+    if (rc) return rc;
+    rc = whale_sft_dataset_open_template(files, n_files, tok, tpl, opts, out, err);
+    whale_chat_template_free(tpl);
+    return rc;
+}
+
+whale_code whale_sft_dataset_open_template(const char *const *files, int n_files, whale_tokenizer *tok,
+                                           const whale_chat_template *tpl, const whale_sft_opts *opts,
+                                           whale_sft_dataset **out, whale_err *err) {
+    if (!out || !tok || !tpl) return whale_errf(err, WHALE_ERR_ARG, "whale_sft_dataset_open: NULL argument");
     *out = NULL;
     if (!files || n_files < 1) return whale_errf(err, WHALE_ERR_ARG, "SFT data: no input files");
     for (int i = 0; i < n_files; i++)
@@ -570,14 +581,14 @@ whale_code whale_sft_dataset_open(const char *const *files, int n_files, whale_t
     }
     ds->tok = tok;
     ds->packing = o.packing != 0;
-    ds->pad = pad_id(tok, fmt);
+    ds->pad = pad_id(tok, tpl);
     whale_code rc = WHALE_OK;
     for (int i = 0; i < n_files && !rc; i++) {
         if (!(ds->files[i] = strdup(files[i]))) rc = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
         ds->n_files = i + 1;
     }
     rec r = {0};
-    for (int i = 0; i < n_files && !rc; i++) rc = read_file(ds, tok, fmt, &o, i, &r, err);
+    for (int i = 0; i < n_files && !rc; i++) rc = read_file(ds, tok, tpl, &o, i, &r, err);
     rec_free(&r);
     if (!rc && ds->n_s == 0) {
         const whale_sft_stats *st = &ds->st;
