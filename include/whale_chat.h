@@ -152,9 +152,19 @@ whale_code whale_chat_template_apply(const whale_chat_template *t, const struct 
  * rule has it: the text between the conversation before the message
  * rendered with the generation prompt and the conversation up to the
  * message rendered without it — its content and end-of-turn token, without
- * the whitespace the template puts after them. A template that renders
- * earlier messages differently once later ones follow (so that those
- * renders are not prefixes of the whole) is refused for the mask. */
+ * the whitespace the template puts after them. Refused for the mask (never
+ * trained on the wrong tokens): a template that renders earlier messages
+ * differently once later ones follow (those renders are then not prefixes
+ * of the whole; Qwen3 drops earlier thinking), and one that ignores
+ * add_generation_prompt (where a reply ends cannot be told). */
+/* The rendering (add_generation_prompt as given) and, if spans is not NULL,
+ * the byte span each assistant message is trained on, as
+ * whale_chat_template_encode masks it (for a native format as
+ * whale_chat_render; bos_token NULL: the folder's). Free both with free(). */
+whale_code whale_chat_template_spans(const whale_chat_template *t, const whale_chat_message *msgs, int n,
+                                     int add_generation_prompt, const char *bos_token, char **text, size_t *len,
+                                     whale_chat_span **spans, int *n_spans, whale_err *err);
+
 whale_code whale_chat_template_encode(whale_tokenizer *tok, const whale_chat_template *t,
                                       const whale_chat_message *msgs, int n, int add_generation_prompt,
                                       int32_t **ids, uint8_t **loss_mask, int *n_ids, whale_err *err);

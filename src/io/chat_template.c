@@ -322,47 +322,78 @@ static whale_code render_first(const whale_chat_template *t, const cJSON *all, i
 
 static int is_prefix(const char *p, size_t pn, const char *s, size_t sn) { return pn <= sn && !memcmp(p, s, pn); }
 
-/* The span of assistant message i in the whole rendering (whole, wn). */
+static whale_code spans_refused(const whale_chat_template *t, int i, const char *why, whale_err *err) {
+    return whale_errf(err, WHALE_ERR_UNSUPPORTED, "%s: %s, so the loss mask of messages[%d] cannot be placed; use one "
+                      "reply per record or another --chat-template", t->name, why, i);
+}
+
+/* The span of assistant message i in the whole rendering (whole, wn): from
+ * the end of the conversation before it with the generation prompt to the
+ * end of the conversation up to it without, less trailing whitespace. */
 static whale_code assistant_span(const whale_chat_template *t, const cJSON *all, int i, const char *whole, size_t wn,
                                  whale_chat_span *sp, whale_err *err) {
-    char *before = NULL, *upto = NULL;
-    size_t bn = 0, un = 0;
+    char *before = NULL, *bare = NULL, *upto = NULL;
+    size_t bn = 0, rn = 0, un = 0;
     whale_code rc = render_first(t, all, i, 1, &before, &bn, err);
+    if (!rc) rc = render_first(t, all, i, 0, &bare, &rn, err);
     if (!rc) rc = render_first(t, all, i + 1, 0, &upto, &un, err);
+    if (!rc && rn == bn && !memcmp(before, bare, bn))
+        rc = spans_refused(t, i, "the template ignores add_generation_prompt (where a reply starts and ends cannot "
+                           "be told)", err);
     if (!rc && (!is_prefix(before, bn, upto, un) || !is_prefix(upto, un, whole, wn)))
-        rc = whale_errf(err, WHALE_ERR_UNSUPPORTED,
-                        "%s: the template renders the conversation up to messages[%d] differently once later "
-                        "messages follow (or the generation prompt is not where the reply starts), so the loss "
-                        "mask of that reply cannot be placed; use one reply per record or another --chat-template",
-                        t->name, i);
+        rc = spans_refused(t, i, "the template renders the conversation up to that reply differently once later "
+                           "messages follow", err);
     if (!rc) {
         size_t end = un;
         while (end > bn + 1 && strchr(" \t\r\n", whole[end - 1])) end--; /* the template's separator */
         *sp = (whale_chat_span){bn, end, i};
     }
     free(before);
+    free(bare);
     free(upto);
     return rc;
 }
 
-static whale_code encode_jinja(whale_tokenizer *tok, const whale_chat_template *t, const cJSON *all, int agp,
-                               int32_t **ids, uint8_t **mask, int *n_ids, whale_err *err) {
-    char *whole;
-    size_t wn;
-    whale_code rc = render_first(t, all, -1, agp, &whole, &wn, err);
-    if (rc) return rc;
-    int n = cJSON_GetArraySize(all), n_sp = 0;
+static int is_assistant(const cJSON *m) {
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+    return cJSON_IsString(role) && !strcmp(role->valuestring, "assistant");
+}
+
+static whale_code jinja_spans(const whale_chat_template *t, const cJSON *all, int agp, char **text, size_t *len,
+                              whale_chat_span **spans, int *n_spans, whale_err *err) {
+    whale_code rc = render_first(t, all, -1, agp, text, len, err);
+    if (rc || !spans) return rc;
+    int n = cJSON_GetArraySize(all), k = 0, i = 0;
     whale_chat_span *sp = malloc((size_t)(n > 0 ? n : 1) * sizeof *sp);
     if (!sp) rc = whale_errf(err, WHALE_ERR_NOMEM, "chat: out of memory");
-    int i = 0;
-    for (const cJSON *m = all->child; mask && !rc && m; m = m->next, i++) {
-        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
-        if (cJSON_IsString(role) && !strcmp(role->valuestring, "assistant"))
-            rc = assistant_span(t, all, i, whole, wn, &sp[n_sp++], err);
+    for (const cJSON *m = all->child; !rc && m; m = m->next, i++)
+        if (is_assistant(m)) rc = assistant_span(t, all, i, *text, *len, &sp[k++], err);
+    if (rc) {
+        free(sp);
+        free(*text);
+        *text = NULL;
+        return rc;
     }
-    if (!rc) rc = whale_chat_encode_spans(tok, whole, wn, sp, n_sp, ids, mask, n_ids, err);
-    free(sp);
-    free(whole);
+    *spans = sp;
+    *n_spans = k;
+    return WHALE_OK;
+}
+
+whale_code whale_chat_template_spans(const whale_chat_template *t, const whale_chat_message *msgs, int n,
+                                     int add_generation_prompt, const char *bos_token, char **text, size_t *len,
+                                     whale_chat_span **spans, int *n_spans, whale_err *err) {
+    if (!t || !text || !len || (spans && !n_spans))
+        return whale_errf(err, WHALE_ERR_ARG, "whale_chat_template_spans: NULL argument");
+    if (t->native) {
+        const cJSON *bos = cJSON_GetObjectItemCaseSensitive(t->specials, "bos_token");
+        if (!bos_token && cJSON_IsString(bos)) bos_token = bos->valuestring;
+        return whale_chat_render(t->fmt, msgs, n, add_generation_prompt, bos_token, text, len, spans, n_spans, err);
+    }
+    if (!msgs || n <= 0) return whale_errf(err, WHALE_ERR_ARG, "chat: empty conversation (no messages)");
+    cJSON *all = messages_json(msgs, n);
+    if (!all) return whale_errf(err, WHALE_ERR_NOMEM, "chat: out of memory");
+    whale_code rc = jinja_spans(t, all, add_generation_prompt, text, len, spans, n_spans, err);
+    cJSON_Delete(all);
     return rc;
 }
 
@@ -371,11 +402,15 @@ whale_code whale_chat_template_encode(whale_tokenizer *tok, const whale_chat_tem
                                       int32_t **ids, uint8_t **loss_mask, int *n_ids, whale_err *err) {
     if (!tok || !t || !ids || !n_ids) return whale_errf(err, WHALE_ERR_ARG, "whale_chat_template_encode: NULL argument");
     if (t->native) return whale_chat_encode(tok, t->fmt, msgs, n, add_generation_prompt, ids, loss_mask, n_ids, err);
-    if (!msgs || n <= 0) return whale_errf(err, WHALE_ERR_ARG, "chat: empty conversation (no messages)");
-    cJSON *all = messages_json(msgs, n);
-    if (!all) return whale_errf(err, WHALE_ERR_NOMEM, "chat: out of memory");
-    whale_code rc = encode_jinja(tok, t, all, add_generation_prompt, ids, loss_mask, n_ids, err);
-    cJSON_Delete(all);
+    char *text = NULL;
+    size_t len = 0;
+    whale_chat_span *sp = NULL;
+    int n_sp = 0;
+    whale_code rc = whale_chat_template_spans(t, msgs, n, add_generation_prompt, NULL, &text, &len,
+                                              loss_mask ? &sp : NULL, &n_sp, err);
+    if (!rc) rc = whale_chat_encode_spans(tok, text, len, sp, n_sp, ids, loss_mask, n_ids, err);
+    free(text);
+    free(sp);
     return rc;
 }
 

@@ -509,8 +509,10 @@ static whale_code exec_set(jctx *c, jframe *f, const jnode *x) {
     return assign(c, f, x->a, &v);
 }
 
+/* The loop object, one per loop updated in place each iteration (as Jinja's
+ * LoopContext is). */
 static whale_code loop_object(jctx *c, const jlist *items, int i, jv *out) {
-    JTRY(jv_newdict(c, JV_DICT, out));
+    if (out->t != JV_DICT) JTRY(jv_newdict(c, JV_DICT, out));
     jdict *d = out->u.d;
     int n = items->n;
     JTRY(jdict_set(c, d, "index", 5, jv_int(i + 1)));
@@ -542,10 +544,11 @@ static whale_code loop_items(jctx *c, jframe *scope, const jnode *x, jlist **out
     }
     jv kept = {.t = JV_UNDEF};
     JTRY(jv_newlist(c, &kept));
+    jframe *probe = NULL;
+    JTRY(frame_new(c, scope, &probe));
     for (int i = 0; i < it.u.l->n; i++) {
         JTRY(step(c));
-        jframe *probe = NULL;
-        JTRY(frame_new(c, scope, &probe));
+        probe->vars.n = 0; /* a fresh scope for each item's test */
         JTRY(assign(c, probe, x->a, &it.u.l->v[i]));
         jv keep;
         JTRY(eval(c, probe, x->c, &keep));
@@ -561,9 +564,9 @@ static whale_code exec_for(jctx *c, jframe *f, const jnode *x, jbuf *out) {
     jlist *items = NULL;
     JTRY(loop_items(c, scope, x, &items));
     int ran = 0;
+    jv loop = {.t = JV_UNDEF};
     for (int i = 0; i < items->n; i++) {
         JTRY(step(c));
-        jv loop;
         JTRY(loop_object(c, items, i, &loop));
         JTRY(jdict_set(c, &scope->vars, "loop", 4, loop));
         c->line = x->line;

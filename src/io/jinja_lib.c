@@ -1013,6 +1013,18 @@ static whale_code f_simple(jctx *c, const char *name, size_t n, jv *v, jargs *a,
     return WHALE_OK;
 }
 
+/* Python's str() of a scalar, as Jinja's string filters see it: None, True, 3, 2.5 */
+static whale_code python_str(jctx *c, const char *name, size_t n, const jv *v, jv *out) {
+    char b[48];
+    if (v->t == JV_NONE) snprintf(b, sizeof b, "None");
+    else if (v->t == JV_BOOL) snprintf(b, sizeof b, "%s", v->u.b ? "True" : "False");
+    else if (v->t == JV_INT) snprintf(b, sizeof b, "%lld", v->u.i);
+    else if (v->t == JV_FLOAT && v->u.f == floor(v->u.f) && fabs(v->u.f) < 1e16) snprintf(b, sizeof b, "%.1f", v->u.f);
+    else if (v->t == JV_FLOAT) js_number(v->u.f, b, sizeof b);
+    else return filter_type(c, name, n, v);
+    return jv_strdup(c, b, strlen(b), out);
+}
+
 static whale_code f_list_item(jctx *c, const char *name, size_t n, const jv *v, jv *out) {
     if (v->t != JV_LIST) return filter_type(c, name, n, v);
     int first = eq(name, n, "first");
@@ -1034,8 +1046,9 @@ whale_code jinja_filter(jctx *c, const char *name, size_t n, jv *v, jargs *a, jv
     static const int ids[] = {M_UPPER, M_LOWER, M_TITLE, M_CAPITALIZE, M_STRIP, M_REPLACE};
     int k = find_name(str_filters, name, n);
     if (k >= 0) {
-        if (v->t != JV_STR) return filter_type(c, name, n, v);
-        return str_method(c, ids[k], v, a, out);
+        jv s = *v;
+        if (v->t != JV_STR) JTRY(python_str(c, name, n, v, &s)); /* Jinja filters take str(value) */
+        return str_method(c, ids[k], &s, a, out);
     }
     if (eq(name, n, "items") || eq(name, n, "keys") || eq(name, n, "values")) {
         if (v->t != JV_DICT) return filter_type(c, name, n, v);
