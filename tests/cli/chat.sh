@@ -39,7 +39,8 @@ rm "$TMP/m/generation_config.json"
 mkdir "$TMP/notmpl"
 cp "$TMP/m/config.json" "$TMP/m/model.safetensors" "$TMP/m/tokenizer.json" "$TMP/notmpl/"
 echo hi | "$WHALE" chat -m "$TMP/notmpl" -n 4 >/dev/null 2>"$TMP/err"
-check "no template: error suggesting --chat-template" grep -q -- '--chat-template' "$TMP/err"
+check "no template: exit 0 with nanowhale's raw fallback" test $? = 0
+check "no template: a notice naming the fallback and --chat-template" grep -q -- "chat.py fallback.*--chat-template" "$TMP/err"
 echo hi | "$WHALE" chat -m "$TMP/notmpl" -n 4 --chat-template raw >/dev/null 2>&1
 check "--chat-template raw works without a template" test $? = 0
 echo hi | "$WHALE" chat -m "$TMP/notmpl" -n 4 --chat-template jinja >/dev/null 2>"$TMP/err"
