@@ -1,7 +1,12 @@
 /*
- * whale_chat.h — chat templates without a Jinja engine.
+ * whale_chat.h — chat templates.
  *
- * The two formats the project's models use are rendered natively, byte for
+ * What the commands use is a whale_chat_template (bottom of this file): the
+ * model folder's own Jinja template, rendered by the project's Jinja
+ * renderer (src/io/jinja*.c, docs/chat-templates.md), a template file, or
+ * one of the native formats below.
+ *
+ * The two formats the project's models use are also rendered natively, byte for
  * byte as Hugging Face's apply_chat_template renders their real templates
  * (tests/test_chat.c compares with goldens made by Jinja from those
  * templates), for plain conversations of system / user / assistant messages:
@@ -20,9 +25,10 @@
  *                        "{role}: {content}" lines joined by "\n", then
  *                        "\nassistant:" for the generation prompt.
  *
- * Tool messages, tool calls and thinking parts are refused with an error,
- * never rendered differently from the real template. Unknown roles, which
- * the real templates would silently drop, are refused too.
+ * In the native formats tool messages, tool calls and thinking parts are
+ * refused with an error, never rendered differently from the real template.
+ * Unknown roles, which the real templates would silently drop, are refused
+ * too. (Jinja templates render whatever the template renders.)
  */
 #ifndef WHALE_CHAT_H
 #define WHALE_CHAT_H
