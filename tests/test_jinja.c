@@ -469,6 +469,27 @@ static void check_hostile(void) {
                  "not not not not not not not not not not not not not not not not not not not not not not not not not not "
                  "not not not not not not not not not not not not not not not not not not not not not not not not true }}",
                  WHALE_ERR_UNSUPPORTED, "nesting deeper");
+    deep = repeat("1 + ", 100000, "1", "");
+    src = malloc(strlen(deep) + 8);
+    sprintf(src, "{{ %s }}", deep);
+    expect_error("a long chain of +", src, WHALE_ERR_UNSUPPORTED, "nested deeper");
+    free(src);
+    free(deep);
+    deep = repeat("", 1, "{{ 'x'", "");
+    src = malloc(100000);
+    strcpy(src, "{{ 'x'");
+    for (int i = 0; i < 5000; i++) strcat(src, "|trim");
+    strcat(src, " }}");
+    expect_error("a long chain of filters", src, WHALE_ERR_UNSUPPORTED, "nested deeper");
+    strcpy(src, "{{ messages");
+    for (int i = 0; i < 5000; i++) strcat(src, ".a");
+    strcat(src, " }}");
+    expect_error("a long chain of attributes", src, WHALE_ERR_UNSUPPORTED, "nested deeper");
+    free(src);
+    free(deep);
+    expect_error("data nested deeply by the template",
+                 "{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}",
+                 WHALE_ERR_RANGE, "nested too deeply");
     expect_error("huge range", "{% for i in range(1000000000) %}x{% endfor %}", WHALE_ERR_RANGE, "loop iterations");
     expect_error("nested loops", "{% for i in range(3000) %}{% for j in range(3000) %}{% endfor %}{% endfor %}",
                  WHALE_ERR_RANGE, "loop iterations");

@@ -113,6 +113,7 @@ struct jnode {
     jnodes args;      /* call/filter arguments (N_KWARG for keywords), items, tuple names, macro params */
     jnodes body, alt; /* if/for/set/macro bodies; else branches */
     int negate;       /* `is not` */
+    int height;       /* of the expression tree below (evaluation recurses that deep) */
 };
 
 whale_code jinja_parse_tokens(jarena *a, const jtok *toks, int n, jnodes *program, whale_err *err);

@@ -171,10 +171,11 @@ static whale_code json_newline(jctx *c, int indent, int depth, jbuf *b) {
     return WHALE_OK;
 }
 
-/* depth < 0: printing ({{ list }}): undefined stays "undefined"; else tojson */
+/* depth < 0: printing ({{ list }}, depth -1 - d): undefined stays
+ * "undefined"; else tojson at depth d */
 whale_code jv_tojson(jctx *c, const jv *v, int indent, const char *item_sep, const char *key_sep, int ensure_ascii,
                      int sort_keys, int depth, jbuf *b) {
-    int printing = depth < 0, d = printing ? 0 : depth;
+    int printing = depth < 0, d = printing ? -1 - depth : depth;
     if (d > WHALE_JINJA_MAX_DEPTH * 4) return jerr(c, WHALE_ERR_RANGE, "tojson: data nested too deeply");
     if (!item_sep) item_sep = indent > 0 ? "," : ", ";
     if (!key_sep) key_sep = ": ";
@@ -221,7 +222,7 @@ whale_code jv_tojson(jctx *c, const jv *v, int indent, const char *item_sep, con
             JTRY(jb_put(c, b, key_sep, strlen(key_sep)));
         }
         const jv *item = list ? &v->u.l->v[i] : &v->u.d->v[order[i]];
-        JTRY(jv_tojson(c, item, indent, item_sep, key_sep, ensure_ascii, sort_keys, printing ? -1 : d + 1, b));
+        JTRY(jv_tojson(c, item, indent, item_sep, key_sep, ensure_ascii, sort_keys, printing ? -2 - d : d + 1, b));
     }
     if (indent > 0 && n) JTRY(json_newline(c, indent, d, b));
     return jb_put(c, b, list ? "]" : "}", 1);

@@ -82,6 +82,16 @@ static whale_code add(parser *P, jnodes *l, jnode *x) {
     return WHALE_OK;
 }
 
+/* x gets child's height + 1; chains (a + b + c, x|f|g, a.b.c) are built in
+ * loops, not by recursion, so their height is checked here. */
+static whale_code grow(parser *P, jnode *x, const jnode *child) {
+    int h = child ? child->height + 1 : 1;
+    if (h > x->height) x->height = h;
+    if (x->height > 4 * WHALE_JINJA_MAX_DEPTH)
+        return perr(P, WHALE_ERR_UNSUPPORTED, "an expression nested deeper than the limit of 256", NULL);
+    return WHALE_OK;
+}
+
 static whale_code enter(parser *P) {
     if (++P->depth > WHALE_JINJA_MAX_DEPTH)
         return perr(P, WHALE_ERR_UNSUPPORTED, "nesting deeper than the limit of 64", NULL);
@@ -97,7 +107,7 @@ static whale_code parse_member(parser *P, jnode **x);
 
 /* "(" args ")" into l: expressions and name=value (N_KWARG). params: a
  * macro's parameter list (names, name=default). */
-static whale_code parse_args(parser *P, jnodes *l, int params) {
+static whale_code parse_args(parser *P, jnode *owner, jnodes *l, int params) {
     JTRY(expect(P, T_LPAREN, "expected '('"));
     int kw_seen = 0;
     while (!is_type(P, T_RPAREN)) {
@@ -113,6 +123,7 @@ static whale_code parse_args(parser *P, jnodes *l, int params) {
             k->s = x->s;
             k->n = x->n;
             JTRY(parse_expr(P, &k->a));
+            JTRY(grow(P, k, k->a));
             x = k;
             kw_seen = 1;
         } else if (kw_seen) {
@@ -120,6 +131,7 @@ static whale_code parse_args(parser *P, jnodes *l, int params) {
         } else if (params && x->kind != N_NAME) {
             return perr(P, WHALE_ERR_FORMAT, "expected a parameter name", NULL);
         }
+        JTRY(grow(P, owner, x));
         JTRY(add(P, l, x));
         if (is_type(P, T_COMMA)) P->pos++;
         else if (!is_type(P, T_RPAREN)) return perr_got(P, "expected ',' or ')'");
@@ -154,6 +166,9 @@ static whale_code parse_subscript(parser *P, jnode *obj, jnode **out) {
     jnode *x;
     JTRY(new_node(P, slice ? N_SLICE : N_INDEX, &x));
     x->a = obj;
+    JTRY(grow(P, x, obj));
+    for (int i = 0; i < 3; i++)
+        if (part[i]) JTRY(grow(P, x, part[i]));
     if (slice) {
         JTRY(add(P, &x->args, part[0]));
         JTRY(add(P, &x->args, part[1]));
@@ -176,6 +191,7 @@ static whale_code parse_member(parser *P, jnode **x) {
             jnode *m;
             JTRY(new_node(P, k->type == T_NAME ? N_ATTR : N_INDEX, &m));
             m->a = *x;
+            JTRY(grow(P, m, *x));
             if (k->type == T_NAME) {
                 m->s = k->s;
                 m->n = k->n;
@@ -192,7 +208,8 @@ static whale_code parse_member(parser *P, jnode **x) {
             jnode *c;
             JTRY(new_node(P, N_CALL, &c));
             c->a = *x;
-            JTRY(parse_args(P, &c->args, 0));
+            JTRY(grow(P, c, *x));
+            JTRY(parse_args(P, c, &c->args, 0));
             *x = c;
         } else {
             return WHALE_OK;
@@ -208,6 +225,7 @@ static whale_code parse_unary(parser *P, jnode **out) {
         JTRY(new_node(P, k->s[0] == '-' ? N_NEG : N_POS, &x));
         P->pos++;
         JTRY(parse_unary(P, &x->a));
+        JTRY(grow(P, x, x->a));
         P->depth--;
         *out = x;
         return WHALE_OK;
@@ -224,10 +242,11 @@ static whale_code parse_filter(parser *P, jnode **out) {
         jnode *f;
         JTRY(new_node(P, N_FILTER, &f));
         f->a = *out;
+        JTRY(grow(P, f, *out));
         f->s = cur(P)->s;
         f->n = cur(P)->n;
         P->pos++;
-        if (is_type(P, T_LPAREN)) JTRY(parse_args(P, &f->args, 0));
+        if (is_type(P, T_LPAREN)) JTRY(parse_args(P, f, &f->args, 0));
         *out = f;
     }
     return WHALE_OK;
@@ -240,6 +259,7 @@ static whale_code parse_test(parser *P, jnode **out) {
         jnode *t;
         JTRY(new_node(P, N_TEST, &t));
         t->a = *out;
+        JTRY(grow(P, t, *out));
         if (is_name(P, 0, "not")) {
             t->negate = 1;
             P->pos++;
@@ -258,6 +278,8 @@ static whale_code binary(parser *P, jnode_kind kind, jnode *l, jnode *r, const j
     JTRY(new_node(P, kind, &x));
     x->a = l;
     x->b = r;
+    JTRY(grow(P, x, l));
+    JTRY(grow(P, x, r));
     if (op) {
         x->s = op->s;
         x->n = op->n;
@@ -316,6 +338,7 @@ static whale_code parse_not(parser *P, jnode **out) {
     JTRY(new_node(P, N_NOT, &x));
     P->pos++;
     JTRY(parse_not(P, &x->a));
+    JTRY(grow(P, x, x->a));
     P->depth--;
     *out = x;
     return WHALE_OK;
@@ -357,7 +380,10 @@ static whale_code parse_expr(parser *P, jnode **out) {
             P->pos++;
             x->kind = N_TERNARY;
             JTRY(parse_expr(P, &x->c));
+            JTRY(grow(P, x, x->c));
         }
+        JTRY(grow(P, x, x->a));
+        JTRY(grow(P, x, x->b));
         *out = x;
     }
     P->depth--;
@@ -370,11 +396,13 @@ static whale_code parse_sequence(parser *P, int primary, jnode **out) {
     if (!is_type(P, T_COMMA)) return WHALE_OK;
     jnode *t;
     JTRY(new_node(P, N_TUPLE, &t));
+    JTRY(grow(P, t, *out));
     JTRY(add(P, &t->args, *out));
     while (is_type(P, T_COMMA)) {
         P->pos++;
         jnode *x;
         JTRY(primary ? parse_primary(P, &x) : parse_expr(P, &x));
+        JTRY(grow(P, t, x));
         JTRY(add(P, &t->args, x));
     }
     *out = t;
@@ -385,6 +413,7 @@ static whale_code parse_list_literal(parser *P, jnode *x) {
     while (!is_type(P, T_RBRACK)) {
         jnode *item;
         JTRY(parse_expr(P, &item));
+        JTRY(grow(P, x, item));
         JTRY(add(P, &x->args, item));
         if (is_type(P, T_COMMA)) P->pos++;
         else if (!is_type(P, T_RBRACK)) return perr_got(P, "expected ',' or ']' in a list");
@@ -400,6 +429,8 @@ static whale_code parse_dict_literal(parser *P, jnode *x) {
         JTRY(parse_expr(P, &k));
         JTRY(expect(P, T_COLON, "expected ':' in a dict literal"));
         JTRY(parse_expr(P, &v));
+        JTRY(grow(P, x, k));
+        JTRY(grow(P, x, v));
         JTRY(add(P, &x->args, k));
         JTRY(add(P, &x->body, v));
         if (is_type(P, T_COMMA)) P->pos++;
@@ -572,7 +603,7 @@ static whale_code parse_macro(parser *P, jnode *x) {
     x->s = cur(P)->s;
     x->n = cur(P)->n;
     P->pos++;
-    JTRY(parse_args(P, &x->args, 1));
+    JTRY(parse_args(P, x, &x->args, 1));
     JTRY(expect(P, T_CLOSE_STMT, "expected '%}' after the macro's parameters"));
     JTRY(parse_block(P, &x->body, endmacro, "macro", x->line));
     return close_tag(P, "endmacro");
