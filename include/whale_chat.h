@@ -171,6 +171,14 @@ whale_code whale_chat_template_spans(const whale_chat_template *t, const whale_c
                                      int add_generation_prompt, const char *bos_token, char **text, size_t *len,
                                      whale_chat_span **spans, int *n_spans, whale_err *err);
 
+/* The same for a JSON messages array (any fields: tool_calls, tool
+ * messages, reasoning_content, ...) and tools (JSON array or NULL); a
+ * native format refuses tools and tool calls. */
+whale_code whale_chat_template_spans_json(const whale_chat_template *t, const struct cJSON *messages,
+                                          const struct cJSON *tools, int add_generation_prompt, const char *bos_token,
+                                          char **text, size_t *len, whale_chat_span **spans, int *n_spans,
+                                          whale_err *err);
+
 whale_code whale_chat_template_encode(whale_tokenizer *tok, const whale_chat_template *t,
                                       const whale_chat_message *msgs, int n, int add_generation_prompt,
                                       int32_t **ids, uint8_t **loss_mask, int *n_ids, whale_err *err);

@@ -11,6 +11,7 @@
  * (.cache/tokenizers or $WHALE_TOKENIZERS); without them this test fails. */
 #include "io/jinja.h"
 #include "whale_chat.h"
+#include "whale_sft.h"
 
 #include "core/core.h"
 #include "testutil.h"
@@ -407,6 +408,78 @@ static void check_folders(whale_tokenizer *qwen) {
     whale_chat_template_free(t);
 }
 
+/* ------------------------------------------------------------ tool records for SFT */
+
+/* The trained text of sample i, runs joined by "|". */
+static void trained_text(const whale_sft_dataset *ds, int64_t i, char *out, size_t cap) {
+    char *text = NULL;
+    size_t len = 0, o = 0;
+    uint8_t *bm = NULL;
+    whale_err err;
+    out[0] = 0;
+    CHECK(whale_sft_sample_text(ds, i, &text, &len, &bm, &err) == WHALE_OK, "%s", err.msg);
+    for (size_t k = 0; text && k < len && o + 2 < cap; k++) {
+        if (bm[k] && k > 0 && !bm[k - 1] && o) out[o++] = '|';
+        if (bm[k]) out[o++] = text[k];
+    }
+    out[o] = 0;
+    free(text);
+    free(bm);
+}
+
+/* OpenAI's tool_calls / role tool and ms-swift's agent format (tools as a
+ * JSON string, tool_call / tool_response roles) train the same tokens:
+ * the tool calls and the replies, through the model's template; "loss":
+ * false leaves a reply out. */
+static void check_tool_records(whale_tokenizer *qwen) {
+    if (!qwen) return;
+    char dir[1024], path[1200];
+    template_folder("qwen2_5", dir, sizeof dir);
+    static const char data[] =
+        "{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {}}}], "
+        "\"messages\": [{\"role\": \"user\", \"content\": \"Weather in Paris?\"}, {\"role\": \"assistant\", "
+        "\"content\": null, \"tool_calls\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+        "\"arguments\": {\"city\": \"Paris\"}}}]}, {\"role\": \"tool\", \"content\": \"21 C\"}, "
+        "{\"role\": \"assistant\", \"content\": \"It is 21 C.\"}]}\n"
+        "{\"tools\": \"[{\\\"type\\\": \\\"function\\\", \\\"function\\\": {\\\"name\\\": \\\"get_weather\\\", "
+        "\\\"parameters\\\": {}}}]\", \"messages\": [{\"role\": \"user\", \"content\": \"Weather in Paris?\"}, "
+        "{\"role\": \"tool_call\", \"content\": \"{\\\"name\\\": \\\"get_weather\\\", \\\"arguments\\\": "
+        "{\\\"city\\\": \\\"Paris\\\"}}\"}, {\"role\": \"tool_response\", \"content\": \"21 C\"}, "
+        "{\"role\": \"assistant\", \"content\": \"It is 21 C.\"}]}\n"
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": "
+        "\"Hello.\", \"loss\": false}, {\"role\": \"user\", \"content\": \"Bye\"}, {\"role\": \"assistant\", "
+        "\"content\": \"Goodbye.\"}]}\n";
+    write_text(dir, "tools.jsonl", data);
+    snprintf(path, sizeof path, "%s/tools.jsonl", dir);
+    const char *files[] = {path};
+    whale_chat_template *t = NULL;
+    whale_sft_dataset *ds = NULL;
+    whale_err err;
+    CHECK(whale_chat_template_load(dir, NULL, &t, &err) == WHALE_OK, "%s", err.msg);
+    whale_code rc = t ? whale_sft_dataset_open_template(files, 1, qwen, t, NULL, &ds, &err) : WHALE_ERR_ARG;
+    CHECK(rc == WHALE_OK && whale_sft_dataset_num_samples(ds) == 3, "%s", rc ? err.msg : "3 samples");
+    if (!rc && whale_sft_dataset_num_samples(ds) == 3) {
+        char got[1024];
+        trained_text(ds, 0, got, sizeof got);
+        const char *want = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+                           "</tool_call><|im_end|>|It is 21 C.<|im_end|>";
+        CHECK(!strcmp(got, want), "OpenAI tool record trains on \"%s\"", got);
+        whale_sft_sample a, b;
+        CHECK(!whale_sft_dataset_sample(ds, 0, &a, &err) && !whale_sft_dataset_sample(ds, 1, &b, &err), "%s", err.msg);
+        CHECK(a.n == b.n && !memcmp(a.ids, b.ids, sizeof *a.ids * (size_t)a.n) && !memcmp(a.train, b.train, (size_t)a.n),
+              "ms-swift's agent format renders and trains as OpenAI's");
+        trained_text(ds, 2, got, sizeof got);
+        CHECK(!strcmp(got, "Goodbye.<|im_end|>"), "\"loss\": false leaves the first reply out: \"%s\"", got);
+    }
+    whale_sft_dataset_free(ds);
+    whale_chat_template_free(t);
+    /* a native format refuses the tools, never drops them */
+    ds = NULL;
+    rc = whale_sft_dataset_open(files, 1, qwen, WHALE_CHAT_CHATML, NULL, &ds, &err);
+    CHECK(rc == WHALE_ERR_UNSUPPORTED && strstr(err.msg, ":1: ") && strstr(err.msg, "tools"), "%s", err.msg);
+    whale_sft_dataset_free(ds);
+}
+
 /* ------------------------------------------------------------ hostile templates */
 
 static void expect_error(const char *what, const char *src, whale_code code, const char *needle) {
@@ -568,6 +641,7 @@ int main(void) {
         check_mask(!strcmp(nm, "deepseek_v3") ? ds : !strncmp(nm, "qwen", 4) ? qwen : NULL, nm);
     }
     check_folders(qwen);
+    check_tool_records(qwen);
     check_hostile();
     check_python_semantics();
     whale_tokenizer_free(qwen);

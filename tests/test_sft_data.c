@@ -548,8 +548,19 @@ static void check_bad(whale_tokenizer *tok, const char *tmp) {
          "messages[1]: empty assistant content", WHALE_ERR_FORMAT},
         {"{\"messages\": [{\"role\": \"assistant\", \"content\": \"a\"}, {\"role\": \"user\", \"content\": \"u\"}]}",
          "ends with a user message", WHALE_ERR_FORMAT},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}, {\"role\": \"tool\", \"content\": \"t\"}, "
+         "{\"role\": \"assistant\", \"content\": \"a\"}]}",
+         "tool messages are not supported by the native", WHALE_ERR_UNSUPPORTED},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}, {\"role\": \"tool\", \"content\": \"t\"}]}",
-         "tool messages are not supported", WHALE_ERR_UNSUPPORTED},
+         "ends with a tool message", WHALE_ERR_FORMAT},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"u\", \"loss\": true}, {\"role\": \"assistant\", "
+         "\"content\": \"a\"}]}", "messages[0].loss: true on a user message", WHALE_ERR_UNSUPPORTED},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}, {\"role\": \"assistant\", \"content\": \"a\", "
+         "\"loss\": 1}]}", "messages[1].loss: must be true, false or null", WHALE_ERR_FORMAT},
+        {"{\"tools\": \"not json\", \"messages\": [{\"role\": \"user\", \"content\": \"u\"}, {\"role\": "
+         "\"assistant\", \"content\": \"a\"}]}", "\"tools\": expected a list", WHALE_ERR_FORMAT},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}, {\"role\": \"tool_call\", \"content\": \"x\"}]}",
+         "a tool_call's content must be a JSON object", WHALE_ERR_FORMAT},
         {"{\"messages\": [{\"role\": \"assistant\", \"content\": \"a\", \"tool_calls\": [{}]}]}", "tool calls",
          WHALE_ERR_UNSUPPORTED},
         {"{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\"}]}]}", "list of content parts",

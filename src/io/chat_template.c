@@ -310,12 +310,17 @@ static cJSON *messages_json(const whale_chat_message *m, int n) {
     return a;
 }
 
+/* What every render of one conversation shares. */
+typedef struct {
+    const whale_chat_template *t;
+    const cJSON *all, *tools, *kwargs;
+} conv;
+
 /* Render the first k messages (k < 0: all). */
-static whale_code render_first(const whale_chat_template *t, const cJSON *all, int k, int agp, char **text,
-                               size_t *len, whale_err *err) {
-    cJSON *part = first_messages(all, k < 0 ? cJSON_GetArraySize(all) : k);
+static whale_code render_first(const conv *cv, int k, int agp, char **text, size_t *len, whale_err *err) {
+    cJSON *part = first_messages(cv->all, k < 0 ? cJSON_GetArraySize(cv->all) : k);
     if (!part) return whale_errf(err, WHALE_ERR_NOMEM, "chat: out of memory");
-    whale_code rc = render_jinja(t, part, NULL, NULL, agp, text, len, err);
+    whale_code rc = render_jinja(cv->t, part, cv->tools, cv->kwargs, agp, text, len, err);
     cJSON_Delete(part);
     return rc;
 }
@@ -330,13 +335,14 @@ static whale_code spans_refused(const whale_chat_template *t, int i, const char 
 /* The span of assistant message i in the whole rendering (whole, wn): from
  * the end of the conversation before it with the generation prompt to the
  * end of the conversation up to it without, less trailing whitespace. */
-static whale_code assistant_span(const whale_chat_template *t, const cJSON *all, int i, const char *whole, size_t wn,
-                                 whale_chat_span *sp, whale_err *err) {
+static whale_code assistant_span(const conv *cv, int i, const char *whole, size_t wn, whale_chat_span *sp,
+                                 whale_err *err) {
+    const whale_chat_template *t = cv->t;
     char *before = NULL, *bare = NULL, *upto = NULL;
     size_t bn = 0, rn = 0, un = 0;
-    whale_code rc = render_first(t, all, i, 1, &before, &bn, err);
-    if (!rc) rc = render_first(t, all, i, 0, &bare, &rn, err);
-    if (!rc) rc = render_first(t, all, i + 1, 0, &upto, &un, err);
+    whale_code rc = render_first(cv, i, 1, &before, &bn, err);
+    if (!rc) rc = render_first(cv, i, 0, &bare, &rn, err);
+    if (!rc) rc = render_first(cv, i + 1, 0, &upto, &un, err);
     if (!rc && rn == bn && !memcmp(before, bare, bn))
         rc = spans_refused(t, i, "the template ignores add_generation_prompt (where a reply starts and ends cannot "
                            "be told)", err);
@@ -359,15 +365,15 @@ static int is_assistant(const cJSON *m) {
     return cJSON_IsString(role) && !strcmp(role->valuestring, "assistant");
 }
 
-static whale_code jinja_spans(const whale_chat_template *t, const cJSON *all, int agp, char **text, size_t *len,
-                              whale_chat_span **spans, int *n_spans, whale_err *err) {
-    whale_code rc = render_first(t, all, -1, agp, text, len, err);
+static whale_code jinja_spans(const conv *cv, int agp, char **text, size_t *len, whale_chat_span **spans,
+                              int *n_spans, whale_err *err) {
+    whale_code rc = render_first(cv, -1, agp, text, len, err);
     if (rc || !spans) return rc;
-    int n = cJSON_GetArraySize(all), k = 0, i = 0;
+    int n = cJSON_GetArraySize(cv->all), k = 0, i = 0;
     whale_chat_span *sp = malloc((size_t)(n > 0 ? n : 1) * sizeof *sp);
     if (!sp) rc = whale_errf(err, WHALE_ERR_NOMEM, "chat: out of memory");
-    for (const cJSON *m = all->child; !rc && m; m = m->next, i++)
-        if (is_assistant(m)) rc = assistant_span(t, all, i, *text, *len, &sp[k++], err);
+    for (const cJSON *m = cv->all->child; !rc && m; m = m->next, i++)
+        if (is_assistant(m)) rc = assistant_span(cv, i, *text, *len, &sp[k++], err);
     if (rc) {
         free(sp);
         free(*text);
@@ -392,8 +398,35 @@ whale_code whale_chat_template_spans(const whale_chat_template *t, const whale_c
     if (!msgs || n <= 0) return whale_errf(err, WHALE_ERR_ARG, "chat: empty conversation (no messages)");
     cJSON *all = messages_json(msgs, n);
     if (!all) return whale_errf(err, WHALE_ERR_NOMEM, "chat: out of memory");
-    whale_code rc = jinja_spans(t, all, add_generation_prompt, text, len, spans, n_spans, err);
+    conv cv = {t, all, NULL, NULL};
+    whale_code rc = jinja_spans(&cv, add_generation_prompt, text, len, spans, n_spans, err);
     cJSON_Delete(all);
+    return rc;
+}
+
+whale_code whale_chat_template_spans_json(const whale_chat_template *t, const cJSON *messages, const cJSON *tools,
+                                          int add_generation_prompt, const char *bos_token, char **text, size_t *len,
+                                          whale_chat_span **spans, int *n_spans, whale_err *err) {
+    if (!t || !messages || !text || !len || (spans && !n_spans))
+        return whale_errf(err, WHALE_ERR_ARG, "whale_chat_template_spans_json: NULL argument");
+    if (!cJSON_IsArray(messages) || !messages->child)
+        return whale_errf(err, WHALE_ERR_FORMAT, "messages: expected a non-empty JSON array of messages");
+    if (!t->native) {
+        conv cv = {t, messages, tools && !cJSON_IsNull(tools) ? tools : NULL, NULL};
+        return jinja_spans(&cv, add_generation_prompt, text, len, spans, n_spans, err);
+    }
+    if (non_empty(tools))
+        return whale_errf(err, WHALE_ERR_UNSUPPORTED,
+                          "tools: the native %s format has no tools; use the model's own template", t->name);
+    char *json = cJSON_PrintUnformatted(messages);
+    if (!json) return whale_errf(err, WHALE_ERR_NOMEM, "chat: out of memory");
+    whale_chat_message *m;
+    int n;
+    whale_code rc = whale_chat_parse_json(json, strlen(json), &m, &n, err);
+    free(json);
+    if (rc) return rc;
+    rc = whale_chat_template_spans(t, m, n, add_generation_prompt, bos_token, text, len, spans, n_spans, err);
+    free(m);
     return rc;
 }
 
