@@ -190,6 +190,18 @@ whale_code whale_chat_template_encode(whale_tokenizer *tok, const whale_chat_tem
  * are single tokens of tok. At most cap written; returns how many. */
 int whale_chat_template_stop_ids(const whale_tokenizer *tok, const whale_chat_template *t, int32_t *ids, int cap);
 
+/* A model's reply as OpenAI's assistant message (a new cJSON object, free
+ * with cJSON_Delete): {"role": "assistant", "content": text,
+ * "tool_calls": [{"id": "call_N", "type": "function", "function": {"name",
+ * "arguments": a JSON string}}]} when the reply holds tool calls in a known
+ * format — Hermes / Qwen2.5 blocks `<tool_call>{"name": …, "arguments":
+ * …}</tool_call>` (one or more, after optional text, which becomes the
+ * content, null when empty), or Llama 3.1's reply that is one JSON object
+ * {"name", "parameters"} (after an optional <|python_tag|>). Malformed
+ * calls (invalid JSON, no name, an unclosed tag, text after the calls) are
+ * not calls: the message is then the whole reply as content, no tool_calls. */
+whale_code whale_chat_parse_tool_calls(const char *reply, size_t len, struct cJSON **message, whale_err *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -480,6 +480,73 @@ static void check_tool_records(whale_tokenizer *qwen) {
     whale_sft_dataset_free(ds);
 }
 
+/* ------------------------------------------------------------ parsing tool calls */
+
+static char *repeat(const char *a, int n, const char *mid, const char *b);
+
+/* Parse reply; check the content (NULL: JSON null) and the calls
+ * ("name args|name args", args compared as JSON). */
+static void expect_calls(const char *reply, const char *content, const char *calls) {
+    cJSON *m = NULL;
+    whale_err err;
+    CHECK(whale_chat_parse_tool_calls(reply, strlen(reply), &m, &err) == WHALE_OK, "%s", err.msg);
+    if (!m) return;
+    const cJSON *c = cJSON_GetObjectItem(m, "content"), *tc = cJSON_GetObjectItem(m, "tool_calls");
+    CHECK(content ? cJSON_IsString(c) && !strcmp(c->valuestring, content) : cJSON_IsNull(c), "%s: content %s", reply,
+          cJSON_IsString(c) ? c->valuestring : "null");
+    char got[1024] = "";
+    int k = 0;
+    for (const cJSON *t = tc ? tc->child : NULL; t; t = t->next, k++) {
+        const cJSON *fn = cJSON_GetObjectItem(t, "function");
+        cJSON *args = cJSON_Parse(cJSON_GetObjectItem(fn, "arguments")->valuestring);
+        char *a = cJSON_PrintUnformatted(args);
+        char id[16];
+        snprintf(id, sizeof id, "call_%d", k);
+        CHECK(!strcmp(cJSON_GetObjectItem(t, "id")->valuestring, id) && !strcmp(cJSON_GetObjectItem(t, "type")->valuestring, "function"),
+              "%s: id and type", reply);
+        snprintf(got + strlen(got), sizeof got - strlen(got), "%s%s %s", k ? "|" : "", cJSON_GetObjectItem(fn, "name")->valuestring,
+                 a ? a : "(arguments are not JSON)");
+        free(a);
+        cJSON_Delete(args);
+    }
+    CHECK(calls ? tc && !strcmp(got, calls) : !tc, "%s: calls \"%s\", want \"%s\"", reply, got, calls ? calls : "none");
+    cJSON_Delete(m);
+}
+
+static void check_tool_parsing(void) {
+    expect_calls("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>", NULL,
+                 "get_weather {\"city\":\"Paris\"}");
+    expect_calls("Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\", \"unit\": "
+                 "\"c\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>",
+                 "Let me check.", "get_weather {\"city\":\"Zürich\",\"unit\":\"c\"}|get_time {}");
+    expect_calls("<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"x\\\": 1}\"}</tool_call>", NULL, "f {\"x\":1}");
+    expect_calls("<tool_call>{\"name\": \"no_args\"}</tool_call>", NULL, "no_args {}");
+    expect_calls("{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", NULL, "get_weather {\"city\":\"Paris\"}");
+    expect_calls("<|python_tag|>{\"name\": \"search\", \"parameters\": {\"q\": \"whales\"}}", NULL, "search {\"q\":\"whales\"}");
+    /* malformed: the whole reply is text */
+    static const char *const bad[] = {
+        "<tool_call>\n{not json}\n</tool_call>",
+        "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}",
+        "<tool_call>{\"arguments\": {}}</tool_call>",
+        "<tool_call>{\"name\": \"\"}</tool_call>",
+        "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>",
+        "<tool_call>{\"name\": \"f\"}</tool_call> and then some text",
+        "<tool_call>{\"name\": \"f\"}</tool_call><tool_call>{broken</tool_call>",
+        "{\"name\": \"f\", \"parameters\": {}} trailing",
+        "Hello {world}",
+        "",
+        "</tool_call><tool_call>",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) expect_calls(bad[i], bad[i], NULL);
+    /* deeply nested arguments: cJSON's nesting limit, text again */
+    char *deep = repeat("[", 5000, "", "]");
+    char *reply = malloc(strlen(deep) + 64);
+    sprintf(reply, "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": %s}}</tool_call>", deep);
+    expect_calls(reply, reply, NULL);
+    free(reply);
+    free(deep);
+}
+
 /* ------------------------------------------------------------ hostile templates */
 
 static void expect_error(const char *what, const char *src, whale_code code, const char *needle) {
@@ -642,6 +709,7 @@ int main(void) {
     }
     check_folders(qwen);
     check_tool_records(qwen);
+    check_tool_parsing();
     check_hostile();
     check_python_semantics();
     whale_tokenizer_free(qwen);
