@@ -318,6 +318,13 @@ static whale_code add_tool_call(rec *r, cJSON *out, const cJSON *m, int i, signe
 static whale_code add_message(rec *r, cJSON *out, const cJSON *m, int i, whale_err *err) {
     if (!cJSON_IsObject(m) || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(m, "role")))
         return whale_errf(err, WHALE_ERR_FORMAT, "messages[%d]: not an object with a string \"role\"", i);
+    static const char *const roles[] = {"system", "user", "assistant", "tool", "tool_call", "tool_response"};
+    int known = 0;
+    for (size_t k = 0; k < sizeof roles / sizeof roles[0]; k++) known |= is_role(m, roles[k]);
+    if (!known) /* a template would drop it silently */
+        return whale_errf(err, WHALE_ERR_FORMAT, "messages[%d]: unknown role \"%.64s\" (expected system, user, "
+                          "assistant, tool, tool_call or tool_response)", i,
+                          cJSON_GetObjectItemCaseSensitive(m, "role")->valuestring);
     const cJSON *lv = cJSON_GetObjectItemCaseSensitive(m, "loss");
     if (lv && !cJSON_IsNull(lv) && !cJSON_IsBool(lv))
         return whale_errf(err, WHALE_ERR_FORMAT, "messages[%d].loss: must be true, false or null", i);
@@ -368,6 +375,43 @@ static whale_code json_messages(rec *r, const cJSON *root, const cJSON *arr, con
     if (!rc && !is_role(last, "assistant"))
         rc = whale_errf(err, WHALE_ERR_FORMAT, "the conversation ends with a %s message, not the assistant's "
                         "(nothing to train on after it)", cJSON_GetObjectItemCaseSensitive(last, "role")->valuestring);
+    return rc;
+}
+
+/* ShareGPT: {"conversations": [{"from", "value"}, ...], "system"?, "tools"?}
+ * with ms-swift's role names, kept as JSON messages. */
+static whale_code sharegpt_shape(rec *r, const cJSON *root, whale_err *err) {
+    static const char *const from[][2] = {{"human", "user"}, {"user", "user"}, {"gpt", "assistant"},
+                                          {"assistant", "assistant"}, {"system", "system"},
+                                          {"function_call", "tool_call"}, {"observation", "tool_response"},
+                                          {"tool", "tool_response"}};
+    const cJSON *conv = cJSON_GetObjectItemCaseSensitive(root, "conversations");
+    if (!cJSON_IsArray(conv) || !conv->child) return whale_errf(err, WHALE_ERR_FORMAT, "\"conversations\": not a non-empty array");
+    const char *system;
+    whale_code rc = opt_string(root, "system", &system, err);
+    cJSON *msgs = cJSON_CreateArray();
+    if (!msgs) return oom(r, err);
+    int i = 0;
+    for (const cJSON *t = conv->child; !rc && t; t = t->next, i++) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "from"), *v = cJSON_GetObjectItemCaseSensitive(t, "value");
+        if (!cJSON_IsString(f) || !cJSON_IsString(v)) {
+            rc = whale_errf(err, WHALE_ERR_FORMAT, "conversations[%d]: needs string \"from\" and \"value\"", i);
+            break;
+        }
+        const char *role = NULL;
+        for (size_t k = 0; k < sizeof from / sizeof from[0] && !role; k++)
+            if (!strcmp(f->valuestring, from[k][0])) role = from[k][1];
+        if (!role) {
+            rc = whale_errf(err, WHALE_ERR_FORMAT, "conversations[%d]: unknown \"from\": \"%.64s\"", i, f->valuestring);
+            break;
+        }
+        cJSON *m = cJSON_CreateObject();
+        if (!m || !cJSON_AddItemToArray(msgs, m) || !cJSON_AddStringToObject(m, "role", role) ||
+            !cJSON_AddStringToObject(m, "content", v->valuestring))
+            rc = oom(r, err);
+    }
+    if (!rc) rc = json_messages(r, root, msgs, system, err);
+    cJSON_Delete(msgs);
     return rc;
 }
 
@@ -547,13 +591,14 @@ static whale_code parse_record(rec *r, const whale_sft_opts *o, const char *s, s
     else rc = opt_string(root, "tag", &tag, err);
     if (!rc) {
         if (has(root, "messages")) rc = messages_shape(r, root, s, n, err);
+        else if (has(root, "conversations")) rc = sharegpt_shape(r, root, err);
         else if (has(root, "query") || has(root, "response"))
             rc = query_shape(r, root, err);
         else if (has(root, "instruction") || has(root, "output"))
             rc = alpaca_shape(r, root, err);
         else
             rc = whale_errf(err, WHALE_ERR_FORMAT,
-                            "no \"messages\", \"query\"/\"response\" or \"instruction\"/\"output\" field");
+                            "no \"messages\", \"conversations\", \"query\"/\"response\" or \"instruction\"/\"output\" field");
     }
     if (!rc && r->jmsgs) return json_finish(r, o, tag, err);
     if (!rc && o->system) {
@@ -666,16 +711,76 @@ static whale_code encode_json(whale_tokenizer *tok, const whale_chat_template *t
     return rc;
 }
 
-/* Every record of one file. */
+/* One record, text s[0..n), line (or element) number line of file fi;
+ * array: the file is a JSON array (errors say "record N"). */
+static whale_code one_record(whale_sft_dataset *ds, whale_tokenizer *tok, const whale_chat_template *tpl,
+                             const whale_sft_opts *o, int fi, rec *r, const char *s, size_t n, int64_t line, int array,
+                             whale_err *err) {
+    const char *path = ds->files[fi];
+    char where[300];
+    snprintf(where, sizeof where, array ? "%.200s: record %" PRId64 : "%.200s:%" PRId64, path, line);
+    ds->st.records++;
+    whale_err e;
+    rec_reset(r);
+    whale_code rc = WHALE_OK, bad = parse_record(r, o, s, n, &e);
+    int32_t *ids = NULL;
+    uint8_t *mask = NULL;
+    int n_ids = 0;
+    if (!bad) {
+        bad = r->jmsgs ? encode_json(tok, tpl, r, &ids, &mask, &n_ids, &e)
+                       : whale_chat_template_encode(tok, tpl, r->m, r->n, 0, &ids, &mask, &n_ids, &e);
+        if (bad == WHALE_ERR_NOMEM) r->fatal = 1;
+        if (bad == WHALE_ERR_ARG) bad = WHALE_ERR_FORMAT; /* the record's messages, not the caller's */
+    }
+    if (bad && (r->fatal || o->bad_records == WHALE_SFT_BAD_FAIL)) {
+        rc = whale_errf(err, bad, "%s: %s", where, e.msg);
+    } else if (bad) {
+        if (ds->st.skipped++ == 0) snprintf(ds->st.first_bad, sizeof ds->st.first_bad, "%.220s: %.280s", where, e.msg);
+    } else {
+        rc = take_sample(ds, o, ids, mask, n_ids, fi, line, err);
+    }
+    free(ids);
+    free(mask);
+    return rc;
+}
+
+/* A .json file holding one array of records (ms-swift reads those too). */
+static whale_code read_array(whale_sft_dataset *ds, whale_tokenizer *tok, const whale_chat_template *tpl,
+                             const whale_sft_opts *o, int fi, rec *r, const char *buf, size_t size, whale_err *err) {
+    const char *end = NULL;
+    cJSON *arr = cJSON_ParseWithLengthOpts(buf, size, &end, 0);
+    if (!cJSON_IsArray(arr)) {
+        cJSON_Delete(arr);
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: a file starting with '[' must be one JSON array of records "
+                          "(invalid JSON near byte %zu)", ds->files[fi], end ? (size_t)(end - buf) + 1 : (size_t)1);
+    }
+    whale_code rc = WHALE_OK;
+    int64_t k = 0;
+    for (const cJSON *e = arr->child; e && !rc; e = e->next) {
+        char *text = cJSON_PrintUnformatted(e);
+        if (!text) rc = whale_errf(err, WHALE_ERR_NOMEM, "out of memory reading SFT records");
+        else rc = one_record(ds, tok, tpl, o, fi, r, text, strlen(text), ++k, 1, err);
+        free(text);
+    }
+    cJSON_Delete(arr);
+    return rc;
+}
+
+/* Every record of one file: JSONL, or a JSON array. */
 static whale_code read_file(whale_sft_dataset *ds, whale_tokenizer *tok, const whale_chat_template *tpl,
                             const whale_sft_opts *o, int fi, rec *r, whale_err *err) {
-    const char *path = ds->files[fi];
     char *buf;
     size_t size;
-    whale_code rc = whale_read_file(path, &buf, &size, err);
+    whale_code rc = whale_read_file(ds->files[fi], &buf, &size, err);
     if (rc) return rc;
     size_t pos = 0;
     if (size >= 3 && !memcmp(buf, "\xEF\xBB\xBF", 3)) pos = 3; /* a BOM is not part of the first record */
+    size_t first = pos;
+    while (first < size && strchr(" \t\r\n", buf[first])) first++;
+    if (first < size && buf[first] == '[') {
+        rc = read_array(ds, tok, tpl, o, fi, r, buf + first, size - first, err);
+        pos = size;
+    }
     int64_t line = 0;
     while (!rc && pos < size) {
         const char *s = buf + pos;
@@ -687,31 +792,7 @@ static whale_code read_file(whale_sft_dataset *ds, whale_tokenizer *tok, const w
         size_t k = 0;
         while (k < n && (s[k] == ' ' || s[k] == '\t' || s[k] == '\r' || s[k] == '\f' || s[k] == '\v')) k++;
         if (k == n) continue; /* blank lines are not records */
-        ds->st.records++;
-
-        whale_err e;
-        rec_reset(r);
-        whale_code bad = parse_record(r, o, s, n, &e);
-        int32_t *ids = NULL;
-        uint8_t *mask = NULL;
-        int n_ids = 0;
-        if (!bad) {
-            bad = r->jmsgs ? encode_json(tok, tpl, r, &ids, &mask, &n_ids, &e)
-                           : whale_chat_template_encode(tok, tpl, r->m, r->n, 0, &ids, &mask, &n_ids, &e);
-            if (bad == WHALE_ERR_NOMEM) r->fatal = 1;
-            if (bad == WHALE_ERR_ARG) bad = WHALE_ERR_FORMAT; /* the record's messages, not the caller's */
-        }
-        if (bad && (r->fatal || o->bad_records == WHALE_SFT_BAD_FAIL)) {
-            rc = whale_errf(err, bad, "%s:%" PRId64 ": %s", path, line, e.msg);
-        } else if (bad) {
-            if (ds->st.skipped++ == 0)
-                snprintf(ds->st.first_bad, sizeof ds->st.first_bad, "%.200s:%" PRId64 ": %.280s", path, line,
-                         e.msg);
-        } else {
-            rc = take_sample(ds, o, ids, mask, n_ids, fi, line, err);
-        }
-        free(ids);
-        free(mask);
+        rc = one_record(ds, tok, tpl, o, fi, r, s, n, line, 0, err);
     }
     rec_reset(r);
     free(buf);
