@@ -302,8 +302,7 @@ static whale_code index_value(jctx *c, const jv *obj, const jv *key, jv *out) {
     } else if (obj->t == JV_STR) {
         /* JavaScript indexes UTF-16 units; this indexes characters, the same for the BMP */
         const unsigned char *s = (const unsigned char *)obj->u.s.p;
-        size_t n = obj->u.s.n, count = 0, starts[1];
-        (void)starts;
+        size_t n = obj->u.s.n, count = 0;
         for (size_t k = 0; k < n; k++) count += (s[k] & 0xC0) != 0x80;
         if (i < 0) i += (long long)count;
         if (i < 0 || i >= (long long)count) return WHALE_OK;

@@ -192,6 +192,10 @@ int jv_equal(const jv *a, const jv *b);
 whale_code jv_compare(jctx *c, const jv *a, const jv *b, int case_sensitive, int *out);
 /* a binary operator (not and/or) applied to two values */
 whale_code jinja_binary(jctx *c, const char *op, size_t n, const jv *l, const jv *r, jv *out);
+/* case mapping of one code point (jinja_case.c); jcase_cased: it has case */
+unsigned jcase_upper(unsigned u);
+unsigned jcase_lower(unsigned u);
+int jcase_cased(unsigned u);
 /* length in UTF-16 code units, as JavaScript counts */
 long long jstr_len16(const char *p, size_t n);
 

@@ -416,17 +416,71 @@ static int is_word(char ch) {
     return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_';
 }
 
-/* upper / lower (ASCII letters), title (first letter of each \w run), capitalize */
-static whale_code recase(jctx *c, const jv *s, int how, jv *out) {
-    JTRY(jv_strdup(c, s->u.s.p, s->u.s.n, out));
-    char *p = (char *)out->u.s.p;
-    for (size_t i = 0; i < s->u.s.n; i++) {
-        char ch = p[i];
-        int up = how == M_UPPER || (how == M_TITLE && is_word(ch) && (i == 0 || !is_word(p[i - 1]))) ||
-                 (how == M_CAPITALIZE && i == 0);
-        if (up && ch >= 'a' && ch <= 'z') p[i] = (char)(ch - 32);
-        if (how == M_LOWER && ch >= 'A' && ch <= 'Z') p[i] = (char)(ch + 32);
+/* The code point at p (of at most n bytes; *len its bytes); invalid bytes
+ * stand for themselves. */
+static unsigned utf8_at(const char *p, size_t n, int *len) {
+    const unsigned char *s = (const unsigned char *)p;
+    int l = utf8_len(s[0]);
+    if ((size_t)l > n || l == 1) {
+        *len = 1;
+        return s[0];
     }
+    unsigned u = s[0] & (0x7Fu >> l);
+    for (int k = 1; k < l; k++) {
+        if ((s[k] & 0xC0) != 0x80) { /* not a character: the byte alone */
+            *len = 1;
+            return s[0];
+        }
+        u = (u << 6) | (s[k] & 0x3Fu);
+    }
+    *len = l;
+    return u;
+}
+
+static whale_code put_cp(jctx *c, jbuf *b, unsigned u) {
+    char o[4];
+    size_t k = 0;
+    if (u < 0x80) o[k++] = (char)u;
+    else if (u < 0x800) o[k++] = (char)(0xC0 | (u >> 6));
+    else if (u < 0x10000) o[k++] = (char)(0xE0 | (u >> 12));
+    else o[k++] = (char)(0xF0 | (u >> 18)), o[k++] = (char)(0x80 | ((u >> 12) & 0x3F));
+    if (u >= 0x800) o[k++] = (char)(0x80 | ((u >> 6) & 0x3F));
+    if (u >= 0x80) o[k++] = (char)(0x80 | (u & 0x3F));
+    return jb_put(c, b, o, k);
+}
+
+/* Greek capital sigma lowers to final sigma after a cased letter and not
+ * before one, as JavaScript's toLowerCase does. */
+static unsigned lower_at(const char *p, const char *start, const char *e, unsigned u, int len) {
+    if (u != 0x3A3) return jcase_lower(u);
+    int before = 0, after = 0, l;
+    if (p > start) {
+        const char *q = p - 1;
+        while (q > start && ((unsigned char)*q & 0xC0) == 0x80) q--;
+        before = jcase_cased(utf8_at(q, (size_t)(p - q), &l));
+    }
+    if (p + len < e) after = jcase_cased(utf8_at(p + len, (size_t)(e - p - len), &l));
+    return before && !after ? 0x3C2 : 0x3C3;
+}
+
+/* upper / lower (JavaScript's mapping, see jinja_case.c), title (the first
+ * ASCII letter of each \w run, as @huggingface/jinja does), capitalize (the
+ * first character) */
+static whale_code recase(jctx *c, const jv *s, int how, jv *out) {
+    jbuf b = {0};
+    const char *p = s->u.s.p, *e = p + s->u.s.n;
+    for (const char *q = p; q < e;) {
+        int len;
+        unsigned u = utf8_at(q, (size_t)(e - q), &len);
+        int up = how == M_UPPER || (how == M_CAPITALIZE && q == p) ||
+                 (how == M_TITLE && u < 0x80 && is_word((char)u) && (q == p || !is_word(q[-1])));
+        if (how == M_TITLE && u >= 0x80) up = 0;
+        if (len == 1 && u >= 0x80) JTRY(jb_put(c, &b, q, 1)); /* an invalid byte */
+        else if (up && u == 0xDF) JTRY(jb_put(c, &b, "SS", 2));
+        else JTRY(put_cp(c, &b, up ? jcase_upper(u) : how == M_LOWER ? lower_at(q, p, e, u, len) : u));
+        q += len;
+    }
+    *out = jv_str(b.p ? b.p : "", b.n);
     return WHALE_OK;
 }
 

@@ -44,6 +44,8 @@ export const snippets = [
   "{{ 'hello'.startswith('he') }}{{ 'hello'.endswith(('x', 'lo')) }}{{ s.startswith('World') }}|{{ '  hi  '.strip() }}|{{ ' x '.lstrip() }}|{{ ' x '.rstrip() }}|",
   "{{ 'abc'[1] }}{{ 'abc'[-1] }}{{ 'abc'[::-1] }}{{ 'abcdef'[1:3] }}{{ 'abcdef'[-2:] }}{{ [1,2,3,4][1:] }}{{ [1,2,3,4][::2] }}{{ [1,2,3,4][:-1] }}{{ [1,2,3][5:] }}",
   "{{ 'Hello' | replace('l', 'L') }}|{{ 'a\\nb\\n\\nc' | indent(2) }}|{{ 'a\\nb' | indent(2, true) }}|{{ 'x' | indent }}",
+  // case mapping beyond ASCII (JavaScript's, Greek final sigma included)
+  "{{ 'àéîõü ÀÉ ß ÿ ĀāŁłŒœŸ µ Ωωάέ ΣΑΣ ΟΔΟΣ. Жж Ёё 日本 😀 x' | upper }}|{{ 'ÀÉÎ ĀŁŒŸ ΑΣ ΣΑΣ ΟΔΟΣ. Σ ΌΎΏ ЖЁЮ 😀 XY' | lower }}|{{ 'élan über' | capitalize }}|{{ 'ärger élan-x' | title }}|{{ 'ωmega'.upper() }}",
   // list filters
   "{{ [1,2,3] | join(', ') }}|{{ ['a','b'] | join }}|{{ [3,1,2] | sort }}|{{ ['b','A','c'] | sort }}|{{ [3,1,2] | reverse | list }}|{{ [1,2,2,3,1] | unique | list }}|{{ [1,2] | first }}{{ [1,2] | last }}",
   "{{ [{'n': 'a', 't': 1}, {'n': 'b'}] | selectattr('t') | map(attribute='n') | list }}|{{ [{'n': 'a', 't': 1}, {'n': 'b'}] | rejectattr('t') | map(attribute='n') | join }}|{{ messages | selectattr('role', 'equalto', 'user') | list | length }}",
