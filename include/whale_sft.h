@@ -122,6 +122,10 @@ typedef struct whale_sft_dataset whale_sft_dataset;
  * tokenizer is used only during the call (encoding needs it writable) and
  * must stay alive while samples are rendered to text. No usable sample at
  * all is WHALE_ERR_FORMAT (the message gives the counts). */
+whale_code whale_sft_dataset_open_template(const char *const *files, int n_files, whale_tokenizer *tok,
+                                           const whale_chat_template *tpl, const whale_sft_opts *opts,
+                                           whale_sft_dataset **out, whale_err *err);
+/* The same with a native format (whale_chat_template_native). */
 whale_code whale_sft_dataset_open(const char *const *files, int n_files, whale_tokenizer *tok,
                                   whale_chat_format fmt, const whale_sft_opts *opts,
                                   whale_sft_dataset **out, whale_err *err);

@@ -528,7 +528,7 @@ static void check_bad(whale_tokenizer *tok, const char *tmp) {
         {"{\"query\": \"q\", \"response\": ", "invalid JSON", WHALE_ERR_FORMAT},
         {"{\"query\": \"q\"} x", "text after the JSON value", WHALE_ERR_FORMAT},
         {"[1, 2]", "expected a JSON object", WHALE_ERR_FORMAT},
-        {"{\"text\": \"t\"}", "no \"messages\", \"query\"/\"response\"", WHALE_ERR_FORMAT},
+        {"{\"text\": \"t\"}", "no \"messages\", \"conversations\", \"query\"/\"response\"", WHALE_ERR_FORMAT},
         {"{\"query\": \"q\"}", "\"response\": missing", WHALE_ERR_FORMAT},
         {"{\"query\": 7, \"response\": \"a\"}", "\"query\": not a string", WHALE_ERR_FORMAT},
         {"{\"query\": \"q\", \"response\": \" \\n\"}", "\"response\": empty", WHALE_ERR_FORMAT},
@@ -548,8 +548,19 @@ static void check_bad(whale_tokenizer *tok, const char *tmp) {
          "messages[1]: empty assistant content", WHALE_ERR_FORMAT},
         {"{\"messages\": [{\"role\": \"assistant\", \"content\": \"a\"}, {\"role\": \"user\", \"content\": \"u\"}]}",
          "ends with a user message", WHALE_ERR_FORMAT},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}, {\"role\": \"tool\", \"content\": \"t\"}, "
+         "{\"role\": \"assistant\", \"content\": \"a\"}]}",
+         "tool messages are not supported by the native", WHALE_ERR_UNSUPPORTED},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}, {\"role\": \"tool\", \"content\": \"t\"}]}",
-         "tool messages are not supported", WHALE_ERR_UNSUPPORTED},
+         "ends with a tool message", WHALE_ERR_FORMAT},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"u\", \"loss\": true}, {\"role\": \"assistant\", "
+         "\"content\": \"a\"}]}", "messages[0].loss: true on a user message", WHALE_ERR_UNSUPPORTED},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}, {\"role\": \"assistant\", \"content\": \"a\", "
+         "\"loss\": 1}]}", "messages[1].loss: must be true, false or null", WHALE_ERR_FORMAT},
+        {"{\"tools\": \"not json\", \"messages\": [{\"role\": \"user\", \"content\": \"u\"}, {\"role\": "
+         "\"assistant\", \"content\": \"a\"}]}", "\"tools\": expected a list", WHALE_ERR_FORMAT},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}, {\"role\": \"tool_call\", \"content\": \"x\"}]}",
+         "a tool_call's content must be a JSON object", WHALE_ERR_FORMAT},
         {"{\"messages\": [{\"role\": \"assistant\", \"content\": \"a\", \"tool_calls\": [{}]}]}", "tool calls",
          WHALE_ERR_UNSUPPORTED},
         {"{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\"}]}]}", "list of content parts",
@@ -730,6 +741,88 @@ static void check_shipped_files(void) {
     cJSON_Delete(train_q);
 }
 
+/* Two datasets give the same samples (ids and trained flags). */
+static void same_samples(const whale_sft_dataset *a, const whale_sft_dataset *b, const char *what) {
+    int64_t n = whale_sft_dataset_num_samples(a);
+    CHECK(a && b && n == whale_sft_dataset_num_samples(b) && n > 0, "%s: sample counts", what);
+    whale_err err;
+    for (int64_t i = 0; a && b && i < n && i < whale_sft_dataset_num_samples(b); i++) {
+        whale_sft_sample x, y;
+        CHECK(!whale_sft_dataset_sample(a, i, &x, &err) && !whale_sft_dataset_sample(b, i, &y, &err), "%s", err.msg);
+        CHECK(x.n == y.n && !memcmp(x.ids, y.ids, sizeof *x.ids * (size_t)x.n) && !memcmp(x.train, y.train, (size_t)x.n),
+              "%s: sample %lld differs", what, (long long)i);
+    }
+}
+
+/* ShareGPT records and .json arrays give the samples of the same messages
+ * records; per-message "loss": false leaves a reply out. */
+static void check_more_shapes(whale_tokenizer *tok, const char *tmp) {
+    char p1[1200], p2[1200], p3[1200];
+    snprintf(p1, sizeof p1, "%s/plain.jsonl", tmp);
+    snprintf(p2, sizeof p2, "%s/sharegpt.jsonl", tmp);
+    snprintf(p3, sizeof p3, "%s/array.json", tmp);
+    static const char plain[] =
+        "{\"messages\": [{\"role\": \"system\", \"content\": \"Be kind.\"}, {\"role\": \"user\", \"content\": \"Hi\"}, "
+        "{\"role\": \"assistant\", \"content\": \"Hello!\"}]}\n"
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"2+2?\"}, {\"role\": \"assistant\", \"content\": \"4\"}, "
+        "{\"role\": \"user\", \"content\": \"3+3?\"}, {\"role\": \"assistant\", \"content\": \"6\"}]}\n";
+    static const char sharegpt[] =
+        "{\"system\": \"Be kind.\", \"conversations\": [{\"from\": \"human\", \"value\": \"Hi\"}, {\"from\": \"gpt\", "
+        "\"value\": \"Hello!\"}]}\n"
+        "{\"conversations\": [{\"from\": \"human\", \"value\": \"2+2?\"}, {\"from\": \"gpt\", \"value\": \"4\"}, "
+        "{\"from\": \"user\", \"value\": \"3+3?\"}, {\"from\": \"assistant\", \"value\": \"6\"}]}\n";
+    static const char array[] =
+        "\xEF\xBB\xBF [\n{\"messages\": [{\"role\": \"system\", \"content\": \"Be kind.\"}, {\"role\": \"user\", "
+        "\"content\": \"Hi\"},\n {\"role\": \"assistant\", \"content\": \"Hello!\"}]},\n"
+        "{\"conversations\": [{\"from\": \"human\", \"value\": \"2+2?\"}, {\"from\": \"gpt\", \"value\": \"4\"}, "
+        "{\"from\": \"human\", \"value\": \"3+3?\"}, {\"from\": \"gpt\", \"value\": \"6\"}]}]\n";
+    write_file(p1, plain, sizeof plain - 1);
+    write_file(p2, sharegpt, sizeof sharegpt - 1);
+    write_file(p3, array, sizeof array - 1);
+    whale_sft_dataset *a = open1(p1, tok, WHALE_CHAT_CHATML, NULL), *b = open1(p2, tok, WHALE_CHAT_CHATML, NULL),
+                      *c = open1(p3, tok, WHALE_CHAT_CHATML, NULL);
+    same_samples(a, b, "ShareGPT");
+    same_samples(a, c, ".json array");
+    whale_sft_dataset_free(b);
+    whale_sft_dataset_free(c);
+    /* "loss": false on the first reply: only the second is trained */
+    static const char lossy[] =
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"2+2?\"}, {\"role\": \"assistant\", \"content\": \"4\", "
+        "\"loss\": false}, {\"role\": \"user\", \"content\": \"3+3?\"}, {\"role\": \"assistant\", \"content\": \"6\", "
+        "\"loss\": null}]}\n";
+    write_file(p2, lossy, sizeof lossy - 1);
+    b = open1(p2, tok, WHALE_CHAT_CHATML, NULL);
+    whale_sft_sample x, y;
+    whale_err err;
+    if (a && b && !whale_sft_dataset_sample(a, 1, &x, &err) && !whale_sft_dataset_sample(b, 0, &y, &err) &&
+        x.n == y.n) {
+        int tx = 0, ty = 0, kept = 1;
+        for (int i = 0; i < x.n; i++) tx += x.train[i], ty += y.train[i], kept &= !y.train[i] || x.train[i];
+        CHECK(x.n == y.n && !memcmp(x.ids, y.ids, sizeof *x.ids * (size_t)x.n), "loss: the ids do not change");
+        CHECK(ty > 0 && ty < tx && kept, "loss false: %d of %d trained tokens left", ty, tx);
+    }
+    whale_sft_dataset_free(a);
+    whale_sft_dataset_free(b);
+    /* errors name the record of an array; a broken array is one error */
+    static const char bad_array[] = "[{\"query\": \"q\", \"response\": \"a\"}, {\"conversations\": [{\"from\": \"bot\", "
+                                    "\"value\": \"x\"}]}]";
+    write_file(p3, bad_array, sizeof bad_array - 1);
+    whale_sft_dataset *ds = NULL;
+    const char *f = p3;
+    whale_code rc = whale_sft_dataset_open(&f, 1, tok, WHALE_CHAT_CHATML, NULL, &ds, &err);
+    CHECK(rc == WHALE_ERR_FORMAT && strstr(err.msg, "array.json: record 2: conversations[0]: unknown \"from\"") && one_line(&err),
+          "%s", err.msg);
+    whale_sft_dataset_free(ds);
+    write_file(p3, "[{\"query\": ", 11);
+    ds = NULL;
+    rc = whale_sft_dataset_open(&f, 1, tok, WHALE_CHAT_CHATML, NULL, &ds, &err);
+    CHECK(rc == WHALE_ERR_FORMAT && strstr(err.msg, "must be one JSON array") && one_line(&err), "%s", err.msg);
+    whale_sft_dataset_free(ds);
+    remove(p1);
+    remove(p2);
+    remove(p3);
+}
+
 int main(void) {
     const char *env = getenv("WHALE_TOKENIZERS");
     char tokdir[1024];
@@ -761,6 +854,7 @@ int main(void) {
         }
         check_placeholders(ds_tok);
         check_bad(qw_tok, tmp);
+        check_more_shapes(qw_tok, tmp);
     }
     rmdir(tmp);
     whale_tokenizer_free(ds_tok);

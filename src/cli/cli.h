@@ -67,6 +67,7 @@ int cmd_score(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_chat_template(int argc, char **argv);
 int cmd_grad(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_chat_eval(int argc, char **argv);

@@ -77,42 +77,134 @@ static char *read_message(FILE *in, int interactive, int *eof) {
     return buf;
 }
 
-int cmd_chat(int argc, char **argv) {
-    const char *dir = NULL, *system = NULL, *tmpl = NULL, *adapters = NULL;
-    char *base = NULL, *run_tmpl = NULL, *run_system = NULL;
-    whale_dtype dtype = WHALE_F32;
-    long n_new = 512, threads = 0;
-    whale_sampler_params sp = cli_sampling_defaults();
-    unsigned given = 0;
+/* ------------------------------------------------------------ the conversation */
+
+/* The messages so far, as the template gets them (OpenAI's form). */
+typedef struct {
+    cJSON *msgs;
+    const cJSON *tools; /* --tools, or NULL */
+    int keep;           /* messages that 'clear' keeps (the system prompt) */
+} convo;
+
+static whale_code convo_push(convo *c, const char *role, const char *content, whale_err *err) {
+    if (cJSON_GetArraySize(c->msgs) >= 4096)
+        return whale_errf(err, WHALE_ERR_RANGE, "the conversation has too many turns; type clear");
+    cJSON *o = cJSON_CreateObject();
+    if (!o || !cJSON_AddStringToObject(o, "role", role) || !cJSON_AddStringToObject(o, "content", content) ||
+        !cJSON_AddItemToArray(c->msgs, o)) {
+        cJSON_Delete(o);
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    }
+    return WHALE_OK;
+}
+
+static void convo_drop_last(convo *c) { cJSON_DeleteItemFromArray(c->msgs, cJSON_GetArraySize(c->msgs) - 1); }
+
+static void convo_clear(convo *c) {
+    while (cJSON_GetArraySize(c->msgs) > c->keep) convo_drop_last(c);
+}
+
+/* The conversation rendered with the generation prompt, as ids. */
+static whale_code convo_ids(const convo *c, whale_tokenizer *tok, const whale_chat_template *tpl, int32_t **ids,
+                            int *n_ids, whale_err *err) {
+    char *text = NULL;
+    size_t len = 0;
+    whale_code rc = whale_chat_template_spans_json(tpl, c->msgs, c->tools, 1, whale_tokenizer_role_token(tok, WHALE_TOKEN_BOS),
+                                                   &text, &len, NULL, NULL, err);
+    if (!rc) rc = whale_tokenizer_encode(tok, text, len, 0, ids, n_ids, err);
+    free(text);
+    return rc;
+}
+
+/* The reply joins the conversation; with --tools its tool calls are parsed
+ * (OpenAI's tool_calls) and printed as one JSON line. */
+static whale_code convo_reply(convo *c, const char *reply, whale_err *err) {
+    if (!c->tools) return convo_push(c, "assistant", reply, err);
+    cJSON *m;
+    whale_code rc = whale_chat_parse_tool_calls(reply, strlen(reply), &m, err);
+    if (rc) return rc;
+    const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+    if (calls) {
+        char *line = cJSON_PrintUnformatted(calls);
+        if (line) printf("tool_calls: %s\n", line);
+        free(line);
+    }
+    if (!cJSON_AddItemToArray(c->msgs, m)) {
+        cJSON_Delete(m);
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    }
+    return WHALE_OK;
+}
+
+/* ------------------------------------------------------------ chat */
+
+typedef struct {
+    const char *dir, *system, *tmpl, *adapters, *tools;
+    whale_dtype dtype;
+    long n_new, threads;
+    whale_sampler_params sp;
+    unsigned given;
+} chat_opts;
+
+static const char chat_help[] =
+    "usage: whale chat (-m DIR | --adapters CKPT | both) [--system TEXT] [--chat-template deepseek|chatml|raw|FILE.jinja]\n"
+    "                  [--tools FILE.json]\n"
+    "  --adapters CKPT: a LoRA checkpoint of whale sft; its args.json gives the base model and\n"
+    "  the template and system prompt it was trained with (flags override them)\n"
+    "  type a message and press enter; \"\"\" on a line starts and ends a multi-line message;\n"
+    "  'clear' forgets the conversation, 'exit' (or end of input) quits. From a pipe, each line\n"
+    "  is one message and each reply is printed on its own line.\n"
+    "  --tools FILE.json: tool definitions for the template; tool calls in a reply are printed\n"
+    "  as a line 'tool_calls: [...]' (OpenAI's form), and a message '/tool TEXT' answers them\n"
+    "  as a tool result.\n"
+    "  -n N (512) tokens per reply at most; sampling options as in 'whale generate'\n"
+    "  (--temperature 0.7 --top-k 50 --top-p 0.9 --min-p 0 --repeat-penalty 1 --seed S);\n"
+    "  --dtype fp32|bf16 (compute precision), --threads N";
+
+static int chat_parse(int argc, char **argv, chat_opts *o) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            puts("usage: whale chat (-m DIR | --adapters CKPT | both) [--system TEXT] [--chat-template deepseek|chatml|raw]\n"
-                 "  --adapters CKPT: a LoRA checkpoint of whale sft; its args.json gives the base model and\n"
-                 "  the template and system prompt it was trained with (flags override them)\n"
-                 "  type a message and press enter; \"\"\" on a line starts and ends a multi-line message;\n"
-                 "  'clear' forgets the conversation, 'exit' (or end of input) quits. From a pipe, each line\n"
-                 "  is one message and each reply is printed on its own line.\n"
-                 "  -n N (512) tokens per reply at most; sampling options as in 'whale generate'\n"
-                 "  (--temperature 0.7 --top-k 50 --top-p 0.9 --min-p 0 --repeat-penalty 1 --seed S);\n"
-                 "  --dtype fp32|bf16 (compute precision), --threads N");
-            return 0;
+            puts(chat_help);
+            return -1;
         }
         if (!(v = cli_value(argc, argv, &i))) return cli_usage("chat", "%s needs a value", a);
         int bad = 0;
-        if (cli_sampling_option("chat", a, v, &sp, &given, &bad)) {
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
-        else if (!strcmp(a, "--system")) system = v;
-        else if (!strcmp(a, "--adapters")) adapters = v;
-        else if (!strcmp(a, "--chat-template")) tmpl = v;
-        else if (!strcmp(a, "--dtype")) bad = cli_dtype("chat", v, &dtype);
-        else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens")) bad = cli_int("chat", a, v, 1, 1 << 24, &n_new);
-        else if (!strcmp(a, "--threads")) bad = cli_int("chat", a, v, 1, 1024, &threads);
+        if (cli_sampling_option("chat", a, v, &o->sp, &o->given, &bad)) {
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->dir = v;
+        else if (!strcmp(a, "--system")) o->system = v;
+        else if (!strcmp(a, "--adapters")) o->adapters = v;
+        else if (!strcmp(a, "--chat-template")) o->tmpl = v;
+        else if (!strcmp(a, "--tools")) o->tools = v;
+        else if (!strcmp(a, "--dtype")) bad = cli_dtype("chat", v, &o->dtype);
+        else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens")) bad = cli_int("chat", a, v, 1, 1 << 24, &o->n_new);
+        else if (!strcmp(a, "--threads")) bad = cli_int("chat", a, v, 1, 1024, &o->threads);
         else return cli_usage("chat", "unknown option \"%s\"", a);
         if (bad) return bad;
     }
-    if (!dir && !adapters) return cli_usage("chat", "-m DIR or --adapters CKPT is required");
-    whale_set_threads((int)threads);
+    if (!o->dir && !o->adapters) return cli_usage("chat", "-m DIR or --adapters CKPT is required");
+    return 0;
+}
+
+static whale_code read_tools(const char *path, cJSON **out, whale_err *err) {
+    char *buf;
+    size_t n;
+    whale_code rc = whale_read_file(path, &buf, &n, err);
+    if (rc) return rc;
+    *out = cJSON_ParseWithLength(buf, n);
+    free(buf);
+    if (!cJSON_IsArray(*out)) return whale_errf(err, WHALE_ERR_FORMAT, "%s: expected a JSON array of tool definitions", path);
+    return WHALE_OK;
+}
+
+int cmd_chat(int argc, char **argv) {
+    chat_opts o = {.dtype = WHALE_F32, .n_new = 512, .sp = cli_sampling_defaults()};
+    int bad = chat_parse(argc, argv, &o);
+    if (bad) return bad < 0 ? 0 : bad;
+    whale_set_threads((int)o.threads);
+    const char *dir = o.dir, *system = o.system, *tmpl = o.tmpl;
+    char *base = NULL, *run_tmpl = NULL, *run_system = NULL;
+    whale_sampler_params sp = o.sp;
 
     whale_err err;
     whale_model *m = NULL;
@@ -120,38 +212,45 @@ int cmd_chat(int argc, char **argv) {
     whale_detokenizer *detok = NULL;
     whale_session *s = NULL;
     whale_sampler *sm = NULL;
-    whale_chat_format fmt;
-    whale_chat_message *msgs = NULL;
-    int n_msgs = 0, status = 0, interactive = isatty(0) && isatty(1);
+    whale_chat_template *tpl = NULL;
+    cJSON *tools = NULL;
+    convo cv = {cJSON_CreateArray(), NULL, 0};
+    int status = 0, interactive = isatty(0) && isatty(1);
     int32_t *ctx = NULL, *ids = NULL, stop[16];
-    if (cli_load_model(dir, adapters, dtype, 0, &m, &base, &run_tmpl, &run_system, &err)) goto fail;
+    if (!cv.msgs) {
+        whale_errf(&err, WHALE_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if (o.tools && read_tools(o.tools, &tools, &err)) goto fail;
+    cv.tools = tools;
+    if (cli_load_model(dir, o.adapters, o.dtype, 0, &m, &base, &run_tmpl, &run_system, &err)) goto fail;
     dir = base;
-    if (cli_generation_config(dir, &sp, given, interactive, &err)) goto fail;
+    if (cli_generation_config(dir, &sp, o.given, interactive, &err)) goto fail;
     if (!tmpl) tmpl = run_tmpl;
     if (!system) system = run_system;
     if (cli_load_tokenizer(dir, m, &tok, &err) ||
-        (tmpl ? whale_chat_format_from_name(tmpl, &fmt, &err) : whale_chat_detect(dir, &fmt, &err)) ||
-        whale_detokenizer_new(tok, 1, &detok, &err))
+        whale_chat_template_load(dir, tmpl, &tpl, &err) || whale_detokenizer_new(tok, 1, &detok, &err))
         goto fail;
-    int maxpos = whale_model_max_positions(m), n_stop = whale_chat_stop_ids(tok, fmt, stop, 8);
+    if (whale_chat_template_notice(tpl)) fprintf(stderr, "whale: %s\n", whale_chat_template_notice(tpl));
+    int maxpos = whale_model_max_positions(m), n_stop = whale_chat_template_stop_ids(tok, tpl, stop, 8);
     if (n_stop > 8) n_stop = 8;
     n_stop += whale_model_eos_ids(m, stop + n_stop, 8);
-    msgs = calloc(2048, sizeof *msgs);
     ctx = malloc(sizeof(int32_t) * (size_t)(maxpos + 1));
-    if (!msgs || !ctx) {
+    if (!ctx) {
         whale_errf(&err, WHALE_ERR_NOMEM, "out of memory");
         goto fail;
     }
     if (whale_sampler_new(&sp, whale_model_vocab_size(m), &sm, &err) || whale_session_new(m, 1, maxpos, &s, &err))
         goto fail;
-    if (system) msgs[n_msgs++] = (whale_chat_message){"system", strdup(system)};
+    if (system && convo_push(&cv, "system", system, &err)) goto fail;
+    cv.keep = cJSON_GetArraySize(cv.msgs);
     if (interactive) {
         whale_memory mm;
         whale_memory_of_model(m, &mm);
         whale_memory_add_session(&mm, s);
         whale_memory_print_line(&mm, stderr);
         fprintf(stderr, "whale chat: %s template, %d positions; 'clear' to forget, 'exit' to quit, \"\"\" for multi-line\n",
-                whale_chat_format_name(fmt), maxpos);
+                whale_chat_template_name(tpl), maxpos);
     }
     int n_ctx = 0; /* ids the cache holds (plus the last sampled one) */
     for (;;) {
@@ -163,8 +262,7 @@ int cmd_chat(int argc, char **argv) {
         }
         if (!strcmp(text, "clear")) {
             free(text);
-            for (int i = system ? 1 : 0; i < n_msgs; i++) free((char *)msgs[i].content);
-            n_msgs = system ? 1 : 0;
+            convo_clear(&cv);
             whale_session_reset(s);
             n_ctx = 0;
             if (interactive) fprintf(stderr, "(conversation cleared)\n");
@@ -174,20 +272,18 @@ int cmd_chat(int argc, char **argv) {
             free(text);
             continue;
         }
-        if (n_msgs + 2 > 2048) {
-            free(text);
-            whale_errf(&err, WHALE_ERR_RANGE, "the conversation has too many turns; type clear");
-            goto fail;
-        }
-        msgs[n_msgs++] = (whale_chat_message){"user", text};
+        int is_tool = tools && !strncmp(text, "/tool ", 6);
+        whale_code pushed = convo_push(&cv, is_tool ? "tool" : "user", is_tool ? text + 6 : text, &err);
+        free(text);
+        if (pushed) goto fail;
         int n_ids;
         free(ids);
         ids = NULL;
-        if (whale_chat_encode(tok, fmt, msgs, n_msgs, 1, &ids, NULL, &n_ids, &err)) goto fail;
+        if (convo_ids(&cv, tok, tpl, &ids, &n_ids, &err)) goto fail;
         if (n_ids + 1 >= maxpos) {
             fprintf(stderr, "whale: the conversation (%d tokens) fills the model's %d positions; type clear\n", n_ids,
                     maxpos);
-            free((char *)msgs[--n_msgs].content);
+            convo_drop_last(&cv);
             continue;
         }
         /* keep the cache for the common prefix of what it holds and the new rendering */
@@ -198,7 +294,7 @@ int cmd_chat(int argc, char **argv) {
         n_ctx = n_ids;
         chat_printer pr = {detok, &err, 0, 0, stop, n_stop};
         whale_gen_stats st;
-        int budget = (int)(n_new < maxpos - n_ctx ? n_new : maxpos - n_ctx);
+        int budget = (int)(o.n_new < maxpos - n_ctx ? o.n_new : maxpos - n_ctx);
         if (whale_generate(s, sm, ctx, &n_ctx, maxpos, budget, stop, n_stop, print_piece, &pr, &st, &err) || pr.failed)
             goto fail;
         const char *tail;
@@ -206,13 +302,15 @@ int cmd_chat(int argc, char **argv) {
         if (whale_detokenizer_flush(detok, &tail, &tl, &err)) goto fail;
         fwrite(tail, 1, tl, stdout);
         fputc('\n', stdout);
-        fflush(stdout);
         /* the reply as text, for the next rendering */
         int n_reply = n_ctx - n_ids - (st.stopped ? 1 : 0);
         char *reply;
         size_t rl;
         if (whale_tokenizer_decode(tok, ctx + n_ids, n_reply, 1, &reply, &rl, &err)) goto fail;
-        msgs[n_msgs++] = (whale_chat_message){"assistant", reply};
+        whale_code added = convo_reply(&cv, reply, &err);
+        free(reply);
+        fflush(stdout);
+        if (added) goto fail;
         fprintf(stderr, "[%d tokens in %.2f s, %.1f tokens/s; prompt %d new tokens]\n", st.generated, st.gen_seconds,
                 st.generated > 1 ? (st.generated - 1) / st.gen_seconds : 0.0, st.prompt_tokens);
     }
@@ -220,13 +318,14 @@ int cmd_chat(int argc, char **argv) {
 fail:
     status = cli_fail(&err);
 out:
-    for (int i = 0; i < n_msgs; i++) free((char *)msgs[i].content);
-    free(msgs);
+    cJSON_Delete(cv.msgs);
+    cJSON_Delete(tools);
     free(ctx);
     free(ids);
     whale_sampler_free(sm);
     whale_session_free(s);
     whale_detokenizer_free(detok);
+    whale_chat_template_free(tpl);
     whale_tokenizer_free(tok);
     whale_model_free(m);
     free(base);
@@ -246,7 +345,7 @@ static int mentions(const char *text, const char *const v[2]) {
 }
 
 /* One greedy reply to a single-turn conversation. *reply is malloc'd. */
-static whale_code reply_to(whale_session *s, whale_sampler *sm, whale_tokenizer *tok, whale_chat_format fmt,
+static whale_code reply_to(whale_session *s, whale_sampler *sm, whale_tokenizer *tok, const whale_chat_template *tpl,
                            const char *system, const char *query, int32_t *buf, int cap, int n_new,
                            const int32_t *stop, int n_stop, char **reply, whale_err *err) {
     whale_chat_message msgs[2];
@@ -254,7 +353,7 @@ static whale_code reply_to(whale_session *s, whale_sampler *sm, whale_tokenizer 
     if (system) msgs[n++] = (whale_chat_message){"system", system};
     msgs[n++] = (whale_chat_message){"user", query};
     int32_t *ids;
-    whale_code c = whale_chat_encode(tok, fmt, msgs, n, 1, &ids, NULL, &n_ids, err);
+    whale_code c = whale_chat_template_encode(tok, tpl, msgs, n, 1, &ids, NULL, &n_ids, err);
     if (c) return c;
     if (n_ids + 1 >= cap) {
         free(ids);
@@ -327,7 +426,7 @@ int cmd_chat_eval(int argc, char **argv) {
     size_t lcap = 0;
     int status = 0;
     long asked[2] = {0}, right[2] = {0}, questions = 0, correct = 0, lineno = 0;
-    whale_chat_format fmt;
+    whale_chat_template *tpl = NULL;
     whale_sft_opts fo = whale_sft_defaults();
     fo.model_name[0] = names[0], fo.model_name[1] = names[1];
     fo.model_author[0] = authors[0], fo.model_author[1] = authors[1];
@@ -338,10 +437,9 @@ int cmd_chat_eval(int argc, char **argv) {
     sp.temperature = 0;
     int maxpos = whale_model_max_positions(m);
     if (cli_load_tokenizer(base, m, &tok, &err) ||
-        (tmpl ? whale_chat_format_from_name(tmpl, &fmt, &err) : whale_chat_detect(base, &fmt, &err)) ||
-        whale_sampler_new(&sp, whale_model_vocab_size(m), &sm, &err) || whale_session_new(m, 1, maxpos, &s, &err))
+        whale_chat_template_load(base, tmpl, &tpl, &err) || whale_sampler_new(&sp, whale_model_vocab_size(m), &sm, &err) || whale_session_new(m, 1, maxpos, &s, &err))
         goto fail;
-    int n_stop = whale_chat_stop_ids(tok, fmt, stop, 8);
+    int n_stop = whale_chat_template_stop_ids(tok, tpl, stop, 8);
     if (n_stop > 8) n_stop = 8;
     n_stop += whale_model_eos_ids(m, stop + n_stop, 8);
     if (!(buf = malloc(sizeof(int32_t) * (size_t)(maxpos + 1)))) {
@@ -380,7 +478,7 @@ int cmd_chat_eval(int argc, char **argv) {
         char *query = NULL, *reply = NULL;
         whale_code c = whale_sft_fill_placeholders(q->valuestring, cJSON_IsString(tag) ? tag->valuestring : NULL, &fo,
                                                    &query, &err);
-        if (!c) c = reply_to(s, sm, tok, fmt, system, query, buf, maxpos, (int)n_new, stop, n_stop, &reply, &err);
+        if (!c) c = reply_to(s, sm, tok, tpl, system, query, buf, maxpos, (int)n_new, stop, n_stop, &reply, &err);
         if (c) {
             free(query);
             cJSON_Delete(j);
@@ -433,6 +531,7 @@ done:
     free(buf);
     whale_sampler_free(sm);
     whale_session_free(s);
+    whale_chat_template_free(tpl);
     whale_tokenizer_free(tok);
     whale_model_free(m);
     free(base);

@@ -22,7 +22,7 @@ static const char sft_usage[] =
     "  --loss-scope assistant|all (assistant)   --on-bad-record fail|skip (fail)\n"
     "  --model-name ZH [EN]  --model-author ZH [EN]   fill {{NAME}} / {{AUTHOR}} of self-cognition records\n"
     "  --system TEXT   system prompt for records without one (default: the chat template's)\n"
-    "  --chat-template deepseek|chatml|raw (default: the model folder's)\n"
+    "  --chat-template deepseek|chatml|raw|FILE.jinja (default: the model folder's own)\n"
     "  --warmup-ratio R (0)  --weight-decay W (0.1)  --max-grad-norm G (1)  --seed S (42)\n"
     "  --save-steps N (500)  --save-total-limit N (keep all)  --logging-steps N (5)\n"
     "  --gradient-checkpointing (alias --recompute)  --nan-check  --memory-limit GIB  --threads N  --quiet\n"
@@ -86,20 +86,19 @@ static int dry_run(const whale_sft_run_opts *o, long n_show) {
     whale_err err;
     whale_tokenizer *tok = NULL;
     whale_sft_dataset *ds = NULL;
-    whale_chat_format fmt;
+    whale_chat_template *tpl = NULL;
     int status = 0;
-    if (whale_tokenizer_load(o->model, &tok, &err) ||
-        (o->chat_template ? whale_chat_format_from_name(o->chat_template, &fmt, &err)
-                          : whale_chat_detect(o->model, &fmt, &err)) ||
-        whale_sft_dataset_open(o->data, o->n_data, tok, fmt, &o->data_opts, &ds, &err))
+    if (whale_tokenizer_load(o->model, &tok, &err) || whale_chat_template_load(o->model, o->chat_template, &tpl, &err))
         goto fail;
+    if (whale_chat_template_notice(tpl)) fprintf(stderr, "whale: %s\n", whale_chat_template_notice(tpl));
+    if (whale_sft_dataset_open_template(o->data, o->n_data, tok, tpl, &o->data_opts, &ds, &err)) goto fail;
     whale_sft_stats st;
     whale_sft_dataset_stats(ds, &st);
     for (int64_t i = 0; i < n_show && i < st.samples; i++)
         if (show_sample(ds, i, &err)) goto fail;
     printf("{\"template\": \"%s\", \"records\": %lld, \"samples\": %lld, \"skipped\": %lld, \"deleted\": %lld, "
            "\"truncated\": %lld, \"untrained\": %lld, \"tokens\": %lld, \"trained_tokens\": %lld, \"longest\": %d}\n",
-           whale_chat_format_name(fmt), (long long)st.records, (long long)st.samples, (long long)st.skipped,
+           whale_chat_template_name(tpl), (long long)st.records, (long long)st.samples, (long long)st.skipped,
            (long long)st.deleted, (long long)st.truncated, (long long)st.untrained, (long long)st.tokens,
            (long long)st.trained_tokens, st.max_sample_tokens);
     goto out;
@@ -107,6 +106,7 @@ fail:
     status = cli_fail(&err);
 out:
     whale_sft_dataset_free(ds);
+    whale_chat_template_free(tpl);
     whale_tokenizer_free(tok);
     return status;
 }

@@ -24,6 +24,7 @@ static const char usage_text[] =
     "  bench     (-m DIR | --preset NAME) --what forward|prefill|decode   speed\n"
     "  chat      -m DIR [--system TEXT]                            interactive chat (or from a pipe)\n"
     "  chat-eval (-m DIR | --adapters CKPT) --data EVAL.jsonl ...   score identity answers (self-cognition)\n"
+    "  chat-template -m DIR --messages FILE.json [--ids]          render a conversation (apply_chat_template)\n"
     "  grad      -m DIR --ids FILE --out GRADS.safetensors         gradient of the mean loss\n"
     "  tokenizer train --vocab-size N --out DIR FILES...           train a byte-level BPE tokenizer\n"
     "  data prepare --tokenizer DIR --out DIR FILES...             text to token shards\n"
@@ -215,7 +216,7 @@ whale_code cli_generation_config(const char *dir, whale_sampler_params *sp, unsi
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: whale COMMAND [options] (commands: info init score generate chat grad train eval export precision-report data plot tokenizer bench tokenize detokenize diagnose memory; see 'whale --help')\n");
+        fprintf(stderr, "usage: whale COMMAND [options] (commands: info init score generate chat chat-template grad train eval export precision-report data plot tokenizer bench tokenize detokenize diagnose memory; see 'whale --help')\n");
         return 2;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
@@ -229,7 +230,7 @@ int main(int argc, char **argv) {
         const char *name;
         int (*fn)(int, char **);
     } cmds[] = {{"info", cmd_info}, {"init", cmd_init}, {"score", cmd_score}, {"generate", cmd_generate}, {"chat", cmd_chat}, {"bench", cmd_bench},
-                  {"tokenize", cmd_tokenize}, {"grad", cmd_grad}, {"train", cmd_train_model}, {"sft", cmd_sft}, {"chat-eval", cmd_chat_eval}, {"eval", cmd_eval}, {"export", cmd_export},
+                  {"tokenize", cmd_tokenize}, {"grad", cmd_grad}, {"train", cmd_train_model}, {"sft", cmd_sft}, {"chat-eval", cmd_chat_eval}, {"chat-template", cmd_chat_template}, {"eval", cmd_eval}, {"export", cmd_export},
                   {"precision-report", cmd_precision_report},
                   {"data", cmd_data}, {"plot", cmd_plot}, {"tokenizer", cmd_tokenizer}, {"detokenize", cmd_detokenize}, {"diagnose", cmd_diagnose}, {"memory", cmd_memory}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)

@@ -314,20 +314,11 @@ static whale_code normalized_spans(whale_tokenizer *tok, const char *text, size_
     return rc;
 }
 
-whale_code whale_chat_encode(whale_tokenizer *tok, whale_chat_format fmt,
-                             const whale_chat_message *msgs, int n, int add_generation_prompt,
-                             int32_t **ids, uint8_t **loss_mask, int *n_ids, whale_err *err) {
-    if (!tok || !ids || !n_ids) return whale_errf(err, WHALE_ERR_ARG, "whale_chat_encode: NULL argument");
-    const char *bos = whale_tokenizer_role_token(tok, WHALE_TOKEN_BOS);
-    char *text;
-    size_t len;
-    whale_chat_span *sp;
-    int n_sp;
-    whale_code rc = whale_chat_render(fmt, msgs, n, add_generation_prompt, bos, &text, &len, &sp, &n_sp, err);
-    if (rc) return rc;
+whale_code whale_chat_encode_spans(whale_tokenizer *tok, const char *text, size_t len, whale_chat_span *sp,
+                                  int n_sp, int32_t **ids, uint8_t **loss_mask, int *n_ids, whale_err *err) {
     int32_t *out = NULL;
     int n_out = 0;
-    rc = whale_tokenizer_encode(tok, text, len, 0, &out, &n_out, err);
+    whale_code rc = whale_tokenizer_encode(tok, text, len, 0, &out, &n_out, err);
     uint8_t *mask = NULL;
     size_t *ends = NULL;
     sbuf whole = {0};
@@ -349,8 +340,6 @@ whale_code whale_chat_encode(whale_tokenizer *tok, whale_chat_format fmt,
     }
     free(ends);
     free(whole.p);
-    free(text);
-    free(sp);
     if (rc) {
         free(mask);
         free(out);
@@ -360,6 +349,23 @@ whale_code whale_chat_encode(whale_tokenizer *tok, whale_chat_format fmt,
     *n_ids = n_out;
     if (loss_mask) *loss_mask = mask;
     return WHALE_OK;
+}
+
+whale_code whale_chat_encode(whale_tokenizer *tok, whale_chat_format fmt,
+                             const whale_chat_message *msgs, int n, int add_generation_prompt,
+                             int32_t **ids, uint8_t **loss_mask, int *n_ids, whale_err *err) {
+    if (!tok || !ids || !n_ids) return whale_errf(err, WHALE_ERR_ARG, "whale_chat_encode: NULL argument");
+    const char *bos = whale_tokenizer_role_token(tok, WHALE_TOKEN_BOS);
+    char *text = NULL;
+    size_t len = 0;
+    whale_chat_span *sp = NULL;
+    int n_sp = 0;
+    whale_code rc = whale_chat_render(fmt, msgs, n, add_generation_prompt, bos, &text, &len, &sp, &n_sp, err);
+    if (rc) return rc;
+    rc = whale_chat_encode_spans(tok, text, len, sp, n_sp, ids, loss_mask, n_ids, err);
+    free(text);
+    free(sp);
+    return rc;
 }
 
 /* ------------------------------------------------------------ detection */

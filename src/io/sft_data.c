@@ -158,12 +158,23 @@ typedef struct {
     whale_chat_message *parsed; /* from whale_chat_parse_json */
     cJSON *root;                /* the parsed line: the other contents point into it */
     int fatal;                  /* the error is not the record's fault: never skipped */
+    /* records with tools, tool calls, tool messages, thinking or per-message
+     * "loss" keep their JSON (OpenAI's form) for the template instead of m: */
+    cJSON *jmsgs, *jtools;
+    signed char *loss; /* per message of jmsgs: 1 true, 0 false, -1 default */
+    int n_loss;
 } rec;
 
 static void rec_reset(rec *r) {
     for (int i = 0; i < r->n_owned; i++) free(r->owned[i]);
     free(r->parsed);
     cJSON_Delete(r->root);
+    cJSON_Delete(r->jmsgs);
+    cJSON_Delete(r->jtools);
+    free(r->loss);
+    r->jmsgs = r->jtools = NULL;
+    r->loss = NULL;
+    r->n_loss = 0;
     r->parsed = NULL;
     r->root = NULL;
     r->n = r->n_owned = 0;
@@ -246,6 +257,164 @@ static whale_code check_role(const char *role, int i, whale_err *err) {
                       i, role);
 }
 
+/* ------------------------------------------------------------ records with tools */
+
+static int is_role(const cJSON *m, const char *role) {
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(m, "role");
+    return cJSON_IsString(r) && !strcmp(r->valuestring, role);
+}
+
+static int present(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return v && !cJSON_IsNull(v) && !(cJSON_IsArray(v) && !v->child);
+}
+
+/* Does the record need its JSON for the template (see rec)? */
+static int wants_json(const cJSON *root, const cJSON *arr) {
+    if (present(root, "tools")) return 1;
+    static const char *const roles[] = {"tool", "tool_call", "tool_response"};
+    static const char *const fields[] = {"tool_calls", "reasoning_content", "loss"};
+    for (const cJSON *m = arr->child; m; m = m->next) {
+        for (int k = 0; k < 3; k++)
+            if (is_role(m, roles[k]) || cJSON_GetObjectItemCaseSensitive(m, fields[k])) return 1;
+    }
+    return 0;
+}
+
+static whale_code json_oom(rec *r, cJSON *x, whale_err *err) {
+    cJSON_Delete(x);
+    return oom(r, err);
+}
+
+/* ms-swift's {"role": "tool_call", "content": "{\"name\": …, \"arguments\": …}"}
+ * as an OpenAI tool call, appended to the assistant message before it (or
+ * a new one). */
+static whale_code add_tool_call(rec *r, cJSON *out, const cJSON *m, int i, signed char loss, whale_err *err) {
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+    cJSON *call = cJSON_IsString(content) ? cJSON_Parse(content->valuestring) : NULL;
+    if (!cJSON_IsObject(call) || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(call, "name"))) {
+        cJSON_Delete(call);
+        return whale_errf(err, WHALE_ERR_FORMAT, "messages[%d]: a tool_call's content must be a JSON object "
+                          "{\"name\": ..., \"arguments\": ...}", i);
+    }
+    cJSON *last = cJSON_GetArrayItem(out, cJSON_GetArraySize(out) - 1);
+    if (!last || !is_role(last, "assistant")) {
+        last = cJSON_CreateObject();
+        if (!last || !cJSON_AddItemToArray(out, last) || !cJSON_AddStringToObject(last, "role", "assistant") ||
+            !cJSON_AddStringToObject(last, "content", ""))
+            return json_oom(r, call, err);
+        r->loss[r->n_loss++] = loss;
+    }
+    cJSON *calls = cJSON_GetObjectItemCaseSensitive(last, "tool_calls");
+    if (!calls && !(calls = cJSON_AddArrayToObject(last, "tool_calls"))) return json_oom(r, call, err);
+    cJSON *wrap = cJSON_CreateObject();
+    if (!wrap || !cJSON_AddItemToArray(calls, wrap) || !cJSON_AddStringToObject(wrap, "type", "function") ||
+        !cJSON_AddItemToObject(wrap, "function", call))
+        return json_oom(r, call, err);
+    return WHALE_OK;
+}
+
+/* One message in OpenAI's form: tool_response → tool, "loss" taken out. */
+static whale_code add_message(rec *r, cJSON *out, const cJSON *m, int i, whale_err *err) {
+    if (!cJSON_IsObject(m) || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(m, "role")))
+        return whale_errf(err, WHALE_ERR_FORMAT, "messages[%d]: not an object with a string \"role\"", i);
+    static const char *const roles[] = {"system", "user", "assistant", "tool", "tool_call", "tool_response"};
+    int known = 0;
+    for (size_t k = 0; k < sizeof roles / sizeof roles[0]; k++) known |= is_role(m, roles[k]);
+    if (!known) /* a template would drop it silently */
+        return whale_errf(err, WHALE_ERR_FORMAT, "messages[%d]: unknown role \"%.64s\" (expected system, user, "
+                          "assistant, tool, tool_call or tool_response)", i,
+                          cJSON_GetObjectItemCaseSensitive(m, "role")->valuestring);
+    const cJSON *lv = cJSON_GetObjectItemCaseSensitive(m, "loss");
+    if (lv && !cJSON_IsNull(lv) && !cJSON_IsBool(lv))
+        return whale_errf(err, WHALE_ERR_FORMAT, "messages[%d].loss: must be true, false or null", i);
+    signed char loss = cJSON_IsBool(lv) ? (signed char)cJSON_IsTrue(lv) : -1;
+    if (loss == 1 && !is_role(m, "assistant") && !is_role(m, "tool_call"))
+        return whale_errf(err, WHALE_ERR_UNSUPPORTED, "messages[%d].loss: true on a %s message (only assistant "
+                          "replies and tool calls are trained)", i, cJSON_GetObjectItemCaseSensitive(m, "role")->valuestring);
+    if (is_role(m, "tool_call")) return add_tool_call(r, out, m, i, loss, err);
+    cJSON *copy = cJSON_Duplicate(m, 1);
+    if (!copy || !cJSON_AddItemToArray(out, copy)) return json_oom(r, copy, err);
+    cJSON_DeleteItemFromObjectCaseSensitive(copy, "loss");
+    if (is_role(m, "tool_response") && !cJSON_ReplaceItemInObjectCaseSensitive(copy, "role", cJSON_CreateString("tool")))
+        return oom(r, err);
+    r->loss[r->n_loss++] = loss;
+    return WHALE_OK;
+}
+
+static whale_code record_tools(rec *r, const cJSON *root, whale_err *err) {
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    if (!t || cJSON_IsNull(t)) return WHALE_OK;
+    /* ms-swift writes the tools as a JSON string */
+    r->jtools = cJSON_IsString(t) ? cJSON_Parse(t->valuestring) : cJSON_Duplicate(t, 1);
+    if (!cJSON_IsArray(r->jtools))
+        return whale_errf(err, WHALE_ERR_FORMAT, "\"tools\": expected a list of tool definitions (or one as a JSON string)");
+    return WHALE_OK;
+}
+
+/* The record's messages as the template gets them, checked. */
+static whale_code json_messages(rec *r, const cJSON *root, const cJSON *arr, const char *system, whale_err *err) {
+    int n = cJSON_GetArraySize(arr);
+    if (!(r->jmsgs = cJSON_CreateArray()) || !(r->loss = malloc((size_t)n + 2))) return oom(r, err);
+    whale_code rc = record_tools(r, root, err);
+    if (!rc && system && !is_role(arr->child, "system")) {
+        cJSON *s = cJSON_CreateObject();
+        if (!s || !cJSON_AddItemToArray(r->jmsgs, s) || !cJSON_AddStringToObject(s, "role", "system") ||
+            !cJSON_AddStringToObject(s, "content", system))
+            return oom(r, err);
+        r->loss[r->n_loss++] = -1;
+    }
+    int i = 0;
+    for (const cJSON *m = arr->child; !rc && m; m = m->next, i++) rc = add_message(r, r->jmsgs, m, i, err);
+    for (const cJSON *m = r->jmsgs->child; !rc && m; m = m->next) {
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (is_role(m, "assistant") && !present(m, "tool_calls") && (!cJSON_IsString(c) || blank(c->valuestring)))
+            rc = whale_errf(err, WHALE_ERR_FORMAT, "an assistant message with neither content nor tool_calls");
+    }
+    cJSON *last = cJSON_GetArrayItem(r->jmsgs, cJSON_GetArraySize(r->jmsgs) - 1);
+    if (!rc && !is_role(last, "assistant"))
+        rc = whale_errf(err, WHALE_ERR_FORMAT, "the conversation ends with a %s message, not the assistant's "
+                        "(nothing to train on after it)", cJSON_GetObjectItemCaseSensitive(last, "role")->valuestring);
+    return rc;
+}
+
+/* ShareGPT: {"conversations": [{"from", "value"}, ...], "system"?, "tools"?}
+ * with ms-swift's role names, kept as JSON messages. */
+static whale_code sharegpt_shape(rec *r, const cJSON *root, whale_err *err) {
+    static const char *const from[][2] = {{"human", "user"}, {"user", "user"}, {"gpt", "assistant"},
+                                          {"assistant", "assistant"}, {"system", "system"},
+                                          {"function_call", "tool_call"}, {"observation", "tool_response"},
+                                          {"tool", "tool_response"}};
+    const cJSON *conv = cJSON_GetObjectItemCaseSensitive(root, "conversations");
+    if (!cJSON_IsArray(conv) || !conv->child) return whale_errf(err, WHALE_ERR_FORMAT, "\"conversations\": not a non-empty array");
+    const char *system;
+    whale_code rc = opt_string(root, "system", &system, err);
+    cJSON *msgs = cJSON_CreateArray();
+    if (!msgs) return oom(r, err);
+    int i = 0;
+    for (const cJSON *t = conv->child; !rc && t; t = t->next, i++) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "from"), *v = cJSON_GetObjectItemCaseSensitive(t, "value");
+        if (!cJSON_IsString(f) || !cJSON_IsString(v)) {
+            rc = whale_errf(err, WHALE_ERR_FORMAT, "conversations[%d]: needs string \"from\" and \"value\"", i);
+            break;
+        }
+        const char *role = NULL;
+        for (size_t k = 0; k < sizeof from / sizeof from[0] && !role; k++)
+            if (!strcmp(f->valuestring, from[k][0])) role = from[k][1];
+        if (!role) {
+            rc = whale_errf(err, WHALE_ERR_FORMAT, "conversations[%d]: unknown \"from\": \"%.64s\"", i, f->valuestring);
+            break;
+        }
+        cJSON *m = cJSON_CreateObject();
+        if (!m || !cJSON_AddItemToArray(msgs, m) || !cJSON_AddStringToObject(m, "role", role) ||
+            !cJSON_AddStringToObject(m, "content", v->valuestring))
+            rc = oom(r, err);
+    }
+    if (!rc) rc = json_messages(r, root, msgs, system, err);
+    cJSON_Delete(msgs);
+    return rc;
+}
+
 /* {"messages": [...], "system"?} */
 static whale_code messages_shape(rec *r, const cJSON *root, const char *line, size_t len, whale_err *err) {
     const cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, "messages");
@@ -254,6 +423,7 @@ static whale_code messages_shape(rec *r, const cJSON *root, const char *line, si
     const char *system;
     whale_code rc = opt_string(root, "system", &system, err);
     if (rc) return rc;
+    if (wants_json(root, arr)) return json_messages(r, root, arr, system, err);
     /* the project's one reader of JSON messages: same refusals as `whale chat` */
     whale_chat_message *m;
     int n;
@@ -372,6 +542,35 @@ static int escapes_nul(const char *s, size_t n) {
 
 static int has(const cJSON *o, const char *key) { return cJSON_GetObjectItemCaseSensitive(o, key) != NULL; }
 
+/* --system and self-cognition placeholders for a record kept as JSON. */
+static whale_code json_finish(rec *r, const whale_sft_opts *o, const char *tag, whale_err *err) {
+    if (o->system && !is_role(r->jmsgs->child, "system")) {
+        cJSON *s = cJSON_CreateObject();
+        if (!s || !cJSON_AddStringToObject(s, "role", "system") || !cJSON_AddStringToObject(s, "content", o->system) ||
+            !cJSON_InsertItemInArray(r->jmsgs, 0, s)) {
+            cJSON_Delete(s);
+            return oom(r, err);
+        }
+        memmove(r->loss + 1, r->loss, (size_t)r->n_loss++);
+        r->loss[0] = -1;
+    }
+    for (cJSON *m = r->jmsgs->child; tag && m; m = m->next) {
+        cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+        char *f = NULL;
+        whale_code rc = cJSON_IsString(c) ? fill(c->valuestring, tag_lang(tag), o, &f, err) : WHALE_OK;
+        if (rc) {
+            r->fatal = 1;
+            return rc;
+        }
+        if (f && !cJSON_SetValuestring(c, f)) {
+            free(f);
+            return oom(r, err);
+        }
+        free(f);
+    }
+    return WHALE_OK;
+}
+
 /* The messages of the JSONL line [s, s+n). */
 static whale_code parse_record(rec *r, const whale_sft_opts *o, const char *s, size_t n, whale_err *err) {
     size_t bad = utf8_invalid((const unsigned char *)s, n);
@@ -392,14 +591,16 @@ static whale_code parse_record(rec *r, const whale_sft_opts *o, const char *s, s
     else rc = opt_string(root, "tag", &tag, err);
     if (!rc) {
         if (has(root, "messages")) rc = messages_shape(r, root, s, n, err);
+        else if (has(root, "conversations")) rc = sharegpt_shape(r, root, err);
         else if (has(root, "query") || has(root, "response"))
             rc = query_shape(r, root, err);
         else if (has(root, "instruction") || has(root, "output"))
             rc = alpaca_shape(r, root, err);
         else
             rc = whale_errf(err, WHALE_ERR_FORMAT,
-                            "no \"messages\", \"query\"/\"response\" or \"instruction\"/\"output\" field");
+                            "no \"messages\", \"conversations\", \"query\"/\"response\" or \"instruction\"/\"output\" field");
     }
+    if (!rc && r->jmsgs) return json_finish(r, o, tag, err);
     if (!rc && o->system) {
         int has_system = 0;
         for (int i = 0; i < r->n; i++) has_system |= !strcmp(r->m[i].role, "system");
@@ -491,16 +692,95 @@ static whale_code take_sample(whale_sft_dataset *ds, const whale_sft_opts *o, in
     return WHALE_OK;
 }
 
-/* Every record of one file. */
-static whale_code read_file(whale_sft_dataset *ds, whale_tokenizer *tok, whale_chat_format fmt,
-                            const whale_sft_opts *o, int fi, rec *r, whale_err *err) {
+/* A record kept as JSON: rendered by the template, the replies whose
+ * "loss" is false left out of the mask. */
+static whale_code encode_json(whale_tokenizer *tok, const whale_chat_template *tpl, rec *r, int32_t **ids,
+                              uint8_t **mask, int *n_ids, whale_err *err) {
+    char *text = NULL;
+    size_t len = 0;
+    whale_chat_span *sp = NULL;
+    int n_sp = 0, kept = 0;
+    whale_code rc = whale_chat_template_spans_json(tpl, r->jmsgs, r->jtools, 0,
+                                                   whale_tokenizer_role_token(tok, WHALE_TOKEN_BOS), &text, &len, &sp,
+                                                   &n_sp, err);
+    for (int k = 0; !rc && k < n_sp; k++)
+        if (sp[k].message >= r->n_loss || r->loss[sp[k].message] != 0) sp[kept++] = sp[k];
+    if (!rc) rc = whale_chat_encode_spans(tok, text, len, sp, kept, ids, mask, n_ids, err);
+    free(text);
+    free(sp);
+    return rc;
+}
+
+/* One record, text s[0..n), line (or element) number line of file fi;
+ * array: the file is a JSON array (errors say "record N"). */
+static whale_code one_record(whale_sft_dataset *ds, whale_tokenizer *tok, const whale_chat_template *tpl,
+                             const whale_sft_opts *o, int fi, rec *r, const char *s, size_t n, int64_t line, int array,
+                             whale_err *err) {
     const char *path = ds->files[fi];
+    char where[300];
+    snprintf(where, sizeof where, array ? "%.200s: record %" PRId64 : "%.200s:%" PRId64, path, line);
+    ds->st.records++;
+    whale_err e;
+    rec_reset(r);
+    whale_code rc = WHALE_OK, bad = parse_record(r, o, s, n, &e);
+    int32_t *ids = NULL;
+    uint8_t *mask = NULL;
+    int n_ids = 0;
+    if (!bad) {
+        bad = r->jmsgs ? encode_json(tok, tpl, r, &ids, &mask, &n_ids, &e)
+                       : whale_chat_template_encode(tok, tpl, r->m, r->n, 0, &ids, &mask, &n_ids, &e);
+        if (bad == WHALE_ERR_NOMEM) r->fatal = 1;
+        if (bad == WHALE_ERR_ARG) bad = WHALE_ERR_FORMAT; /* the record's messages, not the caller's */
+    }
+    if (bad && (r->fatal || o->bad_records == WHALE_SFT_BAD_FAIL)) {
+        rc = whale_errf(err, bad, "%s: %s", where, e.msg);
+    } else if (bad) {
+        if (ds->st.skipped++ == 0) snprintf(ds->st.first_bad, sizeof ds->st.first_bad, "%.220s: %.280s", where, e.msg);
+    } else {
+        rc = take_sample(ds, o, ids, mask, n_ids, fi, line, err);
+    }
+    free(ids);
+    free(mask);
+    return rc;
+}
+
+/* A .json file holding one array of records (ms-swift reads those too). */
+static whale_code read_array(whale_sft_dataset *ds, whale_tokenizer *tok, const whale_chat_template *tpl,
+                             const whale_sft_opts *o, int fi, rec *r, const char *buf, size_t size, whale_err *err) {
+    const char *end = NULL;
+    cJSON *arr = cJSON_ParseWithLengthOpts(buf, size, &end, 0);
+    if (!cJSON_IsArray(arr)) {
+        cJSON_Delete(arr);
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: a file starting with '[' must be one JSON array of records "
+                          "(invalid JSON near byte %zu)", ds->files[fi], end ? (size_t)(end - buf) + 1 : (size_t)1);
+    }
+    whale_code rc = WHALE_OK;
+    int64_t k = 0;
+    for (const cJSON *e = arr->child; e && !rc; e = e->next) {
+        char *text = cJSON_PrintUnformatted(e);
+        if (!text) rc = whale_errf(err, WHALE_ERR_NOMEM, "out of memory reading SFT records");
+        else rc = one_record(ds, tok, tpl, o, fi, r, text, strlen(text), ++k, 1, err);
+        free(text);
+    }
+    cJSON_Delete(arr);
+    return rc;
+}
+
+/* Every record of one file: JSONL, or a JSON array. */
+static whale_code read_file(whale_sft_dataset *ds, whale_tokenizer *tok, const whale_chat_template *tpl,
+                            const whale_sft_opts *o, int fi, rec *r, whale_err *err) {
     char *buf;
     size_t size;
-    whale_code rc = whale_read_file(path, &buf, &size, err);
+    whale_code rc = whale_read_file(ds->files[fi], &buf, &size, err);
     if (rc) return rc;
     size_t pos = 0;
     if (size >= 3 && !memcmp(buf, "\xEF\xBB\xBF", 3)) pos = 3; /* a BOM is not part of the first record */
+    size_t first = pos;
+    while (first < size && strchr(" \t\r\n", buf[first])) first++;
+    if (first < size && buf[first] == '[') {
+        rc = read_array(ds, tok, tpl, o, fi, r, buf + first, size - first, err);
+        pos = size;
+    }
     int64_t line = 0;
     while (!rc && pos < size) {
         const char *s = buf + pos;
@@ -512,47 +792,35 @@ static whale_code read_file(whale_sft_dataset *ds, whale_tokenizer *tok, whale_c
         size_t k = 0;
         while (k < n && (s[k] == ' ' || s[k] == '\t' || s[k] == '\r' || s[k] == '\f' || s[k] == '\v')) k++;
         if (k == n) continue; /* blank lines are not records */
-        ds->st.records++;
-
-        whale_err e;
-        rec_reset(r);
-        whale_code bad = parse_record(r, o, s, n, &e);
-        int32_t *ids = NULL;
-        uint8_t *mask = NULL;
-        int n_ids = 0;
-        if (!bad) {
-            bad = whale_chat_encode(tok, fmt, r->m, r->n, 0, &ids, &mask, &n_ids, &e);
-            if (bad == WHALE_ERR_NOMEM) r->fatal = 1;
-            if (bad == WHALE_ERR_ARG) bad = WHALE_ERR_FORMAT; /* the record's messages, not the caller's */
-        }
-        if (bad && (r->fatal || o->bad_records == WHALE_SFT_BAD_FAIL)) {
-            rc = whale_errf(err, bad, "%s:%" PRId64 ": %s", path, line, e.msg);
-        } else if (bad) {
-            if (ds->st.skipped++ == 0)
-                snprintf(ds->st.first_bad, sizeof ds->st.first_bad, "%.200s:%" PRId64 ": %.280s", path, line,
-                         e.msg);
-        } else {
-            rc = take_sample(ds, o, ids, mask, n_ids, fi, line, err);
-        }
-        free(ids);
-        free(mask);
+        rc = one_record(ds, tok, tpl, o, fi, r, s, n, line, 0, err);
     }
     rec_reset(r);
     free(buf);
     return rc;
 }
 
-static int32_t pad_id(const whale_tokenizer *tok, whale_chat_format fmt) {
+static int32_t pad_id(const whale_tokenizer *tok, const whale_chat_template *tpl) {
     int32_t id = whale_tokenizer_role_id(tok, WHALE_TOKEN_PAD);
     if (id < 0) id = whale_tokenizer_role_id(tok, WHALE_TOKEN_EOS);
-    if (id < 0 && whale_chat_stop_ids(tok, fmt, &id, 1) < 1) id = -1;
+    if (id < 0 && whale_chat_template_stop_ids(tok, tpl, &id, 1) < 1) id = -1;
     return id < 0 ? 0 : id;
 }
 
 whale_code whale_sft_dataset_open(const char *const *files, int n_files, whale_tokenizer *tok,
                                   whale_chat_format fmt, const whale_sft_opts *opts,
                                   whale_sft_dataset **out, whale_err *err) {
-    if (!out || !tok) return whale_errf(err, WHALE_ERR_ARG, "whale_sft_dataset_open: NULL argument");
+    whale_chat_template *tpl;
+    whale_code rc = whale_chat_template_native(fmt, &tpl, err);
+    if (rc) return rc;
+    rc = whale_sft_dataset_open_template(files, n_files, tok, tpl, opts, out, err);
+    whale_chat_template_free(tpl);
+    return rc;
+}
+
+whale_code whale_sft_dataset_open_template(const char *const *files, int n_files, whale_tokenizer *tok,
+                                           const whale_chat_template *tpl, const whale_sft_opts *opts,
+                                           whale_sft_dataset **out, whale_err *err) {
+    if (!out || !tok || !tpl) return whale_errf(err, WHALE_ERR_ARG, "whale_sft_dataset_open: NULL argument");
     *out = NULL;
     if (!files || n_files < 1) return whale_errf(err, WHALE_ERR_ARG, "SFT data: no input files");
     for (int i = 0; i < n_files; i++)
@@ -570,14 +838,14 @@ whale_code whale_sft_dataset_open(const char *const *files, int n_files, whale_t
     }
     ds->tok = tok;
     ds->packing = o.packing != 0;
-    ds->pad = pad_id(tok, fmt);
+    ds->pad = pad_id(tok, tpl);
     whale_code rc = WHALE_OK;
     for (int i = 0; i < n_files && !rc; i++) {
         if (!(ds->files[i] = strdup(files[i]))) rc = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
         ds->n_files = i + 1;
     }
     rec r = {0};
-    for (int i = 0; i < n_files && !rc; i++) rc = read_file(ds, tok, fmt, &o, i, &r, err);
+    for (int i = 0; i < n_files && !rc; i++) rc = read_file(ds, tok, tpl, &o, i, &r, err);
     rec_free(&r);
     if (!rc && ds->n_s == 0) {
         const whale_sft_stats *st = &ds->st;

@@ -73,7 +73,7 @@ static cJSON *string_pair(const char *const v[2]) {
 }
 
 /* args.json: the run's settings under ms-swift's argument names. */
-static cJSON *make_args(const whale_sft_run_opts *o, const char *model, const char *run_dir, whale_chat_format fmt,
+static cJSON *make_args(const whale_sft_run_opts *o, const char *model, const char *run_dir, const char *tmpl,
                         int grad_accum, double lr, int64_t max_steps, int S) {
     cJSON *j = cJSON_CreateObject();
     const whale_sft_opts *d = &o->data_opts;
@@ -82,7 +82,7 @@ static cJSON *make_args(const whale_sft_run_opts *o, const char *model, const ch
     cJSON_AddStringToObject(j, "train_type", o->tuner == WHALE_TUNE_LORA ? "lora" : "full");
     cJSON *ds = cJSON_AddArrayToObject(j, "dataset");
     for (int i = 0; i < o->n_data; i++) cJSON_AddItemToArray(ds, cJSON_CreateString(o->data[i]));
-    cJSON_AddStringToObject(j, "template", whale_chat_format_name(fmt));
+    cJSON_AddStringToObject(j, "template", tmpl);
     if (d->system) cJSON_AddStringToObject(j, "system", d->system);
     else cJSON_AddNullToObject(j, "system");
     cJSON_AddStringToObject(j, "torch_dtype", whale_dtype_torch_name(o->dtype));
@@ -333,7 +333,7 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
     FILE *log = NULL;
     char model_dir[PATH_MAX], ckpt[4200] = "";
     int grad_accum = 0;
-    whale_chat_format fmt;
+    whale_chat_template *tpl = NULL;
     if (!realpath(o->model, model_dir) || !whale_is_dir(model_dir))
         return whale_errf(err, WHALE_ERR_IO, "%s: not a model directory", o->model);
     r.model_dir = model_dir;
@@ -352,11 +352,11 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
 
     /* data first: its longest row sizes the run */
     if ((c = whale_tokenizer_load(model_dir, &tok, err)) ||
-        (c = o->chat_template ? whale_chat_format_from_name(o->chat_template, &fmt, err)
-                              : whale_chat_detect(model_dir, &fmt, err)) ||
-        (c = whale_sft_dataset_open(o->data, o->n_data, tok, fmt, &o->data_opts, &ds, err)) ||
+        (c = whale_chat_template_load(model_dir, o->chat_template, &tpl, err)) ||
+        (c = whale_sft_dataset_open_template(o->data, o->n_data, tok, tpl, &o->data_opts, &ds, err)) ||
         (c = whale_model_skeleton(model_dir, &skel, err)))
         goto done;
+    if (!o->quiet && whale_chat_template_notice(tpl)) fprintf(stderr, "sft: %s\n", whale_chat_template_notice(tpl));
     whale_sft_stats st;
     whale_sft_dataset_stats(ds, &st);
     int S = o->data_opts.packing ? o->data_opts.max_length : st.max_sample_tokens;
@@ -462,7 +462,7 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
     /* the run folder */
     version_dir(o->out, r.run_dir, sizeof r.run_dir);
     if ((c = whale_mkdir(r.run_dir, err))) goto done;
-    r.args = make_args(o, model_dir, r.run_dir, fmt, grad_accum, lr, max_steps, S);
+    r.args = make_args(o, model_dir, r.run_dir, whale_chat_template_name(tpl), grad_accum, lr, max_steps, S);
     if (!r.args) {
         c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
         goto done;
@@ -575,6 +575,7 @@ done:
     whale_model_free(r.m);
     whale_model_free(skel);
     whale_sft_dataset_free(ds);
+    whale_chat_template_free(tpl);
     whale_tokenizer_free(tok);
     return c;
 }

@@ -22,6 +22,19 @@ printf 'Hello\n' | "$WHALE" chat -m "$TMP/m" -n 6 --seed 3 --temperature 0 >"$TM
 printf 'Hello\n' | "$WHALE" chat -m "$TMP/m" -n 6 --seed 9 --temperature 0 >"$TMP/g2" 2>/dev/null
 check "greedy replies do not depend on the seed" cmp -s "$TMP/g1" "$TMP/g2"
 
+# --tools: the tool definitions reach the template, '/tool TEXT' is a tool result
+printf '[{"type": "function", "function": {"name": "get_time", "parameters": {}}}]' >"$TMP/tools.json"
+printf 'What time is it?\n/tool 12:00\n' | "$WHALE" chat -m "$TMP/m" -n 4 --seed 3 --tools "$TMP/tools.json" \
+    >"$TMP/out" 2>"$TMP/err"
+check "--tools: exit 0" test $? = 0
+check "--tools: a reply to the message and one to the tool result" test "$(grep -c 'tokens/s' "$TMP/err")" = 2
+printf '{"not": "a list"}' >"$TMP/tools.json"
+echo hi | "$WHALE" chat -m "$TMP/m" -n 4 --tools "$TMP/tools.json" >/dev/null 2>"$TMP/err"
+check "--tools must be a list" grep -q 'expected a JSON array of tool definitions' "$TMP/err"
+printf '[{"type": "function", "function": {"name": "get_time", "parameters": {}}}]' >"$TMP/tools.json"
+echo hi | "$WHALE" chat -m "$TMP/m" -n 4 --chat-template raw --tools "$TMP/tools.json" >/dev/null 2>"$TMP/err"
+check "--tools with a native format is refused" grep -q 'native raw format has no tools' "$TMP/err"
+
 # generation_config.json fills the sampling options the command line leaves out
 printf '{"do_sample": false, "top_k": 20, "top_p": 0.8, "repetition_penalty": 1.05}\n' >"$TMP/m/generation_config.json"
 "$WHALE" generate -m "$TMP/m" -p "Hello" -n 6 --seed 1 >"$TMP/s1" 2>"$TMP/err"
@@ -39,7 +52,8 @@ rm "$TMP/m/generation_config.json"
 mkdir "$TMP/notmpl"
 cp "$TMP/m/config.json" "$TMP/m/model.safetensors" "$TMP/m/tokenizer.json" "$TMP/notmpl/"
 echo hi | "$WHALE" chat -m "$TMP/notmpl" -n 4 >/dev/null 2>"$TMP/err"
-check "no template: error suggesting --chat-template" grep -q -- '--chat-template' "$TMP/err"
+check "no template: exit 0 with nanowhale's raw fallback" test $? = 0
+check "no template: a notice naming the fallback and --chat-template" grep -q -- "chat.py fallback.*--chat-template" "$TMP/err"
 echo hi | "$WHALE" chat -m "$TMP/notmpl" -n 4 --chat-template raw >/dev/null 2>&1
 check "--chat-template raw works without a template" test $? = 0
 echo hi | "$WHALE" chat -m "$TMP/notmpl" -n 4 --chat-template jinja >/dev/null 2>"$TMP/err"
