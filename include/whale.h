@@ -45,6 +45,17 @@ const char *whale_code_name(whale_code code);
 /* Process exit status the CLI uses for an error code (see docs/cli.md). */
 int whale_exit_status(whale_code code);
 
+/* ---------------------------------------------------------------- limits
+ * Caps on what a file may make the engine allocate or compute, for sizes
+ * that nothing else in the data bounds (docs/security.md). Every size read
+ * from a file is checked against the data itself where the data determines
+ * it (a LoRA rank against lora_A's shape, token ids against the number of
+ * vocabulary entries) and against one of these where it does not. A file
+ * over a cap is refused with a one-line error naming the file and the cap.
+ * To change one, edit it here and rebuild. */
+#define WHALE_MAX_FILE_READ ((size_t)256 << 20) /* a file read whole: tokenizer.json, index, ids, text */
+#define WHALE_MAX_JSON_FILE ((size_t)64 << 20)  /* config.json, adapter_config.json, generation_config.json */
+
 /* ---------------------------------------------------------------- dtypes */
 
 typedef enum {

@@ -148,6 +148,12 @@ struct whale_session {
 
 /* Helpers shared by families. */
 
+/* RoPE tables [positions, R/2] for at least need positions: grown when a
+ * session needs more than the tables hold (never built from the config's
+ * max_position_embeddings, which a file may set to anything up to its cap,
+ * and never before the checkpoint has been checked against the config). */
+whale_code whale_rope_reserve(float **cos_t, float **sin_t, int *len, int need, int R, float theta, whale_err *err);
+
 /* Record the weights' dtype in a config: under the keys it already has
  * ("torch_dtype" and/or the newer "dtype"), else "torch_dtype". */
 void whale_config_set_dtype(cJSON *cfg, whale_dtype dt);

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Hostile inputs: every one ends within seconds with one error line naming
+# the file and the problem and the right exit status (docs/security.md),
+# never a hang, a huge allocation or an "internal" error.
+# usage: hostile.sh WHALE_BIN TEST_DATA_DIR
+set -u
+WHALE=$1
+DATA=$2
+TINY=$(cd "$DATA/tiny" && pwd)
+. "$(dirname "$0")/lib.bash"
+
+# Each command runs under a time limit and an address-space limit (skipped
+# under the sanitizers, whose shadow memory needs terabytes of addresses).
+LIMIT=20
+VMEM_KB=$((4 * 1024 * 1024))
+run_bounded() {
+    if [ "${WHALE_SANITIZED:-0}" = 1 ]; then
+        timeout -s KILL $((LIMIT * 3)) "$@"
+    else
+        (ulimit -v $VMEM_KB && exec timeout -s KILL $LIMIT "$@")
+    fi
+}
+
+# fails STATUS PATTERN -- command...: bounded, that exit status, one stderr
+# line matching PATTERN
+fails() {
+    local status=$1 pattern=$2
+    shift 3
+    expect_status "$status" "$pattern" -- run_bounded "$@"
+}
+
+# a copy of the tiny model whose files the test may replace
+model_copy() { # model_copy DIR
+    mkdir -p "$1" && cp "$TINY"/config.json "$TINY"/model.safetensors "$1"/
+}
+
+# ---- files that are not regular files
+model_copy "$TMP/fifo-config" && rm "$TMP/fifo-config/config.json" && mkfifo "$TMP/fifo-config/config.json"
+fails 3 'fifo-config/config.json: is a FIFO, not a regular file' -- "$WHALE" info -m "$TMP/fifo-config"
+model_copy "$TMP/fifo-st" && rm "$TMP/fifo-st/model.safetensors" && mkfifo "$TMP/fifo-st/model.safetensors"
+fails 3 'fifo-st/model.safetensors: is a FIFO, not a regular file' -- "$WHALE" info -m "$TMP/fifo-st"
+model_copy "$TMP/fifo-shard" && rm "$TMP/fifo-shard/model.safetensors" && mkfifo "$TMP/fifo-shard/shard-1.safetensors"
+echo '{"weight_map": {"model.embed_tokens.weight": "shard-1.safetensors"}}' >"$TMP/fifo-shard/model.safetensors.index.json"
+fails 3 'fifo-shard/shard-1.safetensors: is a FIFO, not a regular file' -- "$WHALE" info -m "$TMP/fifo-shard"
+model_copy "$TMP/dir-config" && rm "$TMP/dir-config/config.json" && mkdir "$TMP/dir-config/config.json"
+fails 3 'dir-config/config.json: is a directory, not a regular file' -- "$WHALE" info -m "$TMP/dir-config"
+# a symlinked checkpoint works (the Hugging Face cache is made of them) ...
+mkdir "$TMP/linked" && ln -s "$TINY/config.json" "$TMP/linked/config.json" &&
+    ln -s "$TINY/model.safetensors" "$TMP/linked/model.safetensors"
+check "a model folder of symlinks loads" "$WHALE" info -m "$TMP/linked" >/dev/null
+# ... one pointed at some other file says so, without echoing its bytes
+printf 'root:x:0:0:root:/root:/bin/bash\n' >"$TMP/passwd"
+mkdir "$TMP/link-other" && cp "$TINY/config.json" "$TMP/link-other/" && ln -s "$TMP/passwd" "$TMP/link-other/model.safetensors"
+fails 4 'link-other/model.safetensors: not a safetensors file' -- "$WHALE" info -m "$TMP/link-other"
+first8=$(od -An -t u8 -N8 "$TMP/passwd" | tr -d ' ')
+check "the error does not show the file's first bytes as a number" bash -c "! grep -q '$first8' '$TMP/err'"
+
+# ---- strings from files are escaped in messages (one line, no raw control bytes)
+model_copy "$TMP/nl-type"
+sed -i 's/"model_type": "deepseek_v4"/"model_type": "x\\nwhale: all is well\\u001b[2J"/' "$TMP/nl-type/config.json"
+fails 6 'nl-type/config.json: model_type "x\\nwhale: all is well\\x1b\[2J" is not supported' -- "$WHALE" info -m "$TMP/nl-type"
+model_copy "$TMP/nl-shard" && rm "$TMP/nl-shard/model.safetensors"
+echo '{"weight_map": {"model.embed_tokens.weight": "a\nb.safetensors"}}' >"$TMP/nl-shard/model.safetensors.index.json"
+fails 3 'nl-shard/a\\nb.safetensors: cannot open' -- "$WHALE" info -m "$TMP/nl-shard"
+
+finish hostile
