@@ -55,6 +55,13 @@ int whale_exit_status(whale_code code);
  * To change one, edit it here and rebuild. */
 #define WHALE_MAX_FILE_READ ((size_t)256 << 20) /* a file read whole: tokenizer.json, index, ids, text */
 #define WHALE_MAX_JSON_FILE ((size_t)64 << 20)  /* config.json, adapter_config.json, generation_config.json */
+/* Tokenizer regexes (PCRE2): one call's match and depth limit and its
+ * backtracking memory, and one encode's CPU time: base + per byte of text
+ * (the real tokenizers need about 0.15 µs per byte, 1–2 under the sanitizers). */
+#define WHALE_REGEX_MATCH_LIMIT 10000000u
+#define WHALE_REGEX_STACK_BYTES ((size_t)8 << 20)
+#define WHALE_ENCODE_SECONDS 2.0
+#define WHALE_ENCODE_SECONDS_PER_BYTE 10e-6
 
 /* ---------------------------------------------------------------- dtypes */
 

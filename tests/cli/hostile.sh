@@ -63,4 +63,26 @@ model_copy "$TMP/nl-shard" && rm "$TMP/nl-shard/model.safetensors"
 echo '{"weight_map": {"model.embed_tokens.weight": "a\nb.safetensors"}}' >"$TMP/nl-shard/model.safetensors.index.json"
 fails 3 'nl-shard/a\\nb.safetensors: cannot open' -- "$WHALE" info -m "$TMP/nl-shard"
 
+# ---- tokenizer.json regexes: refused at load, or bounded in time per encode
+tokenizer_with() { # tokenizer_with DIR PATTERN-AS-JSON-STRING
+    mkdir -p "$1"
+    cat >"$1/tokenizer.json" <<JSON
+{"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []}, "decoder": {"type": "ByteLevel"},
+ "pre_tokenizer": {"type": "Split", "pattern": {"Regex": $2}, "behavior": "Isolated", "invert": false}}
+JSON
+}
+# \C (one code unit) ends matches inside a UTF-8 character: encoding looped forever
+tokenizer_with "$TMP/tok-C" '"\\C"'
+fails 4 'tok-C/tokenizer.json: .*bad regex.*\\C' -- "$WHALE" tokenize -m "$TMP/tok-C" "é"
+# quadratic: every search looks ahead to the end and consumes one character
+tokenizer_with "$TMP/tok-quad" '"a(?=a*b)|a"'
+head -c 300000 /dev/zero | tr '\0' a >"$TMP/a300k.txt"
+fails 4 'tok-quad/tokenizer.json: a pre-tokenizer regex costs more than linear time' -- \
+    "$WHALE" tokenize -m "$TMP/tok-quad" --file "$TMP/a300k.txt"
+# exponential: PCRE2's match limit stops one search; a format error, not "internal"
+tokenizer_with "$TMP/tok-exp" '"(a|aa)+$"'
+printf 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaab' >"$TMP/a40b.txt"
+fails 4 'tok-exp/tokenizer.json: a pre-tokenizer regex is too costly to match on this text' -- \
+    "$WHALE" tokenize -m "$TMP/tok-exp" --file "$TMP/a40b.txt"
+
 finish hostile
