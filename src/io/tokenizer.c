@@ -601,6 +601,14 @@ static whale_code load_vocab(loader *L, const cJSON *vocab, const cJSON *added) 
         }
     }
     if (max_id < 0) return FAIL(L, WHALE_ERR_FORMAT, "model.vocab: empty");
+    /* The per-id tables are sized by the largest id, so ids must be about
+     * as dense as the entries: one huge id would size them by itself. */
+    int64_t entries = (int64_t)nv + na;
+    if ((int64_t)max_id >= 2 * entries + WHALE_TOKENIZER_ID_SLACK)
+        return FAIL(L, WHALE_ERR_FORMAT,
+                    "model.vocab / added_tokens: id %d is too sparse for %lld entries (ids must stay below 2 × "
+                    "entries + %d)",
+                    (int)max_id, (long long)entries, WHALE_TOKENIZER_ID_SLACK);
     t->n_ids = max_id + 1;
     t->model_vocab = nv;
     t->n_added = na;

@@ -84,5 +84,10 @@ tokenizer_with "$TMP/tok-exp" '"(a|aa)+$"'
 printf 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaab' >"$TMP/a40b.txt"
 fails 4 'tok-exp/tokenizer.json: a pre-tokenizer regex is too costly to match on this text' -- \
     "$WHALE" tokenize -m "$TMP/tok-exp" --file "$TMP/a40b.txt"
+# one huge id sized six per-id tables by itself (52 GB of address space)
+mkdir -p "$TMP/tok-id"
+echo '{"model": {"type": "BPE", "vocab": {"a": 0, "b": 2147483646}, "merges": []}, "decoder": {"type": "ByteLevel"}}' \
+    >"$TMP/tok-id/tokenizer.json"
+fails 4 'tok-id/tokenizer.json: .*id 2147483646 is too sparse for 2 entries' -- "$WHALE" tokenize -m "$TMP/tok-id" a
 
 finish hostile
