@@ -58,6 +58,8 @@ int whale_exit_status(whale_code code);
 /* Tokenizer regexes (PCRE2): one call's match and depth limit and its
  * backtracking memory, and one encode's CPU time: base + per byte of text
  * (the real tokenizers need about 0.15 µs per byte, 1–2 under the sanitizers). */
+/* LoRA rank (adapter_config.json's r must also equal the tensors' rank) */
+#define WHALE_MAX_LORA_RANK 65536
 /* tokenizer.json: every id below 2 × (vocabulary + added tokens) + this */
 #define WHALE_TOKENIZER_ID_SLACK 1024
 #define WHALE_REGEX_MATCH_LIMIT 10000000u
