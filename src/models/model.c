@@ -266,11 +266,11 @@ whale_code whale_model_bind(whale_model *m, whale_st *st, const char *path, whal
             p->data = m->owned + off;
             off += (n + 15) & ~(size_t)15;
             int64_t rows = p->ndim == 2 ? p->shape[0] : 1, cols = (int64_t)n / rows;
-            whale_convert_checkpoint(p->data, WHALE_F32, e->data, e->dtype, rows, cols);
+            if ((c = whale_convert_checkpoint(p->data, WHALE_F32, e->data, e->dtype, rows, cols, err))) break;
         }
         *p->slot = p->data;
     }
-    if (lowp) c = whale_model_build_copies(m, dt, found, err);
+    if (!c && lowp) c = whale_model_build_copies(m, dt, found, err);
     /* what was converted (owned fp32, or copies) is no longer needed
      * resident in the mapping; tensors used in place fault back in when read */
     if (!c && (lowp || owned)) whale_st_release_pages(st);

@@ -317,9 +317,9 @@ size_t whale_copy_bytes(whale_dtype dt, int64_t rows, int64_t cols);
 void whale_model_refresh_copies(whale_model *m);
 /* dst (rows × cols, fp32/bf16/fp16) from checkpoint data src of dtype sdt
  * in a read-only mapping, dropping the source pages as it goes, so a load
- * never holds a large tensor in both forms. */
-void whale_convert_checkpoint(void *dst, whale_dtype dt, const void *src, whale_dtype sdt, int64_t rows,
-                              int64_t cols);
+ * never holds a large tensor in both forms. src may have any alignment. */
+whale_code whale_convert_checkpoint(void *dst, whale_dtype dt, const void *src, whale_dtype sdt, int64_t rows,
+                                    int64_t cols, whale_err *err);
 whale_code whale_model_reserve_handles(whale_model *m, size_t bytes, whale_err *err);
 void whale_model_release_handles(whale_model *m);
 

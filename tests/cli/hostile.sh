@@ -89,5 +89,25 @@ mkdir -p "$TMP/tok-id"
 echo '{"model": {"type": "BPE", "vocab": {"a": 0, "b": 2147483646}, "merges": []}, "decoder": {"type": "ByteLevel"}}' \
     >"$TMP/tok-id/tokenizer.json"
 fails 4 'tok-id/tokenizer.json: .*id 2147483646 is too sparse for 2 entries' -- "$WHALE" tokenize -m "$TMP/tok-id" a
+# ---- an unpadded checkpoint: safetensors does not align tensors, so the
+# fp32 data may start at an odd address; converting it to bf16, fp16 or int8
+# reads it without unaligned loads (the sanitizer build checks) and gives
+# what the aligned file gives
+mkdir -p "$TMP/unaligned" && cp "$TINY/config.json" "$TMP/unaligned/"
+python3 - "$TINY/model.safetensors" "$TMP/unaligned/model.safetensors" <<'PY'
+import struct, sys
+src = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", src[:8])[0]
+header = src[8:8 + n].rstrip(b" ")
+header += b" " * (1 if len(header) % 2 == 0 else 0)  # odd length: every tensor at an odd address
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(header)) + header + src[8 + n:])
+PY
+echo '[[1, 2, 3, 4, 5, 6]]' >"$TMP/ids6.json"
+for dt in fp32 bf16 fp16 int8; do
+    "$WHALE" score -m "$TINY" --ids "$TMP/ids6.json" --dtype $dt >"$TMP/aligned.out" 2>&1
+    check "unaligned checkpoint in $dt" "$WHALE" score -m "$TMP/unaligned" --ids "$TMP/ids6.json" --dtype $dt \
+        >"$TMP/unaligned.out" 2>&1
+    check "unaligned checkpoint in $dt scores as the aligned one" cmp -s "$TMP/aligned.out" "$TMP/unaligned.out"
+done
 
 finish hostile
