@@ -109,5 +109,20 @@ for dt in fp32 bf16 fp16 int8; do
         >"$TMP/unaligned.out" 2>&1
     check "unaligned checkpoint in $dt scores as the aligned one" cmp -s "$TMP/aligned.out" "$TMP/unaligned.out"
 done
+# ---- a 1 KB config.json asking for 2^20 positions of a 4096-wide RoPE: the
+# tables (16 GiB) were built before any weight was read, for whale memory too
+for fam in tiny qwen2-gqa1; do
+    mkdir -p "$TMP/rope-$fam" && cp "$DATA/$fam/model.safetensors" "$TMP/rope-$fam/"
+    python3 - "$DATA/$fam/config.json" "$TMP/rope-$fam/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update(max_position_embeddings=1 << 20, head_dim=4096)
+if "qk_rope_head_dim" in c:
+    c["qk_rope_head_dim"] = 4096
+json.dump(c, open(sys.argv[2], "w"))
+PY
+    fails 4 "rope-$fam/model.safetensors: checkpoint does not match config" -- "$WHALE" info -m "$TMP/rope-$fam"
+    check "whale memory of that config allocates nothing" run_bounded "$WHALE" memory --config "$TMP/rope-$fam" >/dev/null
+done
 
 finish hostile
