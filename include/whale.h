@@ -58,6 +58,11 @@ int whale_exit_status(whale_code code);
 /* Tokenizer regexes (PCRE2): one call's match and depth limit and its
  * backtracking memory, and one encode's CPU time: base + per byte of text
  * (the real tokenizers need about 0.15 µs per byte, 1–2 under the sanitizers). */
+/* an ids file (score, grad, diagnose, precision-report): sequences and tokens */
+#define WHALE_MAX_BATCH 4096
+#define WHALE_MAX_BATCH_TOKENS (1 << 22)
+/* one SFT record (a JSONL line), read a line at a time */
+#define WHALE_MAX_RECORD_BYTES ((size_t)16 << 20)
 /* LoRA rank (adapter_config.json's r must also equal the tensors' rank) */
 #define WHALE_MAX_LORA_RANK 65536
 /* tokenizer.json: every id below 2 × (vocabulary + added tokens) + this */

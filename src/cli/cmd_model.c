@@ -111,6 +111,11 @@ whale_code cli_read_ids_file(const char *path, int vocab, int32_t **ids, int *B,
         c = whale_errf(err, WHALE_ERR_FORMAT, "%s: expected a non-empty JSON array of arrays of token ids", path);
         goto done;
     }
+    if (rows > WHALE_MAX_BATCH) {
+        c = whale_errf(err, WHALE_ERR_RANGE, "%s: %d rows, over the cap of %d sequences in one batch", path, rows,
+                       WHALE_MAX_BATCH);
+        goto done;
+    }
     const cJSON *row;
     int r = 0;
     cJSON_ArrayForEach(row, j) {
@@ -126,6 +131,11 @@ whale_code cli_read_ids_file(const char *path, int vocab, int32_t **ids, int *B,
         }
         cols = len;
         r++;
+    }
+    if ((int64_t)rows * cols > WHALE_MAX_BATCH_TOKENS) {
+        c = whale_errf(err, WHALE_ERR_RANGE, "%s: %d × %d ids, over the cap of %d tokens in one batch", path, rows, cols,
+                       WHALE_MAX_BATCH_TOKENS);
+        goto done;
     }
     *ids = malloc(sizeof(int32_t) * (size_t)rows * cols);
     if (!*ids) {
@@ -202,24 +212,46 @@ int cmd_score(int argc, char **argv) {
     whale_session *s = NULL;
     whale_diag *nan = NULL;
     int V = whale_model_vocab_size(m);
-    if (cli_read_ids_file(ids_path, V, &ids, &B, &S, &err) || whale_session_new(m, B, S, &s, &err) ||
-        (nan_check && cli_nan_check_attach(s, &nan, &err))) {
+    if (cli_read_ids_file(ids_path, V, &ids, &B, &S, &err)) {
         status = cli_fail(&err);
         goto out;
     }
-    size_t n = (size_t)B * S * V;
+    /* Rows go through in chunks whose logits take at most SCORE_CHUNK_BYTES
+     * (all of them at once when they are written out), so the session and
+     * the logits stay bounded whatever the file's batch is. */
+    enum { SCORE_CHUNK_BYTES = 256 << 20 };
+    size_t row_bytes = (size_t)S * V * sizeof(float);
+    int chunk = logits_out || row_bytes * B <= SCORE_CHUNK_BYTES ? B : (int)(SCORE_CHUNK_BYTES / row_bytes);
+    if (chunk < 1) chunk = 1;
+    if (whale_session_new(m, chunk, S, &s, &err) || (nan_check && cli_nan_check_attach(s, &nan, &err))) {
+        status = cli_fail(&err);
+        goto out;
+    }
+    size_t n = (size_t)chunk * S * V;
     logits = whale_alloc(n * sizeof(float));
     if (!logits) {
-        whale_errf(&err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of logits for %d × %d tokens", n * 4 / 1048576.0, B, S);
+        whale_errf(&err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of logits for %d × %d tokens", n * 4 / 1048576.0,
+                   chunk, S);
         status = cli_fail(&err);
         goto out;
     }
-    if (whale_session_forward(s, ids, B, S, logits, 1, &err) || whale_diag_nan_error(nan, &err)) {
-        status = cli_fail(&err);
-        goto out;
+    int64_t count = 0;
+    double loss_sum = 0, loss = NAN;
+    for (int b0 = 0; b0 < B; b0 += chunk) {
+        int nb = B - b0 < chunk ? B - b0 : chunk;
+        const int32_t *cids = ids + (size_t)b0 * S;
+        whale_session_reset(s);
+        if (whale_session_forward(s, cids, nb, S, logits, 1, &err) || whale_diag_nan_error(nan, &err)) {
+            status = cli_fail(&err);
+            goto out;
+        }
+        int64_t cc;
+        double cl = whale_cross_entropy(logits, cids, nb, S, V, &cc);
+        if (cc) loss_sum += cl * (double)cc;
+        count += cc;
+        if (chunk == B) loss = cl; /* one chunk: exactly the mean over the batch */
     }
-    int64_t count;
-    double loss = whale_cross_entropy(logits, ids, B, S, V, &count);
+    if (chunk < B && count) loss = loss_sum / (double)count;
     if (logits_out) {
         int64_t shape[3] = {B, S, V};
         whale_st_item item = {"logits", WHALE_F32, 3, shape, logits};

@@ -124,5 +124,21 @@ PY
     fails 4 "rope-$fam/model.safetensors: checkpoint does not match config" -- "$WHALE" info -m "$TMP/rope-$fam"
     check "whale memory of that config allocates nothing" run_bounded "$WHALE" memory --config "$TMP/rope-$fam" >/dev/null
 done
+# ---- memory amplification: an ids file of a million one-token rows sized a
+# session and logits of 10^6 × V; a huge SFT record was read whole
+python3 -c 'import sys; sys.stdout.write("[" + ",".join(["[1]"] * 1000000) + "]")' >"$TMP/rows.json"
+fails 5 'rows.json: 1000000 rows, over the cap of 4096 sequences' -- "$WHALE" score -m "$TINY" --ids "$TMP/rows.json"
+python3 -c 'import sys; sys.stdout.write("[" + ",".join(["[1, 2, 3, 4]"] * 3000) + "]")' >"$TMP/rows3k.json"
+check "3000 rows are scored in bounded chunks" run_bounded "$WHALE" score -m "$TINY" --ids "$TMP/rows3k.json" >/dev/null
+need_tokenizer deepseek_v3
+tiny_model "$TMP/sft-base" 128815 512
+{
+    echo '{"query": "Hi", "response": "Hello!"}'
+    printf '{"query": "'
+    head -c $((17 << 20)) /dev/zero | tr '\0' x
+    echo '", "response": "ok"}'
+} >"$TMP/big.jsonl"
+fails 5 'big.jsonl:2: a record of more than 16777216 bytes' -- \
+    "$WHALE" sft -m "$TMP/sft-base" --data "$TMP/big.jsonl" --dry-run 1
 
 finish hostile
