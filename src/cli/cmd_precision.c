@@ -748,7 +748,7 @@ int cmd_precision_report(int argc, char **argv) {
     memset(paths, 0, sizeof paths);
     if (read_model_info(o.dir, &mi, &err)) goto fail;
     if (o.ids_path) {
-        if (cli_read_ids_file(o.ids_path, mi.vocab, &b.ids, &b.B, &b.S, &err)) goto fail;
+        if (whale_read_ids_file(o.ids_path, mi.vocab, &b.ids, &b.B, &b.S, &err)) goto fail;
         if (b.S > mi.max_pos) {
             whale_errf(&err, WHALE_ERR_RANGE, "%s: %d tokens per row exceed the model's max_position_embeddings %d",
                        o.ids_path, b.S, mi.max_pos);
