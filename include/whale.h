@@ -38,7 +38,9 @@ typedef struct {
     char msg[WHALE_ERR_MSG_MAX];
 } whale_err;
 
-/* Set err (if non-NULL) and return code. printf-style message, no newline. */
+/* Set err (if non-NULL) and return code. printf-style message, no newline;
+ * control characters in the result (from file names or strings a file
+ * holds) are written as escapes (\n, \x1b), so a message is one line. */
 whale_code whale_errf(whale_err *err, whale_code code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 const char *whale_code_name(whale_code code);

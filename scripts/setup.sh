@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(cmake make gcc pkg-config libdnnl-dev ocl-icd-opencl-dev libpcre2-dev libcjson-dev python3) # python3: the adapter-file check in the tests
+packages+=(clang libclang-rt-14-dev libomp-dev) # the fuzz targets (scripts/fuzz.sh; scripts/test.sh runs a smoke)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
