@@ -10,12 +10,19 @@
 
 static whale_model *base;
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc;
+    (void)argv;
     whale_err err;
-    if (!base && whale_model_load(WHALE_FUZZ_DATA "/tiny", &base, &err)) {
+    if (whale_model_load(WHALE_FUZZ_DATA "/tiny", &base, &err)) {
         fprintf(stderr, "fuzz_lora: %s\n", err.msg);
         exit(1);
     }
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    whale_err err;
     char path[512];
     size_t n1, n2;
     const uint8_t *p2;
