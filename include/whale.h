@@ -55,8 +55,10 @@ int whale_exit_status(whale_code code);
  * vocabulary entries) and against one of these where it does not. A file
  * over a cap is refused with a one-line error naming the file and the cap.
  * To change one, edit it here and rebuild. */
-#define WHALE_MAX_FILE_READ ((size_t)256 << 20) /* a file read whole: tokenizer.json, index, ids, text */
-#define WHALE_MAX_JSON_FILE ((size_t)64 << 20)  /* config.json, adapter_config.json, generation_config.json */
+#define WHALE_MAX_FILE_READ ((size_t)256 << 20) /* a file read whole: ids, text to tokenize or diagnose */
+/* JSON read whole (cJSON holds it ~10-30 times over): config.json,
+ * tokenizer.json, model.safetensors.index.json, adapter_config.json, meta.json */
+#define WHALE_MAX_JSON_FILE ((size_t)64 << 20)
 /* Tokenizer regexes (PCRE2): one call's match and depth limit and its
  * backtracking memory, and one encode's CPU time: base + per byte of text
  * (the real tokenizers need about 0.15 µs per byte, 1–2 under the sanitizers). */

@@ -15,6 +15,15 @@ whale_code whale_read_ids_file(const char *path, int vocab, int32_t **ids, int *
     size_t n;
     whale_code c = whale_read_file(path, &text, &n, err);
     if (c) return c;
+    /* cJSON makes a node of every value (~64 bytes each): count the values
+     * (one more than the commas between them) before it does */
+    size_t commas = 0;
+    for (size_t i = 0; i < n; i++) commas += text[i] == ',';
+    if (commas > (size_t)WHALE_MAX_BATCH_TOKENS + WHALE_MAX_BATCH) {
+        free(text);
+        return whale_errf(err, WHALE_ERR_RANGE, "%s: more than %d ids, the cap on one batch", path,
+                          WHALE_MAX_BATCH_TOKENS);
+    }
     cJSON *j = cJSON_ParseWithLength(text, n);
     free(text);
     if (!j) return whale_errf(err, WHALE_ERR_FORMAT, "%s: not valid JSON", path);

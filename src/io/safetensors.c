@@ -738,7 +738,7 @@ whale_code whale_st_open_dir(const char *dir, whale_st **out, whale_err *err) {
     } else if (stat(ipath, &sb) == 0) {
         char *text = NULL;
         size_t n = 0;
-        rc = whale_read_file(ipath, &text, &n, err);
+        rc = whale_read_file_max(ipath, WHALE_MAX_JSON_FILE, &text, &n, err);
         if (!rc) rc = open_sharded(st, dir, ipath, text, n, err);
         free(text);
     } else {

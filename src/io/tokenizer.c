@@ -861,7 +861,7 @@ static whale_code parse_json_file(const char *path, cJSON **out, int optional, w
         struct stat st;
         if (stat(path, &st) != 0 && errno == ENOENT) return WHALE_OK;
     }
-    whale_code rc = whale_read_file(path, &buf, &n, err);
+    whale_code rc = whale_read_file_max(path, WHALE_MAX_JSON_FILE, &buf, &n, err);
     if (rc) return rc;
     size_t bad = tok_utf8_check((const unsigned char *)buf, n);
     if (bad < n) {

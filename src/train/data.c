@@ -1043,7 +1043,7 @@ whale_code whale_dataset_open(const char *dir, const char *split, whale_dataset 
     snprintf(d->split, sizeof d->split, "%s", split);
     char *meta = join_path(dir, "meta.json"), *text = NULL;
     size_t len;
-    whale_code rc = meta ? whale_read_file(meta, &text, &len, err) : whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    whale_code rc = meta ? whale_read_file_max(meta, WHALE_MAX_JSON_FILE, &text, &len, err) : whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
     cJSON *root = NULL;
     if (!rc) {
         const char *end = NULL;

@@ -130,6 +130,9 @@ done
 # session and logits of 10^6 × V; a huge SFT record was read whole
 python3 -c 'import sys; sys.stdout.write("[" + ",".join(["[1]"] * 1000000) + "]")' >"$TMP/rows.json"
 fails 5 'rows.json: 1000000 rows, over the cap of 4096 sequences' -- "$WHALE" score -m "$TINY" --ids "$TMP/rows.json"
+# 5 million ids: refused before the JSON parser makes a node of each
+python3 -c 'import sys; sys.stdout.write("[[" + ",".join(["1"] * 5000000) + "]]")' >"$TMP/ids5m.json"
+fails 5 'ids5m.json: more than 4194304 ids, the cap on one batch' -- "$WHALE" score -m "$TINY" --ids "$TMP/ids5m.json"
 python3 -c 'import sys; sys.stdout.write("[" + ",".join(["[1, 2, 3, 4]"] * 3000) + "]")' >"$TMP/rows3k.json"
 check "3000 rows are scored in bounded chunks" run_bounded "$WHALE" score -m "$TINY" --ids "$TMP/rows3k.json" >/dev/null
 need_tokenizer deepseek_v3
