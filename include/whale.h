@@ -38,12 +38,43 @@ typedef struct {
     char msg[WHALE_ERR_MSG_MAX];
 } whale_err;
 
-/* Set err (if non-NULL) and return code. printf-style message, no newline. */
+/* Set err (if non-NULL) and return code. printf-style message, no newline;
+ * control characters in the result (from file names or strings a file
+ * holds) are written as escapes (\n, \x1b), so a message is one line. */
 whale_code whale_errf(whale_err *err, whale_code code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 const char *whale_code_name(whale_code code);
 /* Process exit status the CLI uses for an error code (see docs/cli.md). */
 int whale_exit_status(whale_code code);
+
+/* ---------------------------------------------------------------- limits
+ * Caps on what a file may make the engine allocate or compute, for sizes
+ * that nothing else in the data bounds (docs/security.md). Every size read
+ * from a file is checked against the data itself where the data determines
+ * it (a LoRA rank against lora_A's shape, token ids against the number of
+ * vocabulary entries) and against one of these where it does not. A file
+ * over a cap is refused with a one-line error naming the file and the cap.
+ * To change one, edit it here and rebuild. */
+#define WHALE_MAX_FILE_READ ((size_t)256 << 20) /* a file read whole: ids, text to tokenize or diagnose */
+/* JSON read whole (cJSON holds it ~10-30 times over): config.json,
+ * tokenizer.json, model.safetensors.index.json, adapter_config.json, meta.json */
+#define WHALE_MAX_JSON_FILE ((size_t)64 << 20)
+/* Tokenizer regexes (PCRE2): one call's match and depth limit and its
+ * backtracking memory, and one encode's CPU time: base + per byte of text
+ * (the real tokenizers need about 0.15 µs per byte, 1–2 under the sanitizers). */
+/* an ids file (score, grad, diagnose, precision-report): sequences and tokens */
+#define WHALE_MAX_BATCH 4096
+#define WHALE_MAX_BATCH_TOKENS (1 << 22)
+/* one SFT record (a JSONL line), read a line at a time */
+#define WHALE_MAX_RECORD_BYTES ((size_t)16 << 20)
+/* LoRA rank (adapter_config.json's r must also equal the tensors' rank) */
+#define WHALE_MAX_LORA_RANK 65536
+/* tokenizer.json: every id below 2 × (vocabulary + added tokens) + this */
+#define WHALE_TOKENIZER_ID_SLACK 1024
+#define WHALE_REGEX_MATCH_LIMIT 10000000u
+#define WHALE_REGEX_STACK_BYTES ((size_t)8 << 20)
+#define WHALE_ENCODE_SECONDS 2.0
+#define WHALE_ENCODE_SECONDS_PER_BYTE 10e-6
 
 /* ---------------------------------------------------------------- dtypes */
 

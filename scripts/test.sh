@@ -2,7 +2,8 @@
 # Run the test suite three times: the optimised build for this processor; a
 # build with AddressSanitizer + UndefinedBehaviorSanitizer; and the portable
 # build capped to the AVX2 tier (WHALE_ISA=avx2), as on a processor without
-# AVX-512.
+# AVX-512. Then a short run of every fuzz target (WHALE_FUZZ_SECONDS each,
+# default 25; 0 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
@@ -23,3 +24,9 @@ echo "== tests (portable build, instruction tier capped to avx2)"
 cmake -S . -B build-portable -DCMAKE_BUILD_TYPE=Release -DWHALE_NATIVE=OFF >/dev/null
 cmake --build build-portable -j"$(nproc)" >/dev/null
 WHALE_ISA=avx2 ctest --test-dir build-portable --output-on-failure -j2
+
+fuzz_seconds=${WHALE_FUZZ_SECONDS:-25}
+if [ "$fuzz_seconds" != 0 ]; then
+    echo "== fuzz smoke (${fuzz_seconds} s per target)"
+    scripts/fuzz.sh "$fuzz_seconds"
+fi

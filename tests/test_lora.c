@@ -7,12 +7,14 @@
  * masks (central differences of the loss with the masks held fixed). */
 #include "testutil.h"
 
+#include "core/core.h"
 #include "io/safetensors.h"
 #include "models/model.h"
 #include "whale.h"
 #include "whale_lora.h"
 #include "train/step.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -231,7 +233,17 @@ int main(void) {
         {"{\"peft_type\": \"PREFIX_TUNING\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"wq_a\"]}",
          "peft_type must be \"LORA\"", WHALE_ERR_FORMAT},
         {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 8, \"target_modules\": \"all-linear\"}",
-         "expected [8,", WHALE_ERR_FORMAT}, /* the file holds rank-4 tensors */
+         "r is 8 but the adapters in", WHALE_ERR_FORMAT}, /* the file holds rank-4 tensors: nothing allocated by r */
+        {"{\"peft_type\": \"LORA\", \"r\": 65536, \"lora_alpha\": 8, \"target_modules\": \"all-linear\"}",
+         "r is 65536 but the adapters in", WHALE_ERR_FORMAT},
+        {"{\"peft_type\": \"LORA\", \"r\": 1e10, \"lora_alpha\": 8, \"target_modules\": \"all-linear\"}",
+         "r must be an integer in [1, 65536]", WHALE_ERR_FORMAT}, /* was a float-to-int overflow */
+        {"{\"peft_type\": \"LORA\", \"r\": 2.5, \"lora_alpha\": 8, \"target_modules\": \"all-linear\"}",
+         "r must be an integer", WHALE_ERR_FORMAT}, /* was silently 2 */
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"wq_a\", 3]}",
+         "target_modules must list non-empty module names", WHALE_ERR_FORMAT},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"lora_dropout\": 7, \"target_modules\": \"all-linear\"}",
+         "lora_dropout must be a number in [0, 1)", WHALE_ERR_FORMAT},
         {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"wq_a\"]}",
          "do not belong to an adapter", WHALE_ERR_FORMAT}, /* tensors for modules the config does not name */
         {"{\"peft_type\": \"LORA\", \"r\": 4", "invalid JSON", WHALE_ERR_FORMAT},
@@ -245,6 +257,39 @@ int main(void) {
         CHECK(c == cases[k].code && strstr(err.msg, cases[k].expect) && strstr(err.msg, bad) && !strchr(err.msg, '\n'),
               "bad adapter %zu: got %d \"%s\"", k, (int)c, err.msg);
         CHECK(whale_lora_count(mb) == 0 && whale_model_num_params(mb) == n_base, "a failed load leaves no adapters");
+        whale_model_free(mb);
+    }
+    /* a target_modules list of any length is read whole: 300 names that
+     * match nothing (over 4 KB) before the real ones (it was cut at 512) */
+    {
+        char *text;
+        size_t n;
+        cJSON *j = NULL;
+        whale_model *mb;
+        CHECK(whale_lora_save(m, bad, "tests/data/tiny", &err) == WHALE_OK, "%s", err.msg);
+        CHECK(whale_read_file(path, &text, &n, &err) == WHALE_OK && (j = cJSON_Parse(text)), "re-read the config");
+        free(text);
+        cJSON *tm = cJSON_GetObjectItem(j, "target_modules"), *longer = cJSON_CreateArray();
+        for (int i = 0; i < 300; i++) {
+            char name[32];
+            snprintf(name, sizeof name, "no_such_module_%03d", i);
+            cJSON_AddItemToArray(longer, cJSON_CreateString(name));
+        }
+        const cJSON *it;
+        cJSON_ArrayForEach(it, tm) cJSON_AddItemToArray(longer, cJSON_CreateString(it->valuestring));
+        cJSON_ReplaceItemInObject(j, "target_modules", longer);
+        char *out = cJSON_Print(j);
+        CHECK(strlen(out) > 4096, "the list is long");
+        FILE *f = fopen(path, "w");
+        fputs(out, f);
+        fclose(f);
+        free(out);
+        cJSON_Delete(j);
+        mb = load_tiny();
+        CHECK(whale_lora_load(mb, bad, &err) == WHALE_OK && whale_lora_count(mb) == whale_lora_count(m),
+              "a long target_modules list: %s", err.msg);
+        const whale_lora_config *lc = whale_lora_get_config(mb);
+        CHECK(lc && strlen(lc->target_modules) > 4096, "the attached config keeps the whole list");
         whale_model_free(mb);
     }
     whale_model *mb = load_tiny();

@@ -323,11 +323,12 @@ static void test_bad_files(void) {
           "header past end: %s", err.msg);
     craft(in_tmp("hlenabsurd.safetensors"), 200000000, "{}", 2, 0);
     rc = whale_st_open(in_tmp("hlenabsurd.safetensors"), &st, &err);
-    CHECK(rc == F && strstr(err.msg, "hlenabsurd.safetensors") && strstr(err.msg, "limit"),
+    CHECK(rc == F && strstr(err.msg, "hlenabsurd.safetensors") && strstr(err.msg, "not a safetensors file") &&
+              !strstr(err.msg, "200000000"),
           "absurd header length: %s", err.msg);
     craft(in_tmp("hlenhuge.safetensors"), UINT64_MAX, "{}", 2, 0);
     rc = whale_st_open(in_tmp("hlenhuge.safetensors"), &st, &err);
-    CHECK(rc == F && strstr(err.msg, "limit"), "2^64-1 header length: %s", err.msg);
+    CHECK(rc == F && strstr(err.msg, "not a safetensors file"), "2^64-1 header length: %s", err.msg);
 
     /* Header JSON. */
     expect_bad("badjson.safetensors", "{\"a\": {", 0, F, "not valid JSON", NULL);

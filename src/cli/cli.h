@@ -58,7 +58,7 @@ whale_code cli_load_model(const char *dir, const char *adapters, whale_dtype dty
                           char **base_dir, char **tmpl, char **system, whale_err *err);
 
 /* A JSON array of equal-length arrays of token ids, checked against vocab. */
-whale_code cli_read_ids_file(const char *path, int vocab, int32_t **ids, int *B, int *S, whale_err *err);
+#include "io/ids.h" /* whale_read_ids_file */
 
 int cmd_info(int argc, char **argv);
 int cmd_memory(int argc, char **argv);

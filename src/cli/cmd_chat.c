@@ -446,10 +446,7 @@ int cmd_chat_eval(int argc, char **argv) {
         whale_errf(&err, WHALE_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    if (!(in = fopen(data, "r"))) {
-        whale_errf(&err, WHALE_ERR_IO, "%s: cannot open: %s", data, strerror(errno));
-        goto fail;
-    }
+    if (whale_fopen_regular(data, &in, NULL, &err)) goto fail;
     if (answers && !(out = fopen(answers, "w"))) {
         whale_errf(&err, WHALE_ERR_IO, "%s: cannot create: %s", answers, strerror(errno));
         goto fail;

@@ -166,7 +166,7 @@ int cmd_diagnose(int argc, char **argv) {
     if (whale_model_load(dir, &m, &err)) goto fail;
     int V = whale_model_vocab_size(m);
     if (ids_path) {
-        if (cli_read_ids_file(ids_path, V, &ids, &B, &S, &err)) goto fail;
+        if (whale_read_ids_file(ids_path, V, &ids, &B, &S, &err)) goto fail;
     } else {
         size_t len = 0;
         const char *what = text ? "--text" : text_file;

@@ -96,70 +96,6 @@ int cmd_init(int argc, char **argv) {
 
 /* ------------------------------------------------------------------ score */
 
-/* JSON array of equal-length arrays of token ids -> ids [B*S] */
-whale_code cli_read_ids_file(const char *path, int vocab, int32_t **ids, int *B, int *S, whale_err *err) {
-    char *text;
-    size_t n;
-    whale_code c = whale_read_file(path, &text, &n, err);
-    if (c) return c;
-    cJSON *j = cJSON_ParseWithLength(text, n);
-    free(text);
-    if (!j) return whale_errf(err, WHALE_ERR_FORMAT, "%s: not valid JSON", path);
-    c = WHALE_OK;
-    int rows = cJSON_GetArraySize(j), cols = -1;
-    if (!cJSON_IsArray(j) || rows == 0) {
-        c = whale_errf(err, WHALE_ERR_FORMAT, "%s: expected a non-empty JSON array of arrays of token ids", path);
-        goto done;
-    }
-    const cJSON *row;
-    int r = 0;
-    cJSON_ArrayForEach(row, j) {
-        int len = cJSON_GetArraySize(row);
-        if (!cJSON_IsArray(row) || len == 0) {
-            c = whale_errf(err, WHALE_ERR_FORMAT, "%s: row %d is not a non-empty array of token ids", path, r);
-            goto done;
-        }
-        if (cols >= 0 && len != cols) {
-            c = whale_errf(err, WHALE_ERR_FORMAT, "%s: row %d has %d ids but row 0 has %d (rows must be equal length)",
-                           path, r, len, cols);
-            goto done;
-        }
-        cols = len;
-        r++;
-    }
-    *ids = malloc(sizeof(int32_t) * (size_t)rows * cols);
-    if (!*ids) {
-        c = whale_errf(err, WHALE_ERR_NOMEM, "%s: out of memory", path);
-        goto done;
-    }
-    r = 0;
-    cJSON_ArrayForEach(row, j) {
-        const cJSON *v;
-        int col = 0;
-        cJSON_ArrayForEach(v, row) {
-            double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
-            if (!(d == floor(d))) {
-                c = whale_errf(err, WHALE_ERR_FORMAT, "%s: row %d, column %d is not an integer token id", path, r, col);
-            } else if (d < 0 || d >= vocab) {
-                c = whale_errf(err, WHALE_ERR_RANGE, "%s: row %d, column %d: token id %.0f is outside the vocabulary [0, %d)",
-                               path, r, col, d, vocab);
-            }
-            if (c) {
-                free(*ids);
-                *ids = NULL;
-                goto done;
-            }
-            (*ids)[(size_t)r * cols + col++] = (int32_t)d;
-        }
-        r++;
-    }
-    *B = rows;
-    *S = cols;
-done:
-    cJSON_Delete(j);
-    return c;
-}
-
 int cmd_score(int argc, char **argv) {
     const char *dir = NULL, *ids_path = NULL, *logits_out = NULL;
     long threads = 0;
@@ -202,24 +138,46 @@ int cmd_score(int argc, char **argv) {
     whale_session *s = NULL;
     whale_diag *nan = NULL;
     int V = whale_model_vocab_size(m);
-    if (cli_read_ids_file(ids_path, V, &ids, &B, &S, &err) || whale_session_new(m, B, S, &s, &err) ||
-        (nan_check && cli_nan_check_attach(s, &nan, &err))) {
+    if (whale_read_ids_file(ids_path, V, &ids, &B, &S, &err)) {
         status = cli_fail(&err);
         goto out;
     }
-    size_t n = (size_t)B * S * V;
+    /* Rows go through in chunks whose logits take at most SCORE_CHUNK_BYTES
+     * (all of them at once when they are written out), so the session and
+     * the logits stay bounded whatever the file's batch is. */
+    enum { SCORE_CHUNK_BYTES = 256 << 20 };
+    size_t row_bytes = (size_t)S * V * sizeof(float);
+    int chunk = logits_out || row_bytes * B <= SCORE_CHUNK_BYTES ? B : (int)(SCORE_CHUNK_BYTES / row_bytes);
+    if (chunk < 1) chunk = 1;
+    if (whale_session_new(m, chunk, S, &s, &err) || (nan_check && cli_nan_check_attach(s, &nan, &err))) {
+        status = cli_fail(&err);
+        goto out;
+    }
+    size_t n = (size_t)chunk * S * V;
     logits = whale_alloc(n * sizeof(float));
     if (!logits) {
-        whale_errf(&err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of logits for %d × %d tokens", n * 4 / 1048576.0, B, S);
+        whale_errf(&err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of logits for %d × %d tokens", n * 4 / 1048576.0,
+                   chunk, S);
         status = cli_fail(&err);
         goto out;
     }
-    if (whale_session_forward(s, ids, B, S, logits, 1, &err) || whale_diag_nan_error(nan, &err)) {
-        status = cli_fail(&err);
-        goto out;
+    int64_t count = 0;
+    double loss_sum = 0, loss = NAN;
+    for (int b0 = 0; b0 < B; b0 += chunk) {
+        int nb = B - b0 < chunk ? B - b0 : chunk;
+        const int32_t *cids = ids + (size_t)b0 * S;
+        whale_session_reset(s);
+        if (whale_session_forward(s, cids, nb, S, logits, 1, &err) || whale_diag_nan_error(nan, &err)) {
+            status = cli_fail(&err);
+            goto out;
+        }
+        int64_t cc;
+        double cl = whale_cross_entropy(logits, cids, nb, S, V, &cc);
+        if (cc) loss_sum += cl * (double)cc;
+        count += cc;
+        if (chunk == B) loss = cl; /* one chunk: exactly the mean over the batch */
     }
-    int64_t count;
-    double loss = whale_cross_entropy(logits, ids, B, S, V, &count);
+    if (chunk < B && count) loss = loss_sum / (double)count;
     if (logits_out) {
         int64_t shape[3] = {B, S, V};
         whale_st_item item = {"logits", WHALE_F32, 3, shape, logits};

@@ -244,13 +244,15 @@ static void result_unmap(result_t *r) {
 static whale_code result_map(const char *path, const char *name, size_t n_logits, size_t n_topk, int L, result_t *r,
                              whale_err *err) {
     memset(r, 0, sizeof *r);
-    int fd = open(path, O_RDONLY);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0 || (size_t)st.st_size < sizeof(result_head)) {
-        if (fd >= 0) close(fd);
+    int fd;
+    uint64_t size;
+    whale_err oe;
+    if (whale_open_regular(path, &fd, &size, &oe)) return whale_errf(err, WHALE_ERR_INTERNAL, "the %s run ended without a result", name);
+    if (size < sizeof(result_head) || size > SIZE_MAX) {
+        close(fd);
         return whale_errf(err, WHALE_ERR_INTERNAL, "the %s run ended without a result", name);
     }
-    r->len = (size_t)st.st_size;
+    r->len = (size_t)size;
     r->map = mmap(NULL, r->len, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (r->map == MAP_FAILED) {
@@ -746,7 +748,7 @@ int cmd_precision_report(int argc, char **argv) {
     memset(paths, 0, sizeof paths);
     if (read_model_info(o.dir, &mi, &err)) goto fail;
     if (o.ids_path) {
-        if (cli_read_ids_file(o.ids_path, mi.vocab, &b.ids, &b.B, &b.S, &err)) goto fail;
+        if (whale_read_ids_file(o.ids_path, mi.vocab, &b.ids, &b.B, &b.S, &err)) goto fail;
         if (b.S > mi.max_pos) {
             whale_errf(&err, WHALE_ERR_RANGE, "%s: %d tokens per row exceed the model's max_position_embeddings %d",
                        o.ids_path, b.S, mi.max_pos);

@@ -38,7 +38,7 @@ int cmd_grad(int argc, char **argv) {
     int32_t *ids = NULL;
     whale_st_item *items = NULL;
     int B, S, status = 0;
-    if (whale_model_load(dir, &m, &err) || cli_read_ids_file(ids_path, whale_model_vocab_size(m), &ids, &B, &S, &err))
+    if (whale_model_load(dir, &m, &err) || whale_read_ids_file(ids_path, whale_model_vocab_size(m), &ids, &B, &S, &err))
         goto fail;
     if (S < 2) {
         whale_errf(&err, WHALE_ERR_ARG, "%s: sequences need at least 2 ids to have a target", ids_path);

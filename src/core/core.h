@@ -5,6 +5,7 @@
 #include "whale.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 /* 64-byte aligned allocation (AVX-512 rows, cache lines); free with free().
@@ -31,7 +32,17 @@ double whale_rng_normal(whale_rng *r);
 /* Write a whole buffer to path via path.tmp, fsync, rename; no partial file
  * is left behind on failure. */
 whale_code whale_write_file_atomic(const char *path, const void *data, size_t n, whale_err *err);
-/* Read a whole file (NUL-terminated for convenience). */
+/* Open a file for reading that must be a regular file (symlinks are
+ * followed). The open cannot block: a FIFO, device, socket or directory
+ * named like an input is refused with a message saying what it is
+ * (WHALE_ERR_IO). *size (may be NULL) gets the file's size. */
+whale_code whale_open_regular(const char *path, int *fd, uint64_t *size, whale_err *err);
+/* The same as a stdio stream ("rb"). */
+whale_code whale_fopen_regular(const char *path, FILE **f, uint64_t *size, whale_err *err);
+/* Read a whole regular file of at most max bytes (NUL-terminated for
+ * convenience); a larger one is WHALE_ERR_RANGE. whale_read_file's limit is
+ * WHALE_MAX_FILE_READ; whale_read_json_object's WHALE_MAX_JSON_FILE. */
+whale_code whale_read_file_max(const char *path, size_t max, char **data, size_t *n, whale_err *err);
 whale_code whale_read_file(const char *path, char **data, size_t *n, whale_err *err);
 /* Read a JSON file whose top level must be an object; errors name the file
  * ("invalid JSON near byte N", "top level must be a JSON object"). Free

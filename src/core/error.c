@@ -4,12 +4,38 @@
 #include <stdarg.h>
 #include <stdio.h>
 
+/* A message is one line whatever the strings in it came from (file names,
+ * JSON strings and tensor names from a downloaded file): control characters
+ * are written as escapes, so a newline or a terminal escape in a hostile
+ * file cannot forge a second log line or reach the terminal raw. */
+static void escape_controls(const char *in, char *out, size_t cap) {
+    static const char hex[] = "0123456789abcdef";
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)in; *p; p++) {
+        unsigned c = *p;
+        char esc[5];
+        size_t k = 0;
+        if (c == '\n') esc[k++] = '\\', esc[k++] = 'n';
+        else if (c == '\r') esc[k++] = '\\', esc[k++] = 'r';
+        else if (c == '\t') esc[k++] = '\\', esc[k++] = 't';
+        else if (c < 0x20 || c == 0x7f)
+            esc[k++] = '\\', esc[k++] = 'x', esc[k++] = hex[c >> 4], esc[k++] = hex[c & 15];
+        else esc[k++] = (char)c;
+        if (n + k + 1 > cap) break;
+        for (size_t i = 0; i < k; i++) out[n++] = esc[i];
+    }
+    out[n] = 0;
+}
+
 whale_code whale_errf(whale_err *err, whale_code code, const char *fmt, ...) {
     if (err) {
+        /* formatted apart from err->msg, which may be one of the arguments */
+        char raw[WHALE_ERR_MSG_MAX];
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        vsnprintf(raw, sizeof raw, fmt, ap);
         va_end(ap);
+        escape_controls(raw, err->msg, sizeof err->msg);
         err->code = code;
     }
     return code;

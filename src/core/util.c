@@ -122,34 +122,102 @@ whale_code whale_write_file_atomic(const char *path, const void *data, size_t n,
     return WHALE_OK;
 }
 
-whale_code whale_read_file(const char *path, char **data, size_t *n, whale_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return whale_errf(err, WHALE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0) {
-        fclose(f);
-        return whale_errf(err, WHALE_ERR_IO, "%s: cannot seek", path);
+static const char *file_kind(mode_t m) {
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    return "not a regular file";
+}
+
+whale_code whale_open_regular(const char *path, int *fd_out, uint64_t *size, whale_err *err) {
+    *fd_out = -1;
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait forever
+     * for a writer; on a regular file it changes nothing and is cleared. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) return whale_errf(err, WHALE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        whale_code c = whale_errf(err, WHALE_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+        close(fd);
+        return c;
     }
-    long sz = ftell(f);
-    if (sz < 0) {
-        fclose(f);
-        return whale_errf(err, WHALE_ERR_IO, "%s: cannot read (not a regular file?)", path);
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return whale_errf(err, WHALE_ERR_IO, "%s: is %s, not a regular file", path, file_kind(st.st_mode));
     }
-    rewind(f);
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        whale_code c = whale_errf(err, WHALE_ERR_IO, "%s: cannot set blocking mode: %s", path, strerror(errno));
+        close(fd);
+        return c;
+    }
+    *fd_out = fd;
+    if (size) *size = st.st_size > 0 ? (uint64_t)st.st_size : 0;
+    return WHALE_OK;
+}
+
+whale_code whale_fopen_regular(const char *path, FILE **out, uint64_t *size, whale_err *err) {
+    int fd;
+    *out = NULL;
+    whale_code c = whale_open_regular(path, &fd, size, err);
+    if (c) return c;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        c = whale_errf(err, WHALE_ERR_NOMEM, "%s: cannot open: %s", path, strerror(errno));
+        close(fd);
+        return c;
+    }
+    *out = f;
+    return WHALE_OK;
+}
+
+whale_code whale_read_file_max(const char *path, size_t max, char **data, size_t *n, whale_err *err) {
+    int fd;
+    uint64_t sz;
+    whale_code c = whale_open_regular(path, &fd, &sz, err);
+    if (c) return c;
+    if (sz > max) {
+        close(fd);
+        return whale_errf(err, WHALE_ERR_RANGE, "%s: %llu bytes is over the %zu-byte limit for this file", path,
+                          (unsigned long long)sz, max);
+    }
     char *buf = malloc((size_t)sz + 1);
     if (!buf) {
-        fclose(f);
-        return whale_errf(err, WHALE_ERR_NOMEM, "%s: out of memory reading %ld bytes", path, sz);
+        close(fd);
+        return whale_errf(err, WHALE_ERR_NOMEM, "%s: out of memory reading %llu bytes", path,
+                          (unsigned long long)sz);
     }
-    if (fread(buf, 1, (size_t)sz, f) != (size_t)sz) {
+    /* read until EOF, never past the size fstat reported (a file that grows
+     * while being read is cut there; one that shrinks is a short read) */
+    size_t got = 0;
+    while (got < sz) {
+        ssize_t r = read(fd, buf + got, (size_t)sz - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            c = whale_errf(err, WHALE_ERR_IO, "%s: read failed: %s", path, strerror(errno));
+            free(buf);
+            close(fd);
+            return c;
+        }
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got != sz) {
         free(buf);
-        fclose(f);
-        return whale_errf(err, WHALE_ERR_IO, "%s: short read", path);
+        return whale_errf(err, WHALE_ERR_IO, "%s: short read (%zu of %llu bytes)", path, got,
+                          (unsigned long long)sz);
     }
-    fclose(f);
-    buf[sz] = 0;
+    buf[got] = 0;
     *data = buf;
-    if (n) *n = (size_t)sz;
+    if (n) *n = got;
     return WHALE_OK;
+}
+
+whale_code whale_read_file(const char *path, char **data, size_t *n, whale_err *err) {
+    return whale_read_file_max(path, WHALE_MAX_FILE_READ, data, n, err);
 }
 
 whale_code whale_mkdir(const char *dir, whale_err *err) {
@@ -171,7 +239,7 @@ whale_code whale_read_json_object(const char *path, cJSON **out, whale_err *err)
     char *text;
     size_t n;
     *out = NULL;
-    whale_code c = whale_read_file(path, &text, &n, err);
+    whale_code c = whale_read_file_max(path, WHALE_MAX_JSON_FILE, &text, &n, err);
     if (c) return c;
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(text, n + 1, &end, 1); /* text is NUL-terminated */

@@ -557,9 +557,10 @@ static whale_code add_plain(whale_bpe_trainer *tr, const char *path, FILE *f, wh
 }
 
 whale_code whale_bpe_trainer_add_file(whale_bpe_trainer *tr, const char *path, whale_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return whale_errf(err, WHALE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    whale_code rc = has_suffix(path, ".jsonl") ? add_jsonl(tr, path, f, err) : add_plain(tr, path, f, err);
+    FILE *f;
+    whale_code rc = whale_fopen_regular(path, &f, NULL, err);
+    if (rc) return rc;
+    rc = has_suffix(path, ".jsonl") ? add_jsonl(tr, path, f, err) : add_plain(tr, path, f, err);
     fclose(f);
     return rc;
 }

@@ -374,9 +374,12 @@ static whale_code parse_header(whale_st *st, const st_file *f, whale_err *err) {
     const unsigned char *b = f->base;
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | b[i];
+    /* The number is not shown: for a file that is not safetensors at all
+     * (a symlink pointed elsewhere) it is just that file's first 8 bytes. */
     if (hlen > WHALE_ST_MAX_HEADER)
-        return whale_errf(err, WHALE_ERR_FORMAT, "%s: header length %llu exceeds the %u-byte limit",
-                          path, (unsigned long long)hlen, WHALE_ST_MAX_HEADER);
+        return whale_errf(err, WHALE_ERR_FORMAT,
+                          "%s: not a safetensors file (its first 8 bytes are not a header length of at most %u)",
+                          path, WHALE_ST_MAX_HEADER);
     if (hlen > f->size - 8)
         return whale_errf(err, WHALE_ERR_FORMAT,
                           "%s: header length %llu runs past the end of the file (%zu bytes)", path,
@@ -522,29 +525,21 @@ done:
 
 /* Map one file and append its tensors to st. */
 static whale_code load_file(whale_st *st, const char *path, whale_err *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return whale_errf(err, WHALE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        whale_code rc = whale_errf(err, WHALE_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
-        close(fd);
-        return rc;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return whale_errf(err, WHALE_ERR_IO, "%s: not a regular file", path);
-    }
-    if (sb.st_size < 8) {
+    int fd;
+    uint64_t fsize;
+    whale_code oc = whale_open_regular(path, &fd, &fsize, err); /* cannot block on a FIFO */
+    if (oc) return oc;
+    if (fsize < 8) {
         close(fd);
         return whale_errf(err, WHALE_ERR_FORMAT,
-                          "%s: file is too short (%lld bytes) to hold a safetensors header", path,
-                          (long long)sb.st_size);
+                          "%s: file is too short (%llu bytes) to hold a safetensors header", path,
+                          (unsigned long long)fsize);
     }
-    if ((uint64_t)sb.st_size > SIZE_MAX) {
+    if (fsize > SIZE_MAX) {
         close(fd);
         return whale_errf(err, WHALE_ERR_UNSUPPORTED, "%s: file too large to map", path);
     }
-    size_t size = (size_t)sb.st_size;
+    size_t size = (size_t)fsize;
     void *base = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     int map_errno = errno;
     close(fd); /* the mapping stays valid */
@@ -743,7 +738,7 @@ whale_code whale_st_open_dir(const char *dir, whale_st **out, whale_err *err) {
     } else if (stat(ipath, &sb) == 0) {
         char *text = NULL;
         size_t n = 0;
-        rc = whale_read_file(ipath, &text, &n, err);
+        rc = whale_read_file_max(ipath, WHALE_MAX_JSON_FILE, &text, &n, err);
         if (!rc) rc = open_sharded(st, dir, ipath, text, n, err);
         free(text);
     } else {

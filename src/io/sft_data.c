@@ -766,28 +766,92 @@ static whale_code read_array(whale_sft_dataset *ds, whale_tokenizer *tok, const 
     return rc;
 }
 
-/* Every record of one file: JSONL, or a JSON array. */
-static whale_code read_file(whale_sft_dataset *ds, whale_tokenizer *tok, const whale_chat_template *tpl,
-                            const whale_sft_opts *o, int fi, rec *r, whale_err *err) {
+/* The next line of f into *buf (without its newline, NUL-terminated):
+ * 1 if there was one, 0 at the end, -1 on a read error or out of memory.
+ * At most max bytes are kept: *too_long is set for a longer line, whose
+ * rest is read and dropped, so a huge record never sits in memory. */
+static int next_line(FILE *f, char **buf, size_t *cap, size_t *len, size_t max, int *too_long) {
+    *len = 0;
+    *too_long = 0;
+    int c, any = 0;
+    while ((c = getc_unlocked(f)) != EOF) {
+        any = 1;
+        if (c == '\n') break;
+        if (*len >= max) {
+            *too_long = 1;
+            continue;
+        }
+        if (*len + 2 > *cap) {
+            size_t nc = *cap ? 2 * *cap : 4096;
+            char *b = realloc(*buf, nc);
+            if (!b) return -1;
+            *buf = b;
+            *cap = nc;
+        }
+        (*buf)[(*len)++] = (char)c;
+    }
+    if (ferror(f)) return -1;
+    if (*buf) (*buf)[*len] = 0;
+    return any;
+}
+
+/* Does the file start (after a BOM and blanks) with '[', a JSON array?
+ * Leaves f at its start. */
+static int starts_array(FILE *f) {
+    unsigned char bom[3];
+    if (fread(bom, 1, 3, f) != 3 || memcmp(bom, "\xEF\xBB\xBF", 3)) rewind(f);
+    int c;
+    do c = getc_unlocked(f);
+    while (c == ' ' || c == '\t' || c == '\r' || c == '\n');
+    rewind(f);
+    return c == '[';
+}
+
+/* A .json array file, read whole (within whale_read_file's cap). */
+static whale_code read_array_file(whale_sft_dataset *ds, whale_tokenizer *tok, const whale_chat_template *tpl,
+                                  const whale_sft_opts *o, int fi, rec *r, whale_err *err) {
     char *buf;
     size_t size;
     whale_code rc = whale_read_file(ds->files[fi], &buf, &size, err);
     if (rc) return rc;
-    size_t pos = 0;
-    if (size >= 3 && !memcmp(buf, "\xEF\xBB\xBF", 3)) pos = 3; /* a BOM is not part of the first record */
-    size_t first = pos;
+    size_t first = size >= 3 && !memcmp(buf, "\xEF\xBB\xBF", 3) ? 3 : 0;
     while (first < size && strchr(" \t\r\n", buf[first])) first++;
-    if (first < size && buf[first] == '[') {
-        rc = read_array(ds, tok, tpl, o, fi, r, buf + first, size - first, err);
-        pos = size;
+    rc = read_array(ds, tok, tpl, o, fi, r, buf + first, size - first, err);
+    rec_reset(r);
+    free(buf);
+    return rc;
+}
+
+/* Every record of one file: a JSON array, or JSONL read a line at a time
+ * (a record longer than the cap is refused without being held). */
+static whale_code read_file(whale_sft_dataset *ds, whale_tokenizer *tok, const whale_chat_template *tpl,
+                            const whale_sft_opts *o, int fi, rec *r, whale_err *err) {
+    const char *path = ds->files[fi];
+    FILE *f;
+    whale_code rc = whale_fopen_regular(path, &f, NULL, err);
+    if (rc) return rc;
+    if (starts_array(f)) {
+        fclose(f);
+        return read_array_file(ds, tok, tpl, o, fi, r, err);
     }
+    char *buf = NULL;
+    size_t cap = 0, n;
     int64_t line = 0;
-    while (!rc && pos < size) {
-        const char *s = buf + pos;
-        const char *nl = memchr(s, '\n', size - pos);
-        size_t n = nl ? (size_t)(nl - s) : size - pos;
-        pos += n + (nl != NULL);
+    int got, too_long;
+    while (!rc && (got = next_line(f, &buf, &cap, &n, WHALE_MAX_RECORD_BYTES, &too_long)) != 0) {
+        if (got < 0) {
+            rc = whale_errf(err, ferror(f) ? WHALE_ERR_IO : WHALE_ERR_NOMEM, "%s:%" PRId64 ": %s", path, line + 1,
+                            ferror(f) ? "read failed" : "out of memory");
+            break;
+        }
+        const char *s = buf;
         line++;
+        if (too_long) {
+            rc = whale_errf(err, WHALE_ERR_RANGE, "%s:%" PRId64 ": a record of more than %zu bytes (the cap on one record)",
+                            path, line, (size_t)WHALE_MAX_RECORD_BYTES);
+            break;
+        }
+        if (line == 1 && n >= 3 && !memcmp(s, "\xEF\xBB\xBF", 3)) s += 3, n -= 3; /* a BOM is not part of the first record */
         if (n && s[n - 1] == '\r') n--;
         size_t k = 0;
         while (k < n && (s[k] == ' ' || s[k] == '\t' || s[k] == '\r' || s[k] == '\f' || s[k] == '\v')) k++;
@@ -796,6 +860,7 @@ static whale_code read_file(whale_sft_dataset *ds, whale_tokenizer *tok, const w
     }
     rec_reset(r);
     free(buf);
+    fclose(f);
     return rc;
 }
 

@@ -330,8 +330,10 @@ static whale_code compile_regex(loader *L, const char *path, const char *pattern
         if (!tok_buf_append(&src, pattern, strlen(pattern)))
             return FAIL(L, WHALE_ERR_NOMEM, "%s: out of memory", path);
     } else {
-        /* Oniguruma's ^ and $ always work on lines (LF only) */
-        opts |= PCRE2_UCP | PCRE2_MULTILINE | PCRE2_ALT_CIRCUMFLEX;
+        /* Oniguruma's ^ and $ always work on lines (LF only). \C (one code
+         * unit) is refused: it could end a match inside a UTF-8 character,
+         * and the next search would start there with the UTF check off. */
+        opts |= PCRE2_UCP | PCRE2_MULTILINE | PCRE2_ALT_CIRCUMFLEX | PCRE2_NEVER_BACKSLASH_C;
         if ((rc = translate_regex(L, path, pattern, &src)) != WHALE_OK) {
             free(src.data);
             return rc;
@@ -599,6 +601,14 @@ static whale_code load_vocab(loader *L, const cJSON *vocab, const cJSON *added) 
         }
     }
     if (max_id < 0) return FAIL(L, WHALE_ERR_FORMAT, "model.vocab: empty");
+    /* The per-id tables are sized by the largest id, so ids must be about
+     * as dense as the entries: one huge id would size them by itself. */
+    int64_t entries = (int64_t)nv + na;
+    if ((int64_t)max_id >= 2 * entries + WHALE_TOKENIZER_ID_SLACK)
+        return FAIL(L, WHALE_ERR_FORMAT,
+                    "model.vocab / added_tokens: id %d is too sparse for %lld entries (ids must stay below 2 × "
+                    "entries + %d)",
+                    (int)max_id, (long long)entries, WHALE_TOKENIZER_ID_SLACK);
     t->n_ids = max_id + 1;
     t->model_vocab = nv;
     t->n_added = na;
@@ -851,7 +861,7 @@ static whale_code parse_json_file(const char *path, cJSON **out, int optional, w
         struct stat st;
         if (stat(path, &st) != 0 && errno == ENOENT) return WHALE_OK;
     }
-    whale_code rc = whale_read_file(path, &buf, &n, err);
+    whale_code rc = whale_read_file_max(path, WHALE_MAX_JSON_FILE, &buf, &n, err);
     if (rc) return rc;
     size_t bad = tok_utf8_check((const unsigned char *)buf, n);
     if (bad < n) {
@@ -906,9 +916,13 @@ static whale_code alloc_scratch(whale_tokenizer *t, whale_err *err) {
     t->md = pcre2_match_data_create(1, NULL);
     t->mctx = pcre2_match_context_create(NULL);
     /* long runs (100 KB of spaces) need more than the default 32 KB */
-    t->jit_stack = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, NULL);
+    t->jit_stack = pcre2_jit_stack_create(32 * 1024, WHALE_REGEX_STACK_BYTES, NULL);
     if (!t->md || !t->mctx || !t->jit_stack) return whale_errf(err, WHALE_ERR_NOMEM, "tokenizer: out of memory");
     pcre2_jit_stack_assign(t->mctx, NULL, t->jit_stack);
+    /* one regex call's limits; the whole encode has a time budget too */
+    pcre2_set_match_limit(t->mctx, WHALE_REGEX_MATCH_LIMIT);
+    pcre2_set_depth_limit(t->mctx, WHALE_REGEX_MATCH_LIMIT);
+    pcre2_set_heap_limit(t->mctx, (uint32_t)(WHALE_REGEX_STACK_BYTES / 1024));
     return WHALE_OK;
 }
 
@@ -944,6 +958,10 @@ whale_code whale_tokenizer_load(const char *dir, whale_tokenizer **out, whale_er
         if ((rc = load_config(&C, cfg))) goto done;
     }
     if ((rc = build_added_sets(&L))) goto done;
+    if (!(t->path = strdup(json_path))) {
+        rc = whale_errf(err, WHALE_ERR_NOMEM, "tokenizer: out of memory");
+        goto done;
+    }
     rc = alloc_scratch(t, err);
 done:
     cJSON_Delete(root);
@@ -980,6 +998,7 @@ void whale_tokenizer_free(whale_tokenizer *t) {
     pcre2_match_context_free(t->mctx);
     pcre2_jit_stack_free(t->jit_stack);
     tok_encode_scratch_free(t);
+    free(t->path);
     free(t);
 }
 

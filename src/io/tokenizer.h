@@ -141,7 +141,11 @@ struct whale_tokenizer {
     int32_t role_id[3];
     char *role_tok[3];
 
+    char *path;              /* tokenizer.json, for messages */
+
     /* encode scratch (see the thread-safety note in whale_tokenizer.h) */
+    double cpu_deadline;     /* thread CPU time the current encode must finish by */
+    unsigned matches;        /* regex calls in the current encode (the budget is checked every 64) */
     pcre2_match_data *md;
     pcre2_match_context *mctx;
     pcre2_jit_stack *jit_stack;

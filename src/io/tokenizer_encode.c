@@ -7,6 +7,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ------------------------------------------------------------ BPE */
 
@@ -249,11 +250,45 @@ static whale_code fold(folder *f, size_t a, size_t b, int m) {
     return rc;
 }
 
-static whale_code regex_failed(whale_err *err, int rc) {
+static whale_code regex_failed(const whale_tokenizer *t, whale_err *err, int rc) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(rc, msg, sizeof msg);
+    const char *path = t->path ? t->path : "tokenizer";
+    if (rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT || rc == PCRE2_ERROR_HEAPLIMIT ||
+        rc == PCRE2_ERROR_JIT_STACKLIMIT)
+        /* the pattern, not the machine: it backtracks without bound on this text */
+        return whale_errf(err, WHALE_ERR_FORMAT,
+                          "%s: a pre-tokenizer regex is too costly to match on this text (%s; see docs/security.md)",
+                          path, (const char *)msg);
     return whale_errf(err, rc == PCRE2_ERROR_NOMEMORY ? WHALE_ERR_NOMEM : WHALE_ERR_INTERNAL,
-                      "tokenizer: pre-tokenizer regex failed: %s", (const char *)msg);
+                      "%s: pre-tokenizer regex failed: %s", path, (const char *)msg);
+}
+
+static double thread_cpu_seconds(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The encode's work budget: PCRE2's limits hold for one call, but a pattern
+ * can cost time quadratic in the text over many calls (each search looking
+ * far ahead and consuming little), so the whole encode gets CPU time in
+ * proportion to its length (docs/security.md). Checked every 64 calls. */
+static whale_code check_budget(whale_tokenizer *t, whale_err *err) {
+    if ((++t->matches & 63) || thread_cpu_seconds() <= t->cpu_deadline) return WHALE_OK;
+    return whale_errf(err, WHALE_ERR_FORMAT,
+                      "%s: a pre-tokenizer regex costs more than linear time on this text (over the encode's "
+                      "time budget; see docs/security.md)",
+                      t->path ? t->path : "tokenizer");
+}
+
+/* Where the search resumes after an empty match at i: one whole character
+ * on, and never inside one. */
+static size_t next_char(const char *s, size_t n, size_t i) {
+    int k = tok_utf8_valid_len((const unsigned char *)s + i, n - i);
+    i += k > 0 ? (size_t)k : 1;
+    while (i < n && ((unsigned char)s[i] & 0xC0) == 0x80) i++;
+    return i;
 }
 
 /* One Split (or the ByteLevel regex) over the piece s[0..n). */
@@ -267,14 +302,15 @@ static whale_code split_piece(whale_tokenizer *t, int k, const tok_step *st, con
         int r = st->jit ? pcre2_jit_match(st->re, (PCRE2_SPTR)s, n, from, 0, t->md, t->mctx)
                         : pcre2_match(st->re, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK, t->md, t->mctx);
         if (r == PCRE2_ERROR_NOMATCH) break;
-        if (r < 0) return regex_failed(err, r);
+        if (r < 0) return regex_failed(t, err, r);
+        if ((rc = check_budget(t, err))) return rc;
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(t->md);
         size_t ms = ov[0], me = ov[1];
         if (ms == me) {
             /* an empty match: the search moves on one character; one right
              * after the previous match is skipped (Oniguruma's iterator) */
             if (me >= n) from = n + 1;
-            else from = me + (size_t)tok_utf8_valid_len((const unsigned char *)s + me, n - me);
+            else from = next_char(s, n, me);
             if (ms == last_end) continue;
         } else {
             from = me;
@@ -427,6 +463,8 @@ static whale_code normalized_segment(whale_tokenizer *t, const char *s, size_t n
 }
 
 whale_code tok_encode_valid(whale_tokenizer *t, const char *text, size_t len, tok_buf *ids, whale_err *err) {
+    t->matches = 0;
+    t->cpu_deadline = thread_cpu_seconds() + WHALE_ENCODE_SECONDS + (double)len * WHALE_ENCODE_SECONDS_PER_BYTE;
     return split_added(t, &t->raw_set, text, len, normalized_segment, ids, err);
 }
 

@@ -6,6 +6,7 @@
 #include "io/safetensors.h"
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
+#include "kernels/ops.h"
 #include "train/loss.h"
 
 #include <math.h>
@@ -265,11 +266,11 @@ whale_code whale_model_bind(whale_model *m, whale_st *st, const char *path, whal
             p->data = m->owned + off;
             off += (n + 15) & ~(size_t)15;
             int64_t rows = p->ndim == 2 ? p->shape[0] : 1, cols = (int64_t)n / rows;
-            whale_convert_checkpoint(p->data, WHALE_F32, e->data, e->dtype, rows, cols);
+            if ((c = whale_convert_checkpoint(p->data, WHALE_F32, e->data, e->dtype, rows, cols, err))) break;
         }
         *p->slot = p->data;
     }
-    if (lowp) c = whale_model_build_copies(m, dt, found, err);
+    if (!c && lowp) c = whale_model_build_copies(m, dt, found, err);
     /* what was converted (owned fp32, or copies) is no longer needed
      * resident in the mapping; tensors used in place fault back in when read */
     if (!c && (lowp || owned)) whale_st_release_pages(st);
@@ -721,6 +722,26 @@ double whale_model_decode_weight_bytes(const whale_model *m) { return m->ops->de
 
 /* ------------------------------------------------------------ sessions */
 
+whale_code whale_rope_reserve(float **cos_t, float **sin_t, int *len, int need, int R, float theta, whale_err *err) {
+    if (need <= *len) return WHALE_OK;
+    size_t half = R / 2 ? (size_t)(R / 2) : 1, rn;
+    if (!whale_mul_size((size_t)need, half * sizeof(float), &rn))
+        return whale_errf(err, WHALE_ERR_NOMEM, "RoPE tables for %d positions overflow", need);
+    float *c = whale_alloc(rn), *s = whale_alloc(rn);
+    if (!c || !s) {
+        free(c);
+        free(s);
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory for RoPE tables of %d positions", need);
+    }
+    k_rope_table(c, s, need, R, theta);
+    free(*cos_t);
+    free(*sin_t);
+    *cos_t = c;
+    *sin_t = s;
+    *len = need;
+    return WHALE_OK;
+}
+
 whale_code whale_session_new(whale_model *m, int max_batch, int max_seq, whale_session **out,
                              whale_err *err) {
     *out = NULL;
@@ -820,9 +841,9 @@ whale_code whale_session_train_step(whale_session *s, const int32_t *ids, const 
         if (labels && labels[i] != -100 && (labels[i] < 0 || labels[i] >= m->vocab_size))
             return whale_errf(err, WHALE_ERR_RANGE, "label %d at index %ld is outside the vocabulary [0, %d)",
                               labels[i], i, m->vocab_size);
-        if (pos && (pos[i] < 0 || pos[i] >= m->max_positions))
-            return whale_errf(err, WHALE_ERR_RANGE, "position %d at index %ld is outside [0, %d)", pos[i], i,
-                              m->max_positions);
+        if (pos && (pos[i] < 0 || pos[i] >= s->max_seq)) /* the RoPE tables cover the session's context */
+            return whale_errf(err, WHALE_ERR_RANGE, "position %d at index %ld is outside the session's [0, %d)",
+                              pos[i], i, s->max_seq);
         if (seg && (seg[i] < 0 || seg[i] > (int32_t)(i % S)))
             return whale_errf(err, WHALE_ERR_RANGE, "segment start %d at index %ld is not within its sequence",
                               seg[i], i);

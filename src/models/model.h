@@ -148,6 +148,12 @@ struct whale_session {
 
 /* Helpers shared by families. */
 
+/* RoPE tables [positions, R/2] for at least need positions: grown when a
+ * session needs more than the tables hold (never built from the config's
+ * max_position_embeddings, which a file may set to anything up to its cap,
+ * and never before the checkpoint has been checked against the config). */
+whale_code whale_rope_reserve(float **cos_t, float **sin_t, int *len, int need, int R, float theta, whale_err *err);
+
 /* Record the weights' dtype in a config: under the keys it already has
  * ("torch_dtype" and/or the newer "dtype"), else "torch_dtype". */
 void whale_config_set_dtype(cJSON *cfg, whale_dtype dt);
@@ -311,9 +317,9 @@ size_t whale_copy_bytes(whale_dtype dt, int64_t rows, int64_t cols);
 void whale_model_refresh_copies(whale_model *m);
 /* dst (rows × cols, fp32/bf16/fp16) from checkpoint data src of dtype sdt
  * in a read-only mapping, dropping the source pages as it goes, so a load
- * never holds a large tensor in both forms. */
-void whale_convert_checkpoint(void *dst, whale_dtype dt, const void *src, whale_dtype sdt, int64_t rows,
-                              int64_t cols);
+ * never holds a large tensor in both forms. src may have any alignment. */
+whale_code whale_convert_checkpoint(void *dst, whale_dtype dt, const void *src, whale_dtype sdt, int64_t rows,
+                                    int64_t cols, whale_err *err);
 whale_code whale_model_reserve_handles(whale_model *m, size_t bytes, whale_err *err);
 void whale_model_release_handles(whale_model *m);
 

@@ -440,7 +440,12 @@ static int alloc_layer_acts(nw_session *s, nw_layer_acts *a, const nw_config *c,
  * layer's activations (and no KV cache). */
 static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, int training, int recompute,
                                     int count_only, nw_session **out, whale_err *err) {
-    const nw_config *c = &((nw_model *)m->impl)->c;
+    nw_model *nw = m->impl;
+    const nw_config *c = &nw->c;
+    if (!count_only) {
+        whale_code e = whale_rope_reserve(&nw->rope_cos, &nw->rope_sin, &nw->rope_len, max_seq, c->R, c->rope_theta, err);
+        if (e) return e;
+    }
     nw_session *s = calloc(1, sizeof *s);
     if (!s) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory creating a session");
     s->base.model = m;
@@ -1312,14 +1317,11 @@ whale_code nanowhale_from_config(const cJSON *cfg, const char *file, whale_model
     }
     const nw_config *c = &nw->c;
     nw->config_json = cJSON_Duplicate(cfg, 1);
-    size_t rn = (size_t)c->max_pos * (c->R / 2 ? c->R / 2 : 1);
-    nw->rope_cos = whale_alloc(rn * sizeof(float));
-    nw->rope_sin = whale_alloc(rn * sizeof(float));
-    if (!nw->config_json || !nw->rope_cos || !nw->rope_sin) {
+    if (!nw->config_json) {
         whale_model_free(m);
         return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
     }
-    k_rope_table(nw->rope_cos, nw->rope_sin, c->max_pos, c->R, c->rope_theta);
+    /* RoPE tables are built by the first session, for its context */
     if ((e = register_params(m, nw, err))) {
         whale_model_free(m);
         return e;

@@ -28,7 +28,8 @@ typedef struct {
     float *hc_head_fn, *hc_head_base, *hc_head_scale, *embed, *norm, *lm_head;
     nw_layer *layers;
     float **expert_ptrs; /* storage behind the layers' w1/w2/w3 arrays */
-    float *rope_cos, *rope_sin; /* [max_pos, R/2], recomputed, never loaded */
+    float *rope_cos, *rope_sin; /* [rope_len, R/2], recomputed, never loaded */
+    int rope_len;               /* positions the tables cover: the longest session so far */
 } nw_model;
 
 #endif

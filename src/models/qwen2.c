@@ -46,7 +46,8 @@ typedef struct {
     cJSON *config_json; /* the config as given (fields we do not read are kept for saving) */
     float *embed, *norm, *lm_head; /* lm_head is NULL when tied */
     qw_layer *layers;
-    float *rope_cos, *rope_sin; /* [max_pos, Dh/2], recomputed, never loaded */
+    float *rope_cos, *rope_sin; /* [rope_len, Dh/2], recomputed, never loaded */
+    int rope_len;               /* positions the tables cover: the longest session so far */
 } qw_model;
 
 /* A field that must be present (the helpers take a default otherwise). */
@@ -478,7 +479,12 @@ static void stash_get(qw_session *s, qw_layer_acts *a, int l, size_t T) {
  * and, unless recompute, every layer's activations (and no KV cache). */
 static whale_code session_create(whale_model *m, int max_batch, int max_seq, int training, int recompute,
                                  int count_only, qw_session **out, whale_err *err) {
-    const qw_config *c = &((qw_model *)m->impl)->c;
+    qw_model *qw = m->impl;
+    const qw_config *c = &qw->c;
+    if (!count_only) {
+        whale_code e = whale_rope_reserve(&qw->rope_cos, &qw->rope_sin, &qw->rope_len, max_seq, c->Dh, c->rope_theta, err);
+        if (e) return e;
+    }
     qw_session *s = calloc(1, sizeof *s);
     if (!s) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory creating a session");
     s->base.model = m;
@@ -965,17 +971,9 @@ whale_code qwen2_from_config(const cJSON *cfg, const char *file, whale_model **o
     m->impl = qw;
     whale_code e = parse_config(cfg, file, &qw->c, err);
     const qw_config *c = &qw->c;
-    if (!e) {
-        size_t rn = (size_t)c->max_pos * (size_t)(c->Dh / 2);
-        qw->config_json = cJSON_Duplicate(cfg, 1);
-        qw->rope_cos = whale_alloc(rn * sizeof(float));
-        qw->rope_sin = whale_alloc(rn * sizeof(float));
-        if (!qw->config_json || !qw->rope_cos || !qw->rope_sin) e = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
-    }
-    if (!e) {
-        k_rope_table(qw->rope_cos, qw->rope_sin, c->max_pos, c->Dh, c->rope_theta);
-        e = register_params(m, qw, err);
-    }
+    if (!e && !(qw->config_json = cJSON_Duplicate(cfg, 1))) e = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    /* RoPE tables are built by the first session, for its context */
+    if (!e) e = register_params(m, qw, err);
     if (!e) {
         m->vocab_size = c->vocab;
         m->max_positions = c->max_pos;

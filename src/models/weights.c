@@ -16,6 +16,7 @@
 #include "kernels/gemm.h"
 #include "whale_lora.h"
 
+#include <assert.h>
 #include <omp.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -91,6 +92,12 @@ static const char *release_pages(const char *lo, const char *hi) {
     return b > (uintptr_t)lo ? (const char *)b : lo;
 }
 
+/* fp32 source rows must go through tmp when they are not 4-byte aligned:
+ * safetensors does not align tensors, and the fp32 kernels read floats. */
+static int needs_tmp(const void *src, whale_dtype sdt, whale_dtype dt) {
+    return sdt != dt && (sdt != WHALE_F32 || ((uintptr_t)src & (sizeof(float) - 1)));
+}
+
 /* Rows r0..r0+n of dst from src (fp32 rows f, or converted through tmp). */
 static void convert_block(void *dst, float *scale, whale_dtype dt, const char *sb, whale_dtype sdt, float *tmp,
                           int64_t r0, int64_t n, int64_t cols) {
@@ -102,7 +109,8 @@ static void convert_block(void *dst, float *scale, whale_dtype dt, const char *s
     const float *f = (const float *)sb;
     if (sdt == WHALE_BF16) whale_bf16_to_f32(tmp, sb, cnt);
     else if (sdt == WHALE_F16) whale_f16_to_f32(tmp, sb, cnt);
-    if (sdt != WHALE_F32) f = tmp;
+    else if ((uintptr_t)sb & (sizeof(float) - 1)) memcpy(tmp, sb, cnt * sizeof(float)); /* unaligned fp32 */
+    if (sdt != WHALE_F32 || (uintptr_t)sb & (sizeof(float) - 1)) f = tmp;
     if (dt == WHALE_F32) memcpy((float *)dst + off, f, cnt * sizeof(float));
     else if (dt == WHALE_BF16) whale_f32_to_bf16_rows((uint16_t *)dst + off, f, cnt);
     else if (dt == WHALE_F16) whale_f32_to_f16_rows((uint16_t *)dst + off, f, cnt);
@@ -112,19 +120,23 @@ static void convert_block(void *dst, float *scale, whale_dtype dt, const char *s
 /* dst (rows × cols of dt, int8 scales into scale) from src of dtype sdt, in
  * blocks of rows. With release_src (src is checkpoint data), each thread
  * converts one contiguous run of blocks in order and drops the source pages
- * behind it, so loading never holds a large tensor twice. */
-static void convert_rows(void *dst, float *scale, whale_dtype dt, const void *src, whale_dtype sdt, int64_t rows,
-                         int64_t cols, int release_src) {
+ * behind it, so loading never holds a large tensor twice. Returns 0 when
+ * a thread could not get its scratch (nothing is skipped silently). */
+static int convert_rows(void *dst, float *scale, whale_dtype dt, const void *src, whale_dtype sdt, int64_t rows,
+                        int64_t cols, int release_src) {
     enum { BLOCK = 64 };
     int64_t nblocks = (rows + BLOCK - 1) / BLOCK;
     size_t row_bytes = (size_t)cols * whale_dtype_size(sdt);
-#pragma omp parallel
+    const int scratch = needs_tmp(src, sdt, dt);
+    int ok = 1;
+#pragma omp parallel reduction(&& : ok)
     {
-        float *tmp = sdt == WHALE_F32 || sdt == dt ? NULL : whale_alloc(sizeof(float) * BLOCK * (size_t)cols);
+        float *tmp = scratch ? whale_alloc(sizeof(float) * BLOCK * (size_t)cols) : NULL;
         int nt = omp_get_num_threads(), t = omp_get_thread_num();
         int64_t b0 = nblocks * t / nt, b1 = nblocks * (t + 1) / nt;
         const char *done = (const char *)src + (size_t)(b0 * BLOCK) * row_bytes; /* released up to */
-        for (int64_t b = b0; b < b1 && (tmp || sdt == WHALE_F32 || sdt == dt); b++) {
+        ok = !scratch || tmp || b0 == b1;
+        for (int64_t b = b0; b < b1 && ok; b++) {
             int64_t r0 = b * BLOCK, n = rows - r0 < BLOCK ? rows - r0 : BLOCK;
             const char *sb = (const char *)src + (size_t)r0 * row_bytes;
             convert_block(dst, scale, dt, sb, sdt, tmp, r0, n, cols);
@@ -132,11 +144,15 @@ static void convert_rows(void *dst, float *scale, whale_dtype dt, const void *sr
         }
         free(tmp);
     }
+    return ok;
 }
 
-void whale_convert_checkpoint(void *dst, whale_dtype dt, const void *src, whale_dtype sdt, int64_t rows,
-                              int64_t cols) {
-    convert_rows(dst, NULL, dt, src, sdt, rows, cols, 1);
+whale_code whale_convert_checkpoint(void *dst, whale_dtype dt, const void *src, whale_dtype sdt, int64_t rows,
+                                    int64_t cols, whale_err *err) {
+    if (!convert_rows(dst, NULL, dt, src, sdt, rows, cols, 1))
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory converting a %lld × %lld tensor", (long long)rows,
+                          (long long)cols);
+    return WHALE_OK;
 }
 
 size_t whale_copy_bytes(whale_dtype dt, int64_t rows, int64_t cols) {
@@ -196,8 +212,11 @@ whale_code whale_model_build_copies(whale_model *m, whale_dtype dt, const whale_
         float *scale = dt == WHALE_I8 ? (float *)(dst + (size_t)(rows * cols)) : NULL;
         /* the int8 values come first; scales after them, 4-byte aligned */
         if (scale) scale = (float *)(((uintptr_t)scale + 3) & ~(uintptr_t)3);
-        if (e) convert_rows(dst, scale, dt, e->data, e->dtype, rows, cols, 1);
-        else convert_rows(dst, scale, dt, p->data, WHALE_F32, rows, cols, 0);
+        if (!(e ? convert_rows(dst, scale, dt, e->data, e->dtype, rows, cols, 1)
+                : convert_rows(dst, scale, dt, p->data, WHALE_F32, rows, cols, 0))) {
+            whale_model_clear_copies(m);
+            return whale_errf(err, WHALE_ERR_NOMEM, "out of memory converting %s to %s", p->name, whale_dtype_name(dt));
+        }
         w->data = dst;
         w->scale = scale;
         off += whale_copy_bytes(dt, rows, cols);
@@ -214,7 +233,10 @@ void whale_model_refresh_copies(whale_model *m) {
         const whale_param *p = &m->params[w->param];
         if (p->frozen || !whale_param_has_f32(m, p)) continue; /* frozen: never changes */
         int64_t rows = p->shape[0];
-        convert_rows((void *)w->data, (float *)w->scale, w->dtype, p->data, WHALE_F32, rows, w->cols, 0);
+        /* fp32 masters are aligned owned memory: no scratch, cannot fail */
+        int ok = convert_rows((void *)w->data, (float *)w->scale, w->dtype, p->data, WHALE_F32, rows, w->cols, 0);
+        assert(ok);
+        (void)ok;
     }
 }
 

@@ -70,8 +70,9 @@ static char *tokenizer_json_path(const char *tokenizer) {
 }
 
 static whale_code fingerprint_file(const char *path, uint64_t *fp, whale_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return whale_errf(err, WHALE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f;
+    whale_code oc = whale_fopen_regular(path, &f, NULL, err);
+    if (oc) return oc;
     uint64_t h = 0xcbf29ce484222325ull;
     unsigned char buf[1 << 16];
     size_t n;
@@ -400,21 +401,19 @@ static whale_code reader_open(reader *r, const char *path, whale_err *err) {
     memset(r, 0, sizeof *r);
     r->path = path;
     r->jsonl = has_suffix(path, ".jsonl");
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return whale_errf(err, WHALE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    whale_code rc = WHALE_OK;
-    if (fstat(fd, &st) != 0) rc = whale_errf(err, WHALE_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
-    else if (S_ISDIR(st.st_mode)) rc = whale_errf(err, WHALE_ERR_IO, "%s: is a directory, not a file", path);
-    else if (!S_ISREG(st.st_mode)) rc = whale_errf(err, WHALE_ERR_IO, "%s: not a regular file", path);
-    else if (st.st_size > 0) {
-        void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int fd;
+    uint64_t size;
+    whale_code rc = whale_open_regular(path, &fd, &size, err);
+    if (rc) return rc;
+    if (size > SIZE_MAX) rc = whale_errf(err, WHALE_ERR_UNSUPPORTED, "%s: file too large to map", path);
+    else if (size > 0) {
+        void *m = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (m == MAP_FAILED) {
             rc = whale_errf(err, WHALE_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
         } else {
-            madvise(m, (size_t)st.st_size, MADV_SEQUENTIAL);
+            madvise(m, (size_t)size, MADV_SEQUENTIAL);
             r->data = m;
-            r->size = (size_t)st.st_size;
+            r->size = (size_t)size;
         }
     }
     close(fd);
@@ -898,24 +897,21 @@ static whale_code meta_uint(const cJSON *obj, const char *key, const char *where
 
 static whale_code map_shard(whale_dataset *d, shard_in *s, uint64_t want_tokens, uint64_t want_docs, whale_err *err) {
     const char *path = s->path;
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return whale_errf(err, WHALE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    int fd;
+    uint64_t size;
+    whale_code oc = whale_open_regular(path, &fd, &size, err);
+    if (oc) return oc;
+    if (size < WHALE_DATA_HEADER_BYTES || size > SIZE_MAX) {
         close(fd);
-        return whale_errf(err, WHALE_ERR_IO, "%s: not a regular file", path);
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: truncated: %llu bytes, shorter than the %d-byte header", path,
+                          (unsigned long long)size, WHALE_DATA_HEADER_BYTES);
     }
-    if (st.st_size < WHALE_DATA_HEADER_BYTES) {
-        close(fd);
-        return whale_errf(err, WHALE_ERR_FORMAT, "%s: truncated: %lld bytes, shorter than the %d-byte header", path,
-                          (long long)st.st_size, WHALE_DATA_HEADER_BYTES);
-    }
-    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *m = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
     int map_errno = errno;
     close(fd);
     if (m == MAP_FAILED) return whale_errf(err, WHALE_ERR_IO, "%s: cannot mmap: %s", path, strerror(map_errno));
     s->map = m;
-    s->size = (size_t)st.st_size;
+    s->size = (size_t)size;
     const unsigned char *h = s->map;
     if (memcmp(h, WHALE_DATA_MAGIC, 8))
         return whale_errf(err, WHALE_ERR_FORMAT, "%s: not a token shard (the file does not start with \"%s\")", path,
@@ -1047,7 +1043,7 @@ whale_code whale_dataset_open(const char *dir, const char *split, whale_dataset 
     snprintf(d->split, sizeof d->split, "%s", split);
     char *meta = join_path(dir, "meta.json"), *text = NULL;
     size_t len;
-    whale_code rc = meta ? whale_read_file(meta, &text, &len, err) : whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    whale_code rc = meta ? whale_read_file_max(meta, WHALE_MAX_JSON_FILE, &text, &len, err) : whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
     cJSON *root = NULL;
     if (!rc) {
         const char *end = NULL;

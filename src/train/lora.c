@@ -15,10 +15,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
 /* The attached config with its own copy of the target list. */
 typedef struct {
     whale_lora_config cfg;
-    char targets[512];
+    char targets[]; /* as long as the list is */
 } lora_cfg_store;
 
 whale_lora_config whale_lora_defaults(void) {
@@ -66,7 +69,8 @@ static int lora_cmp(const void *a, const void *b) {
  * "<name minus .weight>.lora_A.weight" / ".lora_B.weight". */
 static whale_code add_adapters(whale_model *m, const whale_lora_config *cfg, whale_err *err) {
     if (m->n_lora) return whale_errf(err, WHALE_ERR_ARG, "the model already has LoRA adapters");
-    if (cfg->rank < 1 || cfg->rank > 65536) return whale_errf(err, WHALE_ERR_ARG, "LoRA rank must be >= 1, got %d", cfg->rank);
+    if (cfg->rank < 1 || cfg->rank > WHALE_MAX_LORA_RANK)
+        return whale_errf(err, WHALE_ERR_ARG, "LoRA rank must be in [1, %d], got %d", WHALE_MAX_LORA_RANK, cfg->rank);
     if (!(cfg->alpha > 0)) return whale_errf(err, WHALE_ERR_ARG, "lora_alpha must be > 0, got %g", cfg->alpha);
     if (!(cfg->dropout >= 0 && cfg->dropout < 1))
         return whale_errf(err, WHALE_ERR_ARG, "lora_dropout must be in [0, 1), got %g", cfg->dropout);
@@ -79,7 +83,7 @@ static whale_code add_adapters(whale_model *m, const whale_lora_config *cfg, wha
             floats += (size_t)cfg->rank * (size_t)(m->params[i].shape[0] + m->params[i].shape[1]);
         }
     if (!n) return whale_errf(err, WHALE_ERR_ARG, "target_modules \"%s\" matches no Linear layer of the model", targets);
-    lora_cfg_store *store = calloc(1, sizeof *store);
+    lora_cfg_store *store = calloc(1, sizeof *store + strlen(targets) + 1);
     whale_lora_target *lt = calloc((size_t)n, sizeof *lt);
     float *mem = whale_calloc(floats * sizeof(float));
     whale_param *grown = realloc(m->params, sizeof *m->params * (size_t)(nb + 2 * n));
@@ -91,7 +95,7 @@ static whale_code add_adapters(whale_model *m, const whale_lora_config *cfg, wha
         return whale_errf(err, WHALE_ERR_NOMEM, "out of memory for LoRA adapters");
     }
     store->cfg = *cfg;
-    snprintf(store->targets, sizeof store->targets, "%s", targets);
+    memcpy(store->targets, targets, strlen(targets) + 1);
     store->cfg.target_modules = store->targets;
     m->n_base_params = nb;
     m->n_params = nb;
@@ -235,9 +239,40 @@ whale_code whale_lora_save(const whale_model *m, const char *dir, const char *ba
     return c;
 }
 
+/* The rank every adapter in the file has: lora_A is [r, in] and lora_B
+ * [out, r]. Read from the tensors before anything is sized by r. */
+static whale_code file_rank(const whale_st *st, const char *path, int *rank, whale_err *err) {
+    *rank = 0;
+    for (int i = 0; i < whale_st_count(st); i++) {
+        const whale_st_entry *e = whale_st_at(st, i);
+        size_t n = strlen(e->name);
+        int is_a = n > 14 && !strcmp(e->name + n - 14, ".lora_A.weight");
+        int is_b = n > 14 && !strcmp(e->name + n - 14, ".lora_B.weight");
+        if (!is_a && !is_b) continue;
+        if (e->ndim != 2)
+            return whale_errf(err, WHALE_ERR_FORMAT, "%s: %s has %d dimensions, not 2", path, e->name, e->ndim);
+        int64_t r = is_a ? e->shape[0] : e->shape[1];
+        if (r < 1 || r > WHALE_MAX_LORA_RANK)
+            return whale_errf(err, WHALE_ERR_FORMAT, "%s: %s gives rank %lld, outside [1, %d]", path, e->name,
+                              (long long)r, WHALE_MAX_LORA_RANK);
+        if (*rank && r != *rank)
+            return whale_errf(err, WHALE_ERR_FORMAT, "%s: %s gives rank %lld, other adapters %d", path, e->name,
+                              (long long)r, *rank);
+        *rank = (int)r;
+    }
+    if (!*rank) return whale_errf(err, WHALE_ERR_FORMAT, "%s: holds no lora_A or lora_B tensor", path);
+    return WHALE_OK;
+}
+
+/* A JSON number that is an integer in [lo, hi] (checked before any cast). */
+static int json_int_in(const cJSON *v, double lo, double hi) {
+    return cJSON_IsNumber(v) && v->valuedouble >= lo && v->valuedouble <= hi && v->valuedouble == floor(v->valuedouble);
+}
+
 whale_code whale_lora_load(whale_model *m, const char *dir, whale_err *err) {
-    char path[4200];
+    char path[4200], st_path[4200];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    snprintf(st_path, sizeof st_path, "%s/adapter_model.safetensors", dir);
     cJSON *j;
     whale_code c = whale_read_json_object(path, &j, err);
     if (c) return c;
@@ -247,35 +282,67 @@ whale_code whale_lora_load(whale_model *m, const char *dir, whale_err *err) {
                 *rs = cJSON_GetObjectItemCaseSensitive(j, "use_rslora"),
                 *tm = cJSON_GetObjectItemCaseSensitive(j, "target_modules");
     const char *bad = !cJSON_IsString(pt) || strcmp(pt->valuestring, "LORA") ? "peft_type must be \"LORA\""
-                      : !cJSON_IsNumber(r) || r->valuedouble < 1       ? "r must be a positive number"
-                      : !cJSON_IsNumber(al)                            ? "lora_alpha must be a number"
-                      : !(cJSON_IsArray(tm) || cJSON_IsString(tm))     ? "target_modules must be a list or a string"
-                                                                       : NULL;
+                      : !json_int_in(r, 1, WHALE_MAX_LORA_RANK)
+                          ? "r must be an integer in [1, " STR(WHALE_MAX_LORA_RANK) "]"
+                      : !cJSON_IsNumber(al) || !isfinite(al->valuedouble) || !(al->valuedouble > 0)
+                          ? "lora_alpha must be a positive number"
+                      : dr && !cJSON_IsNull(dr) && !(cJSON_IsNumber(dr) && dr->valuedouble >= 0 && dr->valuedouble < 1)
+                          ? "lora_dropout must be a number in [0, 1)"
+                      : !(cJSON_IsArray(tm) || cJSON_IsString(tm)) ? "target_modules must be a list or a string"
+                                                                   : NULL;
+    /* the list joined with commas, however long */
+    size_t tlen = cJSON_IsString(tm) ? strlen(tm->valuestring) : 0;
+    const cJSON *it;
+    if (!bad && cJSON_IsArray(tm)) cJSON_ArrayForEach(it, tm) {
+            if (!cJSON_IsString(it) || !it->valuestring[0] || strchr(it->valuestring, ',')) {
+                bad = "target_modules must list non-empty module names";
+                break;
+            }
+            tlen += strlen(it->valuestring) + 1;
+        }
+    char *targets = bad ? NULL : malloc(tlen + 1);
+    if (!bad && !targets) {
+        cJSON_Delete(j);
+        return whale_errf(err, WHALE_ERR_NOMEM, "%s: out of memory", path);
+    }
     if (bad) {
         cJSON_Delete(j);
         return whale_errf(err, WHALE_ERR_FORMAT, "%s: %s", path, bad);
     }
-    char targets[512] = "";
-    if (cJSON_IsString(tm)) snprintf(targets, sizeof targets, "%s", tm->valuestring);
+    if (cJSON_IsString(tm)) memcpy(targets, tm->valuestring, tlen + 1);
     else {
-        const cJSON *it;
-        cJSON_ArrayForEach(it, tm) if (cJSON_IsString(it)) {
-            size_t l = strlen(targets);
-            snprintf(targets + l, sizeof targets - l, "%s%s", l ? "," : "", it->valuestring);
+        size_t l = 0;
+        targets[0] = 0;
+        cJSON_ArrayForEach(it, tm) {
+            size_t k = strlen(it->valuestring);
+            if (l) targets[l++] = ',';
+            memcpy(targets + l, it->valuestring, k + 1);
+            l += k;
         }
     }
     whale_lora_config cfg = {.rank = (int)r->valuedouble, .alpha = al->valuedouble,
                              .dropout = cJSON_IsNumber(dr) ? dr->valuedouble : 0.0, .use_rslora = cJSON_IsTrue(rs),
                              .target_modules = targets, .seed = 0};
     cJSON_Delete(j);
-    if ((c = add_adapters(m, &cfg, err))) return c;
 
+    /* The tensors first: the rank sizes every adapter, so it must be the
+     * one the file's tensors have before anything is allocated by it. */
     whale_st *st;
-    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
-    if ((c = whale_st_open(path, &st, err))) {
-        whale_lora_free(m);
+    int frank;
+    if ((c = whale_st_open(st_path, &st, err))) {
+        free(targets);
         return c;
     }
+    if ((c = file_rank(st, st_path, &frank, err)) ||
+        (frank != cfg.rank &&
+         (c = whale_errf(err, WHALE_ERR_FORMAT, "%s: r is %d but the adapters in %s have rank %d", path, cfg.rank,
+                         st_path, frank))) ||
+        (c = add_adapters(m, &cfg, err))) {
+        whale_st_close(st);
+        free(targets);
+        return c;
+    }
+    snprintf(path, sizeof path, "%s", st_path);
     int found = 0;
     for (int i = m->n_base_params; i < m->n_params && !c; i++) {
         whale_param *p = &m->params[i];
@@ -300,6 +367,7 @@ whale_code whale_lora_load(whale_model *m, const char *dir, whale_err *err) {
         c = whale_errf(err, WHALE_ERR_FORMAT, "%s: %d tensors do not belong to an adapter of this model's %s modules",
                        path, whale_st_count(st) - found, targets);
     whale_st_close(st);
+    free(targets); /* add_adapters keeps its own copy */
     if (c) whale_lora_free(m);
     return c;
 }
