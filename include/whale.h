@@ -144,8 +144,9 @@ whale_code whale_isa_init(whale_err *err);
 whale_isa whale_isa_active(void);
 whale_isa whale_isa_detected(void);
 const char *whale_isa_name(whale_isa t);
-/* The processor's brand string ("AMD EPYC 9R14", ...) and extra features
- * the tiers do not name, as "avx512_fp16 amx_int8" (empty when none). */
+/* The processor's brand string ("AMD EPYC 9R14", ...) and features beside
+ * the tier's name: "avx512_fp16" (present, unused) and "amx_int8" (AMX
+ * granted), space-separated, empty when none. */
 const char *whale_cpu_model(void);
 const char *whale_cpu_extras(void);
 

@@ -2,7 +2,8 @@
 # Run the test suite three times: the optimised build for this processor; a
 # build with AddressSanitizer + UndefinedBehaviorSanitizer; and the portable
 # build capped to the AVX2 tier (WHALE_ISA=avx2), as on a processor without
-# AVX-512. Then a short run of every fuzz target (WHALE_FUZZ_SECONDS each,
+# AVX-512; the kernel tests also at the other tiers and under the sanitizers
+# at avx2. Then a short run of every fuzz target (WHALE_FUZZ_SECONDS each,
 # default 25; 0 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +25,17 @@ echo "== tests (portable build, instruction tier capped to avx2)"
 cmake -S . -B build-portable -DCMAKE_BUILD_TYPE=Release -DWHALE_NATIVE=OFF >/dev/null
 cmake --build build-portable -j"$(nproc)" >/dev/null
 WHALE_ISA=avx2 ctest --test-dir build-portable --output-on-failure -j2
+# the kernel tests at the other tiers (a cap above the machine's own tier
+# runs its own tier), and the sanitizers over the AVX2 kernels
+kernels="test_gemm|test_vmath|test_convert|test_ops|test_backward"
+for tier in base avx512 avx512_bf16; do
+    echo "== kernel tests (portable build, WHALE_ISA=$tier)"
+    WHALE_ISA=$tier ctest --test-dir build-portable --output-on-failure -j2 -R "$kernels"
+done
+echo "== kernel tests (sanitizers, WHALE_ISA=avx2)"
+WHALE_ISA=avx2 ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} \
+UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1} \
+    ctest --test-dir build-asan --output-on-failure -j2 -R "$kernels"
 
 fuzz_seconds=${WHALE_FUZZ_SECONDS:-25}
 if [ "$fuzz_seconds" != 0 ]; then

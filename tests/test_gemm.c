@@ -1433,6 +1433,19 @@ static void test_tier_dispatch(whale_gemm *g) {
     whale_err err;
     CHECK(t <= whale_isa_detected(), "active tier %s above the detected %s", whale_isa_name(t),
           whale_isa_name(whale_isa_detected()));
+    /* the detection against the compiler's own (which checks the OS's
+     * register state for AVX and AVX-512 too); AMX needs the OS's grant,
+     * which it does not know of */
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                     __builtin_cpu_supports("bmi2");
+    const int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                       __builtin_cpu_supports("avx512cd");
+    const int bf16t = avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi");
+    const whale_isa want = bf16t ? WHALE_ISA_AVX512_BF16 : avx512 ? WHALE_ISA_AVX512 : avx2 ? WHALE_ISA_AVX2 : WHALE_ISA_BASE;
+    const whale_isa got = whale_isa_detected() == WHALE_ISA_AMX ? WHALE_ISA_AVX512_BF16 : whale_isa_detected();
+    CHECK(got == want, "detected tier %s, the compiler's feature checks say %s", whale_isa_name(whale_isa_detected()),
+          whale_isa_name(want));
     CHECK(!whale_gemm_nt_bf16(g, 1, N, K, A, K, W16, K, C, N, 0, &err) && !strcmp(whale_gemm_last_impl(g), bf16),
           "bf16 decode at tier %s ran %s, want %s", whale_isa_name(t), whale_gemm_last_impl(g), bf16);
     CHECK(!whale_gemm_nt_f16(g, 1, N, K, A, K, W16, K, C, N, 0, &err) && !strcmp(whale_gemm_last_impl(g), f16),

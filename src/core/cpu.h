@@ -2,11 +2,14 @@
  * and how a kernel is compiled for a tier above the build's baseline.
  *
  * A kernel written for a tier sits between WHALE_TARGET_BEGIN(tier's
- * features) and WHALE_TARGET_END: GCC compiles that region for those
- * features (and defines their macros, __AVX512F__ and so on, inside it)
- * whatever -march the rest of the file has, so one binary carries every
- * tier's kernels. The code that calls it checks whale_isa_active() first
- * and never calls a region above the active tier. */
+ * features) and WHALE_TARGET_END: the compiler adds those features to the
+ * functions of that region (GCC's target pragma, clang's attribute
+ * pragma), so a binary built for the baseline carries every tier's
+ * kernels. The code that calls one checks whale_isa_at_least first and
+ * never calls a region above the active tier. The rest of the code is
+ * compiled for the build's -march: a native build's plain C may use the
+ * build machine's instructions whatever the tier (the portable build,
+ * -DWHALE_NATIVE=OFF, is the one that runs on a lesser processor). */
 #ifndef WHALE_CORE_CPU_H
 #define WHALE_CORE_CPU_H
 
@@ -19,12 +22,16 @@
 #endif
 
 /* The features of the tiers' regions (GCC target strings). */
-#define WHALE_FEATURES_AVX2 "avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt"
+#define WHALE_FEATURES_AVX2 "avx2,fma,f16c,bmi,bmi2,popcnt"
 #define WHALE_FEATURES_AVX512 WHALE_FEATURES_AVX2 ",avx512f,avx512bw,avx512vl,avx512dq,avx512cd"
 #define WHALE_FEATURES_AVX512_BF16 WHALE_FEATURES_AVX512 ",avx512bf16,avx512vbmi"
 
 #define WHALE_PRAGMA_(x) _Pragma(#x)
-#if WHALE_X86
+#if WHALE_X86 && defined(__clang__)
+#define WHALE_TARGET_BEGIN(features)                                                               \
+    WHALE_PRAGMA_(clang attribute push(__attribute__((target(features))), apply_to = function))
+#define WHALE_TARGET_END _Pragma("clang attribute pop")
+#elif WHALE_X86
 #define WHALE_TARGET_BEGIN(features) _Pragma("GCC push_options") WHALE_PRAGMA_(GCC target(features))
 #define WHALE_TARGET_END _Pragma("GCC pop_options")
 #else

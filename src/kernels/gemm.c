@@ -1536,14 +1536,16 @@ static whale_code gemm_f32(whale_gemm *g, const gemm_call *c, whale_gemm_path pa
  * an f32 one on blocks of its operands widened exactly (rounded first where
  * they come in fp32): the same products, summed in another order, and bf16
  * subnormals kept. */
-static int dnnl_has_bf16(void) { return whale_isa_at_least(WHALE_ISA_AVX512); }
+static int dnnl_bf16_ok; /* set with oneDNN's cap (whale_gemm_new): it runs at avx512_core or above */
+static int dnnl_has_bf16(void) { return dnnl_bf16_ok && whale_isa_at_least(WHALE_ISA_AVX512); }
 
 /* The path of the f32 products standing in for bf16 ones: forced own
  * kernels stay forced, the rest follows the caller's choice. */
 static whale_gemm_path f32_standin(whale_gemm_path p) { return own_path(p) ? WHALE_GEMM_OWN : p; }
 
-/* Where exact-shape primitives stop paying, by tier (bench_gemm --sweep and
- * --sweep-bf16 at each tier; the figures are in docs/architecture.md).
+/* Where exact-shape primitives stop paying, by tier (bench_gemm --sweep,
+ * --sweep-bf16 and --moe; the figures are in docs/architecture.md: Zen 4
+ * for avx512_bf16 and the tiers below, an AMX Xeon for amx).
  * Below AVX-512 the bf16 products are f32 ones (dnnl_has_bf16), so only
  * the f32 rule applies there. */
 static const whale_gemm_rules tier_rules[WHALE_ISA_COUNT] = {
@@ -1551,7 +1553,7 @@ static const whale_gemm_rules tier_rules[WHALE_ISA_COUNT] = {
     [WHALE_ISA_AVX2] = {256, 256, 64},
     [WHALE_ISA_AVX512] = {256, 256, 64},
     [WHALE_ISA_AVX512_BF16] = {256, 256, 64},
-    [WHALE_ISA_AMX] = {256, 256, 64},
+    [WHALE_ISA_AMX] = {256, 4096, 64},
 };
 
 const whale_gemm_rules *whale_gemm_rules_for(whale_isa t) {
@@ -2015,16 +2017,25 @@ void whale_quantize_q8_rows(int8_t *q, float *scale, const float *W, int rows, i
 
 /* oneDNN's instruction cap, set once before its first primitive: the
  * active tier's instructions, when WHALE_ISA caps them below what the
- * processor has (else oneDNN's own choice, which is the same). */
+ * processor has. oneDNN's own DNNL_MAX_CPU_ISA, when set, is left as the
+ * user set it. Either way what oneDNN then really uses decides whether it
+ * has bf16 products (dnnl_bf16_ok). */
 static pthread_once_t dnnl_isa_once = PTHREAD_ONCE_INIT;
-static dnnl_status_t dnnl_isa_status = dnnl_success;
+static int dnnl_isa_refused; /* oneDNN runs above the cap */
+
+/* Is oneDNN ISA a at most b? (The enum values are nested bit sets.) */
+static int dnnl_isa_within(dnnl_cpu_isa_t a, dnnl_cpu_isa_t b) { return ((unsigned)a & ~(unsigned)b) == 0; }
 
 static void dnnl_isa_cap(void) {
     static const dnnl_cpu_isa_t cap[WHALE_ISA_COUNT] = {
         dnnl_cpu_isa_sse41, dnnl_cpu_isa_avx2, dnnl_cpu_isa_avx512_core,
         dnnl_cpu_isa_avx512_core_bf16, dnnl_cpu_isa_avx512_core_amx};
     const whale_isa t = whale_isa_active();
-    if (t < whale_isa_detected()) dnnl_isa_status = dnnl_set_max_cpu_isa(cap[t]);
+    const char *env = getenv("DNNL_MAX_CPU_ISA");
+    if (t < whale_isa_detected() && !(env && *env)) (void)dnnl_set_max_cpu_isa(cap[t]);
+    const dnnl_cpu_isa_t eff = dnnl_get_effective_cpu_isa();
+    dnnl_isa_refused = t < whale_isa_detected() && !dnnl_isa_within(eff, cap[t]);
+    dnnl_bf16_ok = dnnl_isa_within(dnnl_cpu_isa_avx512_core, eff);
 }
 
 whale_code whale_gemm_new(whale_gemm **out, whale_err *err) {
@@ -2032,9 +2043,11 @@ whale_code whale_gemm_new(whale_gemm **out, whale_err *err) {
     whale_code rc = whale_isa_init(err);
     if (rc) return rc;
     pthread_once(&dnnl_isa_once, dnnl_isa_cap);
-    if (dnnl_isa_status != dnnl_success)
-        return whale_errf(err, WHALE_ERR_INTERNAL, "gemm: oneDNN refused the instruction cap %s: %s",
-                          whale_isa_name(whale_isa_active()), dnnl_status2str(dnnl_isa_status));
+    if (dnnl_isa_refused)
+        return whale_errf(err, WHALE_ERR_INTERNAL,
+                          "gemm: oneDNN runs above the instruction cap WHALE_ISA=%s (it was used before this "
+                          "library, or DNNL_MAX_CPU_ISA asks for more)",
+                          whale_isa_name(whale_isa_active()));
     whale_gemm *g = calloc(1, sizeof *g);
     if (!g) return whale_errf(err, WHALE_ERR_NOMEM, "gemm: cannot allocate the context");
     dnnl_status_t st = dnnl_engine_create(&g->engine, dnnl_cpu, 0);
@@ -2156,13 +2169,37 @@ double whale_gemm_measure_gflops_bf16(whale_gemm *g, int M, int N, int K, int re
  * sequential stream per core reaches only about half of. */
 #define READ_BLOCK 64
 static float read_pass_c(const float *buf, long lo, long hi) {
-    float s = 0;
+    float s[16] = {0}; /* independent sums: a single chain would time the adds, not the reads */
     for (long b = lo; b < hi; b++)
-        for (size_t i = 0; i < READ_BLOCK; i++) s += buf[b * READ_BLOCK + i];
-    return s;
+        for (size_t i = 0; i < READ_BLOCK; i++) s[i % 16] += buf[b * READ_BLOCK + i];
+    float t = 0;
+    for (int i = 0; i < 16; i++) t += s[i];
+    return t;
 }
 
 #if WHALE_X86
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX2)
+/* read_pass_avx512's four streams with 32-byte loads, two per line */
+static float read_pass_avx2(const float *buf, long lo, long hi) {
+    const size_t per_block = READ_BLOCK;
+    const long q = (hi - lo) / 4;
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (long b = lo; b < lo + q; b++)
+        for (int l = 0; l < 8; l++) {
+            const float *p = buf + b * per_block + (size_t)8 * l;
+            s0 = _mm256_add_ps(s0, _mm256_load_ps(p));
+            s1 = _mm256_add_ps(s1, _mm256_load_ps(p + q * per_block));
+            s2 = _mm256_add_ps(s2, _mm256_load_ps(p + 2 * q * per_block));
+            s3 = _mm256_add_ps(s3, _mm256_load_ps(p + 3 * q * per_block));
+        }
+    for (long b = lo + 4 * q; b < hi; b++)
+        for (int l = 0; l < 8; l++) s0 = _mm256_add_ps(s0, _mm256_load_ps(buf + b * per_block + 8 * l));
+    float lane[8];
+    _mm256_storeu_ps(lane, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    return lane[0] + lane[1] + lane[2] + lane[3] + lane[4] + lane[5] + lane[6] + lane[7];
+}
+WHALE_TARGET_END
+
 WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512)
 static float read_pass_avx512(const float *buf, long lo, long hi) {
     const size_t per_block = READ_BLOCK;
@@ -2211,6 +2248,8 @@ double whale_measure_read_bandwidth(size_t bytes, int reps) {
 #if WHALE_X86
             if (have_narrow())
                 total += read_pass_avx512(buf, lo, hi);
+            else if (have_avx2())
+                total += read_pass_avx2(buf, lo, hi);
             else
 #endif
                 total += read_pass_c(buf, lo, hi);
