@@ -29,6 +29,7 @@ expect 2 'usage' -- "$WHALE"
 expect 2 'unknown command' -- "$WHALE" frobnicate
 expect 2 'unknown option "--bogus"' -- "$WHALE" info -m "$TINY" --bogus
 expect 2 '--top-p expects a number' -- "$WHALE" generate -m "$TINY" --ids 1 --top-p 2
+expect 2 'WHALE_ISA=avx3 names no instruction tier' -- env WHALE_ISA=avx3 "$WHALE" info -m "$TINY"
 
 # info
 expect 0 '' -- "$WHALE" info -m "$TINY"
@@ -38,6 +39,7 @@ expect 3 'not a model directory' -- "$WHALE" info -m "$TMP/nothing"
 # score
 echo '[[1, 2, 3, 4], [5, 6, 7, 8]]' >"$TMP/ids.json"
 expect 0 '' -- "$WHALE" score -m "$TINY" --ids "$TMP/ids.json" --logits-out "$TMP/logits.safetensors"
+expect 0 '' -- env WHALE_ISA=base "$WHALE" score -m "$TINY" --ids "$TMP/ids.json"
 check "score prints loss/tokens/ppl" grep -Eq '^\{"loss": [0-9.]+, "tokens": 6, "ppl": [0-9.]+\}$' "$TMP/out"
 check "logits file has 2*4*512 floats" test "$(stat -c %s "$TMP/logits.safetensors")" -gt $((2 * 4 * 512 * 4))
 echo 'not json' >"$TMP/bad.json"
