@@ -4,7 +4,7 @@
 # build capped to the AVX2 tier (WHALE_ISA=avx2), as on a processor without
 # AVX-512; the kernel tests also at the other tiers and under the sanitizers
 # at avx2. Then a short run of every fuzz target (WHALE_FUZZ_SECONDS each,
-# default 25; 0 skips it).
+# default 15; 0 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
@@ -37,7 +37,7 @@ WHALE_ISA=avx2 ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} \
 UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1} \
     ctest --test-dir build-asan --output-on-failure -j2 -R "$kernels"
 
-fuzz_seconds=${WHALE_FUZZ_SECONDS:-25}
+fuzz_seconds=${WHALE_FUZZ_SECONDS:-15}
 if [ "$fuzz_seconds" != 0 ]; then
     echo "== fuzz smoke (${fuzz_seconds} s per target)"
     scripts/fuzz.sh "$fuzz_seconds"
