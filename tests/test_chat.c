@@ -22,25 +22,13 @@
 /* ------------------------------------------------------------ helpers */
 
 
-static void write_text(const char *dir, const char *name, const char *text) {
-    char path[1200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        perror(path);
-        exit(1);
-    }
-    fputs(text, f);
-    fclose(f);
-}
-
 /* tokenizer_config.json holding chat_template (a string or any JSON value) */
 static void write_config(const char *dir, cJSON *chat_template) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "bos_token", "<s>");
     if (chat_template) cJSON_AddItemToObject(o, "chat_template", chat_template);
     char *s = cJSON_Print(o);
-    write_text(dir, "tokenizer_config.json", s);
+    test_write_text(dir, "tokenizer_config.json", s);
     free(s);
     cJSON_Delete(o);
 }
@@ -113,16 +101,6 @@ static void show_str(const char *label, const char *s, size_t n) {
         else fputc(c, stderr);
     }
     fputs("\"\n", stderr);
-}
-
-static whale_tokenizer *load_tokenizer(const char *tokdir, const char *name) {
-    char path[1200];
-    snprintf(path, sizeof path, "%s/%s", tokdir, name);
-    whale_tokenizer *t = NULL;
-    whale_err err;
-    whale_code rc = whale_tokenizer_load(path, &t, &err);
-    CHECK(rc == WHALE_OK, "%s", err.msg);
-    return rc == WHALE_OK ? t : NULL;
 }
 
 /* ------------------------------------------------------------ goldens */
@@ -256,7 +234,7 @@ static const char *check_golden(const char *tokdir, const char *file, whale_chat
     const cJSON *cases = cJSON_GetObjectItem(*root, "cases");
     CHECK(cJSON_GetArraySize(cases) >= 10, "%s: too few cases", path);
     /* without the tokenizer (a failure already reported) only renders are checked */
-    whale_tokenizer *tok = tokdir ? load_tokenizer(tokdir, cJSON_GetObjectItem(*root, "tokenizer")->valuestring) : NULL;
+    whale_tokenizer *tok = tokdir ? test_load_tokenizer(tokdir, cJSON_GetObjectItem(*root, "tokenizer")->valuestring) : NULL;
     if (tok) {
         /* the golden's BOS is the tokenizer's, which encode uses */
         const char *tb = whale_tokenizer_role_token(tok, WHALE_TOKEN_BOS);
@@ -307,7 +285,7 @@ static void check_raw(const char *tokdir) {
     free(text);
 
     if (!tokdir) return;
-    whale_tokenizer *tok = load_tokenizer(tokdir, "deepseek_v3");
+    whale_tokenizer *tok = test_load_tokenizer(tokdir, "deepseek_v3");
     if (!tok) return;
     /* raw turns have no end token: the mask reaches into the template's
      * text where a token holds both (" Hello" takes the space after ':',
@@ -350,7 +328,7 @@ static void check_raw(const char *tokdir) {
     CHECK(whale_chat_stop_ids(tok, WHALE_CHAT_RAW, stop, 4) == 0, "raw has no stop ids");
     whale_tokenizer_free(tok);
 
-    tok = load_tokenizer(tokdir, "qwen3");
+    tok = test_load_tokenizer(tokdir, "qwen3");
     if (!tok) return;
     CHECK(whale_chat_stop_ids(tok, WHALE_CHAT_CHATML, stop, 4) == 2 && stop[0] == 151645 && stop[1] == 151643,
           "chatml stop ids are <|im_end|> 151645 and <|endoftext|> 151643");
@@ -363,7 +341,7 @@ static void check_raw(const char *tokdir) {
  * assistant turn and the mask is placed piece by piece. */
 static void check_long(const char *tokdir) {
     if (!tokdir) return;
-    whale_tokenizer *tok = load_tokenizer(tokdir, "qwen3");
+    whale_tokenizer *tok = test_load_tokenizer(tokdir, "qwen3");
     if (!tok) return;
     enum { TURNS = 400 };
     whale_chat_message *m = malloc(2 * TURNS * sizeof *m);
@@ -437,14 +415,14 @@ static void check_detect(const char *tokdir, const char *ds_tpl, const char *cha
 
     expect_detect(dir, WHALE_ERR_UNSUPPORTED, 0, "--chat-template", "empty folder");
     if (ds_tpl && chatml_tpl) {
-        write_text(dir, "chat_template.jinja", ds_tpl);
+        test_write_text(dir, "chat_template.jinja", ds_tpl);
         expect_detect(dir, WHALE_OK, WHALE_CHAT_DEEPSEEK, NULL, "real DeepSeek-V3 chat_template.jinja");
         remove_files(dir);
         write_config(dir, cJSON_CreateString(ds_tpl));
         expect_detect(dir, WHALE_OK, WHALE_CHAT_DEEPSEEK, NULL, "real DeepSeek-V3 in tokenizer_config.json");
         expect_detect(msgdir, WHALE_OK, WHALE_CHAT_DEEPSEEK, NULL, "a file inside the folder");
         /* chat_template.jinja wins over tokenizer_config.json */
-        write_text(dir, "chat_template.jinja", chatml_tpl);
+        test_write_text(dir, "chat_template.jinja", chatml_tpl);
         expect_detect(dir, WHALE_OK, WHALE_CHAT_CHATML, NULL, "chat_template.jinja before tokenizer_config.json");
         remove_files(dir);
         write_config(dir, cJSON_CreateString(chatml_tpl));
@@ -452,18 +430,18 @@ static void check_detect(const char *tokdir, const char *ds_tpl, const char *cha
 
         /* reformatted: a newline and indentation between every tag */
         char *pretty = replace_all(ds_tpl, "%}{", "%}\n    {");
-        write_text(dir, "chat_template.jinja", pretty);
+        test_write_text(dir, "chat_template.jinja", pretty);
         expect_detect(dir, WHALE_OK, WHALE_CHAT_DEEPSEEK, NULL, "reformatted DeepSeek-V3 template");
         free(pretty);
         /* DeepSeek-R1-style: the same plus thinking */
         char *r1 = replace_all(ds_tpl, "{{'<｜Assistant｜>'}}", "{{'<｜Assistant｜><think>\\n'}}");
-        write_text(dir, "chat_template.jinja", r1);
+        test_write_text(dir, "chat_template.jinja", r1);
         expect_detect(dir, WHALE_ERR_UNSUPPORTED, 0, "think", "DeepSeek-R1-style template");
         free(r1);
         /* ChatML with another default system message */
         char *qwen2 = replace_all(chatml_tpl, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
                                   "You are a helpful assistant.");
-        write_text(dir, "chat_template.jinja", qwen2);
+        test_write_text(dir, "chat_template.jinja", qwen2);
         expect_detect(dir, WHALE_ERR_UNSUPPORTED, 0, "ChatML", "Qwen2 ChatML template");
         free(qwen2);
         remove_files(dir);
@@ -487,14 +465,14 @@ static void check_detect(const char *tokdir, const char *ds_tpl, const char *cha
         write_config(dir, list);
         expect_detect(dir, WHALE_ERR_UNSUPPORTED, 0, "default", "named templates without \"default\"");
     }
-    write_text(dir, "chat_template.jinja", "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}");
+    test_write_text(dir, "chat_template.jinja", "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}");
     expect_detect(dir, WHALE_ERR_UNSUPPORTED, 0, "chat_template.jinja", "unrecognised template");
     remove_files(dir);
     write_config(dir, NULL);
     expect_detect(dir, WHALE_ERR_UNSUPPORTED, 0, "chat_template", "tokenizer_config.json without a template");
     write_config(dir, cJSON_CreateNumber(3));
     expect_detect(dir, WHALE_ERR_FORMAT, 0, "chat_template", "chat_template of the wrong type");
-    write_text(dir, "tokenizer_config.json", "{\"chat_template\": ");
+    test_write_text(dir, "tokenizer_config.json", "{\"chat_template\": ");
     expect_detect(dir, WHALE_ERR_FORMAT, 0, "tokenizer_config.json", "malformed tokenizer_config.json");
     remove_files(dir);
     rmdir(dir);

@@ -47,16 +47,6 @@ static whale_code render(const char *src, const cJSON *vars, char **out, size_t 
     return rc;
 }
 
-static whale_tokenizer *load_tokenizer(const char *tokdir, const char *name) {
-    char path[1200];
-    snprintf(path, sizeof path, "%s/%s", tokdir, name);
-    whale_tokenizer *t = NULL;
-    whale_err err;
-    whale_code rc = whale_tokenizer_load(path, &t, &err);
-    CHECK(rc == WHALE_OK, "%s", err.msg);
-    return rc == WHALE_OK ? t : NULL;
-}
-
 static char *read_text(const char *path) {
     char *buf = NULL;
     size_t n;
@@ -66,18 +56,6 @@ static char *read_text(const char *path) {
         exit(1);
     }
     return buf;
-}
-
-static void write_text(const char *dir, const char *name, const char *text) {
-    char path[1200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        perror(path);
-        exit(1);
-    }
-    fputs(text, f);
-    fclose(f);
 }
 
 /* ------------------------------------------------------------ snippets */
@@ -153,7 +131,7 @@ static int check_template(const char *tokdir, const char *name) {
     whale_err err;
     CHECK(whale_jinja_parse(src, strlen(src), &t, &err) == WHALE_OK, "%s: %s", name, err.msg);
     const cJSON *tk = cJSON_GetObjectItem(g, "tokenizer");
-    whale_tokenizer *tok = cJSON_IsString(tk) && tokdir ? load_tokenizer(tokdir, tk->valuestring) : NULL;
+    whale_tokenizer *tok = cJSON_IsString(tk) && tokdir ? test_load_tokenizer(tokdir, tk->valuestring) : NULL;
     int rendered = 0;
     for (const cJSON *c = cJSON_GetObjectItem(g, "cases")->child; t && c; c = c->next) {
         char what[200];
@@ -197,12 +175,12 @@ static const char *template_folder(const char *name, char *dir, size_t cap) {
     test_tmpdir(name, dir, cap);
     snprintf(path, sizeof path, WHALE_TEST_DATA "/chat/templates/%s.jinja", name);
     char *src = read_text(path);
-    write_text(dir, "chat_template.jinja", src);
+    test_write_text(dir, "chat_template.jinja", src);
     free(src);
     snprintf(path, sizeof path, WHALE_TEST_DATA "/chat/golden-jinja-%s.json", name);
     cJSON *g = test_read_json(path);
     char *cfg = cJSON_Print(cJSON_GetObjectItem(g, "specials"));
-    write_text(dir, "tokenizer_config.json", cfg);
+    test_write_text(dir, "tokenizer_config.json", cfg);
     free(cfg);
     cJSON_Delete(g);
     return dir;
@@ -350,8 +328,8 @@ static void check_folders(whale_tokenizer *qwen) {
     char *text = NULL;
     test_tmpdir("folders", dir, sizeof dir);
     /* chat_template.jinja wins over tokenizer_config.json */
-    write_text(dir, "tokenizer_config.json", "{\"bos_token\": \"<B>\", \"chat_template\": \"config {{ bos_token }}\"}");
-    write_text(dir, "chat_template.jinja", "jinja {{ bos_token }}{{ messages[0].content }}");
+    test_write_text(dir, "tokenizer_config.json", "{\"bos_token\": \"<B>\", \"chat_template\": \"config {{ bos_token }}\"}");
+    test_write_text(dir, "chat_template.jinja", "jinja {{ bos_token }}{{ messages[0].content }}");
     CHECK(whale_chat_template_load(dir, NULL, &t, &err) == WHALE_OK, "%s", err.msg);
     CHECK(t && strstr(whale_chat_template_name(t), "chat_template.jinja"), "name %s", whale_chat_template_name(t));
     CHECK(t && apply_one(t, "hi", &text, &err) == WHALE_OK && !strcmp(text, "jinja <B>hi"), "got %s", text ? text : err.msg);
@@ -360,16 +338,16 @@ static void check_folders(whale_tokenizer *qwen) {
     /* a list of named templates: "default" */
     snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
     remove(path);
-    write_text(dir, "tokenizer_config.json",
+    test_write_text(dir, "tokenizer_config.json",
                "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"tools\"}, {\"name\": \"default\", \"template\": \"default {{ add_generation_prompt }}\"}]}");
     CHECK(whale_chat_template_load(dir, NULL, &t, &err) == WHALE_OK, "%s", err.msg);
     CHECK(t && apply_one(t, "hi", &text, &err) == WHALE_OK && !strcmp(text, "default true"), "got %s", text ? text : err.msg);
     free(text), text = NULL;
     whale_chat_template_free(t), t = NULL;
-    write_text(dir, "tokenizer_config.json", "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"x\"}]}");
+    test_write_text(dir, "tokenizer_config.json", "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"x\"}]}");
     CHECK(whale_chat_template_load(dir, NULL, &t, &err) == WHALE_ERR_UNSUPPORTED && one_line(&err), "%s", err.msg);
     /* no template at all: nanowhale's raw fallback, with a notice */
-    write_text(dir, "tokenizer_config.json", "{\"bos_token\": \"<B>\"}");
+    test_write_text(dir, "tokenizer_config.json", "{\"bos_token\": \"<B>\"}");
     CHECK(whale_chat_template_load(dir, NULL, &t, &err) == WHALE_OK, "%s", err.msg);
     CHECK(t && whale_chat_template_notice(t) && !strchr(whale_chat_template_notice(t), '\n') &&
               !strcmp(whale_chat_template_name(t), "raw"), "raw fallback with a one-line notice");
@@ -381,17 +359,17 @@ static void check_folders(whale_tokenizer *qwen) {
     CHECK(whale_chat_template_load(dir, "chatml", &t, &err) == WHALE_OK && t && !whale_chat_template_notice(t), "%s", err.msg);
     whale_chat_template_free(t), t = NULL;
     snprintf(path, sizeof path, "%s/other.jinja", dir);
-    write_text(dir, "other.jinja", "{% for m in messages %}[{{ m.role | upper }}]{% endfor %}");
+    test_write_text(dir, "other.jinja", "{% for m in messages %}[{{ m.role | upper }}]{% endfor %}");
     CHECK(whale_chat_template_load(dir, path, &t, &err) == WHALE_OK, "%s", err.msg);
     CHECK(t && apply_one(t, "hi", &text, &err) == WHALE_OK && !strcmp(text, "[USER]"), "got %s", text ? text : err.msg);
     free(text), text = NULL;
     whale_chat_template_free(t), t = NULL;
     CHECK(whale_chat_template_load(dir, "nonexistent-template", &t, &err) == WHALE_ERR_ARG && one_line(&err), "%s", err.msg);
     snprintf(path, sizeof path, "%s/bad.jinja", dir);
-    write_text(dir, "bad.jinja", "ok\n{{ x | wordwrap }}\n{% if %}");
+    test_write_text(dir, "bad.jinja", "ok\n{{ x | wordwrap }}\n{% if %}");
     CHECK(whale_chat_template_load(dir, path, &t, &err) != WHALE_OK && strstr(err.msg, "bad.jinja") &&
               strstr(err.msg, "line 3"), "syntax errors name the file and line: %s", err.msg);
-    write_text(dir, "bad.jinja", "ok\n{{ messages | wordwrap }}");
+    test_write_text(dir, "bad.jinja", "ok\n{{ messages | wordwrap }}");
     CHECK(whale_chat_template_load(dir, path, &t, &err) == WHALE_OK, "%s", err.msg);
     CHECK(t && apply_one(t, "hi", &text, &err) == WHALE_ERR_UNSUPPORTED &&
               strstr(err.msg, "line 2: filter 'wordwrap' is not supported"), "%s", err.msg);
@@ -449,7 +427,7 @@ static void check_tool_records(whale_tokenizer *qwen) {
         "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": "
         "\"Hello.\", \"loss\": false}, {\"role\": \"user\", \"content\": \"Bye\"}, {\"role\": \"assistant\", "
         "\"content\": \"Goodbye.\"}]}\n";
-    write_text(dir, "tools.jsonl", data);
+    test_write_text(dir, "tools.jsonl", data);
     snprintf(path, sizeof path, "%s/tools.jsonl", dir);
     const char *files[] = {path};
     whale_chat_template *t = NULL;
@@ -700,8 +678,8 @@ int main(void) {
     int rendered = 0;
     for (int i = 0; i < N_TEMPLATES; i++) rendered += check_template(have ? tokdir : NULL, templates[i]);
     CHECK(rendered >= 130, "only %d template renders compared", rendered);
-    whale_tokenizer *qwen = have ? load_tokenizer(tokdir, "qwen3") : NULL;
-    whale_tokenizer *ds = have ? load_tokenizer(tokdir, "deepseek_v3") : NULL;
+    whale_tokenizer *qwen = have ? test_load_tokenizer(tokdir, "qwen3") : NULL;
+    whale_tokenizer *ds = have ? test_load_tokenizer(tokdir, "deepseek_v3") : NULL;
     CHECK(divergent == 3, "%d cases where Python's Jinja and @huggingface/jinja differ (3 known)", divergent);
     for (int i = 0; i < N_TEMPLATES; i++) {
         const char *nm = templates[i];

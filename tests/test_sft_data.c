@@ -25,16 +25,6 @@ static const char *NAME_ZH = "小鲸", *NAME_EN = "Little Whale", *AUTHOR = "the
 
 /* ------------------------------------------------------------ helpers */
 
-static whale_tokenizer *load_tokenizer(const char *tokdir, const char *name) {
-    char path[1200];
-    snprintf(path, sizeof path, "%s/%s", tokdir, name);
-    whale_tokenizer *t = NULL;
-    whale_err err;
-    whale_code rc = whale_tokenizer_load(path, &t, &err);
-    CHECK(rc == WHALE_OK, "%s", err.msg);
-    return rc == WHALE_OK ? t : NULL;
-}
-
 static whale_sft_opts named_opts(void) {
     whale_sft_opts o = whale_sft_defaults();
     o.model_name[0] = NAME_ZH;
@@ -839,8 +829,8 @@ int main(void) {
     check_shipped_files();
     if (!have) return test_finish("test_sft_data");
 
-    whale_tokenizer *ds_tok = load_tokenizer(tokdir, "deepseek_v3");
-    whale_tokenizer *qw_tok = load_tokenizer(tokdir, "qwen3");
+    whale_tokenizer *ds_tok = test_load_tokenizer(tokdir, "deepseek_v3");
+    whale_tokenizer *qw_tok = test_load_tokenizer(tokdir, "qwen3");
     char tmp[1024];
     test_tmpdir("sft", tmp, sizeof tmp);
     if (ds_tok && qw_tok) {

@@ -1,6 +1,7 @@
 #include "testutil.h"
 
 #include "whale.h"
+#include "whale_tokenizer.h"
 #include "core/core.h"
 #include "models/model.h"
 
@@ -114,4 +115,26 @@ cJSON *test_read_json(const char *path) {
     cJSON *j = cJSON_ParseWithLength(buf, n);
     free(buf);
     return j;
+}
+
+void test_write_text(const char *dir, const char *name, const char *text) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        perror(path);
+        exit(1);
+    }
+    fputs(text, f);
+    fclose(f);
+}
+
+whale_tokenizer *test_load_tokenizer(const char *tokdir, const char *name) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", tokdir, name);
+    whale_tokenizer *t = NULL;
+    whale_err err;
+    whale_code rc = whale_tokenizer_load(path, &t, &err);
+    CHECK(rc == WHALE_OK, "%s", err.msg);
+    return rc == WHALE_OK ? t : NULL;
 }

@@ -34,6 +34,10 @@ int test_params_changed(const struct whale_model *m, int n, const unsigned char 
 struct cJSON *test_read_json(const char *path);
 /* Make a fresh empty temporary directory (under $TMPDIR or /tmp). */
 const char *test_tmpdir(const char *tag, char *buf, size_t cap);
+/* Writes text to dir/name (the test exits if it cannot). */
+void test_write_text(const char *dir, const char *name, const char *text);
+/* The tokenizer in tokdir/name, or NULL after a failed CHECK. */
+struct whale_tokenizer *test_load_tokenizer(const char *tokdir, const char *name);
 int test_finish(const char *name);
 
 #endif
