@@ -253,17 +253,24 @@ static int non_empty(const cJSON *v) {
     return v && !cJSON_IsNull(v) && (!(cJSON_IsArray(v) || cJSON_IsObject(v)) || v->child);
 }
 
-static whale_code render_native(const whale_chat_template *t, const cJSON *messages, const cJSON *tools, int agp,
-                                char **text, size_t *len, whale_err *err) {
+/* The messages (and no tools) of a native format, as whale_chat_message. */
+static whale_code native_messages(const whale_chat_template *t, const cJSON *messages, const cJSON *tools,
+                                  whale_chat_message **m, int *n, whale_err *err) {
     if (non_empty(tools))
         return whale_errf(err, WHALE_ERR_UNSUPPORTED,
                           "tools: the native %s format has no tools; use the model's own template", t->name);
     char *json = cJSON_PrintUnformatted(messages);
     if (!json) return whale_errf(err, WHALE_ERR_NOMEM, "chat: out of memory");
+    whale_code rc = whale_chat_parse_json(json, strlen(json), m, n, err);
+    free(json);
+    return rc;
+}
+
+static whale_code render_native(const whale_chat_template *t, const cJSON *messages, const cJSON *tools, int agp,
+                                char **text, size_t *len, whale_err *err) {
     whale_chat_message *m;
     int n;
-    whale_code rc = whale_chat_parse_json(json, strlen(json), &m, &n, err);
-    free(json);
+    whale_code rc = native_messages(t, messages, tools, &m, &n, err);
     if (rc) return rc;
     const cJSON *bos = cJSON_GetObjectItemCaseSensitive(t->specials, "bos_token");
     rc = whale_chat_render(t->fmt, m, n, agp, cJSON_IsString(bos) ? bos->valuestring : NULL, text, len, NULL, NULL, err);
@@ -415,15 +422,9 @@ whale_code whale_chat_template_spans_json(const whale_chat_template *t, const cJ
         conv cv = {t, messages, tools && !cJSON_IsNull(tools) ? tools : NULL, NULL};
         return jinja_spans(&cv, add_generation_prompt, text, len, spans, n_spans, err);
     }
-    if (non_empty(tools))
-        return whale_errf(err, WHALE_ERR_UNSUPPORTED,
-                          "tools: the native %s format has no tools; use the model's own template", t->name);
-    char *json = cJSON_PrintUnformatted(messages);
-    if (!json) return whale_errf(err, WHALE_ERR_NOMEM, "chat: out of memory");
     whale_chat_message *m;
     int n;
-    whale_code rc = whale_chat_parse_json(json, strlen(json), &m, &n, err);
-    free(json);
+    whale_code rc = native_messages(t, messages, tools, &m, &n, err);
     if (rc) return rc;
     rc = whale_chat_template_spans(t, m, n, add_generation_prompt, bos_token, text, len, spans, n_spans, err);
     free(m);
