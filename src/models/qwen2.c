@@ -550,20 +550,9 @@ static whale_code qw_session_new(whale_model *m, const whale_session_params *p, 
 
 /* ------------------------------------------------------------------ forward */
 
-/* y[r, :] += b: a Linear's bias, added after the product */
-static void add_bias(float *y, const float *b, int rows, int n) {
-#pragma omp parallel for schedule(static) if ((long)rows * n > 65536)
-    for (int r = 0; r < rows; r++) {
-        float *yr = y + (size_t)r * n;
-        for (int i = 0; i < n; i++) yr[i] += b[i];
-    }
-}
-
-/* y = a + b over n floats (the residual connections) */
-static void add(float *y, const float *a, const float *b, size_t n) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
-}
+/* a Linear's bias, added after the product; the residual connections */
+static void add_bias(float *y, const float *b, int rows, int n) { k_add_rows(y, b, rows, n); }
+static void add(float *y, const float *a, const float *b, size_t n) { k_add(y, a, b, n); }
 
 static whale_code linear(qw_session *s, int M, int N, int K, const float *A, const float *W, float *C,
                          whale_err *err) {
@@ -704,20 +693,8 @@ static whale_code linear_dw(qw_session *s, int M, int N, int K, const float *dC,
     return whale_linear_dw(&s->base, M, N, K, dC, N, A, K, W, gW, K, err);
 }
 
-/* db[i] += Σ_r dy[r, i]: the bias gradient. Columns are split into blocks,
- * each summed by one thread in row order: bit-identical for any thread count. */
-static void bias_backward(float *db, const float *dy, int rows, int n) {
-    enum { COLS = 32 };
-    int nb = (n + COLS - 1) / COLS;
-#pragma omp parallel for schedule(static) if ((long)rows * n > 16384)
-    for (int b = 0; b < nb; b++) {
-        int c0 = b * COLS, c1 = c0 + COLS < n ? c0 + COLS : n;
-        double acc[COLS] = {0};
-        for (int r = 0; r < rows; r++)
-            for (int i = c0; i < c1; i++) acc[i - c0] += dy[(size_t)r * n + i];
-        for (int i = c0; i < c1; i++) db[i] += (float)acc[i - c0];
-    }
-}
+/* db[i] += Σ_r dy[r, i]: the bias gradient */
+static void bias_backward(float *db, const float *dy, int rows, int n) { k_add_rows_backward(db, dy, rows, n); }
 
 /* Backward of mlp(): b->dx (gradient of its output) into b->dxn (gradient
  * of a->xn2, written). */
