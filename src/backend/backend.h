@@ -41,6 +41,20 @@ typedef struct {
     const float *scale;
 } whale_wref;
 
+/* One product of matmul_nt_parts: C[M,N] = A[M,K] · W[N,K]ᵀ, W of the
+ * call's format (scale for I8), strides in elements. */
+typedef struct {
+    int M, N;
+    const float *A;
+    int lda;
+    const void *W;
+    int ldw;
+    const float *scale;
+    float *C;
+    int ldc;
+} whale_mm_part;
+enum { WHALE_MM_MAX_PARTS = 16 };
+
 typedef struct whale_backend whale_backend;
 struct whale_backend {
     int version; /* WHALE_BACKEND_VERSION when made */
@@ -71,6 +85,17 @@ struct whale_backend {
                             int ldc, int accumulate, whale_err *err);
     whale_code (*matmul_tn)(whale_backend *be, whale_dtype products, int M, int N, int K, const float *A, int lda,
                             const float *B, int ldb, float *C, int ldc, int accumulate, whale_err *err);
+    /* up to WHALE_MM_MAX_PARTS nt products of one depth K and one weight
+     * format, each exactly what its own matmul_nt gives (the cpu backend
+     * runs the few-row ones in one parallel region: a decode step's small
+     * weights pay one fork/join) */
+    whale_code (*matmul_nt_parts)(whale_backend *be, whale_dtype format, int K, int n, const whale_mm_part *parts,
+                                  int accumulate, whale_err *err);
+
+    /* ---- conversions: n values to bf16 bit patterns (nearest even, as
+     * whale_float_to_bf16) and back (exact) ---- */
+    void (*to_bf16)(whale_backend *be, uint16_t *dst, const float *src, size_t n);
+    void (*from_bf16)(whale_backend *be, float *dst, const uint16_t *src, size_t n);
 
     /* ---- element-wise and row-wise ops, each with its backward ---- */
     void (*rmsnorm)(whale_backend *be, float *y, const float *x, const float *w, long rows, int n, float eps,
@@ -143,6 +168,10 @@ struct whale_backend {
 /* The backend called name ("cpu" or "ref"), for one session. */
 whale_code whale_backend_open(const char *name, whale_backend **out, whale_err *err);
 void whale_backend_close(whale_backend *be);
+
+/* The cpu backend's GEMM object, to steer its paths in tests and tools
+ * (NULL for another backend). */
+struct whale_gemm *whale_backend_cpu_gemm(whale_backend *be);
 
 /* The backends' constructors (the table whale_backend_open reads). */
 whale_code whale_backend_cpu_open(whale_backend **out, whale_err *err);

@@ -4,6 +4,7 @@
 #include "backend/backend.h"
 
 #include "core/core.h"
+#include "kernels/convert.h"
 #include "kernels/gemm.h"
 #include "kernels/hc.h"
 #include "kernels/ops.h"
@@ -60,6 +61,27 @@ static whale_code cpu_matmul_tn(whale_backend *be, whale_dtype products, int M, 
     case WHALE_F16: return whale_gemm_tn_f16(GEMM(be), M, N, K, A, lda, B, ldb, C, ldc, acc, err);
     default: return whale_errf(err, WHALE_ERR_ARG, "no %s weight-gradient product", whale_dtype_name(products));
     }
+}
+
+static whale_code cpu_matmul_nt_parts(whale_backend *be, whale_dtype format, int K, int n, const whale_mm_part *parts,
+                                      int acc, whale_err *err) {
+    if (n > WHALE_MM_MAX_PARTS) return whale_errf(err, WHALE_ERR_ARG, "%d products in one call (at most %d)", n, WHALE_MM_MAX_PARTS);
+    whale_nt_part np[WHALE_MM_MAX_PARTS];
+    for (int i = 0; i < n; i++) {
+        const whale_mm_part *p = &parts[i];
+        np[i] = (whale_nt_part){p->M, p->N, p->A, p->lda, p->W, p->ldw, p->scale, p->C, p->ldc};
+    }
+    return whale_gemm_nt_parts(GEMM(be), format, K, n, np, acc, err);
+}
+
+static void cpu_to_bf16(whale_backend *be, uint16_t *dst, const float *src, size_t n) {
+    enum { BLOCK = 1 << 16 };
+    (void)be;
+#pragma omp parallel for schedule(static) if (n > BLOCK)
+    for (size_t i = 0; i < n; i += BLOCK) whale_f32_to_bf16_rows(dst + i, src + i, n - i < BLOCK ? n - i : BLOCK);
+}
+static void cpu_from_bf16(whale_backend *be, float *dst, const uint16_t *src, size_t n) {
+    (void)be, whale_bf16_to_f32(dst, src, n);
 }
 
 static void cpu_rmsnorm(whale_backend *be, float *y, const float *x, const float *w, long rows, int n, float eps,
@@ -198,6 +220,9 @@ static const whale_backend cpu_table = {
     .matmul_nt = cpu_matmul_nt,
     .matmul_nn = cpu_matmul_nn,
     .matmul_tn = cpu_matmul_tn,
+    .matmul_nt_parts = cpu_matmul_nt_parts,
+    .to_bf16 = cpu_to_bf16,
+    .from_bf16 = cpu_from_bf16,
     .rmsnorm = cpu_rmsnorm,
     .rmsnorm_backward = cpu_rmsnorm_backward,
     .rope = cpu_rope,
@@ -239,4 +264,8 @@ whale_code whale_backend_cpu_open(whale_backend **out, whale_err *err) {
     be->ctx = g;
     *out = be;
     return WHALE_OK;
+}
+
+struct whale_gemm *whale_backend_cpu_gemm(whale_backend *be) {
+    return be && be->close == cpu_close ? GEMM(be) : NULL;
 }

@@ -95,6 +95,26 @@ static whale_code ref_matmul_tn(whale_backend *be, whale_dtype products, int M, 
     return WHALE_OK;
 }
 
+static whale_code ref_matmul_nt_parts(whale_backend *be, whale_dtype format, int K, int n, const whale_mm_part *parts,
+                                      int acc, whale_err *err) {
+    for (int i = 0; i < n; i++) {
+        const whale_mm_part *p = &parts[i];
+        whale_code e = ref_matmul_nt(be, p->M, p->N, K, p->A, p->lda, (whale_wref){format, p->W, p->ldw, p->scale},
+                                     p->C, p->ldc, acc, err);
+        if (e) return e;
+    }
+    return WHALE_OK;
+}
+
+static void ref_to_bf16(whale_backend *be, uint16_t *dst, const float *src, size_t n) {
+    (void)be;
+    for (size_t i = 0; i < n; i++) dst[i] = whale_float_to_bf16(src[i]);
+}
+static void ref_from_bf16(whale_backend *be, float *dst, const uint16_t *src, size_t n) {
+    (void)be;
+    for (size_t i = 0; i < n; i++) dst[i] = whale_bf16_to_float(src[i]);
+}
+
 /* ------------------------------------------------------------------ row ops */
 
 static double rms_of(const float *x, int n, float eps) {
@@ -569,6 +589,9 @@ static const whale_backend ref_table = {
     .matmul_nt = ref_matmul_nt,
     .matmul_nn = ref_matmul_nn,
     .matmul_tn = ref_matmul_tn,
+    .matmul_nt_parts = ref_matmul_nt_parts,
+    .to_bf16 = ref_to_bf16,
+    .from_bf16 = ref_from_bf16,
     .rmsnorm = ref_rmsnorm,
     .rmsnorm_backward = ref_rmsnorm_backward,
     .rope = ref_rope,

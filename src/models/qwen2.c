@@ -21,7 +21,7 @@
 #include "kernels/convert.h"
 
 #include "core/core.h"
-#include "kernels/gemm.h"
+#include "backend/backend.h"
 #include "kernels/ops.h"
 #include "train/loss.h"
 
@@ -353,7 +353,6 @@ typedef struct {
 
 typedef struct {
     whale_session base;
-    whale_gemm *gemm;
     int n_act_sets;     /* 1 (inference, recompute, bf16 training) or L (training) */
     qw_stash *stash;    /* [L] bf16 training: each layer's activations; acts[0] is the fp32 working set */
     int32_t *pos;       /* [T] RoPE positions */
@@ -380,6 +379,8 @@ static const char *const prof_names[P_COUNT] = {
     "embedding backward", "recompute (forward again)", "bf16 activations (store, load)",
 };
 #define PROF(s, id, stmt) WHALE_PROF(&(s)->base, id, stmt)
+/* an op of the session's backend (backend/backend.h) */
+#define OP(op, ...) WHALE_OP(&s->base, op, __VA_ARGS__)
 #define TRACE(dt, data, ndim, shape, ...)                                                                      \
     do {                                                                                                       \
         if (s->base.trace) whale_trace_emit(&s->base, dt, data, ndim, (const int64_t[])shape, __VA_ARGS__); \
@@ -406,7 +407,7 @@ static whale_code qw_forward(whale_session *base, const whale_ubatch *ub, float 
 
 static void qw_session_free(whale_session *base) {
     qw_session *s = (qw_session *)base;
-    whale_gemm_free(s->gemm);
+    whale_backend_close(base->be);
     if (s->bw) free(s->bw->gw.layers);
     free(s->bw); /* its buffers are in s->bufs */
     free(base->grads);
@@ -497,12 +498,11 @@ static whale_code session_create(whale_model *m, int max_batch, int max_seq, int
     s->base.n_prof = P_COUNT;
     s->bufs.count_only = count_only;
     size_t T = (size_t)n_tokens, D = (size_t)c->D, KVD = (size_t)c->Hkv * c->Dh, tot = 0;
-    whale_code e = count_only ? WHALE_OK : whale_gemm_new(&s->gemm, err);
+    whale_code e = whale_session_open_backend(&s->base, err);
     if (e) {
         free(s);
         return e;
     }
-    s->base.gemm = s->gemm;
     /* bf16 training (and LoRA on an int8 base, whose products take bf16
      * inputs) keeps the activations between forward and backward in bf16;
      * one fp32 working set computes each layer */
@@ -524,7 +524,7 @@ static whale_code session_create(whale_model *m, int max_batch, int max_seq, int
          (s->last = sess_alloc(s, (size_t)max_batch * D, 4, &tot));
     size_t work = 0, kv = 0, none = 0, lora_floats = whale_lora_work_floats(m);
     ok = ok && (!lora_floats || (s->base.lora_work = sess_alloc(s, T * lora_floats, 4, &work))) &&
-         (s->att_work = sess_alloc(s, k_attention_work_floats(max_seq, c->H, c->Hkv, c->Dh), 4, &work)) &&
+         (s->att_work = sess_alloc(s, OP(attention_work_floats, max_seq, c->H, c->Hkv, c->Dh), 4, &work)) &&
          (training ? (s->base.train_spans = sess_alloc(s, (size_t)max_batch, sizeof(whale_span), &none)) != NULL
                    : whale_kv_alloc(&s->base.kv, &s->bufs, c->L, max_batch, max_seq, (int)KVD, 0, &kv));
     if (!ok) {
@@ -550,10 +550,6 @@ static whale_code qw_session_new(whale_model *m, const whale_session_params *p, 
 
 /* ------------------------------------------------------------------ forward */
 
-/* a Linear's bias, added after the product; the residual connections */
-static void add_bias(float *y, const float *b, int rows, int n) { k_add_rows(y, b, rows, n); }
-static void add(float *y, const float *a, const float *b, size_t n) { k_add(y, a, b, n); }
-
 static whale_code linear(qw_session *s, int M, int N, int K, const float *A, const float *W, float *C,
                          whale_err *err) {
     return whale_linear(&s->base, M, N, K, A, K, W, K, C, N, err);
@@ -573,12 +569,12 @@ static whale_code attention(qw_session *s, const qw_model *qw, const qw_layer *l
                                       {T, KVD, a->xn1, D, ly->wv, D, a->v, KVD}};
     whale_code e = whale_linear_parts(&s->base, D, 3, qkv, err);
     if (e) return e;
-    add_bias(a->q, ly->bq, T, HD);
-    add_bias(a->k, ly->bk, T, KVD);
-    add_bias(a->v, ly->bv, T, KVD);
+    OP(add_rows, a->q, ly->bq, T, HD);
+    OP(add_rows, a->k, ly->bk, T, KVD);
+    OP(add_rows, a->v, ly->bv, T, KVD);
     /* rotate_half: x' = x·cos + rotate_half(x)·sin, k_rope's inverse (+angle) direction */
-    k_rope(a->q, T, HD, c->H, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
-    k_rope(a->k, T, KVD, c->Hkv, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
+    OP(rope, a->q, T, HD, c->H, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
+    OP(rope, a->k, T, KVD, c->Hkv, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
 
     float scale = 1.0f / sqrtf((float)c->Dh);
     whale_kv *kv = &s->base.kv;
@@ -590,7 +586,7 @@ static whale_code attention(qw_session *s, const qw_model *qw, const qw_layer *l
             kb = whale_kv_k(kv, l, sp->seq);
             vb = whale_kv_v(kv, l, sp->seq);
         }
-        if ((e = k_attention(s->gemm, a->att + (size_t)sp->row0 * HD, a->q + (size_t)sp->row0 * HD, kb, vb, KVD,
+        if ((e = OP(attention, a->att + (size_t)sp->row0 * HD, a->q + (size_t)sp->row0 * HD, kb, vb, KVD,
                              s->seg ? s->seg + sp->row0 : NULL, sp->n, sp->p0, c->H, c->Hkv, c->Dh, scale,
                              whale_attention_products(s->base.model), s->att_work, err)))
             return e;
@@ -614,7 +610,7 @@ static whale_code mlp(qw_session *s, const qw_config *c, const qw_layer *ly, qw_
         h = a->h;
         memcpy(h, a->g, sizeof(float) * (size_t)T * c->F);
     }
-    k_swiglu(h, a->u, (long)T * c->F, 0.0f);
+    OP(swiglu, h, a->u, (long)T * c->F, 0.0f);
     TRACE(WHALE_F32, h, 2, DIMS(T, c->F), "layers.%d.mlp.hidden", l);
     return linear(s, T, c->D, c->F, h, ly->wd, s->proj, err);
 }
@@ -629,21 +625,21 @@ static whale_code layer_forward(qw_session *s, int l, qw_layer_acts *a, whale_er
     const float *x = s->X[l];
     float *out = s->X[l + 1];
     whale_code e;
-    PROF(s, P_NORM, k_rmsnorm(a->xn1, x, ly->in_norm, T, D, c->norm_eps, a->rstd1));
+    PROF(s, P_NORM, OP(rmsnorm, a->xn1, x, ly->in_norm, T, D, c->norm_eps, a->rstd1));
     TRACE(WHALE_F32, a->xn1, 2, DIMS(T, D), "layers.%d.input_layernorm", l);
     PROF(s, P_ATTN, e = attention(s, qw, ly, a, l, err));
     if (e) return e;
     TRACE(WHALE_F32, s->proj, 2, DIMS(T, D), "layers.%d.attn.out", l);
     PROF(s, P_NORM, {
-        add(a->xmid, x, s->proj, TD);
-        k_rmsnorm(a->xn2, a->xmid, ly->post_norm, T, D, c->norm_eps, a->rstd2);
+        OP(add, a->xmid, x, s->proj, TD);
+        OP(rmsnorm, a->xn2, a->xmid, ly->post_norm, T, D, c->norm_eps, a->rstd2);
     });
     TRACE(WHALE_F32, a->xmid, 2, DIMS(T, D), "layers.%d.attn.state", l);
     TRACE(WHALE_F32, a->xn2, 2, DIMS(T, D), "layers.%d.post_attention_layernorm", l);
     PROF(s, P_MLP, e = mlp(s, c, ly, a, l, T, err));
     if (e) return e;
     TRACE(WHALE_F32, s->proj, 2, DIMS(T, D), "layers.%d.mlp.out", l);
-    PROF(s, P_NORM, add(out, a->xmid, s->proj, TD));
+    PROF(s, P_NORM, OP(add, out, a->xmid, s->proj, TD));
     TRACE(WHALE_F32, out, 2, DIMS(T, D), "layers.%d.state", l);
     return WHALE_OK;
 }
@@ -663,7 +659,7 @@ static whale_code forward_hidden(qw_session *s, const whale_ubatch *ub, whale_er
         if ((e = layer_forward(s, l, &s->acts[s->n_act_sets > 1 ? l : 0], err))) return e;
         if (s->stash && s->base.training) PROF(s, P_STASH, stash_put(s, &s->acts[0], l, (size_t)T));
     }
-    PROF(s, P_NORM, k_rmsnorm(s->hn, s->X[c->L], qw->norm, T, D, c->norm_eps, s->hn_rstd));
+    PROF(s, P_NORM, OP(rmsnorm, s->hn, s->X[c->L], qw->norm, T, D, c->norm_eps, s->hn_rstd));
     TRACE(WHALE_F32, s->hn, 2, DIMS(T, D), "final_hidden");
     return WHALE_OK;
 }
@@ -693,9 +689,6 @@ static whale_code linear_dw(qw_session *s, int M, int N, int K, const float *dC,
     return whale_linear_dw(&s->base, M, N, K, dC, N, A, K, W, gW, K, err);
 }
 
-/* db[i] += Σ_r dy[r, i]: the bias gradient */
-static void bias_backward(float *db, const float *dy, int rows, int n) { k_add_rows_backward(db, dy, rows, n); }
-
 /* Backward of mlp(): b->dx (gradient of its output) into b->dxn (gradient
  * of a->xn2, written). */
 static whale_code mlp_backward(qw_session *s, const qw_config *c, const qw_layer *ly, qw_layer *gl,
@@ -707,7 +700,7 @@ static whale_code mlp_backward(qw_session *s, const qw_config *c, const qw_layer
         (e = linear_dw(s, T, D, F, b->dx, a->h, ly->wd, gl->wd, err)))
         return e;
     TRACE(WHALE_F32, b->dh, 2, DIMS(T, F), "grad.layers.%d.mlp.hidden", l);
-    k_swiglu_backward(b->dh, b->du, b->dh, a->g, a->u, (long)T * F, 0.0f); /* dh becomes dg */
+    OP(swiglu_backward, b->dh, b->du, b->dh, a->g, a->u, (long)T * F, 0.0f); /* dh becomes dg */
     if ((e = linear_dx(s, T, F, D, b->dh, ly->wg, b->dxn, 0, err)) ||
         (e = linear_dx(s, T, F, D, b->du, ly->wu, b->dxn, 1, err)) ||
         (e = linear_dw(s, T, F, D, b->dh, a->xn2, ly->wg, gl->wg, err)))
@@ -732,19 +725,19 @@ static whale_code attention_backward(qw_session *s, const qw_model *qw, const qw
     memset(b->dv, 0, sizeof(float) * (size_t)T * KVD);
     for (int bi = 0; bi < B; bi++) {
         size_t qo = (size_t)bi * S * HD, ko = (size_t)bi * S * KVD;
-        if ((e = k_attention_backward(s->gemm, b->dq + qo, b->dk + ko, b->dv + ko, b->datt + qo, a->q + qo, a->k + ko,
+        if ((e = OP(attention_backward, b->dq + qo, b->dk + ko, b->dv + ko, b->datt + qo, a->q + qo, a->k + ko,
                                       a->v + ko, KVD, s->seg ? s->seg + (size_t)bi * S : NULL, S, 0, c->H, c->Hkv,
                                       c->Dh, scale, whale_attention_products(s->base.model), b->att_work, err)))
             return e;
     }
-    k_rope_backward(b->dq, T, HD, c->H, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
-    k_rope_backward(b->dk, T, KVD, c->Hkv, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
+    OP(rope_backward, b->dq, T, HD, c->H, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
+    OP(rope_backward, b->dk, T, KVD, c->Hkv, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
     TRACE(WHALE_F32, b->dq, 2, DIMS(T, HD), "grad.layers.%d.attn.q", l);
     TRACE(WHALE_F32, b->dk, 2, DIMS(T, KVD), "grad.layers.%d.attn.k", l);
     TRACE(WHALE_F32, b->dv, 2, DIMS(T, KVD), "grad.layers.%d.attn.v", l);
-    if (gl->bq) bias_backward(gl->bq, b->dq, T, HD);
-    if (gl->bk) bias_backward(gl->bk, b->dk, T, KVD);
-    if (gl->bv) bias_backward(gl->bv, b->dv, T, KVD);
+    if (gl->bq) OP(add_rows_backward, gl->bq, b->dq, T, HD);
+    if (gl->bk) OP(add_rows_backward, gl->bk, b->dk, T, KVD);
+    if (gl->bv) OP(add_rows_backward, gl->bv, b->dv, T, KVD);
     if ((e = linear_dx(s, T, HD, D, b->dq, ly->wq, b->dxn, 0, err)) ||
         (e = linear_dx(s, T, KVD, D, b->dk, ly->wk, b->dxn, 1, err)) ||
         (e = linear_dx(s, T, KVD, D, b->dv, ly->wv, b->dxn, 1, err)) ||
@@ -758,8 +751,8 @@ static whale_code attention_backward(qw_session *s, const qw_model *qw, const qw
  * the residual branch and the normalised branch of one sub-layer meet. */
 static void norm_backward(qw_session *s, const float *x, const float *w, float *gw, const float *rstd, int T, int D) {
     struct qw_backward *b = s->bw;
-    k_rmsnorm_backward(b->dxn, gw, b->dxn, x, w, rstd, T, D);
-    add(b->dx, b->dx, b->dxn, (size_t)T * D);
+    OP(rmsnorm_backward, b->dxn, gw, b->dxn, x, w, rstd, T, D);
+    OP(add, b->dx, b->dx, b->dxn, (size_t)T * D);
 }
 
 static whale_code qw_train_step(whale_session *base, const int32_t *ids, const int32_t *labels, const int32_t *pos,
@@ -797,7 +790,7 @@ static whale_code qw_train_step(whale_session *base, const int32_t *ids, const i
     if (loss_scale == 0) return WHALE_OK;
 
     TRACE(WHALE_F32, b->dx, 2, DIMS(T, D), "grad.final_hidden");
-    PROF(s, P_B_NORM, k_rmsnorm_backward(b->dx, gw->norm, b->dx, s->X[c->L], qw->norm, s->hn_rstd, T, D));
+    PROF(s, P_B_NORM, OP(rmsnorm_backward, b->dx, gw->norm, b->dx, s->X[c->L], qw->norm, s->hn_rstd, T, D));
     for (int l = c->L - 1; l >= 0; l--) {
         const qw_layer *ly = &qw->layers[l];
         qw_layer *gl = &gw->layers[l];
@@ -864,7 +857,7 @@ static whale_code train_session_create(whale_model *m, int max_batch, int seq, i
 #define A(ptr, n) ((ptr = sess_alloc(s, (n), 4, &tot)) != NULL)
     if (!(A(b->dx, T * D) && A(b->dxn, T * D) && A(b->datt, T * HD) && A(b->dq, T * HD) && A(b->dk, T * KVD) &&
           A(b->dv, T * KVD) && A(b->dh, T * F) && A(b->du, T * F) && A(b->tgt, T) && A(b->logits, ch * V) &&
-          A(b->att_work, k_attention_backward_work_floats(seq, c->H, c->Hkv, c->Dh)))) {
+          A(b->att_work, OP(attention_backward_work_floats, seq, c->H, c->Hkv, c->Dh)))) {
         qw_session_free(base);
         return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate training buffers for batch %d × %d", max_batch, seq);
     }
