@@ -14,7 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-whale_param *whale_model_add_param(whale_model *m, int cap, float **slot, int decay, int used,
+whale_param *whale_model_add_param(whale_model *m, int cap, float **slot, whale_role role, int decay, int used,
                                    int ndim, const int64_t *shape, const char *fmt, ...) {
     if (m->n_params >= cap) return NULL;
     whale_param *p = &m->params[m->n_params++];
@@ -26,6 +26,7 @@ whale_param *whale_model_add_param(whale_model *m, int cap, float **slot, int de
     p->ndim = ndim;
     for (int i = 0; i < ndim; i++) p->shape[i] = shape[i];
     p->slot = slot;
+    p->role = role;
     p->decay = decay;
     p->used = used;
     return p;

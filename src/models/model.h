@@ -14,8 +14,24 @@
 
 #include <assert.h>
 
+/* What a parameter is, declared by its family (never guessed from its
+ * name): which precision it is kept in, which LoRA "all-linear" selects,
+ * how init fills it. */
+typedef enum {
+    WHALE_ROLE_LINEAR,  /* a Linear's weight [out, in]: compute copy in the run's precision; all-linear target */
+    WHALE_ROLE_EMBED,   /* the token embedding [vocab, D]: compute copy (rows read in its format); no LoRA */
+    WHALE_ROLE_HEAD,    /* an untied lm_head [vocab, D]: compute copy; not an all-linear target */
+    WHALE_ROLE_ROUTER,  /* an MoE gate's weight: fp32 (selection is sensitive), no copy, no LoRA */
+    WHALE_ROLE_MIX,     /* a matrix read by fp32 products (hyper-connection mixes): no copy, no LoRA */
+    WHALE_ROLE_NORM,    /* a norm's weight */
+    WHALE_ROLE_BIAS,    /* a Linear's bias */
+    WHALE_ROLE_SCALAR,  /* other fp32 values: scales, bases, the gate's selection bias, attention sinks */
+    WHALE_ROLE_ADAPTER  /* a LoRA adapter's A or B */
+} whale_role;
+
 typedef struct {
     char name[96];
+    whale_role role;
     int ndim;
     int64_t shape[4];
     float **slot;     /* where the family keeps its pointer to this tensor */
@@ -305,9 +321,9 @@ const char *whale_fmt_count(char *buf, int64_t v);
  * numbers) into m->eos_ids, each checked against the vocabulary. */
 whale_code whale_config_eos(whale_model *m, const cJSON *cfg, const char *file, whale_err *err);
 
-whale_param *whale_model_add_param(whale_model *m, int cap, float **slot, int decay, int used,
+whale_param *whale_model_add_param(whale_model *m, int cap, float **slot, whale_role role, int decay, int used,
                                    int ndim, const int64_t *shape, const char *fmt, ...)
-    __attribute__((format(printf, 8, 9)));
+    __attribute__((format(printf, 9, 10)));
 /* Bind every parameter to data from a safetensors set (strict; collects all
  * problems into one message). path names the checkpoint in messages. */
 whale_code whale_model_bind(whale_model *m, struct whale_st *st, const char *path, whale_dtype dt, whale_err *err);
@@ -323,8 +339,9 @@ whale_code whale_json_float(const cJSON *obj, const char *key, int required, dou
 whale_code whale_json_bool(const cJSON *obj, const char *key, int def, int *out, const char *file,
                            whale_err *err);
 
-/* Weights kept in the compute precision: 2-D ".weight" tensors except the
- * gate (fp32, as in the reference) and the hyper-connection matrices. */
+/* Weights kept in the compute precision: the roles LINEAR, EMBED and HEAD
+ * (the gate and the hyper-connection matrices stay fp32, as in the
+ * reference). */
 int whale_param_is_product_weight(const whale_param *p);
 /* 1 when parameter p has fp32 values (a master copy or an fp32 run). */
 int whale_param_has_f32(const whale_model *m, const whale_param *p);

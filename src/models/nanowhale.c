@@ -173,51 +173,51 @@ static whale_code register_params(whale_model *m, nw_model *nw, whale_err *err) 
     if (!m->params || !nw->layers || !nw->expert_ptrs)
         return whale_errf(err, WHALE_ERR_NOMEM, "out of memory building the parameter table");
     int64_t D = c->D, MD = (int64_t)c->M * c->D, mix = c->mix;
-#define P(slot, decay, used, ...) whale_model_add_param(m, cap, slot, decay, used, __VA_ARGS__)
+#define P(slot, role, decay, used, ...) whale_model_add_param(m, cap, slot, WHALE_ROLE_##role, decay, used, __VA_ARGS__)
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
-    P(&nw->hc_head_fn, 1, 1, 2, SHAPE(c->M, MD), "model.hc_head_fn");
-    P(&nw->hc_head_base, 1, 1, 1, SHAPE(c->M), "model.hc_head_base");
-    P(&nw->hc_head_scale, 1, 1, 1, SHAPE(1), "model.hc_head_scale");
-    P(&nw->embed, 1, 1, 2, SHAPE(c->vocab, D), "model.embed_tokens.weight");
+    P(&nw->hc_head_fn, MIX, 1, 1, 2, SHAPE(c->M, MD), "model.hc_head_fn");
+    P(&nw->hc_head_base, SCALAR, 1, 1, 1, SHAPE(c->M), "model.hc_head_base");
+    P(&nw->hc_head_scale, SCALAR, 1, 1, 1, SHAPE(1), "model.hc_head_scale");
+    P(&nw->embed, EMBED, 1, 1, 2, SHAPE(c->vocab, D), "model.embed_tokens.weight");
     for (int l = 0; l < c->L; l++) {
         nw_layer *ly = &nw->layers[l];
         ly->w1 = nw->expert_ptrs + (size_t)l * 3 * c->E;
         ly->w2 = ly->w1 + c->E;
         ly->w3 = ly->w2 + c->E;
         const char *pre = "model.layers";
-        P(&ly->hc_attn_fn, 1, 1, 2, SHAPE(mix, MD), "%s.%d.hc_attn_fn", pre, l);
-        P(&ly->hc_ffn_fn, 1, 1, 2, SHAPE(mix, MD), "%s.%d.hc_ffn_fn", pre, l);
-        P(&ly->hc_attn_base, 1, 1, 1, SHAPE(mix), "%s.%d.hc_attn_base", pre, l);
-        P(&ly->hc_ffn_base, 1, 1, 1, SHAPE(mix), "%s.%d.hc_ffn_base", pre, l);
-        P(&ly->hc_attn_scale, 1, 1, 1, SHAPE(3), "%s.%d.hc_attn_scale", pre, l);
-        P(&ly->hc_ffn_scale, 1, 1, 1, SHAPE(3), "%s.%d.hc_ffn_scale", pre, l);
-        whale_param *sink = P(&ly->attn_sink, 1, 0, 1, SHAPE(c->H), "%s.%d.attn.attn_sink", pre, l);
+        P(&ly->hc_attn_fn, MIX, 1, 1, 2, SHAPE(mix, MD), "%s.%d.hc_attn_fn", pre, l);
+        P(&ly->hc_ffn_fn, MIX, 1, 1, 2, SHAPE(mix, MD), "%s.%d.hc_ffn_fn", pre, l);
+        P(&ly->hc_attn_base, SCALAR, 1, 1, 1, SHAPE(mix), "%s.%d.hc_attn_base", pre, l);
+        P(&ly->hc_ffn_base, SCALAR, 1, 1, 1, SHAPE(mix), "%s.%d.hc_ffn_base", pre, l);
+        P(&ly->hc_attn_scale, SCALAR, 1, 1, 1, SHAPE(3), "%s.%d.hc_attn_scale", pre, l);
+        P(&ly->hc_ffn_scale, SCALAR, 1, 1, 1, SHAPE(3), "%s.%d.hc_ffn_scale", pre, l);
+        whale_param *sink = P(&ly->attn_sink, SCALAR, 1, 0, 1, SHAPE(c->H), "%s.%d.attn.attn_sink", pre, l);
         if (sink) sink->no_grad = 1; /* never read by the forward pass */
-        P(&ly->wq_a, 1, 1, 2, SHAPE(c->Q, D), "%s.%d.attn.wq_a.weight", pre, l);
-        P(&ly->q_norm, 0, 1, 1, SHAPE(c->Q), "%s.%d.attn.q_norm.weight", pre, l);
-        P(&ly->wq_b, 1, 1, 2, SHAPE((int64_t)c->H * c->Dh, c->Q), "%s.%d.attn.wq_b.weight", pre, l);
-        P(&ly->wkv, 1, 1, 2, SHAPE(c->Dh, D), "%s.%d.attn.wkv.weight", pre, l);
-        P(&ly->kv_norm, 0, 1, 1, SHAPE(c->Dh), "%s.%d.attn.kv_norm.weight", pre, l);
-        P(&ly->wo_a, 1, 1, 2, SHAPE((int64_t)c->G * c->Ro, (int64_t)c->H * c->Dh / c->G), "%s.%d.attn.wo_a.weight", pre, l);
-        P(&ly->wo_b, 1, 1, 2, SHAPE(D, (int64_t)c->G * c->Ro), "%s.%d.attn.wo_b.weight", pre, l);
-        P(&ly->gate_w, 1, 1, 2, SHAPE(c->E, D), "%s.%d.ffn.gate.weight", pre, l);
+        P(&ly->wq_a, LINEAR, 1, 1, 2, SHAPE(c->Q, D), "%s.%d.attn.wq_a.weight", pre, l);
+        P(&ly->q_norm, NORM, 0, 1, 1, SHAPE(c->Q), "%s.%d.attn.q_norm.weight", pre, l);
+        P(&ly->wq_b, LINEAR, 1, 1, 2, SHAPE((int64_t)c->H * c->Dh, c->Q), "%s.%d.attn.wq_b.weight", pre, l);
+        P(&ly->wkv, LINEAR, 1, 1, 2, SHAPE(c->Dh, D), "%s.%d.attn.wkv.weight", pre, l);
+        P(&ly->kv_norm, NORM, 0, 1, 1, SHAPE(c->Dh), "%s.%d.attn.kv_norm.weight", pre, l);
+        P(&ly->wo_a, LINEAR, 1, 1, 2, SHAPE((int64_t)c->G * c->Ro, (int64_t)c->H * c->Dh / c->G), "%s.%d.attn.wo_a.weight", pre, l);
+        P(&ly->wo_b, LINEAR, 1, 1, 2, SHAPE(D, (int64_t)c->G * c->Ro), "%s.%d.attn.wo_b.weight", pre, l);
+        P(&ly->gate_w, ROUTER, 1, 1, 2, SHAPE(c->E, D), "%s.%d.ffn.gate.weight", pre, l);
         if (l >= c->num_hash_layers) {
-            whale_param *gb = P(&ly->gate_b, 0, 1, 1, SHAPE(c->E), "%s.%d.ffn.gate.bias", pre, l);
+            whale_param *gb = P(&ly->gate_b, SCALAR, 0, 1, 1, SHAPE(c->E), "%s.%d.ffn.gate.bias", pre, l);
             if (gb) gb->no_grad = 1; /* only selects experts */
         }
         for (int e = 0; e < c->E; e++) {
-            P(&ly->w1[e], 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.experts.%d.w1.weight", pre, l, e);
-            P(&ly->w2[e], 1, 1, 2, SHAPE(D, c->F), "%s.%d.ffn.experts.%d.w2.weight", pre, l, e);
-            P(&ly->w3[e], 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.experts.%d.w3.weight", pre, l, e);
+            P(&ly->w1[e], LINEAR, 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.experts.%d.w1.weight", pre, l, e);
+            P(&ly->w2[e], LINEAR, 1, 1, 2, SHAPE(D, c->F), "%s.%d.ffn.experts.%d.w2.weight", pre, l, e);
+            P(&ly->w3[e], LINEAR, 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.experts.%d.w3.weight", pre, l, e);
         }
-        P(&ly->sw1, 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.shared_expert.w1.weight", pre, l);
-        P(&ly->sw2, 1, 1, 2, SHAPE(D, c->F), "%s.%d.ffn.shared_expert.w2.weight", pre, l);
-        P(&ly->sw3, 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.shared_expert.w3.weight", pre, l);
-        P(&ly->attn_norm, 0, 1, 1, SHAPE(D), "%s.%d.attn_norm.weight", pre, l);
-        P(&ly->ffn_norm, 0, 1, 1, SHAPE(D), "%s.%d.ffn_norm.weight", pre, l);
+        P(&ly->sw1, LINEAR, 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.shared_expert.w1.weight", pre, l);
+        P(&ly->sw2, LINEAR, 1, 1, 2, SHAPE(D, c->F), "%s.%d.ffn.shared_expert.w2.weight", pre, l);
+        P(&ly->sw3, LINEAR, 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.shared_expert.w3.weight", pre, l);
+        P(&ly->attn_norm, NORM, 0, 1, 1, SHAPE(D), "%s.%d.attn_norm.weight", pre, l);
+        P(&ly->ffn_norm, NORM, 0, 1, 1, SHAPE(D), "%s.%d.ffn_norm.weight", pre, l);
     }
-    P(&nw->norm, 0, 1, 1, SHAPE(D), "model.norm.weight");
-    if (!c->tie_embeddings) P(&nw->lm_head, 1, 1, 2, SHAPE(c->vocab, D), "lm_head.weight");
+    P(&nw->norm, NORM, 0, 1, 1, SHAPE(D), "model.norm.weight");
+    if (!c->tie_embeddings) P(&nw->lm_head, HEAD, 1, 1, 2, SHAPE(c->vocab, D), "lm_head.weight");
 #undef P
 #undef SHAPE
     return WHALE_OK;

@@ -193,27 +193,27 @@ static whale_code register_params(whale_model *m, qw_model *qw, whale_err *err) 
     qw->layers = calloc((size_t)c->L, sizeof *qw->layers);
     if (!m->params || !qw->layers) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory building the parameter table");
     int64_t D = c->D, F = c->F, HD = (int64_t)c->H * c->Dh, KVD = (int64_t)c->Hkv * c->Dh;
-#define P(slot, decay, ...) whale_model_add_param(m, cap, slot, decay, 1, __VA_ARGS__)
+#define P(slot, role, decay, ...) whale_model_add_param(m, cap, slot, WHALE_ROLE_##role, decay, 1, __VA_ARGS__)
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
-    P(&qw->embed, 1, 2, SHAPE(c->vocab, D), "model.embed_tokens.weight");
+    P(&qw->embed, EMBED, 1, 2, SHAPE(c->vocab, D), "model.embed_tokens.weight");
     for (int l = 0; l < c->L; l++) {
         qw_layer *ly = &qw->layers[l];
         const char *pre = "model.layers";
-        P(&ly->wq, 1, 2, SHAPE(HD, D), "%s.%d.self_attn.q_proj.weight", pre, l);
-        P(&ly->bq, 0, 1, SHAPE(HD), "%s.%d.self_attn.q_proj.bias", pre, l);
-        P(&ly->wk, 1, 2, SHAPE(KVD, D), "%s.%d.self_attn.k_proj.weight", pre, l);
-        P(&ly->bk, 0, 1, SHAPE(KVD), "%s.%d.self_attn.k_proj.bias", pre, l);
-        P(&ly->wv, 1, 2, SHAPE(KVD, D), "%s.%d.self_attn.v_proj.weight", pre, l);
-        P(&ly->bv, 0, 1, SHAPE(KVD), "%s.%d.self_attn.v_proj.bias", pre, l);
-        P(&ly->wo, 1, 2, SHAPE(D, HD), "%s.%d.self_attn.o_proj.weight", pre, l);
-        P(&ly->wg, 1, 2, SHAPE(F, D), "%s.%d.mlp.gate_proj.weight", pre, l);
-        P(&ly->wu, 1, 2, SHAPE(F, D), "%s.%d.mlp.up_proj.weight", pre, l);
-        P(&ly->wd, 1, 2, SHAPE(D, F), "%s.%d.mlp.down_proj.weight", pre, l);
-        P(&ly->in_norm, 0, 1, SHAPE(D), "%s.%d.input_layernorm.weight", pre, l);
-        P(&ly->post_norm, 0, 1, SHAPE(D), "%s.%d.post_attention_layernorm.weight", pre, l);
+        P(&ly->wq, LINEAR, 1, 2, SHAPE(HD, D), "%s.%d.self_attn.q_proj.weight", pre, l);
+        P(&ly->bq, BIAS, 0, 1, SHAPE(HD), "%s.%d.self_attn.q_proj.bias", pre, l);
+        P(&ly->wk, LINEAR, 1, 2, SHAPE(KVD, D), "%s.%d.self_attn.k_proj.weight", pre, l);
+        P(&ly->bk, BIAS, 0, 1, SHAPE(KVD), "%s.%d.self_attn.k_proj.bias", pre, l);
+        P(&ly->wv, LINEAR, 1, 2, SHAPE(KVD, D), "%s.%d.self_attn.v_proj.weight", pre, l);
+        P(&ly->bv, BIAS, 0, 1, SHAPE(KVD), "%s.%d.self_attn.v_proj.bias", pre, l);
+        P(&ly->wo, LINEAR, 1, 2, SHAPE(D, HD), "%s.%d.self_attn.o_proj.weight", pre, l);
+        P(&ly->wg, LINEAR, 1, 2, SHAPE(F, D), "%s.%d.mlp.gate_proj.weight", pre, l);
+        P(&ly->wu, LINEAR, 1, 2, SHAPE(F, D), "%s.%d.mlp.up_proj.weight", pre, l);
+        P(&ly->wd, LINEAR, 1, 2, SHAPE(D, F), "%s.%d.mlp.down_proj.weight", pre, l);
+        P(&ly->in_norm, NORM, 0, 1, SHAPE(D), "%s.%d.input_layernorm.weight", pre, l);
+        P(&ly->post_norm, NORM, 0, 1, SHAPE(D), "%s.%d.post_attention_layernorm.weight", pre, l);
     }
-    P(&qw->norm, 0, 1, SHAPE(D), "model.norm.weight");
-    if (!c->tie) P(&qw->lm_head, 1, 2, SHAPE(c->vocab, D), "lm_head.weight");
+    P(&qw->norm, NORM, 0, 1, SHAPE(D), "model.norm.weight");
+    if (!c->tie) P(&qw->lm_head, HEAD, 1, 2, SHAPE(c->vocab, D), "lm_head.weight");
 #undef P
 #undef SHAPE
     return WHALE_OK;
@@ -277,10 +277,9 @@ void qwen2_init_param(const whale_model *m, int i, whale_rng *rng, float *out) {
     const qw_model *qw = m->impl;
     const whale_param *p = &m->params[i];
     int64_t n = whale_shape_numel(p->ndim, p->shape);
-    size_t len = strlen(p->name);
-    if (len > 5 && strcmp(p->name + len - 5, ".bias") == 0)
+    if (p->role == WHALE_ROLE_BIAS)
         for (int64_t k = 0; k < n; k++) out[k] = 0.0f;
-    else if (strstr(p->name, "norm.weight"))
+    else if (p->role == WHALE_ROLE_NORM)
         for (int64_t k = 0; k < n; k++) out[k] = 1.0f;
     else
         for (int64_t k = 0; k < n; k++) out[k] = (float)(whale_rng_normal(rng) * qw->c.init_range);

@@ -25,9 +25,8 @@
 #include <unistd.h>
 
 int whale_param_is_product_weight(const whale_param *p) {
-    size_t n = strlen(p->name);
-    return p->ndim == 2 && n > 7 && !strcmp(p->name + n - 7, ".weight") && !strstr(p->name, "ffn.gate.") &&
-           !strstr(p->name, ".lora_");
+    assert(p->ndim == 2 || (p->role != WHALE_ROLE_LINEAR && p->role != WHALE_ROLE_EMBED && p->role != WHALE_ROLE_HEAD));
+    return p->role == WHALE_ROLE_LINEAR || p->role == WHALE_ROLE_EMBED || p->role == WHALE_ROLE_HEAD;
 }
 
 static int is_handle(const whale_model *m, const float *W) {
