@@ -285,8 +285,8 @@ void whale_session_sizes_of(const whale_session *s, whale_session_sizes *out);
  * Rows go through in chunks of WHALE_CE_CHUNK, which bounds the logits
  * buffer to WHALE_CE_CHUNK × V instead of T × V; each chunk's weight-
  * gradient product reads and writes all of dlm_head (165 MB at
- * nanowhale-100m), so 512 rows rather than 256 halve that traffic (+5–10 %
- * bf16 training speed measured at 4 × 256, for 132 MB more buffer). */
+ * nanowhale-100m), so 512 rows rather than 256 halve that traffic, for a
+ * larger logits buffer (docs/architecture.md gives the measured gain). */
 enum { WHALE_CE_CHUNK = 512 };
 /* tgt[t]: the target position t is scored on (labels[t + 1], or ids[t + 1]
  * without labels; −100 at each sequence's last position); returns how many
