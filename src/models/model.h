@@ -408,6 +408,22 @@ const whale_lora_target *whale_lora_find(const whale_model *m, const float *W);
 whale_code whale_model_build_copies(whale_model *m, whale_dtype dt, const whale_st_entry *const *src,
                                     whale_err *err);
 void whale_model_clear_copies(whale_model *m);
+/* A weight format (formats.c): one row per dtype a run's product weights
+ * may be kept in. */
+typedef struct {
+    whale_dtype dtype;
+    const char *name; /* the CLI's spelling: fp32, bf16, fp16, int8 */
+    int row_scale;    /* one fp32 scale per row, stored after the values (int8) */
+    int trainable;    /* weight gradients exist (int8: an inference format, or a frozen LoRA base) */
+    int saveable;     /* a Hugging Face checkpoint holds it as it is */
+    /* rows × cols fp32 values into the format (scale [rows] when row_scale) */
+    void (*from_f32)(void *dst, float *scale, const float *src, int64_t rows, int64_t cols);
+    /* one row back to fp32 */
+    void (*row_to_f32)(float *dst, const void *src, float scale, int64_t cols);
+} whale_format;
+/* NULL when dt is no weight format. */
+const whale_format *whale_format_of(whale_dtype dt);
+
 /* Bytes the compute copy of a rows × cols weight takes in dt (int8: with
  * its scales), as allocated. */
 size_t whale_copy_bytes(whale_dtype dt, int64_t rows, int64_t cols);
