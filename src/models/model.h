@@ -198,6 +198,10 @@ whale_code whale_session_open_backend(whale_session *s, whale_err *err);
 /* Call op of the session's backend: WHALE_OP(s, rmsnorm, y, x, w, rows, n, eps, rstd). */
 #define WHALE_OP(sess, op, ...) ((sess)->be->op((sess)->be, __VA_ARGS__))
 
+/* WHALE_ERR_ABORTED when the session's abort callback asks to stop (a
+ * family calls it before each layer). */
+whale_code whale_session_check_abort(whale_session *s, whale_err *err);
+
 /* Common session header; families embed it first in their session struct. */
 struct whale_session {
     whale_model *model;
@@ -205,6 +209,8 @@ struct whale_session {
     int n_batch;            /* tokens one forward may carry (the work buffers' rows) */
     whale_kv kv;            /* inference sessions only */
     const whale_ubatch *ub; /* the micro-batch being run (set by the family's forward / train step) */
+    whale_abort_fn abort_fn; /* whale_session_set_abort */
+    void *abort_user;
     whale_span *train_spans; /* [max_batch]: a training step's spans (training sessions) */
     whale_trace_fn trace;
     void *trace_user;

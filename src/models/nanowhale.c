@@ -753,7 +753,9 @@ static whale_code forward_hidden(nw_session *s, const whale_ubatch *ub, whale_er
         OP(repeat_rows, s->X[0], T, M, D);
     });
     for (int l = 0; l < c->L; l++)
-        if ((e = layer_forward(s, l, &s->acts[s->n_act_sets > 1 ? l : 0], err))) return e;
+        if ((e = whale_session_check_abort(&s->base, err)) ||
+            (e = layer_forward(s, l, &s->acts[s->n_act_sets > 1 ? l : 0], err)))
+            return e;
 
     /* HC head: sigmoid reduction of the streams, then the final norm. */
     const float *X = s->X[2 * c->L];
@@ -1067,6 +1069,7 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
     TRACE(WHALE_F32, dX, 3, DIMS(T, M, D), "grad.layers.%d.hc_ffn.state", c->L - 1);
 
     for (int l = c->L - 1; l >= 0; l--) {
+        if ((e = whale_session_check_abort(&s->base, err))) return e;
         const nw_layer *ly = &nw->layers[l];
         nw_layer *gl = &gw->layers[l];
         const nw_layer_acts *a = &s->acts[s->n_act_sets > 1 ? l : 0];

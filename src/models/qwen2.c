@@ -649,7 +649,9 @@ static whale_code forward_hidden(qw_session *s, const whale_ubatch *ub, whale_er
     whale_ubatch_positions(ub, s->pos);
     PROF(s, P_EMBED, OP(get_rows, s->X[0], D, whale_model_wref(s->base.model, qw->embed, D), ub->ids, T, D));
     for (int l = 0; l < c->L; l++) {
-        if ((e = layer_forward(s, l, &s->acts[s->n_act_sets > 1 ? l : 0], err))) return e;
+        if ((e = whale_session_check_abort(&s->base, err)) ||
+            (e = layer_forward(s, l, &s->acts[s->n_act_sets > 1 ? l : 0], err)))
+            return e;
         if (s->stash && s->base.training) PROF(s, P_STASH, stash_put(s, &s->acts[0], l, (size_t)T));
     }
     PROF(s, P_NORM, OP(rmsnorm, s->hn, s->X[c->L], qw->norm, T, D, c->norm_eps, s->hn_rstd));
@@ -785,6 +787,7 @@ static whale_code qw_train_step(whale_session *base, const int32_t *ids, const i
     TRACE(WHALE_F32, b->dx, 2, DIMS(T, D), "grad.final_hidden");
     PROF(s, P_B_NORM, OP(rmsnorm_backward, b->dx, gw->norm, b->dx, s->X[c->L], qw->norm, s->hn_rstd, T, D));
     for (int l = c->L - 1; l >= 0; l--) {
+        if ((e = whale_session_check_abort(&s->base, err))) return e;
         const qw_layer *ly = &qw->layers[l];
         qw_layer *gl = &gw->layers[l];
         const qw_layer_acts *a = &s->acts[s->n_act_sets > 1 ? l : 0];
