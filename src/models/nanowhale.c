@@ -358,7 +358,7 @@ typedef struct {
 typedef struct {
     whale_session base;
     whale_gemm *gemm;
-    int T;              /* max tokens per forward = max_batch × max_seq */
+    int T;              /* max tokens per forward (the header's n_batch) */
     int n_act_sets;     /* 1 (inference) or L (training) */
     int32_t *pos;       /* [T] RoPE positions */
     const int32_t *seg; /* [T] first key each token may see (packed documents), or NULL */
@@ -367,9 +367,8 @@ typedef struct {
     nw_layer_acts *acts;
     float *head_rstd, *head_mix, *head_pre, *h, *hn_rstd, *hn; /* HC head and final norm */
     float *ex_in;       /* [T, D] rows gathered for one expert */
-    float *last;        /* [max_batch, D] last-position rows for logits */
-    float *att_work;
-    float *kcache;      /* [L, max_batch, max_seq, Dh] rotated kv (K = V), inference only */
+    float *last;        /* [max_batch, D]: rows whose logits are wanted, gathered max_batch at a time */
+    float *att_work;    /* the KV cache (rotated kv, K = V) is the header's kv: inference only */
     whale_bufs bufs;    /* every buffer, or only their sizes (whale memory) */
     struct nw_backward *bw; /* training sessions only */
 } nw_session;
@@ -387,8 +386,7 @@ static const char *const prof_names[P_COUNT] = {
 /* Time a statement into group id when profiling (one branch when not). */
 #define PROF(s, id, stmt) WHALE_PROF(&(s)->base, id, stmt)
 
-static whale_code nw_forward(whale_session *base, const int32_t *ids, int B, int S, float *logits,
-                             int all_logits, whale_err *err);
+static whale_code nw_forward(whale_session *base, const whale_ubatch *ub, float *logits, whale_err *err);
 
 static void nw_backward_free(struct nw_backward *bw);
 
@@ -436,10 +434,12 @@ static int alloc_layer_acts(nw_session *s, nw_layer_acts *a, const nw_config *c,
            (a->f = sess_alloc(s, T * c->D, 4, tot));
 }
 
-/* training=1 keeps every layer's input state and, unless recompute, every
+/* Forwards of n_tokens tokens and, for inference, a KV cache of max_batch
+ * sequences × max_seq cells (training: max_batch × max_seq = n_tokens).
+ * training=1 keeps every layer's input state and, unless recompute, every
  * layer's activations (and no KV cache). */
-static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, int training, int recompute,
-                                    int count_only, nw_session **out, whale_err *err) {
+static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, int n_tokens, int training,
+                                    int recompute, int count_only, nw_session **out, whale_err *err) {
     nw_model *nw = m->impl;
     const nw_config *c = &nw->c;
     if (!count_only) {
@@ -451,12 +451,13 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
     s->base.model = m;
     s->base.max_batch = max_batch;
     s->base.max_seq = max_seq;
+    s->base.n_batch = n_tokens;
     s->base.free_fn = nw_session_free;
     s->base.forward_fn = nw_forward;
     s->base.prof_names = prof_names;
     s->base.n_prof = P_COUNT;
     s->bufs.count_only = count_only;
-    size_t T = (size_t)max_batch * max_seq, MD = (size_t)c->M * c->D, tot = 0;
+    size_t T = (size_t)n_tokens, MD = (size_t)c->M * c->D, tot = 0;
     s->T = (int)T;
     s->n_act_sets = training && !recompute ? c->L : 1;
     whale_code e = count_only ? WHALE_OK : whale_gemm_new(&s->gemm, err);
@@ -479,10 +480,11 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
          (s->h = sess_alloc(s, T * c->D, 4, &tot)) && (s->hn_rstd = sess_alloc(s, T, 4, &tot)) &&
          (s->hn = sess_alloc(s, T * c->D, 4, &tot)) && (s->ex_in = sess_alloc(s, T * c->D, 4, &tot)) &&
          (s->last = sess_alloc(s, (size_t)max_batch * c->D, 4, &tot));
-    size_t work = 0, kv = 0, lora_floats = whale_lora_work_floats(m);
+    size_t work = 0, kv = 0, none = 0, lora_floats = whale_lora_work_floats(m);
     ok = ok && (!lora_floats || (s->base.lora_work = sess_alloc(s, T * lora_floats, 4, &work))) &&
          (s->att_work = sess_alloc(s, k_attention_work_floats(max_seq, c->H, 1, c->Dh), 4, &work)) &&
-         (training || (s->kcache = sess_alloc(s, (size_t)c->L * max_batch * max_seq * c->Dh, 4, &kv)));
+         (training ? (s->base.train_spans = sess_alloc(s, (size_t)max_batch, sizeof(whale_span), &none)) != NULL
+                   : whale_kv_alloc(&s->base.kv, &s->bufs, c->L, max_batch, max_seq, c->Dh, 1, &kv));
     if (!ok) {
         nw_session_free(&s->base);
         return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of activations for batch %d × %d",
@@ -496,10 +498,10 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
     return WHALE_OK;
 }
 
-static whale_code nw_session_new(whale_model *m, int max_batch, int max_seq, whale_session **out,
+static whale_code nw_session_new(whale_model *m, const whale_session_params *p, whale_session **out,
                                  whale_err *err) {
     nw_session *s = NULL;
-    whale_code e = nw_session_create(m, max_batch, max_seq, 0, 0, 0, &s, err);
+    whale_code e = nw_session_create(m, p->n_seq, p->n_ctx, p->n_batch, 0, 0, 0, &s, err);
     *out = e ? NULL : &s->base;
     return e;
 }
@@ -559,13 +561,16 @@ static void trace_hc(nw_session *s, const nw_config *c, const nw_hc_acts *h, int
     TRACE(WHALE_F32, h->yn, 2, DIMS(T, c->D), "layers.%d.%s.normed", l, which);
 }
 
-/* Attention (§3.7) of yn [T, D] into a->a [T, D]. Keys/values come from the
- * KV cache (inference: this step's kv appended) or from a->kv (training). */
+/* Attention (§3.7) of yn [T, D] into a->a [T, D], each span of the
+ * micro-batch over its own sequence. Keys/values come from the KV cache
+ * (inference: the span's kv appended to its sequence's cells) or from
+ * a->kv (training). */
 static whale_code attention(nw_session *s, const nw_model *nw, const nw_layer *ly, nw_layer_acts *a,
-                            const float *yn, int l, int B, int S, whale_err *err) {
+                            const float *yn, int l, whale_err *err) {
     const nw_config *c = &nw->c;
     whale_gemm *g = s->gemm;
-    int T = B * S, HD = c->H * c->Dh, p0 = s->base.cached, gin = HD / c->G; /* wo_a input per group */
+    const whale_ubatch *ub = s->base.ub;
+    int T = ub->T, HD = c->H * c->Dh, gin = HD / c->G; /* wo_a input per group */
     whale_code e;
     const whale_linear_part inputs[2] = {{T, c->Q, yn, c->D, ly->wq_a, c->D, a->qlat_raw, c->Q}, /* both from yn */
                                          {T, c->Dh, yn, c->D, ly->wkv, c->D, a->kv_raw, c->Dh}};
@@ -577,17 +582,18 @@ static whale_code attention(nw_session *s, const nw_model *nw, const nw_layer *l
     k_rope(a->q, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
     k_rope(a->kv, T, c->Dh, 1, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
 
-    size_t seq_stride = (size_t)s->base.max_seq * c->Dh;
     float scale = 1.0f / sqrtf((float)c->Dh);
-    for (int b = 0; b < B; b++) {
-        float *kv = a->kv + (size_t)b * S * c->Dh;
-        if (s->kcache) {
-            kv = s->kcache + ((size_t)l * s->base.max_batch + b) * seq_stride;
-            memcpy(kv + (size_t)p0 * c->Dh, a->kv + (size_t)b * S * c->Dh, sizeof(float) * S * c->Dh);
+    whale_kv *cache = &s->base.kv;
+    for (int i = 0; i < ub->n_spans; i++) {
+        const whale_span *sp = &ub->spans[i];
+        const float *kv = a->kv + (size_t)sp->row0 * c->Dh;
+        if (cache->k) {
+            whale_kv_append(cache, l, sp->seq, sp->p0, sp->n, kv, kv);
+            kv = whale_kv_k(cache, l, sp->seq);
         }
-        if ((e = k_attention(g, a->att + (size_t)b * S * HD, a->q + (size_t)b * S * HD, kv, kv, c->Dh,
-                             s->seg ? s->seg + (size_t)b * S : NULL, S, p0, c->H,
-                             1, c->Dh, scale, whale_attention_products(s->base.model), s->att_work, err)))
+        if ((e = k_attention(g, a->att + (size_t)sp->row0 * HD, a->q + (size_t)sp->row0 * HD, kv, kv, c->Dh,
+                             s->seg ? s->seg + sp->row0 : NULL, sp->n, sp->p0, c->H, 1, c->Dh, scale,
+                             whale_attention_products(s->base.model), s->att_work, err)))
             return e;
     }
     TRACE(WHALE_F32, a->qlat, 2, DIMS(T, c->Q), "layers.%d.attn.q_latent", l);
@@ -716,11 +722,11 @@ static whale_code moe(nw_session *s, const nw_config *c, const nw_layer *ly, nw_
 
 /* One block (§3.4): X[2l] → HC_pre → attention → HC_post → X[2l+1] → HC_pre
  * → MoE → HC_post → X[2l+2], saving what the backward needs into a. */
-static whale_code layer_forward(nw_session *s, int l, int B, int S, nw_layer_acts *a, whale_err *err) {
+static whale_code layer_forward(nw_session *s, int l, nw_layer_acts *a, whale_err *err) {
     const nw_model *nw = s->base.model->impl;
     const nw_config *c = &nw->c;
     const nw_layer *ly = &nw->layers[l];
-    int T = B * S, D = c->D, M = c->M;
+    int T = s->base.ub->T, D = c->D, M = c->M;
     whale_code e;
     const float *Xin = s->X[2 * l];
     float *Xmid = s->X[2 * l + 1], *Xout = s->X[2 * l + 2];
@@ -728,7 +734,7 @@ static whale_code layer_forward(nw_session *s, int l, int B, int S, nw_layer_act
                                  &a->hca, err));
     if (e) return e;
     trace_hc(s, c, &a->hca, T, l, "hc_attn");
-    PROF(s, P_ATTN, e = attention(s, nw, ly, a, a->hca.yn, l, B, S, err));
+    PROF(s, P_ATTN, e = attention(s, nw, ly, a, a->hca.yn, l, err));
     if (e) return e;
     TRACE(WHALE_F32, a->z, 2, DIMS(T, c->G * c->Ro), "layers.%d.attn.z", l);
     TRACE(WHALE_F32, a->a, 2, DIMS(T, D), "layers.%d.attn.out", l);
@@ -748,22 +754,22 @@ static whale_code layer_forward(nw_session *s, int l, int B, int S, nw_layer_act
     return WHALE_OK;
 }
 
-/* All layers and the HC head: ids [B·S] → hn [T, D] (final-norm output). */
-static whale_code forward_hidden(nw_session *s, const int32_t *ids, const int32_t *pos, int B, int S,
-                                 whale_err *err) {
+/* All layers and the HC head: the micro-batch's ids → hn [T, D] (final-norm output). */
+static whale_code forward_hidden(nw_session *s, const whale_ubatch *ub, whale_err *err) {
     const nw_model *nw = s->base.model->impl;
     const nw_config *c = &nw->c;
-    int T = B * S, D = c->D, M = c->M, MD = M * D;
+    int T = ub->T, D = c->D, M = c->M, MD = M * D;
     whale_code e;
 
+    s->base.ub = ub;
+    whale_ubatch_positions(ub, s->pos);
     PROF(s, P_EMBED, for (int t = 0; t < T; t++) {
-        s->pos[t] = pos ? pos[t] : s->base.cached + t % S;
         float *x0 = s->X[0] + (size_t)t * M * D;
-        whale_model_row(s->base.model, nw->embed, ids[t], D, x0);
+        whale_model_row(s->base.model, nw->embed, ub->ids[t], D, x0);
         for (int m = 1; m < M; m++) memcpy(x0 + (size_t)m * D, x0, sizeof(float) * D);
     });
     for (int l = 0; l < c->L; l++)
-        if ((e = layer_forward(s, l, B, S, &s->acts[s->n_act_sets > 1 ? l : 0], err))) return e;
+        if ((e = layer_forward(s, l, &s->acts[s->n_act_sets > 1 ? l : 0], err))) return e;
 
     /* HC head (§3.9): sigmoid reduction of the streams, then the final norm. */
     const float *X = s->X[2 * c->L];
@@ -783,24 +789,16 @@ static whale_code forward_hidden(nw_session *s, const int32_t *ids, const int32_
     return WHALE_OK;
 }
 
-static whale_code nw_forward(whale_session *base, const int32_t *ids, int B, int S, float *logits,
-                             int all_logits, whale_err *err) {
+static whale_code nw_forward(whale_session *base, const whale_ubatch *ub, float *logits, whale_err *err) {
     nw_session *s = (nw_session *)base;
     const nw_model *nw = base->model->impl;
     const nw_config *c = &nw->c;
-    int T = B * S, D = c->D;
     s->seg = NULL;
-    whale_code e = forward_hidden(s, ids, NULL, B, S, err);
+    whale_code e = forward_hidden(s, ub, err);
     if (e || !logits) return e;
     const float *head = c->tie_embeddings ? nw->embed : nw->lm_head;
-    if (all_logits) {
-        PROF(s, P_LOGITS, e = linear(s, T, c->vocab, D, s->hn, D, head, D, logits, c->vocab, err));
-        if (!e) TRACE(WHALE_F32, logits, 2, DIMS(T, c->vocab), "logits");
-        return e;
-    }
-    for (int b = 0; b < B; b++) memcpy(s->last + (size_t)b * D, s->hn + ((size_t)b * S + S - 1) * D, sizeof(float) * D);
-    PROF(s, P_LOGITS, e = linear(s, B, c->vocab, D, s->last, D, head, D, logits, c->vocab, err));
-    if (!e) TRACE(WHALE_F32, logits, 2, DIMS(B, c->vocab), "logits");
+    PROF(s, P_LOGITS, e = whale_output_logits(base, ub, s->hn, s->last, c->D, c->vocab, head, logits, err));
+    if (!e) TRACE(WHALE_F32, logits, 2, DIMS(ub->n_out, c->vocab), "logits");
     return e;
 }
 
@@ -1077,7 +1075,8 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
     nw_model *gw = &b->gw;
     int T = B * S, D = c->D, M = c->M, MD = M * D, V = c->vocab;
     s->seg = seg;
-    whale_code e = forward_hidden(s, ids, pos, B, S, err);
+    const whale_ubatch ub = whale_ubatch_training(base->train_spans, ids, pos, B, S);
+    whale_code e = forward_hidden(s, &ub, err);
     if (e) return e;
 
     /* lm_head and cross-entropy in row chunks */
@@ -1141,7 +1140,7 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
         nw_layer *gl = &gw->layers[l];
         const nw_layer_acts *a = &s->acts[s->n_act_sets > 1 ? l : 0];
         if (s->n_act_sets == 1) { /* recompute: this layer's activations again, from its saved input */
-            PROF(s, P_RECOMPUTE, e = layer_forward(s, l, B, S, &s->acts[0], err));
+            PROF(s, P_RECOMPUTE, e = layer_forward(s, l, &s->acts[0], err));
             if (e) return e;
         }
         const float *Xin = s->X[2 * l], *Xmid = s->X[2 * l + 1];
@@ -1194,7 +1193,7 @@ static whale_code train_session_create(whale_model *m, int max_batch, int seq, i
     const nw_model *nw = m->impl;
     const nw_config *c = &nw->c;
     nw_session *s = NULL;
-    whale_code e = nw_session_create(m, max_batch, seq, 1, recompute, count_only, &s, err);
+    whale_code e = nw_session_create(m, max_batch, seq, max_batch * seq, 1, recompute, count_only, &s, err);
     if (e) return e;
     whale_session *base = &s->base;
     base->train_fn = nw_train_step;
@@ -1250,7 +1249,7 @@ static whale_code nw_session_sizes(whale_model *m, int max_batch, int seq, int t
                                    whale_session_sizes *out, whale_err *err) {
     nw_session *s = NULL;
     whale_code e = training ? train_session_create(m, max_batch, seq, recompute, 1, &s, err)
-                            : nw_session_create(m, max_batch, seq, 0, 0, 1, &s, err);
+                            : nw_session_create(m, max_batch, seq, max_batch * seq, 0, 0, 1, &s, err);
     if (e) return e;
     whale_session_sizes_of(&s->base, out);
     nw_session_free(&s->base);

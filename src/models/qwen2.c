@@ -454,9 +454,8 @@ typedef struct {
     qw_layer_acts *acts;
     float *proj;        /* [T, D] o_proj / down_proj output before the residual add */
     float *hn_rstd, *hn; /* final norm */
-    float *last;        /* [max_batch, D] last-position rows for logits */
-    float *att_work;
-    float *kcache, *vcache; /* [L, max_batch, max_seq, Hkv·Dh] rotated K and V, inference only */
+    float *last;        /* [max_batch, D]: rows whose logits are wanted, gathered max_batch at a time */
+    float *att_work;    /* the KV cache (rotated K, V) is the header's kv: inference only */
     whale_bufs bufs;
     struct qw_backward *bw; /* training sessions only */
 } qw_session;
@@ -494,8 +493,7 @@ struct qw_backward {
     float *att_work;
 };
 
-static whale_code qw_forward(whale_session *base, const int32_t *ids, int B, int S, float *logits, int all_logits,
-                             whale_err *err);
+static whale_code qw_forward(whale_session *base, const whale_ubatch *ub, float *logits, whale_err *err);
 
 static void qw_session_free(whale_session *base) {
     qw_session *s = (qw_session *)base;
@@ -578,12 +576,14 @@ static void stash_get(qw_session *s, qw_layer_acts *a, int l, size_t T) {
     }
 }
 
-/* Every buffer a session needs, for max_batch × max_seq tokens; with
- * count_only, their sizes only (the same code, so whale memory cannot
- * drift from what is allocated). training keeps every layer's input state
- * and, unless recompute, every layer's activations (and no KV cache). */
-static whale_code session_create(whale_model *m, int max_batch, int max_seq, int training, int recompute,
-                                 int count_only, qw_session **out, whale_err *err) {
+/* Every buffer a session needs: forwards of n_tokens tokens and, for
+ * inference, a KV cache of max_batch sequences × max_seq cells (training:
+ * max_batch × max_seq = n_tokens); with count_only, their sizes only (the
+ * same code, so whale memory cannot drift from what is allocated).
+ * training keeps every layer's input state and, unless recompute, every
+ * layer's activations (and no KV cache). */
+static whale_code session_create(whale_model *m, int max_batch, int max_seq, int n_tokens, int training,
+                                 int recompute, int count_only, qw_session **out, whale_err *err) {
     qw_model *qw = m->impl;
     const qw_config *c = &qw->c;
     if (!count_only) {
@@ -595,12 +595,13 @@ static whale_code session_create(whale_model *m, int max_batch, int max_seq, int
     s->base.model = m;
     s->base.max_batch = max_batch;
     s->base.max_seq = max_seq;
+    s->base.n_batch = n_tokens;
     s->base.free_fn = qw_session_free;
     s->base.forward_fn = qw_forward;
     s->base.prof_names = prof_names;
     s->base.n_prof = P_COUNT;
     s->bufs.count_only = count_only;
-    size_t T = (size_t)max_batch * max_seq, D = (size_t)c->D, KVD = (size_t)c->Hkv * c->Dh, tot = 0;
+    size_t T = (size_t)n_tokens, D = (size_t)c->D, KVD = (size_t)c->Hkv * c->Dh, tot = 0;
     whale_code e = count_only ? WHALE_OK : whale_gemm_new(&s->gemm, err);
     if (e) {
         free(s);
@@ -626,16 +627,16 @@ static whale_code session_create(whale_model *m, int max_batch, int max_seq, int
     ok = ok && (s->pos = sess_alloc(s, T, 4, &tot)) && (s->proj = sess_alloc(s, T * D, 4, &tot)) &&
          (s->hn_rstd = sess_alloc(s, T, 4, &tot)) && (s->hn = sess_alloc(s, T * D, 4, &tot)) &&
          (s->last = sess_alloc(s, (size_t)max_batch * D, 4, &tot));
-    size_t work = 0, half = (size_t)c->Dh / 2;
+    size_t work = 0, kv = 0, none = 0, lora_floats = whale_lora_work_floats(m), half = (size_t)c->Dh / 2;
     if (ok && whale_rope_needs_rows(&c->rope, max_seq)) { /* dynamic scaling past the original window */
         ok = (s->dyn_cos = sess_alloc(s, T * half, 4, &work)) && (s->dyn_sin = sess_alloc(s, T * half, 4, &work)) &&
              (s->dyn_idx = sess_alloc(s, T, 4, &work));
         for (size_t t = 0; ok && !count_only && t < T; t++) s->dyn_idx[t] = (int32_t)t;
     }
-    size_t kv = 0, lora_floats = whale_lora_work_floats(m), cache = (size_t)c->L * T * KVD;
     ok = ok && (!lora_floats || (s->base.lora_work = sess_alloc(s, T * lora_floats, 4, &work))) &&
          (s->att_work = sess_alloc(s, k_attention_work_floats(max_seq, c->H, c->Hkv, c->Dh), 4, &work)) &&
-         (training || ((s->kcache = sess_alloc(s, cache, 4, &kv)) && (s->vcache = sess_alloc(s, cache, 4, &kv))));
+         (training ? (s->base.train_spans = sess_alloc(s, (size_t)max_batch, sizeof(whale_span), &none)) != NULL
+                   : whale_kv_alloc(&s->base.kv, &s->bufs, c->L, max_batch, max_seq, (int)KVD, 0, &kv));
     if (!ok) {
         qw_session_free(&s->base);
         return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of activations for batch %d × %d",
@@ -649,9 +650,10 @@ static whale_code session_create(whale_model *m, int max_batch, int max_seq, int
     return WHALE_OK;
 }
 
-static whale_code qw_session_new(whale_model *m, int max_batch, int max_seq, whale_session **out, whale_err *err) {
+static whale_code qw_session_new(whale_model *m, const whale_session_params *p, whale_session **out,
+                                 whale_err *err) {
     qw_session *s = NULL;
-    whale_code e = session_create(m, max_batch, max_seq, 0, 0, 0, &s, err);
+    whale_code e = session_create(m, p->n_seq, p->n_ctx, p->n_batch, 0, 0, 0, &s, err);
     *out = e ? NULL : &s->base;
     return e;
 }
@@ -678,13 +680,15 @@ static whale_code linear(qw_session *s, int M, int N, int K, const float *A, con
     return whale_linear(&s->base, M, N, K, A, K, W, K, C, N, err);
 }
 
-/* Qwen2Attention on a->xn1 into s->proj (o_proj's output). Keys and values
- * come from the KV cache (inference: this step's appended) or from a->k,
- * a->v (training). */
-static whale_code attention(qw_session *s, const qw_model *qw, const qw_layer *ly, qw_layer_acts *a, int l, int B,
-                            int S, whale_err *err) {
+/* Qwen2Attention on a->xn1 into s->proj (o_proj's output), each span of
+ * the micro-batch over its own sequence. Keys and values come from the KV
+ * cache (inference: the span's appended to its sequence's cells) or from
+ * a->k, a->v (training). */
+static whale_code attention(qw_session *s, const qw_model *qw, const qw_layer *ly, qw_layer_acts *a, int l,
+                            whale_err *err) {
     const qw_config *c = &qw->c;
-    int T = B * S, D = c->D, HD = c->H * c->Dh, KVD = c->Hkv * c->Dh, p0 = s->base.cached;
+    const whale_ubatch *ub = s->base.ub;
+    int T = ub->T, D = c->D, HD = c->H * c->Dh, KVD = c->Hkv * c->Dh;
     float *q = a->qraw ? a->qraw : a->q, *k = a->kraw ? a->kraw : a->k; /* Qwen3: normed into a->q, a->k */
     const whale_linear_part qkv[3] = {{T, HD, a->xn1, D, ly->wq, D, q, HD}, /* one input: one region when decoding */
                                       {T, KVD, a->xn1, D, ly->wk, D, k, KVD},
@@ -702,20 +706,18 @@ static whale_code attention(qw_session *s, const qw_model *qw, const qw_layer *l
     k_rope(a->q, T, HD, c->H, c->Dh, c->Dh, s->rpos, s->rcos, s->rsin, 1);
     k_rope(a->k, T, KVD, c->Hkv, c->Dh, c->Dh, s->rpos, s->rcos, s->rsin, 1);
 
-    size_t seq_stride = (size_t)s->base.max_seq * KVD;
     float scale = 1.0f / sqrtf((float)c->Dh);
-    for (int b = 0; b < B; b++) {
-        const float *kb = a->k + (size_t)b * S * KVD, *vb = a->v + (size_t)b * S * KVD;
-        if (s->kcache) {
-            float *kc = s->kcache + ((size_t)l * s->base.max_batch + b) * seq_stride;
-            float *vc = s->vcache + ((size_t)l * s->base.max_batch + b) * seq_stride;
-            memcpy(kc + (size_t)p0 * KVD, kb, sizeof(float) * S * KVD);
-            memcpy(vc + (size_t)p0 * KVD, vb, sizeof(float) * S * KVD);
-            kb = kc;
-            vb = vc;
+    whale_kv *kv = &s->base.kv;
+    for (int i = 0; i < ub->n_spans; i++) {
+        const whale_span *sp = &ub->spans[i];
+        const float *kb = a->k + (size_t)sp->row0 * KVD, *vb = a->v + (size_t)sp->row0 * KVD;
+        if (kv->k) {
+            whale_kv_append(kv, l, sp->seq, sp->p0, sp->n, kb, vb);
+            kb = whale_kv_k(kv, l, sp->seq);
+            vb = whale_kv_v(kv, l, sp->seq);
         }
-        if ((e = k_attention(s->gemm, a->att + (size_t)b * S * HD, a->q + (size_t)b * S * HD, kb, vb, KVD,
-                             s->seg ? s->seg + (size_t)b * S : NULL, S, p0, c->H, c->Hkv, c->Dh, scale,
+        if ((e = k_attention(s->gemm, a->att + (size_t)sp->row0 * HD, a->q + (size_t)sp->row0 * HD, kb, vb, KVD,
+                             s->seg ? s->seg + sp->row0 : NULL, sp->n, sp->p0, c->H, c->Hkv, c->Dh, scale,
                              whale_attention_products(s->base.model), s->att_work, err)))
             return e;
     }
@@ -747,18 +749,18 @@ static whale_code mlp(qw_session *s, const qw_config *c, const qw_layer *ly, qw_
 }
 
 /* Qwen2DecoderLayer: X[l] → X[l+1], saving what the backward needs into a. */
-static whale_code layer_forward(qw_session *s, int l, int B, int S, qw_layer_acts *a, whale_err *err) {
+static whale_code layer_forward(qw_session *s, int l, qw_layer_acts *a, whale_err *err) {
     const qw_model *qw = s->base.model->impl;
     const qw_config *c = &qw->c;
     const qw_layer *ly = &qw->layers[l];
-    int T = B * S, D = c->D;
+    int T = s->base.ub->T, D = c->D;
     size_t TD = (size_t)T * D;
     const float *x = s->X[l];
     float *out = s->X[l + 1];
     whale_code e;
     PROF(s, P_NORM, k_rmsnorm(a->xn1, x, ly->in_norm, T, D, c->norm_eps, a->rstd1));
     TRACE(WHALE_F32, a->xn1, 2, DIMS(T, D), "layers.%d.input_layernorm", l);
-    PROF(s, P_ATTN, e = attention(s, qw, ly, a, l, B, S, err));
+    PROF(s, P_ATTN, e = attention(s, qw, ly, a, l, err));
     if (e) return e;
     if (ly->bo) add_bias(s->proj, ly->bo, T, D); /* attention_bias: o_proj's too */
     TRACE(WHALE_F32, s->proj, 2, DIMS(T, D), "layers.%d.attn.out", l);
@@ -776,18 +778,18 @@ static whale_code layer_forward(qw_session *s, int l, int B, int S, qw_layer_act
     return WHALE_OK;
 }
 
-/* Embedding, all layers and the final norm: ids [B·S] → hn [T, D]. */
-static whale_code forward_hidden(qw_session *s, const int32_t *ids, const int32_t *pos, int B, int S,
-                                 whale_err *err) {
+/* Embedding, all layers and the final norm: the micro-batch's ids → hn [T, D]. */
+static whale_code forward_hidden(qw_session *s, const whale_ubatch *ub, whale_err *err) {
     const qw_model *qw = s->base.model->impl;
     const qw_config *c = &qw->c;
-    int T = B * S, D = c->D;
+    int T = ub->T, D = c->D;
     whale_code e;
+    s->base.ub = ub;
+    whale_ubatch_positions(ub, s->pos);
     int longest = 0;
     PROF(s, P_EMBED, for (int t = 0; t < T; t++) {
-        s->pos[t] = pos ? pos[t] : s->base.cached + t % S;
         if (s->pos[t] >= longest) longest = s->pos[t] + 1;
-        whale_model_row(s->base.model, qw->embed, ids[t], D, s->X[0] + (size_t)t * D);
+        whale_model_row(s->base.model, qw->embed, ub->ids[t], D, s->X[0] + (size_t)t * D);
     });
     s->rcos = qw->rope_cos, s->rsin = qw->rope_sin, s->rpos = s->pos;
     if (s->dyn_cos && whale_rope_needs_rows(&c->rope, longest)) { /* dynamic: this forward's frequencies */
@@ -795,7 +797,7 @@ static whale_code forward_hidden(qw_session *s, const int32_t *ids, const int32_
         s->rcos = s->dyn_cos, s->rsin = s->dyn_sin, s->rpos = s->dyn_idx;
     }
     for (int l = 0; l < c->L; l++) {
-        if ((e = layer_forward(s, l, B, S, &s->acts[s->n_act_sets > 1 ? l : 0], err))) return e;
+        if ((e = layer_forward(s, l, &s->acts[s->n_act_sets > 1 ? l : 0], err))) return e;
         if (s->stash && s->base.training) PROF(s, P_STASH, stash_put(s, &s->acts[0], l, (size_t)T));
     }
     PROF(s, P_NORM, k_rmsnorm(s->hn, s->X[c->L], qw->norm, T, D, c->norm_eps, s->hn_rstd));
@@ -803,24 +805,16 @@ static whale_code forward_hidden(qw_session *s, const int32_t *ids, const int32_
     return WHALE_OK;
 }
 
-static whale_code qw_forward(whale_session *base, const int32_t *ids, int B, int S, float *logits, int all_logits,
-                             whale_err *err) {
+static whale_code qw_forward(whale_session *base, const whale_ubatch *ub, float *logits, whale_err *err) {
     qw_session *s = (qw_session *)base;
     const qw_model *qw = base->model->impl;
     const qw_config *c = &qw->c;
-    int T = B * S, D = c->D;
     s->seg = NULL;
-    whale_code e = forward_hidden(s, ids, NULL, B, S, err);
+    whale_code e = forward_hidden(s, ub, err);
     if (e || !logits) return e;
     const float *head = c->tie ? qw->embed : qw->lm_head;
-    if (all_logits) {
-        PROF(s, P_LOGITS, e = linear(s, T, c->vocab, D, s->hn, head, logits, err));
-        if (!e) TRACE(WHALE_F32, logits, 2, DIMS(T, c->vocab), "logits");
-        return e;
-    }
-    for (int b = 0; b < B; b++) memcpy(s->last + (size_t)b * D, s->hn + ((size_t)b * S + S - 1) * D, sizeof(float) * D);
-    PROF(s, P_LOGITS, e = linear(s, B, c->vocab, D, s->last, head, logits, err));
-    if (!e) TRACE(WHALE_F32, logits, 2, DIMS(B, c->vocab), "logits");
+    PROF(s, P_LOGITS, e = whale_output_logits(base, ub, s->hn, s->last, c->D, c->vocab, head, logits, err));
+    if (!e) TRACE(WHALE_F32, logits, 2, DIMS(ub->n_out, c->vocab), "logits");
     return e;
 }
 
@@ -934,7 +928,8 @@ static whale_code qw_train_step(whale_session *base, const int32_t *ids, const i
     qw_model *gw = &b->gw;
     int T = B * S, D = c->D, V = c->vocab;
     s->seg = seg;
-    whale_code e = forward_hidden(s, ids, pos, B, S, err);
+    const whale_ubatch ub = whale_ubatch_training(base->train_spans, ids, pos, B, S);
+    whale_code e = forward_hidden(s, &ub, err);
     if (e) return e;
 
     /* lm_head and cross-entropy in row chunks; row t predicts token t+1 */
@@ -966,7 +961,7 @@ static whale_code qw_train_step(whale_session *base, const int32_t *ids, const i
         if (s->stash) { /* bf16 training: this layer's activations from their bf16 copies */
             PROF(s, P_STASH, stash_get(s, &s->acts[0], l, (size_t)T));
         } else if (s->n_act_sets == 1) { /* recompute: this layer's activations again, from its saved input */
-            PROF(s, P_RECOMPUTE, e = layer_forward(s, l, B, S, &s->acts[0], err));
+            PROF(s, P_RECOMPUTE, e = layer_forward(s, l, &s->acts[0], err));
             if (e) return e;
         }
         /* b->dx: gradient of the layer's output, then of the state after
@@ -994,7 +989,7 @@ static whale_code train_session_create(whale_model *m, int max_batch, int seq, i
                                        qw_session **out, whale_err *err) {
     const qw_config *c = &((const qw_model *)m->impl)->c;
     qw_session *s = NULL;
-    whale_code e = session_create(m, max_batch, seq, 1, recompute, count_only, &s, err);
+    whale_code e = session_create(m, max_batch, seq, max_batch * seq, 1, recompute, count_only, &s, err);
     if (e) return e;
     whale_session *base = &s->base;
     base->train_fn = qw_train_step;
@@ -1048,7 +1043,7 @@ static whale_code qw_session_sizes(whale_model *m, int max_batch, int seq, int t
                                    whale_session_sizes *out, whale_err *err) {
     qw_session *s = NULL;
     whale_code e = training ? train_session_create(m, max_batch, seq, recompute, 1, &s, err)
-                            : session_create(m, max_batch, seq, 0, 0, 1, &s, err);
+                            : session_create(m, max_batch, seq, max_batch * seq, 0, 0, 1, &s, err);
     if (e) return e;
     whale_session_sizes_of(&s->base, out);
     qw_session_free(&s->base);
