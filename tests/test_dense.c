@@ -530,6 +530,83 @@ static void check_sizes(void) {
     }
 }
 
+/* The transformers-5 form of a Qwen2 config (rope_parameters, no
+ * rope_theta) is the same model as the transformers-4 one, bit for bit. */
+static void check_config_forms(void) {
+    whale_err err;
+    whale_model *a, *b;
+    const char *v5 = "{\"rope_theta\": null, \"rope_scaling\": null, \"torch_dtype\": null, \"dtype\": \"float32\", "
+                     "\"layer_types\": [\"full_attention\", \"full_attention\"], "
+                     "\"rope_parameters\": {\"rope_theta\": 1000000.0, \"rope_type\": \"default\"}}";
+    if (whale_model_init("qwen2-tiny", 9, &a, &err) || whale_model_init_config("qwen2-tiny", v5, 9, &b, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    enum { S = 20 };
+    int V = whale_model_vocab_size(a);
+    int32_t ids[S];
+    for (int i = 0; i < S; i++) ids[i] = (int32_t)((i * 31 + 7) % V);
+    float *la = malloc(sizeof(float) * S * V), *lb = malloc(sizeof(float) * S * V);
+    forward_all(a, ids, 1, S, la);
+    forward_all(b, ids, 1, S, lb);
+    CHECK(memcmp(la, lb, sizeof(float) * S * V) == 0, "qwen2 in the transformers-5 form gives other logits");
+    char *text;
+    CHECK(whale_model_config_json(b, &text, &err) == WHALE_OK, "%s", err.msg);
+    CHECK(strstr(text, "\"rope_parameters\":{\"rope_theta\":1000000,\"rope_type\":\"default\"}") &&
+              strstr(text, "\"dtype\":\"float32\""),
+          "transformers-5 config written back as %s", text);
+    free(text);
+    free(la);
+    free(lb);
+    whale_model_free(a);
+    whale_model_free(b);
+    printf("qwen2-tiny: transformers-5 config (rope_parameters, dtype, layer_types) = transformers-4 one, bit for bit\n");
+}
+
+/* whale memory sizes the variants' buffers as the sessions allocate them
+ * (Qwen3's head norms, dynamic RoPE rows). */
+static void check_memory(void) {
+    static const struct {
+        const char *preset, *overrides;
+    } cases[] = {{"qwen3-tiny", NULL}, {"llama-tiny", NULL},
+                 {"llama-tiny", "{\"max_position_embeddings\": 16, \"rope_scaling\": {\"rope_type\": \"dynamic\", \"factor\": 4.0}}"}};
+    char path[700];
+    for (int k = 0; k < 3; k++)
+        for (int mode = 0; mode < 4; mode++) { /* inference, training, recompute, bf16 training */
+            whale_err err;
+            whale_model *m;
+            whale_session *s = NULL;
+            if (whale_model_init_config(cases[k].preset, cases[k].overrides, 1, &m, &err)) {
+                CHECK(0, "%s", err.msg);
+                continue;
+            }
+            snprintf(path, sizeof path, "%s/config.json", test_tmpdir("dense-mem", path, sizeof path));
+            char *text;
+            CHECK(whale_model_config_json(m, &text, &err) == WHALE_OK, "%s", err.msg);
+            FILE *f = fopen(path, "w");
+            fputs(text, f);
+            fclose(f);
+            free(text);
+            if (mode == 3) CHECK(whale_model_set_dtype(m, WHALE_BF16, &err) == WHALE_OK, "%s", err.msg);
+            whale_code c = mode ? whale_train_session_new(m, 2, 24, mode == 2, &s, &err) : whale_session_new(m, 2, 24, &s, &err);
+            CHECK(c == WHALE_OK, "%s", err.msg);
+            whale_memory live, est;
+            whale_memory_of_model(m, &live);
+            if (s) whale_memory_add_session(&live, s);
+            whale_memory_plan plan = {.dtype = mode == 3 ? WHALE_BF16 : WHALE_F32,
+                                      .train = mode ? WHALE_TRAIN_FULL : WHALE_TRAIN_NONE, .batch = 2, .seq_len = 24,
+                                      .recompute = mode == 2};
+            CHECK(whale_memory_estimate(path, &plan, &est, &err) == WHALE_OK, "%s", err.msg);
+            CHECK(est.activations == live.activations && est.kv_cache == live.kv_cache &&
+                      est.workspace == live.workspace && est.grads == live.grads,
+                  "%s %s mode %d: estimate %zu/%zu/%zu/%zu vs live %zu/%zu/%zu/%zu", cases[k].preset,
+                  cases[k].overrides ? cases[k].overrides : "", mode, est.activations, est.kv_cache, est.workspace,
+                  est.grads, live.activations, live.kv_cache, live.workspace, live.grads);
+            whale_session_free(s);
+            whale_model_free(m);
+        }
+}
+
 int main(void) {
     check_case("dense-llama", 1);
     check_case("dense-llama-tied", 0);
@@ -540,5 +617,7 @@ int main(void) {
     check_config_roundtrip();
     check_bad_configs();
     check_sizes();
+    check_config_forms();
+    check_memory();
     return test_finish("test_dense");
 }
