@@ -201,7 +201,7 @@ int cmd_bench(int argc, char **argv) {
                "\"tokens\": %ld, \"tokens_per_s\": %.2f, \"gflops\": %.2f, \"weight_mb_per_token\": %.1f, "
                "\"weights_gb_s\": %.1f, \"read_gb_s\": %.1f, \"bound_tokens_per_s\": %.1f, \"pct_of_bound\": %.1f}\n",
                label, dtname, whale_get_threads(), batch, context, tokens, tps, flops / best / 1e9, bytes / 1e6,
-               bytes * tps / 1e9, bw, bound, 100 * share[med]);
+               bytes * tps / batch / 1e9, bw, bound, 100 * share[med]);
     } else if (mode == 3) {
         /* forward + backward ≈ 3 × the forward's FLOPs (6 × active parameters per token + attention) */
         double flops = 3.0 * whale_model_forward_flops(m, (int)batch, (int)seq, 0, (int)(batch * seq));

@@ -625,3 +625,29 @@ whale_code k_attention_backward(whale_gemm *g, float *dq, float *dk, float *dv, 
     }
     return WHALE_OK;
 }
+
+void k_add(float *y, const float *a, const float *b, size_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+}
+
+void k_add_rows(float *y, const float *b, long rows, int n) {
+#pragma omp parallel for schedule(static) if (rows * n > 65536)
+    for (long r = 0; r < rows; r++) {
+        float *yr = y + (size_t)r * n;
+        for (int i = 0; i < n; i++) yr[i] += b[i];
+    }
+}
+
+void k_add_rows_backward(float *db, const float *dy, long rows, int n) {
+    enum { COLS = 32 };
+    int nb = (n + COLS - 1) / COLS;
+#pragma omp parallel for schedule(static) if (rows * n > 16384)
+    for (int b = 0; b < nb; b++) {
+        int c0 = b * COLS, c1 = c0 + COLS < n ? c0 + COLS : n;
+        double acc[COLS] = {0};
+        for (long r = 0; r < rows; r++)
+            for (int i = c0; i < c1; i++) acc[i - c0] += dy[(size_t)r * n + i];
+        for (int i = c0; i < c1; i++) db[i] += (float)acc[i - c0];
+    }
+}

@@ -24,6 +24,14 @@ void k_rmsnorm(float *y, const float *x, const float *w, long rows, int n, float
 void k_rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, const float *w, const float *rstd,
                         long rows, int n);
 
+/* y = a + b over n floats (the residual connections); y may alias a or b. */
+void k_add(float *y, const float *a, const float *b, size_t n);
+/* y[r, :] += b[:] over rows of n (a bias added after a product), and its
+ * backward db[i] += Σ_r dy[r, i]: columns in blocks, each summed by one
+ * thread in row order in double, so bit-identical for any thread count. */
+void k_add_rows(float *y, const float *b, long rows, int n);
+void k_add_rows_backward(float *db, const float *dy, long rows, int n);
+
 /* RoPE table: cos/sin [max_pos, R/2], inv_freq_j = 1/theta^(2j/R), angle = p·inv_freq_j,
  * all in fp32 as the reference computes it. */
 void k_rope_table(float *cos_t, float *sin_t, int max_pos, int R, float theta);

@@ -173,6 +173,14 @@ void whale_ubatch_positions(const whale_ubatch *ub, int32_t *pos);
 whale_code whale_output_logits(whale_session *s, const whale_ubatch *ub, const float *hn, float *rows, int D, int V,
                                const float *head, float *logits, whale_err *err);
 
+/* The session's backend (src/backend/backend.h): the one $WHALE_BACKEND
+ * names ("cpu" when unset, or "ref"), also for a count-only session (it
+ * sizes the ops' work buffers). A family's free_fn closes it
+ * (whale_backend_close). */
+whale_code whale_session_open_backend(whale_session *s, whale_err *err);
+/* Call op of the session's backend: WHALE_OP(s, rmsnorm, y, x, w, rows, n, eps, rstd). */
+#define WHALE_OP(sess, op, ...) ((sess)->be->op((sess)->be, __VA_ARGS__))
+
 /* Common session header; families embed it first in their session struct. */
 struct whale_session {
     whale_model *model;
@@ -193,7 +201,7 @@ struct whale_session {
     const char *const *prof_names;
     double prof[32];
     size_t activation_bytes, recompute_saves, kv_bytes, work_bytes, n_grad_bytes;
-    struct whale_gemm *gemm; /* the session's GEMM object (set by the family) */
+    struct whale_backend *be; /* what computes on the session's buffers (whale_session_open_backend) */
     int training;            /* a training session: LoRA dropout applies */
     uint64_t lora_calls;     /* training steps so far: the dropout masks' counter */
     float *lora_work;        /* [T, 2 · max rank]: LoRA's low-rank intermediates */

@@ -16,6 +16,7 @@
  */
 #include "models/nanowhale.h"
 
+#include "backend/backend.h"
 #include "core/core.h"
 #include "kernels/gemm.h"
 #include "kernels/hc.h"
@@ -357,7 +358,7 @@ typedef struct {
 
 typedef struct {
     whale_session base;
-    whale_gemm *gemm;
+    whale_gemm *gemm;   /* the bf16 twins' products (not on the backend seam yet) */
     int T;              /* max tokens per forward (the header's n_batch) */
     int n_act_sets;     /* 1 (inference) or L (training) */
     int32_t *pos;       /* [T] RoPE positions */
@@ -385,6 +386,9 @@ static const char *const prof_names[P_COUNT] = {
 };
 /* Time a statement into group id when profiling (one branch when not). */
 #define PROF(s, id, stmt) WHALE_PROF(&(s)->base, id, stmt)
+/* an op of the session's backend (backend/backend.h); an fp32 weight operand */
+#define OP(op, ...) WHALE_OP(&s->base, op, __VA_ARGS__)
+#define F32W(W, ld) ((whale_wref){WHALE_F32, (W), (ld), NULL})
 
 static whale_code nw_forward(whale_session *base, const whale_ubatch *ub, float *logits, whale_err *err);
 
@@ -393,6 +397,7 @@ static void nw_backward_free(struct nw_backward *bw);
 static void nw_session_free(whale_session *base) {
     nw_session *s = (nw_session *)base;
     whale_gemm_free(s->gemm);
+    whale_backend_close(base->be);
     nw_backward_free(s->bw);
     free(base->grads);
     free(base->grad_offsets);
@@ -460,12 +465,15 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
     size_t T = (size_t)n_tokens, MD = (size_t)c->M * c->D, tot = 0;
     s->T = (int)T;
     s->n_act_sets = training && !recompute ? c->L : 1;
-    whale_code e = count_only ? WHALE_OK : whale_gemm_new(&s->gemm, err);
+    /* the bf16 training twins (swiglu_expert_backward_bf16, the lm_head's
+     * bf16 backward) call the cpu products on bf16 operands directly */
+    whale_code e = whale_session_open_backend(&s->base, err);
+    if (!e && !count_only) e = whale_gemm_new(&s->gemm, err);
     if (e) {
+        whale_backend_close(s->base.be);
         free(s);
         return e;
     }
-    s->base.gemm = s->gemm;
     int n_states = training ? 2 * c->L + 1 : 2, ok = 1;
     s->X = calloc((size_t)2 * c->L + 1, sizeof(float *));
     s->acts = calloc((size_t)s->n_act_sets, sizeof *s->acts);
@@ -482,7 +490,7 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
          (s->last = sess_alloc(s, (size_t)max_batch * c->D, 4, &tot));
     size_t work = 0, kv = 0, none = 0, lora_floats = whale_lora_work_floats(m);
     ok = ok && (!lora_floats || (s->base.lora_work = sess_alloc(s, T * lora_floats, 4, &work))) &&
-         (s->att_work = sess_alloc(s, k_attention_work_floats(max_seq, c->H, 1, c->Dh), 4, &work)) &&
+         (s->att_work = sess_alloc(s, OP(attention_work_floats, max_seq, c->H, 1, c->Dh), 4, &work)) &&
          (training ? (s->base.train_spans = sess_alloc(s, (size_t)max_batch, sizeof(whale_span), &none)) != NULL
                    : whale_kv_alloc(&s->base.kv, &s->bufs, c->L, max_batch, max_seq, c->Dh, 1, &kv));
     if (!ok) {
@@ -537,18 +545,12 @@ static whale_code hc_pre(nw_session *s, const nw_config *c, int T, const float *
                          const float *scale, const float *base, const float *norm_w, nw_hc_acts *h,
                          whale_err *err) {
     int MD = c->M * c->D;
-    k_hc_rstd(h->rstd, X, T, MD, c->norm_eps);
-    whale_code e = whale_gemm_nt(s->gemm, T, c->mix, MD, X, MD, fn, MD, h->mix, c->mix, 0, err);
+    OP(hc_rstd, h->rstd, X, T, MD, c->norm_eps);
+    whale_code e = OP(matmul_nt, T, c->mix, MD, X, MD, F32W(fn, MD), h->mix, c->mix, 0, err);
     if (e) return e;
-#pragma omp parallel for schedule(static) if (T > 64)
-    for (int t = 0; t < T; t++) {
-        float *mx = h->mix + (size_t)t * c->mix;
-        for (int i = 0; i < c->mix; i++) mx[i] *= h->rstd[t];
-        k_hc_coeffs(mx, scale, base, c->M, c->sinkhorn_iters, c->hc_eps, h->pre + (size_t)t * c->M,
-                    h->post + (size_t)t * c->M, h->comb + (size_t)t * c->M * c->M);
-    }
-    k_hc_reduce(h->y, X, h->pre, T, c->M, c->D);
-    k_rmsnorm(h->yn, h->y, norm_w, T, c->D, c->norm_eps, h->norm_rstd);
+    OP(hc_coeffs, T, h->mix, h->rstd, scale, base, c->M, c->sinkhorn_iters, c->hc_eps, h->pre, h->post, h->comb);
+    OP(hc_reduce, h->y, X, h->pre, T, c->M, c->D);
+    OP(rmsnorm, h->yn, h->y, norm_w, T, c->D, c->norm_eps, h->norm_rstd);
     return WHALE_OK;
 }
 
@@ -568,19 +570,18 @@ static void trace_hc(nw_session *s, const nw_config *c, const nw_hc_acts *h, int
 static whale_code attention(nw_session *s, const nw_model *nw, const nw_layer *ly, nw_layer_acts *a,
                             const float *yn, int l, whale_err *err) {
     const nw_config *c = &nw->c;
-    whale_gemm *g = s->gemm;
     const whale_ubatch *ub = s->base.ub;
     int T = ub->T, HD = c->H * c->Dh, gin = HD / c->G; /* wo_a input per group */
     whale_code e;
     const whale_linear_part inputs[2] = {{T, c->Q, yn, c->D, ly->wq_a, c->D, a->qlat_raw, c->Q}, /* both from yn */
                                          {T, c->Dh, yn, c->D, ly->wkv, c->D, a->kv_raw, c->Dh}};
     if ((e = whale_linear_parts(&s->base, c->D, 2, inputs, err))) return e;
-    k_rmsnorm(a->qlat, a->qlat_raw, ly->q_norm, T, c->Q, c->norm_eps, a->qlat_rstd);
+    OP(rmsnorm, a->qlat, a->qlat_raw, ly->q_norm, T, c->Q, c->norm_eps, a->qlat_rstd);
     if ((e = linear(s, T, HD, c->Q, a->qlat, c->Q, ly->wq_b, c->Q, a->q_raw, HD, err))) return e;
-    k_rmsnorm(a->q, a->q_raw, NULL, (long)T * c->H, c->Dh, c->norm_eps, a->q_rstd); /* per head, no weight */
-    k_rmsnorm(a->kv, a->kv_raw, ly->kv_norm, T, c->Dh, c->norm_eps, a->kv_rstd);
-    k_rope(a->q, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
-    k_rope(a->kv, T, c->Dh, 1, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
+    OP(rmsnorm, a->q, a->q_raw, NULL, (long)T * c->H, c->Dh, c->norm_eps, a->q_rstd); /* per head, no weight */
+    OP(rmsnorm, a->kv, a->kv_raw, ly->kv_norm, T, c->Dh, c->norm_eps, a->kv_rstd);
+    OP(rope, a->q, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
+    OP(rope, a->kv, T, c->Dh, 1, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
 
     float scale = 1.0f / sqrtf((float)c->Dh);
     whale_kv *cache = &s->base.kv;
@@ -591,7 +592,7 @@ static whale_code attention(nw_session *s, const nw_model *nw, const nw_layer *l
             whale_kv_append(cache, l, sp->seq, sp->p0, sp->n, kv, kv);
             kv = whale_kv_k(cache, l, sp->seq);
         }
-        if ((e = k_attention(g, a->att + (size_t)sp->row0 * HD, a->q + (size_t)sp->row0 * HD, kv, kv, c->Dh,
+        if ((e = OP(attention, a->att + (size_t)sp->row0 * HD, a->q + (size_t)sp->row0 * HD, kv, kv, c->Dh,
                              s->seg ? s->seg + sp->row0 : NULL, sp->n, sp->p0, c->H, 1, c->Dh, scale,
                              whale_attention_products(s->base.model), s->att_work, err)))
             return e;
@@ -601,7 +602,7 @@ static whale_code attention(nw_session *s, const nw_model *nw, const nw_layer *l
     TRACE(WHALE_F32, a->kv, 2, DIMS(T, c->Dh), "layers.%d.attn.kv", l);
     TRACE(WHALE_F32, a->att, 2, DIMS(T, HD), "layers.%d.attn.context", l);
     memcpy(a->att_d, a->att, sizeof(float) * (size_t)T * HD);
-    k_rope(a->att_d, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 1); /* de-rotate */
+    OP(rope, a->att_d, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 1); /* de-rotate */
     /* grouped low-rank output (block-diagonal wo_a, as k_grouped_linear) */
     for (int g0 = 0; g0 < c->G; g0 += 16) { /* 16 groups per call */
         whale_linear_part groups[16];
@@ -624,7 +625,7 @@ static whale_code swiglu_expert(nw_session *s, const nw_config *c, int n, const 
     if ((e = linear(s, n, c->F, c->D, x, c->D, w1, c->D, g, c->F, err))) return e;
     if ((e = linear(s, n, c->F, c->D, x, c->D, w3, c->D, u, c->F, err))) return e;
     memcpy(h, g, sizeof(float) * (size_t)n * c->F);
-    k_swiglu(h, u, (long)n * c->F, limit);
+    OP(swiglu, h, u, (long)n * c->F, limit);
     return linear(s, n, c->D, c->F, h, c->F, w2, c->F, out, c->D, err);
 }
 
@@ -655,7 +656,7 @@ static whale_code moe_one_token(nw_session *s, const nw_config *c, const nw_laye
     if (e) return e;
     for (int i = 0; i < n; i++) {
         memcpy(h[i], g[i], sizeof(float) * c->F);
-        k_swiglu(h[i], u[i], c->F, limit[i]);
+        OP(swiglu, h[i], u[i], c->F, limit[i]);
     }
     if ((e = whale_linear_parts(&s->base, c->F, n, down, err))) return e;
     for (int i = 0; i < n - 1; i++) { /* ascending expert index, then the shared expert */
@@ -672,10 +673,8 @@ static whale_code moe_one_token(nw_session *s, const nw_config *c, const nw_laye
 static whale_code moe(nw_session *s, const nw_config *c, const nw_layer *ly, nw_layer_acts *a, const float *yn,
                       int l, int T, whale_err *err) {
     whale_code e;
-    if ((e = whale_gemm_nt(s->gemm, T, c->E, c->D, yn, c->D, ly->gate_w, c->D, a->glog, c->E, 0, err))) return e;
-    for (int t = 0; t < T; t++)
-        k_gate_route(c->scoring, c->E, c->K, c->route_scale, a->glog + (size_t)t * c->E, ly->gate_b,
-                     a->topk + (size_t)t * c->K, a->topw + (size_t)t * c->K);
+    if ((e = OP(matmul_nt, T, c->E, c->D, yn, c->D, F32W(ly->gate_w, c->D), a->glog, c->E, 0, err))) return e;
+    OP(gate_route, T, c->scoring, c->E, c->K, c->route_scale, a->glog, ly->gate_b, a->topk, a->topw);
     TRACE(WHALE_F32, a->glog, 2, DIMS(T, c->E), "layers.%d.ffn.gate_logits", l);
     TRACE(WHALE_I32, a->topk, 2, DIMS(T, c->K), "layers.%d.ffn.topk_idx", l);
     TRACE(WHALE_F32, a->topw, 2, DIMS(T, c->K), "layers.%d.ffn.topk_weight", l);
@@ -738,7 +737,7 @@ static whale_code layer_forward(nw_session *s, int l, nw_layer_acts *a, whale_er
     if (e) return e;
     TRACE(WHALE_F32, a->z, 2, DIMS(T, c->G * c->Ro), "layers.%d.attn.z", l);
     TRACE(WHALE_F32, a->a, 2, DIMS(T, D), "layers.%d.attn.out", l);
-    PROF(s, P_HC_POST, k_hc_expand(Xmid, a->a, Xin, a->hca.post, a->hca.comb, T, M, D)); /* HC_post (§3.6) */
+    PROF(s, P_HC_POST, OP(hc_expand, Xmid, a->a, Xin, a->hca.post, a->hca.comb, T, M, D)); /* HC_post (§3.6) */
     TRACE(WHALE_F32, Xmid, 3, DIMS(T, M, D), "layers.%d.hc_attn.state", l);
 
     PROF(s, P_HC_PRE, e = hc_pre(s, c, T, Xmid, ly->hc_ffn_fn, ly->hc_ffn_scale, ly->hc_ffn_base, ly->ffn_norm,
@@ -749,7 +748,7 @@ static whale_code layer_forward(nw_session *s, int l, nw_layer_acts *a, whale_er
     if (e) return e;
     TRACE(WHALE_F32, a->sh_h, 2, DIMS(T, c->F), "layers.%d.ffn.shared_hidden", l);
     TRACE(WHALE_F32, a->f, 2, DIMS(T, D), "layers.%d.ffn.out", l);
-    PROF(s, P_HC_POST, k_hc_expand(Xout, a->f, Xmid, a->hcf.post, a->hcf.comb, T, M, D));
+    PROF(s, P_HC_POST, OP(hc_expand, Xout, a->f, Xmid, a->hcf.post, a->hcf.comb, T, M, D));
     TRACE(WHALE_F32, Xout, 3, DIMS(T, M, D), "layers.%d.hc_ffn.state", l);
     return WHALE_OK;
 }
@@ -774,15 +773,11 @@ static whale_code forward_hidden(nw_session *s, const whale_ubatch *ub, whale_er
     /* HC head (§3.9): sigmoid reduction of the streams, then the final norm. */
     const float *X = s->X[2 * c->L];
     double t_head = s->base.profiling ? whale_now() : 0;
-    k_hc_rstd(s->head_rstd, X, T, MD, c->norm_eps);
-    if ((e = whale_gemm_nt(s->gemm, T, M, MD, X, MD, nw->hc_head_fn, MD, s->head_mix, M, 0, err))) return e;
-    for (int t = 0; t < T; t++) {
-        float *mx = s->head_mix + (size_t)t * M;
-        for (int m = 0; m < M; m++) mx[m] *= s->head_rstd[t];
-        k_hc_head_coeffs(mx, nw->hc_head_scale, nw->hc_head_base, M, c->hc_eps, s->head_pre + (size_t)t * M);
-    }
-    k_hc_reduce(s->h, X, s->head_pre, T, M, D);
-    k_rmsnorm(s->hn, s->h, nw->norm, T, D, c->norm_eps, s->hn_rstd);
+    OP(hc_rstd, s->head_rstd, X, T, MD, c->norm_eps);
+    if ((e = OP(matmul_nt, T, M, MD, X, MD, F32W(nw->hc_head_fn, MD), s->head_mix, M, 0, err))) return e;
+    OP(hc_head_coeffs, T, s->head_mix, s->head_rstd, nw->hc_head_scale, nw->hc_head_base, M, c->hc_eps, s->head_pre);
+    OP(hc_reduce, s->h, X, s->head_pre, T, M, D);
+    OP(rmsnorm, s->hn, s->h, nw->norm, T, D, c->norm_eps, s->hn_rstd);
     if (s->base.profiling) s->base.prof[P_HEAD] += whale_now() - t_head;
     TRACE(WHALE_F32, s->head_pre, 2, DIMS(T, M), "hc_head.pre");
     TRACE(WHALE_F32, s->hn, 2, DIMS(T, D), "final_hidden");
@@ -844,9 +839,9 @@ static whale_code mix_backward(nw_session *s, int T, int nmix, int MD, const flo
         for (int k = 0; k < nmix; k++) dm[k] *= rstd[t];
     }
     whale_code e;
-    if ((e = whale_gemm_tn(s->gemm, nmix, MD, T, dmix, nmix, X, MD, gfn, MD, 1, err))) return e;
-    if ((e = whale_gemm_nn(s->gemm, T, MD, nmix, dmix, nmix, fn, MD, dX, MD, 1, err))) return e;
-    k_rstd_backward(dX, X, rstd, drstd, T, MD);
+    if ((e = OP(matmul_tn, WHALE_F32, nmix, MD, T, dmix, nmix, X, MD, gfn, MD, 1, err))) return e;
+    if ((e = OP(matmul_nn, T, MD, nmix, dmix, nmix, F32W(fn, MD), dX, MD, 1, err))) return e;
+    OP(rstd_backward, dX, X, rstd, drstd, T, MD);
     return WHALE_OK;
 }
 
@@ -858,10 +853,10 @@ static whale_code hc_pre_backward(nw_session *s, const nw_config *c, int T, cons
                                   float *dX, float *gfn, float *gscale, float *gbase, float *gnorm,
                                   whale_err *err) {
     struct nw_backward *b = s->bw;
-    k_rmsnorm_backward(b->dy, gnorm, b->dyn, h->y, norm_w, h->norm_rstd, T, c->D);
-    k_hc_reduce_backward(dX, b->dpre, b->dy, X, h->pre, T, c->M, c->D);
-    k_hc_coeffs_backward_rows(h->mix, scale, base, c->M, c->sinkhorn_iters, c->hc_eps, b->dpre, b->dpost, b->dcomb,
-                              b->dmix, gscale, gbase, T);
+    OP(rmsnorm_backward, b->dy, gnorm, b->dyn, h->y, norm_w, h->norm_rstd, T, c->D);
+    OP(hc_reduce_backward, dX, b->dpre, b->dy, X, h->pre, T, c->M, c->D);
+    OP(hc_coeffs_backward, T, h->mix, scale, base, c->M, c->sinkhorn_iters, c->hc_eps, b->dpre, b->dpost, b->dcomb,
+       b->dmix, gscale, gbase);
     return mix_backward(s, T, c->mix, c->M * c->D, X, fn, h->mix, h->rstd, b->dmix, dX, gfn, err);
 }
 
@@ -870,7 +865,6 @@ static whale_code attention_backward(nw_session *s, const nw_model *nw, const nw
                                      const nw_layer_acts *a, int B, int S, whale_err *err) {
     const nw_config *c = &nw->c;
     struct nw_backward *b = s->bw;
-    whale_gemm *g = s->gemm;
     int T = B * S, HD = c->H * c->Dh, GR = c->G * c->Ro, gin = HD / c->G;
     float scale = 1.0f / sqrtf((float)c->Dh);
     whale_code e;
@@ -885,29 +879,29 @@ static whale_code attention_backward(nw_session *s, const nw_model *nw, const nw
                            ly->wo_a + wo, gl->wo_a ? gl->wo_a + wo : NULL, gin, err)))
             return e;
     }
-    k_rope_backward(b->datt, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 1);
+    OP(rope_backward, b->datt, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 1);
     memset(b->dkv, 0, sizeof(float) * (size_t)T * c->Dh);
     for (int bi = 0; bi < B; bi++) {
         const float *kv = a->kv + (size_t)bi * S * c->Dh;
         float *dkv = b->dkv + (size_t)bi * S * c->Dh;
-        if ((e = k_attention_backward(g, b->dq + (size_t)bi * S * HD, dkv, dkv, b->datt + (size_t)bi * S * HD,
+        if ((e = OP(attention_backward, b->dq + (size_t)bi * S * HD, dkv, dkv, b->datt + (size_t)bi * S * HD,
                                       a->q + (size_t)bi * S * HD, kv, kv, c->Dh, s->seg ? s->seg + (size_t)bi * S : NULL,
                                       S, 0, c->H, 1, c->Dh, scale, whale_attention_products(s->base.model),
                                       b->att_work, err)))
             return e;
     }
-    k_rope_backward(b->dq, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
-    k_rope_backward(b->dkv, T, c->Dh, 1, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
-    k_rmsnorm_backward(b->dq, NULL, b->dq, a->q_raw, NULL, a->q_rstd, (long)T * c->H, c->Dh);
+    OP(rope_backward, b->dq, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
+    OP(rope_backward, b->dkv, T, c->Dh, 1, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
+    OP(rmsnorm_backward, b->dq, NULL, b->dq, a->q_raw, NULL, a->q_rstd, (long)T * c->H, c->Dh);
     if ((e = linear_dx(s, T, HD, c->Q, b->dq, HD, ly->wq_b, c->Q, b->dqlat, c->Q, 0, err)) ||
         (e = linear_dw(s, T, HD, c->Q, b->dq, HD, a->qlat, c->Q, ly->wq_b, gl->wq_b, c->Q, err)))
         return e;
-    k_rmsnorm_backward(b->dqlat, gl->q_norm, b->dqlat, a->qlat_raw, ly->q_norm, a->qlat_rstd, T, c->Q);
+    OP(rmsnorm_backward, b->dqlat, gl->q_norm, b->dqlat, a->qlat_raw, ly->q_norm, a->qlat_rstd, T, c->Q);
     const float *yn = a->hca.yn;
     if ((e = linear_dx(s, T, c->Q, c->D, b->dqlat, c->Q, ly->wq_a, c->D, b->dyn, c->D, 0, err)) ||
         (e = linear_dw(s, T, c->Q, c->D, b->dqlat, c->Q, yn, c->D, ly->wq_a, gl->wq_a, c->D, err)))
         return e;
-    k_rmsnorm_backward(b->dkv, gl->kv_norm, b->dkv, a->kv_raw, ly->kv_norm, a->kv_rstd, T, c->Dh);
+    OP(rmsnorm_backward, b->dkv, gl->kv_norm, b->dkv, a->kv_raw, ly->kv_norm, a->kv_rstd, T, c->Dh);
     if ((e = linear_dx(s, T, c->Dh, c->D, b->dkv, c->Dh, ly->wkv, c->D, b->dyn, c->D, 1, err))) return e;
     return linear_dw(s, T, c->Dh, c->D, b->dkv, c->Dh, yn, c->D, ly->wkv, gl->wkv, c->D, err);
 }
@@ -923,7 +917,7 @@ static whale_code expert_backward(nw_session *s, const nw_config *c, int n, cons
     if ((e = linear_dx(s, n, c->D, c->F, dout, c->D, w2, c->F, b->dh, c->F, 0, err)) ||
         (e = linear_dw(s, n, c->D, c->F, dout, c->D, hh, c->F, w2, g2, c->F, err)))
         return e;
-    k_swiglu_backward(b->dg, b->du, b->dh, gg, uu, (long)n * c->F, limit);
+    OP(swiglu_backward, b->dg, b->du, b->dh, gg, uu, (long)n * c->F, limit);
     if ((e = linear_dx(s, n, c->F, c->D, b->dg, c->F, w1, c->D, dx, c->D, 0, err)) ||
         (e = linear_dx(s, n, c->F, c->D, b->du, c->F, w3, c->D, dx, c->D, 1, err)) ||
         (e = linear_dw(s, n, c->F, c->D, b->dg, c->F, x, c->D, w1, g1, c->D, err)))
@@ -1057,12 +1051,9 @@ static whale_code moe_backward(nw_session *s, const nw_config *c, const nw_layer
             for (int d = 0; d < c->D; d++) o[d] += r[d];
         }
     }
-#pragma omp parallel for schedule(static) if (T > 64)
-    for (int t = 0; t < T; t++)
-        k_gate_route_backward(c->scoring, c->E, c->K, c->route_scale, a->glog + (size_t)t * c->E,
-                              a->topk + (size_t)t * c->K, b->dtopw + (size_t)t * c->K, b->dglog + (size_t)t * c->E);
-    if ((e = whale_gemm_tn(s->gemm, c->E, c->D, T, b->dglog, c->E, yn, c->D, gl->gate_w, c->D, 1, err))) return e;
-    return whale_gemm_nn(s->gemm, T, c->D, c->E, b->dglog, c->E, ly->gate_w, c->D, b->dyn, c->D, 1, err);
+    OP(gate_route_backward, T, c->scoring, c->E, c->K, c->route_scale, a->glog, a->topk, b->dtopw, b->dglog);
+    if ((e = OP(matmul_tn, WHALE_F32, c->E, c->D, T, b->dglog, c->E, yn, c->D, gl->gate_w, c->D, 1, err))) return e;
+    return OP(matmul_nn, T, c->D, c->E, b->dglog, c->E, F32W(ly->gate_w, c->D), b->dyn, c->D, 1, err);
 }
 
 static whale_code nw_train_step(whale_session *base, const int32_t *ids, const int32_t *labels, const int32_t *pos,
@@ -1124,11 +1115,10 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
     const float *Xf = s->X[2 * c->L];
     float *dX = b->dXa, *dXo = b->dXb;
     PROF(s, P_B_HEAD, {
-        k_rmsnorm_backward(b->dy, gw->norm, b->dhn, s->h, nw->norm, s->hn_rstd, T, D);
+        OP(rmsnorm_backward, b->dy, gw->norm, b->dhn, s->h, nw->norm, s->hn_rstd, T, D);
         memset(dX, 0, sizeof(float) * (size_t)T * MD);
-        k_hc_reduce_backward(dX, b->dpre, b->dy, Xf, s->head_pre, T, M, D);
-        k_hc_head_coeffs_backward_rows(s->head_mix, nw->hc_head_scale, nw->hc_head_base, M, c->hc_eps, b->dpre,
-                                       b->dmix, gw->hc_head_scale, gw->hc_head_base, T);
+        OP(hc_reduce_backward, dX, b->dpre, b->dy, Xf, s->head_pre, T, M, D);
+        OP(hc_head_coeffs_backward, T, s->head_mix, nw->hc_head_scale, nw->hc_head_base, M, c->hc_eps, b->dpre, b->dmix, gw->hc_head_scale, gw->hc_head_base);
         e = mix_backward(s, T, M, MD, Xf, nw->hc_head_fn, s->head_mix, s->head_rstd, b->dmix, dX, gw->hc_head_fn, err);
     });
     if (e) return e;
@@ -1147,7 +1137,7 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
         /* MoE sub-layer: dX holds the gradient of the layer's output state */
         PROF(s, P_B_HC_POST, {
             memset(dXo, 0, sizeof(float) * (size_t)T * MD);
-            k_hc_expand_backward(b->dsub, dXo, b->dpost, b->dcomb, dX, a->f, Xmid, a->hcf.post, a->hcf.comb, T, M, D);
+            OP(hc_expand_backward, b->dsub, dXo, b->dpost, b->dcomb, dX, a->f, Xmid, a->hcf.post, a->hcf.comb, T, M, D);
         });
         TRACE(WHALE_F32, b->dsub, 2, DIMS(T, D), "grad.layers.%d.ffn.out", l);
         PROF(s, P_B_MOE, e = moe_backward(s, c, ly, gl, a, T, err));
@@ -1162,7 +1152,7 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
         /* attention sub-layer: dXo now holds the gradient of the middle state */
         PROF(s, P_B_HC_POST, {
             memset(dX, 0, sizeof(float) * (size_t)T * MD);
-            k_hc_expand_backward(b->dsub, dX, b->dpost, b->dcomb, dXo, a->a, Xin, a->hca.post, a->hca.comb, T, M, D);
+            OP(hc_expand_backward, b->dsub, dX, b->dpost, b->dcomb, dXo, a->a, Xin, a->hca.post, a->hca.comb, T, M, D);
         });
         TRACE(WHALE_F32, b->dsub, 2, DIMS(T, D), "grad.layers.%d.attn.out", l);
         PROF(s, P_B_ATTN, e = attention_backward(s, nw, ly, gl, a, B, S, err));
@@ -1225,7 +1215,7 @@ static whale_code train_session_create(whale_model *m, int max_batch, int seq, i
           A(b->dq, T * HD) && A(b->dqlat, T * c->Q) && A(b->dkv, T * c->Dh) && A(b->dtopw, T * c->K) &&
           A(b->dglog, T * c->E) && A(b->de_out, T * c->D) && A(b->de_x, T * c->D) && A(b->dh, T * c->F) &&
           A(b->dg, T * c->F) && A(b->du, T * c->F) && A(b->tgt, T) && A(b->logits, ch * V) && A(b->dhn, T * c->D) &&
-          A(b->att_work, k_attention_backward_work_floats(seq, c->H, 1, c->Dh))))
+          A(b->att_work, OP(attention_backward_work_floats, seq, c->H, 1, c->Dh))))
         goto nomem;
 #undef A
     base->work_bytes += tot;

@@ -30,7 +30,7 @@
 #include "models/rope.h"
 
 #include "core/core.h"
-#include "kernels/gemm.h"
+#include "backend/backend.h"
 #include "kernels/ops.h"
 #include "train/loss.h"
 
@@ -438,7 +438,6 @@ typedef struct {
 
 typedef struct {
     whale_session base;
-    whale_gemm *gemm;
     int n_act_sets;     /* 1 (inference, recompute, bf16 training) or L (training) */
     qw_stash *stash;    /* [L] bf16 training: each layer's activations; acts[0] is the fp32 working set */
     int32_t *pos;       /* [T] RoPE positions */
@@ -471,6 +470,8 @@ static const char *const prof_names[P_COUNT] = {
     "embedding backward", "recompute (forward again)", "bf16 activations (store, load)",
 };
 #define PROF(s, id, stmt) WHALE_PROF(&(s)->base, id, stmt)
+/* an op of the session's backend (backend/backend.h) */
+#define OP(op, ...) WHALE_OP(&s->base, op, __VA_ARGS__)
 #define TRACE(dt, data, ndim, shape, ...)                                                                      \
     do {                                                                                                       \
         if (s->base.trace) whale_trace_emit(&s->base, dt, data, ndim, (const int64_t[])shape, __VA_ARGS__); \
@@ -497,7 +498,7 @@ static whale_code qw_forward(whale_session *base, const whale_ubatch *ub, float 
 
 static void qw_session_free(whale_session *base) {
     qw_session *s = (qw_session *)base;
-    whale_gemm_free(s->gemm);
+    whale_backend_close(base->be);
     if (s->bw) free(s->bw->gw.layers);
     free(s->bw); /* its buffers are in s->bufs */
     free(base->grads);
@@ -602,12 +603,11 @@ static whale_code session_create(whale_model *m, int max_batch, int max_seq, int
     s->base.n_prof = P_COUNT;
     s->bufs.count_only = count_only;
     size_t T = (size_t)n_tokens, D = (size_t)c->D, KVD = (size_t)c->Hkv * c->Dh, tot = 0;
-    whale_code e = count_only ? WHALE_OK : whale_gemm_new(&s->gemm, err);
+    whale_code e = whale_session_open_backend(&s->base, err);
     if (e) {
         free(s);
         return e;
     }
-    s->base.gemm = s->gemm;
     /* bf16 training (and LoRA on an int8 base, whose products take bf16
      * inputs) keeps the activations between forward and backward in bf16;
      * one fp32 working set computes each layer */
@@ -634,7 +634,7 @@ static whale_code session_create(whale_model *m, int max_batch, int max_seq, int
         for (size_t t = 0; ok && !count_only && t < T; t++) s->dyn_idx[t] = (int32_t)t;
     }
     ok = ok && (!lora_floats || (s->base.lora_work = sess_alloc(s, T * lora_floats, 4, &work))) &&
-         (s->att_work = sess_alloc(s, k_attention_work_floats(max_seq, c->H, c->Hkv, c->Dh), 4, &work)) &&
+         (s->att_work = sess_alloc(s, OP(attention_work_floats, max_seq, c->H, c->Hkv, c->Dh), 4, &work)) &&
          (training ? (s->base.train_spans = sess_alloc(s, (size_t)max_batch, sizeof(whale_span), &none)) != NULL
                    : whale_kv_alloc(&s->base.kv, &s->bufs, c->L, max_batch, max_seq, (int)KVD, 0, &kv));
     if (!ok) {
@@ -660,21 +660,6 @@ static whale_code qw_session_new(whale_model *m, const whale_session_params *p, 
 
 /* ------------------------------------------------------------------ forward */
 
-/* y[r, :] += b: a Linear's bias, added after the product */
-static void add_bias(float *y, const float *b, int rows, int n) {
-#pragma omp parallel for schedule(static) if ((long)rows * n > 65536)
-    for (int r = 0; r < rows; r++) {
-        float *yr = y + (size_t)r * n;
-        for (int i = 0; i < n; i++) yr[i] += b[i];
-    }
-}
-
-/* y = a + b over n floats (the residual connections) */
-static void add(float *y, const float *a, const float *b, size_t n) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
-}
-
 static whale_code linear(qw_session *s, int M, int N, int K, const float *A, const float *W, float *C,
                          whale_err *err) {
     return whale_linear(&s->base, M, N, K, A, K, W, K, C, N, err);
@@ -695,16 +680,16 @@ static whale_code attention(qw_session *s, const qw_model *qw, const qw_layer *l
                                       {T, KVD, a->xn1, D, ly->wv, D, a->v, KVD}};
     whale_code e = whale_linear_parts(&s->base, D, 3, qkv, err);
     if (e) return e;
-    if (ly->bq) add_bias(q, ly->bq, T, HD);
-    if (ly->bk) add_bias(k, ly->bk, T, KVD);
-    if (ly->bv) add_bias(a->v, ly->bv, T, KVD);
+    if (ly->bq) OP(add_rows, q, ly->bq, T, HD);
+    if (ly->bk) OP(add_rows, k, ly->bk, T, KVD);
+    if (ly->bv) OP(add_rows, a->v, ly->bv, T, KVD);
     if (ly->q_norm) { /* Qwen3: RMSNorm over each head of q and k */
-        k_rmsnorm(a->q, q, ly->q_norm, (long)T * c->H, c->Dh, c->norm_eps, a->qrstd);
-        k_rmsnorm(a->k, k, ly->k_norm, (long)T * c->Hkv, c->Dh, c->norm_eps, a->krstd);
+        OP(rmsnorm, a->q, q, ly->q_norm, (long)T * c->H, c->Dh, c->norm_eps, a->qrstd);
+        OP(rmsnorm, a->k, k, ly->k_norm, (long)T * c->Hkv, c->Dh, c->norm_eps, a->krstd);
     }
     /* rotate_half: x' = x·cos + rotate_half(x)·sin, k_rope's inverse (+angle) direction */
-    k_rope(a->q, T, HD, c->H, c->Dh, c->Dh, s->rpos, s->rcos, s->rsin, 1);
-    k_rope(a->k, T, KVD, c->Hkv, c->Dh, c->Dh, s->rpos, s->rcos, s->rsin, 1);
+    OP(rope, a->q, T, HD, c->H, c->Dh, c->Dh, s->rpos, s->rcos, s->rsin, 1);
+    OP(rope, a->k, T, KVD, c->Hkv, c->Dh, c->Dh, s->rpos, s->rcos, s->rsin, 1);
 
     float scale = 1.0f / sqrtf((float)c->Dh);
     whale_kv *kv = &s->base.kv;
@@ -716,7 +701,7 @@ static whale_code attention(qw_session *s, const qw_model *qw, const qw_layer *l
             kb = whale_kv_k(kv, l, sp->seq);
             vb = whale_kv_v(kv, l, sp->seq);
         }
-        if ((e = k_attention(s->gemm, a->att + (size_t)sp->row0 * HD, a->q + (size_t)sp->row0 * HD, kb, vb, KVD,
+        if ((e = OP(attention, a->att + (size_t)sp->row0 * HD, a->q + (size_t)sp->row0 * HD, kb, vb, KVD,
                              s->seg ? s->seg + sp->row0 : NULL, sp->n, sp->p0, c->H, c->Hkv, c->Dh, scale,
                              whale_attention_products(s->base.model), s->att_work, err)))
             return e;
@@ -735,16 +720,16 @@ static whale_code mlp(qw_session *s, const qw_config *c, const qw_layer *ly, qw_
                                           {T, c->F, a->xn2, c->D, ly->wu, c->D, a->u, c->F}};
     whale_code e = whale_linear_parts(&s->base, c->D, 2, gate_up, err);
     if (e) return e;
-    if (ly->bg) add_bias(a->g, ly->bg, T, c->F), add_bias(a->u, ly->bu, T, c->F); /* mlp_bias */
+    if (ly->bg) OP(add_rows, a->g, ly->bg, T, c->F), OP(add_rows, a->u, ly->bu, T, c->F); /* mlp_bias */
     float *h = a->g; /* in place, unless the backward needs g */
     if (a->h) {
         h = a->h;
         memcpy(h, a->g, sizeof(float) * (size_t)T * c->F);
     }
-    k_swiglu(h, a->u, (long)T * c->F, 0.0f);
+    OP(swiglu, h, a->u, (long)T * c->F, 0.0f);
     TRACE(WHALE_F32, h, 2, DIMS(T, c->F), "layers.%d.mlp.hidden", l);
     if ((e = linear(s, T, c->D, c->F, h, ly->wd, s->proj, err))) return e;
-    if (ly->bd) add_bias(s->proj, ly->bd, T, c->D);
+    if (ly->bd) OP(add_rows, s->proj, ly->bd, T, c->D);
     return WHALE_OK;
 }
 
@@ -758,22 +743,22 @@ static whale_code layer_forward(qw_session *s, int l, qw_layer_acts *a, whale_er
     const float *x = s->X[l];
     float *out = s->X[l + 1];
     whale_code e;
-    PROF(s, P_NORM, k_rmsnorm(a->xn1, x, ly->in_norm, T, D, c->norm_eps, a->rstd1));
+    PROF(s, P_NORM, OP(rmsnorm, a->xn1, x, ly->in_norm, T, D, c->norm_eps, a->rstd1));
     TRACE(WHALE_F32, a->xn1, 2, DIMS(T, D), "layers.%d.input_layernorm", l);
     PROF(s, P_ATTN, e = attention(s, qw, ly, a, l, err));
     if (e) return e;
-    if (ly->bo) add_bias(s->proj, ly->bo, T, D); /* attention_bias: o_proj's too */
+    if (ly->bo) OP(add_rows, s->proj, ly->bo, T, D); /* attention_bias: o_proj's too */
     TRACE(WHALE_F32, s->proj, 2, DIMS(T, D), "layers.%d.attn.out", l);
     PROF(s, P_NORM, {
-        add(a->xmid, x, s->proj, TD);
-        k_rmsnorm(a->xn2, a->xmid, ly->post_norm, T, D, c->norm_eps, a->rstd2);
+        OP(add, a->xmid, x, s->proj, TD);
+        OP(rmsnorm, a->xn2, a->xmid, ly->post_norm, T, D, c->norm_eps, a->rstd2);
     });
     TRACE(WHALE_F32, a->xmid, 2, DIMS(T, D), "layers.%d.attn.state", l);
     TRACE(WHALE_F32, a->xn2, 2, DIMS(T, D), "layers.%d.post_attention_layernorm", l);
     PROF(s, P_MLP, e = mlp(s, c, ly, a, l, T, err));
     if (e) return e;
     TRACE(WHALE_F32, s->proj, 2, DIMS(T, D), "layers.%d.mlp.out", l);
-    PROF(s, P_NORM, add(out, a->xmid, s->proj, TD));
+    PROF(s, P_NORM, OP(add, out, a->xmid, s->proj, TD));
     TRACE(WHALE_F32, out, 2, DIMS(T, D), "layers.%d.state", l);
     return WHALE_OK;
 }
@@ -800,7 +785,7 @@ static whale_code forward_hidden(qw_session *s, const whale_ubatch *ub, whale_er
         if ((e = layer_forward(s, l, &s->acts[s->n_act_sets > 1 ? l : 0], err))) return e;
         if (s->stash && s->base.training) PROF(s, P_STASH, stash_put(s, &s->acts[0], l, (size_t)T));
     }
-    PROF(s, P_NORM, k_rmsnorm(s->hn, s->X[c->L], qw->norm, T, D, c->norm_eps, s->hn_rstd));
+    PROF(s, P_NORM, OP(rmsnorm, s->hn, s->X[c->L], qw->norm, T, D, c->norm_eps, s->hn_rstd));
     TRACE(WHALE_F32, s->hn, 2, DIMS(T, D), "final_hidden");
     return WHALE_OK;
 }
@@ -830,21 +815,6 @@ static whale_code linear_dw(qw_session *s, int M, int N, int K, const float *dC,
     return whale_linear_dw(&s->base, M, N, K, dC, N, A, K, W, gW, K, err);
 }
 
-/* db[i] += Σ_r dy[r, i]: the bias gradient. Columns are split into blocks,
- * each summed by one thread in row order: bit-identical for any thread count. */
-static void bias_backward(float *db, const float *dy, int rows, int n) {
-    enum { COLS = 32 };
-    int nb = (n + COLS - 1) / COLS;
-#pragma omp parallel for schedule(static) if ((long)rows * n > 16384)
-    for (int b = 0; b < nb; b++) {
-        int c0 = b * COLS, c1 = c0 + COLS < n ? c0 + COLS : n;
-        double acc[COLS] = {0};
-        for (int r = 0; r < rows; r++)
-            for (int i = c0; i < c1; i++) acc[i - c0] += dy[(size_t)r * n + i];
-        for (int i = c0; i < c1; i++) db[i] += (float)acc[i - c0];
-    }
-}
-
 /* Backward of mlp(): b->dx (gradient of its output) into b->dxn (gradient
  * of a->xn2, written). */
 static whale_code mlp_backward(qw_session *s, const qw_config *c, const qw_layer *ly, qw_layer *gl,
@@ -852,13 +822,13 @@ static whale_code mlp_backward(qw_session *s, const qw_config *c, const qw_layer
     struct qw_backward *b = s->bw;
     int D = c->D, F = c->F;
     whale_code e;
-    if (gl->bd) bias_backward(gl->bd, b->dx, T, D);
+    if (gl->bd) OP(add_rows_backward, gl->bd, b->dx, T, D);
     if ((e = linear_dx(s, T, D, F, b->dx, ly->wd, b->dh, 0, err)) ||
         (e = linear_dw(s, T, D, F, b->dx, a->h, ly->wd, gl->wd, err)))
         return e;
     TRACE(WHALE_F32, b->dh, 2, DIMS(T, F), "grad.layers.%d.mlp.hidden", l);
-    k_swiglu_backward(b->dh, b->du, b->dh, a->g, a->u, (long)T * F, 0.0f); /* dh becomes dg */
-    if (gl->bg) bias_backward(gl->bg, b->dh, T, F), bias_backward(gl->bu, b->du, T, F);
+    OP(swiglu_backward, b->dh, b->du, b->dh, a->g, a->u, (long)T * F, 0.0f); /* dh becomes dg */
+    if (gl->bg) OP(add_rows_backward, gl->bg, b->dh, T, F), OP(add_rows_backward, gl->bu, b->du, T, F);
     if ((e = linear_dx(s, T, F, D, b->dh, ly->wg, b->dxn, 0, err)) ||
         (e = linear_dx(s, T, F, D, b->du, ly->wu, b->dxn, 1, err)) ||
         (e = linear_dw(s, T, F, D, b->dh, a->xn2, ly->wg, gl->wg, err)))
@@ -875,7 +845,7 @@ static whale_code attention_backward(qw_session *s, const qw_model *qw, const qw
     int T = B * S, D = c->D, HD = c->H * c->Dh, KVD = c->Hkv * c->Dh;
     float scale = 1.0f / sqrtf((float)c->Dh);
     whale_code e;
-    if (gl->bo) bias_backward(gl->bo, b->dx, T, D);
+    if (gl->bo) OP(add_rows_backward, gl->bo, b->dx, T, D);
     if ((e = linear_dx(s, T, D, HD, b->dx, ly->wo, b->datt, 0, err)) ||
         (e = linear_dw(s, T, D, HD, b->dx, a->att, ly->wo, gl->wo, err)))
         return e;
@@ -884,23 +854,23 @@ static whale_code attention_backward(qw_session *s, const qw_model *qw, const qw
     memset(b->dv, 0, sizeof(float) * (size_t)T * KVD);
     for (int bi = 0; bi < B; bi++) {
         size_t qo = (size_t)bi * S * HD, ko = (size_t)bi * S * KVD;
-        if ((e = k_attention_backward(s->gemm, b->dq + qo, b->dk + ko, b->dv + ko, b->datt + qo, a->q + qo, a->k + ko,
+        if ((e = OP(attention_backward, b->dq + qo, b->dk + ko, b->dv + ko, b->datt + qo, a->q + qo, a->k + ko,
                                       a->v + ko, KVD, s->seg ? s->seg + (size_t)bi * S : NULL, S, 0, c->H, c->Hkv,
                                       c->Dh, scale, whale_attention_products(s->base.model), b->att_work, err)))
             return e;
     }
-    k_rope_backward(b->dq, T, HD, c->H, c->Dh, c->Dh, s->rpos, s->rcos, s->rsin, 1);
-    k_rope_backward(b->dk, T, KVD, c->Hkv, c->Dh, c->Dh, s->rpos, s->rcos, s->rsin, 1);
+    OP(rope_backward, b->dq, T, HD, c->H, c->Dh, c->Dh, s->rpos, s->rcos, s->rsin, 1);
+    OP(rope_backward, b->dk, T, KVD, c->Hkv, c->Dh, c->Dh, s->rpos, s->rcos, s->rsin, 1);
     if (a->qraw) { /* Qwen3: through q_norm and k_norm, to the projections' outputs */
-        k_rmsnorm_backward(b->dq, gl->q_norm, b->dq, a->qraw, ly->q_norm, a->qrstd, (long)T * c->H, c->Dh);
-        k_rmsnorm_backward(b->dk, gl->k_norm, b->dk, a->kraw, ly->k_norm, a->krstd, (long)T * c->Hkv, c->Dh);
+        OP(rmsnorm_backward, b->dq, gl->q_norm, b->dq, a->qraw, ly->q_norm, a->qrstd, (long)T * c->H, c->Dh);
+        OP(rmsnorm_backward, b->dk, gl->k_norm, b->dk, a->kraw, ly->k_norm, a->krstd, (long)T * c->Hkv, c->Dh);
     }
     TRACE(WHALE_F32, b->dq, 2, DIMS(T, HD), "grad.layers.%d.attn.q", l);
     TRACE(WHALE_F32, b->dk, 2, DIMS(T, KVD), "grad.layers.%d.attn.k", l);
     TRACE(WHALE_F32, b->dv, 2, DIMS(T, KVD), "grad.layers.%d.attn.v", l);
-    if (gl->bq) bias_backward(gl->bq, b->dq, T, HD);
-    if (gl->bk) bias_backward(gl->bk, b->dk, T, KVD);
-    if (gl->bv) bias_backward(gl->bv, b->dv, T, KVD);
+    if (gl->bq) OP(add_rows_backward, gl->bq, b->dq, T, HD);
+    if (gl->bk) OP(add_rows_backward, gl->bk, b->dk, T, KVD);
+    if (gl->bv) OP(add_rows_backward, gl->bv, b->dv, T, KVD);
     if ((e = linear_dx(s, T, HD, D, b->dq, ly->wq, b->dxn, 0, err)) ||
         (e = linear_dx(s, T, KVD, D, b->dk, ly->wk, b->dxn, 1, err)) ||
         (e = linear_dx(s, T, KVD, D, b->dv, ly->wv, b->dxn, 1, err)) ||
@@ -914,8 +884,8 @@ static whale_code attention_backward(qw_session *s, const qw_model *qw, const qw
  * the residual branch and the normalised branch of one sub-layer meet. */
 static void norm_backward(qw_session *s, const float *x, const float *w, float *gw, const float *rstd, int T, int D) {
     struct qw_backward *b = s->bw;
-    k_rmsnorm_backward(b->dxn, gw, b->dxn, x, w, rstd, T, D);
-    add(b->dx, b->dx, b->dxn, (size_t)T * D);
+    OP(rmsnorm_backward, b->dxn, gw, b->dxn, x, w, rstd, T, D);
+    OP(add, b->dx, b->dx, b->dxn, (size_t)T * D);
 }
 
 static whale_code qw_train_step(whale_session *base, const int32_t *ids, const int32_t *labels, const int32_t *pos,
@@ -953,7 +923,7 @@ static whale_code qw_train_step(whale_session *base, const int32_t *ids, const i
     if (loss_scale == 0) return WHALE_OK;
 
     TRACE(WHALE_F32, b->dx, 2, DIMS(T, D), "grad.final_hidden");
-    PROF(s, P_B_NORM, k_rmsnorm_backward(b->dx, gw->norm, b->dx, s->X[c->L], qw->norm, s->hn_rstd, T, D));
+    PROF(s, P_B_NORM, OP(rmsnorm_backward, b->dx, gw->norm, b->dx, s->X[c->L], qw->norm, s->hn_rstd, T, D));
     for (int l = c->L - 1; l >= 0; l--) {
         const qw_layer *ly = &qw->layers[l];
         qw_layer *gl = &gw->layers[l];
@@ -1020,7 +990,7 @@ static whale_code train_session_create(whale_model *m, int max_batch, int seq, i
 #define A(ptr, n) ((ptr = sess_alloc(s, (n), 4, &tot)) != NULL)
     if (!(A(b->dx, T * D) && A(b->dxn, T * D) && A(b->datt, T * HD) && A(b->dq, T * HD) && A(b->dk, T * KVD) &&
           A(b->dv, T * KVD) && A(b->dh, T * F) && A(b->du, T * F) && A(b->tgt, T) && A(b->logits, ch * V) &&
-          A(b->att_work, k_attention_backward_work_floats(seq, c->H, c->Hkv, c->Dh)))) {
+          A(b->att_work, OP(attention_backward_work_floats, seq, c->H, c->Hkv, c->Dh)))) {
         qw_session_free(base);
         return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate training buffers for batch %d × %d", max_batch, seq);
     }

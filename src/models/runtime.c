@@ -7,7 +7,10 @@
  */
 #include "models/model.h"
 
+#include "backend/backend.h"
 #include "core/core.h"
+
+#include <stdlib.h>
 
 #include <string.h>
 
@@ -121,6 +124,11 @@ whale_code whale_session_new(whale_model *m, int max_batch, int max_seq, whale_s
                           WHALE_MAX_BATCH_TOKENS);
     const whale_session_params p = {max_batch, max_seq, max_batch * max_seq};
     return m->ops->session_new(m, &p, out, err);
+}
+
+whale_code whale_session_open_backend(whale_session *s, whale_err *err) {
+    const char *name = getenv("WHALE_BACKEND");
+    return whale_backend_open(name && *name ? name : "cpu", &s->be, err);
 }
 
 whale_session_params whale_session_get_params(const whale_session *s) {
