@@ -413,6 +413,123 @@ static void test_routing(void) {
     report("gate_route (+ backward)");
 }
 
+/* the bf16-operand products, the parts of one depth, the conversions */
+static void test_bf16_operands(void) {
+    static const int shapes[][3] = {{1, 9, 5}, {7, 33, 17}, {40, 70, 65}};
+    whale_err err;
+    char what[96];
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+        float *A = rnd_floats((size_t)M * K, -2, 2), *At = rnd_floats((size_t)K * M, -2, 2),
+              *B = rnd_floats((size_t)K * N, -1, 1);
+        uint16_t *A16 = malloc(2 * (size_t)M * K), *At16 = malloc(2 * (size_t)K * M), *B16 = malloc(2 * (size_t)K * N);
+        cpu->to_bf16(cpu, A16, A, (size_t)M * K);
+        ref->to_bf16(ref, (uint16_t *)B16, A, (size_t)(M * K < K * N ? M * K : K * N));
+        CHECK(memcmp(A16, B16, 2 * (size_t)(M * K < K * N ? M * K : K * N)) == 0, "to_bf16 differs");
+        cpu->to_bf16(cpu, At16, At, (size_t)K * M);
+        cpu->to_bf16(cpu, B16, B, (size_t)K * N);
+        float *back1 = malloc(4 * (size_t)K * N), *back2 = malloc(4 * (size_t)K * N);
+        cpu->from_bf16(cpu, back1, B16, (size_t)K * N);
+        ref->from_bf16(ref, back2, B16, (size_t)K * N);
+        agree("from_bf16", back1, back2, (size_t)K * N, 0);
+        whale_wref W = {WHALE_BF16, B16, N, NULL};
+        float *c1 = rnd_floats((size_t)M * N, -1, 1), *c2 = dup(c1, (size_t)M * N);
+        CHECK(cpu->matmul_nn_b16(cpu, M, N, K, A16, K, W, c1, N, 1, &err) == 0, "%s", err.msg);
+        CHECK(ref->matmul_nn_b16(ref, M, N, K, A16, K, W, c2, N, 1, &err) == 0, "%s", err.msg);
+        snprintf(what, sizeof what, "matmul_nn_b16 %dx%dx%d", M, N, K);
+        agree(what, c1, c2, (size_t)M * N, 2e-5);
+        CHECK(cpu->matmul_tn_b16(cpu, M, N, K, At16, M, B16, N, c1, N, 0, &err) == 0, "%s", err.msg);
+        CHECK(ref->matmul_tn_b16(ref, M, N, K, At16, M, B16, N, c2, N, 0, &err) == 0, "%s", err.msg);
+        snprintf(what, sizeof what, "matmul_tn_b16 %dx%dx%d", M, N, K);
+        agree(what, c1, c2, (size_t)M * N, 2e-5);
+        /* three parts of depth K sharing A, in each format: as three matmul_nt */
+        static const whale_dtype formats[] = {WHALE_F32, WHALE_BF16, WHALE_F16, WHALE_I8};
+        for (int fi = 0; fi < 4; fi++) {
+            weight w[3];
+            whale_mm_part parts[3];
+            float *out1[3], *out2[3];
+            for (int p = 0; p < 3; p++) {
+                w[p] = make_weight(formats[fi], N + p, K);
+                out1[p] = malloc(4 * (size_t)M * (N + p)), out2[p] = malloc(4 * (size_t)M * (N + p));
+                parts[p] = (whale_mm_part){M, N + p, A, K, w[p].w.data, K, w[p].w.scale, out1[p], N + p};
+            }
+            CHECK(cpu->matmul_nt_parts(cpu, formats[fi], K, 3, parts, 0, &err) == 0, "%s", err.msg);
+            for (int p = 0; p < 3; p++) {
+                CHECK(ref->matmul_nt(ref, M, N + p, K, A, K, w[p].w, out2[p], N + p, 0, &err) == 0, "%s", err.msg);
+                snprintf(what, sizeof what, "matmul_nt_parts %s part %d", whale_dtype_name(formats[fi]), p);
+                agree(what, out1[p], out2[p], (size_t)M * (N + p), 2e-5);
+                free(out1[p]), free(out2[p]), free(w[p].mem), free(w[p].scale);
+            }
+        }
+        free(A), free(At), free(B), free(A16), free(At16), free(B16), free(back1), free(back2), free(c1), free(c2);
+    }
+    report("bf16 operands, parts");
+}
+
+/* rows by index: embeddings, the MoE dispatch and combine */
+static void test_rows(void) {
+    enum { ROWS = 23, COLS = 37, N = 41 };
+    int32_t idx[N], uniq[N];
+    for (int i = 0; i < N; i++) idx[i] = (int32_t)((i * 7 + 3) % ROWS), uniq[i] = i;
+    static const whale_dtype formats[] = {WHALE_F32, WHALE_BF16, WHALE_F16, WHALE_I8};
+    char what[96];
+    for (int fi = 0; fi < 4; fi++) {
+        weight W = make_weight(formats[fi], ROWS, COLS);
+        float *d1 = rnd_floats((size_t)N * (COLS + 5), 0, 1), *d2 = dup(d1, (size_t)N * (COLS + 5));
+        cpu->get_rows(cpu, d1, COLS + 5, W.w, idx, N, COLS);
+        ref->get_rows(ref, d2, COLS + 5, W.w, idx, N, COLS);
+        snprintf(what, sizeof what, "get_rows %s", whale_dtype_name(formats[fi]));
+        agree(what, d1, d2, (size_t)N * (COLS + 5), 0);
+        free(d1), free(d2), free(W.mem), free(W.scale);
+    }
+    float *src = rnd_floats((size_t)ROWS * (COLS + 3), -1, 1), *w = rnd_floats(N, -2, 2);
+    for (int wi = 0; wi < 2; wi++) {
+        const float *ww = wi ? w : NULL;
+        float *g1 = malloc(4 * N * COLS), *g2 = malloc(4 * N * COLS);
+        cpu->gather_rows(cpu, g1, src, COLS + 3, idx, ww, N, COLS);
+        ref->gather_rows(ref, g2, src, COLS + 3, idx, ww, N, COLS);
+        agree(wi ? "gather_rows weighted" : "gather_rows", g1, g2, (size_t)N * COLS, 0);
+        uint16_t *h1 = malloc(2 * N * COLS), *h2 = malloc(2 * N * COLS);
+        cpu->gather_rows_bf16(cpu, h1, src, COLS + 3, idx, ww, N, COLS);
+        ref->gather_rows_bf16(ref, h2, src, COLS + 3, idx, ww, N, COLS);
+        CHECK(memcmp(h1, h2, 2 * N * COLS) == 0, "gather_rows_bf16%s differs", wi ? " weighted" : "");
+        /* repeated indices (an embedding's gradient) and distinct ones (an expert's tokens) */
+        for (int rep = 0; rep < 2; rep++) {
+            float *s1 = rnd_floats((size_t)N * (COLS + 1), -1, 1), *s2 = dup(s1, (size_t)N * (COLS + 1));
+            cpu->scatter_add_rows(cpu, s1, COLS + 1, g1, COLS, rep ? idx : uniq, ww, rep ? N : N, COLS);
+            ref->scatter_add_rows(ref, s2, COLS + 1, g1, COLS, rep ? idx : uniq, ww, rep ? N : N, COLS);
+            agree(rep ? "scatter_add_rows (repeated rows)" : "scatter_add_rows", s1, s2, (size_t)N * (COLS + 1), 2e-6);
+            free(s1), free(s2);
+        }
+        free(g1), free(g2), free(h1), free(h2);
+    }
+    float *o1 = malloc(4 * N), *o2 = malloc(4 * N);
+    cpu->dot_rows(cpu, o1, src, COLS + 3, idx, src, COLS + 3, NULL, ROWS < N ? ROWS : N, COLS);
+    ref->dot_rows(ref, o2, src, COLS + 3, idx, src, COLS + 3, NULL, ROWS < N ? ROWS : N, COLS);
+    agree("dot_rows", o1, o2, ROWS < N ? ROWS : N, 1e-6);
+    float *r1 = rnd_floats((size_t)N * 3 * COLS, -1, 1), *r2 = dup(r1, (size_t)N * 3 * COLS);
+    cpu->repeat_rows(cpu, r1, N, 3, COLS);
+    ref->repeat_rows(ref, r2, N, 3, COLS);
+    agree("repeat_rows", r1, r2, (size_t)N * 3 * COLS, 0);
+    float *dy1 = rnd_floats((size_t)N * COLS, -1, 1), *dy2 = dup(dy1, (size_t)N * COLS), *sc = rnd_floats(N, 0.5, 2);
+    cpu->scale_rows_backward(cpu, dy1, o1, r1, sc, N, COLS);
+    ref->scale_rows_backward(ref, dy2, o2, r1, sc, N, COLS);
+    agree("scale_rows_backward dx", dy1, dy2, (size_t)N * COLS, 0);
+    agree("scale_rows_backward ds", o1, o2, N, 1e-6);
+    long n = 70001;
+    float *dh = rnd_floats((size_t)n, -1, 1), *g = rnd_floats((size_t)n, -4, 4), *u = rnd_floats((size_t)n, -4, 4);
+    uint16_t *a1 = malloc(2 * n), *b1 = malloc(2 * n), *a2 = malloc(2 * n), *b2 = malloc(2 * n);
+    cpu->swiglu_backward_bf16(cpu, a1, b1, dh, g, u, n, 2.5f);
+    ref->swiglu_backward_bf16(ref, a2, b2, dh, g, u, n, 2.5f);
+    long off = 0;
+    for (long i = 0; i < n; i++) /* one bf16 step apart at most: the fp32 values may round on either side */
+        off += abs((int)a1[i] - (int)a2[i]) > 1 || abs((int)b1[i] - (int)b2[i]) > 1;
+    CHECK(off == 0, "swiglu_backward_bf16: %ld values more than one bf16 step apart", off);
+    free(src), free(w), free(o1), free(o2), free(r1), free(r2), free(dy1), free(dy2), free(sc), free(dh), free(g),
+        free(u), free(a1), free(b1), free(a2), free(b2);
+    report("rows by index, bf16 swiglu");
+}
+
 static void test_buffers(whale_backend *be) {
     enum { N = 1000 };
     float host[N], back[N];
@@ -448,6 +565,8 @@ int main(void) {
     test_attention();
     test_hc();
     test_routing();
+    test_bf16_operands();
+    test_rows();
     whale_backend_close(cpu);
     whale_backend_close(ref);
     return test_finish("test_backend_ops");

@@ -92,6 +92,45 @@ struct whale_backend {
     whale_code (*matmul_nt_parts)(whale_backend *be, whale_dtype format, int K, int n, const whale_mm_part *parts,
                                   int accumulate, whale_err *err);
 
+    /* products on operands already in bf16 (uint16_t bit patterns), for a
+     * caller that rounds an operand once for several products:
+     * nn C[M,N] = A[M,K] · B[K,N] with B a BF16 weight; tn C[M,N] = A[K,M]ᵀ
+     * · B[K,N] (whale_gemm_nn_b16 / whale_gemm_tn_b16) */
+    whale_code (*matmul_nn_b16)(whale_backend *be, int M, int N, int K, const uint16_t *A, int lda, whale_wref B,
+                                float *C, int ldc, int accumulate, whale_err *err);
+    whale_code (*matmul_tn_b16)(whale_backend *be, int M, int N, int K, const uint16_t *A, int lda, const uint16_t *B,
+                                int ldb, float *C, int ldc, int accumulate, whale_err *err);
+
+    /* ---- rows by index ----
+     * get_rows: dst[i, :] = W[ids[i], :] as fp32 (an embedding lookup; I8:
+     * q · scale[row]), dst rows ldd apart.
+     * gather_rows: dst[i, :] = w[i] · src[idx[i], :] (w NULL: a copy; idx
+     * NULL: row i), dst dense [n, cols]; gather_rows_bf16 the same rounded
+     * to bf16 (the product w·x in fp32 first).
+     * scatter_add_rows: dst[idx[i], :] += w[i] · src[i, :] for i ascending
+     * (w NULL: 1; idx NULL: row i), so repeated indices sum in order.
+     * dot_rows: out[i] = Σ_d A[ia[i], d] · B[ib[i], d] summed in double
+     * (ia or ib NULL: row i). */
+    void (*get_rows)(whale_backend *be, float *dst, int ldd, whale_wref W, const int32_t *ids, long n, int cols);
+    void (*gather_rows)(whale_backend *be, float *dst, const float *src, int ld, const int32_t *idx, const float *w,
+                        long n, int cols);
+    void (*gather_rows_bf16)(whale_backend *be, uint16_t *dst, const float *src, int ld, const int32_t *idx,
+                             const float *w, long n, int cols);
+    void (*scatter_add_rows)(whale_backend *be, float *dst, int ldd, const float *src, int lds, const int32_t *idx,
+                             const float *w, long n, int cols);
+    void (*dot_rows)(whale_backend *be, float *out, const float *A, int lda, const int32_t *ia, const float *B,
+                     int ldb, const int32_t *ib, long n, int cols);
+    /* dst[r, j, :] = dst[r, 0, :] for j = 1 .. times − 1: rows of times × n */
+    void (*repeat_rows)(whale_backend *be, float *dst, long rows, int times, int n);
+    /* the backward of y[r, :] = s[r] · x[r, :] given y and s: ds[r] = Σ dy·y
+     * / s[r] (double sum, written), then dy becomes dx = s[r] · dy in place */
+    void (*scale_rows_backward)(whale_backend *be, float *dy, float *ds, const float *y, const float *s, long rows,
+                                int n);
+    /* k_swiglu_backward with dg and du rounded to bf16 (the form the
+     * products read); dg16 and du16 may not alias the fp32 inputs */
+    void (*swiglu_backward_bf16)(whale_backend *be, uint16_t *dg16, uint16_t *du16, const float *dh, const float *g,
+                                 const float *u, long n, float limit);
+
     /* ---- conversions: n values to bf16 bit patterns (nearest even, as
      * whale_float_to_bf16) and back (exact) ---- */
     void (*to_bf16)(whale_backend *be, uint16_t *dst, const float *src, size_t n);

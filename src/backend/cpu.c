@@ -84,6 +84,98 @@ static void cpu_from_bf16(whale_backend *be, float *dst, const uint16_t *src, si
     (void)be, whale_bf16_to_f32(dst, src, n);
 }
 
+static whale_code cpu_matmul_nn_b16(whale_backend *be, int M, int N, int K, const uint16_t *A, int lda, whale_wref B,
+                                    float *C, int ldc, int acc, whale_err *err) {
+    if (B.format != WHALE_BF16) return whale_errf(err, WHALE_ERR_ARG, "a bf16 product with %s weights", whale_dtype_name(B.format));
+    return whale_gemm_nn_b16(GEMM(be), M, N, K, A, lda, B.data, B.ld, C, ldc, acc, err);
+}
+static whale_code cpu_matmul_tn_b16(whale_backend *be, int M, int N, int K, const uint16_t *A, int lda,
+                                    const uint16_t *B, int ldb, float *C, int ldc, int acc, whale_err *err) {
+    return whale_gemm_tn_b16(GEMM(be), M, N, K, A, lda, B, ldb, C, ldc, acc, err);
+}
+
+/* row r of W as fp32 (the embedding lookup) */
+static void row_to_f32(whale_wref W, int32_t r, int cols, float *out) {
+    size_t at = (size_t)r * W.ld;
+    switch (W.format) {
+    case WHALE_BF16: whale_bf16_to_f32(out, (const uint16_t *)W.data + at, (size_t)cols); break;
+    case WHALE_F16: whale_f16_to_f32(out, (const uint16_t *)W.data + at, (size_t)cols); break;
+    case WHALE_I8: {
+        const int8_t *q = (const int8_t *)W.data + at;
+        for (int i = 0; i < cols; i++) out[i] = (float)q[i] * W.scale[r];
+        break;
+    }
+    default: memcpy(out, (const float *)W.data + at, sizeof(float) * (size_t)cols);
+    }
+}
+static void cpu_get_rows(whale_backend *be, float *dst, int ldd, whale_wref W, const int32_t *ids, long n, int cols) {
+    (void)be;
+    for (long i = 0; i < n; i++) row_to_f32(W, ids[i], cols, dst + (size_t)i * ldd);
+}
+static void cpu_gather_rows(whale_backend *be, float *dst, const float *src, int ld, const int32_t *idx,
+                            const float *w, long n, int cols) {
+    (void)be, k_gather_rows(dst, src, ld, idx, w, n, cols);
+}
+static void cpu_gather_rows_bf16(whale_backend *be, uint16_t *dst, const float *src, int ld, const int32_t *idx,
+                                 const float *w, long n, int cols) {
+    (void)be;
+#pragma omp parallel for schedule(static) if (n > 64)
+    for (long i = 0; i < n; i++) {
+        const float *x = src + (size_t)(idx ? idx[i] : i) * ld;
+        uint16_t *y = dst + (size_t)i * cols;
+        if (!w) {
+            whale_f32_to_bf16_rows(y, x, (size_t)cols);
+            continue;
+        }
+        float o[64]; /* w·x in fp32, then rounded */
+        for (int d0 = 0; d0 < cols; d0 += 64) {
+            int m = cols - d0 < 64 ? cols - d0 : 64;
+            for (int j = 0; j < m; j++) o[j] = w[i] * x[d0 + j];
+            whale_f32_to_bf16_rows(y + d0, o, (size_t)m);
+        }
+    }
+}
+static void cpu_scatter_add_rows(whale_backend *be, float *dst, int ldd, const float *src, int lds, const int32_t *idx,
+                                 const float *w, long n, int cols) {
+    (void)be, k_scatter_add_rows(dst, ldd, src, lds, idx, w, n, cols);
+}
+static void cpu_dot_rows(whale_backend *be, float *out, const float *A, int lda, const int32_t *ia, const float *B,
+                         int ldb, const int32_t *ib, long n, int cols) {
+    (void)be, k_dot_rows(out, A, lda, ia, B, ldb, ib, n, cols);
+}
+static void cpu_repeat_rows(whale_backend *be, float *dst, long rows, int times, int n) {
+    (void)be;
+    for (long r = 0; r < rows; r++)
+        for (int j = 1; j < times; j++)
+            memcpy(dst + ((size_t)r * times + j) * n, dst + (size_t)r * times * n, sizeof(float) * (size_t)n);
+}
+static void cpu_scale_rows_backward(whale_backend *be, float *dy, float *ds, const float *y, const float *sc, long rows,
+                                    int n) {
+    (void)be;
+#pragma omp parallel for schedule(static) if (rows > 64)
+    for (long r = 0; r < rows; r++) {
+        float *d = dy + (size_t)r * n;
+        const float *yr = y + (size_t)r * n;
+        double acc = 0;
+        for (int k = 0; k < n; k++) acc += (double)d[k] * yr[k];
+        ds[r] = (float)(acc / sc[r]);
+        for (int k = 0; k < n; k++) d[k] *= sc[r];
+    }
+}
+static void cpu_swiglu_backward_bf16(whale_backend *be, uint16_t *dg16, uint16_t *du16, const float *dh, const float *g,
+                                     const float *u, long n, float limit) {
+    enum { BLK = 256 };
+    (void)be;
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (long b0 = 0; b0 < n; b0 += BLK) {
+        float tg[BLK], tu[BLK];
+        int m = n - b0 < BLK ? (int)(n - b0) : BLK;
+        k_swiglu_backward_block(tg, tu, dh + b0, g + b0, u + b0, m, limit);
+        whale_f32_to_bf16_rows(dg16 + b0, tg, (size_t)m);
+        whale_f32_to_bf16_rows(du16 + b0, tu, (size_t)m);
+    }
+}
+
 static void cpu_rmsnorm(whale_backend *be, float *y, const float *x, const float *w, long rows, int n, float eps,
                         float *rstd) {
     (void)be, k_rmsnorm(y, x, w, rows, n, eps, rstd);
@@ -221,6 +313,16 @@ static const whale_backend cpu_table = {
     .matmul_nn = cpu_matmul_nn,
     .matmul_tn = cpu_matmul_tn,
     .matmul_nt_parts = cpu_matmul_nt_parts,
+    .matmul_nn_b16 = cpu_matmul_nn_b16,
+    .matmul_tn_b16 = cpu_matmul_tn_b16,
+    .get_rows = cpu_get_rows,
+    .gather_rows = cpu_gather_rows,
+    .gather_rows_bf16 = cpu_gather_rows_bf16,
+    .scatter_add_rows = cpu_scatter_add_rows,
+    .dot_rows = cpu_dot_rows,
+    .repeat_rows = cpu_repeat_rows,
+    .scale_rows_backward = cpu_scale_rows_backward,
+    .swiglu_backward_bf16 = cpu_swiglu_backward_bf16,
     .to_bf16 = cpu_to_bf16,
     .from_bf16 = cpu_from_bf16,
     .rmsnorm = cpu_rmsnorm,

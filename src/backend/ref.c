@@ -115,6 +115,87 @@ static void ref_from_bf16(whale_backend *be, float *dst, const uint16_t *src, si
     for (size_t i = 0; i < n; i++) dst[i] = whale_bf16_to_float(src[i]);
 }
 
+static double b16(uint16_t h) { return whale_bf16_to_float(h); }
+
+static whale_code ref_matmul_nn_b16(whale_backend *be, int M, int N, int K, const uint16_t *A, int lda, whale_wref B,
+                                    float *C, int ldc, int acc, whale_err *err) {
+    (void)be;
+    if (B.format != WHALE_BF16) return whale_errf(err, WHALE_ERR_ARG, "a bf16 product with %s weights", whale_dtype_name(B.format));
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double s = 0;
+            for (int k = 0; k < K; k++) s += b16(A[(size_t)m * lda + k]) * wval(B, k, n);
+            store(&C[(size_t)m * ldc + n], s, acc);
+        }
+    return WHALE_OK;
+}
+
+static whale_code ref_matmul_tn_b16(whale_backend *be, int M, int N, int K, const uint16_t *A, int lda,
+                                    const uint16_t *B, int ldb, float *C, int ldc, int acc, whale_err *err) {
+    (void)be, (void)err;
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double s = 0;
+            for (int k = 0; k < K; k++) s += b16(A[(size_t)k * lda + m]) * b16(B[(size_t)k * ldb + n]);
+            store(&C[(size_t)m * ldc + n], s, acc);
+        }
+    return WHALE_OK;
+}
+
+/* ------------------------------------------------------------------ rows by index */
+
+static void ref_get_rows(whale_backend *be, float *dst, int ldd, whale_wref W, const int32_t *ids, long n, int cols) {
+    (void)be;
+    for (long i = 0; i < n; i++)
+        for (int d = 0; d < cols; d++)
+            dst[i * ldd + d] = (float)(wval(W, ids[i], d) * (W.format == WHALE_I8 ? W.scale[ids[i]] : 1.0));
+}
+static void ref_gather_rows(whale_backend *be, float *dst, const float *src, int ld, const int32_t *idx,
+                            const float *w, long n, int cols) {
+    (void)be;
+    for (long i = 0; i < n; i++)
+        for (int d = 0; d < cols; d++) dst[i * cols + d] = (w ? w[i] : 1.0f) * src[(size_t)(idx ? idx[i] : i) * ld + d];
+}
+static void ref_gather_rows_bf16(whale_backend *be, uint16_t *dst, const float *src, int ld, const int32_t *idx,
+                                 const float *w, long n, int cols) {
+    (void)be;
+    for (long i = 0; i < n; i++)
+        for (int d = 0; d < cols; d++)
+            dst[i * cols + d] = whale_float_to_bf16((w ? w[i] : 1.0f) * src[(size_t)(idx ? idx[i] : i) * ld + d]);
+}
+static void ref_scatter_add_rows(whale_backend *be, float *dst, int ldd, const float *src, int lds, const int32_t *idx,
+                                 const float *w, long n, int cols) {
+    (void)be;
+    for (long i = 0; i < n; i++)
+        for (int d = 0; d < cols; d++) dst[(size_t)(idx ? idx[i] : i) * ldd + d] += (w ? w[i] : 1.0f) * src[i * lds + d];
+}
+static void ref_dot_rows(whale_backend *be, float *out, const float *A, int lda, const int32_t *ia, const float *B,
+                         int ldb, const int32_t *ib, long n, int cols) {
+    (void)be;
+    for (long i = 0; i < n; i++) {
+        double s = 0;
+        for (int d = 0; d < cols; d++)
+            s += (double)A[(size_t)(ia ? ia[i] : i) * lda + d] * B[(size_t)(ib ? ib[i] : i) * ldb + d];
+        out[i] = (float)s;
+    }
+}
+static void ref_repeat_rows(whale_backend *be, float *dst, long rows, int times, int n) {
+    (void)be;
+    for (long r = 0; r < rows; r++)
+        for (int j = 1; j < times; j++)
+            for (int d = 0; d < n; d++) dst[(r * times + j) * n + d] = dst[r * times * n + d];
+}
+static void ref_scale_rows_backward(whale_backend *be, float *dy, float *ds, const float *y, const float *sc, long rows,
+                                    int n) {
+    (void)be;
+    for (long r = 0; r < rows; r++) {
+        double acc = 0;
+        for (int k = 0; k < n; k++) acc += (double)dy[r * n + k] * y[r * n + k];
+        ds[r] = (float)(acc / sc[r]);
+        for (int k = 0; k < n; k++) dy[r * n + k] *= sc[r];
+    }
+}
+
 /* ------------------------------------------------------------------ row ops */
 
 static double rms_of(const float *x, int n, float eps) {
@@ -195,6 +276,15 @@ static void ref_swiglu_backward(whale_backend *be, float *dg, float *du, const f
         double sg = 1.0 / (1.0 + exp(-gi)), dsilu = sg * (1.0 + gi * (1.0 - sg));
         double vdg = gpass ? d * ui * dsilu : 0, vdu = upass ? d * silu(gi) : 0;
         dg[i] = (float)vdg, du[i] = (float)vdu;
+    }
+}
+
+static void ref_swiglu_backward_bf16(whale_backend *be, uint16_t *dg16, uint16_t *du16, const float *dh,
+                                     const float *g, const float *u, long n, float limit) {
+    float dg, du;
+    for (long i = 0; i < n; i++) {
+        ref_swiglu_backward(be, &dg, &du, dh + i, g + i, u + i, 1, limit);
+        dg16[i] = whale_float_to_bf16(dg), du16[i] = whale_float_to_bf16(du);
     }
 }
 
@@ -590,6 +680,16 @@ static const whale_backend ref_table = {
     .matmul_nn = ref_matmul_nn,
     .matmul_tn = ref_matmul_tn,
     .matmul_nt_parts = ref_matmul_nt_parts,
+    .matmul_nn_b16 = ref_matmul_nn_b16,
+    .matmul_tn_b16 = ref_matmul_tn_b16,
+    .get_rows = ref_get_rows,
+    .gather_rows = ref_gather_rows,
+    .gather_rows_bf16 = ref_gather_rows_bf16,
+    .scatter_add_rows = ref_scatter_add_rows,
+    .dot_rows = ref_dot_rows,
+    .repeat_rows = ref_repeat_rows,
+    .scale_rows_backward = ref_scale_rows_backward,
+    .swiglu_backward_bf16 = ref_swiglu_backward_bf16,
     .to_bf16 = ref_to_bf16,
     .from_bf16 = ref_from_bf16,
     .rmsnorm = ref_rmsnorm,

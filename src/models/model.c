@@ -7,7 +7,7 @@
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
-#include "train/loss.h"
+#include "kernels/loss.h"
 
 #include <math.h>
 #include <stdarg.h>

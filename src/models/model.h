@@ -6,6 +6,7 @@
 
 #include "whale.h"
 
+#include "backend/backend.h"
 #include "core/core.h"
 #include "io/safetensors.h"
 
@@ -329,6 +330,9 @@ int whale_param_is_product_weight(const whale_param *p);
 int whale_param_has_f32(const whale_model *m, const whale_param *p);
 
 whale_wview whale_model_weight(const whale_model *m, const float *W);
+/* The operand a backend product reads for weight W [rows, ldw]: its compute
+ * copy in its format, or the fp32 values. */
+whale_wref whale_model_wref(const whale_model *m, const float *W, int ldw);
 /* Row r of embedding-like weight W [rows, cols] as fp32: from its copy in
  * the compute precision when it has one, like every product. */
 void whale_model_row(const whale_model *m, const float *W, int64_t r, int64_t cols, float *out);

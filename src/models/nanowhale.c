@@ -18,11 +18,11 @@
 
 #include "backend/backend.h"
 #include "core/core.h"
-#include "kernels/gemm.h"
-#include "kernels/hc.h"
-#include "kernels/ops.h"
-#include "kernels/vmath.h"
-#include "train/loss.h"
+#include "kernels/loss.h"
+
+
+
+
 
 #include <math.h>
 #include <string.h>
@@ -358,7 +358,6 @@ typedef struct {
 
 typedef struct {
     whale_session base;
-    whale_gemm *gemm;   /* the bf16 twins' products (not on the backend seam yet) */
     int T;              /* max tokens per forward (the header's n_batch) */
     int n_act_sets;     /* 1 (inference) or L (training) */
     int32_t *pos;       /* [T] RoPE positions */
@@ -396,7 +395,6 @@ static void nw_backward_free(struct nw_backward *bw);
 
 static void nw_session_free(whale_session *base) {
     nw_session *s = (nw_session *)base;
-    whale_gemm_free(s->gemm);
     whale_backend_close(base->be);
     nw_backward_free(s->bw);
     free(base->grads);
@@ -465,12 +463,8 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
     size_t T = (size_t)n_tokens, MD = (size_t)c->M * c->D, tot = 0;
     s->T = (int)T;
     s->n_act_sets = training && !recompute ? c->L : 1;
-    /* the bf16 training twins (swiglu_expert_backward_bf16, the lm_head's
-     * bf16 backward) call the cpu products on bf16 operands directly */
     whale_code e = whale_session_open_backend(&s->base, err);
-    if (!e && !count_only) e = whale_gemm_new(&s->gemm, err);
     if (e) {
-        whale_backend_close(s->base.be);
         free(s);
         return e;
     }
@@ -601,7 +595,7 @@ static whale_code attention(nw_session *s, const nw_model *nw, const nw_layer *l
     TRACE(WHALE_F32, a->q, 2, DIMS(T, HD), "layers.%d.attn.q", l);
     TRACE(WHALE_F32, a->kv, 2, DIMS(T, c->Dh), "layers.%d.attn.kv", l);
     TRACE(WHALE_F32, a->att, 2, DIMS(T, HD), "layers.%d.attn.context", l);
-    memcpy(a->att_d, a->att, sizeof(float) * (size_t)T * HD);
+    OP(buf_copy, a->att_d, a->att, sizeof(float) * (size_t)T * HD);
     OP(rope, a->att_d, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 1); /* de-rotate */
     /* grouped low-rank output (block-diagonal wo_a, as k_grouped_linear) */
     for (int g0 = 0; g0 < c->G; g0 += 16) { /* 16 groups per call */
@@ -624,7 +618,7 @@ static whale_code swiglu_expert(nw_session *s, const nw_config *c, int n, const 
     whale_code e;
     if ((e = linear(s, n, c->F, c->D, x, c->D, w1, c->D, g, c->F, err))) return e;
     if ((e = linear(s, n, c->F, c->D, x, c->D, w3, c->D, u, c->F, err))) return e;
-    memcpy(h, g, sizeof(float) * (size_t)n * c->F);
+    OP(buf_copy, h, g, sizeof(float) * (size_t)n * c->F);
     OP(swiglu, h, u, (long)n * c->F, limit);
     return linear(s, n, c->D, c->F, h, c->F, w2, c->F, out, c->D, err);
 }
@@ -655,17 +649,14 @@ static whale_code moe_one_token(nw_session *s, const nw_config *c, const nw_laye
     whale_code e = whale_linear_parts(&s->base, c->D, 2 * n, up, err);
     if (e) return e;
     for (int i = 0; i < n; i++) {
-        memcpy(h[i], g[i], sizeof(float) * c->F);
+        OP(buf_copy, h[i], g[i], sizeof(float) * c->F);
         OP(swiglu, h[i], u[i], c->F, limit[i]);
     }
     if ((e = whale_linear_parts(&s->base, c->F, n, down, err))) return e;
-    for (int i = 0; i < n - 1; i++) { /* ascending expert index, then the shared expert */
-        float w = a->ex_w[i];
-        const float *r = down[i].C;
-        for (int d = 0; d < c->D; d++) a->f[d] += w * r[d];
-    }
+    for (int i = 0; i < n - 1; i++) /* ascending expert index, then the shared expert */
+        OP(scatter_add_rows, a->f, c->D, down[i].C, c->D, NULL, &a->ex_w[i], 1, c->D);
     TRACE(WHALE_F32, a->ex_h, 2, DIMS(a->ex_off[c->E], c->F), "layers.%d.ffn.expert_hidden", l);
-    for (int d = 0; d < c->D; d++) a->f[d] += s->ex_in[d];
+    OP(add, a->f, a->f, s->ex_in, c->D);
     return WHALE_OK;
 }
 
@@ -693,29 +684,23 @@ static whale_code moe(nw_session *s, const nw_config *c, const nw_layer *ly, nw_
     }
     a->ex_off[c->E] = n;
 
-    memset(a->f, 0, sizeof(float) * (size_t)T * c->D);
+    OP(buf_zero, a->f, sizeof(float) * (size_t)T * c->D);
     if (T == 1 && c->K < 8) return moe_one_token(s, c, ly, a, yn, l, err);
     for (int ex = 0; ex < c->E; ex++) { /* ascending expert index: the reference's summation order */
         int r0 = a->ex_off[ex], ne = a->ex_off[ex + 1] - r0;
         if (!ne) continue;
-        for (int i = 0; i < ne; i++)
-            memcpy(s->ex_in + (size_t)i * c->D, yn + (size_t)a->ex_tok[r0 + i] * c->D, sizeof(float) * c->D);
+        OP(gather_rows, s->ex_in, yn, c->D, a->ex_tok + r0, NULL, ne, c->D);
         size_t fo = (size_t)r0 * c->F;
         float *out = a->ex_out + (size_t)r0 * c->D;
         if ((e = swiglu_expert(s, c, ne, s->ex_in, ly->w1[ex], ly->w2[ex], ly->w3[ex], c->swiglu_limit, a->ex_g + fo,
                                a->ex_u + fo, a->ex_h + fo, out, err)))
             return e;
-#pragma omp parallel for schedule(static) if (ne > 64)
-        for (int i = 0; i < ne; i++) { /* one expert never sees a token twice: no write conflicts */
-            float *o = a->f + (size_t)a->ex_tok[r0 + i] * c->D, w = a->ex_w[r0 + i];
-            const float *r = out + (size_t)i * c->D;
-            for (int d = 0; d < c->D; d++) o[d] += w * r[d];
-        }
+        OP(scatter_add_rows, a->f, c->D, out, c->D, a->ex_tok + r0, a->ex_w + r0, ne, c->D);
     }
     TRACE(WHALE_F32, a->ex_h, 2, DIMS(a->ex_off[c->E], c->F), "layers.%d.ffn.expert_hidden", l);
     if ((e = swiglu_expert(s, c, T, yn, ly->sw1, ly->sw2, ly->sw3, 0.0f, a->sh_g, a->sh_u, a->sh_h, s->ex_in, err)))
         return e;
-    for (size_t i = 0; i < (size_t)T * c->D; i++) a->f[i] += s->ex_in[i];
+    OP(add, a->f, a->f, s->ex_in, (size_t)T * c->D);
     return WHALE_OK;
 }
 
@@ -762,10 +747,9 @@ static whale_code forward_hidden(nw_session *s, const whale_ubatch *ub, whale_er
 
     s->base.ub = ub;
     whale_ubatch_positions(ub, s->pos);
-    PROF(s, P_EMBED, for (int t = 0; t < T; t++) {
-        float *x0 = s->X[0] + (size_t)t * M * D;
-        whale_model_row(s->base.model, nw->embed, ub->ids[t], D, x0);
-        for (int m = 1; m < M; m++) memcpy(x0 + (size_t)m * D, x0, sizeof(float) * D);
+    PROF(s, P_EMBED, { /* every stream of X0 starts as the token's row */
+        OP(get_rows, s->X[0], M * D, whale_model_wref(s->base.model, nw->embed, D), ub->ids, T, D);
+        OP(repeat_rows, s->X[0], T, M, D);
     });
     for (int l = 0; l < c->L; l++)
         if ((e = layer_forward(s, l, &s->acts[s->n_act_sets > 1 ? l : 0], err))) return e;
@@ -811,6 +795,8 @@ struct nw_backward {
     float *dtopw, *dglog;                /* gate */
     float *de_out, *de_x, *dh, *dg, *du; /* one expert at a time: [T, D] ×2, [T, F] ×3 */
     int32_t *tgt;                        /* [T] shifted targets */
+    int32_t *tok_of;                     /* [T·K]: the token of each routing slot, i / K */
+    int32_t *emb_rows;                   /* [T·M]: the embedding row of each stream, ids[i / M] */
     float *logits;                       /* [WHALE_CE_CHUNK, V] logits, then their gradient */
     float *dhn;                          /* [T, D] */
     float *att_work;
@@ -829,15 +815,9 @@ static whale_code mix_backward(nw_session *s, int T, int nmix, int MD, const flo
                                const float *mix, const float *rstd, float *dmix, float *dX, float *gfn,
                                whale_err *err) {
     float *drstd = s->bw->drstd;
-#pragma omp parallel for schedule(static) if (T > 64)
-    for (int t = 0; t < T; t++) {
-        float *dm = dmix + (size_t)t * nmix;
-        const float *mx = mix + (size_t)t * nmix;
-        double acc = 0;
-        for (int k = 0; k < nmix; k++) acc += (double)dm[k] * mx[k];
-        drstd[t] = (float)(acc / rstd[t]); /* Σ dmix·(fn·x) with fn·x = mix/rstd */
-        for (int k = 0; k < nmix; k++) dm[k] *= rstd[t];
-    }
+    /* mix = rstd · (fn·x): drstd = Σ dmix·(fn·x) = Σ dmix·mix / rstd, and the
+     * gradient of fn·x is rstd·dmix */
+    OP(scale_rows_backward, dmix, drstd, mix, rstd, T, nmix);
     whale_code e;
     if ((e = OP(matmul_tn, WHALE_F32, nmix, MD, T, dmix, nmix, X, MD, gfn, MD, 1, err))) return e;
     if ((e = OP(matmul_nn, T, MD, nmix, dmix, nmix, F32W(fn, MD), dX, MD, 1, err))) return e;
@@ -880,7 +860,7 @@ static whale_code attention_backward(nw_session *s, const nw_model *nw, const nw
             return e;
     }
     OP(rope_backward, b->datt, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 1);
-    memset(b->dkv, 0, sizeof(float) * (size_t)T * c->Dh);
+    OP(buf_zero, b->dkv, sizeof(float) * (size_t)T * c->Dh);
     for (int bi = 0; bi < B; bi++) {
         const float *kv = a->kv + (size_t)bi * S * c->Dh;
         float *dkv = b->dkv + (size_t)bi * S * c->Dh;
@@ -937,28 +917,8 @@ static int bf16_products(const nw_session *s, const float *W) {
     return m->compute_dtype == WHALE_BF16 && whale_model_weight(m, W).dtype == WHALE_BF16 && !m->n_lora;
 }
 
-static const uint16_t *w16(const nw_session *s, const float *W) { return whale_model_weight(s->base.model, W).data; }
-
-/* dst [rows, cols] (dense) = src rows (stride ld) rounded to bf16 */
-static void round_rows(uint16_t *dst, const float *src, int rows, int cols, int ld) {
-#pragma omp parallel for schedule(static) if ((long)rows * cols >= 65536)
-    for (int r = 0; r < rows; r++) whale_f32_to_bf16_rows(dst + (size_t)r * cols, src + (size_t)r * ld, (size_t)cols);
-}
-
-/* k_swiglu_backward with dg and du rounded to bf16, the form the products
- * read. */
-static void swiglu_backward_bf16(uint16_t *dg16, uint16_t *du16, const float *dh, const float *g, const float *u, long n,
-                                 float limit) {
-    enum { BLK = 256 };
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (long b0 = 0; b0 < n; b0 += BLK) {
-        float tg[BLK], tu[BLK];
-        int m = n - b0 < BLK ? (int)(n - b0) : BLK;
-        k_swiglu_backward_block(tg, tu, dh + b0, g + b0, u + b0, m, limit);
-        whale_f32_to_bf16_rows(dg16 + b0, tg, (size_t)m);
-        whale_f32_to_bf16_rows(du16 + b0, tu, (size_t)m);
-    }
-}
+/* W's bf16 copy as a product operand ([rows, ld]) */
+#define W16(s, W, ld) whale_model_wref((s)->base.model, (W), (ld))
 
 /* expert_backward with bf16 products, from x and dout already rounded
  * (x16, dout16 [n, D]). The bf16 operands live in fp32 buffers free at
@@ -968,20 +928,19 @@ static whale_code expert_backward_bf16(nw_session *s, const nw_config *c, int n,
                                        const float *w1, const float *w2, const float *w3, float *g1, float *g2,
                                        float *g3, float limit, float *dx, whale_err *err) {
     struct nw_backward *b = s->bw;
-    whale_gemm *g = s->gemm;
     int D = c->D, F = c->F;
     uint16_t *h16 = (uint16_t *)b->dg, *dg16 = (uint16_t *)b->dg, *du16 = (uint16_t *)b->du;
     whale_code e;
-    round_rows(h16, hh, n, F, F);
-    if ((e = whale_gemm_tn_b16(g, D, F, n, dout16, D, h16, F, g2, F, 1, err)) ||
-        (e = whale_gemm_nn_b16(g, n, F, D, dout16, D, w16(s, w2), F, b->dh, F, 0, err)))
+    OP(to_bf16, h16, hh, (size_t)n * F);
+    if ((e = OP(matmul_tn_b16, D, F, n, dout16, D, h16, F, g2, F, 1, err)) ||
+        (e = OP(matmul_nn_b16, n, F, D, dout16, D, W16(s, w2, F), b->dh, F, 0, err)))
         return e;
-    swiglu_backward_bf16(dg16, du16, b->dh, gg, uu, (long)n * F, limit);
-    if ((e = whale_gemm_nn_b16(g, n, D, F, dg16, F, w16(s, w1), D, dx, D, 0, err)) ||
-        (e = whale_gemm_nn_b16(g, n, D, F, du16, F, w16(s, w3), D, dx, D, 1, err)) ||
-        (e = whale_gemm_tn_b16(g, F, D, n, dg16, F, x16, D, g1, D, 1, err)))
+    OP(swiglu_backward_bf16, dg16, du16, b->dh, gg, uu, (long)n * F, limit);
+    if ((e = OP(matmul_nn_b16, n, D, F, dg16, F, W16(s, w1, D), dx, D, 0, err)) ||
+        (e = OP(matmul_nn_b16, n, D, F, du16, F, W16(s, w3, D), dx, D, 1, err)) ||
+        (e = OP(matmul_tn_b16, F, D, n, dg16, F, x16, D, g1, D, 1, err)))
         return e;
-    return whale_gemm_tn_b16(g, F, D, n, du16, F, x16, D, g3, D, 1, err);
+    return OP(matmul_tn_b16, F, D, n, du16, F, x16, D, g3, D, 1, err);
 }
 
 /* Backward of moe(): b->dsub (gradient of a->f) into b->dyn (written). */
@@ -995,8 +954,8 @@ static whale_code moe_backward(nw_session *s, const nw_config *c, const nw_layer
     uint16_t *x16 = (uint16_t *)s->ex_in, *dout16 = (uint16_t *)b->de_out;
     whale_code e;
     if (lowp) {
-        round_rows(x16, yn, T, c->D, c->D);
-        round_rows(dout16, df, T, c->D, c->D);
+        OP(to_bf16, x16, yn, (size_t)T * c->D);
+        OP(to_bf16, dout16, df, (size_t)T * c->D);
         e = expert_backward_bf16(s, c, T, x16, dout16, a->sh_g, a->sh_u, a->sh_h, ly->sw1, ly->sw2, ly->sw3, gl->sw1,
                                  gl->sw2, gl->sw3, 0.0f, b->dyn, err);
     } else {
@@ -1005,32 +964,18 @@ static whale_code moe_backward(nw_session *s, const nw_config *c, const nw_layer
     }
     if (e) return e;
     /* gradient of each routing weight: ⟨df, expert output⟩ */
-#pragma omp parallel for schedule(static) if (T > 64)
-    for (int t = 0; t < T; t++)
-        for (int k = 0; k < c->K; k++) {
-            const float *eo = a->ex_out + (size_t)a->ex_row[(size_t)t * c->K + k] * c->D, *d = df + (size_t)t * c->D;
-            b->dtopw[(size_t)t * c->K + k] = (float)k_dot_f64(d, eo, c->D);
-        }
+    OP(dot_rows, b->dtopw, df, c->D, b->tok_of, a->ex_out, c->D, a->ex_row, (long)T * c->K, c->D);
     for (int ex = 0; ex < c->E; ex++) {
         int r0 = a->ex_off[ex], ne = a->ex_off[ex + 1] - r0;
         if (!ne) continue;
-#pragma omp parallel for schedule(static) if (ne > 64)
-        for (int i = 0; i < ne; i++) { /* gather the expert's rows */
-            int t = a->ex_tok[r0 + i];
-            float w = a->ex_w[r0 + i];
-            const float *x = yn + (size_t)t * c->D, *d = df + (size_t)t * c->D;
-            if (lowp) {
-                float o[64]; /* w·df in fp32, then rounded, as the fp32 gradient would be */
-                whale_f32_to_bf16_rows(x16 + (size_t)i * c->D, x, (size_t)c->D);
-                for (int d0 = 0; d0 < c->D; d0 += 64) {
-                    int m = c->D - d0 < 64 ? c->D - d0 : 64;
-                    for (int j = 0; j < m; j++) o[j] = w * d[d0 + j];
-                    whale_f32_to_bf16_rows(dout16 + (size_t)i * c->D + d0, o, (size_t)m);
-                }
-            } else {
-                memcpy(s->ex_in + (size_t)i * c->D, x, sizeof(float) * c->D);
-                for (int j = 0; j < c->D; j++) b->de_out[(size_t)i * c->D + j] = w * d[j];
-            }
+        /* gather the expert's rows: its tokens' inputs and weighted output gradients */
+        const int32_t *tok = a->ex_tok + r0;
+        if (lowp) {
+            OP(gather_rows_bf16, x16, yn, c->D, tok, NULL, ne, c->D);
+            OP(gather_rows_bf16, dout16, df, c->D, tok, a->ex_w + r0, ne, c->D);
+        } else {
+            OP(gather_rows, s->ex_in, yn, c->D, tok, NULL, ne, c->D);
+            OP(gather_rows, b->de_out, df, c->D, tok, a->ex_w + r0, ne, c->D);
         }
         size_t fo = (size_t)r0 * c->F;
         if (lowp)
@@ -1044,12 +989,7 @@ static whale_code moe_backward(nw_session *s, const nw_config *c, const nw_layer
         if (e) return e;
         /* scatter-add: an expert never sees a token twice, so rows can go in
          * parallel; experts in order keep the sums deterministic */
-#pragma omp parallel for schedule(static) if (ne > 64)
-        for (int i = 0; i < ne; i++) {
-            float *o = b->dyn + (size_t)a->ex_tok[r0 + i] * c->D;
-            const float *r = b->de_x + (size_t)i * c->D;
-            for (int d = 0; d < c->D; d++) o[d] += r[d];
-        }
+        OP(scatter_add_rows, b->dyn, c->D, b->de_x, c->D, tok, NULL, ne, c->D);
     }
     OP(gate_route_backward, T, c->scoring, c->E, c->K, c->route_scale, a->glog, a->topk, b->dtopw, b->dglog);
     if ((e = OP(matmul_tn, WHALE_F32, c->E, c->D, T, b->dglog, c->E, yn, c->D, gl->gate_w, c->D, 1, err))) return e;
@@ -1099,9 +1039,9 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
             }
             const uint16_t *dl = (const uint16_t *)b->logits;
             uint16_t *hn16 = (uint16_t *)b->de_out; /* free until the MoE backward */
-            round_rows(hn16, hn, n, D, D);
-            if ((e = whale_gemm_nn_b16(s->gemm, n, D, V, dl, 2 * V, w16(s, head), D, dhn, D, 0, err)) ||
-                (ghead && (e = whale_gemm_tn_b16(s->gemm, V, D, n, dl, 2 * V, hn16, D, ghead, D, 1, err))))
+            OP(to_bf16, hn16, hn, (size_t)n * D);
+            if ((e = OP(matmul_nn_b16, n, D, V, dl, 2 * V, W16(s, head, D), dhn, D, 0, err)) ||
+                (ghead && (e = OP(matmul_tn_b16, V, D, n, dl, 2 * V, hn16, D, ghead, D, 1, err))))
                 return e;
         }
         if (cn) total += l * (double)cn;
@@ -1116,7 +1056,7 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
     float *dX = b->dXa, *dXo = b->dXb;
     PROF(s, P_B_HEAD, {
         OP(rmsnorm_backward, b->dy, gw->norm, b->dhn, s->h, nw->norm, s->hn_rstd, T, D);
-        memset(dX, 0, sizeof(float) * (size_t)T * MD);
+        OP(buf_zero, dX, sizeof(float) * (size_t)T * MD);
         OP(hc_reduce_backward, dX, b->dpre, b->dy, Xf, s->head_pre, T, M, D);
         OP(hc_head_coeffs_backward, T, s->head_mix, nw->hc_head_scale, nw->hc_head_base, M, c->hc_eps, b->dpre, b->dmix, gw->hc_head_scale, gw->hc_head_base);
         e = mix_backward(s, T, M, MD, Xf, nw->hc_head_fn, s->head_mix, s->head_rstd, b->dmix, dX, gw->hc_head_fn, err);
@@ -1136,7 +1076,7 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
         const float *Xin = s->X[2 * l], *Xmid = s->X[2 * l + 1];
         /* MoE sub-layer: dX holds the gradient of the layer's output state */
         PROF(s, P_B_HC_POST, {
-            memset(dXo, 0, sizeof(float) * (size_t)T * MD);
+            OP(buf_zero, dXo, sizeof(float) * (size_t)T * MD);
             OP(hc_expand_backward, b->dsub, dXo, b->dpost, b->dcomb, dX, a->f, Xmid, a->hcf.post, a->hcf.comb, T, M, D);
         });
         TRACE(WHALE_F32, b->dsub, 2, DIMS(T, D), "grad.layers.%d.ffn.out", l);
@@ -1151,7 +1091,7 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
         TRACE(WHALE_F32, dXo, 3, DIMS(T, M, D), "grad.layers.%d.hc_attn.state", l);
         /* attention sub-layer: dXo now holds the gradient of the middle state */
         PROF(s, P_B_HC_POST, {
-            memset(dX, 0, sizeof(float) * (size_t)T * MD);
+            OP(buf_zero, dX, sizeof(float) * (size_t)T * MD);
             OP(hc_expand_backward, b->dsub, dX, b->dpost, b->dcomb, dXo, a->a, Xin, a->hca.post, a->hca.comb, T, M, D);
         });
         TRACE(WHALE_F32, b->dsub, 2, DIMS(T, D), "grad.layers.%d.attn.out", l);
@@ -1168,13 +1108,15 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
         else TRACE(WHALE_F32, dX, 3, DIMS(T, M, D), "grad.embedding");
     }
     /* embedding: every stream of X0 is a copy of the token's row */
-    PROF(s, P_B_EMBED, for (int t = 0; gw->embed && t < T; t++) { /* NULL: frozen */
-        float *row = gw->embed + (size_t)ids[t] * D;
-        for (int m = 0; m < M; m++) {
-            const float *d = dX + ((size_t)t * M + m) * D;
-            for (int i = 0; i < D; i++) row[i] += d[i];
-        }
-    });
+    if (!gw->embed) return WHALE_OK; /* frozen */
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)T * M);
+    if (!rows) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory for the embedding's gradient");
+    for (int i = 0; i < T * M; i++) rows[i] = ids[i / M];
+    OP(buf_from_host, b->emb_rows, rows, sizeof(int32_t) * (size_t)T * M);
+    free(rows);
+    /* tokens in order, each token's streams in order: the sums of one row
+     * (a token seen twice) are taken in that order */
+    PROF(s, P_B_EMBED, OP(scatter_add_rows, gw->embed, D, dX, D, b->emb_rows, NULL, (long)T * M, D));
     return WHALE_OK;
 }
 
@@ -1218,6 +1160,17 @@ static whale_code train_session_create(whale_model *m, int max_batch, int seq, i
           A(b->att_work, OP(attention_backward_work_floats, seq, c->H, 1, c->Dh))))
         goto nomem;
 #undef A
+    size_t none = 0; /* index arrays: bookkeeping, not counted */
+    if (!(b->tok_of = sess_alloc(s, T * c->K, sizeof(int32_t), &none)) ||
+        !(b->emb_rows = sess_alloc(s, T * c->M, sizeof(int32_t), &none)))
+        goto nomem;
+    if (!count_only) {
+        int32_t *tok = malloc(sizeof(int32_t) * T * c->K);
+        if (!tok) goto nomem;
+        for (size_t i = 0; i < T * c->K; i++) tok[i] = (int32_t)(i / (size_t)c->K);
+        OP(buf_from_host, b->tok_of, tok, sizeof(int32_t) * T * c->K);
+        free(tok);
+    }
     base->work_bytes += tot;
     *out = s;
     return WHALE_OK;

@@ -26,13 +26,10 @@
  * llama3) is rope.c's, for every variant.
  */
 #include "models/model.h"
-#include "kernels/convert.h"
 #include "models/rope.h"
 
 #include "core/core.h"
 #include "backend/backend.h"
-#include "kernels/ops.h"
-#include "train/loss.h"
 
 #include <math.h>
 #include <string.h>
@@ -541,24 +538,19 @@ static int alloc_stash(qw_session *s, qw_stash *st, const qw_config *c, size_t T
            (st->xmid = sess_alloc(s, T * D, 4, tot)) && (st->rstd2 = sess_alloc(s, T, 4, tot));
 }
 
-static void to_bf16(uint16_t *dst, const float *src, size_t n) {
-    enum { BLOCK = 1 << 16 };
-#pragma omp parallel for schedule(static) if (n > BLOCK)
-    for (size_t i = 0; i < n; i += BLOCK) whale_f32_to_bf16_rows(dst + i, src + i, n - i < BLOCK ? n - i : BLOCK);
-}
-
 /* Layer l's activations (in the working set a) into its bf16 stash, and back. */
 static void stash_put(qw_session *s, const qw_layer_acts *a, int l, size_t T) {
     const qw_config *c = &((const qw_model *)s->base.model->impl)->c;
     qw_stash *st = &s->stash[l];
     size_t D = (size_t)c->D, F = (size_t)c->F, HD = (size_t)c->H * c->Dh, KVD = (size_t)c->Hkv * c->Dh;
-    to_bf16(st->xn1, a->xn1, T * D), to_bf16(st->q, a->q, T * HD), to_bf16(st->k, a->k, T * KVD);
-    to_bf16(st->v, a->v, T * KVD), to_bf16(st->att, a->att, T * HD), to_bf16(st->xn2, a->xn2, T * D);
-    to_bf16(st->g, a->g, T * F), to_bf16(st->u, a->u, T * F), to_bf16(st->h, a->h, T * F);
-    memcpy(st->rstd1, a->rstd1, 4 * T), memcpy(st->xmid, a->xmid, 4 * T * D), memcpy(st->rstd2, a->rstd2, 4 * T);
+    OP(to_bf16, st->xn1, a->xn1, T * D), OP(to_bf16, st->q, a->q, T * HD), OP(to_bf16, st->k, a->k, T * KVD);
+    OP(to_bf16, st->v, a->v, T * KVD), OP(to_bf16, st->att, a->att, T * HD), OP(to_bf16, st->xn2, a->xn2, T * D);
+    OP(to_bf16, st->g, a->g, T * F), OP(to_bf16, st->u, a->u, T * F), OP(to_bf16, st->h, a->h, T * F);
+    OP(buf_copy, st->rstd1, a->rstd1, 4 * T), OP(buf_copy, st->xmid, a->xmid, 4 * T * D);
+    OP(buf_copy, st->rstd2, a->rstd2, 4 * T);
     if (a->qraw) {
-        to_bf16(st->qraw, a->qraw, T * HD), to_bf16(st->kraw, a->kraw, T * KVD);
-        memcpy(st->qrstd, a->qrstd, 4 * T * c->H), memcpy(st->krstd, a->krstd, 4 * T * c->Hkv);
+        OP(to_bf16, st->qraw, a->qraw, T * HD), OP(to_bf16, st->kraw, a->kraw, T * KVD);
+        OP(buf_copy, st->qrstd, a->qrstd, 4 * T * c->H), OP(buf_copy, st->krstd, a->krstd, 4 * T * c->Hkv);
     }
 }
 
@@ -566,14 +558,15 @@ static void stash_get(qw_session *s, qw_layer_acts *a, int l, size_t T) {
     const qw_config *c = &((const qw_model *)s->base.model->impl)->c;
     const qw_stash *st = &s->stash[l];
     size_t D = (size_t)c->D, F = (size_t)c->F, HD = (size_t)c->H * c->Dh, KVD = (size_t)c->Hkv * c->Dh;
-    whale_bf16_to_f32(a->xn1, st->xn1, T * D), whale_bf16_to_f32(a->q, st->q, T * HD);
-    whale_bf16_to_f32(a->k, st->k, T * KVD), whale_bf16_to_f32(a->v, st->v, T * KVD);
-    whale_bf16_to_f32(a->att, st->att, T * HD), whale_bf16_to_f32(a->xn2, st->xn2, T * D);
-    whale_bf16_to_f32(a->g, st->g, T * F), whale_bf16_to_f32(a->u, st->u, T * F), whale_bf16_to_f32(a->h, st->h, T * F);
-    memcpy(a->rstd1, st->rstd1, 4 * T), memcpy(a->xmid, st->xmid, 4 * T * D), memcpy(a->rstd2, st->rstd2, 4 * T);
+    OP(from_bf16, a->xn1, st->xn1, T * D), OP(from_bf16, a->q, st->q, T * HD);
+    OP(from_bf16, a->k, st->k, T * KVD), OP(from_bf16, a->v, st->v, T * KVD);
+    OP(from_bf16, a->att, st->att, T * HD), OP(from_bf16, a->xn2, st->xn2, T * D);
+    OP(from_bf16, a->g, st->g, T * F), OP(from_bf16, a->u, st->u, T * F), OP(from_bf16, a->h, st->h, T * F);
+    OP(buf_copy, a->rstd1, st->rstd1, 4 * T), OP(buf_copy, a->xmid, st->xmid, 4 * T * D);
+    OP(buf_copy, a->rstd2, st->rstd2, 4 * T);
     if (a->qraw) {
-        whale_bf16_to_f32(a->qraw, st->qraw, T * HD), whale_bf16_to_f32(a->kraw, st->kraw, T * KVD);
-        memcpy(a->qrstd, st->qrstd, 4 * T * c->H), memcpy(a->krstd, st->krstd, 4 * T * c->Hkv);
+        OP(from_bf16, a->qraw, st->qraw, T * HD), OP(from_bf16, a->kraw, st->kraw, T * KVD);
+        OP(buf_copy, a->qrstd, st->qrstd, 4 * T * c->H), OP(buf_copy, a->krstd, st->krstd, 4 * T * c->Hkv);
     }
 }
 
@@ -724,7 +717,7 @@ static whale_code mlp(qw_session *s, const qw_config *c, const qw_layer *ly, qw_
     float *h = a->g; /* in place, unless the backward needs g */
     if (a->h) {
         h = a->h;
-        memcpy(h, a->g, sizeof(float) * (size_t)T * c->F);
+        OP(buf_copy, h, a->g, sizeof(float) * (size_t)T * c->F);
     }
     OP(swiglu, h, a->u, (long)T * c->F, 0.0f);
     TRACE(WHALE_F32, h, 2, DIMS(T, c->F), "layers.%d.mlp.hidden", l);
@@ -771,13 +764,13 @@ static whale_code forward_hidden(qw_session *s, const whale_ubatch *ub, whale_er
     whale_code e;
     s->base.ub = ub;
     whale_ubatch_positions(ub, s->pos);
+    PROF(s, P_EMBED, OP(get_rows, s->X[0], D, whale_model_wref(s->base.model, qw->embed, D), ub->ids, T, D));
+    /* RoPE rows: the model's tables at the positions, or for dynamic scaling
+     * past the window, this forward's own (the frequencies of its longest position) */
     int longest = 0;
-    PROF(s, P_EMBED, for (int t = 0; t < T; t++) {
-        if (s->pos[t] >= longest) longest = s->pos[t] + 1;
-        whale_model_row(s->base.model, qw->embed, ub->ids[t], D, s->X[0] + (size_t)t * D);
-    });
+    for (int t = 0; t < T; t++) longest = s->pos[t] >= longest ? s->pos[t] + 1 : longest;
     s->rcos = qw->rope_cos, s->rsin = qw->rope_sin, s->rpos = s->pos;
-    if (s->dyn_cos && whale_rope_needs_rows(&c->rope, longest)) { /* dynamic: this forward's frequencies */
+    if (s->dyn_cos && whale_rope_needs_rows(&c->rope, longest)) {
         whale_rope_rows(&c->rope, longest, s->pos, T, s->dyn_cos, s->dyn_sin);
         s->rcos = s->dyn_cos, s->rsin = s->dyn_sin, s->rpos = s->dyn_idx;
     }
@@ -850,8 +843,8 @@ static whale_code attention_backward(qw_session *s, const qw_model *qw, const qw
         (e = linear_dw(s, T, D, HD, b->dx, a->att, ly->wo, gl->wo, err)))
         return e;
     TRACE(WHALE_F32, b->datt, 2, DIMS(T, HD), "grad.layers.%d.attn.context", l);
-    memset(b->dk, 0, sizeof(float) * (size_t)T * KVD);
-    memset(b->dv, 0, sizeof(float) * (size_t)T * KVD);
+    OP(buf_zero, b->dk, sizeof(float) * (size_t)T * KVD);
+    OP(buf_zero, b->dv, sizeof(float) * (size_t)T * KVD);
     for (int bi = 0; bi < B; bi++) {
         size_t qo = (size_t)bi * S * HD, ko = (size_t)bi * S * KVD;
         if ((e = OP(attention_backward, b->dq + qo, b->dk + ko, b->dv + ko, b->datt + qo, a->q + qo, a->k + ko,
@@ -947,11 +940,8 @@ static whale_code qw_train_step(whale_session *base, const int32_t *ids, const i
     }
     TRACE(WHALE_F32, b->dx, 2, DIMS(T, D), "grad.embedding");
     /* embedding: each token's row gets its gradient, in token order (deterministic) */
-    PROF(s, P_B_EMBED, for (int t = 0; gw->embed && t < T; t++) { /* NULL: frozen */
-        float *row = gw->embed + (size_t)ids[t] * D;
-        const float *d = b->dx + (size_t)t * D;
-        for (int i = 0; i < D; i++) row[i] += d[i];
-    });
+    if (gw->embed) /* NULL: frozen */
+        PROF(s, P_B_EMBED, OP(scatter_add_rows, gw->embed, D, b->dx, D, ids, NULL, T, D));
     return WHALE_OK;
 }
 

@@ -4,7 +4,6 @@
 #include "models/rope.h"
 
 #include "core/core.h"
-#include "kernels/ops.h"
 #include "models/model.h"
 
 #include <math.h>

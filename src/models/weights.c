@@ -387,8 +387,7 @@ static whale_code f32_tn(whale_session *s, int M, int N, int K, const float *A, 
     return s->be->matmul_tn(s->be, WHALE_F32, M, N, K, A, lda, B, ldb, C, ldc, 1, err);
 }
 
-/* What a product reads for W: its compute copy, or the fp32 values. */
-static whale_wref weight_ref(const whale_model *m, const float *W, int ldw) {
+whale_wref whale_model_wref(const whale_model *m, const float *W, int ldw) {
     whale_wview v = whale_model_weight(m, W);
     return (whale_wref){v.dtype, v.dtype == WHALE_F32 ? (const void *)W : v.data, ldw, v.scale};
 }
@@ -411,7 +410,7 @@ static whale_code lora_input(whale_session *s, lora_call *lc, int M, int K, cons
 
 whale_code whale_linear(whale_session *s, int M, int N, int K, const float *A, int lda, const float *W, int ldw,
                         float *C, int ldc, whale_err *err) {
-    whale_wref w = weight_ref(s->model, W, ldw);
+    whale_wref w = whale_model_wref(s->model, W, ldw);
     whale_code e = s->be->matmul_nt(s->be, M, N, K, A, lda, w, C, ldc, 0, err);
     if (!e && w.format == WHALE_F16) round_rows_f16(C, M, N, ldc);
     lora_call lc;
@@ -430,7 +429,7 @@ whale_code whale_linear_parts(whale_session *s, int K, int n, const whale_linear
     int joint = n <= WHALE_MM_MAX_PARTS;
     for (int i = 0; i < n && joint; i++) {
         const whale_linear_part *p = &parts[i];
-        whale_wref w = weight_ref(m, p->W, p->ldw);
+        whale_wref w = whale_model_wref(m, p->W, p->ldw);
         if (!i) dt = w.format;
         joint = w.format == dt && !(m->n_lora && whale_lora_find(m, p->W));
         np[i] = (whale_mm_part){p->M, p->N, p->A, p->lda, w.data, p->ldw, w.scale, p->C, p->ldc};
@@ -452,7 +451,7 @@ whale_code whale_linear_parts(whale_session *s, int K, int n, const whale_linear
 whale_code whale_linear_dx(whale_session *s, int M, int N, int K, const float *dC, int lddc, const float *W, int ldw,
                            float *dA, int ldda, int accumulate, whale_err *err) {
     /* int8: dC·(diag(scale)·q), dC's columns scaled in fp32, rounded to bf16, times q in bf16 */
-    whale_wref w = weight_ref(s->model, W, ldw);
+    whale_wref w = whale_model_wref(s->model, W, ldw);
     whale_code e = s->be->matmul_nn(s->be, M, K, N, dC, lddc, w, dA, ldda, accumulate, err);
     if (!e && w.format == WHALE_F16) round_rows_f16(dA, M, K, ldda);
     lora_call lc;
