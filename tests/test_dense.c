@@ -470,6 +470,10 @@ static void check_bad_configs(void) {
         {"llama-tiny", "{\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 4, "
                        "\"high_freq_factor\": 1, \"original_max_position_embeddings\": 32}}",
          "high_freq_factor must exceed low_freq_factor", WHALE_ERR_FORMAT},
+        {"qwen3-tiny", "{\"rope_parameters\": {\"rope_theta\": 1.0, \"rope_type\": \"yarn\", \"factor\": 4}}",
+         "qwen3-tiny: rope_parameters: yarn needs rope_theta > 1", WHALE_ERR_FORMAT},
+        {"llama-tiny", "{\"head_dim\": 2, \"rope_scaling\": {\"rope_type\": \"dynamic\", \"factor\": 2}}",
+         "llama-tiny: rope_scaling: dynamic scaling needs head_dim > 2", WHALE_ERR_FORMAT},
         {"llama-tiny", "{\"partial_rotary_factor\": 0.5}", "llama-tiny: partial_rotary_factor 0.5 is not supported",
          WHALE_ERR_UNSUPPORTED},
         {"llama-tiny", "{\"mlp_bias\": 1}", "llama-tiny: field \"mlp_bias\" must be true or false", WHALE_ERR_FORMAT},

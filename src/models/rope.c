@@ -34,6 +34,10 @@ static whale_code read_params(const cJSON *obj, const char *where, whale_rope *r
         if (r->high_freq_factor <= r->low_freq_factor)
             return whale_errf(err, WHALE_ERR_FORMAT, "%s: high_freq_factor must exceed low_freq_factor", where);
     }
+    if (r->type == WHALE_ROPE_DYNAMIC && r->dim <= 2) /* the NTK exponent dim / (dim − 2) */
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: dynamic scaling needs head_dim > 2", where);
+    if (r->type == WHALE_ROPE_YARN && !(r->theta > 1)) /* the correction range divides by log(rope_theta) */
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: yarn needs rope_theta > 1", where);
     if (r->type == WHALE_ROPE_YARN) {
         if ((e = whale_json_float(obj, "attention_factor", 0, 0, 0, 1e6, &r->attention_factor, where, err)) ||
             (e = whale_json_float(obj, "beta_fast", 0, 0, 0, 1e6, &r->beta_fast, where, err)) ||
@@ -81,10 +85,8 @@ whale_code whale_rope_from_config(const cJSON *cfg, const char *file, int dim, i
         const cJSON *full = cJSON_GetObjectItemCaseSensitive(rp, "full_attention");
         if (cJSON_IsObject(full)) rp = full; /* per layer type: every layer is full attention */
         snprintf(where, sizeof where, "%s: rope_parameters", file);
-        if (!cJSON_GetObjectItemCaseSensitive(rp, "rope_theta") && (e = whale_json_float(cfg, "rope_theta", 1, 0, 1e-6, 1e30, &r->theta, file, err)))
-            return e;
-        if (cJSON_GetObjectItemCaseSensitive(rp, "rope_theta") &&
-            (e = whale_json_float(rp, "rope_theta", 1, 0, 1e-6, 1e30, &r->theta, where, err)))
+        const cJSON *src = cJSON_GetObjectItemCaseSensitive(rp, "rope_theta") ? rp : cfg; /* else top level */
+        if ((e = whale_json_float(src, "rope_theta", 1, 0, 1e-6, 1e30, &r->theta, src == rp ? where : file, err)))
             return e;
         if ((e = read_type(rp, where, r, err))) return e;
         return read_params(rp, where, r, err);
