@@ -156,8 +156,14 @@ const char *whale_cpu_extras(void);
 typedef struct whale_model whale_model;
 
 /* Model families: nanowhale (DeepSeek-V4 style, model_type deepseek_v4) and
- * Qwen2 / Qwen2.5 (model_type qwen2, Qwen2ForCausalLM). */
-typedef enum { WHALE_FAMILY_NANOWHALE = 0, WHALE_FAMILY_QWEN2, WHALE_FAMILY_COUNT } whale_family;
+ * the dense decoder (WHALE_FAMILY_QWEN2 = WHALE_FAMILY_DENSE): model_type
+ * qwen2 (Qwen2 / Qwen2.5), llama (Llama 2/3/3.1/3.2, SmolLM2) and qwen3. */
+typedef enum {
+    WHALE_FAMILY_NANOWHALE = 0,
+    WHALE_FAMILY_QWEN2,
+    WHALE_FAMILY_COUNT,
+    WHALE_FAMILY_DENSE = WHALE_FAMILY_QWEN2
+} whale_family;
 
 /* Load a Hugging Face model directory (config.json + model.safetensors or
  * model.safetensors.index.json). Loading is strict: every missing,
@@ -165,7 +171,8 @@ typedef enum { WHALE_FAMILY_NANOWHALE = 0, WHALE_FAMILY_QWEN2, WHALE_FAMILY_COUN
 whale_code whale_model_load(const char *dir, whale_model **out, whale_err *err);
 
 /* Random initialisation. preset: "nanowhale-100m", "debug", "small", "tiny",
- * "qwen2.5-0.5b", "qwen2.5-7b", "qwen2-tiny", or a path to a config.json.
+ * "qwen2.5-0.5b", "qwen2.5-7b", "qwen2-tiny", "smollm2-135m", "llama-3.2-1b",
+ * "llama-tiny", "qwen3-0.6b", "qwen3-tiny", or a path to a config.json.
  * Weights follow the family's reference init. */
 whale_code whale_model_init(const char *preset, uint64_t seed, whale_model **out, whale_err *err);
 /* Random initialisation written straight to dir (config.json +

@@ -348,9 +348,12 @@ static whale_code model_from_config(const cJSON *cfg, const char *file, whale_mo
     if (!cJSON_IsString(mt))
         return whale_errf(err, WHALE_ERR_FORMAT, "%s: missing \"model_type\"", file);
     if (strcmp(mt->valuestring, "deepseek_v4") == 0) return nanowhale_from_config(cfg, file, out, err);
-    if (strcmp(mt->valuestring, "qwen2") == 0) return qwen2_from_config(cfg, file, out, err);
+    /* the dense decoder family: one file, a row per variant */
+    static const char *const dense[] = {"qwen2", "llama", "qwen3"};
+    for (int k = 0; k < 3; k++)
+        if (strcmp(mt->valuestring, dense[k]) == 0) return qwen2_from_config(cfg, file, out, err);
     return whale_errf(err, WHALE_ERR_UNSUPPORTED,
-                      "%s: model_type \"%s\" is not supported (supported: deepseek_v4, qwen2)", file,
+                      "%s: model_type \"%s\" is not supported (supported: deepseek_v4, qwen2, llama, qwen3)", file,
                       mt->valuestring);
 }
 
@@ -362,7 +365,8 @@ static whale_code preset_config(const char *name, cJSON **out, whale_err *err) {
     if (c != WHALE_ERR_ARG) return c;
     return whale_errf(err, WHALE_ERR_ARG,
                       "unknown preset \"%s\" (nanowhale-100m, debug, small, tiny, qwen2.5-0.5b, qwen2.5-7b, "
-                      "qwen2-tiny, or a config .json file)",
+                      "qwen2-tiny, smollm2-135m, llama-3.2-1b, llama-tiny, qwen3-0.6b, qwen3-tiny, or a config "
+                      ".json file)",
                       name);
 }
 
