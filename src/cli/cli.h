@@ -15,6 +15,13 @@ int cli_int(const char *cmd, const char *opt, const char *val, long lo, long hi,
 int cli_float(const char *cmd, const char *opt, const char *val, double lo, double hi, double *out);
 /* argv[*i] is an option that takes a value: returns it and advances *i, or NULL. */
 const char *cli_value(int argc, char **argv, int *i);
+/* Option a is opt, with "-" and "_" alike after the leading "--" (ms-swift
+ * and Hugging Face spell --merge_lora what whale spells --merge-lora). */
+int cli_opt_is(const char *a, const char *opt);
+/* A boolean option: if argv[*i] is opt, *flag becomes 1, or the value that
+ * follows when it is true/false/1/0 (then consumed), and 1 is returned;
+ * otherwise 0. */
+int cli_bool_option(int argc, char **argv, int *i, const char *opt, int *flag);
 
 /* Sampling options shared by generate and chat. Defaults: temperature 0.7,
  * top-k 50, top-p 0.9 (the original nanowhale chat settings with Hugging

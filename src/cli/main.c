@@ -82,6 +82,24 @@ const char *cli_value(int argc, char **argv, int *i) {
     return argv[++*i];
 }
 
+int cli_opt_is(const char *a, const char *opt) {
+    if (strncmp(a, "--", 2) || strncmp(opt, "--", 2)) return !strcmp(a, opt);
+    for (a += 2, opt += 2; *a && *opt; a++, opt++)
+        if (*a != *opt && !((*a == '-' || *a == '_') && (*opt == '-' || *opt == '_'))) return 0;
+    return !*a && !*opt;
+}
+
+int cli_bool_option(int argc, char **argv, int *i, const char *opt, int *flag) {
+    if (!cli_opt_is(argv[*i], opt)) return 0;
+    *flag = 1;
+    if (*i + 1 < argc) {
+        const char *v = argv[*i + 1];
+        if (!strcmp(v, "true") || !strcmp(v, "1") || !strcmp(v, "True")) *flag = 1, ++*i;
+        else if (!strcmp(v, "false") || !strcmp(v, "0") || !strcmp(v, "False")) *flag = 0, ++*i;
+    }
+    return 1;
+}
+
 int cli_parse_id_list(const char *cmd, const char *text, int32_t **ids, int *n) {
     int cap = 16, count = 0;
     int32_t *out = malloc(sizeof(int32_t) * cap);
