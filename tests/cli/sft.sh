@@ -94,6 +94,19 @@ check "generate -m BASE --adapters" cmp -s "$TMP/g_ad" "$TMP/g_ad2"
 check "export --merge-lora writes CKPT-merged" test -s "$CK-merged/model.safetensors"
 "$WHALE" generate -m "$CK-merged" -p "Who are you?" -n 12 --temperature 0 >"$TMP/g_mg" 2>/dev/null
 check "merged model = base + adapters (greedy text)" cmp -s "$TMP/g_ad" "$TMP/g_mg"
+# a BF16 base merges into BF16, with generation_config.json and the tokenizer files
+"$WHALE" export -m "$TMP/base" --dtype bf16 --out "$TMP/base16" 2>/dev/null
+echo '{"temperature": 0.7, "top_p": 0.8}' >"$TMP/base16/generation_config.json"
+"$WHALE" export -m "$TMP/base16" --adapters "$CK" --merge_lora true --out "$TMP/m16" 2>"$TMP/err"
+check "export --merge_lora true from a bf16 base" grep -q '^export: wrote .* (bf16, .* merged with LoRA' "$TMP/err"
+check "... reports the planned memory and peak RSS" grep -q 'planned .* MiB, peak RSS .* MiB' "$TMP/err"
+check "... keeps bfloat16 in config.json" grep -q '"bfloat16"' "$TMP/m16/config.json"
+for f in generation_config.json tokenizer.json tokenizer_config.json; do check "... copies $f" test -s "$TMP/m16/$f"; done
+check "... half the fp32 merge's size" test "$(stat -c %s "$TMP/m16/model.safetensors")" -lt \
+    "$(( $(stat -c %s "$CK-merged/model.safetensors") * 51 / 100 ))"
+expect_status 7 'needs an estimated .* GiB' -- "$WHALE" export --adapters "$CK" --merge-lora --memory-limit 0.000001 \
+    --out "$TMP/m-nomem"
+check "a refused export writes nothing" test ! -e "$TMP/m-nomem"
 printf 'Who are you?\n' | "$WHALE" chat --adapters "$CK" -n 8 --temperature 0 >/dev/null 2>&1
 check "chat --adapters" test $? = 0
 "$WHALE" chat-eval --adapters "$CK" --data "$ROOT/data/self_cognition_eval.jsonl" "${NAMES[@]}" -n 4 >"$TMP/ev" 2>/dev/null
