@@ -2,6 +2,7 @@
  * ms-swift's option names (dashes or underscores) and run layout. */
 #include "cli/cli.h"
 
+#include "train/sft_select.h"
 #include "whale_train.h"
 
 #include <stdio.h>
@@ -46,13 +47,6 @@ static int multi_values(int argc, char **argv, int *i, const char **vals, int ca
     return n;
 }
 
-static int parse_bool(const char *v, int *out) {
-    if (!strcmp(v, "true") || !strcmp(v, "1")) *out = 1;
-    else if (!strcmp(v, "false") || !strcmp(v, "0")) *out = 0;
-    else return -1;
-    return 0;
-}
-
 /* Print a sample's text with the trained bytes inside [[ ]]. */
 static whale_code show_sample(whale_sft_dataset *ds, int64_t i, whale_err *err) {
     char *text;
@@ -85,27 +79,32 @@ static whale_code show_sample(whale_sft_dataset *ds, int64_t i, whale_err *err) 
 static int dry_run(const whale_sft_run_opts *o, long n_show) {
     whale_err err;
     whale_tokenizer *tok = NULL;
-    whale_sft_dataset *ds = NULL;
+    whale_sft_dataset *ds = NULL, *val = NULL;
     whale_chat_template *tpl = NULL;
     int status = 0;
     if (whale_tokenizer_load(o->model, &tok, &err) || whale_chat_template_load(o->model, o->chat_template, &tpl, &err))
         goto fail;
     if (whale_chat_template_notice(tpl)) fprintf(stderr, "whale: %s\n", whale_chat_template_notice(tpl));
-    if (whale_sft_dataset_open_template(o->data, o->n_data, tok, tpl, &o->data_opts, &ds, &err)) goto fail;
+    if (whale_sft_open_data(o->data, o->n_data, tok, tpl, &o->data_opts, o->n_val_data ? 0 : o->split_ratio, o->seed,
+                            &ds, &val, &err))
+        goto fail;
     whale_sft_stats st;
     whale_sft_dataset_stats(ds, &st);
     for (int64_t i = 0; i < n_show && i < st.samples; i++)
         if (show_sample(ds, i, &err)) goto fail;
     printf("{\"template\": \"%s\", \"records\": %lld, \"samples\": %lld, \"skipped\": %lld, \"deleted\": %lld, "
-           "\"truncated\": %lld, \"untrained\": %lld, \"tokens\": %lld, \"trained_tokens\": %lld, \"longest\": %d}\n",
+           "\"truncated\": %lld, \"untrained\": %lld, \"tokens\": %lld, \"trained_tokens\": %lld, \"longest\": %d",
            whale_chat_template_name(tpl), (long long)st.records, (long long)st.samples, (long long)st.skipped,
            (long long)st.deleted, (long long)st.truncated, (long long)st.untrained, (long long)st.tokens,
            (long long)st.trained_tokens, st.max_sample_tokens);
+    if (val) printf(", \"validation_samples\": %lld", (long long)whale_sft_dataset_num_samples(val));
+    printf("}\n");
     goto out;
 fail:
     status = cli_fail(&err);
 out:
     whale_sft_dataset_free(ds);
+    whale_sft_dataset_free(val);
     whale_chat_template_free(tpl);
     whale_tokenizer_free(tok);
     return status;
@@ -114,10 +113,10 @@ out:
 int cmd_sft(int argc, char **argv) {
     whale_sft_run_opts o = whale_sft_run_defaults();
     o.out = "output";
-    const char *data[256], *names[2] = {0}, *authors[2] = {0}, *targets[64];
+    const char *data[256], *val[64], *names[2] = {0}, *authors[2] = {0}, *targets[64];
     char target_list[2048] = "";
     long threads = 0, n_show = -1;
-    int n_data = 0;
+    int n_data = 0, n_val = 0;
     char cmdline[4096] = "whale";
     for (int i = 0; i < argc; i++) /* recorded in args.json */
         if (i && strlen(cmdline) + strlen(argv[i]) + 2 < sizeof cmdline) strcat(strcat(cmdline, " "), argv[i]);
@@ -133,28 +132,15 @@ int cmd_sft(int argc, char **argv) {
         int bad = 0;
         long n = 0;
         double d = 0;
-        /* flags and options with several values */
-        if (!strcmp(a, "--packing")) {
-            o.data_opts.packing = 1;
+        /* booleans (a flag, or followed by true/false/1/0) and options with several values */
+        if (cli_bool_option(argc, argv, &i, "--packing", &o.data_opts.packing) ||
+            cli_bool_option(argc, argv, &i, "--gradient-checkpointing", &o.recompute) ||
+            cli_bool_option(argc, argv, &i, "--recompute", &o.recompute) ||
+            cli_bool_option(argc, argv, &i, "--nan-check", &o.nan_check) ||
+            cli_bool_option(argc, argv, &i, "--quiet", &o.quiet) ||
+            cli_bool_option(argc, argv, &i, "--use-rslora", &o.lora.use_rslora) ||
+            cli_bool_option(argc, argv, &i, "--save-only-model", &o.save_only_model))
             continue;
-        }
-        if (!strcmp(a, "--gradient-checkpointing") || !strcmp(a, "--recompute")) {
-            o.recompute = 1;
-            continue;
-        }
-        if (!strcmp(a, "--nan-check")) {
-            o.nan_check = 1;
-            continue;
-        }
-        if (!strcmp(a, "--quiet")) {
-            o.quiet = 1;
-            continue;
-        }
-        if (!strcmp(a, "--use-rslora")) {
-            o.lora.use_rslora = 1;
-            if (i + 1 < argc && !parse_bool(argv[i + 1], &o.lora.use_rslora)) i++;
-            continue;
-        }
         if (!strcmp(a, "--dry-run")) {
             n_show = 3;
             if (i + 1 < argc && argv[i + 1][0] != '-' && cli_int("sft", a, argv[++i], 0, 1L << 30, &n_show)) return 2;
@@ -164,6 +150,12 @@ int cmd_sft(int argc, char **argv) {
             int k = multi_values(argc, argv, &i, data + n_data, 256 - n_data);
             if (!k) return cli_usage("sft", "%s needs one or more files", argv[i]);
             n_data += k;
+            continue;
+        }
+        if (!strcmp(a, "--val-dataset")) {
+            int k = multi_values(argc, argv, &i, val + n_val, 64 - n_val);
+            if (!k) return cli_usage("sft", "%s needs one or more files", argv[i]);
+            n_val += k;
             continue;
         }
         if (!strcmp(a, "--model-name") || !strcmp(a, "--model-author")) {
@@ -233,6 +225,8 @@ int cmd_sft(int argc, char **argv) {
         FLT_OPT("--max-grad-norm", 0, 1e9, o.max_grad_norm)
         INT_OPT("--seed", 0, 0x7fffffffffffffffL, o.seed)
         INT_OPT("--save-steps", 1, 1L << 40, o.save_steps)
+        INT_OPT("--eval-steps", 1, 1L << 40, o.eval_steps)
+        FLT_OPT("--split-dataset-ratio", 0, 0.999999, o.split_ratio)
         INT_OPT("--save-total-limit", 0, 1 << 20, o.save_total_limit)
         INT_OPT("--logging-steps", 1, 1L << 40, o.logging_steps)
         INT_OPT("--threads", 1, 1024, threads)
@@ -249,6 +243,8 @@ int cmd_sft(int argc, char **argv) {
     o.memory_limit *= 1073741824.0; /* GiB */
     o.data = data;
     o.n_data = n_data;
+    o.val_data = val;
+    o.n_val_data = n_val;
     o.data_opts.model_name[0] = names[0], o.data_opts.model_name[1] = names[1];
     o.data_opts.model_author[0] = authors[0], o.data_opts.model_author[1] = authors[1];
     if (n_show >= 0) return dry_run(&o, n_show);
@@ -257,8 +253,12 @@ int cmd_sft(int argc, char **argv) {
     whale_sft_result res;
     if (whale_sft_run(&o, &res, &err)) return cli_fail(&err);
     printf("{\"steps\": %lld, \"loss\": %.6f, \"seconds\": %.1f, \"tokens_per_s\": %.1f, \"trainable_params\": %lld, "
-           "\"run_dir\": \"%s\", \"last_checkpoint\": \"%s\"}\n",
+           "\"run_dir\": \"%s\", \"last_checkpoint\": \"%s\"",
            (long long)res.steps, res.last_loss, res.seconds, res.tokens_per_s, (long long)res.trainable_params,
            res.run_dir, res.last_checkpoint);
+    if (res.best_checkpoint[0])
+        printf(", \"eval_loss\": %.6f, \"eval_token_acc\": %.6f, \"best_model_checkpoint\": \"%s\", \"best_metric\": %.6f",
+               res.eval_loss, res.eval_token_acc, res.best_checkpoint, res.best_metric);
+    printf("}\n");
     return 0;
 }

@@ -786,8 +786,16 @@ whale_code whale_head_loss_chunk(whale_session *s, int n, int D, int V, const fl
                                  int64_t *count, whale_err *err) {
     whale_code e = whale_linear(s, n, V, D, hn, D, head, D, logits, V, err);
     if (e) return e;
-    if (gs == 0) { /* evaluation: the loss only */
+    if (gs == 0) { /* evaluation: the loss, and the token accuracy's hits */
         *loss = whale_cross_entropy_labels(logits, tgt, 1, n, V, count);
+        for (int r = 0; r < n; r++) {
+            if (tgt[r] < 0 || tgt[r] >= V) continue;
+            const float *row = logits + (size_t)r * V;
+            int best = 0; /* the first largest, as torch.argmax */
+            for (int v = 1; v < V; v++)
+                if (row[v] > row[best]) best = v;
+            s->eval_hits += best == tgt[r];
+        }
         return WHALE_OK;
     }
     *loss = whale_cross_entropy_labels_backward_scaled(logits, logits, tgt, 1, n, V, gs, count);
