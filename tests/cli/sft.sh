@@ -70,6 +70,38 @@ if command -v python3 >/dev/null; then
 fi
 check "adapter_config records the recipe" grep -q '"lora_alpha":.8' "$CK/adapter_config.json"
 
+# validation: a held-out share, eval lines, the best checkpoint, --save_only_model, ms-swift's booleans
+"$WHALE" sft -m "$TMP/base" --dataset "$SC" "${NAMES[@]}" --split_dataset_ratio 0.1 --eval_steps 2 --save_steps 2 \
+    --max_steps 4 --per_device_train_batch_size 4 --gradient_accumulation_steps 1 --save_total_limit 1 \
+    --gradient_checkpointing true --use_rslora false --save_only_model true --output_dir "$TMP/val" >"$TMP/res" 2>"$TMP/err"
+check "a run with --split_dataset_ratio 0.1 --eval_steps 2" test $? = 0
+VR=$(ls -d "$TMP"/val/v0-*)
+check "8 of the 88 records held out" grep -q '^sft: validation: 8 samples' "$TMP/err"
+check "eval progress lines" grep -q '^eval     2/4  eval_loss [0-9.]*  eval_token_acc [0-9.]*' "$TMP/err"
+check "logging.jsonl: an eval line at steps 2 and 4" \
+    test "$(grep -c '"eval_loss": [0-9.]*, "eval_token_acc": [0-9.]*, "eval_runtime"' "$VR/logging.jsonl")" = 2
+check "the summary line names the best checkpoint" grep -q '"best_model_checkpoint": ".*checkpoint-[24]", "best_metric": [0-9.]' "$VR/logging.jsonl"
+check "trainer_state.json: best_model_checkpoint and best_metric" \
+    grep -q '"best_model_checkpoint":' "$VR/checkpoint-4/trainer_state.json"
+check "... and the log history with eval_loss" grep -q '"eval_loss":' "$VR/checkpoint-4/trainer_state.json"
+check "--save_only_model: no optimizer state" test ! -e "$VR/checkpoint-4/optimizer.safetensors"
+check "args.json records the split and gradient checkpointing" \
+    grep -q '"split_dataset_ratio":.0.1' "$VR/args.json"
+check "... gradient_checkpointing true" grep -q '"gradient_checkpointing":.true' "$VR/args.json"
+expect_status 3 'no optimizer state' -- "$WHALE" sft -m "$TMP/base" --data "$SC" "${NAMES[@]}" --split_dataset_ratio 0.1 \
+    --max_steps 6 --batch-size 4 --grad-accum 1 --quiet --out "$TMP/val2" --resume "$VR/checkpoint-4"
+check "whale plot reads an sft run (logging.jsonl)" "$WHALE" plot "$VR" --out "$TMP/val.svg"
+check "... with the eval points" grep -q '<circle' "$TMP/val.svg"
+# a validation file (FILE#N sampling): training on it lowers its loss and raises the token accuracy
+"$WHALE" sft -m "$TMP/base" --data "$SC#8" --val_dataset "$SC#8" "${NAMES[@]}" --train_type full --max_steps 6 \
+    --eval_steps 3 --batch-size 8 --grad-accum 1 --lr 3e-2 --out "$TMP/learn" --quiet >"$TMP/res" 2>&1
+check "--val_dataset FILE#8" test "$(grep -c '"eval_loss"' "$(ls -d "$TMP"/learn/v0-*)/logging.jsonl")" = 2
+check "eval_loss falls and eval_token_acc rises" awk -F'[:,]' 'BEGIN { n = 0 } /"eval_loss"/ { l[n] = $2; a[n] = $4; n++ }
+    END { exit !(n == 2 && l[1] < l[0] && a[1] > a[0] && a[1] > 0 && a[1] <= 1) }' "$(ls -d "$TMP"/learn/v0-*)/logging.jsonl"
+"$WHALE" sft -m "$TMP/base" --data "$SC#20" "${NAMES[@]}" --packing true --max-length 128 --dry-run 0 >"$TMP/dry" 2>/dev/null
+check "FILE#20 draws 20 samples; --packing true" grep -q '"samples": 20,' "$TMP/dry"
+expect_status 3 'not downloaded' -- "$WHALE" sft -m "$TMP/base" --data "AI-ModelScope/alpaca-gpt4-data-zh#500" --dry-run 0
+
 # --resume continues exactly: the same adapters as the uninterrupted run
 RS=(-m "$TMP/base" --data "$SC" "${NAMES[@]}" --max-steps 4 --batch-size 2 --grad-accum 2 --save-steps 2 --lr 1e-3 --quiet)
 "$WHALE" sft "${RS[@]}" --out "$TMP/rs-full" >/dev/null 2>&1
