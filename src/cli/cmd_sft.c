@@ -25,8 +25,12 @@ static const char sft_usage[] =
     "  --system TEXT   system prompt for records without one (default: the chat template's)\n"
     "  --chat-template deepseek|chatml|raw|FILE.jinja (default: the model folder's own)\n"
     "  --warmup-ratio R (0)  --weight-decay W (0.1)  --max-grad-norm G (1)  --seed S (42)\n"
-    "  --save-steps N (500)  --save-total-limit N (keep all)  --logging-steps N (5)\n"
+    "  --save-steps N (500)  --save-total-limit N (keep all; never the best)  --logging-steps N (5)\n"
+    "  --val-dataset FILE...  --split-dataset-ratio R (0): validation files, or a held-out share of each file\n"
+    "  --eval-steps N (--save-steps): eval_loss and eval_token_acc; the best checkpoint in trainer_state.json\n"
+    "  --save-only-model: checkpoints without optimizer state (cannot be resumed)\n"
     "  --gradient-checkpointing (alias --recompute)  --nan-check  --memory-limit GIB  --threads N  --quiet\n"
+    "  booleans are flags or take true|false|1|0; FILE#N draws N samples of FILE (seeded, as ms-swift)\n"
     "  --out DIR (output; alias --output-dir)   --dry-run [N]: show N samples (3) with the trained text in [[ ]]\n"
     "  --resume CKPT (alias --resume-from-checkpoint): continue a run from its checkpoint, same settings,\n"
     "      into a new run folder (the steps after it are those the run would have taken)\n"
@@ -115,7 +119,7 @@ int cmd_sft(int argc, char **argv) {
     o.out = "output";
     const char *data[256], *val[64], *names[2] = {0}, *authors[2] = {0}, *targets[64];
     char target_list[2048] = "";
-    long threads = 0, n_show = -1;
+    long threads = 0, n_show = -1, eval_batch = 0, workers = -1;
     int n_data = 0, n_val = 0;
     char cmdline[4096] = "whale";
     for (int i = 0; i < argc; i++) /* recorded in args.json */
@@ -230,6 +234,8 @@ int cmd_sft(int argc, char **argv) {
         INT_OPT("--save-total-limit", 0, 1 << 20, o.save_total_limit)
         INT_OPT("--logging-steps", 1, 1L << 40, o.logging_steps)
         INT_OPT("--threads", 1, 1024, threads)
+        INT_OPT("--per-device-eval-batch-size", 1, 65536, eval_batch)
+        INT_OPT("--dataloader-num-workers", 0, 1024, workers)
         FLT_OPT("--memory-limit", 1e-3, 1e6, o.memory_limit)
         else return cli_usage("sft", "unknown option \"%s\"", argv[i - 1]);
 #undef INT_OPT
@@ -248,6 +254,11 @@ int cmd_sft(int argc, char **argv) {
     o.data_opts.model_name[0] = names[0], o.data_opts.model_name[1] = names[1];
     o.data_opts.model_author[0] = authors[0], o.data_opts.model_author[1] = authors[1];
     if (n_show >= 0) return dry_run(&o, n_show);
+    if (!o.quiet && workers >= 0)
+        fprintf(stderr, "sft: note: --dataloader_num_workers has no effect (the data is tokenized once, up front)\n");
+    if (!o.quiet && eval_batch && eval_batch != o.batch_size)
+        fprintf(stderr, "sft: note: evaluation runs --per_device_train_batch_size (%d) rows at a time, not %ld\n",
+                o.batch_size, eval_batch);
     whale_set_threads((int)threads);
     whale_err err;
     whale_sft_result res;
