@@ -552,7 +552,9 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
     int B = o->batch_size;
     grad_accum = o->grad_accum > 0 ? o->grad_accum : (16 + B - 1) / B; /* ms-swift: a total batch >= 16 */
     int64_t per_step = (int64_t)B * grad_accum;
-    int64_t max_steps = o->max_steps > 0 ? o->max_steps : (int64_t)ceil(o->epochs * (double)rows / (double)per_step);
+    /* Hugging Face's count: an epoch's last micro-batch and its last step may be partial */
+    int64_t steps_per_epoch = ((rows + B - 1) / B + grad_accum - 1) / grad_accum;
+    int64_t max_steps = o->max_steps > 0 ? o->max_steps : (int64_t)ceil(o->epochs * (double)steps_per_epoch);
     if (max_steps < 1) max_steps = 1;
     r.max_steps = max_steps;
     double lr = o->lr > 0 ? o->lr : o->tuner == WHALE_TUNE_LORA ? 1e-4 : 1e-5;
@@ -667,7 +669,7 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
         whale_memory_print(&mm, stderr);
         fprintf(stderr, "sft: %s, %s; %lld steps of %d × %d rows (%.3g epochs), lr %.3g; run folder %s\n",
                 lora ? "LoRA" : "full fine-tuning", whale_dtype_torch_name(o->dtype), (long long)max_steps, B, grad_accum,
-                (double)max_steps * (double)per_step / (double)rows, lr, r.run_dir);
+                (double)max_steps / (double)steps_per_epoch, lr, r.run_dir);
     }
 
     int fp16 = o->dtype == WHALE_F16;
@@ -680,14 +682,19 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
     for (int64_t step = start; step < max_steps;) {
         double t0 = whale_now();
         double lr_now = lr * whale_lr_multiplier(o->schedule, step, warmup, max_steps);
-        for (int i = 0; i < grad_accum && !c; i++)
-            if (!(c = whale_sft_next_batch(ds, cur, B, S, &micro[i], err))) {
+        int n_micro = 0;
+        for (int i = 0; i < grad_accum && !c; i++, n_micro++) {
+            int64_t left = cur->windows ? cur->windows - cur->index : rows;
+            if (left == 0 && i > 0) break; /* the epoch's last step ends with it */
+            int nb = left > 0 && left < B ? (int)left : B;
+            if (!(c = whale_sft_next_batch(ds, cur, nb, S, &micro[i], err))) {
                 whale_batch_trim(&micro[i]);
                 tokens += (int64_t)micro[i].B * micro[i].S;
             }
+        }
         if (c) goto done;
         whale_step_result sr;
-        if ((c = whale_train_one_step(r.s, r.opt, fp16 ? &r.scaler : NULL, nan, micro, grad_accum, 0, o->max_grad_norm,
+        if ((c = whale_train_one_step(r.s, r.opt, fp16 ? &r.scaler : NULL, nan, micro, n_micro, 0, o->max_grad_norm,
                                       lr_now, step + 1, &sr, err)))
             goto done;
         step++;

@@ -102,6 +102,15 @@ check "eval_loss falls and eval_token_acc rises" awk -F'[:,]' 'BEGIN { n = 0 } /
 check "FILE#20 draws 20 samples; --packing true" grep -q '"samples": 20,' "$TMP/dry"
 expect_status 3 'not downloaded' -- "$WHALE" sft -m "$TMP/base" --data "AI-ModelScope/alpaca-gpt4-data-zh#500" --dry-run 0
 
+# Hugging Face's step count: 88 records at a total batch of 16 are 6 steps per epoch, the last of 8 rows
+"$WHALE" sft -m "$TMP/base" --data "$SC" "${NAMES[@]}" --num_train_epochs 1 --batch-size 4 --grad-accum 4 \
+    --logging-steps 1 --out "$TMP/hf-steps" >"$TMP/res" 2>"$TMP/err"
+check "88 records, batch 4 x 4: 6 steps for one epoch" grep -q '6 steps of 4 × 4 rows (1 epochs)' "$TMP/err"
+check "... step 5 ends at 80/88 of the epoch, step 6 at its end" \
+    grep -q '"epoch": 0.9091, "global_step/max_steps": "5/6"' "$(ls -d "$TMP"/hf-steps/v0-*)/logging.jsonl"
+check "... (epoch 1.0 at step 6)" grep -q '"epoch": 1.0000, "global_step/max_steps": "6/6"' \
+    "$(ls -d "$TMP"/hf-steps/v0-*)/logging.jsonl"
+
 # --resume continues exactly: the same adapters as the uninterrupted run
 RS=(-m "$TMP/base" --data "$SC" "${NAMES[@]}" --max-steps 4 --batch-size 2 --grad-accum 2 --save-steps 2 --lr 1e-3 --quiet)
 "$WHALE" sft "${RS[@]}" --out "$TMP/rs-full" >/dev/null 2>&1
