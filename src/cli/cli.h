@@ -23,6 +23,32 @@ int cli_opt_is(const char *a, const char *opt);
  * otherwise 0. */
 int cli_bool_option(int argc, char **argv, int *i, const char *opt, int *flag);
 
+/* One option table per command, one parser. An entry names its spellings
+ * ("-n|--max-new-tokens|--max-tokens"; after "--", "-" and "_" are alike,
+ * so ms-swift's --max_new_tokens matches) and where its value goes:
+ *   CLI_FLAG    int *: 1, or the true/false/1/0 that follows
+ *   CLI_STR     const char **
+ *   CLI_LONG    long *, in [lo, hi]        CLI_DOUBLE  double *, in [lo, hi]
+ *   CLI_DTYPE   whale_dtype * (fp32|bf16|fp16|int8 and their spellings)
+ *   CLI_PAIR    const char *[2]: one or two values (Chinese, English)
+ *   CLI_NOTE    takes a value that changes nothing here: note says why
+ *               (printed once as "CMD: note: ...") */
+typedef enum { CLI_FLAG, CLI_STR, CLI_LONG, CLI_DOUBLE, CLI_DTYPE, CLI_PAIR, CLI_NOTE } cli_kind;
+typedef struct {
+    const char *names;
+    cli_kind kind;
+    void *dst;
+    double lo, hi;
+    const char *note;
+} cli_opt;
+
+/* Parse argv[1..argc) against opts (terminated by an entry with NULL
+ * names); with sp, the sampling options (cli_sampling_option) too.
+ * -h/--help prints help and returns -1; an unknown option, a missing or
+ * malformed value returns the usage status (2); 0 when all is parsed. */
+int cli_parse(const char *cmd, const char *help, int argc, char **argv, const cli_opt *opts,
+              whale_sampler_params *sp, unsigned *given);
+
 /* Sampling options shared by generate and chat. Defaults: temperature 0.7,
  * top-k 50, top-p 0.9 (the original nanowhale chat settings with Hugging
  * Face's top-k), seed from the clock unless --seed is given. */
@@ -40,8 +66,8 @@ int cli_sampling_option(const char *cmd, const char *a, const char *v, whale_sam
                         int *bad);
 /* The model folder's generation_config.json (if any) sets the sampling
  * options the command line did not (as ms-swift and transformers do);
- * verbose prints what it took. */
-whale_code cli_generation_config(const char *dir, whale_sampler_params *sp, unsigned given, int verbose,
+ * verbose (a command name, or NULL) prints what it took as "CMD: ...". */
+whale_code cli_generation_config(const char *dir, whale_sampler_params *sp, unsigned given, const char *verbose,
                                  whale_err *err);
 
 /* --dtype fp32|bf16 (compute precision of a model run). */
