@@ -147,6 +147,33 @@ int cli_parse(const char *cmd, const char *help, int argc, char **argv, const cl
     return 0;
 }
 
+/* arg as a POSIX shell reads it back: as is when it is plain, else in
+ * single quotes (a quote inside becomes '\''). */
+static size_t shell_quote(const char *arg, char *out, size_t cap) {
+    int plain = *arg != 0;
+    for (const char *p = arg; *p && plain; p++)
+        plain = (unsigned char)*p >= 0x80 || strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@%", *p);
+    size_t n = 0;
+    if (plain) return (size_t)snprintf(out, cap, "%s", arg);
+    if (n + 1 < cap) out[n++] = '\'';
+    for (const char *p = arg; *p && n + 5 < cap; p++) {
+        if (*p == '\'') memcpy(out + n, "'\\''", 4), n += 4;
+        else out[n++] = *p;
+    }
+    if (n + 1 < cap) out[n++] = '\'';
+    out[n < cap ? n : cap - 1] = 0;
+    return n;
+}
+
+void cli_command_line(int argc, char **argv, char *out, size_t cap) {
+    size_t n = (size_t)snprintf(out, cap, "whale");
+    for (int i = 0; i < argc && n + 2 < cap; i++) {
+        out[n++] = ' ';
+        n += shell_quote(argv[i], out + n, cap - n);
+    }
+    if (n >= cap) out[cap - 1] = 0;
+}
+
 int cli_parse_id_list(const char *cmd, const char *text, int32_t **ids, int *n) {
     int cap = 16, count = 0;
     int32_t *out = malloc(sizeof(int32_t) * cap);

@@ -75,6 +75,10 @@ int cli_dtype(const char *cmd, const char *v, whale_dtype *dt);
 /* "fp32", "bf16", "fp16", "int8" */
 const char *cli_dtype_name(whale_dtype dt);
 
+/* "whale CMD ARGS..." as typed, each argument shell-quoted when needed
+ * (argv[0] is the command name), cut to cap. */
+void cli_command_line(int argc, char **argv, char *out, size_t cap);
+
 /* Parse "0,15,27" into ids (malloc'd). */
 int cli_parse_id_list(const char *cmd, const char *text, int32_t **ids, int *n);
 

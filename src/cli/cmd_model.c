@@ -24,6 +24,36 @@ static int wants_help(int argc, char **argv) {
 
 /* ------------------------------------------------------------------ info */
 
+/* The checkpoint as stored: tensors and bytes by dtype, and the config's
+ * dtype field (loading converts to the run's precision). */
+static void print_stored(const char *dir) {
+    whale_st *st;
+    whale_err err;
+    if (whale_st_open_dir(dir, &st, &err)) return;
+    int count[WHALE_DTYPE_COUNT] = {0};
+    double bytes[WHALE_DTYPE_COUNT] = {0};
+    for (int i = 0; i < whale_st_count(st); i++) {
+        const whale_st_entry *e = whale_st_at(st, i);
+        count[e->dtype]++;
+        bytes[e->dtype] += (double)e->nbytes;
+    }
+    whale_st_close(st);
+    printf("stored            ");
+    for (int d = 0, first = 1; d < WHALE_DTYPE_COUNT; d++)
+        if (count[d]) printf("%s%s: %d tensors, %.1f MiB", first ? "" : "; ", whale_dtype_name((whale_dtype)d), count[d],
+                             bytes[d] / 1048576.0), first = 0;
+    char path[4200];
+    cJSON *cfg;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (!whale_read_json_object(path, &cfg, &err)) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(cfg, "torch_dtype");
+        if (!cJSON_IsString(t)) t = cJSON_GetObjectItemCaseSensitive(cfg, "dtype");
+        if (cJSON_IsString(t)) printf(" (config: %s)", t->valuestring);
+        cJSON_Delete(cfg);
+    }
+    printf("\n");
+}
+
 int cmd_info(int argc, char **argv) {
     const char *dir = NULL;
     if (wants_help(argc, argv)) {
@@ -42,10 +72,25 @@ int cmd_info(int argc, char **argv) {
     printf("model             %s\n", dir);
     whale_model_print_info(m, stdout);
     whale_model_free(m);
+    print_stored(dir);
     return 0;
 }
 
 /* ------------------------------------------------------------------ init */
+
+/* A line updated in place while a model of over 10M parameters is written
+ * (0.5B takes tens of seconds); the final figure always. */
+static void init_progress(void *user, int64_t done, int64_t total) {
+    static double last = -1;
+    (void)user;
+    if (total < 10000000) return;
+    double pct = 100.0 * (double)done / (double)total, now = whale_now();
+    if (done < total && now - last < 0.5) return;
+    last = now;
+    fprintf(stderr, "\rinit: %5.1f%% of %.1fM parameters", pct, (double)total / 1e6);
+    if (done == total) fputc('\n', stderr);
+    fflush(stderr);
+}
 
 int cmd_init(int argc, char **argv) {
     const char *preset = NULL, *out = NULL, *tokenizer = NULL;
@@ -86,10 +131,10 @@ int cmd_init(int argc, char **argv) {
             whale_model_free(skel);
         }
     }
-    if (!c) c = whale_model_init_to_dir(preset, NULL, (uint64_t)seed, dt, out, &n_params, &err);
+    if (!c) c = whale_model_init_to_dir_progress(preset, NULL, (uint64_t)seed, dt, out, &n_params, init_progress, NULL, &err);
     if (!c && tokenizer) c = whale_tokenizer_copy_files(tokenizer, out, &err);
     if (!c)
-        fprintf(stderr, "whale: wrote %s (%lld parameters in %s, seed %ld)\n", out, (long long)n_params,
+        fprintf(stderr, "init: wrote %s (%lld parameters in %s, seed %ld)\n", out, (long long)n_params,
                 cli_dtype_name(dt), seed);
     return c ? cli_fail(&err) : 0;
 }

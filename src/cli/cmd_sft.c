@@ -88,7 +88,7 @@ static int dry_run(const whale_sft_run_opts *o, long n_show) {
     int status = 0;
     if (whale_tokenizer_load(o->model, &tok, &err) || whale_chat_template_load(o->model, o->chat_template, &tpl, &err))
         goto fail;
-    if (whale_chat_template_notice(tpl)) fprintf(stderr, "whale: %s\n", whale_chat_template_notice(tpl));
+    if (whale_chat_template_notice(tpl)) fprintf(stderr, "sft: %s\n", whale_chat_template_notice(tpl));
     if (whale_sft_open_data(o->data, o->n_data, tok, tpl, &o->data_opts, o->n_val_data ? 0 : o->split_ratio, o->seed,
                             &ds, &val, &err))
         goto fail;
@@ -121,9 +121,8 @@ int cmd_sft(int argc, char **argv) {
     char target_list[2048] = "";
     long threads = 0, n_show = -1, eval_batch = 0, workers = -1;
     int n_data = 0, n_val = 0;
-    char cmdline[4096] = "whale";
-    for (int i = 0; i < argc; i++) /* recorded in args.json */
-        if (i && strlen(cmdline) + strlen(argv[i]) + 2 < sizeof cmdline) strcat(strcat(cmdline, " "), argv[i]);
+    char cmdline[8192];
+    cli_command_line(argc, argv, cmdline, sizeof cmdline); /* recorded in args.json */
     o.command_line = cmdline;
     for (int i = 1; i < argc; i++) {
         char a[64];

@@ -36,8 +36,8 @@ static const char usage_text[] =
     "3 i/o, 4 malformed input, 5 out of range, 6 unsupported, 7 out of memory, 1 other.\n";
 
 int main(int argc, char **argv) {
-    if (argc < 2) {
-        fprintf(stderr, "usage: whale COMMAND [options] (commands: info init score generate chat chat-template grad train eval export precision-report data plot tokenizer bench tokenize detokenize diagnose memory; see 'whale --help')\n");
+    if (argc < 2) { /* every command, as --help lists them; a usage error */
+        fputs(usage_text, stderr);
         return 2;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {

@@ -69,6 +69,9 @@ if command -v python3 >/dev/null; then
         python3 "$ROOT/tests/reference/check_adapter.py" "$CK" "$TMP/base" 4
 fi
 check "adapter_config records the recipe" grep -q '"lora_alpha":.8' "$CK/adapter_config.json"
+check "args.json's command_line keeps 'sft' and the quoting" \
+    grep -qF '"command_line":	"whale sft --model ' "$RUN/args.json"
+check "... 'Little Whale' quoted" grep -qF "'Little Whale'" "$RUN/args.json"
 
 # validation: a held-out share, eval lines, the best checkpoint, --save_only_model, ms-swift's booleans
 "$WHALE" sft -m "$TMP/base" --dataset "$SC" "${NAMES[@]}" --split_dataset_ratio 0.1 --eval_steps 2 --save_steps 2 \
