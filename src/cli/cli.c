@@ -3,6 +3,7 @@
 #include "cli/cli.h"
 
 #include "core/core.h"
+#include "models/model.h" /* whale_model_skeleton */
 #include "whale_lora.h"
 #include "whale_train.h"
 
@@ -323,8 +324,56 @@ whale_code cli_load_tokenizer(const char *dir, const whale_model *m, whale_token
     return WHALE_OK;
 }
 
-whale_code cli_load_model(const char *dir, const char *adapters, whale_dtype dtype, int merge, whale_model **m,
-                          char **base_dir, char **tmpl, char **system, whale_err *err) {
+/* bf16 / fp16 when the checkpoint's config says so (torch_dtype, or
+ * transformers 5's dtype), else fp32: the precision transformers and
+ * ms-swift would run it in. */
+whale_dtype cli_checkpoint_dtype(const char *dir) {
+    char path[4200];
+    cJSON *cfg;
+    whale_err err;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (whale_read_json_object(path, &cfg, &err)) return WHALE_F32;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(cfg, "torch_dtype");
+    if (!cJSON_IsString(t)) t = cJSON_GetObjectItemCaseSensitive(cfg, "dtype");
+    whale_dtype dt = !cJSON_IsString(t)                       ? WHALE_F32
+                     : !strcmp(t->valuestring, "bfloat16")   ? WHALE_BF16
+                     : !strcmp(t->valuestring, "float16")    ? WHALE_F16
+                                                             : WHALE_F32;
+    cJSON_Delete(cfg);
+    return dt;
+}
+
+static double physical_memory(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && size > 0 ? (double)pages * (double)size : 0;
+}
+
+/* The estimate whale memory makes for this run, against the machine's
+ * memory (or run->memory_limit), before anything is loaded. */
+static whale_code check_memory(const char *dir, cli_run *run, whale_err *err) {
+    whale_model *skel;
+    whale_code c = whale_model_skeleton(dir, &skel, err);
+    if (c) return c;
+    int maxpos = whale_model_max_positions(skel);
+    whale_model_free(skel);
+    whale_memory_plan plan = {.dtype = run->dtype, .batch = 1, .seq_len = run->seq > 0 && run->seq < maxpos ? run->seq : maxpos};
+    whale_memory est;
+    if ((c = whale_memory_estimate(dir, &plan, &est, err))) return c;
+    run->estimate = est.total;
+    double limit = run->memory_limit > 0 ? run->memory_limit : physical_memory(), gib = 1073741824.0;
+    if (limit <= 0 || (double)est.total <= limit) return WHALE_OK;
+    return whale_errf(err, WHALE_ERR_NOMEM,
+                      "%s: running it in %s with %d positions needs an estimated %.2f GiB (weights %.2f, KV cache %.2f) "
+                      "but %s is %.2f GiB; try %s%s",
+                      dir, cli_dtype_name(run->dtype), plan.seq_len, est.total / gib,
+                      (est.weights_f32 + est.weights_lowp + est.weights_mapped) / gib, est.kv_cache / gib,
+                      run->memory_limit > 0 ? "--memory-limit" : "the machine's memory", limit / gib,
+                      run->dtype == WHALE_F32 ? "--dtype bf16 or int8" : run->dtype == WHALE_I8 ? "a smaller model" : "--dtype int8",
+                      run->ctx_option ? " or a smaller --ctx-size" : "");
+}
+
+whale_code cli_load_model(const char *dir, const char *adapters, cli_run *run, whale_model **m, char **base_dir,
+                          char **tmpl, char **system, whale_err *err) {
     char *base = NULL, *t = NULL, *sys = NULL;
     whale_code c;
     *m = NULL;
@@ -336,8 +385,10 @@ whale_code cli_load_model(const char *dir, const char *adapters, whale_dtype dty
         base = t = sys = NULL;
     }
     const char *from = dir ? dir : base;
-    if ((c = whale_model_load_as(from, dtype, m, err)) || (adapters && (c = whale_lora_load(*m, adapters, err))) ||
-        (merge && (c = whale_lora_merge(*m, err)))) {
+    if (run->dtype == CLI_DTYPE_AUTO && (run->dtype = cli_checkpoint_dtype(from)) != WHALE_F32 && run->cmd)
+        fprintf(stderr, "%s: %s, the checkpoint's dtype (--dtype to change)\n", run->cmd, cli_dtype_name(run->dtype));
+    if ((c = check_memory(from, run, err)) || (c = whale_model_load_as(from, run->dtype, m, err)) ||
+        (adapters && (c = whale_lora_load(*m, adapters, err)))) {
         whale_model_free(*m);
         *m = NULL;
         free(base), free(t), free(sys);
@@ -351,4 +402,3 @@ whale_code cli_load_model(const char *dir, const char *adapters, whale_dtype dty
     else free(sys);
     return *base_dir ? WHALE_OK : whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
 }
-

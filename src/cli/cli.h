@@ -85,14 +85,29 @@ int cli_parse_id_list(const char *cmd, const char *text, int32_t **ids, int *n);
 /* The model folder's tokenizer, checked against the model's vocabulary. */
 whale_code cli_load_tokenizer(const char *dir, const whale_model *m, whale_tokenizer **tok, whale_err *err);
 
-/* A model to run: dir in dtype, with a LoRA checkpoint's adapters applied
- * when adapters is not NULL (dir may then be NULL: the checkpoint's
- * args.json names the base). *base_dir (malloc'd) is the folder the model
- * came from (its tokenizer and template); *tmpl and *system (malloc'd or
- * NULL, pass NULL to skip) what the fine-tuning used. With merge the
- * adapters are merged into the weights (dtype must then be fp32). */
-whale_code cli_load_model(const char *dir, const char *adapters, whale_dtype dtype, int merge, whale_model **m,
-                          char **base_dir, char **tmpl, char **system, whale_err *err);
+/* How a command runs a model: dtype CLI_DTYPE_AUTO takes the checkpoint's
+ * (bf16 / fp16 when its config's torch_dtype or dtype says so, else fp32;
+ * set to what was chosen); seq is the session's positions (0: the
+ * model's), for the memory estimate (whale memory's) that is checked
+ * before loading against memory_limit bytes (0: the machine's memory). */
+#define CLI_DTYPE_AUTO ((whale_dtype)WHALE_DTYPE_COUNT)
+whale_dtype cli_checkpoint_dtype(const char *dir);
+typedef struct {
+    const char *cmd; /* names the command in the note on the chosen dtype (NULL: no note) */
+    whale_dtype dtype;
+    int seq;
+    int ctx_option; /* the command has --ctx-size (named in the refusal) */
+    double memory_limit;
+    size_t estimate; /* set: the estimate's total */
+} cli_run;
+
+/* A model to run: dir with a LoRA checkpoint's adapters applied when
+ * adapters is not NULL (dir may then be NULL: the checkpoint's args.json
+ * names the base). *base_dir (malloc'd) is the folder the model came from
+ * (its tokenizer and template); *tmpl and *system (malloc'd or NULL, pass
+ * NULL to skip) what the fine-tuning used. */
+whale_code cli_load_model(const char *dir, const char *adapters, cli_run *run, whale_model **m, char **base_dir,
+                          char **tmpl, char **system, whale_err *err);
 
 /* A JSON array of equal-length arrays of token ids, checked against vocab. */
 #include "io/ids.h" /* whale_read_ids_file */

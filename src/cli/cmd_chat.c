@@ -142,6 +142,7 @@ typedef struct {
     const char *dir, *system, *tmpl, *adapters, *tools;
     whale_dtype dtype;
     long n_new, threads, ctx;
+    double memory_limit; /* GiB */
     int stream, multi_turn;
     whale_sampler_params sp;
     unsigned given;
@@ -164,7 +165,8 @@ static const char chat_help[] =
     "  --ctx-size N (alias -c, --max-model-len): positions of the session (default: the model's)\n"
     "  --multi-turn [true|false] (true): false answers each message in a fresh conversation\n"
     "  --stream [true|false] (true): false prints each reply when it is complete\n"
-    "  --dtype fp32|bf16|fp16|int8 (compute precision), --threads N; swift infer's spellings\n"
+    "  --dtype fp32|bf16|fp16|int8 (compute precision; default: the checkpoint's torch_dtype),\n"
+    "  --memory-limit GIB (refuse up front a session estimated to need more), --threads N; swift infer's spellings\n"
     "  (--max_new_tokens, --top_k, --repetition_penalty, ...) work too, --infer_backend is ignored";
 
 static int chat_parse(int argc, char **argv, chat_opts *o) {
@@ -178,6 +180,7 @@ static int chat_parse(int argc, char **argv, chat_opts *o) {
         {"-n|--max-new-tokens", CLI_LONG, &o->n_new, 1, 1 << 24, NULL},
         {"--threads", CLI_LONG, &o->threads, 1, 1024, NULL},
         {"-c|--ctx-size|--max-model-len", CLI_LONG, &o->ctx, 16, 1 << 24, NULL},
+        {"--memory-limit", CLI_DOUBLE, &o->memory_limit, 1e-6, 1e6, NULL},
         {"--stream", CLI_FLAG, &o->stream, 0, 0, NULL},
         {"--multi-turn", CLI_FLAG, &o->multi_turn, 0, 0, NULL},
         {"--infer-backend", CLI_NOTE, NULL, 0, 0, "whale runs its own engine; the option is ignored"},
@@ -200,7 +203,7 @@ static whale_code read_tools(const char *path, cJSON **out, whale_err *err) {
 }
 
 int cmd_chat(int argc, char **argv) {
-    chat_opts o = {.dtype = WHALE_F32, .n_new = 512, .stream = 1, .multi_turn = 1, .sp = cli_sampling_defaults()};
+    chat_opts o = {.dtype = CLI_DTYPE_AUTO, .n_new = 512, .stream = 1, .multi_turn = 1, .sp = cli_sampling_defaults()};
     int bad = chat_parse(argc, argv, &o);
     if (bad) return bad < 0 ? 0 : bad;
     whale_set_threads((int)o.threads);
@@ -225,7 +228,8 @@ int cmd_chat(int argc, char **argv) {
     }
     if (o.tools && read_tools(o.tools, &tools, &err)) goto fail;
     cv.tools = tools;
-    if (cli_load_model(dir, o.adapters, o.dtype, 0, &m, &base, &run_tmpl, &run_system, &err)) goto fail;
+    cli_run run = {"chat", o.dtype, (int)o.ctx, 1, o.memory_limit * 1073741824.0, 0};
+    if (cli_load_model(dir, o.adapters, &run, &m, &base, &run_tmpl, &run_system, &err)) goto fail;
     dir = base;
     if (cli_generation_config(dir, &sp, o.given, interactive ? "chat" : NULL, &err)) goto fail;
     if (!tmpl) tmpl = run_tmpl;
@@ -379,7 +383,7 @@ int cmd_chat_eval(int argc, char **argv) {
     const char *dir = NULL, *adapters = NULL, *data = NULL, *system = NULL, *tmpl = NULL, *answers = NULL;
     const char *names[2] = {0}, *authors[2] = {0};
     char *base = NULL, *run_tmpl = NULL, *run_system = NULL;
-    whale_dtype dtype = WHALE_F32;
+    whale_dtype dtype = CLI_DTYPE_AUTO;
     long n_new = 64, threads = 0;
     int show = 0;
     static const char help[] =
@@ -425,7 +429,8 @@ int cmd_chat_eval(int argc, char **argv) {
     whale_sft_opts fo = whale_sft_defaults();
     fo.model_name[0] = names[0], fo.model_name[1] = names[1];
     fo.model_author[0] = authors[0], fo.model_author[1] = authors[1];
-    if (cli_load_model(dir, adapters, dtype, 0, &m, &base, &run_tmpl, &run_system, &err)) goto fail;
+    cli_run run = {NULL, dtype, 0, 0, 0, 0};
+    if (cli_load_model(dir, adapters, &run, &m, &base, &run_tmpl, &run_system, &err)) goto fail;
     if (!tmpl) tmpl = run_tmpl;
     if (!system) system = run_system;
     whale_sampler_params sp = whale_sampler_defaults();

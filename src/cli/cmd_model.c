@@ -289,7 +289,9 @@ static const char generate_help[] =
     "  --ignore-eos         do not stop at the end-of-sequence id\n"
     "  --stream [true|false] (true) false prints the text when it is complete\n"
     "  --dtype fp32|bf16|fp16|int8  compute precision (bf16/fp16: weight products in that format with fp32\n"
-    "                       accumulation; int8: weight-only, one scale per output channel)\n"
+    "                       accumulation; int8: weight-only, one scale per output channel); default: the\n"
+    "                       checkpoint's torch_dtype (a BF16 checkpoint runs in bf16)\n"
+    "  --memory-limit GIB   refuse up front a run estimated (as whale memory does) to need more\n"
     "  --threads N          (default: all cores)\n"
     "  --nan-check          fail at the first NaN or inf, naming the tensor it appeared in\n"
     "  booleans take true|false|1|0 too; swift infer's spellings (--max_new_tokens, --top_k, ...) work,\n"
@@ -299,8 +301,9 @@ static const char generate_help[] =
 int cmd_generate(int argc, char **argv) {
     const char *dir = NULL, *ids_text = NULL, *prompt_text = NULL, *adapters = NULL;
     char *base = NULL;
-    whale_dtype dtype = WHALE_F32;
+    whale_dtype dtype = CLI_DTYPE_AUTO;
     long n_new = 32, threads = 0;
+    double limit_gib = 0;
     int nan_check = 0, ignore_eos = 0, stream = 1;
     whale_sampler_params sp = cli_sampling_defaults();
     unsigned given = 0;
@@ -315,6 +318,7 @@ int cmd_generate(int argc, char **argv) {
         {"--ignore-eos", CLI_FLAG, &ignore_eos, 0, 0, NULL},
         {"--nan-check", CLI_FLAG, &nan_check, 0, 0, NULL},
         {"--stream", CLI_FLAG, &stream, 0, 0, NULL},
+        {"--memory-limit", CLI_DOUBLE, &limit_gib, 1e-6, 1e6, NULL},
         {"--infer-backend", CLI_NOTE, NULL, 0, 0, "whale runs its own engine; the option is ignored"},
         {NULL, 0, NULL, 0, 0, NULL}};
     int st0 = cli_parse("generate", generate_help, argc, argv, opts, &sp, &given);
@@ -333,7 +337,10 @@ int cmd_generate(int argc, char **argv) {
     int32_t *prompt = NULL, *ids = NULL;
     int n_prompt = 0, status = 0;
     if (ids_text && (status = cli_parse_id_list("generate", ids_text, &prompt, &n_prompt))) return status;
-    if (cli_load_model(dir, adapters, dtype, 0, &m, &base, NULL, NULL, &err)) goto fail;
+    /* the session: prompt + -n positions (a text prompt has at most one token per byte) */
+    cli_run run = {"generate", dtype, (int)(n_new + 1 + (prompt_text ? (long)strlen(prompt_text) : n_prompt)), 0,
+                   limit_gib * 1073741824.0, 0};
+    if (cli_load_model(dir, adapters, &run, &m, &base, NULL, NULL, &err)) goto fail;
     dir = base;
     if (cli_generation_config(dir, &sp, given, "generate", &err)) goto fail;
     int V = whale_model_vocab_size(m), maxpos = whale_model_max_positions(m);

@@ -11,8 +11,9 @@
 
 static const char sft_usage[] =
     "usage: whale sft -m BASE_DIR --data FILE.jsonl... [options]\n"
-    "  --train-type lora|full (lora; alias --tuner-type)   --dtype fp32|bf16|fp16|int8 (fp32; alias --torch-dtype;\n"
-    "      int8: LoRA on a frozen int8 base)\n"
+    "  --train-type lora|full (lora; alias --tuner-type)   --dtype fp32|bf16|fp16|int8 (the checkpoint's torch_dtype;\n"
+    "      alias --torch-dtype;"
+    " int8: LoRA on a frozen int8 base)\n"
     "  --lora-rank R (8)  --lora-alpha A (32)  --lora-dropout P (0.05)  --use-rslora [true|false]\n"
     "  --target-modules all-linear|NAME... (all-linear: every Linear but lm_head)\n"
     "  --lr LR (1e-4 LoRA, 1e-5 full; alias --learning-rate)  --lr-scheduler constant|linear|cosine (cosine)\n"
@@ -116,6 +117,7 @@ out:
 
 int cmd_sft(int argc, char **argv) {
     whale_sft_run_opts o = whale_sft_run_defaults();
+    o.dtype = CLI_DTYPE_AUTO; /* the checkpoint's, as ms-swift's torch_dtype */
     o.out = "output";
     const char *data[256], *val[64], *names[2] = {0}, *authors[2] = {0}, *targets[64];
     char target_list[2048] = "";
@@ -242,6 +244,8 @@ int cmd_sft(int argc, char **argv) {
         if (bad) return bad;
     }
     if (!o.model || !n_data) return cli_usage("sft", "-m BASE_DIR and --data FILE.jsonl are required");
+    if (o.dtype == CLI_DTYPE_AUTO && (o.dtype = cli_checkpoint_dtype(o.model)) != WHALE_F32 && !o.quiet && n_show < 0)
+        fprintf(stderr, "sft: %s, the checkpoint's dtype (--torch_dtype to change)\n", whale_dtype_torch_name(o.dtype));
     if (o.dtype == WHALE_I8 && o.tuner != WHALE_TUNE_LORA)
         return cli_usage("sft", "int8 is an inference format: full fine-tuning runs in fp32, bf16 or fp16; "
                                 "--dtype int8 takes --train-type lora (adapters on a frozen int8 base)");

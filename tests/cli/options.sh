@@ -65,4 +65,19 @@ check "init of a 16.8M-parameter preset shows progress" grep -q 'init: 100.0% of
 check "... and 'init: wrote', not 'whale:'" grep -q '^init: wrote ' <(tr '\r' '\n' <"$TMP/err")
 "$WHALE" info -m "$TMP/dbg" >"$TMP/info"
 check "info shows the stored dtype and the config's" grep -q '^stored            BF16: [0-9]* tensors, .* MiB (config: bfloat16)' "$TMP/info"
+# dtypes as users expect: a BF16 checkpoint runs in bf16 unless told otherwise; memory checked up front
+"$WHALE" generate -m "$TMP/dbg" --ids 1,2,3 -n 2 --temperature 0 >/dev/null 2>"$TMP/err"
+check "generate on a BF16 checkpoint runs in bf16" grep -q "^generate: bf16, the checkpoint's dtype" "$TMP/err"
+check "... and its memory line says so" grep -q '^generate: memory: weights .* (bf16 ' "$TMP/err"
+"$WHALE" generate -m "$TMP/dbg" --ids 1,2,3 -n 2 --temperature 0 --dtype fp32 >/dev/null 2>"$TMP/err"
+check "--dtype fp32 overrides it" grep -q '^generate: memory: weights .* fp32' "$TMP/err"
+expect_status 7 'needs an estimated .* GiB .* but --memory-limit is' -- "$WHALE" generate -m "$TMP/dbg" --ids 1,2 -n 2 --dtype bf16 \
+    --memory-limit 0.01
+expect_status 7 'with 512 positions needs an estimated .* smaller --ctx-size' -- "$WHALE" chat -m "$TMP/m" \
+    --memory-limit 0.0001
+"$WHALE" export -m "$TMP/m" --dtype bf16 --out "$TMP/m16" 2>/dev/null
+"$WHALE" sft -m "$TMP/m16" --data "$ROOT/data/self_cognition.jsonl#4" --model-name a b --model-author c d --max-steps 1 \
+    --grad-accum 1 --out "$TMP/sft16" >/dev/null 2>"$TMP/err"
+check "sft on a BF16 checkpoint trains in bf16" grep -q "^sft: bfloat16, the checkpoint's dtype" "$TMP/err"
+check "... recorded in args.json" grep -q '"torch_dtype":.*"bfloat16"' "$(ls -d "$TMP"/sft16/v0-*)/args.json"
 finish options
