@@ -7,6 +7,7 @@
 
 #include "core/core.h"
 #include "models/model.h"
+#include "train/plot.h"
 #include "train/sft_select.h"
 #include "train/step.h"
 #include "whale_diag.h"
@@ -476,6 +477,25 @@ static void history_train(sft_run *r, int64_t step, double epoch, double loss, d
     cJSON_AddItemToArray(r->history, h);
 }
 
+/* ms-swift's images/: the run's curves (SVG here) from logging.jsonl. A
+ * curve that cannot be drawn is a note, not a failed run. */
+static void write_images(const sft_run *r) {
+    static const char *const metrics[][2] = {{"loss", "train_loss"}, {"learning_rate", "train_learning_rate"},
+                                             {"grad_norm", "train_grad_norm"}, {"eval_loss", "eval_loss"},
+                                             {"eval_token_acc", "eval_token_acc"}};
+    char dir[4200], path[4300];
+    whale_err err;
+    snprintf(dir, sizeof dir, "%s/images", r->run_dir);
+    if (whale_mkdir(dir, &err)) return;
+    const char *in[1] = {r->run_dir};
+    for (int i = 0; i < (r->val ? 5 : 3); i++) {
+        whale_plot_opts po = {.title = metrics[i][1], .metric = metrics[i][0]};
+        snprintf(path, sizeof path, "%s/%s.svg", dir, metrics[i][1]);
+        if (whale_plot_svg(in, 1, &po, path, &err) && !r->o->quiet)
+            fprintf(stderr, "sft: note: %s not drawn: %s\n", path, err.msg);
+    }
+}
+
 /* The training data (FILE#N sampled; split when split_ratio is set without
  * val_data) and the validation data (r->val, NULL without any). */
 static whale_code open_data(sft_run *r, whale_tokenizer *tok, const whale_chat_template *tpl, whale_sft_dataset **ds,
@@ -755,6 +775,8 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
             (long long)max_steps, ckpt, r.best_ckpt[0] ? "\"" : "", r.best_ckpt[0] ? r.best_ckpt : "null",
             r.best_ckpt[0] ? "\"" : "", whale_json_double(jb, sizeof jb, "%.6f", r.best_metric),
             whale_peak_rss() / 1073741824.0);
+    fflush(log);
+    write_images(&r);
     if (!o->quiet) fprintf(stderr, "sft: peak resident memory %.1f MiB\n", whale_peak_rss() / 1048576.0);
     if (res) {
         res->steps = max_steps;

@@ -93,6 +93,9 @@ check "args.json records the split and gradient checkpointing" \
 check "... gradient_checkpointing true" grep -q '"gradient_checkpointing":.true' "$VR/args.json"
 expect_status 3 'no optimizer state' -- "$WHALE" sft -m "$TMP/base" --data "$SC" "${NAMES[@]}" --split_dataset_ratio 0.1 \
     --max_steps 6 --batch-size 4 --grad-accum 1 --quiet --out "$TMP/val2" --resume "$VR/checkpoint-4"
+for f in train_loss train_learning_rate train_grad_norm eval_loss eval_token_acc; do
+    check "images/$f.svg, as ms-swift's images/" grep -q '^<svg ' "$VR/images/$f.svg"
+done
 check "whale plot reads an sft run (logging.jsonl)" "$WHALE" plot "$VR" --out "$TMP/val.svg"
 check "... with the eval points" grep -q '<circle' "$TMP/val.svg"
 # a validation file (FILE#N sampling): training on it lowers its loss and raises the token accuracy
