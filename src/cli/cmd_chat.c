@@ -384,7 +384,7 @@ int cmd_chat_eval(int argc, char **argv) {
     const char *names[2] = {0}, *authors[2] = {0};
     char *base = NULL, *run_tmpl = NULL, *run_system = NULL;
     whale_dtype dtype = CLI_DTYPE_AUTO;
-    long n_new = 64, threads = 0;
+    long n_new = 64, threads = 0, ctx = 0;
     int show = 0;
     static const char help[] =
         "usage: whale chat-eval (-m DIR | --adapters CKPT | both) --data EVAL.jsonl --model-name ZH [EN]\n"
@@ -392,7 +392,7 @@ int cmd_chat_eval(int argc, char **argv) {
         "  asks each {\"query\", \"tag\", \"expect\": [\"name\", \"author\"]} record's question in a fresh\n"
         "  conversation (greedy), and counts the replies that contain the expected name / author\n"
         "  (either language's value); {{NAME}} / {{AUTHOR}} in queries are filled as in whale sft.\n"
-        "  --system, --chat-template, --dtype, --threads as in whale chat; ms-swift's spellings\n"
+        "  --system, --chat-template, --dtype, --ctx-size, --threads as in whale chat; ms-swift's spellings\n"
         "  (--model_name, --max_new_tokens, ...) work too; prints a JSON summary";
     const cli_opt opts[] = {
         {"-m|--model", CLI_STR, &dir, 0, 0, NULL},
@@ -404,6 +404,7 @@ int cmd_chat_eval(int argc, char **argv) {
         {"--dtype|--torch-dtype", CLI_DTYPE, &dtype, 0, 0, NULL},
         {"-n|--max-new-tokens", CLI_LONG, &n_new, 1, 1 << 20, NULL},
         {"--threads", CLI_LONG, &threads, 1, 1024, NULL},
+        {"-c|--ctx-size|--max-model-len", CLI_LONG, &ctx, 16, 1 << 24, NULL},
         {"--show", CLI_FLAG, &show, 0, 0, NULL},
         {"--model-name", CLI_PAIR, names, 0, 0, NULL},
         {"--model-author", CLI_PAIR, authors, 0, 0, NULL},
@@ -429,13 +430,14 @@ int cmd_chat_eval(int argc, char **argv) {
     whale_sft_opts fo = whale_sft_defaults();
     fo.model_name[0] = names[0], fo.model_name[1] = names[1];
     fo.model_author[0] = authors[0], fo.model_author[1] = authors[1];
-    cli_run run = {NULL, dtype, 0, 0, 0, 0};
+    cli_run run = {NULL, dtype, (int)ctx, 1, 0, 0};
     if (cli_load_model(dir, adapters, &run, &m, &base, &run_tmpl, &run_system, &err)) goto fail;
     if (!tmpl) tmpl = run_tmpl;
     if (!system) system = run_system;
     whale_sampler_params sp = whale_sampler_defaults();
     sp.temperature = 0;
     int maxpos = whale_model_max_positions(m);
+    if (ctx > 0 && ctx < maxpos) maxpos = (int)ctx;
     if (cli_load_tokenizer(base, m, &tok, &err) ||
         whale_chat_template_load(base, tmpl, &tpl, &err) || whale_sampler_new(&sp, whale_model_vocab_size(m), &sm, &err) || whale_session_new(m, 1, maxpos, &s, &err))
         goto fail;

@@ -292,6 +292,7 @@ static const char generate_help[] =
     "                       accumulation; int8: weight-only, one scale per output channel); default: the\n"
     "                       checkpoint's torch_dtype (a BF16 checkpoint runs in bf16)\n"
     "  --memory-limit GIB   refuse up front a run estimated (as whale memory does) to need more\n"
+    "  --ctx-size N         at most N positions, prompt + output (alias -c, --max-model-len)\n"
     "  --threads N          (default: all cores)\n"
     "  --nan-check          fail at the first NaN or inf, naming the tensor it appeared in\n"
     "  booleans take true|false|1|0 too; swift infer's spellings (--max_new_tokens, --top_k, ...) work,\n"
@@ -302,7 +303,7 @@ int cmd_generate(int argc, char **argv) {
     const char *dir = NULL, *ids_text = NULL, *prompt_text = NULL, *adapters = NULL;
     char *base = NULL;
     whale_dtype dtype = CLI_DTYPE_AUTO;
-    long n_new = 32, threads = 0;
+    long n_new = 32, threads = 0, ctx = 0;
     double limit_gib = 0;
     int nan_check = 0, ignore_eos = 0, stream = 1;
     whale_sampler_params sp = cli_sampling_defaults();
@@ -319,6 +320,7 @@ int cmd_generate(int argc, char **argv) {
         {"--nan-check", CLI_FLAG, &nan_check, 0, 0, NULL},
         {"--stream", CLI_FLAG, &stream, 0, 0, NULL},
         {"--memory-limit", CLI_DOUBLE, &limit_gib, 1e-6, 1e6, NULL},
+        {"-c|--ctx-size|--max-model-len", CLI_LONG, &ctx, 2, 1 << 24, NULL},
         {"--infer-backend", CLI_NOTE, NULL, 0, 0, "whale runs its own engine; the option is ignored"},
         {NULL, 0, NULL, 0, 0, NULL}};
     int st0 = cli_parse("generate", generate_help, argc, argv, opts, &sp, &given);
@@ -344,6 +346,8 @@ int cmd_generate(int argc, char **argv) {
     dir = base;
     if (cli_generation_config(dir, &sp, given, "generate", &err)) goto fail;
     int V = whale_model_vocab_size(m), maxpos = whale_model_max_positions(m);
+    const char *bound = "max_position_embeddings";
+    if (ctx > 0 && ctx < maxpos) maxpos = (int)ctx, bound = "--ctx-size";
     if (prompt_text && !*prompt_text) {
         whale_errf(&err, WHALE_ERR_ARG, "-p: the prompt is empty");
         goto fail;
@@ -365,8 +369,7 @@ int cmd_generate(int argc, char **argv) {
             goto fail;
         }
     if (n_prompt + n_new > maxpos) {
-        whale_errf(&err, WHALE_ERR_RANGE, "prompt (%d tokens) + -n (%ld) exceeds max_position_embeddings %d", n_prompt,
-                   n_new, maxpos);
+        whale_errf(&err, WHALE_ERR_RANGE, "prompt (%d tokens) + -n (%ld) exceeds %s %d", n_prompt, n_new, bound, maxpos);
         goto fail;
     }
     int cap = n_prompt + (int)n_new;

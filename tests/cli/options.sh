@@ -41,6 +41,7 @@ check "booleans take true / false" test $? = 0
 expect_status 2 'unexpected argument "maybe"' -- "$WHALE" generate -m "$TMP/m" --ids 1,2 --ignore-eos maybe
 expect_status 2 '--top_k needs a value' -- "$WHALE" generate -m "$TMP/m" --ids 1,2 --top_k
 expect_status 2 'unknown option "--bogus"' -- "$WHALE" generate -m "$TMP/m" --ids 1,2 --bogus 1
+expect_status 5 'exceeds --ctx-size 8' -- "$WHALE" generate -m "$TMP/m" --ids 1,2,3 -n 20 --ctx-size 8 --dtype fp32
 
 # chat: each piped line on its own with --multi-turn false; --ctx-size bounds the session
 printf 'Hello\nHello\n' | "$WHALE" chat -m "$TMP/m" -n 5 --temperature 0 --multi-turn false >"$TMP/c1" 2>/dev/null
@@ -53,6 +54,10 @@ check "... with a note for --infer_backend" grep -q '^chat: note: --infer_backen
 printf 'one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen\n' |
     "$WHALE" chat -m "$TMP/m" -n 4 --ctx-size 16 >/dev/null 2>"$TMP/err"
 check "chat --ctx-size 16: a longer message fills the session" grep -q "^chat: the conversation .* fills the model's 16 positions" "$TMP/err"
+if command -v script >/dev/null; then # the banner, on a terminal
+    printf 'exit\n' | script -qec "'$WHALE' chat -m '$TMP/m' -n 2 --ctx-size 64" /dev/null 2>&1 | tr -d '\r' >"$TMP/tty"
+    check "the chat banner is sized by --ctx-size" grep -q '^chat: .* template, 64 positions (--ctx-size N to change)' "$TMP/tty"
+fi
 printf 'Hi\n' | "$WHALE" chat -m "$TMP/m" -n 2 --max_model_len 64 >/dev/null 2>&1
 check "chat --max_model_len" test $? = 0
 "$WHALE" chat-eval -m "$TMP/m" --data "$ROOT/data/self_cognition_eval.jsonl" --model_name 小鲸 "Little Whale" \
