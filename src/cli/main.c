@@ -36,8 +36,9 @@ static const char usage_text[] =
     "3 i/o, 4 malformed input, 5 out of range, 6 unsupported, 7 out of memory, 1 other.\n";
 
 int main(int argc, char **argv) {
-    if (argc < 2) { /* every command, as --help lists them; a usage error */
-        fputs(usage_text, stderr);
+    if (argc < 2) { /* every command on stdout, as --help lists them; a one-line usage error */
+        fputs(usage_text, stdout);
+        fprintf(stderr, "whale: usage: whale COMMAND [options] (no command given; the commands are listed above)\n");
         return 2;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {

@@ -17,9 +17,10 @@ tiny_model "$TMP/m" 128815 512
 # whale with no arguments: every command of the dispatch table, status 2
 "$WHALE" >"$TMP/out" 2>"$TMP/err"
 check "'whale' alone is a usage error (status 2)" test $? = 2
+check "... of one line on stderr" test "$(wc -l <"$TMP/err")" = 1
 for c in info init score generate bench chat chat-eval chat-template grad tokenizer data train sft eval export \
     precision-report plot tokenize detokenize diagnose memory; do
-    check "'whale' alone lists $c" grep -q "^  $c " "$TMP/err"
+    check "'whale' alone lists $c" grep -q "^  $c " "$TMP/out"
 done
 
 # generate: the help, the output's last newline, the stderr lines' prefix
