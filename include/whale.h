@@ -29,7 +29,8 @@ typedef enum {
     WHALE_ERR_NOMEM = 4,       /* allocation failed */
     WHALE_ERR_RANGE = 5,       /* value outside what the model supports (token id, position) */
     WHALE_ERR_UNSUPPORTED = 6, /* valid input using a feature we do not implement */
-    WHALE_ERR_INTERNAL = 7     /* a bug or a failing backend (oneDNN) */
+    WHALE_ERR_INTERNAL = 7,    /* a bug or a failing backend (oneDNN) */
+    WHALE_ERR_ABORTED = 8      /* the caller's abort callback stopped the work */
 } whale_code;
 
 #define WHALE_ERR_MSG_MAX 1024
@@ -329,6 +330,14 @@ whale_code whale_dbatch_add(whale_dbatch *b, int32_t token, int32_t pos, int32_t
  * logits (if not NULL) receives [n_out, V] for the tokens whose logits flag
  * is set, in batch order. Nothing changes on failure. */
 whale_code whale_session_decode(whale_session *s, const whale_dbatch *b, float *logits, whale_err *err);
+
+/* Stopping long work: fn is called before every layer of a forward or a
+ * training step; when it returns non-zero the call stops with
+ * WHALE_ERR_ABORTED (a decode then changes no cell). fn NULL: never. It
+ * runs on the thread that called the session, and may be called from
+ * another thread's signal (it only reads a flag). */
+typedef int (*whale_abort_fn)(void *user);
+void whale_session_set_abort(whale_session *s, whale_abort_fn fn, void *user);
 
 /* Cells: how many sequence seq holds; keep only its first n (n = 0: empty
  * it); make dst hold a copy of src's first n cells (a shared prompt

@@ -192,6 +192,37 @@ static void check_cells(whale_model *m) {
     whale_session_free(s);
 }
 
+/* An abort callback stops a decode before a layer, and the cells stay. */
+static int calls_left;
+static int stop_after(void *user) {
+    (void)user;
+    return calls_left-- <= 0;
+}
+
+static void check_abort(whale_model *m) {
+    int V = whale_model_vocab_size(m);
+    whale_err err;
+    whale_session *s;
+    const whale_session_params p = {2, CTX, NBATCH};
+    CHECK(whale_session_new_batched(m, &p, &s, &err) == WHALE_OK, "%s", err.msg);
+    whale_dbatch b;
+    whale_dbatch_init(&b, NBATCH, &err);
+    for (int i = 0; i < 5; i++) whale_dbatch_add(&b, token_at(1, i, V), i, 1, i == 4, &err);
+    float *l0 = malloc(sizeof(float) * V), *l1 = malloc(sizeof(float) * V);
+    calls_left = 1; /* the first layer runs, the second is refused */
+    whale_session_set_abort(s, stop_after, NULL);
+    CHECK(whale_session_decode(s, &b, l0, &err) == WHALE_ERR_ABORTED, "abort ignored: %s", err.msg);
+    CHECK(whale_kv_seq_len(s, 1) == 0, "an aborted decode advanced the cells to %d", whale_kv_seq_len(s, 1));
+    whale_session_set_abort(s, NULL, NULL);
+    CHECK(whale_session_decode(s, &b, l0, &err) == WHALE_OK, "%s", err.msg);
+    whale_kv_seq_keep(s, 1, 0);
+    CHECK(whale_session_decode(s, &b, l1, &err) == WHALE_OK, "%s", err.msg);
+    CHECK(memcmp(l0, l1, sizeof(float) * V) == 0, "a decode after an abort differs");
+    free(l0), free(l1);
+    whale_dbatch_free(&b);
+    whale_session_free(s);
+}
+
 /* The cache grows with the sequences; the work buffers follow n_batch. */
 static void check_memory(whale_model *m) {
     whale_err err;
@@ -231,6 +262,7 @@ static void check_model(whale_model *m, const char *name) {
         free_run(&alone), free_run(&together), free_run(&mixed);
     }
     check_cells(m);
+    check_abort(m);
     check_memory(m);
 }
 

@@ -232,31 +232,6 @@ void k_gate_route_backward(int scoring, int E, int K, float scale, const float *
     }
 }
 
-whale_code k_grouped_linear(whale_gemm *g, float *out, const float *in, const float *W, int T, int G, int n_in,
-                            int n_out, whale_err *err) {
-    for (int gi = 0; gi < G; gi++) {
-        whale_code e = whale_gemm_nt(g, T, n_out, n_in, in + (size_t)gi * n_in, G * n_in, W + (size_t)gi * n_out * n_in,
-                                     n_in, out + (size_t)gi * n_out, G * n_out, 0, err);
-        if (e) return e;
-    }
-    return WHALE_OK;
-}
-
-whale_code k_grouped_linear_backward(whale_gemm *g, float *din, float *dW, const float *dout, const float *in,
-                                     const float *W, int T, int G, int n_in, int n_out, whale_err *err) {
-    for (int gi = 0; gi < G; gi++) {
-        whale_code e;
-        const float *dog = dout + (size_t)gi * n_out;
-        if (din && (e = whale_gemm_nn(g, T, n_in, n_out, dog, G * n_out, W + (size_t)gi * n_out * n_in, n_in,
-                                      din + (size_t)gi * n_in, G * n_in, 0, err)))
-            return e;
-        if (dW && (e = whale_gemm_tn(g, n_out, n_in, T, dog, G * n_out, in + (size_t)gi * n_in, G * n_in,
-                                     dW + (size_t)gi * n_out * n_in, n_in, 1, err)))
-            return e;
-    }
-    return WHALE_OK;
-}
-
 /* ------------------------------------------------------------ attention */
 
 enum { ATT_QBLOCK = 64, ATT_DIRECT_ROWS = 4 };

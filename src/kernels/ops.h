@@ -109,16 +109,6 @@ void k_gate_route(int scoring, int E, int K, float scale, const float *logit, co
 void k_gate_route_backward(int scoring, int E, int K, float scale, const float *logit, const int32_t *idx,
                            const float *dw, float *dlogit);
 
-/* Block-diagonal linear: out[t, g·n_out + r] = Σ_d in[t, g·n_in + d] · W[g·n_out + r, d]
- * for G groups (W is [G·n_out, n_in], the layout of nanowhale's wo_a). */
-whale_code k_grouped_linear(whale_gemm *g, float *out, const float *in, const float *W, int T, int G, int n_in,
-                            int n_out, whale_err *err);
-
-/* Backward of k_grouped_linear: din [T, G·n_in] is overwritten, dW
- * [G·n_out, n_in] accumulated; either may be NULL to skip it. */
-whale_code k_grouped_linear_backward(whale_gemm *g, float *din, float *dW, const float *dout, const float *in,
-                                     const float *W, int T, int G, int n_in, int n_out, whale_err *err);
-
 /* Causal attention of S new query tokens (positions p0..p0+S−1) over keys
  * 0..p0+S−1, for Hq query heads sharing Hkv key/value heads.
  * q [S, Hq·Dh], out [S, Hq·Dh] (contiguous rows); k, v [p0+S rows, stride ldkv],

@@ -14,7 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-whale_param *whale_model_add_param(whale_model *m, int cap, float **slot, int decay, int used,
+whale_param *whale_model_add_param(whale_model *m, int cap, float **slot, whale_role role, int decay, int used,
                                    int ndim, const int64_t *shape, const char *fmt, ...) {
     if (m->n_params >= cap) return NULL;
     whale_param *p = &m->params[m->n_params++];
@@ -26,6 +26,7 @@ whale_param *whale_model_add_param(whale_model *m, int cap, float **slot, int de
     p->ndim = ndim;
     for (int i = 0; i < ndim; i++) p->shape[i] = shape[i];
     p->slot = slot;
+    p->role = role;
     p->decay = decay;
     p->used = used;
     return p;
@@ -409,7 +410,7 @@ whale_code whale_model_load(const char *dir, whale_model **out, whale_err *err) 
 
 whale_code whale_model_load_as(const char *dir, whale_dtype dt, whale_model **out, whale_err *err) {
     *out = NULL;
-    if (dt != WHALE_F32 && dt != WHALE_BF16 && dt != WHALE_F16 && dt != WHALE_I8)
+    if (!whale_format_of(dt))
         return whale_errf(err, WHALE_ERR_ARG, "cannot run a model in %s (fp32, bf16, fp16, int8)", whale_dtype_name(dt));
     struct stat sb;
     if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
@@ -641,7 +642,8 @@ whale_code whale_model_save(const whale_model *m, const char *dir, whale_err *er
     if (!items) return whale_errf(err, WHALE_ERR_NOMEM, "%s: out of memory", dir);
     for (int i = 0; i < n_save; i++) { /* weights held only in bf16/fp16 are saved as such */
         whale_tensor t = whale_model_param(m, i);
-        if (t.dtype == WHALE_I8) {
+        const whale_format *f = whale_format_of(t.dtype);
+        if (f && !f->saveable) {
             free(items);
             return whale_errf(err, WHALE_ERR_UNSUPPORTED,
                               "%s: an int8 model cannot be saved as a Hugging Face checkpoint; save from fp32/bf16",
@@ -656,7 +658,7 @@ whale_code whale_model_save(const whale_model *m, const char *dir, whale_err *er
 }
 
 whale_code whale_model_set_dtype(whale_model *m, whale_dtype dt, whale_err *err) {
-    if (dt != WHALE_F32 && dt != WHALE_BF16 && dt != WHALE_F16 && dt != WHALE_I8)
+    if (!whale_format_of(dt))
         return whale_errf(err, WHALE_ERR_ARG, "cannot run a model in %s (fp32, bf16, fp16, int8)",
                           whale_dtype_name(dt));
     if (dt == m->compute_dtype) return WHALE_OK;
@@ -819,7 +821,7 @@ whale_code whale_session_train_step(whale_session *s, const int32_t *ids, const 
     if (!s->train_fn) return whale_errf(err, WHALE_ERR_ARG, "not a training session");
     /* int8 weights take no gradient: only a frozen int8 base (LoRA) trains */
     for (int i = 0; i < m->n_copies; i++)
-        if (m->copies[i].dtype == WHALE_I8 && !m->params[m->copies[i].param].frozen)
+        if (!whale_format_of(m->copies[i].dtype)->trainable && !m->params[m->copies[i].param].frozen)
             return whale_errf(err, WHALE_ERR_UNSUPPORTED,
                               "int8 is an inference format: train in fp32, bf16 or fp16, or attach LoRA adapters to "
                               "an int8 base");

@@ -14,8 +14,24 @@
 
 #include <assert.h>
 
+/* What a parameter is, declared by its family (never guessed from its
+ * name): which precision it is kept in, which LoRA "all-linear" selects,
+ * how init fills it. */
+typedef enum {
+    WHALE_ROLE_LINEAR,  /* a Linear's weight [out, in]: compute copy in the run's precision; all-linear target */
+    WHALE_ROLE_EMBED,   /* the token embedding [vocab, D]: compute copy (rows read in its format); no LoRA */
+    WHALE_ROLE_HEAD,    /* an untied lm_head [vocab, D]: compute copy; not an all-linear target */
+    WHALE_ROLE_ROUTER,  /* an MoE gate's weight: fp32 (selection is sensitive), no copy, no LoRA */
+    WHALE_ROLE_MIX,     /* a matrix read by fp32 products (hyper-connection mixes): no copy, no LoRA */
+    WHALE_ROLE_NORM,    /* a norm's weight */
+    WHALE_ROLE_BIAS,    /* a Linear's bias */
+    WHALE_ROLE_SCALAR,  /* other fp32 values: scales, bases, the gate's selection bias, attention sinks */
+    WHALE_ROLE_ADAPTER  /* a LoRA adapter's A or B */
+} whale_role;
+
 typedef struct {
     char name[96];
+    whale_role role;
     int ndim;
     int64_t shape[4];
     float **slot;     /* where the family keeps its pointer to this tensor */
@@ -182,6 +198,10 @@ whale_code whale_session_open_backend(whale_session *s, whale_err *err);
 /* Call op of the session's backend: WHALE_OP(s, rmsnorm, y, x, w, rows, n, eps, rstd). */
 #define WHALE_OP(sess, op, ...) ((sess)->be->op((sess)->be, __VA_ARGS__))
 
+/* WHALE_ERR_ABORTED when the session's abort callback asks to stop (a
+ * family calls it before each layer). */
+whale_code whale_session_check_abort(whale_session *s, whale_err *err);
+
 /* Common session header; families embed it first in their session struct. */
 struct whale_session {
     whale_model *model;
@@ -189,6 +209,8 @@ struct whale_session {
     int n_batch;            /* tokens one forward may carry (the work buffers' rows) */
     whale_kv kv;            /* inference sessions only */
     const whale_ubatch *ub; /* the micro-batch being run (set by the family's forward / train step) */
+    whale_abort_fn abort_fn; /* whale_session_set_abort */
+    void *abort_user;
     whale_span *train_spans; /* [max_batch]: a training step's spans (training sessions) */
     whale_trace_fn trace;
     void *trace_user;
@@ -269,8 +291,8 @@ void whale_session_sizes_of(const whale_session *s, whale_session_sizes *out);
  * Rows go through in chunks of WHALE_CE_CHUNK, which bounds the logits
  * buffer to WHALE_CE_CHUNK × V instead of T × V; each chunk's weight-
  * gradient product reads and writes all of dlm_head (165 MB at
- * nanowhale-100m), so 512 rows rather than 256 halve that traffic (+5–10 %
- * bf16 training speed measured at 4 × 256, for 132 MB more buffer). */
+ * nanowhale-100m), so 512 rows rather than 256 halve that traffic, for a
+ * larger logits buffer (docs/architecture.md gives the measured gain). */
 enum { WHALE_CE_CHUNK = 512 };
 /* tgt[t]: the target position t is scored on (labels[t + 1], or ids[t + 1]
  * without labels; −100 at each sequence's last position); returns how many
@@ -305,9 +327,9 @@ const char *whale_fmt_count(char *buf, int64_t v);
  * numbers) into m->eos_ids, each checked against the vocabulary. */
 whale_code whale_config_eos(whale_model *m, const cJSON *cfg, const char *file, whale_err *err);
 
-whale_param *whale_model_add_param(whale_model *m, int cap, float **slot, int decay, int used,
+whale_param *whale_model_add_param(whale_model *m, int cap, float **slot, whale_role role, int decay, int used,
                                    int ndim, const int64_t *shape, const char *fmt, ...)
-    __attribute__((format(printf, 8, 9)));
+    __attribute__((format(printf, 9, 10)));
 /* Bind every parameter to data from a safetensors set (strict; collects all
  * problems into one message). path names the checkpoint in messages. */
 whale_code whale_model_bind(whale_model *m, struct whale_st *st, const char *path, whale_dtype dt, whale_err *err);
@@ -323,8 +345,9 @@ whale_code whale_json_float(const cJSON *obj, const char *key, int required, dou
 whale_code whale_json_bool(const cJSON *obj, const char *key, int def, int *out, const char *file,
                            whale_err *err);
 
-/* Weights kept in the compute precision: 2-D ".weight" tensors except the
- * gate (fp32, as in the reference) and the hyper-connection matrices. */
+/* Weights kept in the compute precision: the roles LINEAR, EMBED and HEAD
+ * (the gate and the hyper-connection matrices stay fp32, as in the
+ * reference). */
 int whale_param_is_product_weight(const whale_param *p);
 /* 1 when parameter p has fp32 values (a master copy or an fp32 run). */
 int whale_param_has_f32(const whale_model *m, const whale_param *p);
@@ -391,6 +414,22 @@ const whale_lora_target *whale_lora_find(const whale_model *m, const float *W);
 whale_code whale_model_build_copies(whale_model *m, whale_dtype dt, const whale_st_entry *const *src,
                                     whale_err *err);
 void whale_model_clear_copies(whale_model *m);
+/* A weight format (formats.c): one row per dtype a run's product weights
+ * may be kept in. */
+typedef struct {
+    whale_dtype dtype;
+    const char *name; /* the CLI's spelling: fp32, bf16, fp16, int8 */
+    int row_scale;    /* one fp32 scale per row, stored after the values (int8) */
+    int trainable;    /* weight gradients exist (int8: an inference format, or a frozen LoRA base) */
+    int saveable;     /* a Hugging Face checkpoint holds it as it is */
+    /* rows × cols fp32 values into the format (scale [rows] when row_scale) */
+    void (*from_f32)(void *dst, float *scale, const float *src, int64_t rows, int64_t cols);
+    /* one row back to fp32 */
+    void (*row_to_f32)(float *dst, const void *src, float scale, int64_t cols);
+} whale_format;
+/* NULL when dt is no weight format. */
+const whale_format *whale_format_of(whale_dtype dt);
+
 /* Bytes the compute copy of a rows × cols weight takes in dt (int8: with
  * its scales), as allocated. */
 size_t whale_copy_bytes(whale_dtype dt, int64_t rows, int64_t cols);

@@ -12,7 +12,8 @@
  * block-diagonal grouped wo_a, then wo_b.
  * MoE: sqrt(softplus) gate, bias for selection only, top-K normalised and
  * scaled, SwiGLU experts accumulated in ascending expert order, plus one
- * shared expert. Section numbers (§) refer to docs/architecture.md.
+ * shared expert, in the order docs/architecture.md ("Forward pass of
+ * nanowhale") describes.
  */
 #include "models/nanowhale.h"
 
@@ -173,51 +174,51 @@ static whale_code register_params(whale_model *m, nw_model *nw, whale_err *err) 
     if (!m->params || !nw->layers || !nw->expert_ptrs)
         return whale_errf(err, WHALE_ERR_NOMEM, "out of memory building the parameter table");
     int64_t D = c->D, MD = (int64_t)c->M * c->D, mix = c->mix;
-#define P(slot, decay, used, ...) whale_model_add_param(m, cap, slot, decay, used, __VA_ARGS__)
+#define P(slot, role, decay, used, ...) whale_model_add_param(m, cap, slot, WHALE_ROLE_##role, decay, used, __VA_ARGS__)
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
-    P(&nw->hc_head_fn, 1, 1, 2, SHAPE(c->M, MD), "model.hc_head_fn");
-    P(&nw->hc_head_base, 1, 1, 1, SHAPE(c->M), "model.hc_head_base");
-    P(&nw->hc_head_scale, 1, 1, 1, SHAPE(1), "model.hc_head_scale");
-    P(&nw->embed, 1, 1, 2, SHAPE(c->vocab, D), "model.embed_tokens.weight");
+    P(&nw->hc_head_fn, MIX, 1, 1, 2, SHAPE(c->M, MD), "model.hc_head_fn");
+    P(&nw->hc_head_base, SCALAR, 1, 1, 1, SHAPE(c->M), "model.hc_head_base");
+    P(&nw->hc_head_scale, SCALAR, 1, 1, 1, SHAPE(1), "model.hc_head_scale");
+    P(&nw->embed, EMBED, 1, 1, 2, SHAPE(c->vocab, D), "model.embed_tokens.weight");
     for (int l = 0; l < c->L; l++) {
         nw_layer *ly = &nw->layers[l];
         ly->w1 = nw->expert_ptrs + (size_t)l * 3 * c->E;
         ly->w2 = ly->w1 + c->E;
         ly->w3 = ly->w2 + c->E;
         const char *pre = "model.layers";
-        P(&ly->hc_attn_fn, 1, 1, 2, SHAPE(mix, MD), "%s.%d.hc_attn_fn", pre, l);
-        P(&ly->hc_ffn_fn, 1, 1, 2, SHAPE(mix, MD), "%s.%d.hc_ffn_fn", pre, l);
-        P(&ly->hc_attn_base, 1, 1, 1, SHAPE(mix), "%s.%d.hc_attn_base", pre, l);
-        P(&ly->hc_ffn_base, 1, 1, 1, SHAPE(mix), "%s.%d.hc_ffn_base", pre, l);
-        P(&ly->hc_attn_scale, 1, 1, 1, SHAPE(3), "%s.%d.hc_attn_scale", pre, l);
-        P(&ly->hc_ffn_scale, 1, 1, 1, SHAPE(3), "%s.%d.hc_ffn_scale", pre, l);
-        whale_param *sink = P(&ly->attn_sink, 1, 0, 1, SHAPE(c->H), "%s.%d.attn.attn_sink", pre, l);
+        P(&ly->hc_attn_fn, MIX, 1, 1, 2, SHAPE(mix, MD), "%s.%d.hc_attn_fn", pre, l);
+        P(&ly->hc_ffn_fn, MIX, 1, 1, 2, SHAPE(mix, MD), "%s.%d.hc_ffn_fn", pre, l);
+        P(&ly->hc_attn_base, SCALAR, 1, 1, 1, SHAPE(mix), "%s.%d.hc_attn_base", pre, l);
+        P(&ly->hc_ffn_base, SCALAR, 1, 1, 1, SHAPE(mix), "%s.%d.hc_ffn_base", pre, l);
+        P(&ly->hc_attn_scale, SCALAR, 1, 1, 1, SHAPE(3), "%s.%d.hc_attn_scale", pre, l);
+        P(&ly->hc_ffn_scale, SCALAR, 1, 1, 1, SHAPE(3), "%s.%d.hc_ffn_scale", pre, l);
+        whale_param *sink = P(&ly->attn_sink, SCALAR, 1, 0, 1, SHAPE(c->H), "%s.%d.attn.attn_sink", pre, l);
         if (sink) sink->no_grad = 1; /* never read by the forward pass */
-        P(&ly->wq_a, 1, 1, 2, SHAPE(c->Q, D), "%s.%d.attn.wq_a.weight", pre, l);
-        P(&ly->q_norm, 0, 1, 1, SHAPE(c->Q), "%s.%d.attn.q_norm.weight", pre, l);
-        P(&ly->wq_b, 1, 1, 2, SHAPE((int64_t)c->H * c->Dh, c->Q), "%s.%d.attn.wq_b.weight", pre, l);
-        P(&ly->wkv, 1, 1, 2, SHAPE(c->Dh, D), "%s.%d.attn.wkv.weight", pre, l);
-        P(&ly->kv_norm, 0, 1, 1, SHAPE(c->Dh), "%s.%d.attn.kv_norm.weight", pre, l);
-        P(&ly->wo_a, 1, 1, 2, SHAPE((int64_t)c->G * c->Ro, (int64_t)c->H * c->Dh / c->G), "%s.%d.attn.wo_a.weight", pre, l);
-        P(&ly->wo_b, 1, 1, 2, SHAPE(D, (int64_t)c->G * c->Ro), "%s.%d.attn.wo_b.weight", pre, l);
-        P(&ly->gate_w, 1, 1, 2, SHAPE(c->E, D), "%s.%d.ffn.gate.weight", pre, l);
+        P(&ly->wq_a, LINEAR, 1, 1, 2, SHAPE(c->Q, D), "%s.%d.attn.wq_a.weight", pre, l);
+        P(&ly->q_norm, NORM, 0, 1, 1, SHAPE(c->Q), "%s.%d.attn.q_norm.weight", pre, l);
+        P(&ly->wq_b, LINEAR, 1, 1, 2, SHAPE((int64_t)c->H * c->Dh, c->Q), "%s.%d.attn.wq_b.weight", pre, l);
+        P(&ly->wkv, LINEAR, 1, 1, 2, SHAPE(c->Dh, D), "%s.%d.attn.wkv.weight", pre, l);
+        P(&ly->kv_norm, NORM, 0, 1, 1, SHAPE(c->Dh), "%s.%d.attn.kv_norm.weight", pre, l);
+        P(&ly->wo_a, LINEAR, 1, 1, 2, SHAPE((int64_t)c->G * c->Ro, (int64_t)c->H * c->Dh / c->G), "%s.%d.attn.wo_a.weight", pre, l);
+        P(&ly->wo_b, LINEAR, 1, 1, 2, SHAPE(D, (int64_t)c->G * c->Ro), "%s.%d.attn.wo_b.weight", pre, l);
+        P(&ly->gate_w, ROUTER, 1, 1, 2, SHAPE(c->E, D), "%s.%d.ffn.gate.weight", pre, l);
         if (l >= c->num_hash_layers) {
-            whale_param *gb = P(&ly->gate_b, 0, 1, 1, SHAPE(c->E), "%s.%d.ffn.gate.bias", pre, l);
+            whale_param *gb = P(&ly->gate_b, SCALAR, 0, 1, 1, SHAPE(c->E), "%s.%d.ffn.gate.bias", pre, l);
             if (gb) gb->no_grad = 1; /* only selects experts */
         }
         for (int e = 0; e < c->E; e++) {
-            P(&ly->w1[e], 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.experts.%d.w1.weight", pre, l, e);
-            P(&ly->w2[e], 1, 1, 2, SHAPE(D, c->F), "%s.%d.ffn.experts.%d.w2.weight", pre, l, e);
-            P(&ly->w3[e], 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.experts.%d.w3.weight", pre, l, e);
+            P(&ly->w1[e], LINEAR, 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.experts.%d.w1.weight", pre, l, e);
+            P(&ly->w2[e], LINEAR, 1, 1, 2, SHAPE(D, c->F), "%s.%d.ffn.experts.%d.w2.weight", pre, l, e);
+            P(&ly->w3[e], LINEAR, 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.experts.%d.w3.weight", pre, l, e);
         }
-        P(&ly->sw1, 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.shared_expert.w1.weight", pre, l);
-        P(&ly->sw2, 1, 1, 2, SHAPE(D, c->F), "%s.%d.ffn.shared_expert.w2.weight", pre, l);
-        P(&ly->sw3, 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.shared_expert.w3.weight", pre, l);
-        P(&ly->attn_norm, 0, 1, 1, SHAPE(D), "%s.%d.attn_norm.weight", pre, l);
-        P(&ly->ffn_norm, 0, 1, 1, SHAPE(D), "%s.%d.ffn_norm.weight", pre, l);
+        P(&ly->sw1, LINEAR, 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.shared_expert.w1.weight", pre, l);
+        P(&ly->sw2, LINEAR, 1, 1, 2, SHAPE(D, c->F), "%s.%d.ffn.shared_expert.w2.weight", pre, l);
+        P(&ly->sw3, LINEAR, 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.shared_expert.w3.weight", pre, l);
+        P(&ly->attn_norm, NORM, 0, 1, 1, SHAPE(D), "%s.%d.attn_norm.weight", pre, l);
+        P(&ly->ffn_norm, NORM, 0, 1, 1, SHAPE(D), "%s.%d.ffn_norm.weight", pre, l);
     }
-    P(&nw->norm, 0, 1, 1, SHAPE(D), "model.norm.weight");
-    if (!c->tie_embeddings) P(&nw->lm_head, 1, 1, 2, SHAPE(c->vocab, D), "lm_head.weight");
+    P(&nw->norm, NORM, 0, 1, 1, SHAPE(D), "model.norm.weight");
+    if (!c->tie_embeddings) P(&nw->lm_head, HEAD, 1, 1, 2, SHAPE(c->vocab, D), "lm_head.weight");
 #undef P
 #undef SHAPE
     return WHALE_OK;
@@ -240,7 +241,7 @@ static whale_code nw_config_to_json(const whale_model *m, cJSON **out, whale_err
     return *out ? WHALE_OK : whale_errf(err, WHALE_ERR_NOMEM, "out of memory copying config");
 }
 
-/* Spec §5 distributions: Normal(0, initializer_range) for linears, embeddings
+/* The reference's initial distributions: Normal(0, initializer_range) for linears, embeddings
  * and the gate; Normal(0, 0.01) for HC fn matrices; ones for norm weights and
  * HC scales; zeros for HC bases, gate bias and attn_sink. */
 void nanowhale_init_param(const whale_model *m, int i, whale_rng *rng, float *out) {
@@ -534,7 +535,7 @@ static whale_code linear_dw(nw_session *s, int M, int N, int K, const float *dC,
     return whale_linear_dw(&s->base, M, N, K, dC, lddc, A, lda, W, gW, ldgw, err);
 }
 
-/* HC_pre (§3.5) of state X, then the sub-layer's RMSNorm. */
+/* HC_pre of state X, then the sub-layer's RMSNorm. */
 static whale_code hc_pre(nw_session *s, const nw_config *c, int T, const float *X, const float *fn,
                          const float *scale, const float *base, const float *norm_w, nw_hc_acts *h,
                          whale_err *err) {
@@ -557,7 +558,7 @@ static void trace_hc(nw_session *s, const nw_config *c, const nw_hc_acts *h, int
     TRACE(WHALE_F32, h->yn, 2, DIMS(T, c->D), "layers.%d.%s.normed", l, which);
 }
 
-/* Attention (§3.7) of yn [T, D] into a->a [T, D], each span of the
+/* Attention of yn [T, D] into a->a [T, D], each span of the
  * micro-batch over its own sequence. Keys/values come from the KV cache
  * (inference: the span's kv appended to its sequence's cells) or from
  * a->kv (training). */
@@ -597,7 +598,7 @@ static whale_code attention(nw_session *s, const nw_model *nw, const nw_layer *l
     TRACE(WHALE_F32, a->att, 2, DIMS(T, HD), "layers.%d.attn.context", l);
     OP(buf_copy, a->att_d, a->att, sizeof(float) * (size_t)T * HD);
     OP(rope, a->att_d, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 1); /* de-rotate */
-    /* grouped low-rank output (block-diagonal wo_a, as k_grouped_linear) */
+    /* grouped low-rank output: wo_a is block-diagonal, one product per group */
     for (int g0 = 0; g0 < c->G; g0 += 16) { /* 16 groups per call */
         whale_linear_part groups[16];
         int ng = c->G - g0 < 16 ? c->G - g0 : 16;
@@ -660,7 +661,7 @@ static whale_code moe_one_token(nw_session *s, const nw_config *c, const nw_laye
     return WHALE_OK;
 }
 
-/* MoE (§3.8) of yn [T, D] into a->f [T, D]. */
+/* MoE of yn [T, D] into a->f [T, D]. */
 static whale_code moe(nw_session *s, const nw_config *c, const nw_layer *ly, nw_layer_acts *a, const float *yn,
                       int l, int T, whale_err *err) {
     whale_code e;
@@ -704,7 +705,7 @@ static whale_code moe(nw_session *s, const nw_config *c, const nw_layer *ly, nw_
     return WHALE_OK;
 }
 
-/* One block (§3.4): X[2l] → HC_pre → attention → HC_post → X[2l+1] → HC_pre
+/* One block: X[2l] → HC_pre → attention → HC_post → X[2l+1] → HC_pre
  * → MoE → HC_post → X[2l+2], saving what the backward needs into a. */
 static whale_code layer_forward(nw_session *s, int l, nw_layer_acts *a, whale_err *err) {
     const nw_model *nw = s->base.model->impl;
@@ -722,7 +723,7 @@ static whale_code layer_forward(nw_session *s, int l, nw_layer_acts *a, whale_er
     if (e) return e;
     TRACE(WHALE_F32, a->z, 2, DIMS(T, c->G * c->Ro), "layers.%d.attn.z", l);
     TRACE(WHALE_F32, a->a, 2, DIMS(T, D), "layers.%d.attn.out", l);
-    PROF(s, P_HC_POST, OP(hc_expand, Xmid, a->a, Xin, a->hca.post, a->hca.comb, T, M, D)); /* HC_post (§3.6) */
+    PROF(s, P_HC_POST, OP(hc_expand, Xmid, a->a, Xin, a->hca.post, a->hca.comb, T, M, D)); /* HC_post */
     TRACE(WHALE_F32, Xmid, 3, DIMS(T, M, D), "layers.%d.hc_attn.state", l);
 
     PROF(s, P_HC_PRE, e = hc_pre(s, c, T, Xmid, ly->hc_ffn_fn, ly->hc_ffn_scale, ly->hc_ffn_base, ly->ffn_norm,
@@ -752,9 +753,11 @@ static whale_code forward_hidden(nw_session *s, const whale_ubatch *ub, whale_er
         OP(repeat_rows, s->X[0], T, M, D);
     });
     for (int l = 0; l < c->L; l++)
-        if ((e = layer_forward(s, l, &s->acts[s->n_act_sets > 1 ? l : 0], err))) return e;
+        if ((e = whale_session_check_abort(&s->base, err)) ||
+            (e = layer_forward(s, l, &s->acts[s->n_act_sets > 1 ? l : 0], err)))
+            return e;
 
-    /* HC head (§3.9): sigmoid reduction of the streams, then the final norm. */
+    /* HC head: sigmoid reduction of the streams, then the final norm. */
     const float *X = s->X[2 * c->L];
     double t_head = s->base.profiling ? whale_now() : 0;
     OP(hc_rstd, s->head_rstd, X, T, MD, c->norm_eps);
@@ -1066,6 +1069,7 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
     TRACE(WHALE_F32, dX, 3, DIMS(T, M, D), "grad.layers.%d.hc_ffn.state", c->L - 1);
 
     for (int l = c->L - 1; l >= 0; l--) {
+        if ((e = whale_session_check_abort(&s->base, err))) return e;
         const nw_layer *ly = &nw->layers[l];
         nw_layer *gl = &gw->layers[l];
         const nw_layer_acts *a = &s->acts[s->n_act_sets > 1 ? l : 0];

@@ -256,32 +256,32 @@ static whale_code register_params(whale_model *m, qw_model *qw, whale_err *err) 
     qw->layers = calloc((size_t)c->L, sizeof *qw->layers);
     if (!m->params || !qw->layers) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory building the parameter table");
     int64_t D = c->D, F = c->F, HD = (int64_t)c->H * c->Dh, KVD = (int64_t)c->Hkv * c->Dh;
-#define P(slot, decay, ...) whale_model_add_param(m, cap, slot, decay, 1, __VA_ARGS__)
+#define P(slot, role, decay, ...) whale_model_add_param(m, cap, slot, WHALE_ROLE_##role, decay, 1, __VA_ARGS__)
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
-    P(&qw->embed, 1, 2, SHAPE(c->vocab, D), "model.embed_tokens.weight");
+    P(&qw->embed, EMBED, 1, 2, SHAPE(c->vocab, D), "model.embed_tokens.weight");
     for (int l = 0; l < c->L; l++) {
         qw_layer *ly = &qw->layers[l];
         const char *pre = "model.layers";
-#define LINEAR(w, b, has_bias, rows, cols, mod)                                   \
-    P(w, 1, 2, SHAPE(rows, cols), "%s.%d.%s.weight", pre, l, mod);                 \
-    if (has_bias) P(b, 0, 1, SHAPE(rows), "%s.%d.%s.bias", pre, l, mod);
-        LINEAR(&ly->wq, &ly->bq, c->bias_qkv, HD, D, "self_attn.q_proj")
-        LINEAR(&ly->wk, &ly->bk, c->bias_qkv, KVD, D, "self_attn.k_proj")
-        LINEAR(&ly->wv, &ly->bv, c->bias_qkv, KVD, D, "self_attn.v_proj")
-        LINEAR(&ly->wo, &ly->bo, c->bias_o, D, HD, "self_attn.o_proj")
+#define LIN(w, b, has_bias, rows, cols, mod)                                      \
+    P(w, LINEAR, 1, 2, SHAPE(rows, cols), "%s.%d.%s.weight", pre, l, mod);         \
+    if (has_bias) P(b, BIAS, 0, 1, SHAPE(rows), "%s.%d.%s.bias", pre, l, mod);
+        LIN(&ly->wq, &ly->bq, c->bias_qkv, HD, D, "self_attn.q_proj")
+        LIN(&ly->wk, &ly->bk, c->bias_qkv, KVD, D, "self_attn.k_proj")
+        LIN(&ly->wv, &ly->bv, c->bias_qkv, KVD, D, "self_attn.v_proj")
+        LIN(&ly->wo, &ly->bo, c->bias_o, D, HD, "self_attn.o_proj")
         if (c->qk_norm) {
-            P(&ly->q_norm, 0, 1, SHAPE(c->Dh), "%s.%d.self_attn.q_norm.weight", pre, l);
-            P(&ly->k_norm, 0, 1, SHAPE(c->Dh), "%s.%d.self_attn.k_norm.weight", pre, l);
+            P(&ly->q_norm, NORM, 0, 1, SHAPE(c->Dh), "%s.%d.self_attn.q_norm.weight", pre, l);
+            P(&ly->k_norm, NORM, 0, 1, SHAPE(c->Dh), "%s.%d.self_attn.k_norm.weight", pre, l);
         }
-        LINEAR(&ly->wg, &ly->bg, c->bias_mlp, F, D, "mlp.gate_proj")
-        LINEAR(&ly->wu, &ly->bu, c->bias_mlp, F, D, "mlp.up_proj")
-        LINEAR(&ly->wd, &ly->bd, c->bias_mlp, D, F, "mlp.down_proj")
-#undef LINEAR
-        P(&ly->in_norm, 0, 1, SHAPE(D), "%s.%d.input_layernorm.weight", pre, l);
-        P(&ly->post_norm, 0, 1, SHAPE(D), "%s.%d.post_attention_layernorm.weight", pre, l);
+        LIN(&ly->wg, &ly->bg, c->bias_mlp, F, D, "mlp.gate_proj")
+        LIN(&ly->wu, &ly->bu, c->bias_mlp, F, D, "mlp.up_proj")
+        LIN(&ly->wd, &ly->bd, c->bias_mlp, D, F, "mlp.down_proj")
+#undef LIN
+        P(&ly->in_norm, NORM, 0, 1, SHAPE(D), "%s.%d.input_layernorm.weight", pre, l);
+        P(&ly->post_norm, NORM, 0, 1, SHAPE(D), "%s.%d.post_attention_layernorm.weight", pre, l);
     }
-    P(&qw->norm, 0, 1, SHAPE(D), "model.norm.weight");
-    if (!c->tie) P(&qw->lm_head, 1, 2, SHAPE(c->vocab, D), "lm_head.weight");
+    P(&qw->norm, NORM, 0, 1, SHAPE(D), "model.norm.weight");
+    if (!c->tie) P(&qw->lm_head, HEAD, 1, 2, SHAPE(c->vocab, D), "lm_head.weight");
 #undef P
 #undef SHAPE
     return WHALE_OK;
@@ -351,10 +351,9 @@ void qwen2_init_param(const whale_model *m, int i, whale_rng *rng, float *out) {
     const qw_model *qw = m->impl;
     const whale_param *p = &m->params[i];
     int64_t n = whale_shape_numel(p->ndim, p->shape);
-    size_t len = strlen(p->name);
-    if (len > 5 && strcmp(p->name + len - 5, ".bias") == 0)
+    if (p->role == WHALE_ROLE_BIAS)
         for (int64_t k = 0; k < n; k++) out[k] = 0.0f;
-    else if (strstr(p->name, "norm.weight"))
+    else if (p->role == WHALE_ROLE_NORM)
         for (int64_t k = 0; k < n; k++) out[k] = 1.0f;
     else
         for (int64_t k = 0; k < n; k++) out[k] = (float)(whale_rng_normal(rng) * qw->c.init_range);
@@ -775,7 +774,9 @@ static whale_code forward_hidden(qw_session *s, const whale_ubatch *ub, whale_er
         s->rcos = s->dyn_cos, s->rsin = s->dyn_sin, s->rpos = s->dyn_idx;
     }
     for (int l = 0; l < c->L; l++) {
-        if ((e = layer_forward(s, l, &s->acts[s->n_act_sets > 1 ? l : 0], err))) return e;
+        if ((e = whale_session_check_abort(&s->base, err)) ||
+            (e = layer_forward(s, l, &s->acts[s->n_act_sets > 1 ? l : 0], err)))
+            return e;
         if (s->stash && s->base.training) PROF(s, P_STASH, stash_put(s, &s->acts[0], l, (size_t)T));
     }
     PROF(s, P_NORM, OP(rmsnorm, s->hn, s->X[c->L], qw->norm, T, D, c->norm_eps, s->hn_rstd));
@@ -918,6 +919,7 @@ static whale_code qw_train_step(whale_session *base, const int32_t *ids, const i
     TRACE(WHALE_F32, b->dx, 2, DIMS(T, D), "grad.final_hidden");
     PROF(s, P_B_NORM, OP(rmsnorm_backward, b->dx, gw->norm, b->dx, s->X[c->L], qw->norm, s->hn_rstd, T, D));
     for (int l = c->L - 1; l >= 0; l--) {
+        if ((e = whale_session_check_abort(&s->base, err))) return e;
         const qw_layer *ly = &qw->layers[l];
         qw_layer *gl = &gw->layers[l];
         const qw_layer_acts *a = &s->acts[s->n_act_sets > 1 ? l : 0];

@@ -131,6 +131,16 @@ whale_code whale_session_open_backend(whale_session *s, whale_err *err) {
     return whale_backend_open(name && *name ? name : "cpu", &s->be, err);
 }
 
+void whale_session_set_abort(whale_session *s, whale_abort_fn fn, void *user) {
+    s->abort_fn = fn;
+    s->abort_user = user;
+}
+
+whale_code whale_session_check_abort(whale_session *s, whale_err *err) {
+    return s->abort_fn && s->abort_fn(s->abort_user) ? whale_errf(err, WHALE_ERR_ABORTED, "stopped on request")
+                                                     : WHALE_OK;
+}
+
 whale_session_params whale_session_get_params(const whale_session *s) {
     return (whale_session_params){s->max_batch, s->max_seq, s->n_batch};
 }

@@ -25,9 +25,8 @@
 #include <unistd.h>
 
 int whale_param_is_product_weight(const whale_param *p) {
-    size_t n = strlen(p->name);
-    return p->ndim == 2 && n > 7 && !strcmp(p->name + n - 7, ".weight") && !strstr(p->name, "ffn.gate.") &&
-           !strstr(p->name, ".lora_");
+    assert(p->ndim == 2 || (p->role != WHALE_ROLE_LINEAR && p->role != WHALE_ROLE_EMBED && p->role != WHALE_ROLE_HEAD));
+    return p->role == WHALE_ROLE_LINEAR || p->role == WHALE_ROLE_EMBED || p->role == WHALE_ROLE_HEAD;
 }
 
 static int is_handle(const whale_model *m, const float *W) {
@@ -59,16 +58,9 @@ whale_wview whale_model_weight(const whale_model *m, const float *W) {
 }
 
 static void view_row_to_f32(const whale_wview *v, int64_t cols, float *out) {
-    switch (v->dtype) {
-    case WHALE_BF16: whale_bf16_to_f32(out, v->data, (size_t)cols); break;
-    case WHALE_F16: whale_f16_to_f32(out, v->data, (size_t)cols); break;
-    case WHALE_I8: {
-        const int8_t *q = v->data;
-        for (int64_t i = 0; i < cols; i++) out[i] = (float)q[i] * v->scale[0];
-        break;
-    }
-    default: memcpy(out, v->data, sizeof(float) * (size_t)cols);
-    }
+    const whale_format *f = whale_format_of(v->dtype);
+    assert(f);
+    f->row_to_f32(out, v->data, f->row_scale ? v->scale[0] : 1.0f, cols);
 }
 
 void whale_model_row(const whale_model *m, const float *W, int64_t r, int64_t cols, float *out) {
@@ -113,10 +105,9 @@ static void convert_block(void *dst, float *scale, whale_dtype dt, const char *s
     else if (sdt == WHALE_F16) whale_f16_to_f32(tmp, sb, cnt);
     else if ((uintptr_t)sb & (sizeof(float) - 1)) memcpy(tmp, sb, cnt * sizeof(float)); /* unaligned fp32 */
     if (sdt != WHALE_F32 || (uintptr_t)sb & (sizeof(float) - 1)) f = tmp;
-    if (dt == WHALE_F32) memcpy((float *)dst + off, f, cnt * sizeof(float));
-    else if (dt == WHALE_BF16) whale_f32_to_bf16_rows((uint16_t *)dst + off, f, cnt);
-    else if (dt == WHALE_F16) whale_f32_to_f16_rows((uint16_t *)dst + off, f, cnt);
-    else whale_quantize_q8_rows((int8_t *)dst + off, scale + r0, f, (int)n, (int)cols);
+    const whale_format *fmt = whale_format_of(dt);
+    assert(fmt);
+    fmt->from_f32((char *)dst + off * whale_dtype_size(dt), fmt->row_scale ? scale + r0 : NULL, f, n, cols);
 }
 
 /* dst (rows × cols of dt, int8 scales into scale) from src of dtype sdt, in
@@ -155,12 +146,6 @@ whale_code whale_convert_checkpoint(void *dst, whale_dtype dt, const void *src, 
         return whale_errf(err, WHALE_ERR_NOMEM, "out of memory converting a %lld × %lld tensor", (long long)rows,
                           (long long)cols);
     return WHALE_OK;
-}
-
-size_t whale_copy_bytes(whale_dtype dt, int64_t rows, int64_t cols) {
-    size_t b = (size_t)(rows * cols) * whale_dtype_size(dt);
-    if (dt == WHALE_I8) b += sizeof(float) * (size_t)rows;
-    return (b + 63) & ~(size_t)63;
 }
 
 static int copy_cmp(const void *a, const void *b) {
@@ -211,7 +196,7 @@ whale_code whale_model_build_copies(whale_model *m, whale_dtype dt, const whale_
             continue;
         }
         char *dst = (char *)m->copy_mem + off;
-        float *scale = dt == WHALE_I8 ? (float *)(dst + (size_t)(rows * cols)) : NULL;
+        float *scale = whale_format_of(dt)->row_scale ? (float *)(dst + (size_t)(rows * cols)) : NULL;
         /* the int8 values come first; scales after them, 4-byte aligned */
         if (scale) scale = (float *)(((uintptr_t)scale + 3) & ~(uintptr_t)3);
         if (!(e ? convert_rows(dst, scale, dt, e->data, e->dtype, rows, cols, 1)
@@ -477,7 +462,7 @@ whale_code whale_linear_dw(whale_session *s, int M, int N, int K, const float *d
     const whale_model *m = s->model;
     whale_code e = WHALE_OK;
     if (dW) {
-        if (m->compute_dtype == WHALE_I8) /* an int8 base is frozen (LoRA): its weights have no gradient */
+        if (!whale_format_of(m->compute_dtype)->trainable) /* an int8 base is frozen (LoRA): no gradient */
             return whale_errf(err, WHALE_ERR_UNSUPPORTED,
                               "int8 weights cannot be trained: attach LoRA adapters to an int8 base");
         e = s->be->matmul_tn(s->be, m->compute_dtype, N, K, M, dC, lddc, A, lda, dW, lddw, 1, err);
