@@ -155,15 +155,10 @@ const char *whale_cpu_extras(void);
 
 typedef struct whale_model whale_model;
 
-/* Model families: nanowhale (DeepSeek-V4 style, model_type deepseek_v4) and
- * the dense decoder (WHALE_FAMILY_QWEN2 = WHALE_FAMILY_DENSE): model_type
- * qwen2 (Qwen2 / Qwen2.5), llama (Llama 2/3/3.1/3.2, SmolLM2) and qwen3. */
-typedef enum {
-    WHALE_FAMILY_NANOWHALE = 0,
-    WHALE_FAMILY_QWEN2,
-    WHALE_FAMILY_COUNT,
-    WHALE_FAMILY_DENSE = WHALE_FAMILY_QWEN2
-} whale_family;
+/* Model families, named by string (whale_model_family): "nanowhale"
+ * (DeepSeek-V4 style, model_type deepseek_v4) and "dense", the dense
+ * decoder: model_type qwen2 (Qwen2 / Qwen2.5), llama (Llama 2/3/3.1/3.2,
+ * SmolLM2) and qwen3. whale_model_type gives the config's model_type. */
 
 /* Load a Hugging Face model directory (config.json + model.safetensors or
  * model.safetensors.index.json). Loading is strict: every missing,
@@ -195,7 +190,8 @@ whale_code whale_model_save(const whale_model *m, const char *dir, whale_err *er
 
 void whale_model_free(whale_model *m);
 
-whale_family whale_model_family(const whale_model *m);
+const char *whale_model_family(const whale_model *m);
+const char *whale_model_type(const whale_model *m);
 int whale_model_vocab_size(const whale_model *m);
 int whale_model_max_positions(const whale_model *m);
 int64_t whale_model_param_count(const whale_model *m);

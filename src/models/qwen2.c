@@ -205,7 +205,7 @@ static void add_variant_fields(cJSON *j, const struct qw_preset *p) {
     }
 }
 
-whale_code qwen2_preset_config(const char *name, cJSON **out, whale_err *err) {
+static whale_code qwen2_preset_config(const char *name, cJSON **out, whale_err *err) {
     const struct qw_preset *p = NULL;
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         if (strcmp(presets[i].name, name) == 0) p = &presets[i];
@@ -262,7 +262,7 @@ static whale_code register_params(whale_model *m, qw_model *qw, whale_err *err) 
     for (int l = 0; l < c->L; l++) {
         qw_layer *ly = &qw->layers[l];
         const char *pre = "model.layers";
-#define LIN(w, b, has_bias, rows, cols, mod)                                      \
+#define LIN(w, b, has_bias, rows, cols, mod)                                   \
     P(w, LINEAR, 1, 2, SHAPE(rows, cols), "%s.%d.%s.weight", pre, l, mod);         \
     if (has_bias) P(b, BIAS, 0, 1, SHAPE(rows), "%s.%d.%s.bias", pre, l, mod);
         LIN(&ly->wq, &ly->bq, c->bias_qkv, HD, D, "self_attn.q_proj")
@@ -347,7 +347,7 @@ static whale_code qw_config_to_json(const whale_model *m, cJSON **out, whale_err
 /* Normal(0, initializer_range) for every Linear weight and the embedding,
  * zeros for biases, ones for norm weights (Qwen2PreTrainedModel._init_weights),
  * drawn in parameter order from one generator. */
-void qwen2_init_param(const whale_model *m, int i, whale_rng *rng, float *out) {
+static void qwen2_init_param(const whale_model *m, int i, whale_rng *rng, float *out) {
     const qw_model *qw = m->impl;
     const whale_param *p = &m->params[i];
     int64_t n = whale_shape_numel(p->ndim, p->shape);
@@ -359,13 +359,6 @@ void qwen2_init_param(const whale_model *m, int i, whale_rng *rng, float *out) {
         for (int64_t k = 0; k < n; k++) out[k] = (float)(whale_rng_normal(rng) * qw->c.init_range);
 }
 
-whale_code qwen2_init_weights(whale_model *m, uint64_t seed, whale_err *err) {
-    (void)err;
-    whale_rng rng;
-    whale_rng_seed(&rng, seed);
-    for (int i = 0; i < m->n_params; i++) qwen2_init_param(m, i, &rng, m->params[i].data);
-    return WHALE_OK;
-}
 
 /* ------------------------------------------------------------------ info */
 
@@ -1057,12 +1050,13 @@ whale_code qwen2_from_config(const cJSON *cfg, const char *file, whale_model **o
         free(qw);
         return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
     }
-    m->family = WHALE_FAMILY_QWEN2;
+    m->family = &whale_family_dense;
     m->ops = &qw_ops;
     m->impl = qw;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(cfg, "model_type");
     for (int k = 0; k < QW_VARIANTS; k++)
         if (cJSON_IsString(mt) && !strcmp(mt->valuestring, variants[k].model_type)) qw->c.variant = (qw_variant)k;
+    m->model_type = variants[qw->c.variant].model_type;
     whale_code e = parse_config(cfg, file, &qw->c, err);
     const qw_config *c = &qw->c;
     if (!e && !(qw->config_json = cJSON_Duplicate(cfg, 1))) e = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
@@ -1080,3 +1074,13 @@ whale_code qwen2_from_config(const cJSON *cfg, const char *file, whale_model **o
     *out = m;
     return WHALE_OK;
 }
+
+static const char *const dense_types[] = {"qwen2", "llama", "qwen3", NULL};
+const whale_family_desc whale_family_dense = {
+    .name = "dense",
+    .model_types = dense_types,
+    .presets = PRESET_NAMES,
+    .from_config = qwen2_from_config,
+    .preset_config = qwen2_preset_config,
+    .init_param = qwen2_init_param,
+};
