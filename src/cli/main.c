@@ -2,6 +2,7 @@
 #include "cli/cli.h"
 
 #include "core/core.h"
+#include "whale_dist.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -214,6 +215,27 @@ whale_code cli_generation_config(const char *dir, whale_sampler_params *sp, unsi
     return WHALE_OK;
 }
 
+/* Launched by mpirun with several ranks: train and sft run as one job
+ * (docs/distributed.md), only rank 0 writes to stdout, and a rank that
+ * fails ends the whole job (the others would wait for it). */
+static int run_on_ranks(int (*fn)(int, char **), const char *cmd, int argc, char **argv) {
+    whale_err err;
+    int quiet = whale_dist_launched_rank() != 0;
+    if (strcmp(cmd, "train") && strcmp(cmd, "sft")) {
+        if (!quiet) fprintf(stderr, "whale %s: runs in one process; only train and sft run on several ranks\n", cmd);
+        return 2;
+    }
+    if (whale_dist_init(&err)) return quiet ? whale_exit_status(err.code) : cli_fail(&err);
+    if (whale_dist_rank() != 0 && !freopen("/dev/null", "w", stdout)) {
+        whale_dist_abort(3);
+        return 3;
+    }
+    int status = fn(argc, argv);
+    if (status) whale_dist_abort(status);
+    whale_dist_finalize();
+    return status;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: whale COMMAND [options] (commands: info init score generate chat chat-template grad train eval export precision-report data plot tokenizer bench tokenize detokenize diagnose memory; see 'whale --help')\n");
@@ -234,7 +256,9 @@ int main(int argc, char **argv) {
                   {"precision-report", cmd_precision_report},
                   {"data", cmd_data}, {"plot", cmd_plot}, {"tokenizer", cmd_tokenizer}, {"detokenize", cmd_detokenize}, {"diagnose", cmd_diagnose}, {"memory", cmd_memory}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
-        if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
+        if (!strcmp(cmd, cmds[i].name))
+            return whale_dist_launched_size() > 1 ? run_on_ranks(cmds[i].fn, cmd, argc - 1, argv + 1)
+                                                  : cmds[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "whale: unknown command \"%s\" (see 'whale --help')\n", cmd);
     return 2;
 }

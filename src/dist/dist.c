@@ -1,0 +1,176 @@
+/* The world of ranks (whale_dist.h, dist/dist.h) on MPI, or a world of one
+ * process in a build without it. */
+#include "dist/dist.h"
+
+#include "core/core.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if WHALE_HAVE_MPI
+#include <mpi.h>
+#endif
+
+static struct {
+    int rank, size, joined;
+    double seconds, bytes; /* in exchanges, sent to other ranks */
+} world = {0, 1, 0, 0, 0};
+
+int whale_dist_available(void) { return WHALE_HAVE_MPI; }
+
+static int env_int(const char *a, const char *b, int def) {
+    const char *v = getenv(a);
+    if (!v || !*v) v = getenv(b);
+    if (!v || !*v) return def;
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    return errno || *end || n < 0 || n > 1 << 24 ? def : (int)n;
+}
+
+int whale_dist_launched_size(void) { return env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", 1); }
+int whale_dist_launched_rank(void) { return env_int("OMPI_COMM_WORLD_RANK", "PMI_RANK", 0); }
+int whale_dist_rank(void) { return world.rank; }
+int whale_dist_size(void) { return world.size; }
+
+void whale_dist_stats(double *seconds, double *bytes_sent) {
+    *seconds = world.seconds;
+    *bytes_sent = world.bytes;
+}
+
+void whale_dist_account(double seconds, double bytes) {
+    world.seconds += seconds;
+    world.bytes += bytes;
+}
+
+uint64_t whale_hash_bytes(const void *p, size_t n, uint64_t h) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Seconds a rank waits for the others at an exchange before it gives up. */
+static double dist_timeout(void) {
+    const char *v = getenv("WHALE_DIST_TIMEOUT");
+    double t = v ? strtod(v, NULL) : 0;
+    return t > 0 ? t : 120;
+}
+
+#if WHALE_HAVE_MPI
+
+static whale_code mpi_fail(whale_err *err, int rc, const char *what) {
+    char text[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    return whale_errf(err, WHALE_ERR_IO, "rank %d: %s failed: %s", world.rank, what, text);
+}
+
+whale_code whale_dist_init(whale_err *err) {
+    if (whale_dist_launched_size() <= 1 || world.joined) return WHALE_OK;
+    int provided, rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+    if (rc != MPI_SUCCESS) return whale_errf(err, WHALE_ERR_IO, "MPI_Init failed (code %d)", rc);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world.size);
+    world.joined = 1;
+    return WHALE_OK;
+}
+
+void whale_dist_finalize(void) {
+    if (world.joined) MPI_Finalize();
+    world.joined = 0;
+}
+
+void whale_dist_abort(int status) {
+    if (world.joined) MPI_Abort(MPI_COMM_WORLD, status ? status : 1);
+}
+
+/* Wait until every rank has arrived (a barrier with a deadline): a rank that
+ * died or hangs ends the run with a message instead of a wait forever. A
+ * waiting rank sleeps between polls, leaving the processor to the others. */
+static whale_code arrive(const char *what, int64_t step, double scale, whale_err *err) {
+    MPI_Request rq;
+    int done = 0, rc = MPI_Ibarrier(MPI_COMM_WORLD, &rq);
+    double t0 = whale_now(), limit = dist_timeout() * scale;
+    if (rc != MPI_SUCCESS) return mpi_fail(err, rc, what);
+    while (!done) {
+        if ((rc = MPI_Test(&rq, &done, MPI_STATUS_IGNORE)) != MPI_SUCCESS) return mpi_fail(err, rc, what);
+        double waited = whale_now() - t0;
+        if (done) break;
+        if (waited > limit)
+            return whale_errf(err, WHALE_ERR_IO,
+                              "rank %d: step %lld: not every rank of %d reached the %s within %.0f s: a rank died or "
+                              "hangs (WHALE_DIST_TIMEOUT sets the bound)",
+                              world.rank, (long long)step, world.size, what, limit);
+        if (waited > 1e-3) nanosleep(&(struct timespec){0, 100000}, NULL);
+    }
+    world.seconds += whale_now() - t0;
+    return WHALE_OK;
+}
+
+whale_code whale_dist_barrier(const char *what, int64_t step, double scale, whale_err *err) {
+    return world.size > 1 ? arrive(what, step, scale, err) : WHALE_OK;
+}
+
+whale_code whale_dist_allgather_f64(const double *mine, int k, double *all, whale_err *err) {
+    if (world.size == 1) {
+        memcpy(all, mine, sizeof(double) * (size_t)k);
+        return WHALE_OK;
+    }
+    double t0 = whale_now();
+    int rc = MPI_Allgather(mine, k, MPI_DOUBLE, all, k, MPI_DOUBLE, MPI_COMM_WORLD);
+    world.seconds += whale_now() - t0;
+    world.bytes += (double)(world.size - 1) * k * sizeof(double);
+    return rc == MPI_SUCCESS ? WHALE_OK : mpi_fail(err, rc, "MPI_Allgather");
+}
+
+whale_code whale_dist_check_same(uint64_t value, const char *what, whale_err *err) {
+    if (world.size == 1) return WHALE_OK;
+    uint64_t *all = malloc(sizeof(uint64_t) * (size_t)world.size);
+    if (!all) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    int rc = MPI_Allgather(&value, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, MPI_COMM_WORLD);
+    int bad = 0;
+    for (int r = 1; rc == MPI_SUCCESS && r < world.size && !bad; r++)
+        if (all[r] != all[0]) bad = r;
+    free(all);
+    if (rc != MPI_SUCCESS) return mpi_fail(err, rc, "MPI_Allgather");
+    if (bad)
+        return whale_errf(err, WHALE_ERR_ARG, "rank %d: %s differ from rank 0's: every rank must see the same files",
+                          bad, what);
+    return WHALE_OK;
+}
+
+#else /* no MPI: a world of one process */
+
+whale_code whale_dist_init(whale_err *err) {
+    int n = whale_dist_launched_size();
+    if (n <= 1) return WHALE_OK;
+    return whale_errf(err, WHALE_ERR_UNSUPPORTED,
+                      "launched as one of %d ranks, but this build has no MPI: install libopenmpi-dev "
+                      "(scripts/setup.sh) and rebuild",
+                      n);
+}
+
+void whale_dist_finalize(void) {}
+void whale_dist_abort(int status) { (void)status; }
+
+whale_code whale_dist_barrier(const char *what, int64_t step, double scale, whale_err *err) {
+    (void)what, (void)step, (void)scale, (void)err, (void)dist_timeout;
+    return WHALE_OK;
+}
+
+whale_code whale_dist_allgather_f64(const double *mine, int k, double *all, whale_err *err) {
+    (void)err;
+    memcpy(all, mine, sizeof(double) * (size_t)k);
+    return WHALE_OK;
+}
+
+whale_code whale_dist_check_same(uint64_t value, const char *what, whale_err *err) {
+    (void)value, (void)what, (void)err;
+    return WHALE_OK;
+}
+
+#endif
