@@ -216,21 +216,32 @@ whale_code cli_generation_config(const char *dir, whale_sampler_params *sp, unsi
 }
 
 /* Launched by mpirun with several ranks: train and sft run as one job
- * (docs/distributed.md), only rank 0 writes to stdout, and a rank that
- * fails ends the whole job (the others would wait for it). */
+ * (docs/distributed.md). Rank 0 speaks for the job: the other ranks write
+ * nothing to stdout, and their stderr is held back; a rank that fails ends
+ * the whole job (the others would wait for it), and another rank's message
+ * is shown only when rank 0 has not ended the job first with its own (every
+ * rank fails the same way on a bad option or input). */
 static int run_on_ranks(int (*fn)(int, char **), const char *cmd, int argc, char **argv) {
     whale_err err;
-    int quiet = whale_dist_launched_rank() != 0;
+    int quiet = whale_dist_launched_rank() != 0, saved = -1;
     if (strcmp(cmd, "train") && strcmp(cmd, "sft")) {
         if (!quiet) fprintf(stderr, "whale %s: runs in one process; only train and sft run on several ranks\n", cmd);
         return 2;
     }
     if (whale_dist_init(&err)) return quiet ? whale_exit_status(err.code) : cli_fail(&err);
-    if (whale_dist_rank() != 0 && !freopen("/dev/null", "w", stdout)) {
-        whale_dist_abort(3);
-        return 3;
-    }
+    FILE *held = quiet ? tmpfile() : NULL;
+    if (held && (saved = dup(2)) >= 0) dup2(fileno(held), 2);
+    if (quiet && !freopen("/dev/null", "w", stdout)) whale_dist_abort(3);
     int status = fn(argc, argv);
+    if (status && saved >= 0) { /* let rank 0 speak first */
+        nanosleep(&(struct timespec){0, 300000000}, NULL);
+        fflush(stderr);
+        rewind(held);
+        char buf[4096];
+        size_t n;
+        while ((n = fread(buf, 1, sizeof buf, held)) > 0)
+            if (write(saved, buf, n) < 0) break;
+    }
     if (status) whale_dist_abort(status);
     whale_dist_finalize();
     return status;

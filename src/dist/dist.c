@@ -41,11 +41,6 @@ void whale_dist_stats(double *seconds, double *bytes_sent) {
     *bytes_sent = world.bytes;
 }
 
-void whale_dist_account(double seconds, double bytes) {
-    world.seconds += seconds;
-    world.bytes += bytes;
-}
-
 uint64_t whale_hash_bytes(const void *p, size_t n, uint64_t h) {
     const unsigned char *b = p;
     for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
@@ -88,31 +83,52 @@ void whale_dist_abort(int status) {
     if (world.joined) MPI_Abort(MPI_COMM_WORLD, status ? status : 1);
 }
 
-/* Wait until every rank has arrived (a barrier with a deadline): a rank that
- * died or hangs ends the run with a message instead of a wait forever. A
- * waiting rank sleeps between polls, leaving the processor to the others. */
-static whale_code arrive(const char *what, int64_t step, double scale, whale_err *err) {
-    MPI_Request rq;
-    int done = 0, rc = MPI_Ibarrier(MPI_COMM_WORLD, &rq);
+/* Wait for a request for at most the timeout × scale: a rank that died or
+ * hangs ends the run with a message instead of a wait forever. A rank
+ * waiting for the others (sleepy) sleeps between polls after the first
+ * millisecond, leaving the processor to them; a transfer is polled flat out. */
+static whale_code wait_for(MPI_Request *rq, const char *what, int64_t step, double scale, int sleepy,
+                           whale_err *err) {
     double t0 = whale_now(), limit = dist_timeout() * scale;
-    if (rc != MPI_SUCCESS) return mpi_fail(err, rc, what);
+    int done = 0, rc;
     while (!done) {
-        if ((rc = MPI_Test(&rq, &done, MPI_STATUS_IGNORE)) != MPI_SUCCESS) return mpi_fail(err, rc, what);
+        if ((rc = MPI_Test(rq, &done, MPI_STATUS_IGNORE)) != MPI_SUCCESS) return mpi_fail(err, rc, what);
         double waited = whale_now() - t0;
         if (done) break;
         if (waited > limit)
             return whale_errf(err, WHALE_ERR_IO,
                               "rank %d: step %lld: not every rank of %d reached the %s within %.0f s: a rank died or "
                               "hangs (WHALE_DIST_TIMEOUT sets the bound)",
-                              world.rank, (long long)step, world.size, what, limit);
-        if (waited > 1e-3) nanosleep(&(struct timespec){0, 100000}, NULL);
+                              world.rank, (long long)(step > 0 ? step : 0), world.size, what, limit);
+        if (sleepy && waited > 1e-3) nanosleep(&(struct timespec){0, 100000}, NULL);
     }
     world.seconds += whale_now() - t0;
     return WHALE_OK;
 }
 
 whale_code whale_dist_barrier(const char *what, int64_t step, double scale, whale_err *err) {
-    return world.size > 1 ? arrive(what, step, scale, err) : WHALE_OK;
+    if (world.size == 1) return WHALE_OK;
+    MPI_Request rq;
+    int rc = MPI_Ibarrier(MPI_COMM_WORLD, &rq);
+    return rc != MPI_SUCCESS ? mpi_fail(err, rc, what) : wait_for(&rq, what, step, scale, 1, err);
+}
+
+whale_code whale_dist_alltoallv_f32(const float *send, const int *sc, const int *sd, float *recv, const int *rc,
+                                    const int *rd, const char *what, int64_t step, whale_err *err) {
+    MPI_Request rq;
+    double sent = 0;
+    for (int r = 0; r < world.size; r++) sent += r == world.rank ? 0 : sizeof(float) * (double)sc[r];
+    int e = MPI_Ialltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, MPI_COMM_WORLD, &rq);
+    world.bytes += sent;
+    return e != MPI_SUCCESS ? mpi_fail(err, e, what) : wait_for(&rq, what, step, 1, 0, err);
+}
+
+whale_code whale_dist_allgatherv_f32(const float *send, int n, float *recv, const int *cnt, const int *dsp,
+                                     const char *what, int64_t step, whale_err *err) {
+    MPI_Request rq;
+    int e = MPI_Iallgatherv(send, n, MPI_FLOAT, recv, cnt, dsp, MPI_FLOAT, MPI_COMM_WORLD, &rq);
+    world.bytes += sizeof(float) * (double)n * (world.size - 1);
+    return e != MPI_SUCCESS ? mpi_fail(err, e, what) : wait_for(&rq, what, step, 1, 0, err);
 }
 
 whale_code whale_dist_allgather_f64(const double *mine, int k, double *all, whale_err *err) {
@@ -120,23 +136,23 @@ whale_code whale_dist_allgather_f64(const double *mine, int k, double *all, whal
         memcpy(all, mine, sizeof(double) * (size_t)k);
         return WHALE_OK;
     }
-    double t0 = whale_now();
-    int rc = MPI_Allgather(mine, k, MPI_DOUBLE, all, k, MPI_DOUBLE, MPI_COMM_WORLD);
-    world.seconds += whale_now() - t0;
+    MPI_Request rq;
+    int rc = MPI_Iallgather(mine, k, MPI_DOUBLE, all, k, MPI_DOUBLE, MPI_COMM_WORLD, &rq);
     world.bytes += (double)(world.size - 1) * k * sizeof(double);
-    return rc == MPI_SUCCESS ? WHALE_OK : mpi_fail(err, rc, "MPI_Allgather");
+    return rc != MPI_SUCCESS ? mpi_fail(err, rc, "MPI_Iallgather") : wait_for(&rq, "exchange of losses", -1, 1, 1, err);
 }
 
 whale_code whale_dist_check_same(uint64_t value, const char *what, whale_err *err) {
     if (world.size == 1) return WHALE_OK;
     uint64_t *all = malloc(sizeof(uint64_t) * (size_t)world.size);
     if (!all) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
-    int rc = MPI_Allgather(&value, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, MPI_COMM_WORLD);
-    int bad = 0;
-    for (int r = 1; rc == MPI_SUCCESS && r < world.size && !bad; r++)
+    MPI_Request rq;
+    int rc = MPI_Iallgather(&value, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, MPI_COMM_WORLD, &rq), bad = 0;
+    whale_code c = rc != MPI_SUCCESS ? mpi_fail(err, rc, "MPI_Iallgather") : wait_for(&rq, "start", 0, 10, 1, err);
+    for (int r = 1; !c && r < world.size && !bad; r++)
         if (all[r] != all[0]) bad = r;
     free(all);
-    if (rc != MPI_SUCCESS) return mpi_fail(err, rc, "MPI_Allgather");
+    if (c) return c;
     if (bad)
         return whale_errf(err, WHALE_ERR_ARG, "rank %d: %s differ from rank 0's: every rank must see the same files",
                           bad, what);
@@ -159,6 +175,20 @@ void whale_dist_abort(int status) { (void)status; }
 
 whale_code whale_dist_barrier(const char *what, int64_t step, double scale, whale_err *err) {
     (void)what, (void)step, (void)scale, (void)err, (void)dist_timeout;
+    return WHALE_OK;
+}
+
+whale_code whale_dist_alltoallv_f32(const float *send, const int *sc, const int *sd, float *recv, const int *rc,
+                                    const int *rd, const char *what, int64_t step, whale_err *err) {
+    (void)what, (void)step, (void)err;
+    memcpy(recv + rd[0], send + sd[0], sizeof(float) * (size_t)(sc[0] < rc[0] ? sc[0] : rc[0]));
+    return WHALE_OK;
+}
+
+whale_code whale_dist_allgatherv_f32(const float *send, int n, float *recv, const int *cnt, const int *dsp,
+                                     const char *what, int64_t step, whale_err *err) {
+    (void)cnt, (void)what, (void)step, (void)err;
+    memcpy(recv + dsp[0], send, sizeof(float) * (size_t)n);
     return WHALE_OK;
 }
 

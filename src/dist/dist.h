@@ -38,13 +38,18 @@ whale_code whale_grad_sum_finish(whale_grad_sum *g, float *grad, int64_t step, w
  * scale × the exchange timeout (WHALE_DIST_TIMEOUT seconds, 120 by
  * default): past it, an error saying a rank died or hangs. */
 whale_code whale_dist_barrier(const char *what, int64_t step, double scale, whale_err *err);
+/* MPI_Alltoallv / MPI_Allgatherv of floats (counts and displacements in
+ * elements, per rank) that give up after the timeout like the barrier;
+ * what names the exchange in messages. */
+whale_code whale_dist_alltoallv_f32(const float *send, const int *sc, const int *sd, float *recv, const int *rc,
+                                    const int *rd, const char *what, int64_t step, whale_err *err);
+whale_code whale_dist_allgatherv_f32(const float *send, int n, float *recv, const int *cnt, const int *dsp,
+                                     const char *what, int64_t step, whale_err *err);
 /* Every rank's k doubles, rank-major: all[r·k + j] is rank r's mine[j]. */
 whale_code whale_dist_allgather_f64(const double *mine, int k, double *all, whale_err *err);
 /* value must be equal on every rank: otherwise an error naming the first
  * rank that differs from rank 0 and what (e.g. "the initial weights"). */
 whale_code whale_dist_check_same(uint64_t value, const char *what, whale_err *err);
-/* Count time and bytes of an exchange into whale_dist_stats. */
-void whale_dist_account(double seconds, double bytes);
 /* FNV-1a over bytes, continuing from h (start with 1469598103934665603). */
 uint64_t whale_hash_bytes(const void *p, size_t n, uint64_t h);
 

@@ -8,10 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if WHALE_HAVE_MPI
-#include <mpi.h>
-#endif
-
 struct whale_grad_sum {
     size_t n;           /* elements of the vector */
     int size, rank;
@@ -82,34 +78,20 @@ static size_t max_shard(const whale_grad_sum *g) {
     return m;
 }
 
-#if WHALE_HAVE_MPI
-
-static whale_code exchange_fail(const whale_grad_sum *g, int rc, const char *what, int64_t step, whale_err *err) {
-    char text[MPI_MAX_ERROR_STRING] = "";
-    int len = 0;
-    MPI_Error_string(rc, text, &len);
-    return whale_errf(err, WHALE_ERR_IO, "rank %d: step %lld: %s failed: %s", g->rank, (long long)step, what, text);
-}
-
 /* One all-to-all of the pieces at offset `at` of every shard: rank r's
  * piece of this gradient goes to r; this rank's shard comes back from all. */
 static whale_code scatter_round(whale_grad_sum *g, const float *grad, size_t at, int first, int64_t step,
                                 whale_err *err) {
     int P = g->size, sc[P], sd[P], rc[P], rd[P], mine = piece_len(g, g->rank, at);
     const float *piece[P];
-    double sent = 0;
     for (int r = 0; r < P; r++) {
         sc[r] = piece_len(g, r, at), sd[r] = rd[r] = r * (int)g->chunk, rc[r] = mine;
         memcpy(g->send + (size_t)sd[r], grad + g->off[r] + at, sizeof(float) * (size_t)sc[r]);
         piece[r] = g->recv + (size_t)rd[r];
-        if (r != g->rank) sent += sizeof(float) * (double)sc[r];
     }
-    double t0 = whale_now();
-    int e = MPI_Alltoallv(g->send, sc, sd, MPI_FLOAT, g->recv, rc, rd, MPI_FLOAT, MPI_COMM_WORLD);
-    whale_dist_account(whale_now() - t0, sent);
-    if (e != MPI_SUCCESS) return exchange_fail(g, e, "the gradient exchange (MPI_Alltoallv)", step, err);
-    add_pieces(g->acc + at, piece, P, (size_t)mine, first);
-    return WHALE_OK;
+    whale_code c = whale_dist_alltoallv_f32(g->send, sc, sd, g->recv, rc, rd, "gradient exchange", step, err);
+    if (!c) add_pieces(g->acc + at, piece, P, (size_t)mine, first);
+    return c;
 }
 
 whale_code whale_grad_sum_add(whale_grad_sum *g, const float *grad, int first, int64_t step, whale_err *err) {
@@ -132,28 +114,10 @@ whale_code whale_grad_sum_finish(whale_grad_sum *g, float *grad, int64_t step, w
         int mine = piece_len(g, g->rank, at);
         for (int r = 0; r < P; r++) cnt[r] = piece_len(g, r, at), dsp[r] = r * (int)g->chunk;
         memcpy(g->send, g->acc + at, sizeof(float) * (size_t)mine);
-        double t0 = whale_now();
-        int e = MPI_Allgatherv(g->send, mine, MPI_FLOAT, g->recv, cnt, dsp, MPI_FLOAT, MPI_COMM_WORLD);
-        whale_dist_account(whale_now() - t0, sizeof(float) * (double)mine * (P - 1));
-        if (e != MPI_SUCCESS) return exchange_fail(g, e, "the gradient all-gather (MPI_Allgatherv)", step, err);
+        whale_code c = whale_dist_allgatherv_f32(g->send, mine, g->recv, cnt, dsp, "gradient all-gather", step, err);
+        if (c) return c;
         for (int r = 0; r < P; r++)
             memcpy(grad + g->off[r] + at, g->recv + (size_t)dsp[r], sizeof(float) * (size_t)cnt[r]);
     }
     return WHALE_OK;
 }
-
-#else
-
-whale_code whale_grad_sum_add(whale_grad_sum *g, const float *grad, int first, int64_t step, whale_err *err) {
-    (void)step, (void)err, (void)piece_len, (void)max_shard;
-    add_pieces(g->acc, &grad, 1, g->n, first);
-    return WHALE_OK;
-}
-
-whale_code whale_grad_sum_finish(whale_grad_sum *g, float *grad, int64_t step, whale_err *err) {
-    (void)step, (void)err;
-    memcpy(grad, g->acc, sizeof(float) * g->n);
-    return WHALE_OK;
-}
-
-#endif
