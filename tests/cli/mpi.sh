@@ -22,8 +22,10 @@ if ! ldd "$WHALE" | grep -q libmpi; then # this build has no MPI
     exit 0
 fi
 command -v mpirun >/dev/null || { echo "mpi.sh: no mpirun: skipped" >&2; exit 77; }
-# Open MPI's own allocations are not this program's leaks (see the file)
-export LSAN_OPTIONS="suppressions=$(dirname "$0")/../lsan-openmpi.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+# Open MPI's own allocations are not this program's leaks (see the file);
+# its libraries have no frame pointers: only the slow unwinder's stacks reach
+# the libmpi frames the suppressions name
+export LSAN_OPTIONS="suppressions=$(cd "$(dirname "$0")/.." && pwd)/lsan-openmpi.supp:print_suppressions=0:fast_unwind_on_malloc=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 for v in OMP_NUM_THREADS OMP_WAIT_POLICY LSAN_OPTIONS ASAN_OPTIONS UBSAN_OPTIONS WHALE_ISA; do
     [ -n "${!v+x}" ] && MPIRUN+=(-x $v)
