@@ -4,7 +4,8 @@
 # (pretraining, LoRA and full fine-tuning: losses, gradient norms, weights,
 # moments), a rank killed with SIGKILL or stopped ends the job non-zero
 # within the bound with a message naming the rank and leaves the last
-# checkpoint intact, from which the run resumes on the same curve. A build
+# checkpoint intact, from which the run resumes on the same curve; a
+# checkpoint resumes on another number of ranks. A build
 # without MPI refuses a launch of several ranks in one line. Skipped (77)
 # without mpirun.
 # usage: mpi.sh WHALE_BIN TEST_DATA_DIR
@@ -61,6 +62,13 @@ for ga in 2 4; do
     check "2 ranks, --grad-accum $ga: $(tail -1 "$TMP/err")" test -s "$TMP/two$ga/model.safetensors"
     same_run "train, 2 ranks, --grad-accum $ga" "$TMP/one$ga" "$TMP/two$ga"
 done
+# the global batch does not depend on the number of ranks: resume with another one
+run2 "$WHALE" train "${ARGS[@]}" --grad-accum 2 --out "$TMP/res12" --resume "$TMP/one2/checkpoint-3" >/dev/null 2>&1
+check "a one-process checkpoint resumed on 2 ranks ends as the uninterrupted run" \
+    cmp -s "$TMP/one2/model.safetensors" "$TMP/res12/model.safetensors"
+"$WHALE" train "${ARGS[@]}" --grad-accum 4 --out "$TMP/res21" --resume "$TMP/two4/checkpoint-3" >/dev/null 2>&1
+check "a 2-rank checkpoint resumed in one process ends as the uninterrupted run" \
+    cmp -s "$TMP/two4/model.safetensors" "$TMP/res21/model.safetensors"
 check "only rank 0 prints the summary" test "$(grep -c '"steps"' "$TMP/two.json")" = 1
 check "metrics carry the world size and each rank's tokens/s" \
     grep -q '"world_size": 2, "rank_tokens_per_s": \[[0-9.]*, [0-9.]*\], "comm_s"' "$TMP/two4/metrics.jsonl"
