@@ -237,10 +237,10 @@ static int run_on_ranks(int (*fn)(int, char **), const char *cmd, int argc, char
         nanosleep(&(struct timespec){0, 300000000}, NULL);
         fflush(stderr);
         rewind(held);
-        char buf[4096];
-        size_t n;
-        while ((n = fread(buf, 1, sizeof buf, held)) > 0)
-            if (write(saved, buf, n) < 0) break;
+        char line[4096];
+        FILE *out = fdopen(saved, "w");
+        while (out && fgets(line, sizeof line, held)) fprintf(out, "rank %d: %s", whale_dist_rank(), line);
+        if (out) fflush(out);
     }
     if (status) whale_dist_abort(status);
     whale_dist_finalize();

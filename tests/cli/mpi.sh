@@ -102,10 +102,11 @@ for tt in lora full; do
 done
 
 # faults: rank 1 killed with SIGKILL mid-run, or stopped (a hang); the job ends within the bound
-rank_pid() { # rank_pid OUT_DIR RANK: the pid of that rank of the run writing OUT_DIR
+rank_pid() { # rank_pid OUT_DIR RANK: the pid of that rank of the run writing OUT_DIR (no procps needed)
     local p
-    for p in $(pgrep -f -- "$1"); do
-        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && { echo "$p"; return; }
+    for p in /proc/[0-9]*; do
+        grep -qaF -- "$1" "$p/cmdline" 2>/dev/null || continue
+        tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && { echo "${p#/proc/}"; return; }
     done
 }
 LONG=(--init tiny --data "$TMP/data" --tokenizer "$TMP/tok" --seq-len 32 --batch-size 2 --grad-accum 2 --max-steps 100000
