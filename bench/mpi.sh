@@ -37,7 +37,8 @@ run() {
             --out "$OUT/$name" >/dev/null
     fi
     local log
-    log=$(ls "$OUT/$name/metrics.jsonl" "$OUT"/"$name"/v*/logging.jsonl 2>/dev/null | head -1)
+    log=$OUT/$name/metrics.jsonl
+    [ -f "$log" ] || log=$(echo "$OUT/$name"/v*/logging.jsonl)
     local last
     last=$(grep '"tokens_per_s"' "$log" | grep -v train_runtime | tail -1)
     printf '%8.1f tok/s' "$(sed -E 's/.*"tokens_per_s": ([0-9.]+).*/\1/' <<<"$last")"

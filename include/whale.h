@@ -268,6 +268,70 @@ double whale_cross_entropy(const float *logits, const int32_t *ids, int B, int S
 typedef void (*whale_trace_fn)(void *user, const char *name, const whale_tensor *t);
 void whale_session_set_trace(whale_session *s, whale_trace_fn fn, void *user);
 
+/* ---------------------------------------------------------------- batches
+ * Serving many sequences from one session (as llama.cpp's llama_batch and
+ * llama_decode): a session made with whale_session_new_batched holds a KV
+ * cache of n_seq sequences × n_ctx cells and work buffers for one micro-
+ * batch of up to n_batch tokens, shared by all sequences. Each token of a
+ * batch carries its own position and sequence id, so sequences at
+ * different positions (a prompt being prefilled next to streams being
+ * decoded) share one forward, and memory grows with KV cells, not with
+ * sessions.
+ *
+ * Sequence seq holds cells for positions 0 .. whale_kv_seq_len(s, seq) − 1.
+ * A batch appends to its sequences: the tokens of one sequence are
+ * consecutive in the batch and their positions continue that sequence
+ * (whale_kv_seq_len, +1, …); anything else is a WHALE_ERR_ARG naming the
+ * token. whale_session_new(m, B, S) is whale_session_new_batched with
+ * n_seq = B, n_ctx = S, n_batch = B·S, and whale_session_forward(ids, B, S)
+ * is the batch of B sequences of S tokens, sequence b at position
+ * whale_kv_seq_len(s, b).
+ *
+ * Thread contract: a session is used by one thread at a time (its calls
+ * parallelise internally); distinct sessions of one model may run on
+ * different threads once the model is no longer modified. */
+typedef struct {
+    int n_seq;   /* sequences the KV cache holds (seq ids 0 .. n_seq − 1) */
+    int n_ctx;   /* cells (positions) per sequence */
+    int n_batch; /* tokens one whale_session_decode may carry */
+} whale_session_params;
+
+whale_code whale_session_new_batched(whale_model *m, const whale_session_params *p, whale_session **out,
+                                     whale_err *err);
+/* The parameters a session was made with. */
+whale_session_params whale_session_get_params(const whale_session *s);
+
+/* A decode batch (whale_batch, in whale_data.h, is a training batch of
+ * windows). */
+typedef struct {
+    int n_tokens;
+    int32_t *token;  /* [n_tokens] ids */
+    int32_t *pos;    /* [n_tokens] positions */
+    int32_t *seq_id; /* [n_tokens] sequence of each token */
+    int8_t *logits;  /* [n_tokens] 1: return this token's logits */
+    int cap;         /* tokens allocated (whale_dbatch_init) */
+} whale_dbatch;
+
+whale_code whale_dbatch_init(whale_dbatch *b, int cap, whale_err *err);
+void whale_dbatch_free(whale_dbatch *b);
+void whale_dbatch_clear(whale_dbatch *b);
+/* Append one token; WHALE_ERR_RANGE when the batch is full. */
+whale_code whale_dbatch_add(whale_dbatch *b, int32_t token, int32_t pos, int32_t seq_id, int logits, whale_err *err);
+
+/* Run a batch: its tokens' K/V are appended to their sequences' cells, and
+ * logits (if not NULL) receives [n_out, V] for the tokens whose logits flag
+ * is set, in batch order. Nothing changes on failure. */
+whale_code whale_session_decode(whale_session *s, const whale_dbatch *b, float *logits, whale_err *err);
+
+/* Cells: how many sequence seq holds; keep only its first n (n = 0: empty
+ * it); make dst hold a copy of src's first n cells (a shared prompt
+ * prefix), replacing what dst held. */
+int whale_kv_seq_len(const whale_session *s, int seq);
+void whale_kv_seq_keep(whale_session *s, int seq, int n);
+whale_code whale_kv_seq_copy(whale_session *s, int src, int dst, int n, whale_err *err);
+/* Bytes of the KV cache (all sequences' cells). */
+size_t whale_kv_bytes(const whale_session *s);
+
 /* ---------------------------------------------------------------- training */
 
 /* A training session keeps every layer's activations for the backward pass

@@ -14,7 +14,7 @@
 #include "kernels/gemm.h"
 #include "kernels/hc.h"
 #include "kernels/ops.h"
-#include "train/loss.h"
+#include "kernels/loss.h"
 
 #include <math.h>
 #include <omp.h>

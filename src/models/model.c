@@ -7,7 +7,7 @@
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
-#include "train/loss.h"
+#include "kernels/loss.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -742,18 +742,6 @@ whale_code whale_rope_reserve(float **cos_t, float **sin_t, int *len, int need, 
     return WHALE_OK;
 }
 
-whale_code whale_session_new(whale_model *m, int max_batch, int max_seq, whale_session **out,
-                             whale_err *err) {
-    *out = NULL;
-    if (max_batch < 1) return whale_errf(err, WHALE_ERR_ARG, "batch size must be >= 1, got %d", max_batch);
-    if (max_seq < 1) return whale_errf(err, WHALE_ERR_ARG, "sequence length must be >= 1, got %d", max_seq);
-    if (max_seq > m->max_positions)
-        return whale_errf(err, WHALE_ERR_RANGE,
-                          "sequence length %d exceeds the model's max_position_embeddings %d", max_seq,
-                          m->max_positions);
-    return m->ops->session_new(m, max_batch, max_seq, out, err);
-}
-
 whale_code whale_train_session_new(whale_model *m, int max_batch, int seq, int recompute, whale_session **out,
                                    whale_err *err) {
     *out = NULL;
@@ -848,7 +836,6 @@ whale_code whale_session_train_step(whale_session *s, const int32_t *ids, const 
             return whale_errf(err, WHALE_ERR_RANGE, "segment start %d at index %ld is not within its sequence",
                               seg[i], i);
     }
-    s->cached = 0;
     s->training = loss_scale != 0; /* evaluation runs without LoRA dropout */
     s->lora_calls++;
     return s->train_fn(s, ids, labels, pos, seg, B, S, loss_scale, loss, count, err);
@@ -857,8 +844,6 @@ whale_code whale_session_train_step(whale_session *s, const int32_t *ids, const 
 void whale_session_free(whale_session *s) {
     if (s) s->free_fn(s);
 }
-
-void whale_session_reset(whale_session *s) { s->cached = 0; }
 
 void whale_session_set_profile(whale_session *s, int on) {
     s->profiling = on;
@@ -872,31 +857,8 @@ int whale_session_profile(const whale_session *s, const char **names, double *se
     }
     return s->n_prof;
 }
-void whale_session_truncate(whale_session *s, int n) {
-    if (n >= 0 && n < s->cached) s->cached = n;
-}
-int whale_session_cached(const whale_session *s) { return s->cached; }
-
 void whale_session_set_trace(whale_session *s, whale_trace_fn fn, void *user) {
     s->trace = fn;
     s->trace_user = user;
 }
 
-whale_code whale_session_forward(whale_session *s, const int32_t *ids, int B, int S, float *logits,
-                                 int all_logits, whale_err *err) {
-    const whale_model *m = s->model;
-    if (B < 1 || B > s->max_batch)
-        return whale_errf(err, WHALE_ERR_ARG, "batch %d outside the session's 1..%d", B, s->max_batch);
-    if (S < 1) return whale_errf(err, WHALE_ERR_ARG, "need at least one token per sequence");
-    if (s->cached + S > s->max_seq)
-        return whale_errf(err, WHALE_ERR_RANGE,
-                          "position %d exceeds the session's context of %d (max_position_embeddings %d)",
-                          s->cached + S - 1, s->max_seq, m->max_positions);
-    for (long i = 0; i < (long)B * S; i++)
-        if (ids[i] < 0 || ids[i] >= m->vocab_size)
-            return whale_errf(err, WHALE_ERR_RANGE, "token id %d at index %ld is outside the vocabulary [0, %d)",
-                              ids[i], i, m->vocab_size);
-    whale_code c = s->forward_fn(s, ids, B, S, logits, all_logits, err);
-    if (c == WHALE_OK) s->cached += S;
-    return c;
-}

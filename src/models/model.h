@@ -6,10 +6,13 @@
 
 #include "whale.h"
 
+#include "backend/backend.h"
 #include "core/core.h"
 #include "io/safetensors.h"
 
 #include <cjson/cJSON.h>
+
+#include <assert.h>
 
 typedef struct {
     char name[96];
@@ -37,8 +40,8 @@ typedef struct whale_model_ops {
     void (*free_impl)(whale_model *m);
     whale_code (*config_to_json)(const whale_model *m, cJSON **out, whale_err *err);
     void (*print_info)(const whale_model *m, FILE *f);
-    whale_code (*session_new)(whale_model *m, int max_batch, int max_seq, whale_session **out,
-                              whale_err *err);
+    /* an inference session: n_seq sequences of n_ctx cells, forwards of up to n_batch tokens */
+    whale_code (*session_new)(whale_model *m, const whale_session_params *p, whale_session **out, whale_err *err);
     whale_code (*train_session_new)(whale_model *m, int max_batch, int seq, int recompute, whale_session **out,
                                     whale_err *err);
     /* the buffer sizes a session would have, without allocating it */
@@ -118,22 +121,88 @@ static inline whale_dtype whale_attention_products(const whale_model *m) {
     return m->compute_dtype == WHALE_BF16 ? WHALE_BF16 : WHALE_F32;
 }
 
+/* The KV cache of an inference session (the batch API's cells): for each
+ * layer and each of n_seq sequences, n_ctx cells of width floats of K and
+ * of V (v == k when the family keeps one tensor for both); sequence q
+ * holds positions 0 .. len[q] − 1. Training sessions have none (k NULL). */
+typedef struct {
+    int n_layer, n_seq, n_ctx, width;
+    float *k, *v;
+    int *len; /* [n_seq] */
+} whale_kv;
+
+/* The cells of sequence seq in layer l: n_ctx rows of kv->width floats. */
+static inline float *whale_kv_k(const whale_kv *kv, int l, int seq) {
+    assert(kv->k && l >= 0 && l < kv->n_layer && seq >= 0 && seq < kv->n_seq);
+    return kv->k + ((size_t)l * kv->n_seq + (size_t)seq) * kv->n_ctx * kv->width;
+}
+static inline float *whale_kv_v(const whale_kv *kv, int l, int seq) {
+    assert(kv->v && l >= 0 && l < kv->n_layer && seq >= 0 && seq < kv->n_seq);
+    return kv->v + ((size_t)l * kv->n_seq + (size_t)seq) * kv->n_ctx * kv->width;
+}
+
+/* A run of consecutive rows of a micro-batch that belong to one sequence:
+ * rows row0 .. row0 + n − 1 are positions p0 .. p0 + n − 1 of sequence
+ * seq, which holds p0 cached cells before them. */
+typedef struct {
+    int row0, n, seq, p0;
+} whale_span;
+
+/* What a family's forward runs: T tokens (ids, RoPE positions pos) in
+ * n_spans spans covering rows 0 .. T − 1 in order, and the rows whose
+ * logits are wanted: out[0 .. n_out − 1] ascending, or every row when out
+ * is NULL (n_out = T). Built by the runtime (model.c) from a whale_batch,
+ * or from B sequences of S tokens. */
+typedef struct {
+    int T;
+    const int32_t *ids, *pos;
+    int n_spans;
+    const whale_span *spans;
+    int n_out;
+    const int32_t *out;
+} whale_ubatch;
+
+/* The micro-batch of a training step: B sequences of S tokens from
+ * position 0 (pos NULL: 0 .. S − 1), every row's output; spans holds B. */
+whale_ubatch whale_ubatch_training(whale_span *spans, const int32_t *ids, const int32_t *pos, int B, int S);
+/* Row t's RoPE position: ub->pos[t], or its place in its span. */
+void whale_ubatch_positions(const whale_ubatch *ub, int32_t *pos);
+
+/* The lm_head on the rows of hn [T, D] whose logits ub wants, into logits
+ * [n_out, V]: all rows in one product, or the chosen rows gathered into
+ * rows [max_batch, D] and multiplied max_batch at a time. */
+whale_code whale_output_logits(whale_session *s, const whale_ubatch *ub, const float *hn, float *rows, int D, int V,
+                               const float *head, float *logits, whale_err *err);
+
+/* The session's backend (src/backend/backend.h): the one $WHALE_BACKEND
+ * names ("cpu" when unset, or "ref"), also for a count-only session (it
+ * sizes the ops' work buffers). A family's free_fn closes it
+ * (whale_backend_close). */
+whale_code whale_session_open_backend(whale_session *s, whale_err *err);
+/* Call op of the session's backend: WHALE_OP(s, rmsnorm, y, x, w, rows, n, eps, rstd). */
+#define WHALE_OP(sess, op, ...) ((sess)->be->op((sess)->be, __VA_ARGS__))
+
 /* Common session header; families embed it first in their session struct. */
 struct whale_session {
     whale_model *model;
-    int max_batch, max_seq, cached;
+    int max_batch, max_seq; /* training: B × S; inference: n_seq sequences of n_ctx cells */
+    int n_batch;            /* tokens one forward may carry (the work buffers' rows) */
+    whale_kv kv;            /* inference sessions only */
+    const whale_ubatch *ub; /* the micro-batch being run (set by the family's forward / train step) */
+    whale_span *train_spans; /* [max_batch]: a training step's spans (training sessions) */
     whale_trace_fn trace;
     void *trace_user;
     void (*free_fn)(whale_session *s);
-    whale_code (*forward_fn)(whale_session *s, const int32_t *ids, int B, int S, float *logits,
-                             int all_logits, whale_err *err);
+    /* logits: [ub->n_out, V] (may be NULL); the runtime has checked ub and
+     * advances the cells' lengths after a success */
+    whale_code (*forward_fn)(whale_session *s, const whale_ubatch *ub, float *logits, whale_err *err);
     /* time per op group when profiling (names set by the family) */
     int profiling;
     int n_prof;
     const char *const *prof_names;
     double prof[32];
     size_t activation_bytes, recompute_saves, kv_bytes, work_bytes, n_grad_bytes;
-    struct whale_gemm *gemm; /* the session's GEMM object (set by the family) */
+    struct whale_backend *be; /* what computes on the session's buffers (whale_session_open_backend) */
     int training;            /* a training session: LoRA dropout applies */
     uint64_t lora_calls;     /* training steps so far: the dropout masks' counter */
     float *lora_work;        /* [T, 2 · max rank]: LoRA's low-rank intermediates */
@@ -171,6 +240,16 @@ typedef struct {
  * NULL when out of memory. */
 void *whale_bufs_alloc(whale_bufs *b, size_t n, size_t sz, size_t *total);
 void whale_bufs_free(whale_bufs *b);
+
+/* Append n rows of K and V (n × width floats each; v ignored when the
+ * cache keeps one tensor) at position p0 of sequence seq in layer l. The
+ * caller has checked p0 + n <= n_ctx. */
+void whale_kv_append(whale_kv *kv, int l, int seq, int p0, int n, const float *k, const float *v);
+/* Allocate a cache from a session's buffers, lengths zero (count_only:
+ * sizes only); shared: v = k. Returns 0 when out of memory. */
+int whale_kv_alloc(whale_kv *kv, whale_bufs *b, int n_layer, int n_seq, int n_ctx, int width, int shared,
+                   size_t *total);
+
 
 /* The gradient buffer of a training session, laid out like the parameter
  * table: grad_offsets, n_grad, n_grad_bytes and (unless count_only) grads,
@@ -251,6 +330,9 @@ int whale_param_is_product_weight(const whale_param *p);
 int whale_param_has_f32(const whale_model *m, const whale_param *p);
 
 whale_wview whale_model_weight(const whale_model *m, const float *W);
+/* The operand a backend product reads for weight W [rows, ldw]: its compute
+ * copy in its format, or the fp32 values. */
+whale_wref whale_model_wref(const whale_model *m, const float *W, int ldw);
 /* Row r of embedding-like weight W [rows, cols] as fp32: from its copy in
  * the compute precision when it has one, like every product. */
 void whale_model_row(const whale_model *m, const float *W, int64_t r, int64_t cols, float *out);

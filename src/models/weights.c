@@ -10,6 +10,8 @@
  * copy is the only storage (inference loads, LoRA's frozen base). */
 #include "models/model.h"
 
+#include "backend/backend.h"
+
 #include "core/core.h"
 #include "io/safetensors.h"
 #include "kernels/convert.h"
@@ -371,6 +373,25 @@ static int lora_begin(whale_session *s, const float *W, int M, int K, lora_call 
     return 1;
 }
 
+/* The fp32 products of the adapters, through the session's backend. */
+static whale_code f32_nt(whale_session *s, int M, int N, int K, const float *A, int lda, const float *W, int ldw,
+                         float *C, int ldc, int acc, whale_err *err) {
+    return s->be->matmul_nt(s->be, M, N, K, A, lda, (whale_wref){WHALE_F32, W, ldw, NULL}, C, ldc, acc, err);
+}
+static whale_code f32_nn(whale_session *s, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                         float *C, int ldc, int acc, whale_err *err) {
+    return s->be->matmul_nn(s->be, M, N, K, A, lda, (whale_wref){WHALE_F32, B, ldb, NULL}, C, ldc, acc, err);
+}
+static whale_code f32_tn(whale_session *s, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                         float *C, int ldc, whale_err *err) {
+    return s->be->matmul_tn(s->be, WHALE_F32, M, N, K, A, lda, B, ldb, C, ldc, 1, err);
+}
+
+whale_wref whale_model_wref(const whale_model *m, const float *W, int ldw) {
+    whale_wview v = whale_model_weight(m, W);
+    return (whale_wref){v.dtype, v.dtype == WHALE_F32 ? (const void *)W : v.data, ldw, v.scale};
+}
+
 /* xa = drop(X)·Aᵀ; with dropout, xd receives drop(X). */
 static whale_code lora_input(whale_session *s, lora_call *lc, int M, int K, const float *X, int ldx, whale_err *err) {
     const whale_lora_target *t = lc->t;
@@ -384,44 +405,34 @@ static whale_code lora_input(whale_session *s, lora_call *lc, int M, int K, cons
         X = lc->xd;
         ldx = K;
     }
-    return whale_gemm_nt(s->gemm, M, t->rank, K, X, ldx, t->A, (int)t->cols, lc->xa, t->rank, 0, err);
+    return f32_nt(s, M, t->rank, K, X, ldx, t->A, (int)t->cols, lc->xa, t->rank, 0, err);
 }
 
 whale_code whale_linear(whale_session *s, int M, int N, int K, const float *A, int lda, const float *W, int ldw,
                         float *C, int ldc, whale_err *err) {
-    const whale_model *m = s->model;
-    whale_gemm *g = s->gemm;
-    whale_wview v = whale_model_weight(m, W);
-    whale_code e;
-    switch (v.dtype) {
-    case WHALE_BF16: e = whale_gemm_nt_bf16(g, M, N, K, A, lda, v.data, ldw, C, ldc, 0, err); break;
-    case WHALE_F16:
-        if (!(e = whale_gemm_nt_f16(g, M, N, K, A, lda, v.data, ldw, C, ldc, 0, err))) round_rows_f16(C, M, N, ldc);
-        break;
-    case WHALE_I8: e = whale_gemm_nt_q8(g, M, N, K, A, lda, v.data, ldw, v.scale, C, ldc, 0, err); break;
-    default: e = whale_gemm_nt(g, M, N, K, A, lda, W, ldw, C, ldc, 0, err);
-    }
+    whale_wref w = whale_model_wref(s->model, W, ldw);
+    whale_code e = s->be->matmul_nt(s->be, M, N, K, A, lda, w, C, ldc, 0, err);
+    if (!e && w.format == WHALE_F16) round_rows_f16(C, M, N, ldc);
     lora_call lc;
     if (e || !lora_begin(s, W, M, K, &lc)) return e;
     /* C += s · (drop(A)·Aᵀ) · B[rows]ᵀ */
     const whale_lora_target *t = lc.t;
     if ((e = lora_input(s, &lc, M, K, A, lda, err))) return e;
     for (size_t i = 0; i < (size_t)M * t->rank; i++) lc.xa[i] *= t->scale;
-    return whale_gemm_nt(g, M, N, t->rank, lc.xa, t->rank, t->B + lc.row0 * t->rank, t->rank, C, ldc, 1, err);
+    return f32_nt(s, M, N, t->rank, lc.xa, t->rank, t->B + lc.row0 * t->rank, t->rank, C, ldc, 1, err);
 }
 
 whale_code whale_linear_parts(whale_session *s, int K, int n, const whale_linear_part *parts, whale_err *err) {
-    enum { MAX_PARTS = 16 };
     const whale_model *m = s->model;
-    whale_nt_part np[MAX_PARTS] = {{0}};
+    whale_mm_part np[WHALE_MM_MAX_PARTS] = {{0}};
     whale_dtype dt = WHALE_F32;
-    int joint = n <= MAX_PARTS;
+    int joint = n <= WHALE_MM_MAX_PARTS;
     for (int i = 0; i < n && joint; i++) {
         const whale_linear_part *p = &parts[i];
-        whale_wview v = whale_model_weight(m, p->W);
-        if (!i) dt = v.dtype;
-        joint = v.dtype == dt && !(m->n_lora && whale_lora_find(m, p->W));
-        np[i] = (whale_nt_part){p->M, p->N, p->A, p->lda, v.data, p->ldw, v.scale, p->C, p->ldc};
+        whale_wref w = whale_model_wref(m, p->W, p->ldw);
+        if (!i) dt = w.format;
+        joint = w.format == dt && !(m->n_lora && whale_lora_find(m, p->W));
+        np[i] = (whale_mm_part){p->M, p->N, p->A, p->lda, w.data, p->ldw, w.scale, p->C, p->ldc};
     }
     if (!joint) {
         for (int i = 0; i < n; i++) {
@@ -431,7 +442,7 @@ whale_code whale_linear_parts(whale_session *s, int K, int n, const whale_linear
         }
         return WHALE_OK;
     }
-    whale_code e = whale_gemm_nt_parts(s->gemm, dt, K, n, np, 0, err);
+    whale_code e = s->be->matmul_nt_parts(s->be, dt, K, n, np, 0, err);
     if (!e && dt == WHALE_F16)
         for (int i = 0; i < n; i++) round_rows_f16(parts[i].C, parts[i].M, parts[i].N, parts[i].ldc);
     return e;
@@ -439,30 +450,19 @@ whale_code whale_linear_parts(whale_session *s, int K, int n, const whale_linear
 
 whale_code whale_linear_dx(whale_session *s, int M, int N, int K, const float *dC, int lddc, const float *W, int ldw,
                            float *dA, int ldda, int accumulate, whale_err *err) {
-    const whale_model *m = s->model;
-    whale_gemm *g = s->gemm;
-    whale_wview v = whale_model_weight(m, W);
-    whale_code e;
-    switch (v.dtype) {
-    case WHALE_BF16: e = whale_gemm_nn_bf16(g, M, K, N, dC, lddc, v.data, ldw, dA, ldda, accumulate, err); break;
-    case WHALE_F16:
-        if (!(e = whale_gemm_nn_f16(g, M, K, N, dC, lddc, v.data, ldw, dA, ldda, accumulate, err)))
-            round_rows_f16(dA, M, K, ldda);
-        break;
-    case WHALE_I8: /* dC·(diag(scale)·q): dC's columns scaled in fp32, rounded to bf16, times q in bf16 */
-        e = whale_gemm_nn_q8(g, M, K, N, dC, lddc, v.data, ldw, v.scale, dA, ldda, accumulate, err);
-        break;
-    default: e = whale_gemm_nn(g, M, K, N, dC, lddc, W, ldw, dA, ldda, accumulate, err);
-    }
+    /* int8: dC·(diag(scale)·q), dC's columns scaled in fp32, rounded to bf16, times q in bf16 */
+    whale_wref w = whale_model_wref(s->model, W, ldw);
+    whale_code e = s->be->matmul_nn(s->be, M, K, N, dC, lddc, w, dA, ldda, accumulate, err);
+    if (!e && w.format == WHALE_F16) round_rows_f16(dA, M, K, ldda);
     lora_call lc;
     if (e || !lora_begin(s, W, M, K, &lc)) return e;
     /* dA += drop'(s · (dC·B[rows]) · A) */
     const whale_lora_target *t = lc.t;
     int r = t->rank;
-    if ((e = whale_gemm_nn(g, M, r, N, dC, lddc, t->B + lc.row0 * r, r, lc.u, r, 0, err))) return e;
+    if ((e = f32_nn(s, M, r, N, dC, lddc, t->B + lc.row0 * r, r, lc.u, r, 0, err))) return e;
     for (size_t i = 0; i < (size_t)M * r; i++) lc.u[i] *= t->scale;
-    if (!lc.xd) return whale_gemm_nn(g, M, K, r, lc.u, r, t->A, (int)t->cols, dA, ldda, 1, err);
-    if ((e = whale_gemm_nn(g, M, K, r, lc.u, r, t->A, (int)t->cols, lc.xd, K, 0, err))) return e;
+    if (!lc.xd) return f32_nn(s, M, K, r, lc.u, r, t->A, (int)t->cols, dA, ldda, 1, err);
+    if ((e = f32_nn(s, M, K, r, lc.u, r, t->A, (int)t->cols, lc.xd, K, 0, err))) return e;
 #pragma omp parallel for schedule(static) if ((long)M * K > 65536)
     for (int i = 0; i < M; i++)
         for (int k = 0; k < K; k++) {
@@ -475,17 +475,12 @@ whale_code whale_linear_dx(whale_session *s, int M, int N, int K, const float *d
 whale_code whale_linear_dw(whale_session *s, int M, int N, int K, const float *dC, int lddc, const float *A, int lda,
                            const float *W, float *dW, int lddw, whale_err *err) {
     const whale_model *m = s->model;
-    whale_gemm *g = s->gemm;
     whale_code e = WHALE_OK;
     if (dW) {
-        switch (m->compute_dtype) {
-        case WHALE_BF16: e = whale_gemm_tn_bf16(g, N, K, M, dC, lddc, A, lda, dW, lddw, 1, err); break;
-        case WHALE_F16: e = whale_gemm_tn_f16(g, N, K, M, dC, lddc, A, lda, dW, lddw, 1, err); break;
-        case WHALE_I8: /* an int8 base is frozen (LoRA): its weights have no gradient */
+        if (m->compute_dtype == WHALE_I8) /* an int8 base is frozen (LoRA): its weights have no gradient */
             return whale_errf(err, WHALE_ERR_UNSUPPORTED,
                               "int8 weights cannot be trained: attach LoRA adapters to an int8 base");
-        default: e = whale_gemm_tn(g, N, K, M, dC, lddc, A, lda, dW, lddw, 1, err);
-        }
+        e = s->be->matmul_tn(s->be, m->compute_dtype, N, K, M, dC, lddc, A, lda, dW, lddw, 1, err);
     }
     lora_call lc;
     if (e || !lora_begin(s, W, M, K, &lc)) return e;
@@ -498,8 +493,8 @@ whale_code whale_linear_dw(whale_session *s, int M, int N, int K, const float *d
     const float *X = lc.xd ? lc.xd : A;
     int ldx = lc.xd ? K : lda;
     for (size_t i = 0; i < (size_t)M * r; i++) lc.xa[i] *= t->scale;
-    if ((e = whale_gemm_tn(g, N, r, M, dC, lddc, lc.xa, r, gB + lc.row0 * r, r, 1, err))) return e;
-    if ((e = whale_gemm_nn(g, M, r, N, dC, lddc, t->B + lc.row0 * r, r, lc.u, r, 0, err))) return e;
+    if ((e = f32_tn(s, N, r, M, dC, lddc, lc.xa, r, gB + lc.row0 * r, r, err))) return e;
+    if ((e = f32_nn(s, M, r, N, dC, lddc, t->B + lc.row0 * r, r, lc.u, r, 0, err))) return e;
     for (size_t i = 0; i < (size_t)M * r; i++) lc.u[i] *= t->scale;
-    return whale_gemm_tn(g, r, K, M, lc.u, r, X, ldx, gA, (int)t->cols, 1, err);
+    return f32_tn(s, r, K, M, lc.u, r, X, ldx, gA, (int)t->cols, err);
 }
