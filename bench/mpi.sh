@@ -3,8 +3,8 @@
 # (docs/distributed.md): nanowhale-100m pretraining (batch 2 × 256 tokens,
 # grad-accum T) and nanowhale-100m LoRA fine-tuning (self-cognition rows
 # packed into 512 tokens, batch 1, grad-accum T), alternated ROUNDS times.
-# Prints tokens/s, and for the ranks the bytes rank 0 sent and its seconds
-# in exchanges per step (waiting for the other rank included).
+# Prints tokens/s, and for the ranks the bytes rank 0 sent, its seconds
+# moving data and its seconds waiting for the other rank, per step.
 #
 #   bench/mpi.sh [STEPS (6)] [ROUNDS (2)] [T (2)]
 set -euo pipefail
@@ -25,7 +25,7 @@ sft=(sft -m "$OUT/base" --data data/self_cognition.jsonl --model-name 小鲸 "Li
      "Whale Works" --packing --max-length 512 --batch-size 1 --grad-accum "$T" --max-steps "$STEPS"
      --logging-steps 1 --save-steps "$STEPS" --quiet)
 
-# run NAME RANKS THREADS WHAT...: tokens/s of the steps after the first; exchanges per step
+# run NAME RANKS THREADS WHAT...: tokens/s of the run; exchanges per step
 run() {
     local name=$1 ranks=$2 threads=$3
     shift 3
@@ -43,9 +43,11 @@ run() {
     last=$(grep '"tokens_per_s"' "$log" | grep -v train_runtime | tail -1)
     printf '%8.1f tok/s' "$(sed -E 's/.*"tokens_per_s": ([0-9.]+).*/\1/' <<<"$last")"
     if [ "$ranks" != 1 ]; then
-        local cs cb
-        cs=$(sed -E 's/.*"comm_s": ([0-9.]+).*/\1/' <<<"$last") cb=$(sed -E 's/.*"comm_bytes": ([0-9]+).*/\1/' <<<"$last")
-        awk -v cs="$cs" -v cb="$cb" -v n="$STEPS" 'BEGIN { printf "   %.1f MB sent and %.3f s in exchanges per step (rank 0)", cb / n / 1e6, cs / n }'
+        local cs ws cb
+        cs=$(sed -E 's/.*"comm_s": ([0-9.]+).*/\1/' <<<"$last") ws=$(sed -E 's/.*"wait_s": ([0-9.]+).*/\1/' <<<"$last")
+        cb=$(sed -E 's/.*"comm_bytes": ([0-9]+).*/\1/' <<<"$last")
+        awk -v cs="$cs" -v ws="$ws" -v cb="$cb" -v n="$STEPS" 'BEGIN {
+            printf "   per step (rank 0): %.1f MB sent, %.3f s moving data, %.3f s waiting", cb / n / 1e6, cs / n, ws / n }'
     fi
     echo
 }

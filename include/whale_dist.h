@@ -40,8 +40,9 @@ void whale_dist_abort(int status);
 int whale_dist_rank(void);
 int whale_dist_size(void);
 
-/* Time spent in, and bytes sent by, this rank's exchanges so far. */
-void whale_dist_stats(double *seconds, double *bytes_sent);
+/* This rank's exchanges so far: seconds moving data, seconds waiting for
+ * the other ranks to arrive, bytes sent to them. */
+void whale_dist_stats(double *seconds, double *waited, double *bytes_sent);
 
 #ifdef __cplusplus
 }

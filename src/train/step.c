@@ -254,20 +254,21 @@ whale_code whale_step_sum_new(whale_session *s, int n_micro, whale_grad_sum **ou
 }
 
 /* The metrics' fields for several ranks: each rank's tokens per second of
- * its own compute (time in exchanges left out), and rank 0's seconds in and
- * bytes sent by exchanges. Every rank calls it at the same steps. */
+ * its own compute (time in and waiting for exchanges left out), and rank 0's
+ * seconds moving data, seconds waiting, and bytes sent in exchanges. Every
+ * rank calls it at the same steps. */
 whale_code whale_step_dist_metrics(FILE *f, double rank_tokens, double t_train, whale_err *err) {
     int N = whale_dist_size();
     if (N == 1) return WHALE_OK;
-    double comm, bytes, *all = malloc(sizeof(double) * (size_t)N);
+    double comm, wait, bytes, *all = malloc(sizeof(double) * (size_t)N);
     if (!all) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
-    whale_dist_stats(&comm, &bytes);
-    double mine = t_train > comm ? rank_tokens / (t_train - comm) : 0;
+    whale_dist_stats(&comm, &wait, &bytes);
+    double mine = t_train > comm + wait ? rank_tokens / (t_train - comm - wait) : 0;
     whale_code c = whale_dist_allgather_f64(&mine, 1, all, err);
     if (!c && f) {
         fprintf(f, ", \"world_size\": %d, \"rank_tokens_per_s\": [", N);
         for (int r = 0; r < N; r++) fprintf(f, "%s%.1f", r ? ", " : "", all[r]);
-        fprintf(f, "], \"comm_s\": %.3f, \"comm_bytes\": %.0f", comm, bytes);
+        fprintf(f, "], \"comm_s\": %.3f, \"wait_s\": %.3f, \"comm_bytes\": %.0f", comm, wait, bytes);
     }
     free(all);
     return c;

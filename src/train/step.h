@@ -51,9 +51,9 @@ whale_code whale_step_check_start(whale_session *s, whale_optimizer *opt, const 
 
 /* With several ranks, the metrics' fields ", \"world_size\": N, …" into f
  * (NULL but on rank 0): each rank's tokens per second of its own compute
- * (rank_tokens over t_train less its time in exchanges), rank 0's seconds in
- * and bytes sent by exchanges. A collective: every rank calls it at the
- * same steps. */
+ * (rank_tokens over t_train less its time in and waiting for exchanges),
+ * rank 0's seconds moving data, waiting for the others, and bytes sent in
+ * exchanges. A collective: every rank calls it at the same steps. */
 whale_code whale_step_dist_metrics(FILE *f, double rank_tokens, double t_train, whale_err *err);
 
 /* Cut b's rows (B × S, with labels, pos and seg) to the batch's longest
