@@ -84,13 +84,17 @@ void whale_dist_abort(int status) {
     if (world.joined) MPI_Abort(MPI_COMM_WORLD, status ? status : 1);
 }
 
-/* Wait for a request for at most the timeout × scale: a rank that died or
- * hangs ends the run with a message instead of a wait forever. A rank
- * waiting for the others (sleepy) sleeps between polls after the first
- * millisecond, leaving the processor to them; a transfer is polled flat out. */
-static whale_code wait_for(MPI_Request *rq, const char *what, int64_t step, double scale, int sleepy,
-                           whale_err *err) {
-    double t0 = whale_now(), limit = dist_timeout() * scale;
+/* How a rank waits for a request: moving data (polled flat out, counted as
+ * exchange time), for the other ranks to arrive (sleeping between polls
+ * after the first millisecond, leaving the processor to them; counted as
+ * waiting), or for rank 0's own work — a checkpoint, an evaluation, the
+ * start — (sleeping, ten times the bound, not counted). */
+typedef enum { WAIT_MOVE, WAIT_PEERS, WAIT_LEADER } wait_mode;
+
+/* Wait for a request for at most the bound: a rank that died or hangs ends
+ * the run with a message instead of a wait forever. */
+static whale_code wait_for(MPI_Request *rq, const char *what, int64_t step, wait_mode mode, whale_err *err) {
+    double t0 = whale_now(), limit = dist_timeout() * (mode == WAIT_LEADER ? 10 : 1);
     int done = 0, rc;
     while (!done) {
         if ((rc = MPI_Test(rq, &done, MPI_STATUS_IGNORE)) != MPI_SUCCESS) return mpi_fail(err, rc, what);
@@ -101,17 +105,26 @@ static whale_code wait_for(MPI_Request *rq, const char *what, int64_t step, doub
                               "rank %d: step %lld: not every rank of %d reached the %s within %.0f s: a rank died or "
                               "hangs (WHALE_DIST_TIMEOUT sets the bound)",
                               world.rank, (long long)(step > 0 ? step : 0), world.size, what, limit);
-        if (sleepy && waited > 1e-3) nanosleep(&(struct timespec){0, 100000}, NULL);
+        if (mode != WAIT_MOVE && waited > 1e-3) nanosleep(&(struct timespec){0, 100000}, NULL);
     }
-    *(sleepy ? &world.waited : &world.seconds) += whale_now() - t0;
+    if (mode == WAIT_MOVE) world.seconds += whale_now() - t0;
+    if (mode == WAIT_PEERS) world.waited += whale_now() - t0;
     return WHALE_OK;
 }
 
-whale_code whale_dist_barrier(const char *what, int64_t step, double scale, whale_err *err) {
+static whale_code barrier(const char *what, int64_t step, wait_mode mode, whale_err *err) {
     if (world.size == 1) return WHALE_OK;
     MPI_Request rq;
     int rc = MPI_Ibarrier(MPI_COMM_WORLD, &rq);
-    return rc != MPI_SUCCESS ? mpi_fail(err, rc, what) : wait_for(&rq, what, step, scale, 1, err);
+    return rc != MPI_SUCCESS ? mpi_fail(err, rc, what) : wait_for(&rq, what, step, mode, err);
+}
+
+whale_code whale_dist_barrier(const char *what, int64_t step, whale_err *err) {
+    return barrier(what, step, WAIT_PEERS, err);
+}
+
+whale_code whale_dist_wait_leader(const char *what, int64_t step, whale_err *err) {
+    return barrier(what, step, WAIT_LEADER, err);
 }
 
 whale_code whale_dist_alltoallv_f32(const float *send, const int *sc, const int *sd, float *recv, const int *rc,
@@ -121,7 +134,7 @@ whale_code whale_dist_alltoallv_f32(const float *send, const int *sc, const int 
     for (int r = 0; r < world.size; r++) sent += r == world.rank ? 0 : sizeof(float) * (double)sc[r];
     int e = MPI_Ialltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, MPI_COMM_WORLD, &rq);
     world.bytes += sent;
-    return e != MPI_SUCCESS ? mpi_fail(err, e, what) : wait_for(&rq, what, step, 1, 0, err);
+    return e != MPI_SUCCESS ? mpi_fail(err, e, what) : wait_for(&rq, what, step, WAIT_MOVE, err);
 }
 
 whale_code whale_dist_allgatherv_f32(const float *send, int n, float *recv, const int *cnt, const int *dsp,
@@ -129,7 +142,7 @@ whale_code whale_dist_allgatherv_f32(const float *send, int n, float *recv, cons
     MPI_Request rq;
     int e = MPI_Iallgatherv(send, n, MPI_FLOAT, recv, cnt, dsp, MPI_FLOAT, MPI_COMM_WORLD, &rq);
     world.bytes += sizeof(float) * (double)n * (world.size - 1);
-    return e != MPI_SUCCESS ? mpi_fail(err, e, what) : wait_for(&rq, what, step, 1, 0, err);
+    return e != MPI_SUCCESS ? mpi_fail(err, e, what) : wait_for(&rq, what, step, WAIT_MOVE, err);
 }
 
 whale_code whale_dist_allgather_f64(const double *mine, int k, double *all, whale_err *err) {
@@ -140,7 +153,7 @@ whale_code whale_dist_allgather_f64(const double *mine, int k, double *all, whal
     MPI_Request rq;
     int rc = MPI_Iallgather(mine, k, MPI_DOUBLE, all, k, MPI_DOUBLE, MPI_COMM_WORLD, &rq);
     world.bytes += (double)(world.size - 1) * k * sizeof(double);
-    return rc != MPI_SUCCESS ? mpi_fail(err, rc, "MPI_Iallgather") : wait_for(&rq, "exchange of losses", -1, 1, 1, err);
+    return rc != MPI_SUCCESS ? mpi_fail(err, rc, "MPI_Iallgather") : wait_for(&rq, "exchange of losses", -1, WAIT_PEERS, err);
 }
 
 whale_code whale_dist_check_same(uint64_t value, const char *what, whale_err *err) {
@@ -149,7 +162,7 @@ whale_code whale_dist_check_same(uint64_t value, const char *what, whale_err *er
     if (!all) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
     MPI_Request rq;
     int rc = MPI_Iallgather(&value, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, MPI_COMM_WORLD, &rq), bad = 0;
-    whale_code c = rc != MPI_SUCCESS ? mpi_fail(err, rc, "MPI_Iallgather") : wait_for(&rq, "start", 0, 10, 1, err);
+    whale_code c = rc != MPI_SUCCESS ? mpi_fail(err, rc, "MPI_Iallgather") : wait_for(&rq, "start", 0, WAIT_LEADER, err);
     for (int r = 1; !c && r < world.size && !bad; r++)
         if (all[r] != all[0]) bad = r;
     free(all);
@@ -174,8 +187,13 @@ whale_code whale_dist_init(whale_err *err) {
 void whale_dist_finalize(void) {}
 void whale_dist_abort(int status) { (void)status; }
 
-whale_code whale_dist_barrier(const char *what, int64_t step, double scale, whale_err *err) {
-    (void)what, (void)step, (void)scale, (void)err, (void)dist_timeout;
+whale_code whale_dist_barrier(const char *what, int64_t step, whale_err *err) {
+    (void)what, (void)step, (void)err, (void)dist_timeout;
+    return WHALE_OK;
+}
+
+whale_code whale_dist_wait_leader(const char *what, int64_t step, whale_err *err) {
+    (void)what, (void)step, (void)err;
     return WHALE_OK;
 }
 

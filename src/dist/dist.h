@@ -34,10 +34,14 @@ whale_code whale_grad_sum_add(whale_grad_sum *g, const float *grad, int first, i
 /* The whole sum into grad (n floats), on every rank. */
 whale_code whale_grad_sum_finish(whale_grad_sum *g, float *grad, int64_t step, whale_err *err);
 
-/* Wait for every rank (what and step name it in messages) for at most
- * scale × the exchange timeout (WHALE_DIST_TIMEOUT seconds, 120 by
- * default): past it, an error saying a rank died or hangs. */
-whale_code whale_dist_barrier(const char *what, int64_t step, double scale, whale_err *err);
+/* Wait for every rank (what and step name it in messages) for at most the
+ * exchange timeout (WHALE_DIST_TIMEOUT seconds, 120 by default): past it,
+ * an error saying a rank died or hangs. The time counts as waiting in
+ * whale_dist_stats. */
+whale_code whale_dist_barrier(const char *what, int64_t step, whale_err *err);
+/* The same where the other ranks wait for rank 0's own work (a checkpoint,
+ * an evaluation): ten times the timeout, and not counted. */
+whale_code whale_dist_wait_leader(const char *what, int64_t step, whale_err *err);
 /* MPI_Alltoallv / MPI_Allgatherv of floats (counts and displacements in
  * elements, per rank) that give up after the timeout like the barrier;
  * what names the exchange in messages. */

@@ -99,7 +99,7 @@ whale_code whale_grad_sum_add(whale_grad_sum *g, const float *grad, int first, i
         add_pieces(g->acc, &grad, 1, g->n, first);
         return WHALE_OK;
     }
-    whale_code c = whale_dist_barrier("gradient exchange", step, 1.0, err);
+    whale_code c = whale_dist_barrier("gradient exchange", step, err);
     for (size_t at = 0, m = max_shard(g); !c && at < m; at += g->chunk) c = scatter_round(g, grad, at, first, step, err);
     return c;
 }

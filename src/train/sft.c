@@ -563,7 +563,7 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
         }
         if ((o->save_steps > 0 && step % o->save_steps == 0) || last) {
             if (r.leader && (c = save_checkpoint(&r, step, ckpt, sizeof ckpt, err))) goto done;
-            if ((c = whale_dist_barrier("end of the checkpoint", step, 10, err))) goto done;
+            if ((c = whale_dist_wait_leader("end of the checkpoint", step, err))) goto done;
             if (!o->quiet) fprintf(stderr, "sft: saved %s\n", ckpt);
         }
     }

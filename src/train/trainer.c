@@ -552,14 +552,14 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
         }
         if (r.val && ((o->eval_every > 0 && r.step % o->eval_every == 0) || last)) {
             if (r.leader && (c = log_eval(&r, &val, err))) goto done; /* the others wait */
-            if ((c = whale_dist_barrier("end of the evaluation", r.step, 10, err))) goto done;
+            if ((c = whale_dist_wait_leader("end of the evaluation", r.step, err))) goto done;
         }
         if ((o->save_every > 0 && r.step % o->save_every == 0) || last) {
             if (r.leader) {
                 if ((c = save_checkpoint(&r, err))) goto done;
                 fflush(r.metrics);
             }
-            if ((c = whale_dist_barrier("end of the checkpoint", r.step, 10, err))) goto done;
+            if ((c = whale_dist_wait_leader("end of the checkpoint", r.step, err))) goto done;
         }
     }
     /* the final model in the run folder, like save_model(output_dir) */
