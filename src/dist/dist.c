@@ -91,20 +91,44 @@ void whale_dist_abort(int status) {
  * start — (sleeping, ten times the bound, not counted). */
 typedef enum { WAIT_MOVE, WAIT_PEERS, WAIT_LEADER } wait_mode;
 
-/* Wait for a request for at most the bound: a rank that died or hangs ends
- * the run with a message instead of a wait forever. */
-static whale_code wait_for(MPI_Request *rq, const char *what, int64_t step, wait_mode mode, whale_err *err) {
+/* The ranks behind requests rq[0..n) that have not completed, as "rank 1"
+ * or "ranks 1, 3" (peer[i]: the rank of request i, -1 for none); "" when
+ * all have. */
+static void missing_ranks(MPI_Request *rq, const int *peer, int n, char *buf, size_t cap) {
+    char names[200] = "";
+    size_t at = 0;
+    int k = 0;
+    for (int i = 0; i < n && at + 16 < sizeof names; i++) {
+        int done = 1;
+        if (peer[i] >= 0) MPI_Test(&rq[i], &done, MPI_STATUS_IGNORE);
+        if (!done) at += (size_t)snprintf(names + at, sizeof names - at, "%s%d", k++ ? ", " : "", peer[i]);
+    }
+    snprintf(buf, cap, "%s%s", k > 1 ? "ranks " : k ? "rank " : "", names);
+}
+
+/* Wait for requests rq[0..n) for at most the bound: a rank that died or
+ * hangs ends the run with a message — naming it when peer gives the rank
+ * behind each request — instead of a wait forever. */
+static whale_code wait_for(MPI_Request *rq, int n, const int *peer, const char *what, int64_t step, wait_mode mode,
+                           whale_err *err) {
     double t0 = whale_now(), limit = dist_timeout() * (mode == WAIT_LEADER ? 10 : 1);
     int done = 0, rc;
+    long long at_step = step > 0 ? step : 0;
     while (!done) {
-        if ((rc = MPI_Test(rq, &done, MPI_STATUS_IGNORE)) != MPI_SUCCESS) return mpi_fail(err, rc, what);
+        if ((rc = MPI_Testall(n, rq, &done, MPI_STATUSES_IGNORE)) != MPI_SUCCESS) return mpi_fail(err, rc, what);
         double waited = whale_now() - t0;
         if (done) break;
-        if (waited > limit)
-            return whale_errf(err, WHALE_ERR_IO,
-                              "rank %d: step %lld: not every rank of %d reached the %s within %.0f s: a rank died or "
-                              "hangs (WHALE_DIST_TIMEOUT sets the bound)",
-                              world.rank, (long long)(step > 0 ? step : 0), world.size, what, limit);
+        if (waited > limit) {
+            char who[256] = "";
+            if (peer) missing_ranks(rq, peer, n, who, sizeof who);
+            if (*who)
+                return whale_errf(err, WHALE_ERR_IO, "rank %d: step %lld: %s did not reach the %s within %.0f s "
+                                  "(dead or hung; WHALE_DIST_TIMEOUT sets the bound)",
+                                  world.rank, at_step, who, what, limit);
+            return whale_errf(err, WHALE_ERR_IO, "rank %d: step %lld: not every rank of %d completed the %s within "
+                              "%.0f s: a rank died or hangs (WHALE_DIST_TIMEOUT sets the bound)",
+                              world.rank, at_step, world.size, what, limit);
+        }
         if (mode != WAIT_MOVE && waited > 1e-3) nanosleep(&(struct timespec){0, 100000}, NULL);
     }
     if (mode == WAIT_MOVE) world.seconds += whale_now() - t0;
@@ -112,11 +136,29 @@ static whale_code wait_for(MPI_Request *rq, const char *what, int64_t step, wait
     return WHALE_OK;
 }
 
+/* A barrier that knows who is missing: every rank sends its arrival to
+ * every other and waits for theirs (2(N−1) messages of one int). */
 static whale_code barrier(const char *what, int64_t step, wait_mode mode, whale_err *err) {
-    if (world.size == 1) return WHALE_OK;
-    MPI_Request rq;
-    int rc = MPI_Ibarrier(MPI_COMM_WORLD, &rq);
-    return rc != MPI_SUCCESS ? mpi_fail(err, rc, what) : wait_for(&rq, what, step, mode, err);
+    static const int arrived = 1; /* a send may outlive a failed wait */
+    enum { TAG_ARRIVAL = 7001 };
+    int P = world.size, n = 0, rc = MPI_SUCCESS;
+    if (P == 1) return WHALE_OK;
+    MPI_Request *rq = malloc(sizeof *rq * 2 * (size_t)P);
+    int *peer = malloc(sizeof(int) * 2 * (size_t)P), *in = malloc(sizeof(int) * (size_t)P);
+    if (!rq || !peer || !in) {
+        free(rq), free(peer), free(in);
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    }
+    for (int p = 0; p < P && rc == MPI_SUCCESS; p++) {
+        if (p == world.rank) continue;
+        peer[n] = p, rc = MPI_Irecv(&in[p], 1, MPI_INT, p, TAG_ARRIVAL, MPI_COMM_WORLD, &rq[n]), n++;
+        if (rc != MPI_SUCCESS) break;
+        peer[n] = -1, rc = MPI_Isend(&arrived, 1, MPI_INT, p, TAG_ARRIVAL, MPI_COMM_WORLD, &rq[n]), n++;
+    }
+    whale_code c = rc != MPI_SUCCESS ? mpi_fail(err, rc, what) : wait_for(rq, n, peer, what, step, mode, err);
+    if (!c) free(in); /* after a failure a receive may still land in it: the job is ending */
+    free(rq), free(peer);
+    return c;
 }
 
 whale_code whale_dist_barrier(const char *what, int64_t step, whale_err *err) {
@@ -134,7 +176,7 @@ whale_code whale_dist_alltoallv_f32(const float *send, const int *sc, const int 
     for (int r = 0; r < world.size; r++) sent += r == world.rank ? 0 : sizeof(float) * (double)sc[r];
     int e = MPI_Ialltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, MPI_COMM_WORLD, &rq);
     world.bytes += sent;
-    return e != MPI_SUCCESS ? mpi_fail(err, e, what) : wait_for(&rq, what, step, WAIT_MOVE, err);
+    return e != MPI_SUCCESS ? mpi_fail(err, e, what) : wait_for(&rq, 1, NULL, what, step, WAIT_MOVE, err);
 }
 
 whale_code whale_dist_allgatherv_f32(const float *send, int n, float *recv, const int *cnt, const int *dsp,
@@ -142,7 +184,7 @@ whale_code whale_dist_allgatherv_f32(const float *send, int n, float *recv, cons
     MPI_Request rq;
     int e = MPI_Iallgatherv(send, n, MPI_FLOAT, recv, cnt, dsp, MPI_FLOAT, MPI_COMM_WORLD, &rq);
     world.bytes += sizeof(float) * (double)n * (world.size - 1);
-    return e != MPI_SUCCESS ? mpi_fail(err, e, what) : wait_for(&rq, what, step, WAIT_MOVE, err);
+    return e != MPI_SUCCESS ? mpi_fail(err, e, what) : wait_for(&rq, 1, NULL, what, step, WAIT_MOVE, err);
 }
 
 whale_code whale_dist_allgather_f64(const double *mine, int k, double *all, whale_err *err) {
@@ -153,7 +195,7 @@ whale_code whale_dist_allgather_f64(const double *mine, int k, double *all, whal
     MPI_Request rq;
     int rc = MPI_Iallgather(mine, k, MPI_DOUBLE, all, k, MPI_DOUBLE, MPI_COMM_WORLD, &rq);
     world.bytes += (double)(world.size - 1) * k * sizeof(double);
-    return rc != MPI_SUCCESS ? mpi_fail(err, rc, "MPI_Iallgather") : wait_for(&rq, "exchange of losses", -1, WAIT_PEERS, err);
+    return rc != MPI_SUCCESS ? mpi_fail(err, rc, "MPI_Iallgather") : wait_for(&rq, 1, NULL, "exchange of losses", -1, WAIT_PEERS, err);
 }
 
 whale_code whale_dist_check_same(uint64_t value, const char *what, whale_err *err) {
@@ -162,7 +204,7 @@ whale_code whale_dist_check_same(uint64_t value, const char *what, whale_err *er
     if (!all) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
     MPI_Request rq;
     int rc = MPI_Iallgather(&value, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, MPI_COMM_WORLD, &rq), bad = 0;
-    whale_code c = rc != MPI_SUCCESS ? mpi_fail(err, rc, "MPI_Iallgather") : wait_for(&rq, "start", 0, WAIT_LEADER, err);
+    whale_code c = rc != MPI_SUCCESS ? mpi_fail(err, rc, "MPI_Iallgather") : wait_for(&rq, 1, NULL, "start", 0, WAIT_LEADER, err);
     for (int r = 1; !c && r < world.size && !bad; r++)
         if (all[r] != all[0]) bad = r;
     free(all);

@@ -128,8 +128,8 @@ for fault in KILL STOP; do
     if [ $fault = KILL ]; then
         check "SIGKILL: the message names rank 1: $(grep -m1 rank "$TMP/f.err")" grep -Eq 'rank 1 .*(signal 9|Killed)' "$TMP/f.err"
     else
-        check "stopped rank: rank 0 says a rank died or hangs: $(grep -m1 rank "$TMP/f.err")" \
-            grep -q 'not every rank of 2 reached the .* within 3 s: a rank died or hangs' "$TMP/f.err"
+        check "stopped rank: rank 0 names it: $(grep -m1 'rank 0:' "$TMP/f.err")" \
+            grep -Eq 'rank 0: step [0-9]+: (rank 1 did not reach the .* within [0-9]+ s \(dead or hung|not every rank of 2 completed the .* within 3 s: a rank died or hangs)' "$TMP/f.err"
     fi
 done
 last=$(ls -d "$TMP"/fKILL/checkpoint-* | grep -v "\.tmp$" | sed 's/.*-//' | sort -n | tail -1)
