@@ -113,7 +113,7 @@ LONG=(--init tiny --data "$TMP/data" --tokenizer "$TMP/tok" --seq-len 32 --batch
       --lr 3e-3 --lr-scheduler constant --warmup-steps 0 --save-every 2 --log-every 1 --threads 1 --quiet)
 for fault in KILL STOP; do
     # without --quiet: mpirun's own message names a rank that died
-    WHALE_DIST_TIMEOUT=3 "${MPIRUN[@]}" -np 2 -x WHALE_DIST_TIMEOUT "$WHALE" train "${LONG[@]}" --out "$TMP/f$fault" >/dev/null 2>"$TMP/f.err" &
+    WHALE_DIST_TIMEOUT=4 "${MPIRUN[@]}" -np 2 -x WHALE_DIST_TIMEOUT "$WHALE" train "${LONG[@]}" --out "$TMP/f$fault" >/dev/null 2>"$TMP/f.err" &
     job=$!
     for _ in $(seq 1 3000); do [ -d "$TMP/f$fault/checkpoint-4" ] && break; sleep 0.05; done
     victim=$(rank_pid "$TMP/f$fault" 1)
@@ -129,7 +129,7 @@ for fault in KILL STOP; do
         check "SIGKILL: the message names rank 1: $(grep -m1 rank "$TMP/f.err")" grep -Eq 'rank 1 .*(signal 9|Killed)' "$TMP/f.err"
     else
         check "stopped rank: rank 0 names it: $(grep -m1 'rank 0:' "$TMP/f.err")" \
-            grep -Eq 'rank 0: step [0-9]+: (rank 1 did not reach the .* within [0-9]+ s \(dead or hung|not every rank of 2 completed the .* within 3 s: a rank died or hangs)' "$TMP/f.err"
+            grep -Eq 'rank 0: step [0-9]+: (rank 1 did not reach the .* within [0-9]+ s \(dead or hung|not every rank of 2 completed the .* within 4 s: a rank died or hangs)' "$TMP/f.err"
     fi
 done
 last=$(ls -d "$TMP"/fKILL/checkpoint-* | grep -v "\.tmp$" | sed 's/.*-//' | sort -n | tail -1)
