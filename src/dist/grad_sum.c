@@ -5,6 +5,7 @@
 
 #include "core/core.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,8 +15,13 @@ struct whale_grad_sum {
     size_t *off;        /* [size + 1]: rank r owns [off[r], off[r+1]) */
     size_t chunk;       /* elements per rank and exchange */
     float *acc;         /* the owned shard's running sum */
-    float *send, *recv; /* [size × chunk] each, with more than one rank */
+    float *send, *recv; /* [size × chunk] each, with more than one rank (send: above 2^31 elements) */
 };
+
+/* MPI counts and displacements are ints: below 2^31 elements the vector
+ * itself is sent from and received into, above it the pieces go through
+ * the exchange buffers. */
+static int direct(const whale_grad_sum *g) { return g->n + g->chunk <= (size_t)INT_MAX; }
 
 void whale_grad_sum_free(whale_grad_sum *g) {
     if (!g) return;
@@ -37,10 +43,10 @@ whale_code whale_grad_sum_new(size_t n, whale_grad_sum **out, whale_err *err) {
     g->chunk = ((size_t)1 << 22) / (size_t)g->size; /* 16 MiB of floats in flight per buffer */
     g->acc = whale_alloc(sizeof(float) * (own ? own : 1));
     if (g->size > 1) {
-        g->send = whale_alloc(sizeof(float) * g->chunk * (size_t)g->size);
+        if (!direct(g)) g->send = whale_alloc(sizeof(float) * g->chunk * (size_t)g->size);
         g->recv = whale_alloc(sizeof(float) * g->chunk * (size_t)g->size);
     }
-    if (!g->off || !g->acc || (g->size > 1 && (!g->send || !g->recv))) {
+    if (!g->off || !g->acc || (g->size > 1 && ((!direct(g) && !g->send) || !g->recv))) {
         whale_grad_sum_free(g);
         return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB to sum gradients", own * 4.0 / 1048576.0);
     }
@@ -50,7 +56,8 @@ whale_code whale_grad_sum_new(size_t n, whale_grad_sum **out, whale_err *err) {
 
 size_t whale_grad_sum_bytes(const whale_grad_sum *g) {
     size_t own = g->off[g->rank + 1] - g->off[g->rank];
-    return sizeof(float) * (own + (g->size > 1 ? 2 * g->chunk * (size_t)g->size : 0));
+    size_t buffers = (g->size > 1) + (g->size > 1 && !direct(g));
+    return sizeof(float) * (own + buffers * g->chunk * (size_t)g->size);
 }
 
 /* acc[k] = (((first ? 0 : acc[k]) + piece[0][k]) + piece[1][k]) + …, the
@@ -85,11 +92,13 @@ static whale_code scatter_round(whale_grad_sum *g, const float *grad, size_t at,
     int P = g->size, sc[P], sd[P], rc[P], rd[P], mine = piece_len(g, g->rank, at);
     const float *piece[P];
     for (int r = 0; r < P; r++) {
-        sc[r] = piece_len(g, r, at), sd[r] = rd[r] = r * (int)g->chunk, rc[r] = mine;
-        memcpy(g->send + (size_t)sd[r], grad + g->off[r] + at, sizeof(float) * (size_t)sc[r]);
+        sc[r] = piece_len(g, r, at), rd[r] = r * (int)g->chunk, rc[r] = mine;
+        sd[r] = direct(g) ? (int)(g->off[r] + at) : rd[r];
+        if (!direct(g)) memcpy(g->send + (size_t)sd[r], grad + g->off[r] + at, sizeof(float) * (size_t)sc[r]);
         piece[r] = g->recv + (size_t)rd[r];
     }
-    whale_code c = whale_dist_alltoallv_f32(g->send, sc, sd, g->recv, rc, rd, "gradient exchange", step, err);
+    whale_code c = whale_dist_alltoallv_f32(direct(g) ? grad : g->send, sc, sd, g->recv, rc, rd, "gradient exchange",
+                                            step, err);
     if (!c) add_pieces(g->acc + at, piece, P, (size_t)mine, first);
     return c;
 }
@@ -112,11 +121,12 @@ whale_code whale_grad_sum_finish(whale_grad_sum *g, float *grad, int64_t step, w
     int P = g->size, cnt[P], dsp[P];
     for (size_t at = 0, m = max_shard(g); at < m; at += g->chunk) {
         int mine = piece_len(g, g->rank, at);
-        for (int r = 0; r < P; r++) cnt[r] = piece_len(g, r, at), dsp[r] = r * (int)g->chunk;
-        memcpy(g->send, g->acc + at, sizeof(float) * (size_t)mine);
-        whale_code c = whale_dist_allgatherv_f32(g->send, mine, g->recv, cnt, dsp, "gradient all-gather", step, err);
-        if (c) return c;
         for (int r = 0; r < P; r++)
+            cnt[r] = piece_len(g, r, at), dsp[r] = direct(g) ? (int)(g->off[r] + at) : r * (int)g->chunk;
+        whale_code c = whale_dist_allgatherv_f32(g->acc + at, mine, direct(g) ? grad : g->recv, cnt, dsp,
+                                                 "gradient all-gather", step, err);
+        if (c) return c;
+        for (int r = 0; r < P && !direct(g); r++)
             memcpy(grad + g->off[r] + at, g->recv + (size_t)dsp[r], sizeof(float) * (size_t)cnt[r]);
     }
     return WHALE_OK;
