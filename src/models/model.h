@@ -403,7 +403,10 @@ whale_code whale_linear_dw(whale_session *s, int M, int N, int K, const float *d
  * names) select p: all-linear is every product weight but the embedding
  * and lm_head. */
 int whale_lora_is_target(const whale_param *p, const char *targets);
-/* Drop the adapters (lora.c) and unfreeze the base. */
+/* Sort adapters by their base weight's address, as whale_lora_find
+ * expects. */
+void whale_lora_sort_targets(whale_lora_target *t, int n);
+/* Drop the adapters and unfreeze the base. */
 void whale_lora_free(whale_model *m);
 /* The base weights moved (made writable, masters dropped): find the
  * adapters by the new addresses. */

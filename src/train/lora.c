@@ -30,41 +30,6 @@ whale_lora_config whale_lora_defaults(void) {
                                .target_modules = "all-linear", .seed = 42};
 }
 
-/* "model.layers.3.ffn.experts.1.w1.weight" → module "w1" (the last name
- * before ".weight"), as PEFT's target_modules match it. */
-static void module_name(const char *param, char *out, size_t cap) {
-    size_t n = strlen(param) - 7; /* drop ".weight" */
-    size_t start = n;
-    while (start > 0 && param[start - 1] != '.') start--;
-    size_t len = n - start < cap - 1 ? n - start : cap - 1;
-    memcpy(out, param + start, len);
-    out[len] = 0;
-}
-
-/* all-linear: every product weight except the embedding and lm_head (the
- * gate is not a product weight: a raw parameter). */
-int whale_lora_is_target(const whale_param *p, const char *targets) {
-    if (p->role != WHALE_ROLE_LINEAR) return 0; /* nor the embedding, the lm_head, the gate */
-    if (!strcmp(targets, "all-linear")) return 1;
-    char mod[64];
-    module_name(p->name, mod, sizeof mod);
-    const char *s = targets;
-    size_t ml = strlen(mod);
-    while (*s) {
-        const char *e = strchr(s, ',');
-        size_t len = e ? (size_t)(e - s) : strlen(s);
-        if (len == ml && !strncmp(s, mod, len)) return 1;
-        if (!e) break;
-        s = e + 1;
-    }
-    return 0;
-}
-
-static int lora_cmp(const void *a, const void *b) {
-    const whale_lora_target *x = a, *y = b;
-    return x->start < y->start ? -1 : x->start > y->start;
-}
-
 /* Adapters with zero-filled storage on every target; A and B are params
  * "<name minus .weight>.lora_A.weight" / ".lora_B.weight". */
 static whale_code add_adapters(whale_model *m, const whale_lora_config *cfg, whale_err *err) {
@@ -123,7 +88,7 @@ static whale_code add_adapters(whale_model *m, const whale_lora_config *cfg, wha
     }
     for (int i = 0; i < nb; i++) m->params[i].frozen = 1; /* PEFT freezes the whole base */
     /* slots point into lt, which is sorted now: re-aim them after sorting */
-    qsort(lt, (size_t)n, sizeof *lt, lora_cmp);
+    whale_lora_sort_targets(lt, n);
     for (int j = 0; j < n; j++) {
         m->params[lt[j].a].slot = &lt[j].A;
         m->params[lt[j].b].slot = &lt[j].B;
@@ -160,18 +125,6 @@ int64_t whale_lora_num_params(const whale_model *m) {
 
 const whale_lora_config *whale_lora_get_config(const whale_model *m) {
     return m->lora_cfg ? &((const lora_cfg_store *)m->lora_cfg)->cfg : NULL;
-}
-
-void whale_lora_free(whale_model *m) {
-    free(m->lora);
-    free(m->lora_mem);
-    free(m->lora_cfg);
-    m->lora = NULL;
-    m->lora_mem = NULL;
-    m->lora_cfg = NULL;
-    if (m->n_lora) m->n_params = m->n_base_params;
-    m->n_lora = 0;
-    for (int i = 0; i < m->n_params; i++) m->params[i].frozen = 0;
 }
 
 /* ------------------------------------------------------------ PEFT files */
@@ -386,20 +339,6 @@ whale_code whale_lora_load(whale_model *m, const char *dir, whale_err *err) {
     free(targets); /* add_adapters keeps its own copy */
     if (c) whale_lora_free(m);
     return c;
-}
-
-void whale_lora_rekey(whale_model *m) {
-    if (!m->n_lora) return;
-    for (int i = 0; i < m->n_lora; i++) {
-        whale_lora_target *t = &m->lora[i];
-        t->start = m->params[t->base].data;
-        t->end = t->start + t->rows * t->cols;
-    }
-    qsort(m->lora, (size_t)m->n_lora, sizeof *m->lora, lora_cmp);
-    for (int j = 0; j < m->n_lora; j++) {
-        m->params[m->lora[j].a].slot = &m->lora[j].A;
-        m->params[m->lora[j].b].slot = &m->lora[j].B;
-    }
 }
 
 /* ------------------------------------------------------------ merging */
