@@ -112,7 +112,7 @@ whale_code whale_memory_estimate(const char *config, const whale_memory_plan *pl
     if (plan->train == WHALE_TRAIN_LORA) mm->adapters = (size_t)mm->trainable * sizeof(float);
     whale_session_sizes ss = {0};
     m->compute_dtype = dt; /* sessions size some buffers by the run's precision */
-    if ((c = m->ops->session_sizes(m, plan->batch, plan->seq_len, plan->train != WHALE_TRAIN_NONE, plan->recompute,
+    if ((c = whale_session_sizes_for(m, plan->batch, plan->seq_len, plan->train != WHALE_TRAIN_NONE, plan->recompute,
                                    &ss, err))) {
         whale_model_free(m);
         return c;

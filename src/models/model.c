@@ -781,7 +781,8 @@ whale_code whale_train_session_new(whale_model *m, int max_batch, int seq, int r
     if (seq > m->max_positions)
         return whale_errf(err, WHALE_ERR_RANGE, "sequence length %d exceeds the model's max_position_embeddings %d",
                           seq, m->max_positions);
-    return m->ops->train_session_new(m, max_batch, seq, recompute, out, err);
+    const whale_session_spec sp = {max_batch, seq, max_batch * seq, 1, recompute, 0};
+    return m->ops->session_create(m, &sp, out, err);
 }
 
 size_t whale_session_activation_bytes(const whale_session *s, size_t *recompute_saves) {

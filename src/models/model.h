@@ -51,18 +51,21 @@ typedef struct {
     size_t grads;           /* fp32 gradient buffer (training) */
 } whale_session_sizes;
 
+/* What a session is made for. */
+typedef struct {
+    int n_seq, n_ctx; /* inference: sequences × cells; training: B rows of S tokens */
+    int n_batch;      /* tokens one forward carries (training: B·S) */
+    int training, recompute;
+    int count_only;   /* sizes only, nothing allocated (whale memory) */
+} whale_session_spec;
+
 typedef struct whale_model_ops {
     const char *family_name;
     void (*free_impl)(whale_model *m);
     whale_code (*config_to_json)(const whale_model *m, cJSON **out, whale_err *err);
     void (*print_info)(const whale_model *m, FILE *f);
-    /* an inference session: n_seq sequences of n_ctx cells, forwards of up to n_batch tokens */
-    whale_code (*session_new)(whale_model *m, const whale_session_params *p, whale_session **out, whale_err *err);
-    whale_code (*train_session_new)(whale_model *m, int max_batch, int seq, int recompute, whale_session **out,
-                                    whale_err *err);
-    /* the buffer sizes a session would have, without allocating it */
-    whale_code (*session_sizes)(whale_model *m, int max_batch, int seq, int training, int recompute,
-                                whale_session_sizes *out, whale_err *err);
+    /* every session: inference or training, or only its sizes */
+    whale_code (*session_create)(whale_model *m, const whale_session_spec *sp, whale_session **out, whale_err *err);
     /* multiply-add FLOPs (×2) of a forward of B×S new tokens after p0 cached
      * positions, with logits for logit_rows rows */
     double (*forward_flops)(const whale_model *m, int B, int S, int p0, int logit_rows);
@@ -290,6 +293,16 @@ size_t whale_lora_work_floats(const whale_model *m);
 
 /* The sizes of a session's buffers (from a count-only session: whale memory). */
 void whale_session_sizes_of(const whale_session *s, whale_session_sizes *out);
+/* The buffers a session of B × S tokens would have (training with
+ * recompute, or inference), from a count-only session. */
+whale_code whale_session_sizes_for(whale_model *m, int B, int S, int training, int recompute, whale_session_sizes *out,
+                               whale_err *err);
+/* A training session's gradient pointers: reg registers the family's
+ * parameter table against gw (its structure of weight pointers) into a
+ * scratch model, and each of those slots is aimed at its parameter's
+ * gradient (NULL when frozen); with count_only, only the registration. */
+whale_code whale_session_bind_grads(whale_session *s, whale_code (*reg)(whale_model *scratch, void *gw, whale_err *err),
+                                    void *gw, int count_only, whale_err *err);
 
 /* The lm_head and the loss of a training step, shared by the families.
  * Rows go through in chunks of WHALE_CE_CHUNK, which bounds the logits

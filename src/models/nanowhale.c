@@ -494,14 +494,6 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
     return WHALE_OK;
 }
 
-static whale_code nw_session_new(whale_model *m, const whale_session_params *p, whale_session **out,
-                                 whale_err *err) {
-    nw_session *s = NULL;
-    whale_code e = nw_session_create(m, p->n_seq, p->n_ctx, p->n_batch, 0, 0, 0, &s, err);
-    *out = e ? NULL : &s->base;
-    return e;
-}
-
 /* ------------------------------------------------------------------ forward */
 
 #define TRACE(dt, data, ndim, shape, ...) \
@@ -1117,6 +1109,10 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
     return WHALE_OK;
 }
 
+static whale_code register_grads(whale_model *scratch, void *gw, whale_err *err) {
+    return register_params(scratch, gw, err);
+}
+
 static whale_code train_session_create(whale_model *m, int max_batch, int seq, int recompute, int count_only,
                                        nw_session **out, whale_err *err) {
     const nw_model *nw = m->impl;
@@ -1133,18 +1129,11 @@ static whale_code train_session_create(whale_model *m, int max_batch, int seq, i
         nw_session_free(base);
         return e;
     }
-    /* Gradient pointers with the model's structure: register the same
-     * parameter table against gw, then aim each slot at its gradient. */
-    whale_model shadow = {0};
-    b->gw.c = *c;
-    if (register_params(&shadow, &b->gw, err)) {
-        free(shadow.params);
+    b->gw.c = *c; /* the model's structure, its weight pointers aimed at the gradients */
+    if ((e = whale_session_bind_grads(base, register_grads, &b->gw, count_only, err))) {
         nw_session_free(base);
-        return err->code;
+        return e;
     }
-    for (int i = 0; !count_only && i < shadow.n_params; i++)
-        *shadow.params[i].slot = base->grad_offsets[i] == SIZE_MAX ? NULL : base->grads + base->grad_offsets[i];
-    free(shadow.params);
 
     size_t V = (size_t)c->vocab, ch = T < WHALE_CE_CHUNK ? T : WHALE_CE_CHUNK;
 #define A(ptr, n) ((ptr = sess_alloc(s, (n), 4, &tot)) != NULL)
@@ -1176,24 +1165,14 @@ nomem:
     return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate training buffers for batch %d × %d", max_batch, seq);
 }
 
-static whale_code nw_train_session_new(whale_model *m, int max_batch, int seq, int recompute, whale_session **out,
-                                       whale_err *err) {
+static whale_code nw_session_new(whale_model *m, const whale_session_spec *sp, whale_session **out,
+                                 whale_err *err) {
     nw_session *s = NULL;
-    whale_code e = train_session_create(m, max_batch, seq, recompute, 0, &s, err);
+    whale_code e = sp->training
+                       ? train_session_create(m, sp->n_seq, sp->n_ctx, sp->recompute, sp->count_only, &s, err)
+                       : nw_session_create(m, sp->n_seq, sp->n_ctx, sp->n_batch, 0, 0, sp->count_only, &s, err);
     *out = e ? NULL : &s->base;
     return e;
-}
-
-/* Buffer sizes of a session without allocating it (whale memory). */
-static whale_code nw_session_sizes(whale_model *m, int max_batch, int seq, int training, int recompute,
-                                   whale_session_sizes *out, whale_err *err) {
-    nw_session *s = NULL;
-    whale_code e = training ? train_session_create(m, max_batch, seq, recompute, 1, &s, err)
-                            : nw_session_create(m, max_batch, seq, max_batch * seq, 0, 0, 1, &s, err);
-    if (e) return e;
-    whale_session_sizes_of(&s->base, out);
-    nw_session_free(&s->base);
-    return WHALE_OK;
 }
 
 /* ------------------------------------------------------------------ costs */
@@ -1230,9 +1209,7 @@ static const whale_model_ops nw_ops = {
     .free_impl = nw_free_impl,
     .config_to_json = nw_config_to_json,
     .print_info = nw_print_info,
-    .session_new = nw_session_new,
-    .train_session_new = nw_train_session_new,
-    .session_sizes = nw_session_sizes,
+    .session_create = nw_session_new,
     .forward_flops = nw_forward_flops,
     .decode_weight_bytes = nw_decode_weight_bytes,
 };

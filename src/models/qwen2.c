@@ -635,14 +635,6 @@ static whale_code session_create(whale_model *m, int max_batch, int max_seq, int
     return WHALE_OK;
 }
 
-static whale_code qw_session_new(whale_model *m, const whale_session_params *p, whale_session **out,
-                                 whale_err *err) {
-    qw_session *s = NULL;
-    whale_code e = session_create(m, p->n_seq, p->n_ctx, p->n_batch, 0, 0, 0, &s, err);
-    *out = e ? NULL : &s->base;
-    return e;
-}
-
 /* ------------------------------------------------------------------ forward */
 
 static whale_code linear(qw_session *s, int M, int N, int K, const float *A, const float *W, float *C,
@@ -940,6 +932,10 @@ static whale_code qw_train_step(whale_session *base, const int32_t *ids, const i
     return WHALE_OK;
 }
 
+static whale_code register_grads(whale_model *scratch, void *gw, whale_err *err) {
+    return register_params(scratch, gw, err);
+}
+
 static whale_code train_session_create(whale_model *m, int max_batch, int seq, int recompute, int count_only,
                                        qw_session **out, whale_err *err) {
     const qw_config *c = &((const qw_model *)m->impl)->c;
@@ -957,18 +953,11 @@ static whale_code train_session_create(whale_model *m, int max_batch, int seq, i
         qw_session_free(base);
         return e;
     }
-    /* Gradient pointers with the model's structure: register the same
-     * parameter table against gw, then aim each slot at its gradient. */
-    whale_model shadow = {0};
-    b->gw.c = *c;
-    if ((e = register_params(&shadow, &b->gw, err))) {
-        free(shadow.params);
+    b->gw.c = *c; /* the model's structure, its weight pointers aimed at the gradients */
+    if ((e = whale_session_bind_grads(base, register_grads, &b->gw, count_only, err))) {
         qw_session_free(base);
         return e;
     }
-    for (int i = 0; !count_only && i < shadow.n_params; i++)
-        *shadow.params[i].slot = base->grad_offsets[i] == SIZE_MAX ? NULL : base->grads + base->grad_offsets[i];
-    free(shadow.params);
 
     size_t T = (size_t)max_batch * seq, D = (size_t)c->D, F = (size_t)c->F, HD = (size_t)c->H * c->Dh,
            KVD = (size_t)c->Hkv * c->Dh, V = (size_t)c->vocab, ch = T < WHALE_CE_CHUNK ? T : WHALE_CE_CHUNK, tot = 0;
@@ -985,24 +974,13 @@ static whale_code train_session_create(whale_model *m, int max_batch, int seq, i
     return WHALE_OK;
 }
 
-static whale_code qw_train_session_new(whale_model *m, int max_batch, int seq, int recompute, whale_session **out,
-                                       whale_err *err) {
+static whale_code qw_session_create(whale_model *m, const whale_session_spec *sp, whale_session **out,
+                                    whale_err *err) {
     qw_session *s = NULL;
-    whale_code e = train_session_create(m, max_batch, seq, recompute, 0, &s, err);
+    whale_code e = sp->training ? train_session_create(m, sp->n_seq, sp->n_ctx, sp->recompute, sp->count_only, &s, err)
+                                : session_create(m, sp->n_seq, sp->n_ctx, sp->n_batch, 0, 0, sp->count_only, &s, err);
     *out = e ? NULL : &s->base;
     return e;
-}
-
-/* Buffer sizes of a session without allocating it (whale memory). */
-static whale_code qw_session_sizes(whale_model *m, int max_batch, int seq, int training, int recompute,
-                                   whale_session_sizes *out, whale_err *err) {
-    qw_session *s = NULL;
-    whale_code e = training ? train_session_create(m, max_batch, seq, recompute, 1, &s, err)
-                            : session_create(m, max_batch, seq, max_batch * seq, 0, 0, 1, &s, err);
-    if (e) return e;
-    whale_session_sizes_of(&s->base, out);
-    qw_session_free(&s->base);
-    return WHALE_OK;
 }
 
 /* ------------------------------------------------------------------ costs */
@@ -1034,9 +1012,7 @@ static const whale_model_ops qw_ops = {
     .free_impl = qw_free_impl,
     .config_to_json = qw_config_to_json,
     .print_info = qw_print_info,
-    .session_new = qw_session_new,
-    .train_session_new = qw_train_session_new,
-    .session_sizes = qw_session_sizes,
+    .session_create = qw_session_create,
     .forward_flops = qw_forward_flops,
     .decode_weight_bytes = qw_decode_weight_bytes,
 };

@@ -109,7 +109,8 @@ whale_code whale_session_new_batched(whale_model *m, const whale_session_params 
     if (p->n_batch < 1 || p->n_batch > WHALE_MAX_BATCH_TOKENS)
         return whale_errf(err, WHALE_ERR_ARG, "micro-batch must be 1..%d tokens, got %d", WHALE_MAX_BATCH_TOKENS,
                           p->n_batch);
-    return m->ops->session_new(m, p, out, err);
+    const whale_session_spec sp = {p->n_seq, p->n_ctx, p->n_batch, 0, 0, 0};
+    return m->ops->session_create(m, &sp, out, err);
 }
 
 whale_code whale_session_new(whale_model *m, int max_batch, int max_seq, whale_session **out, whale_err *err) {
@@ -122,8 +123,29 @@ whale_code whale_session_new(whale_model *m, int max_batch, int max_seq, whale_s
     if ((int64_t)max_batch * max_seq > WHALE_MAX_BATCH_TOKENS)
         return whale_errf(err, WHALE_ERR_ARG, "batch %d × %d exceeds %d tokens", max_batch, max_seq,
                           WHALE_MAX_BATCH_TOKENS);
-    const whale_session_params p = {max_batch, max_seq, max_batch * max_seq};
-    return m->ops->session_new(m, &p, out, err);
+    const whale_session_spec sp = {max_batch, max_seq, max_batch * max_seq, 0, 0, 0};
+    return m->ops->session_create(m, &sp, out, err);
+}
+
+whale_code whale_session_sizes_for(whale_model *m, int B, int S, int training, int recompute, whale_session_sizes *out,
+                               whale_err *err) {
+    const whale_session_spec sp = {B, S, B * S, training, recompute, 1};
+    whale_session *s;
+    whale_code e = m->ops->session_create(m, &sp, &s, err);
+    if (e) return e;
+    whale_session_sizes_of(s, out);
+    whale_session_free(s);
+    return WHALE_OK;
+}
+
+whale_code whale_session_bind_grads(whale_session *s, whale_code (*reg)(whale_model *scratch, void *gw, whale_err *err),
+                                    void *gw, int count_only, whale_err *err) {
+    whale_model scratch = {0};
+    whale_code e = reg(&scratch, gw, err);
+    for (int i = 0; !e && !count_only && i < scratch.n_params; i++)
+        *scratch.params[i].slot = s->grad_offsets[i] == SIZE_MAX ? NULL : s->grads + s->grad_offsets[i];
+    free(scratch.params);
+    return e;
 }
 
 whale_code whale_session_open_backend(whale_session *s, whale_err *err) {
