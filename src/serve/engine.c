@@ -174,22 +174,22 @@ static void slot_finish(serve_engine *e, int i, const char *finish) {
     whale_kv_seq_keep(e->s, i, keep);
     sl->n_cells = sl->n_toks = keep;
     pthread_mutex_lock(&e->mu);
+    e->busy--;
+    pthread_mutex_lock(&e->metrics->mu); /* before the job is seen done: /metrics agrees with its client */
+    e->metrics->slots_busy = e->busy;
+    double now = whale_now();
+    if (dropped) e->metrics->cancelled++;
+    else if (j->t_first) serve_hist_add(&e->metrics->ttft, j->t_first - j->t_submit);
+    if (!dropped) serve_hist_add(&e->metrics->latency, now - j->t_submit);
+    pthread_mutex_unlock(&e->metrics->mu);
     j->finish = !strcmp(finish, "stop_string") ? "stop" : finish;
     j->ready = j->len;
     j->done = 1;
-    j->t_done = whale_now();
-    double t_first = j->t_first, t_submit = j->t_submit, t_done = j->t_done;
+    j->t_done = now;
     pthread_cond_broadcast(&j->cv);
-    e->busy--;
     sl->job = NULL;
     job_unref(j);
     pthread_mutex_unlock(&e->mu);
-    pthread_mutex_lock(&e->metrics->mu);
-    e->metrics->slots_busy = e->busy;
-    if (dropped) e->metrics->cancelled++;
-    else if (t_first) serve_hist_add(&e->metrics->ttft, t_first - t_submit);
-    if (!dropped) serve_hist_add(&e->metrics->latency, t_done - t_submit);
-    pthread_mutex_unlock(&e->metrics->mu);
     sl->job = NULL;
 }
 
@@ -257,9 +257,9 @@ static whale_code step_build(serve_engine *e, int *n_out, int *n_prefill, whale_
         if (c) return c;
         e->out_slot[(*n_out)++] = i;
     }
-    int budget = e->n_batch - e->batch.n_tokens;
+    int budget = e->n_batch - e->batch.n_tokens, first = e->prefill_next;
     for (int k = 0; k < e->n_seq && budget > 0; k++) {
-        int i = (e->prefill_next + k) % e->n_seq;
+        int i = (first + k) % e->n_seq;
         slot_t *sl = &e->slots[i];
         if (!sl->job || sl->n_toks > sl->job->n_prompt) continue;
         int left = sl->n_toks - sl->n_cells, take = left < budget ? left : budget;

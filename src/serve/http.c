@@ -4,8 +4,9 @@
  * max_body, routing, authentication, and the responses: JSON, server-sent
  * events for streams, the chat page.
  *
- * A connection thread that waits for its generation polls its socket every
- * 100 ms: a client that went away cancels the job, which frees its slot.
+ * A connection thread that waits for its generation polls its socket (for
+ * a stream before each write, for a whole reply every 10 ms): a client that
+ * went away cancels the job, which frees its slot at the engine's next step.
  */
 #include "serve/serve_impl.h"
 
@@ -140,7 +141,6 @@ static char *stream_next(stream_t *st, int *end) {
         }
         free(text);
         if (!v.done) {
-            if (client_gone(st->c)) return *end = -1, NULL;
             serve_engine_wait(s->eng, st->job, st->sent, 100);
             continue;
         }
@@ -174,6 +174,7 @@ static char *stream_next(stream_t *st, int *end) {
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     stream_t *st = cls;
     (void)pos;
+    if (client_gone(st->c)) return MHD_CONTENT_READER_END_WITH_ERROR; /* stream_free cancels the job */
     if (!st->pending) {
         int end;
         st->pending = stream_next(st, &end);
@@ -196,7 +197,7 @@ static char *wait_whole(stream_t *st, int *status) {
     serve_server *s = st->s;
     serve_job_view v;
     for (;;) {
-        if (serve_engine_wait(s->eng, st->job, (size_t)-1, 100)) break;
+        if (serve_engine_wait(s->eng, st->job, (size_t)-1, 10)) break;
         if (client_gone(st->c)) return NULL;
     }
     size_t len;

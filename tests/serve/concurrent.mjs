@@ -1,0 +1,46 @@
+// N concurrent streaming clients with different prompts and lengths each get
+// exactly the greedy continuation they get alone, while the server batches
+// them (the metrics show more than one sequence per forward).
+import { env, check, finish, call, metric } from './lib.mjs';
+
+const N = Number(process.argv[2] ?? 8);
+const prompts = Array.from({ length: N }, (_, i) =>
+  `Request ${i}: ` + 'tell me about whales and the sea '.repeat(1 + (i % 4)).slice(0, 20 + 13 * i));
+const lengths = prompts.map((_, i) => 12 + 3 * (i % 5));
+
+async function streamOne(i) {
+  const r = await fetch(env.url + '/v1/chat/completions', {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${env.key}` },
+    body: JSON.stringify({ model: env.model, messages: [{ role: 'user', content: prompts[i] }], stream: true,
+      max_tokens: lengths[i], temperature: 0, ignore_eos: true }),
+  });
+  const text = await r.text();
+  let out = '', done = false;
+  for (const ev of text.split('\n\n')) {
+    if (!ev.startsWith('data: ')) continue;
+    if (ev === 'data: [DONE]') { done = true; continue; }
+    const c = JSON.parse(ev.slice(6));
+    out += c.choices[0]?.delta?.content ?? '';
+  }
+  return { status: r.status, out, done };
+}
+
+const alone = [];
+for (let i = 0; i < N; i++) alone.push(await streamOne(i));
+check('alone: every stream ends with [DONE]', alone.every((a) => a.status === 200 && a.done));
+const distinct = new Set(alone.map((a) => a.out)).size;
+check('alone: the prompts give different replies', distinct > N / 2, distinct);
+
+const maxBefore = await metric('whale_batch_sequences_max');
+const together = await Promise.all(prompts.map((_, i) => streamOne(i)));
+for (let i = 0; i < N; i++)
+  check(`together: stream ${i} equals its reply alone`, together[i].out === alone[i].out && together[i].done,
+        JSON.stringify([together[i].out, alone[i].out]));
+const maxAfter = await metric('whale_batch_sequences_max');
+check('the server batched them (more than one sequence per forward)', maxAfter > 1, `${maxBefore} -> ${maxAfter}`);
+const busy = await metric('whale_slots_busy');
+check('every slot is free again', busy === 0, busy);
+const h = await call('/health', undefined, { headers: {} });
+check('/health without a key: 200 with the KV memory', h.status === 200 && h.json.kv_cache_bytes > 0, h.text);
+finish('serve-concurrent');
