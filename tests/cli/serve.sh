@@ -81,4 +81,8 @@ kill -TERM "$PID1"
 wait "$PID1"
 check "SIGTERM: exit 0" test $? = 0
 check "the server printed no error" test "$(grep -c -i 'error\|sanitizer' "$TMP/serve.log")" = 0
+if [ "$fails" != 0 ]; then
+    echo "--- server log:" && tail -n 40 "$TMP/serve.log"
+    echo "--- second server's log:" && tail -n 20 "$TMP/serve2.log"
+fi
 finish serve

@@ -43,4 +43,8 @@ const busy = await metric('whale_slots_busy');
 check('every slot is free again', busy === 0, busy);
 const h = await call('/health', undefined, { headers: {} });
 check('/health without a key: 200 with the KV memory', h.status === 200 && h.json.kv_cache_bytes > 0, h.text);
+const page = await call('/', undefined, { headers: {} });
+check('GET /: the chat page, without a key, loading nothing from elsewhere',
+      page.status === 200 && page.headers.get('content-type').startsWith('text/html') &&
+      page.text.includes('/v1/chat/completions') && !/(src|href)="?(https?:)?\/\//.test(page.text));
 finish('serve-concurrent');
