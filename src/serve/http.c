@@ -30,7 +30,11 @@ typedef struct {
     char *body;
     size_t len, cap;
     double t0;
+    char line[160]; /* "METHOD URL" for --verbose */
 } conn_ctx;
+
+/* The status this connection thread queued last (one thread per connection). */
+static _Thread_local int last_status;
 
 /* ------------------------------------------------------------ responses */
 
@@ -40,6 +44,7 @@ static void count_status(serve_server *s, int status) {
     pthread_mutex_lock(&s->metrics.mu);
     if (k >= 0) s->metrics.responses[k]++;
     pthread_mutex_unlock(&s->metrics.mu);
+    last_status = status;
 }
 
 /* Queue body (malloc'd, taken over; NULL means out of memory: a 500). */
@@ -83,6 +88,13 @@ static enum MHD_Result fail(serve_server *s, struct MHD_Connection *c, int statu
     vsnprintf(e.message, sizeof e.message, fmt, ap);
     va_end(ap);
     return respond_error(s, c, &e);
+}
+
+/* A generation may wait longer than the idle timeout (in the queue, or for
+ * a long reply): the connection has none while its request runs, and gets
+ * it back (its timer restarted) when the reply is ready. */
+static void idle_timeout(struct MHD_Connection *c, unsigned seconds) {
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, seconds);
 }
 
 /* The client closed its end (or the socket failed). */
@@ -179,6 +191,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         int end;
         st->pending = stream_next(st, &end);
         st->off = 0;
+        if (!st->pending && end > 0) idle_timeout(st->c, (unsigned)st->s->cfg.upload_seconds);
         if (!st->pending) return end > 0 ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
     }
     size_t n = strlen(st->pending + st->off);
@@ -236,8 +249,10 @@ static enum MHD_Result handle_generation(serve_server *s, struct MHD_Connection 
         return respond_error(s, c, &e);
     }
     whale_err err;
+    idle_timeout(c, 0);
     whale_code rc = serve_engine_submit(s->eng, j, &err);
     if (rc) {
+        idle_timeout(c, (unsigned)s->cfg.upload_seconds);
         serve_error_set(&e, 503, "server_error", NULL, rc == WHALE_ERR_RANGE ? "server_busy" : "shutting_down", "%s",
                         err.msg);
         stream_free(st);
@@ -260,6 +275,7 @@ static enum MHD_Result handle_generation(serve_server *s, struct MHD_Connection 
     char *json = wait_whole(st, &status);
     stream_free(st);
     if (!json) return MHD_NO; /* the client is gone */
+    idle_timeout(c, (unsigned)s->cfg.upload_seconds);
     return respond_json(s, c, status, json);
 }
 
@@ -343,6 +359,10 @@ static enum MHD_Result first_call(serve_server *s, struct MHD_Connection *c, con
     if (!cc) return MHD_NO;
     cc->t0 = whale_now();
     *con_cls = cc;
+    snprintf(cc->line, sizeof cc->line, "%.16s %.140s", method, url);
+    for (char *p = cc->line; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?'; /* one line, no escapes */
+    last_status = 0;
     int post = 0, r = route(url, method, &cc->ep, &post);
     if (r == 404) return fail(s, c, 404, "invalid_request_error", "not_found", "no route %.100s %.200s", method, url);
     pthread_mutex_lock(&s->metrics.mu);
@@ -387,9 +407,15 @@ enum MHD_Result serve_on_request(void *cls, struct MHD_Connection *c, const char
 }
 
 void serve_on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls, (void)c, (void)toe;
+    serve_server *s = cls;
+    (void)c;
     conn_ctx *cc = *con_cls;
     if (!cc) return;
+    if (s->cfg.verbose) {
+        const char *how = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection closed)";
+        fprintf(stderr, "whale serve: %s -> %d in %.1f ms%s\n", cc->line, last_status, (whale_now() - cc->t0) * 1e3,
+                how);
+    }
     free(cc->body);
     free(cc);
     *con_cls = NULL;

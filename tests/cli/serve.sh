@@ -56,9 +56,10 @@ start_server() {
 
 printf 'sekret-key\n' >"$TMP/key"
 start_server "$TMP/serve.log" --parallel 8 --ctx-size 256 --batch 64 --api-key-file "$TMP/key" --max-body 1048576 \
-    --timeout 3 --threads 2 || exit 1
+    --threads 2 || exit 1
 PID1=$PID URL1=$URL
-start_server "$TMP/serve2.log" --parallel 1 --queue 1 --ctx-size 256 --api-key sekret-key --threads 1 || exit 1
+start_server "$TMP/serve2.log" --parallel 1 --queue 1 --ctx-size 256 --api-key sekret-key --timeout 3 --threads 1 ||
+    exit 1
 PID2=$PID URL2=$URL
 
 export SERVE_URL=$URL1 SERVE_KEY=sekret-key SERVE_MODEL=m SERVE_DIR=$TMP/m WHALE TMP SERVE_PID=$PID1

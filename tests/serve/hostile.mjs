@@ -66,12 +66,6 @@ const chunked = await raw([`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAut
   'Transfer-Encoding: chunked\r\n\r\n', ...Array.from({ length: 12 }, () =>
   Buffer.concat([Buffer.from('100000\r\n'), chunk, Buffer.from('\r\n')]))], { timeoutMs: 10000 });
 check('a chunked body past --max-body: closed', chunked.closed && !/^HTTP\/1\.1 200/.test(chunked.out));
-// a body sent one byte a second: closed after --timeout
-const t0 = Date.now();
-const body = JSON.stringify({ model: env.model, messages, max_tokens: 1 });
-const slow = await raw([head(body.length), ...body.split('')], { gapMs: 1000, timeoutMs: 15000 });
-check('one byte a second: closed within the timeout', slow.closed && Date.now() - t0 < 12000, Date.now() - t0);
-
 // a client that disconnects mid-stream cancels its generation and frees its
 // slot; so does one that gives up waiting for a whole reply
 async function abortedBy(what, send) {
@@ -107,7 +101,13 @@ check('still serving', (await chat({})).status === 200);
 
 // a second server, one slot and a queue of one: the third request gets 503
 if (process.env.SERVE_URL2) {
-  const url2 = process.env.SERVE_URL2;
+  const url2 = process.env.SERVE_URL2, port2 = Number(new URL(url2).port);
+  // a body sent one byte a second: closed after --timeout (3 s on the second server)
+  const t0 = Date.now();
+  const body = JSON.stringify({ model: env.model, messages, max_tokens: 1 });
+  const slow = await raw([head(body.length), ...body.split('')], { gapMs: 1000, timeoutMs: 15000, port: port2 });
+  check('one byte a second: closed within the timeout', slow.closed && Date.now() - t0 < 12000, Date.now() - t0);
+
   const long = () => fetch(url2 + '/v1/chat/completions', { method: 'POST', headers: auth,
     body: JSON.stringify({ model: env.model, messages, max_tokens: 200, ignore_eos: true, stream: true }) });
   const first = await long(), second = await long(), third = await long();

@@ -46,9 +46,9 @@ export async function call(path, body, { headers = auth, method } = {}) {
 // A raw request over a socket: write `chunks` (strings/Buffers, `gapMs` apart),
 // collect what comes back until the server closes or `timeoutMs`
 // (`closeAfterMs`: close the socket that long after the last write went out).
-export function raw(chunks, { gapMs = 0, timeoutMs = 10000, onData, closeAfterMs } = {}) {
+export function raw(chunks, { gapMs = 0, timeoutMs = 10000, onData, closeAfterMs, port: to = port } = {}) {
   return new Promise((resolve) => {
-    const sock = net.connect(port, '127.0.0.1');
+    const sock = net.connect(to, '127.0.0.1');
     let out = '', closed = false;
     const timer = setTimeout(() => { sock.destroy(); resolve({ out, closed: false }); }, timeoutMs);
     sock.on('data', (d) => { out += d; if (onData) onData(out, sock); });
