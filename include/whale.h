@@ -29,7 +29,8 @@ typedef enum {
     WHALE_ERR_NOMEM = 4,       /* allocation failed */
     WHALE_ERR_RANGE = 5,       /* value outside what the model supports (token id, position) */
     WHALE_ERR_UNSUPPORTED = 6, /* valid input using a feature we do not implement */
-    WHALE_ERR_INTERNAL = 7     /* a bug or a failing backend (oneDNN) */
+    WHALE_ERR_INTERNAL = 7,    /* a bug or a failing backend (oneDNN) */
+    WHALE_ERR_ABORTED = 8      /* the caller's abort callback stopped the work */
 } whale_code;
 
 #define WHALE_ERR_MSG_MAX 1024
@@ -301,25 +302,35 @@ whale_code whale_session_new_batched(whale_model *m, const whale_session_params 
 /* The parameters a session was made with. */
 whale_session_params whale_session_get_params(const whale_session *s);
 
+/* A decode batch (whale_batch, in whale_data.h, is a training batch of
+ * windows). */
 typedef struct {
     int n_tokens;
     int32_t *token;  /* [n_tokens] ids */
     int32_t *pos;    /* [n_tokens] positions */
     int32_t *seq_id; /* [n_tokens] sequence of each token */
     int8_t *logits;  /* [n_tokens] 1: return this token's logits */
-    int cap;         /* tokens allocated (whale_batch_init) */
-} whale_batch;
+    int cap;         /* tokens allocated (whale_dbatch_init) */
+} whale_dbatch;
 
-whale_code whale_batch_init(whale_batch *b, int cap, whale_err *err);
-void whale_batch_free(whale_batch *b);
-void whale_batch_clear(whale_batch *b);
+whale_code whale_dbatch_init(whale_dbatch *b, int cap, whale_err *err);
+void whale_dbatch_free(whale_dbatch *b);
+void whale_dbatch_clear(whale_dbatch *b);
 /* Append one token; WHALE_ERR_RANGE when the batch is full. */
-whale_code whale_batch_add(whale_batch *b, int32_t token, int32_t pos, int32_t seq_id, int logits, whale_err *err);
+whale_code whale_dbatch_add(whale_dbatch *b, int32_t token, int32_t pos, int32_t seq_id, int logits, whale_err *err);
 
 /* Run a batch: its tokens' K/V are appended to their sequences' cells, and
  * logits (if not NULL) receives [n_out, V] for the tokens whose logits flag
  * is set, in batch order. Nothing changes on failure. */
-whale_code whale_session_decode(whale_session *s, const whale_batch *b, float *logits, whale_err *err);
+whale_code whale_session_decode(whale_session *s, const whale_dbatch *b, float *logits, whale_err *err);
+
+/* Stopping long work: fn is called before every layer of a forward or a
+ * training step; when it returns non-zero the call stops with
+ * WHALE_ERR_ABORTED (a decode then changes no cell). fn NULL: never. It
+ * runs on the thread that called the session, and may be called from
+ * another thread's signal (it only reads a flag). */
+typedef int (*whale_abort_fn)(void *user);
+void whale_session_set_abort(whale_session *s, whale_abort_fn fn, void *user);
 
 /* Cells: how many sequence seq holds; keep only its first n (n = 0: empty
  * it); make dst hold a copy of src's first n cells (a shared prompt

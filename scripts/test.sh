@@ -27,7 +27,7 @@ cmake --build build-portable -j"$(nproc)" >/dev/null
 WHALE_ISA=avx2 ctest --test-dir build-portable --output-on-failure -j2
 # the kernel tests at the other tiers (a cap above the machine's own tier
 # runs its own tier), and the sanitizers over the AVX2 kernels
-kernels="test_gemm|test_vmath|test_convert|test_ops|test_backward"
+kernels="test_gemm|test_vmath|test_convert|test_ops|test_backward|test_backend_ops"
 for tier in base avx512 avx512_bf16; do
     echo "== kernel tests (portable build, WHALE_ISA=$tier)"
     WHALE_ISA=$tier ctest --test-dir build-portable --output-on-failure -j2 -R "$kernels"

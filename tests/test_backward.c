@@ -14,7 +14,7 @@
 #include "kernels/gemm.h"
 #include "kernels/hc.h"
 #include "kernels/ops.h"
-#include "train/loss.h"
+#include "kernels/loss.h"
 
 #include <math.h>
 #include <omp.h>
@@ -675,61 +675,6 @@ static void test_rstd(whale_rng *r) {
     free(c.x), free(c.r);
 }
 
-/* ------------------------------------------------------------ grouped linear */
-
-typedef struct {
-    int T, G, nin, nout;
-    double *in, *W, *r;
-} gl_ctx;
-
-static double gl_loss(void *vc) {
-    gl_ctx *c = vc;
-    double L = 0;
-    for (int t = 0; t < c->T; t++)
-        for (int g = 0; g < c->G; g++)
-            for (int o = 0; o < c->nout; o++) {
-                double acc = 0;
-                for (int d = 0; d < c->nin; d++)
-                    acc += c->in[((long)t * c->G + g) * c->nin + d] * c->W[((long)g * c->nout + o) * c->nin + d];
-                L += c->r[((long)t * c->G + g) * c->nout + o] * acc;
-            }
-    return L;
-}
-
-static void test_grouped_linear(whale_gemm *g, whale_rng *r, int T) {
-    enum { G = 3, NIN = 10, NOUT = 4 };
-    float *in = falloc(T * G * NIN), W[G * NOUT * NIN], *out = falloc(T * G * NOUT), *dout = falloc(T * G * NOUT);
-    float *din = falloc(T * G * NIN), dW[G * NOUT * NIN];
-    whale_err err;
-    fill(r, in, T * G * NIN, 1.0);
-    fill(r, W, G * NOUT * NIN, 1.0);
-    fill(r, dout, T * G * NOUT, 1.0);
-    CHECK(k_grouped_linear(g, out, in, W, T, G, NIN, NOUT, &err) == WHALE_OK, "%s", err.msg);
-    set(din, T * G * NIN, NAN);
-    set(dW, G * NOUT * NIN, ACC0);
-    CHECK(k_grouped_linear_backward(g, din, dW, dout, in, W, T, G, NIN, NOUT, &err) == WHALE_OK, "%s", err.msg);
-    unacc(dW, G * NOUT * NIN);
-    gl_ctx c = {T, G, NIN, NOUT, to_d(in, T * G * NIN), to_d(W, G * NOUT * NIN), to_d(dout, T * G * NOUT)};
-    double mag, lf = fdot(dout, out, T * G * NOUT, &mag);
-    check_fwd("k_grouped_linear_backward", lf, gl_loss(&c), mag);
-    grad_check("k_grouped_linear_backward", "in", gl_loss, &c, c.in, T * G * NIN, din, 300, r);
-    grad_check("k_grouped_linear_backward", "W", gl_loss, &c, c.W, G * NOUT * NIN, dW, 300, r);
-    /* either output may be skipped */
-    float *din2 = falloc(T * G * NIN), dW2[G * NOUT * NIN];
-    set(dW2, G * NOUT * NIN, 0);
-    CHECK(k_grouped_linear_backward(g, din2, NULL, dout, in, W, T, G, NIN, NOUT, &err) == WHALE_OK, "%s", err.msg);
-    CHECK(k_grouped_linear_backward(g, NULL, dW2, dout, in, W, T, G, NIN, NOUT, &err) == WHALE_OK, "%s", err.msg);
-    CHECK(!memcmp(din, din2, sizeof(float) * T * G * NIN), "grouped linear: din alone differs");
-    /* repeated runs: identical bits */
-    float dW3[G * NOUT * NIN];
-    set(dW3, G * NOUT * NIN, 0);
-    CHECK(k_grouped_linear_backward(g, din2, dW3, dout, in, W, T, G, NIN, NOUT, &err) == WHALE_OK, "%s", err.msg);
-    CHECK(!memcmp(din, din2, sizeof(float) * T * G * NIN) && !memcmp(dW2, dW3, sizeof dW2),
-          "grouped linear backward not repeatable");
-    free(c.in), free(c.W), free(c.r);
-    free(in), free(out), free(dout), free(din), free(din2);
-}
-
 /* ------------------------------------------------------------ attention */
 
 typedef struct {
@@ -1041,8 +986,6 @@ int main(void) {
     test_hc_coeffs_determinism(&r);
     test_hc_reduce_expand(&r);
     test_rstd(&r);
-    test_grouped_linear(g, &r, 9);
-    test_grouped_linear(g, &r, 300); /* oneDNN path */
     /* direct path (few rows) and the blocked GEMM path; MQA with dk == dv,
      * GQA, a cache prefix p0 > 0 */
     test_attention(g, &r, 1, 0, 8, 1, 1, 0);

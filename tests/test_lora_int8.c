@@ -9,6 +9,8 @@
  * bit; full training of an int8 model is refused. */
 #include "testutil.h"
 
+#include "backend/backend.h"
+
 #include "io/safetensors.h"
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
@@ -252,18 +254,18 @@ static void test_input_gradient(void) {
                 ref_dx(M, N, K, dC, v.data, v.scale, acc ? a0 : NULL, ref);
                 /* the shape rules, then several blocks (small limits), then our f32 kernels */
                 for (int mode = 0; mode < 3; mode++) {
-                    whale_gemm_set_block_limits(s->gemm, mode == 1 ? 16 : 0, mode == 1 ? 4096 : 0);
-                    whale_gemm_set_path(s->gemm, mode == 2 ? WHALE_GEMM_OWN : WHALE_GEMM_AUTO);
+                    whale_gemm_set_block_limits(whale_backend_cpu_gemm(s->be), mode == 1 ? 16 : 0, mode == 1 ? 4096 : 0);
+                    whale_gemm_set_path(whale_backend_cpu_gemm(s->be), mode == 2 ? WHALE_GEMM_OWN : WHALE_GEMM_AUTO);
                     memcpy(dA, a0, na * sizeof(float));
                     CHECK(whale_linear_dx(s, M, N, K, dC, N, p->data, K, dA, K, acc, &err) == WHALE_OK, "%s",
                           err.msg);
                     double r = rel_d(dA, ref, (long)na);
                     if (r > worst) worst = r;
                     CHECK(r <= 1e-5, "%s M=%d accumulate=%d mode %d: relative %g (%s)", names[w], M, acc, mode, r,
-                          whale_gemm_last_impl(s->gemm));
+                          whale_gemm_last_impl(whale_backend_cpu_gemm(s->be)));
                 }
-                whale_gemm_set_block_limits(s->gemm, 0, 0);
-                whale_gemm_set_path(s->gemm, WHALE_GEMM_AUTO);
+                whale_gemm_set_block_limits(whale_backend_cpu_gemm(s->be), 0, 0);
+                whale_gemm_set_path(whale_backend_cpu_gemm(s->be), WHALE_GEMM_AUTO);
                 /* with an adapter: + s·(dC·B)·A */
                 const whale_lora_target *t = whale_lora_find(ma, ma->params[pi].data);
                 if (!t) continue;
@@ -301,7 +303,7 @@ static void test_input_gradient(void) {
               strstr(err.msg, "int8") && !strchr(err.msg, '\n'),
           "an int8 weight gradient must be refused: %s", err.msg);
     /* a NULL scale is an argument error of the product */
-    CHECK(whale_gemm_nn_q8(s->gemm, 4, K, N, dC, N, whale_model_weight(m, p->data).data, K, NULL, X, K, 0, &err) ==
+    CHECK(whale_gemm_nn_q8(whale_backend_cpu_gemm(s->be), 4, K, N, dC, N, whale_model_weight(m, p->data).data, K, NULL, X, K, 0, &err) ==
               WHALE_ERR_ARG,
           "nn_q8 without scales must fail");
     free(dC);

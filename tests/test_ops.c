@@ -202,24 +202,6 @@ static void test_gate(whale_rng *r) {
     CHECK(idx[0] == 2 && fabs(w[0] - 2 * exp(2) / z) < 1e-6, "softmax gate %g", w[0]);
 }
 
-static void test_grouped_linear(whale_gemm *g, whale_rng *r) {
-    enum { T = 9, G = 3, NIN = 10, NOUT = 4 };
-    float in[T * G * NIN], W[G * NOUT * NIN], out[T * G * NOUT];
-    whale_err err;
-    fill(r, in, T * G * NIN, 1.0);
-    fill(r, W, G * NOUT * NIN, 1.0);
-    CHECK(k_grouped_linear(g, out, in, W, T, G, NIN, NOUT, &err) == WHALE_OK, "%s", err.msg);
-    double e = 0;
-    for (int t = 0; t < T; t++)
-        for (int gi = 0; gi < G; gi++)
-            for (int o = 0; o < NOUT; o++) {
-                double acc = 0;
-                for (int d = 0; d < NIN; d++) acc += (double)in[t * G * NIN + gi * NIN + d] * W[(gi * NOUT + o) * NIN + d];
-                e = fmax(e, fabs(out[t * G * NOUT + gi * NOUT + o] - acc));
-            }
-    CHECK(e < 1e-5, "grouped linear err %g", e);
-}
-
 static float round_bf16(float x) { return whale_bf16_to_float(whale_float_to_bf16(x)); }
 
 /* Causal attention against a double reference. bf16 products: q, k, v are
@@ -298,7 +280,6 @@ int main(void) {
     test_rope(&r);
     test_hc(&r);
     test_gate(&r);
-    test_grouped_linear(g, &r);
     /* direct path (few rows), blocked GEMM path, with and without a cache prefix, MQA and GQA */
     for (int bf16 = 0; bf16 <= 1; bf16++) {
         whale_dtype p = bf16 ? WHALE_BF16 : WHALE_F32;

@@ -51,7 +51,8 @@ int cmd_bench(int argc, char **argv) {
         }
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             puts("usage: whale bench (-m DIR | --preset NAME) --what forward|prefill|decode|train [options]\n"
-                 "  --batch B --seq-len T   forward/train shape (default 4 × 256; prefill: 1 × 512)\n"
+                 "  --batch B --seq-len T   forward/train shape (default 4 × 256; prefill: 1 × 512);\n"
+                 "                          decode: B streams decoded together (default 1)\n"
                  "  --context C             decode: tokens already in the KV cache (default 128)\n"
                  "  --tokens N              decode: tokens to generate (default 32)\n"
                  "  --reps R                repetitions, best reported (default 3); decode also\n"
@@ -84,7 +85,7 @@ int cmd_bench(int argc, char **argv) {
     if (mode < 0) return cli_usage("bench", "--what must be forward, prefill, decode or train, got \"%s\"", what);
     if (batch < 0) batch = mode == 0 || mode == 3 ? 4 : 1;
     if (seq < 0) seq = mode == 0 || mode == 3 ? 256 : 512;
-    if ((mode == 1 || mode == 2) && batch != 1) return cli_usage("bench", "--batch applies to --what forward and train only");
+    if (mode == 1 && batch != 1) return cli_usage("bench", "--batch applies to --what forward, decode and train only");
     whale_set_threads((int)threads);
 
     whale_err err;
@@ -149,10 +150,11 @@ int cmd_bench(int argc, char **argv) {
             if (whale_session_train_step(s, ids, NULL, NULL, NULL, (int)batch, (int)seq, 1.0, &loss, &count, &err))
                 goto fail;
         } else if (mode == 2) {
-            if (whale_session_forward(s, ids, 1, (int)context, logits, 0, &err)) goto fail;
+            /* batch streams at the same context, one token each per step */
+            if (whale_session_forward(s, ids, (int)batch, (int)context, logits, 0, &err)) goto fail;
             t0 = whale_now();
             for (int k = 0; k < tokens; k++)
-                if (whale_session_forward(s, ids + context + k, 1, 1, logits, 0, &err)) goto fail;
+                if (whale_session_forward(s, ids + batch * (context + k), (int)batch, 1, logits, 0, &err)) goto fail;
         } else if (whale_session_forward(s, ids, (int)batch, (int)seq, logits, mode == 0, &err))
             goto fail;
         dt = whale_now() - t0;
@@ -179,7 +181,8 @@ int cmd_bench(int argc, char **argv) {
     }
     if (mode == 2) {
         double flops = 0;
-        for (int k = 0; k < tokens; k++) flops += whale_model_forward_flops(m, 1, 1, (int)context + k, 1);
+        for (int k = 0; k < tokens; k++)
+            flops += whale_model_forward_flops(m, (int)batch, 1, (int)context + k, (int)batch);
         /* bytes of the product weights in the dtype; the fp32 islands (HC, gate) are under 1 % */
         double bytes = whale_model_decode_weight_bytes(m) * (double)whale_dtype_size(dtype) / 4.0;
         double share[1001];
@@ -190,13 +193,15 @@ int cmd_bench(int argc, char **argv) {
             for (int o = 1; o <= reps; o++) below += share[o] < share[r] || (share[o] == share[r] && o < r);
             if (below == (reps - 1) / 2) med = r;
         }
-        double tps = tokens / best, bw = bw_of[med], bound = bw * 1e9 / bytes;
+        /* a step reads the weights once for all its streams */
+        double tps = (double)batch * tokens / best, bw = bw_of[med], bound = batch * bw * 1e9 / bytes;
         print_machine();
-        printf("\"what\": \"decode\", \"model\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"context\": %ld, "
+        printf("\"what\": \"decode\", \"model\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"streams\": %ld, "
+               "\"context\": %ld, "
                "\"tokens\": %ld, \"tokens_per_s\": %.2f, \"gflops\": %.2f, \"weight_mb_per_token\": %.1f, "
                "\"weights_gb_s\": %.1f, \"read_gb_s\": %.1f, \"bound_tokens_per_s\": %.1f, \"pct_of_bound\": %.1f}\n",
-               label, dtname, whale_get_threads(), context, tokens, tps, flops / best / 1e9, bytes / 1e6,
-               bytes * tps / 1e9, bw, bound, 100 * share[med]);
+               label, dtname, whale_get_threads(), batch, context, tokens, tps, flops / best / 1e9, bytes / 1e6,
+               bytes * tps / batch / 1e9, bw, bound, 100 * share[med]);
     } else if (mode == 3) {
         /* forward + backward ≈ 3 × the forward's FLOPs (6 × active parameters per token + attention) */
         double flops = 3.0 * whale_model_forward_flops(m, (int)batch, (int)seq, 0, (int)(batch * seq));

@@ -51,6 +51,7 @@ const char *whale_code_name(whale_code code) {
     case WHALE_ERR_RANGE: return "out of range";
     case WHALE_ERR_UNSUPPORTED: return "unsupported";
     case WHALE_ERR_INTERNAL: return "internal error";
+    case WHALE_ERR_ABORTED: return "aborted";
     }
     return "unknown error";
 }
@@ -66,6 +67,7 @@ int whale_exit_status(whale_code code) {
     case WHALE_ERR_UNSUPPORTED: return 6;
     case WHALE_ERR_NOMEM: return 7;
     case WHALE_ERR_INTERNAL: return 1;
+    case WHALE_ERR_ABORTED: return 8;
     }
     return 1;
 }

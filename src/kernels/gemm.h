@@ -98,9 +98,8 @@ whale_code whale_gemm_nt_f16(whale_gemm *g, int M, int N, int K, const float *A,
  * that oneDNN bf16 matmul on blocks of W converted exactly to bf16, then
  * the scales (shape rules of whale_gemm_nt_bf16). As for nt_bf16, the
  * AVX512_BF16 paths treat subnormal (bf16) A values as zero. A NaN or inf
- * scale poisons its column. Decode (1x129280x320) streams the 41 MB of
- * weights in ~1.0-1.2 ms, ~35-40 GB/s: the memory rate, 2.3x faster than
- * bf16 weights. */
+ * scale poisons its column. Decoding streams half the bytes of bf16
+ * weights (bench_gemm --sweep measures it). */
 whale_code whale_gemm_nt_q8(whale_gemm *g, int M, int N, int K, const float *A, int lda,
                             const int8_t *W, int ldw, const float *scale, float *C, int ldc,
                             int accumulate, whale_err *err);
@@ -176,9 +175,9 @@ whale_code whale_gemm_tn_bf16(whale_gemm *g, int M, int N, int K, const float *A
  * below bf16_exact_below_m_nn rows of C, the runtime one above),
  * so within the bound stated above, though not bit-identical to nn_bf16 /
  * tn_bf16 (which sum over blocks of K). Forced OWN / OWN_PORTABLE: our f32
- * kernels on blocks widened to f32. The lm_head's backward on 256 rows
- * (dX 256x320x129280, dW 129280x320x256) runs at 340-375 GFLOP/s this way,
- * against 270-300 for nn_bf16 / tn_bf16 reading the fp32 gradient. */
+ * kernels on blocks widened to f32. For the lm_head's backward, reading
+ * the gradient once in bf16 beats nn_bf16 / tn_bf16 reading it in fp32
+ * (bench_gemm measures both). */
 whale_code whale_gemm_nn_b16(whale_gemm *g, int M, int N, int K, const uint16_t *A, int lda,
                              const uint16_t *B, int ldb, float *C, int ldc, int accumulate,
                              whale_err *err);

@@ -232,31 +232,6 @@ void k_gate_route_backward(int scoring, int E, int K, float scale, const float *
     }
 }
 
-whale_code k_grouped_linear(whale_gemm *g, float *out, const float *in, const float *W, int T, int G, int n_in,
-                            int n_out, whale_err *err) {
-    for (int gi = 0; gi < G; gi++) {
-        whale_code e = whale_gemm_nt(g, T, n_out, n_in, in + (size_t)gi * n_in, G * n_in, W + (size_t)gi * n_out * n_in,
-                                     n_in, out + (size_t)gi * n_out, G * n_out, 0, err);
-        if (e) return e;
-    }
-    return WHALE_OK;
-}
-
-whale_code k_grouped_linear_backward(whale_gemm *g, float *din, float *dW, const float *dout, const float *in,
-                                     const float *W, int T, int G, int n_in, int n_out, whale_err *err) {
-    for (int gi = 0; gi < G; gi++) {
-        whale_code e;
-        const float *dog = dout + (size_t)gi * n_out;
-        if (din && (e = whale_gemm_nn(g, T, n_in, n_out, dog, G * n_out, W + (size_t)gi * n_out * n_in, n_in,
-                                      din + (size_t)gi * n_in, G * n_in, 0, err)))
-            return e;
-        if (dW && (e = whale_gemm_tn(g, n_out, n_in, T, dog, G * n_out, in + (size_t)gi * n_in, G * n_in,
-                                     dW + (size_t)gi * n_out * n_in, n_in, 1, err)))
-            return e;
-    }
-    return WHALE_OK;
-}
-
 /* ------------------------------------------------------------ attention */
 
 enum { ATT_QBLOCK = 64, ATT_DIRECT_ROWS = 4 };
@@ -624,4 +599,67 @@ whale_code k_attention_backward(whale_gemm *g, float *dq, float *dk, float *dv, 
         }
     }
     return WHALE_OK;
+}
+
+void k_add(float *y, const float *a, const float *b, size_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+}
+
+void k_add_rows(float *y, const float *b, long rows, int n) {
+#pragma omp parallel for schedule(static) if (rows * n > 65536)
+    for (long r = 0; r < rows; r++) {
+        float *yr = y + (size_t)r * n;
+        for (int i = 0; i < n; i++) yr[i] += b[i];
+    }
+}
+
+void k_add_rows_backward(float *db, const float *dy, long rows, int n) {
+    enum { COLS = 32 };
+    int nb = (n + COLS - 1) / COLS;
+#pragma omp parallel for schedule(static) if (rows * n > 16384)
+    for (int b = 0; b < nb; b++) {
+        int c0 = b * COLS, c1 = c0 + COLS < n ? c0 + COLS : n;
+        double acc[COLS] = {0};
+        for (long r = 0; r < rows; r++)
+            for (int i = c0; i < c1; i++) acc[i - c0] += dy[(size_t)r * n + i];
+        for (int i = c0; i < c1; i++) db[i] += (float)acc[i - c0];
+    }
+}
+
+void k_gather_rows(float *dst, const float *src, int ld, const int32_t *idx, const float *w, long n, int cols) {
+#pragma omp parallel for schedule(static) if (n * cols > 65536)
+    for (long i = 0; i < n; i++) {
+        const float *x = src + (size_t)(idx ? idx[i] : i) * ld;
+        float *y = dst + (size_t)i * cols;
+        if (w)
+            for (int d = 0; d < cols; d++) y[d] = w[i] * x[d];
+        else
+            memcpy(y, x, sizeof(float) * (size_t)cols);
+    }
+}
+
+void k_scatter_add_rows(float *dst, int ldd, const float *src, int lds, const int32_t *idx, const float *w, long n,
+                        int cols) {
+    enum { COLS = 64 };
+    int nb = (cols + COLS - 1) / COLS;
+#pragma omp parallel for schedule(static) if (n * cols > 65536)
+    for (int b = 0; b < nb; b++) {
+        int c0 = b * COLS, c1 = c0 + COLS < cols ? c0 + COLS : cols;
+        for (long i = 0; i < n; i++) {
+            float *o = dst + (size_t)(idx ? idx[i] : i) * ldd;
+            const float *r = src + (size_t)i * lds;
+            if (w)
+                for (int d = c0; d < c1; d++) o[d] += w[i] * r[d];
+            else
+                for (int d = c0; d < c1; d++) o[d] += r[d];
+        }
+    }
+}
+
+void k_dot_rows(float *out, const float *A, int lda, const int32_t *ia, const float *B, int ldb, const int32_t *ib,
+                long n, int cols) {
+#pragma omp parallel for schedule(static) if (n > 64)
+    for (long i = 0; i < n; i++)
+        out[i] = (float)k_dot_f64(A + (size_t)(ia ? ia[i] : i) * lda, B + (size_t)(ib ? ib[i] : i) * ldb, cols);
 }

@@ -24,6 +24,28 @@ void k_rmsnorm(float *y, const float *x, const float *w, long rows, int n, float
 void k_rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, const float *w, const float *rstd,
                         long rows, int n);
 
+/* y = a + b over n floats (the residual connections); y may alias a or b. */
+void k_add(float *y, const float *a, const float *b, size_t n);
+/* y[r, :] += b[:] over rows of n (a bias added after a product), and its
+ * backward db[i] += Σ_r dy[r, i]: columns in blocks, each summed by one
+ * thread in row order in double, so bit-identical for any thread count. */
+void k_add_rows(float *y, const float *b, long rows, int n);
+void k_add_rows_backward(float *db, const float *dy, long rows, int n);
+
+/* Rows by index (the MoE dispatch and combine, embeddings' gradient):
+ *   k_gather_rows:      dst[i, :] = w[i] · src[idx[i], :]   (w NULL: copy; idx NULL: row i)
+ *   k_scatter_add_rows: dst[idx[i], :] += w[i] · src[i, :]  (w NULL: 1; idx NULL: row i)
+ * src rows ld (lds) apart, gathered rows dense, scattered rows ldd apart.
+ * The scatter splits columns between threads and takes i in ascending
+ * order, so repeated indices (a token twice in a batch) sum in order:
+ * bit-identical for any thread count. k_dot_rows: out[i] = Σ_d A[ia[i]] ·
+ * B[ib[i]] by k_dot_f64, rounded to float (ia, ib NULL: row i). */
+void k_gather_rows(float *dst, const float *src, int ld, const int32_t *idx, const float *w, long n, int cols);
+void k_scatter_add_rows(float *dst, int ldd, const float *src, int lds, const int32_t *idx, const float *w, long n,
+                        int cols);
+void k_dot_rows(float *out, const float *A, int lda, const int32_t *ia, const float *B, int ldb, const int32_t *ib,
+                long n, int cols);
+
 /* RoPE table: cos/sin [max_pos, R/2], inv_freq_j = 1/theta^(2j/R), angle = p·inv_freq_j,
  * all in fp32 as the reference computes it. */
 void k_rope_table(float *cos_t, float *sin_t, int max_pos, int R, float theta);
@@ -86,16 +108,6 @@ void k_gate_route(int scoring, int E, int K, float scale, const float *logit, co
  * formula would give 0/0 = NaN. */
 void k_gate_route_backward(int scoring, int E, int K, float scale, const float *logit, const int32_t *idx,
                            const float *dw, float *dlogit);
-
-/* Block-diagonal linear: out[t, g·n_out + r] = Σ_d in[t, g·n_in + d] · W[g·n_out + r, d]
- * for G groups (W is [G·n_out, n_in], the layout of nanowhale's wo_a). */
-whale_code k_grouped_linear(whale_gemm *g, float *out, const float *in, const float *W, int T, int G, int n_in,
-                            int n_out, whale_err *err);
-
-/* Backward of k_grouped_linear: din [T, G·n_in] is overwritten, dW
- * [G·n_out, n_in] accumulated; either may be NULL to skip it. */
-whale_code k_grouped_linear_backward(whale_gemm *g, float *din, float *dW, const float *dout, const float *in,
-                                     const float *W, int T, int G, int n_in, int n_out, whale_err *err);
 
 /* Causal attention of S new query tokens (positions p0..p0+S−1) over keys
  * 0..p0+S−1, for Hq query heads sharing Hkv key/value heads.

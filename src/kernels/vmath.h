@@ -45,7 +45,7 @@ double k_exp_sum_scalar(float *dst, const float *x, float sub, float scale, long
  * element i goes to lane i mod 32 (four 8-lane double accumulators); the
  * lanes are added in lane order at the end. Rounding: at most
  * (n/32 + 31)·2^-53 relative to Σ|a·b|, so as good as a sequential double
- * loop and 10× faster. Same bits on both paths. */
+ * loop, and vectorised. Same bits on both paths. */
 double k_dot_f64(const float *a, const float *b, long n);
 
 /* x[i] *= a for i < n. */

@@ -78,9 +78,9 @@ whale_code whale_memory_estimate(const char *config, const whale_memory_plan *pl
                                  whale_err *err) {
     memset(mm, 0, sizeof *mm);
     whale_dtype dt = plan->dtype;
-    if (dt != WHALE_F32 && dt != WHALE_BF16 && dt != WHALE_F16 && dt != WHALE_I8)
-        return whale_errf(err, WHALE_ERR_ARG, "no memory estimate for dtype %s", whale_dtype_name(dt));
-    if (plan->train && dt == WHALE_I8 && plan->train != WHALE_TRAIN_LORA)
+    const whale_format *f = whale_format_of(dt);
+    if (!f) return whale_errf(err, WHALE_ERR_ARG, "no memory estimate for dtype %s", whale_dtype_name(dt));
+    if (plan->train && !f->trainable && plan->train != WHALE_TRAIN_LORA)
         return whale_errf(err, WHALE_ERR_ARG, "int8 is an inference format: full training runs in fp32, bf16 or fp16");
     if (plan->train == WHALE_TRAIN_LORA && plan->lora_rank < 1)
         return whale_errf(err, WHALE_ERR_ARG, "--lora-rank must be >= 1");

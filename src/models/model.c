@@ -7,14 +7,14 @@
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
-#include "train/loss.h"
+#include "kernels/loss.h"
 
 #include <math.h>
 #include <stdarg.h>
 #include <string.h>
 #include <sys/stat.h>
 
-whale_param *whale_model_add_param(whale_model *m, int cap, float **slot, int decay, int used,
+whale_param *whale_model_add_param(whale_model *m, int cap, float **slot, whale_role role, int decay, int used,
                                    int ndim, const int64_t *shape, const char *fmt, ...) {
     if (m->n_params >= cap) return NULL;
     whale_param *p = &m->params[m->n_params++];
@@ -26,6 +26,7 @@ whale_param *whale_model_add_param(whale_model *m, int cap, float **slot, int de
     p->ndim = ndim;
     for (int i = 0; i < ndim; i++) p->shape[i] = shape[i];
     p->slot = slot;
+    p->role = role;
     p->decay = decay;
     p->used = used;
     return p;
@@ -405,7 +406,7 @@ whale_code whale_model_load(const char *dir, whale_model **out, whale_err *err) 
 
 whale_code whale_model_load_as(const char *dir, whale_dtype dt, whale_model **out, whale_err *err) {
     *out = NULL;
-    if (dt != WHALE_F32 && dt != WHALE_BF16 && dt != WHALE_F16 && dt != WHALE_I8)
+    if (!whale_format_of(dt))
         return whale_errf(err, WHALE_ERR_ARG, "cannot run a model in %s (fp32, bf16, fp16, int8)", whale_dtype_name(dt));
     struct stat sb;
     if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
@@ -637,7 +638,8 @@ whale_code whale_model_save(const whale_model *m, const char *dir, whale_err *er
     if (!items) return whale_errf(err, WHALE_ERR_NOMEM, "%s: out of memory", dir);
     for (int i = 0; i < n_save; i++) { /* weights held only in bf16/fp16 are saved as such */
         whale_tensor t = whale_model_param(m, i);
-        if (t.dtype == WHALE_I8) {
+        const whale_format *f = whale_format_of(t.dtype);
+        if (f && !f->saveable) {
             free(items);
             return whale_errf(err, WHALE_ERR_UNSUPPORTED,
                               "%s: an int8 model cannot be saved as a Hugging Face checkpoint; save from fp32/bf16",
@@ -652,7 +654,7 @@ whale_code whale_model_save(const whale_model *m, const char *dir, whale_err *er
 }
 
 whale_code whale_model_set_dtype(whale_model *m, whale_dtype dt, whale_err *err) {
-    if (dt != WHALE_F32 && dt != WHALE_BF16 && dt != WHALE_F16 && dt != WHALE_I8)
+    if (!whale_format_of(dt))
         return whale_errf(err, WHALE_ERR_ARG, "cannot run a model in %s (fp32, bf16, fp16, int8)",
                           whale_dtype_name(dt));
     if (dt == m->compute_dtype) return WHALE_OK;
@@ -742,18 +744,6 @@ whale_code whale_rope_reserve(float **cos_t, float **sin_t, int *len, int need, 
     return WHALE_OK;
 }
 
-whale_code whale_session_new(whale_model *m, int max_batch, int max_seq, whale_session **out,
-                             whale_err *err) {
-    *out = NULL;
-    if (max_batch < 1) return whale_errf(err, WHALE_ERR_ARG, "batch size must be >= 1, got %d", max_batch);
-    if (max_seq < 1) return whale_errf(err, WHALE_ERR_ARG, "sequence length must be >= 1, got %d", max_seq);
-    if (max_seq > m->max_positions)
-        return whale_errf(err, WHALE_ERR_RANGE,
-                          "sequence length %d exceeds the model's max_position_embeddings %d", max_seq,
-                          m->max_positions);
-    return m->ops->session_new(m, max_batch, max_seq, out, err);
-}
-
 whale_code whale_train_session_new(whale_model *m, int max_batch, int seq, int recompute, whale_session **out,
                                    whale_err *err) {
     *out = NULL;
@@ -827,7 +817,7 @@ whale_code whale_session_train_step(whale_session *s, const int32_t *ids, const 
     if (!s->train_fn) return whale_errf(err, WHALE_ERR_ARG, "not a training session");
     /* int8 weights take no gradient: only a frozen int8 base (LoRA) trains */
     for (int i = 0; i < m->n_copies; i++)
-        if (m->copies[i].dtype == WHALE_I8 && !m->params[m->copies[i].param].frozen)
+        if (!whale_format_of(m->copies[i].dtype)->trainable && !m->params[m->copies[i].param].frozen)
             return whale_errf(err, WHALE_ERR_UNSUPPORTED,
                               "int8 is an inference format: train in fp32, bf16 or fp16, or attach LoRA adapters to "
                               "an int8 base");
@@ -848,7 +838,6 @@ whale_code whale_session_train_step(whale_session *s, const int32_t *ids, const 
             return whale_errf(err, WHALE_ERR_RANGE, "segment start %d at index %ld is not within its sequence",
                               seg[i], i);
     }
-    s->cached = 0;
     s->training = loss_scale != 0; /* evaluation runs without LoRA dropout */
     s->lora_calls++;
     return s->train_fn(s, ids, labels, pos, seg, B, S, loss_scale, loss, count, err);
@@ -857,8 +846,6 @@ whale_code whale_session_train_step(whale_session *s, const int32_t *ids, const 
 void whale_session_free(whale_session *s) {
     if (s) s->free_fn(s);
 }
-
-void whale_session_reset(whale_session *s) { s->cached = 0; }
 
 void whale_session_set_profile(whale_session *s, int on) {
     s->profiling = on;
@@ -872,31 +859,8 @@ int whale_session_profile(const whale_session *s, const char **names, double *se
     }
     return s->n_prof;
 }
-void whale_session_truncate(whale_session *s, int n) {
-    if (n >= 0 && n < s->cached) s->cached = n;
-}
-int whale_session_cached(const whale_session *s) { return s->cached; }
-
 void whale_session_set_trace(whale_session *s, whale_trace_fn fn, void *user) {
     s->trace = fn;
     s->trace_user = user;
 }
 
-whale_code whale_session_forward(whale_session *s, const int32_t *ids, int B, int S, float *logits,
-                                 int all_logits, whale_err *err) {
-    const whale_model *m = s->model;
-    if (B < 1 || B > s->max_batch)
-        return whale_errf(err, WHALE_ERR_ARG, "batch %d outside the session's 1..%d", B, s->max_batch);
-    if (S < 1) return whale_errf(err, WHALE_ERR_ARG, "need at least one token per sequence");
-    if (s->cached + S > s->max_seq)
-        return whale_errf(err, WHALE_ERR_RANGE,
-                          "position %d exceeds the session's context of %d (max_position_embeddings %d)",
-                          s->cached + S - 1, s->max_seq, m->max_positions);
-    for (long i = 0; i < (long)B * S; i++)
-        if (ids[i] < 0 || ids[i] >= m->vocab_size)
-            return whale_errf(err, WHALE_ERR_RANGE, "token id %d at index %ld is outside the vocabulary [0, %d)",
-                              ids[i], i, m->vocab_size);
-    whale_code c = s->forward_fn(s, ids, B, S, logits, all_logits, err);
-    if (c == WHALE_OK) s->cached += S;
-    return c;
-}

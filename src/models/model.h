@@ -6,13 +6,32 @@
 
 #include "whale.h"
 
+#include "backend/backend.h"
 #include "core/core.h"
 #include "io/safetensors.h"
 
 #include <cjson/cJSON.h>
 
+#include <assert.h>
+
+/* What a parameter is, declared by its family (never guessed from its
+ * name): which precision it is kept in, which LoRA "all-linear" selects,
+ * how init fills it. */
+typedef enum {
+    WHALE_ROLE_LINEAR,  /* a Linear's weight [out, in]: compute copy in the run's precision; all-linear target */
+    WHALE_ROLE_EMBED,   /* the token embedding [vocab, D]: compute copy (rows read in its format); no LoRA */
+    WHALE_ROLE_HEAD,    /* an untied lm_head [vocab, D]: compute copy; not an all-linear target */
+    WHALE_ROLE_ROUTER,  /* an MoE gate's weight: fp32 (selection is sensitive), no copy, no LoRA */
+    WHALE_ROLE_MIX,     /* a matrix read by fp32 products (hyper-connection mixes): no copy, no LoRA */
+    WHALE_ROLE_NORM,    /* a norm's weight */
+    WHALE_ROLE_BIAS,    /* a Linear's bias */
+    WHALE_ROLE_SCALAR,  /* other fp32 values: scales, bases, the gate's selection bias, attention sinks */
+    WHALE_ROLE_ADAPTER  /* a LoRA adapter's A or B */
+} whale_role;
+
 typedef struct {
     char name[96];
+    whale_role role;
     int ndim;
     int64_t shape[4];
     float **slot;     /* where the family keeps its pointer to this tensor */
@@ -37,8 +56,8 @@ typedef struct whale_model_ops {
     void (*free_impl)(whale_model *m);
     whale_code (*config_to_json)(const whale_model *m, cJSON **out, whale_err *err);
     void (*print_info)(const whale_model *m, FILE *f);
-    whale_code (*session_new)(whale_model *m, int max_batch, int max_seq, whale_session **out,
-                              whale_err *err);
+    /* an inference session: n_seq sequences of n_ctx cells, forwards of up to n_batch tokens */
+    whale_code (*session_new)(whale_model *m, const whale_session_params *p, whale_session **out, whale_err *err);
     whale_code (*train_session_new)(whale_model *m, int max_batch, int seq, int recompute, whale_session **out,
                                     whale_err *err);
     /* the buffer sizes a session would have, without allocating it */
@@ -118,22 +137,94 @@ static inline whale_dtype whale_attention_products(const whale_model *m) {
     return m->compute_dtype == WHALE_BF16 ? WHALE_BF16 : WHALE_F32;
 }
 
+/* The KV cache of an inference session (the batch API's cells): for each
+ * layer and each of n_seq sequences, n_ctx cells of width floats of K and
+ * of V (v == k when the family keeps one tensor for both); sequence q
+ * holds positions 0 .. len[q] − 1. Training sessions have none (k NULL). */
+typedef struct {
+    int n_layer, n_seq, n_ctx, width;
+    float *k, *v;
+    int *len; /* [n_seq] */
+} whale_kv;
+
+/* The cells of sequence seq in layer l: n_ctx rows of kv->width floats. */
+static inline float *whale_kv_k(const whale_kv *kv, int l, int seq) {
+    assert(kv->k && l >= 0 && l < kv->n_layer && seq >= 0 && seq < kv->n_seq);
+    return kv->k + ((size_t)l * kv->n_seq + (size_t)seq) * kv->n_ctx * kv->width;
+}
+static inline float *whale_kv_v(const whale_kv *kv, int l, int seq) {
+    assert(kv->v && l >= 0 && l < kv->n_layer && seq >= 0 && seq < kv->n_seq);
+    return kv->v + ((size_t)l * kv->n_seq + (size_t)seq) * kv->n_ctx * kv->width;
+}
+
+/* A run of consecutive rows of a micro-batch that belong to one sequence:
+ * rows row0 .. row0 + n − 1 are positions p0 .. p0 + n − 1 of sequence
+ * seq, which holds p0 cached cells before them. */
+typedef struct {
+    int row0, n, seq, p0;
+} whale_span;
+
+/* What a family's forward runs: T tokens (ids, RoPE positions pos) in
+ * n_spans spans covering rows 0 .. T − 1 in order, and the rows whose
+ * logits are wanted: out[0 .. n_out − 1] ascending, or every row when out
+ * is NULL (n_out = T). Built by the runtime (model.c) from a whale_batch,
+ * or from B sequences of S tokens. */
+typedef struct {
+    int T;
+    const int32_t *ids, *pos;
+    int n_spans;
+    const whale_span *spans;
+    int n_out;
+    const int32_t *out;
+} whale_ubatch;
+
+/* The micro-batch of a training step: B sequences of S tokens from
+ * position 0 (pos NULL: 0 .. S − 1), every row's output; spans holds B. */
+whale_ubatch whale_ubatch_training(whale_span *spans, const int32_t *ids, const int32_t *pos, int B, int S);
+/* Row t's RoPE position: ub->pos[t], or its place in its span. */
+void whale_ubatch_positions(const whale_ubatch *ub, int32_t *pos);
+
+/* The lm_head on the rows of hn [T, D] whose logits ub wants, into logits
+ * [n_out, V]: all rows in one product, or the chosen rows gathered into
+ * rows [max_batch, D] and multiplied max_batch at a time. */
+whale_code whale_output_logits(whale_session *s, const whale_ubatch *ub, const float *hn, float *rows, int D, int V,
+                               const float *head, float *logits, whale_err *err);
+
+/* The session's backend (src/backend/backend.h): the one $WHALE_BACKEND
+ * names ("cpu" when unset, or "ref"), also for a count-only session (it
+ * sizes the ops' work buffers). A family's free_fn closes it
+ * (whale_backend_close). */
+whale_code whale_session_open_backend(whale_session *s, whale_err *err);
+/* Call op of the session's backend: WHALE_OP(s, rmsnorm, y, x, w, rows, n, eps, rstd). */
+#define WHALE_OP(sess, op, ...) ((sess)->be->op((sess)->be, __VA_ARGS__))
+
+/* WHALE_ERR_ABORTED when the session's abort callback asks to stop (a
+ * family calls it before each layer). */
+whale_code whale_session_check_abort(whale_session *s, whale_err *err);
+
 /* Common session header; families embed it first in their session struct. */
 struct whale_session {
     whale_model *model;
-    int max_batch, max_seq, cached;
+    int max_batch, max_seq; /* training: B × S; inference: n_seq sequences of n_ctx cells */
+    int n_batch;            /* tokens one forward may carry (the work buffers' rows) */
+    whale_kv kv;            /* inference sessions only */
+    const whale_ubatch *ub; /* the micro-batch being run (set by the family's forward / train step) */
+    whale_abort_fn abort_fn; /* whale_session_set_abort */
+    void *abort_user;
+    whale_span *train_spans; /* [max_batch]: a training step's spans (training sessions) */
     whale_trace_fn trace;
     void *trace_user;
     void (*free_fn)(whale_session *s);
-    whale_code (*forward_fn)(whale_session *s, const int32_t *ids, int B, int S, float *logits,
-                             int all_logits, whale_err *err);
+    /* logits: [ub->n_out, V] (may be NULL); the runtime has checked ub and
+     * advances the cells' lengths after a success */
+    whale_code (*forward_fn)(whale_session *s, const whale_ubatch *ub, float *logits, whale_err *err);
     /* time per op group when profiling (names set by the family) */
     int profiling;
     int n_prof;
     const char *const *prof_names;
     double prof[32];
     size_t activation_bytes, recompute_saves, kv_bytes, work_bytes, n_grad_bytes;
-    struct whale_gemm *gemm; /* the session's GEMM object (set by the family) */
+    struct whale_backend *be; /* what computes on the session's buffers (whale_session_open_backend) */
     int training;            /* a training session: LoRA dropout applies */
     uint64_t lora_calls;     /* training steps so far: the dropout masks' counter */
     float *lora_work;        /* [T, 2 · max rank]: LoRA's low-rank intermediates */
@@ -172,6 +263,16 @@ typedef struct {
 void *whale_bufs_alloc(whale_bufs *b, size_t n, size_t sz, size_t *total);
 void whale_bufs_free(whale_bufs *b);
 
+/* Append n rows of K and V (n × width floats each; v ignored when the
+ * cache keeps one tensor) at position p0 of sequence seq in layer l. The
+ * caller has checked p0 + n <= n_ctx. */
+void whale_kv_append(whale_kv *kv, int l, int seq, int p0, int n, const float *k, const float *v);
+/* Allocate a cache from a session's buffers, lengths zero (count_only:
+ * sizes only); shared: v = k. Returns 0 when out of memory. */
+int whale_kv_alloc(whale_kv *kv, whale_bufs *b, int n_layer, int n_seq, int n_ctx, int width, int shared,
+                   size_t *total);
+
+
 /* The gradient buffer of a training session, laid out like the parameter
  * table: grad_offsets, n_grad, n_grad_bytes and (unless count_only) grads,
  * zero-filled. Frozen product weights (LoRA's base) get no space and the
@@ -190,8 +291,8 @@ void whale_session_sizes_of(const whale_session *s, whale_session_sizes *out);
  * Rows go through in chunks of WHALE_CE_CHUNK, which bounds the logits
  * buffer to WHALE_CE_CHUNK × V instead of T × V; each chunk's weight-
  * gradient product reads and writes all of dlm_head (165 MB at
- * nanowhale-100m), so 512 rows rather than 256 halve that traffic (+5–10 %
- * bf16 training speed measured at 4 × 256, for 132 MB more buffer). */
+ * nanowhale-100m), so 512 rows rather than 256 halve that traffic, for a
+ * larger logits buffer (docs/architecture.md gives the measured gain). */
 enum { WHALE_CE_CHUNK = 512 };
 /* tgt[t]: the target position t is scored on (labels[t + 1], or ids[t + 1]
  * without labels; −100 at each sequence's last position); returns how many
@@ -226,9 +327,9 @@ const char *whale_fmt_count(char *buf, int64_t v);
  * numbers) into m->eos_ids, each checked against the vocabulary. */
 whale_code whale_config_eos(whale_model *m, const cJSON *cfg, const char *file, whale_err *err);
 
-whale_param *whale_model_add_param(whale_model *m, int cap, float **slot, int decay, int used,
+whale_param *whale_model_add_param(whale_model *m, int cap, float **slot, whale_role role, int decay, int used,
                                    int ndim, const int64_t *shape, const char *fmt, ...)
-    __attribute__((format(printf, 8, 9)));
+    __attribute__((format(printf, 9, 10)));
 /* Bind every parameter to data from a safetensors set (strict; collects all
  * problems into one message). path names the checkpoint in messages. */
 whale_code whale_model_bind(whale_model *m, struct whale_st *st, const char *path, whale_dtype dt, whale_err *err);
@@ -244,13 +345,17 @@ whale_code whale_json_float(const cJSON *obj, const char *key, int required, dou
 whale_code whale_json_bool(const cJSON *obj, const char *key, int def, int *out, const char *file,
                            whale_err *err);
 
-/* Weights kept in the compute precision: 2-D ".weight" tensors except the
- * gate (fp32, as in the reference) and the hyper-connection matrices. */
+/* Weights kept in the compute precision: the roles LINEAR, EMBED and HEAD
+ * (the gate and the hyper-connection matrices stay fp32, as in the
+ * reference). */
 int whale_param_is_product_weight(const whale_param *p);
 /* 1 when parameter p has fp32 values (a master copy or an fp32 run). */
 int whale_param_has_f32(const whale_model *m, const whale_param *p);
 
 whale_wview whale_model_weight(const whale_model *m, const float *W);
+/* The operand a backend product reads for weight W [rows, ldw]: its compute
+ * copy in its format, or the fp32 values. */
+whale_wref whale_model_wref(const whale_model *m, const float *W, int ldw);
 /* Row r of embedding-like weight W [rows, cols] as fp32: from its copy in
  * the compute precision when it has one, like every product. */
 void whale_model_row(const whale_model *m, const float *W, int64_t r, int64_t cols, float *out);
@@ -309,6 +414,22 @@ const whale_lora_target *whale_lora_find(const whale_model *m, const float *W);
 whale_code whale_model_build_copies(whale_model *m, whale_dtype dt, const whale_st_entry *const *src,
                                     whale_err *err);
 void whale_model_clear_copies(whale_model *m);
+/* A weight format (formats.c): one row per dtype a run's product weights
+ * may be kept in. */
+typedef struct {
+    whale_dtype dtype;
+    const char *name; /* the CLI's spelling: fp32, bf16, fp16, int8 */
+    int row_scale;    /* one fp32 scale per row, stored after the values (int8) */
+    int trainable;    /* weight gradients exist (int8: an inference format, or a frozen LoRA base) */
+    int saveable;     /* a Hugging Face checkpoint holds it as it is */
+    /* rows × cols fp32 values into the format (scale [rows] when row_scale) */
+    void (*from_f32)(void *dst, float *scale, const float *src, int64_t rows, int64_t cols);
+    /* one row back to fp32 */
+    void (*row_to_f32)(float *dst, const void *src, float scale, int64_t cols);
+} whale_format;
+/* NULL when dt is no weight format. */
+const whale_format *whale_format_of(whale_dtype dt);
+
 /* Bytes the compute copy of a rows × cols weight takes in dt (int8: with
  * its scales), as allocated. */
 size_t whale_copy_bytes(whale_dtype dt, int64_t rows, int64_t cols);

@@ -12,16 +12,18 @@
  * block-diagonal grouped wo_a, then wo_b.
  * MoE: sqrt(softplus) gate, bias for selection only, top-K normalised and
  * scaled, SwiGLU experts accumulated in ascending expert order, plus one
- * shared expert. Section numbers (§) refer to docs/architecture.md.
+ * shared expert, in the order docs/architecture.md ("Forward pass of
+ * nanowhale") describes.
  */
 #include "models/nanowhale.h"
 
+#include "backend/backend.h"
 #include "core/core.h"
-#include "kernels/gemm.h"
-#include "kernels/hc.h"
-#include "kernels/ops.h"
-#include "kernels/vmath.h"
-#include "train/loss.h"
+#include "kernels/loss.h"
+
+
+
+
 
 #include <math.h>
 #include <string.h>
@@ -172,51 +174,51 @@ static whale_code register_params(whale_model *m, nw_model *nw, whale_err *err) 
     if (!m->params || !nw->layers || !nw->expert_ptrs)
         return whale_errf(err, WHALE_ERR_NOMEM, "out of memory building the parameter table");
     int64_t D = c->D, MD = (int64_t)c->M * c->D, mix = c->mix;
-#define P(slot, decay, used, ...) whale_model_add_param(m, cap, slot, decay, used, __VA_ARGS__)
+#define P(slot, role, decay, used, ...) whale_model_add_param(m, cap, slot, WHALE_ROLE_##role, decay, used, __VA_ARGS__)
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
-    P(&nw->hc_head_fn, 1, 1, 2, SHAPE(c->M, MD), "model.hc_head_fn");
-    P(&nw->hc_head_base, 1, 1, 1, SHAPE(c->M), "model.hc_head_base");
-    P(&nw->hc_head_scale, 1, 1, 1, SHAPE(1), "model.hc_head_scale");
-    P(&nw->embed, 1, 1, 2, SHAPE(c->vocab, D), "model.embed_tokens.weight");
+    P(&nw->hc_head_fn, MIX, 1, 1, 2, SHAPE(c->M, MD), "model.hc_head_fn");
+    P(&nw->hc_head_base, SCALAR, 1, 1, 1, SHAPE(c->M), "model.hc_head_base");
+    P(&nw->hc_head_scale, SCALAR, 1, 1, 1, SHAPE(1), "model.hc_head_scale");
+    P(&nw->embed, EMBED, 1, 1, 2, SHAPE(c->vocab, D), "model.embed_tokens.weight");
     for (int l = 0; l < c->L; l++) {
         nw_layer *ly = &nw->layers[l];
         ly->w1 = nw->expert_ptrs + (size_t)l * 3 * c->E;
         ly->w2 = ly->w1 + c->E;
         ly->w3 = ly->w2 + c->E;
         const char *pre = "model.layers";
-        P(&ly->hc_attn_fn, 1, 1, 2, SHAPE(mix, MD), "%s.%d.hc_attn_fn", pre, l);
-        P(&ly->hc_ffn_fn, 1, 1, 2, SHAPE(mix, MD), "%s.%d.hc_ffn_fn", pre, l);
-        P(&ly->hc_attn_base, 1, 1, 1, SHAPE(mix), "%s.%d.hc_attn_base", pre, l);
-        P(&ly->hc_ffn_base, 1, 1, 1, SHAPE(mix), "%s.%d.hc_ffn_base", pre, l);
-        P(&ly->hc_attn_scale, 1, 1, 1, SHAPE(3), "%s.%d.hc_attn_scale", pre, l);
-        P(&ly->hc_ffn_scale, 1, 1, 1, SHAPE(3), "%s.%d.hc_ffn_scale", pre, l);
-        whale_param *sink = P(&ly->attn_sink, 1, 0, 1, SHAPE(c->H), "%s.%d.attn.attn_sink", pre, l);
+        P(&ly->hc_attn_fn, MIX, 1, 1, 2, SHAPE(mix, MD), "%s.%d.hc_attn_fn", pre, l);
+        P(&ly->hc_ffn_fn, MIX, 1, 1, 2, SHAPE(mix, MD), "%s.%d.hc_ffn_fn", pre, l);
+        P(&ly->hc_attn_base, SCALAR, 1, 1, 1, SHAPE(mix), "%s.%d.hc_attn_base", pre, l);
+        P(&ly->hc_ffn_base, SCALAR, 1, 1, 1, SHAPE(mix), "%s.%d.hc_ffn_base", pre, l);
+        P(&ly->hc_attn_scale, SCALAR, 1, 1, 1, SHAPE(3), "%s.%d.hc_attn_scale", pre, l);
+        P(&ly->hc_ffn_scale, SCALAR, 1, 1, 1, SHAPE(3), "%s.%d.hc_ffn_scale", pre, l);
+        whale_param *sink = P(&ly->attn_sink, SCALAR, 1, 0, 1, SHAPE(c->H), "%s.%d.attn.attn_sink", pre, l);
         if (sink) sink->no_grad = 1; /* never read by the forward pass */
-        P(&ly->wq_a, 1, 1, 2, SHAPE(c->Q, D), "%s.%d.attn.wq_a.weight", pre, l);
-        P(&ly->q_norm, 0, 1, 1, SHAPE(c->Q), "%s.%d.attn.q_norm.weight", pre, l);
-        P(&ly->wq_b, 1, 1, 2, SHAPE((int64_t)c->H * c->Dh, c->Q), "%s.%d.attn.wq_b.weight", pre, l);
-        P(&ly->wkv, 1, 1, 2, SHAPE(c->Dh, D), "%s.%d.attn.wkv.weight", pre, l);
-        P(&ly->kv_norm, 0, 1, 1, SHAPE(c->Dh), "%s.%d.attn.kv_norm.weight", pre, l);
-        P(&ly->wo_a, 1, 1, 2, SHAPE((int64_t)c->G * c->Ro, (int64_t)c->H * c->Dh / c->G), "%s.%d.attn.wo_a.weight", pre, l);
-        P(&ly->wo_b, 1, 1, 2, SHAPE(D, (int64_t)c->G * c->Ro), "%s.%d.attn.wo_b.weight", pre, l);
-        P(&ly->gate_w, 1, 1, 2, SHAPE(c->E, D), "%s.%d.ffn.gate.weight", pre, l);
+        P(&ly->wq_a, LINEAR, 1, 1, 2, SHAPE(c->Q, D), "%s.%d.attn.wq_a.weight", pre, l);
+        P(&ly->q_norm, NORM, 0, 1, 1, SHAPE(c->Q), "%s.%d.attn.q_norm.weight", pre, l);
+        P(&ly->wq_b, LINEAR, 1, 1, 2, SHAPE((int64_t)c->H * c->Dh, c->Q), "%s.%d.attn.wq_b.weight", pre, l);
+        P(&ly->wkv, LINEAR, 1, 1, 2, SHAPE(c->Dh, D), "%s.%d.attn.wkv.weight", pre, l);
+        P(&ly->kv_norm, NORM, 0, 1, 1, SHAPE(c->Dh), "%s.%d.attn.kv_norm.weight", pre, l);
+        P(&ly->wo_a, LINEAR, 1, 1, 2, SHAPE((int64_t)c->G * c->Ro, (int64_t)c->H * c->Dh / c->G), "%s.%d.attn.wo_a.weight", pre, l);
+        P(&ly->wo_b, LINEAR, 1, 1, 2, SHAPE(D, (int64_t)c->G * c->Ro), "%s.%d.attn.wo_b.weight", pre, l);
+        P(&ly->gate_w, ROUTER, 1, 1, 2, SHAPE(c->E, D), "%s.%d.ffn.gate.weight", pre, l);
         if (l >= c->num_hash_layers) {
-            whale_param *gb = P(&ly->gate_b, 0, 1, 1, SHAPE(c->E), "%s.%d.ffn.gate.bias", pre, l);
+            whale_param *gb = P(&ly->gate_b, SCALAR, 0, 1, 1, SHAPE(c->E), "%s.%d.ffn.gate.bias", pre, l);
             if (gb) gb->no_grad = 1; /* only selects experts */
         }
         for (int e = 0; e < c->E; e++) {
-            P(&ly->w1[e], 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.experts.%d.w1.weight", pre, l, e);
-            P(&ly->w2[e], 1, 1, 2, SHAPE(D, c->F), "%s.%d.ffn.experts.%d.w2.weight", pre, l, e);
-            P(&ly->w3[e], 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.experts.%d.w3.weight", pre, l, e);
+            P(&ly->w1[e], LINEAR, 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.experts.%d.w1.weight", pre, l, e);
+            P(&ly->w2[e], LINEAR, 1, 1, 2, SHAPE(D, c->F), "%s.%d.ffn.experts.%d.w2.weight", pre, l, e);
+            P(&ly->w3[e], LINEAR, 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.experts.%d.w3.weight", pre, l, e);
         }
-        P(&ly->sw1, 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.shared_expert.w1.weight", pre, l);
-        P(&ly->sw2, 1, 1, 2, SHAPE(D, c->F), "%s.%d.ffn.shared_expert.w2.weight", pre, l);
-        P(&ly->sw3, 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.shared_expert.w3.weight", pre, l);
-        P(&ly->attn_norm, 0, 1, 1, SHAPE(D), "%s.%d.attn_norm.weight", pre, l);
-        P(&ly->ffn_norm, 0, 1, 1, SHAPE(D), "%s.%d.ffn_norm.weight", pre, l);
+        P(&ly->sw1, LINEAR, 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.shared_expert.w1.weight", pre, l);
+        P(&ly->sw2, LINEAR, 1, 1, 2, SHAPE(D, c->F), "%s.%d.ffn.shared_expert.w2.weight", pre, l);
+        P(&ly->sw3, LINEAR, 1, 1, 2, SHAPE(c->F, D), "%s.%d.ffn.shared_expert.w3.weight", pre, l);
+        P(&ly->attn_norm, NORM, 0, 1, 1, SHAPE(D), "%s.%d.attn_norm.weight", pre, l);
+        P(&ly->ffn_norm, NORM, 0, 1, 1, SHAPE(D), "%s.%d.ffn_norm.weight", pre, l);
     }
-    P(&nw->norm, 0, 1, 1, SHAPE(D), "model.norm.weight");
-    if (!c->tie_embeddings) P(&nw->lm_head, 1, 1, 2, SHAPE(c->vocab, D), "lm_head.weight");
+    P(&nw->norm, NORM, 0, 1, 1, SHAPE(D), "model.norm.weight");
+    if (!c->tie_embeddings) P(&nw->lm_head, HEAD, 1, 1, 2, SHAPE(c->vocab, D), "lm_head.weight");
 #undef P
 #undef SHAPE
     return WHALE_OK;
@@ -239,7 +241,7 @@ static whale_code nw_config_to_json(const whale_model *m, cJSON **out, whale_err
     return *out ? WHALE_OK : whale_errf(err, WHALE_ERR_NOMEM, "out of memory copying config");
 }
 
-/* Spec §5 distributions: Normal(0, initializer_range) for linears, embeddings
+/* The reference's initial distributions: Normal(0, initializer_range) for linears, embeddings
  * and the gate; Normal(0, 0.01) for HC fn matrices; ones for norm weights and
  * HC scales; zeros for HC bases, gate bias and attn_sink. */
 void nanowhale_init_param(const whale_model *m, int i, whale_rng *rng, float *out) {
@@ -357,8 +359,7 @@ typedef struct {
 
 typedef struct {
     whale_session base;
-    whale_gemm *gemm;
-    int T;              /* max tokens per forward = max_batch × max_seq */
+    int T;              /* max tokens per forward (the header's n_batch) */
     int n_act_sets;     /* 1 (inference) or L (training) */
     int32_t *pos;       /* [T] RoPE positions */
     const int32_t *seg; /* [T] first key each token may see (packed documents), or NULL */
@@ -367,9 +368,8 @@ typedef struct {
     nw_layer_acts *acts;
     float *head_rstd, *head_mix, *head_pre, *h, *hn_rstd, *hn; /* HC head and final norm */
     float *ex_in;       /* [T, D] rows gathered for one expert */
-    float *last;        /* [max_batch, D] last-position rows for logits */
-    float *att_work;
-    float *kcache;      /* [L, max_batch, max_seq, Dh] rotated kv (K = V), inference only */
+    float *last;        /* [max_batch, D]: rows whose logits are wanted, gathered max_batch at a time */
+    float *att_work;    /* the KV cache (rotated kv, K = V) is the header's kv: inference only */
     whale_bufs bufs;    /* every buffer, or only their sizes (whale memory) */
     struct nw_backward *bw; /* training sessions only */
 } nw_session;
@@ -386,15 +386,17 @@ static const char *const prof_names[P_COUNT] = {
 };
 /* Time a statement into group id when profiling (one branch when not). */
 #define PROF(s, id, stmt) WHALE_PROF(&(s)->base, id, stmt)
+/* an op of the session's backend (backend/backend.h); an fp32 weight operand */
+#define OP(op, ...) WHALE_OP(&s->base, op, __VA_ARGS__)
+#define F32W(W, ld) ((whale_wref){WHALE_F32, (W), (ld), NULL})
 
-static whale_code nw_forward(whale_session *base, const int32_t *ids, int B, int S, float *logits,
-                             int all_logits, whale_err *err);
+static whale_code nw_forward(whale_session *base, const whale_ubatch *ub, float *logits, whale_err *err);
 
 static void nw_backward_free(struct nw_backward *bw);
 
 static void nw_session_free(whale_session *base) {
     nw_session *s = (nw_session *)base;
-    whale_gemm_free(s->gemm);
+    whale_backend_close(base->be);
     nw_backward_free(s->bw);
     free(base->grads);
     free(base->grad_offsets);
@@ -436,10 +438,12 @@ static int alloc_layer_acts(nw_session *s, nw_layer_acts *a, const nw_config *c,
            (a->f = sess_alloc(s, T * c->D, 4, tot));
 }
 
-/* training=1 keeps every layer's input state and, unless recompute, every
+/* Forwards of n_tokens tokens and, for inference, a KV cache of max_batch
+ * sequences × max_seq cells (training: max_batch × max_seq = n_tokens).
+ * training=1 keeps every layer's input state and, unless recompute, every
  * layer's activations (and no KV cache). */
-static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, int training, int recompute,
-                                    int count_only, nw_session **out, whale_err *err) {
+static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, int n_tokens, int training,
+                                    int recompute, int count_only, nw_session **out, whale_err *err) {
     nw_model *nw = m->impl;
     const nw_config *c = &nw->c;
     if (!count_only) {
@@ -451,20 +455,20 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
     s->base.model = m;
     s->base.max_batch = max_batch;
     s->base.max_seq = max_seq;
+    s->base.n_batch = n_tokens;
     s->base.free_fn = nw_session_free;
     s->base.forward_fn = nw_forward;
     s->base.prof_names = prof_names;
     s->base.n_prof = P_COUNT;
     s->bufs.count_only = count_only;
-    size_t T = (size_t)max_batch * max_seq, MD = (size_t)c->M * c->D, tot = 0;
+    size_t T = (size_t)n_tokens, MD = (size_t)c->M * c->D, tot = 0;
     s->T = (int)T;
     s->n_act_sets = training && !recompute ? c->L : 1;
-    whale_code e = count_only ? WHALE_OK : whale_gemm_new(&s->gemm, err);
+    whale_code e = whale_session_open_backend(&s->base, err);
     if (e) {
         free(s);
         return e;
     }
-    s->base.gemm = s->gemm;
     int n_states = training ? 2 * c->L + 1 : 2, ok = 1;
     s->X = calloc((size_t)2 * c->L + 1, sizeof(float *));
     s->acts = calloc((size_t)s->n_act_sets, sizeof *s->acts);
@@ -479,10 +483,11 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
          (s->h = sess_alloc(s, T * c->D, 4, &tot)) && (s->hn_rstd = sess_alloc(s, T, 4, &tot)) &&
          (s->hn = sess_alloc(s, T * c->D, 4, &tot)) && (s->ex_in = sess_alloc(s, T * c->D, 4, &tot)) &&
          (s->last = sess_alloc(s, (size_t)max_batch * c->D, 4, &tot));
-    size_t work = 0, kv = 0, lora_floats = whale_lora_work_floats(m);
+    size_t work = 0, kv = 0, none = 0, lora_floats = whale_lora_work_floats(m);
     ok = ok && (!lora_floats || (s->base.lora_work = sess_alloc(s, T * lora_floats, 4, &work))) &&
-         (s->att_work = sess_alloc(s, k_attention_work_floats(max_seq, c->H, 1, c->Dh), 4, &work)) &&
-         (training || (s->kcache = sess_alloc(s, (size_t)c->L * max_batch * max_seq * c->Dh, 4, &kv)));
+         (s->att_work = sess_alloc(s, OP(attention_work_floats, max_seq, c->H, 1, c->Dh), 4, &work)) &&
+         (training ? (s->base.train_spans = sess_alloc(s, (size_t)max_batch, sizeof(whale_span), &none)) != NULL
+                   : whale_kv_alloc(&s->base.kv, &s->bufs, c->L, max_batch, max_seq, c->Dh, 1, &kv));
     if (!ok) {
         nw_session_free(&s->base);
         return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of activations for batch %d × %d",
@@ -496,10 +501,10 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
     return WHALE_OK;
 }
 
-static whale_code nw_session_new(whale_model *m, int max_batch, int max_seq, whale_session **out,
+static whale_code nw_session_new(whale_model *m, const whale_session_params *p, whale_session **out,
                                  whale_err *err) {
     nw_session *s = NULL;
-    whale_code e = nw_session_create(m, max_batch, max_seq, 0, 0, 0, &s, err);
+    whale_code e = nw_session_create(m, p->n_seq, p->n_ctx, p->n_batch, 0, 0, 0, &s, err);
     *out = e ? NULL : &s->base;
     return e;
 }
@@ -530,23 +535,17 @@ static whale_code linear_dw(nw_session *s, int M, int N, int K, const float *dC,
     return whale_linear_dw(&s->base, M, N, K, dC, lddc, A, lda, W, gW, ldgw, err);
 }
 
-/* HC_pre (§3.5) of state X, then the sub-layer's RMSNorm. */
+/* HC_pre of state X, then the sub-layer's RMSNorm. */
 static whale_code hc_pre(nw_session *s, const nw_config *c, int T, const float *X, const float *fn,
                          const float *scale, const float *base, const float *norm_w, nw_hc_acts *h,
                          whale_err *err) {
     int MD = c->M * c->D;
-    k_hc_rstd(h->rstd, X, T, MD, c->norm_eps);
-    whale_code e = whale_gemm_nt(s->gemm, T, c->mix, MD, X, MD, fn, MD, h->mix, c->mix, 0, err);
+    OP(hc_rstd, h->rstd, X, T, MD, c->norm_eps);
+    whale_code e = OP(matmul_nt, T, c->mix, MD, X, MD, F32W(fn, MD), h->mix, c->mix, 0, err);
     if (e) return e;
-#pragma omp parallel for schedule(static) if (T > 64)
-    for (int t = 0; t < T; t++) {
-        float *mx = h->mix + (size_t)t * c->mix;
-        for (int i = 0; i < c->mix; i++) mx[i] *= h->rstd[t];
-        k_hc_coeffs(mx, scale, base, c->M, c->sinkhorn_iters, c->hc_eps, h->pre + (size_t)t * c->M,
-                    h->post + (size_t)t * c->M, h->comb + (size_t)t * c->M * c->M);
-    }
-    k_hc_reduce(h->y, X, h->pre, T, c->M, c->D);
-    k_rmsnorm(h->yn, h->y, norm_w, T, c->D, c->norm_eps, h->norm_rstd);
+    OP(hc_coeffs, T, h->mix, h->rstd, scale, base, c->M, c->sinkhorn_iters, c->hc_eps, h->pre, h->post, h->comb);
+    OP(hc_reduce, h->y, X, h->pre, T, c->M, c->D);
+    OP(rmsnorm, h->yn, h->y, norm_w, T, c->D, c->norm_eps, h->norm_rstd);
     return WHALE_OK;
 }
 
@@ -559,44 +558,47 @@ static void trace_hc(nw_session *s, const nw_config *c, const nw_hc_acts *h, int
     TRACE(WHALE_F32, h->yn, 2, DIMS(T, c->D), "layers.%d.%s.normed", l, which);
 }
 
-/* Attention (§3.7) of yn [T, D] into a->a [T, D]. Keys/values come from the
- * KV cache (inference: this step's kv appended) or from a->kv (training). */
+/* Attention of yn [T, D] into a->a [T, D], each span of the
+ * micro-batch over its own sequence. Keys/values come from the KV cache
+ * (inference: the span's kv appended to its sequence's cells) or from
+ * a->kv (training). */
 static whale_code attention(nw_session *s, const nw_model *nw, const nw_layer *ly, nw_layer_acts *a,
-                            const float *yn, int l, int B, int S, whale_err *err) {
+                            const float *yn, int l, whale_err *err) {
     const nw_config *c = &nw->c;
-    whale_gemm *g = s->gemm;
-    int T = B * S, HD = c->H * c->Dh, p0 = s->base.cached, gin = HD / c->G; /* wo_a input per group */
+    const whale_ubatch *ub = s->base.ub;
+    int T = ub->T, HD = c->H * c->Dh, gin = HD / c->G; /* wo_a input per group */
     whale_code e;
     const whale_linear_part inputs[2] = {{T, c->Q, yn, c->D, ly->wq_a, c->D, a->qlat_raw, c->Q}, /* both from yn */
                                          {T, c->Dh, yn, c->D, ly->wkv, c->D, a->kv_raw, c->Dh}};
     if ((e = whale_linear_parts(&s->base, c->D, 2, inputs, err))) return e;
-    k_rmsnorm(a->qlat, a->qlat_raw, ly->q_norm, T, c->Q, c->norm_eps, a->qlat_rstd);
+    OP(rmsnorm, a->qlat, a->qlat_raw, ly->q_norm, T, c->Q, c->norm_eps, a->qlat_rstd);
     if ((e = linear(s, T, HD, c->Q, a->qlat, c->Q, ly->wq_b, c->Q, a->q_raw, HD, err))) return e;
-    k_rmsnorm(a->q, a->q_raw, NULL, (long)T * c->H, c->Dh, c->norm_eps, a->q_rstd); /* per head, no weight */
-    k_rmsnorm(a->kv, a->kv_raw, ly->kv_norm, T, c->Dh, c->norm_eps, a->kv_rstd);
-    k_rope(a->q, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
-    k_rope(a->kv, T, c->Dh, 1, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
+    OP(rmsnorm, a->q, a->q_raw, NULL, (long)T * c->H, c->Dh, c->norm_eps, a->q_rstd); /* per head, no weight */
+    OP(rmsnorm, a->kv, a->kv_raw, ly->kv_norm, T, c->Dh, c->norm_eps, a->kv_rstd);
+    OP(rope, a->q, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
+    OP(rope, a->kv, T, c->Dh, 1, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
 
-    size_t seq_stride = (size_t)s->base.max_seq * c->Dh;
     float scale = 1.0f / sqrtf((float)c->Dh);
-    for (int b = 0; b < B; b++) {
-        float *kv = a->kv + (size_t)b * S * c->Dh;
-        if (s->kcache) {
-            kv = s->kcache + ((size_t)l * s->base.max_batch + b) * seq_stride;
-            memcpy(kv + (size_t)p0 * c->Dh, a->kv + (size_t)b * S * c->Dh, sizeof(float) * S * c->Dh);
+    whale_kv *cache = &s->base.kv;
+    for (int i = 0; i < ub->n_spans; i++) {
+        const whale_span *sp = &ub->spans[i];
+        const float *kv = a->kv + (size_t)sp->row0 * c->Dh;
+        if (cache->k) {
+            whale_kv_append(cache, l, sp->seq, sp->p0, sp->n, kv, kv);
+            kv = whale_kv_k(cache, l, sp->seq);
         }
-        if ((e = k_attention(g, a->att + (size_t)b * S * HD, a->q + (size_t)b * S * HD, kv, kv, c->Dh,
-                             s->seg ? s->seg + (size_t)b * S : NULL, S, p0, c->H,
-                             1, c->Dh, scale, whale_attention_products(s->base.model), s->att_work, err)))
+        if ((e = OP(attention, a->att + (size_t)sp->row0 * HD, a->q + (size_t)sp->row0 * HD, kv, kv, c->Dh,
+                             s->seg ? s->seg + sp->row0 : NULL, sp->n, sp->p0, c->H, 1, c->Dh, scale,
+                             whale_attention_products(s->base.model), s->att_work, err)))
             return e;
     }
     TRACE(WHALE_F32, a->qlat, 2, DIMS(T, c->Q), "layers.%d.attn.q_latent", l);
     TRACE(WHALE_F32, a->q, 2, DIMS(T, HD), "layers.%d.attn.q", l);
     TRACE(WHALE_F32, a->kv, 2, DIMS(T, c->Dh), "layers.%d.attn.kv", l);
     TRACE(WHALE_F32, a->att, 2, DIMS(T, HD), "layers.%d.attn.context", l);
-    memcpy(a->att_d, a->att, sizeof(float) * (size_t)T * HD);
-    k_rope(a->att_d, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 1); /* de-rotate */
-    /* grouped low-rank output (block-diagonal wo_a, as k_grouped_linear) */
+    OP(buf_copy, a->att_d, a->att, sizeof(float) * (size_t)T * HD);
+    OP(rope, a->att_d, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 1); /* de-rotate */
+    /* grouped low-rank output: wo_a is block-diagonal, one product per group */
     for (int g0 = 0; g0 < c->G; g0 += 16) { /* 16 groups per call */
         whale_linear_part groups[16];
         int ng = c->G - g0 < 16 ? c->G - g0 : 16;
@@ -617,8 +619,8 @@ static whale_code swiglu_expert(nw_session *s, const nw_config *c, int n, const 
     whale_code e;
     if ((e = linear(s, n, c->F, c->D, x, c->D, w1, c->D, g, c->F, err))) return e;
     if ((e = linear(s, n, c->F, c->D, x, c->D, w3, c->D, u, c->F, err))) return e;
-    memcpy(h, g, sizeof(float) * (size_t)n * c->F);
-    k_swiglu(h, u, (long)n * c->F, limit);
+    OP(buf_copy, h, g, sizeof(float) * (size_t)n * c->F);
+    OP(swiglu, h, u, (long)n * c->F, limit);
     return linear(s, n, c->D, c->F, h, c->F, w2, c->F, out, c->D, err);
 }
 
@@ -648,28 +650,23 @@ static whale_code moe_one_token(nw_session *s, const nw_config *c, const nw_laye
     whale_code e = whale_linear_parts(&s->base, c->D, 2 * n, up, err);
     if (e) return e;
     for (int i = 0; i < n; i++) {
-        memcpy(h[i], g[i], sizeof(float) * c->F);
-        k_swiglu(h[i], u[i], c->F, limit[i]);
+        OP(buf_copy, h[i], g[i], sizeof(float) * c->F);
+        OP(swiglu, h[i], u[i], c->F, limit[i]);
     }
     if ((e = whale_linear_parts(&s->base, c->F, n, down, err))) return e;
-    for (int i = 0; i < n - 1; i++) { /* ascending expert index, then the shared expert */
-        float w = a->ex_w[i];
-        const float *r = down[i].C;
-        for (int d = 0; d < c->D; d++) a->f[d] += w * r[d];
-    }
+    for (int i = 0; i < n - 1; i++) /* ascending expert index, then the shared expert */
+        OP(scatter_add_rows, a->f, c->D, down[i].C, c->D, NULL, &a->ex_w[i], 1, c->D);
     TRACE(WHALE_F32, a->ex_h, 2, DIMS(a->ex_off[c->E], c->F), "layers.%d.ffn.expert_hidden", l);
-    for (int d = 0; d < c->D; d++) a->f[d] += s->ex_in[d];
+    OP(add, a->f, a->f, s->ex_in, c->D);
     return WHALE_OK;
 }
 
-/* MoE (§3.8) of yn [T, D] into a->f [T, D]. */
+/* MoE of yn [T, D] into a->f [T, D]. */
 static whale_code moe(nw_session *s, const nw_config *c, const nw_layer *ly, nw_layer_acts *a, const float *yn,
                       int l, int T, whale_err *err) {
     whale_code e;
-    if ((e = whale_gemm_nt(s->gemm, T, c->E, c->D, yn, c->D, ly->gate_w, c->D, a->glog, c->E, 0, err))) return e;
-    for (int t = 0; t < T; t++)
-        k_gate_route(c->scoring, c->E, c->K, c->route_scale, a->glog + (size_t)t * c->E, ly->gate_b,
-                     a->topk + (size_t)t * c->K, a->topw + (size_t)t * c->K);
+    if ((e = OP(matmul_nt, T, c->E, c->D, yn, c->D, F32W(ly->gate_w, c->D), a->glog, c->E, 0, err))) return e;
+    OP(gate_route, T, c->scoring, c->E, c->K, c->route_scale, a->glog, ly->gate_b, a->topk, a->topw);
     TRACE(WHALE_F32, a->glog, 2, DIMS(T, c->E), "layers.%d.ffn.gate_logits", l);
     TRACE(WHALE_I32, a->topk, 2, DIMS(T, c->K), "layers.%d.ffn.topk_idx", l);
     TRACE(WHALE_F32, a->topw, 2, DIMS(T, c->K), "layers.%d.ffn.topk_weight", l);
@@ -688,39 +685,33 @@ static whale_code moe(nw_session *s, const nw_config *c, const nw_layer *ly, nw_
     }
     a->ex_off[c->E] = n;
 
-    memset(a->f, 0, sizeof(float) * (size_t)T * c->D);
+    OP(buf_zero, a->f, sizeof(float) * (size_t)T * c->D);
     if (T == 1 && c->K < 8) return moe_one_token(s, c, ly, a, yn, l, err);
     for (int ex = 0; ex < c->E; ex++) { /* ascending expert index: the reference's summation order */
         int r0 = a->ex_off[ex], ne = a->ex_off[ex + 1] - r0;
         if (!ne) continue;
-        for (int i = 0; i < ne; i++)
-            memcpy(s->ex_in + (size_t)i * c->D, yn + (size_t)a->ex_tok[r0 + i] * c->D, sizeof(float) * c->D);
+        OP(gather_rows, s->ex_in, yn, c->D, a->ex_tok + r0, NULL, ne, c->D);
         size_t fo = (size_t)r0 * c->F;
         float *out = a->ex_out + (size_t)r0 * c->D;
         if ((e = swiglu_expert(s, c, ne, s->ex_in, ly->w1[ex], ly->w2[ex], ly->w3[ex], c->swiglu_limit, a->ex_g + fo,
                                a->ex_u + fo, a->ex_h + fo, out, err)))
             return e;
-#pragma omp parallel for schedule(static) if (ne > 64)
-        for (int i = 0; i < ne; i++) { /* one expert never sees a token twice: no write conflicts */
-            float *o = a->f + (size_t)a->ex_tok[r0 + i] * c->D, w = a->ex_w[r0 + i];
-            const float *r = out + (size_t)i * c->D;
-            for (int d = 0; d < c->D; d++) o[d] += w * r[d];
-        }
+        OP(scatter_add_rows, a->f, c->D, out, c->D, a->ex_tok + r0, a->ex_w + r0, ne, c->D);
     }
     TRACE(WHALE_F32, a->ex_h, 2, DIMS(a->ex_off[c->E], c->F), "layers.%d.ffn.expert_hidden", l);
     if ((e = swiglu_expert(s, c, T, yn, ly->sw1, ly->sw2, ly->sw3, 0.0f, a->sh_g, a->sh_u, a->sh_h, s->ex_in, err)))
         return e;
-    for (size_t i = 0; i < (size_t)T * c->D; i++) a->f[i] += s->ex_in[i];
+    OP(add, a->f, a->f, s->ex_in, (size_t)T * c->D);
     return WHALE_OK;
 }
 
-/* One block (§3.4): X[2l] → HC_pre → attention → HC_post → X[2l+1] → HC_pre
+/* One block: X[2l] → HC_pre → attention → HC_post → X[2l+1] → HC_pre
  * → MoE → HC_post → X[2l+2], saving what the backward needs into a. */
-static whale_code layer_forward(nw_session *s, int l, int B, int S, nw_layer_acts *a, whale_err *err) {
+static whale_code layer_forward(nw_session *s, int l, nw_layer_acts *a, whale_err *err) {
     const nw_model *nw = s->base.model->impl;
     const nw_config *c = &nw->c;
     const nw_layer *ly = &nw->layers[l];
-    int T = B * S, D = c->D, M = c->M;
+    int T = s->base.ub->T, D = c->D, M = c->M;
     whale_code e;
     const float *Xin = s->X[2 * l];
     float *Xmid = s->X[2 * l + 1], *Xout = s->X[2 * l + 2];
@@ -728,11 +719,11 @@ static whale_code layer_forward(nw_session *s, int l, int B, int S, nw_layer_act
                                  &a->hca, err));
     if (e) return e;
     trace_hc(s, c, &a->hca, T, l, "hc_attn");
-    PROF(s, P_ATTN, e = attention(s, nw, ly, a, a->hca.yn, l, B, S, err));
+    PROF(s, P_ATTN, e = attention(s, nw, ly, a, a->hca.yn, l, err));
     if (e) return e;
     TRACE(WHALE_F32, a->z, 2, DIMS(T, c->G * c->Ro), "layers.%d.attn.z", l);
     TRACE(WHALE_F32, a->a, 2, DIMS(T, D), "layers.%d.attn.out", l);
-    PROF(s, P_HC_POST, k_hc_expand(Xmid, a->a, Xin, a->hca.post, a->hca.comb, T, M, D)); /* HC_post (§3.6) */
+    PROF(s, P_HC_POST, OP(hc_expand, Xmid, a->a, Xin, a->hca.post, a->hca.comb, T, M, D)); /* HC_post */
     TRACE(WHALE_F32, Xmid, 3, DIMS(T, M, D), "layers.%d.hc_attn.state", l);
 
     PROF(s, P_HC_PRE, e = hc_pre(s, c, T, Xmid, ly->hc_ffn_fn, ly->hc_ffn_scale, ly->hc_ffn_base, ly->ffn_norm,
@@ -743,64 +734,53 @@ static whale_code layer_forward(nw_session *s, int l, int B, int S, nw_layer_act
     if (e) return e;
     TRACE(WHALE_F32, a->sh_h, 2, DIMS(T, c->F), "layers.%d.ffn.shared_hidden", l);
     TRACE(WHALE_F32, a->f, 2, DIMS(T, D), "layers.%d.ffn.out", l);
-    PROF(s, P_HC_POST, k_hc_expand(Xout, a->f, Xmid, a->hcf.post, a->hcf.comb, T, M, D));
+    PROF(s, P_HC_POST, OP(hc_expand, Xout, a->f, Xmid, a->hcf.post, a->hcf.comb, T, M, D));
     TRACE(WHALE_F32, Xout, 3, DIMS(T, M, D), "layers.%d.hc_ffn.state", l);
     return WHALE_OK;
 }
 
-/* All layers and the HC head: ids [B·S] → hn [T, D] (final-norm output). */
-static whale_code forward_hidden(nw_session *s, const int32_t *ids, const int32_t *pos, int B, int S,
-                                 whale_err *err) {
+/* All layers and the HC head: the micro-batch's ids → hn [T, D] (final-norm output). */
+static whale_code forward_hidden(nw_session *s, const whale_ubatch *ub, whale_err *err) {
     const nw_model *nw = s->base.model->impl;
     const nw_config *c = &nw->c;
-    int T = B * S, D = c->D, M = c->M, MD = M * D;
+    int T = ub->T, D = c->D, M = c->M, MD = M * D;
     whale_code e;
 
-    PROF(s, P_EMBED, for (int t = 0; t < T; t++) {
-        s->pos[t] = pos ? pos[t] : s->base.cached + t % S;
-        float *x0 = s->X[0] + (size_t)t * M * D;
-        whale_model_row(s->base.model, nw->embed, ids[t], D, x0);
-        for (int m = 1; m < M; m++) memcpy(x0 + (size_t)m * D, x0, sizeof(float) * D);
+    s->base.ub = ub;
+    whale_ubatch_positions(ub, s->pos);
+    PROF(s, P_EMBED, { /* every stream of X0 starts as the token's row */
+        OP(get_rows, s->X[0], M * D, whale_model_wref(s->base.model, nw->embed, D), ub->ids, T, D);
+        OP(repeat_rows, s->X[0], T, M, D);
     });
     for (int l = 0; l < c->L; l++)
-        if ((e = layer_forward(s, l, B, S, &s->acts[s->n_act_sets > 1 ? l : 0], err))) return e;
+        if ((e = whale_session_check_abort(&s->base, err)) ||
+            (e = layer_forward(s, l, &s->acts[s->n_act_sets > 1 ? l : 0], err)))
+            return e;
 
-    /* HC head (§3.9): sigmoid reduction of the streams, then the final norm. */
+    /* HC head: sigmoid reduction of the streams, then the final norm. */
     const float *X = s->X[2 * c->L];
     double t_head = s->base.profiling ? whale_now() : 0;
-    k_hc_rstd(s->head_rstd, X, T, MD, c->norm_eps);
-    if ((e = whale_gemm_nt(s->gemm, T, M, MD, X, MD, nw->hc_head_fn, MD, s->head_mix, M, 0, err))) return e;
-    for (int t = 0; t < T; t++) {
-        float *mx = s->head_mix + (size_t)t * M;
-        for (int m = 0; m < M; m++) mx[m] *= s->head_rstd[t];
-        k_hc_head_coeffs(mx, nw->hc_head_scale, nw->hc_head_base, M, c->hc_eps, s->head_pre + (size_t)t * M);
-    }
-    k_hc_reduce(s->h, X, s->head_pre, T, M, D);
-    k_rmsnorm(s->hn, s->h, nw->norm, T, D, c->norm_eps, s->hn_rstd);
+    OP(hc_rstd, s->head_rstd, X, T, MD, c->norm_eps);
+    if ((e = OP(matmul_nt, T, M, MD, X, MD, F32W(nw->hc_head_fn, MD), s->head_mix, M, 0, err))) return e;
+    OP(hc_head_coeffs, T, s->head_mix, s->head_rstd, nw->hc_head_scale, nw->hc_head_base, M, c->hc_eps, s->head_pre);
+    OP(hc_reduce, s->h, X, s->head_pre, T, M, D);
+    OP(rmsnorm, s->hn, s->h, nw->norm, T, D, c->norm_eps, s->hn_rstd);
     if (s->base.profiling) s->base.prof[P_HEAD] += whale_now() - t_head;
     TRACE(WHALE_F32, s->head_pre, 2, DIMS(T, M), "hc_head.pre");
     TRACE(WHALE_F32, s->hn, 2, DIMS(T, D), "final_hidden");
     return WHALE_OK;
 }
 
-static whale_code nw_forward(whale_session *base, const int32_t *ids, int B, int S, float *logits,
-                             int all_logits, whale_err *err) {
+static whale_code nw_forward(whale_session *base, const whale_ubatch *ub, float *logits, whale_err *err) {
     nw_session *s = (nw_session *)base;
     const nw_model *nw = base->model->impl;
     const nw_config *c = &nw->c;
-    int T = B * S, D = c->D;
     s->seg = NULL;
-    whale_code e = forward_hidden(s, ids, NULL, B, S, err);
+    whale_code e = forward_hidden(s, ub, err);
     if (e || !logits) return e;
     const float *head = c->tie_embeddings ? nw->embed : nw->lm_head;
-    if (all_logits) {
-        PROF(s, P_LOGITS, e = linear(s, T, c->vocab, D, s->hn, D, head, D, logits, c->vocab, err));
-        if (!e) TRACE(WHALE_F32, logits, 2, DIMS(T, c->vocab), "logits");
-        return e;
-    }
-    for (int b = 0; b < B; b++) memcpy(s->last + (size_t)b * D, s->hn + ((size_t)b * S + S - 1) * D, sizeof(float) * D);
-    PROF(s, P_LOGITS, e = linear(s, B, c->vocab, D, s->last, D, head, D, logits, c->vocab, err));
-    if (!e) TRACE(WHALE_F32, logits, 2, DIMS(B, c->vocab), "logits");
+    PROF(s, P_LOGITS, e = whale_output_logits(base, ub, s->hn, s->last, c->D, c->vocab, head, logits, err));
+    if (!e) TRACE(WHALE_F32, logits, 2, DIMS(ub->n_out, c->vocab), "logits");
     return e;
 }
 
@@ -818,6 +798,8 @@ struct nw_backward {
     float *dtopw, *dglog;                /* gate */
     float *de_out, *de_x, *dh, *dg, *du; /* one expert at a time: [T, D] ×2, [T, F] ×3 */
     int32_t *tgt;                        /* [T] shifted targets */
+    int32_t *tok_of;                     /* [T·K]: the token of each routing slot, i / K */
+    int32_t *emb_rows;                   /* [T·M]: the embedding row of each stream, ids[i / M] */
     float *logits;                       /* [WHALE_CE_CHUNK, V] logits, then their gradient */
     float *dhn;                          /* [T, D] */
     float *att_work;
@@ -836,19 +818,13 @@ static whale_code mix_backward(nw_session *s, int T, int nmix, int MD, const flo
                                const float *mix, const float *rstd, float *dmix, float *dX, float *gfn,
                                whale_err *err) {
     float *drstd = s->bw->drstd;
-#pragma omp parallel for schedule(static) if (T > 64)
-    for (int t = 0; t < T; t++) {
-        float *dm = dmix + (size_t)t * nmix;
-        const float *mx = mix + (size_t)t * nmix;
-        double acc = 0;
-        for (int k = 0; k < nmix; k++) acc += (double)dm[k] * mx[k];
-        drstd[t] = (float)(acc / rstd[t]); /* Σ dmix·(fn·x) with fn·x = mix/rstd */
-        for (int k = 0; k < nmix; k++) dm[k] *= rstd[t];
-    }
+    /* mix = rstd · (fn·x): drstd = Σ dmix·(fn·x) = Σ dmix·mix / rstd, and the
+     * gradient of fn·x is rstd·dmix */
+    OP(scale_rows_backward, dmix, drstd, mix, rstd, T, nmix);
     whale_code e;
-    if ((e = whale_gemm_tn(s->gemm, nmix, MD, T, dmix, nmix, X, MD, gfn, MD, 1, err))) return e;
-    if ((e = whale_gemm_nn(s->gemm, T, MD, nmix, dmix, nmix, fn, MD, dX, MD, 1, err))) return e;
-    k_rstd_backward(dX, X, rstd, drstd, T, MD);
+    if ((e = OP(matmul_tn, WHALE_F32, nmix, MD, T, dmix, nmix, X, MD, gfn, MD, 1, err))) return e;
+    if ((e = OP(matmul_nn, T, MD, nmix, dmix, nmix, F32W(fn, MD), dX, MD, 1, err))) return e;
+    OP(rstd_backward, dX, X, rstd, drstd, T, MD);
     return WHALE_OK;
 }
 
@@ -860,10 +836,10 @@ static whale_code hc_pre_backward(nw_session *s, const nw_config *c, int T, cons
                                   float *dX, float *gfn, float *gscale, float *gbase, float *gnorm,
                                   whale_err *err) {
     struct nw_backward *b = s->bw;
-    k_rmsnorm_backward(b->dy, gnorm, b->dyn, h->y, norm_w, h->norm_rstd, T, c->D);
-    k_hc_reduce_backward(dX, b->dpre, b->dy, X, h->pre, T, c->M, c->D);
-    k_hc_coeffs_backward_rows(h->mix, scale, base, c->M, c->sinkhorn_iters, c->hc_eps, b->dpre, b->dpost, b->dcomb,
-                              b->dmix, gscale, gbase, T);
+    OP(rmsnorm_backward, b->dy, gnorm, b->dyn, h->y, norm_w, h->norm_rstd, T, c->D);
+    OP(hc_reduce_backward, dX, b->dpre, b->dy, X, h->pre, T, c->M, c->D);
+    OP(hc_coeffs_backward, T, h->mix, scale, base, c->M, c->sinkhorn_iters, c->hc_eps, b->dpre, b->dpost, b->dcomb,
+       b->dmix, gscale, gbase);
     return mix_backward(s, T, c->mix, c->M * c->D, X, fn, h->mix, h->rstd, b->dmix, dX, gfn, err);
 }
 
@@ -872,7 +848,6 @@ static whale_code attention_backward(nw_session *s, const nw_model *nw, const nw
                                      const nw_layer_acts *a, int B, int S, whale_err *err) {
     const nw_config *c = &nw->c;
     struct nw_backward *b = s->bw;
-    whale_gemm *g = s->gemm;
     int T = B * S, HD = c->H * c->Dh, GR = c->G * c->Ro, gin = HD / c->G;
     float scale = 1.0f / sqrtf((float)c->Dh);
     whale_code e;
@@ -887,29 +862,29 @@ static whale_code attention_backward(nw_session *s, const nw_model *nw, const nw
                            ly->wo_a + wo, gl->wo_a ? gl->wo_a + wo : NULL, gin, err)))
             return e;
     }
-    k_rope_backward(b->datt, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 1);
-    memset(b->dkv, 0, sizeof(float) * (size_t)T * c->Dh);
+    OP(rope_backward, b->datt, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 1);
+    OP(buf_zero, b->dkv, sizeof(float) * (size_t)T * c->Dh);
     for (int bi = 0; bi < B; bi++) {
         const float *kv = a->kv + (size_t)bi * S * c->Dh;
         float *dkv = b->dkv + (size_t)bi * S * c->Dh;
-        if ((e = k_attention_backward(g, b->dq + (size_t)bi * S * HD, dkv, dkv, b->datt + (size_t)bi * S * HD,
+        if ((e = OP(attention_backward, b->dq + (size_t)bi * S * HD, dkv, dkv, b->datt + (size_t)bi * S * HD,
                                       a->q + (size_t)bi * S * HD, kv, kv, c->Dh, s->seg ? s->seg + (size_t)bi * S : NULL,
                                       S, 0, c->H, 1, c->Dh, scale, whale_attention_products(s->base.model),
                                       b->att_work, err)))
             return e;
     }
-    k_rope_backward(b->dq, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
-    k_rope_backward(b->dkv, T, c->Dh, 1, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
-    k_rmsnorm_backward(b->dq, NULL, b->dq, a->q_raw, NULL, a->q_rstd, (long)T * c->H, c->Dh);
+    OP(rope_backward, b->dq, T, HD, c->H, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
+    OP(rope_backward, b->dkv, T, c->Dh, 1, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
+    OP(rmsnorm_backward, b->dq, NULL, b->dq, a->q_raw, NULL, a->q_rstd, (long)T * c->H, c->Dh);
     if ((e = linear_dx(s, T, HD, c->Q, b->dq, HD, ly->wq_b, c->Q, b->dqlat, c->Q, 0, err)) ||
         (e = linear_dw(s, T, HD, c->Q, b->dq, HD, a->qlat, c->Q, ly->wq_b, gl->wq_b, c->Q, err)))
         return e;
-    k_rmsnorm_backward(b->dqlat, gl->q_norm, b->dqlat, a->qlat_raw, ly->q_norm, a->qlat_rstd, T, c->Q);
+    OP(rmsnorm_backward, b->dqlat, gl->q_norm, b->dqlat, a->qlat_raw, ly->q_norm, a->qlat_rstd, T, c->Q);
     const float *yn = a->hca.yn;
     if ((e = linear_dx(s, T, c->Q, c->D, b->dqlat, c->Q, ly->wq_a, c->D, b->dyn, c->D, 0, err)) ||
         (e = linear_dw(s, T, c->Q, c->D, b->dqlat, c->Q, yn, c->D, ly->wq_a, gl->wq_a, c->D, err)))
         return e;
-    k_rmsnorm_backward(b->dkv, gl->kv_norm, b->dkv, a->kv_raw, ly->kv_norm, a->kv_rstd, T, c->Dh);
+    OP(rmsnorm_backward, b->dkv, gl->kv_norm, b->dkv, a->kv_raw, ly->kv_norm, a->kv_rstd, T, c->Dh);
     if ((e = linear_dx(s, T, c->Dh, c->D, b->dkv, c->Dh, ly->wkv, c->D, b->dyn, c->D, 1, err))) return e;
     return linear_dw(s, T, c->Dh, c->D, b->dkv, c->Dh, yn, c->D, ly->wkv, gl->wkv, c->D, err);
 }
@@ -925,7 +900,7 @@ static whale_code expert_backward(nw_session *s, const nw_config *c, int n, cons
     if ((e = linear_dx(s, n, c->D, c->F, dout, c->D, w2, c->F, b->dh, c->F, 0, err)) ||
         (e = linear_dw(s, n, c->D, c->F, dout, c->D, hh, c->F, w2, g2, c->F, err)))
         return e;
-    k_swiglu_backward(b->dg, b->du, b->dh, gg, uu, (long)n * c->F, limit);
+    OP(swiglu_backward, b->dg, b->du, b->dh, gg, uu, (long)n * c->F, limit);
     if ((e = linear_dx(s, n, c->F, c->D, b->dg, c->F, w1, c->D, dx, c->D, 0, err)) ||
         (e = linear_dx(s, n, c->F, c->D, b->du, c->F, w3, c->D, dx, c->D, 1, err)) ||
         (e = linear_dw(s, n, c->F, c->D, b->dg, c->F, x, c->D, w1, g1, c->D, err)))
@@ -945,28 +920,8 @@ static int bf16_products(const nw_session *s, const float *W) {
     return m->compute_dtype == WHALE_BF16 && whale_model_weight(m, W).dtype == WHALE_BF16 && !m->n_lora;
 }
 
-static const uint16_t *w16(const nw_session *s, const float *W) { return whale_model_weight(s->base.model, W).data; }
-
-/* dst [rows, cols] (dense) = src rows (stride ld) rounded to bf16 */
-static void round_rows(uint16_t *dst, const float *src, int rows, int cols, int ld) {
-#pragma omp parallel for schedule(static) if ((long)rows * cols >= 65536)
-    for (int r = 0; r < rows; r++) whale_f32_to_bf16_rows(dst + (size_t)r * cols, src + (size_t)r * ld, (size_t)cols);
-}
-
-/* k_swiglu_backward with dg and du rounded to bf16, the form the products
- * read. */
-static void swiglu_backward_bf16(uint16_t *dg16, uint16_t *du16, const float *dh, const float *g, const float *u, long n,
-                                 float limit) {
-    enum { BLK = 256 };
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (long b0 = 0; b0 < n; b0 += BLK) {
-        float tg[BLK], tu[BLK];
-        int m = n - b0 < BLK ? (int)(n - b0) : BLK;
-        k_swiglu_backward_block(tg, tu, dh + b0, g + b0, u + b0, m, limit);
-        whale_f32_to_bf16_rows(dg16 + b0, tg, (size_t)m);
-        whale_f32_to_bf16_rows(du16 + b0, tu, (size_t)m);
-    }
-}
+/* W's bf16 copy as a product operand ([rows, ld]) */
+#define W16(s, W, ld) whale_model_wref((s)->base.model, (W), (ld))
 
 /* expert_backward with bf16 products, from x and dout already rounded
  * (x16, dout16 [n, D]). The bf16 operands live in fp32 buffers free at
@@ -976,20 +931,19 @@ static whale_code expert_backward_bf16(nw_session *s, const nw_config *c, int n,
                                        const float *w1, const float *w2, const float *w3, float *g1, float *g2,
                                        float *g3, float limit, float *dx, whale_err *err) {
     struct nw_backward *b = s->bw;
-    whale_gemm *g = s->gemm;
     int D = c->D, F = c->F;
     uint16_t *h16 = (uint16_t *)b->dg, *dg16 = (uint16_t *)b->dg, *du16 = (uint16_t *)b->du;
     whale_code e;
-    round_rows(h16, hh, n, F, F);
-    if ((e = whale_gemm_tn_b16(g, D, F, n, dout16, D, h16, F, g2, F, 1, err)) ||
-        (e = whale_gemm_nn_b16(g, n, F, D, dout16, D, w16(s, w2), F, b->dh, F, 0, err)))
+    OP(to_bf16, h16, hh, (size_t)n * F);
+    if ((e = OP(matmul_tn_b16, D, F, n, dout16, D, h16, F, g2, F, 1, err)) ||
+        (e = OP(matmul_nn_b16, n, F, D, dout16, D, W16(s, w2, F), b->dh, F, 0, err)))
         return e;
-    swiglu_backward_bf16(dg16, du16, b->dh, gg, uu, (long)n * F, limit);
-    if ((e = whale_gemm_nn_b16(g, n, D, F, dg16, F, w16(s, w1), D, dx, D, 0, err)) ||
-        (e = whale_gemm_nn_b16(g, n, D, F, du16, F, w16(s, w3), D, dx, D, 1, err)) ||
-        (e = whale_gemm_tn_b16(g, F, D, n, dg16, F, x16, D, g1, D, 1, err)))
+    OP(swiglu_backward_bf16, dg16, du16, b->dh, gg, uu, (long)n * F, limit);
+    if ((e = OP(matmul_nn_b16, n, D, F, dg16, F, W16(s, w1, D), dx, D, 0, err)) ||
+        (e = OP(matmul_nn_b16, n, D, F, du16, F, W16(s, w3, D), dx, D, 1, err)) ||
+        (e = OP(matmul_tn_b16, F, D, n, dg16, F, x16, D, g1, D, 1, err)))
         return e;
-    return whale_gemm_tn_b16(g, F, D, n, du16, F, x16, D, g3, D, 1, err);
+    return OP(matmul_tn_b16, F, D, n, du16, F, x16, D, g3, D, 1, err);
 }
 
 /* Backward of moe(): b->dsub (gradient of a->f) into b->dyn (written). */
@@ -1003,8 +957,8 @@ static whale_code moe_backward(nw_session *s, const nw_config *c, const nw_layer
     uint16_t *x16 = (uint16_t *)s->ex_in, *dout16 = (uint16_t *)b->de_out;
     whale_code e;
     if (lowp) {
-        round_rows(x16, yn, T, c->D, c->D);
-        round_rows(dout16, df, T, c->D, c->D);
+        OP(to_bf16, x16, yn, (size_t)T * c->D);
+        OP(to_bf16, dout16, df, (size_t)T * c->D);
         e = expert_backward_bf16(s, c, T, x16, dout16, a->sh_g, a->sh_u, a->sh_h, ly->sw1, ly->sw2, ly->sw3, gl->sw1,
                                  gl->sw2, gl->sw3, 0.0f, b->dyn, err);
     } else {
@@ -1013,32 +967,18 @@ static whale_code moe_backward(nw_session *s, const nw_config *c, const nw_layer
     }
     if (e) return e;
     /* gradient of each routing weight: ⟨df, expert output⟩ */
-#pragma omp parallel for schedule(static) if (T > 64)
-    for (int t = 0; t < T; t++)
-        for (int k = 0; k < c->K; k++) {
-            const float *eo = a->ex_out + (size_t)a->ex_row[(size_t)t * c->K + k] * c->D, *d = df + (size_t)t * c->D;
-            b->dtopw[(size_t)t * c->K + k] = (float)k_dot_f64(d, eo, c->D);
-        }
+    OP(dot_rows, b->dtopw, df, c->D, b->tok_of, a->ex_out, c->D, a->ex_row, (long)T * c->K, c->D);
     for (int ex = 0; ex < c->E; ex++) {
         int r0 = a->ex_off[ex], ne = a->ex_off[ex + 1] - r0;
         if (!ne) continue;
-#pragma omp parallel for schedule(static) if (ne > 64)
-        for (int i = 0; i < ne; i++) { /* gather the expert's rows */
-            int t = a->ex_tok[r0 + i];
-            float w = a->ex_w[r0 + i];
-            const float *x = yn + (size_t)t * c->D, *d = df + (size_t)t * c->D;
-            if (lowp) {
-                float o[64]; /* w·df in fp32, then rounded, as the fp32 gradient would be */
-                whale_f32_to_bf16_rows(x16 + (size_t)i * c->D, x, (size_t)c->D);
-                for (int d0 = 0; d0 < c->D; d0 += 64) {
-                    int m = c->D - d0 < 64 ? c->D - d0 : 64;
-                    for (int j = 0; j < m; j++) o[j] = w * d[d0 + j];
-                    whale_f32_to_bf16_rows(dout16 + (size_t)i * c->D + d0, o, (size_t)m);
-                }
-            } else {
-                memcpy(s->ex_in + (size_t)i * c->D, x, sizeof(float) * c->D);
-                for (int j = 0; j < c->D; j++) b->de_out[(size_t)i * c->D + j] = w * d[j];
-            }
+        /* gather the expert's rows: its tokens' inputs and weighted output gradients */
+        const int32_t *tok = a->ex_tok + r0;
+        if (lowp) {
+            OP(gather_rows_bf16, x16, yn, c->D, tok, NULL, ne, c->D);
+            OP(gather_rows_bf16, dout16, df, c->D, tok, a->ex_w + r0, ne, c->D);
+        } else {
+            OP(gather_rows, s->ex_in, yn, c->D, tok, NULL, ne, c->D);
+            OP(gather_rows, b->de_out, df, c->D, tok, a->ex_w + r0, ne, c->D);
         }
         size_t fo = (size_t)r0 * c->F;
         if (lowp)
@@ -1052,19 +992,11 @@ static whale_code moe_backward(nw_session *s, const nw_config *c, const nw_layer
         if (e) return e;
         /* scatter-add: an expert never sees a token twice, so rows can go in
          * parallel; experts in order keep the sums deterministic */
-#pragma omp parallel for schedule(static) if (ne > 64)
-        for (int i = 0; i < ne; i++) {
-            float *o = b->dyn + (size_t)a->ex_tok[r0 + i] * c->D;
-            const float *r = b->de_x + (size_t)i * c->D;
-            for (int d = 0; d < c->D; d++) o[d] += r[d];
-        }
+        OP(scatter_add_rows, b->dyn, c->D, b->de_x, c->D, tok, NULL, ne, c->D);
     }
-#pragma omp parallel for schedule(static) if (T > 64)
-    for (int t = 0; t < T; t++)
-        k_gate_route_backward(c->scoring, c->E, c->K, c->route_scale, a->glog + (size_t)t * c->E,
-                              a->topk + (size_t)t * c->K, b->dtopw + (size_t)t * c->K, b->dglog + (size_t)t * c->E);
-    if ((e = whale_gemm_tn(s->gemm, c->E, c->D, T, b->dglog, c->E, yn, c->D, gl->gate_w, c->D, 1, err))) return e;
-    return whale_gemm_nn(s->gemm, T, c->D, c->E, b->dglog, c->E, ly->gate_w, c->D, b->dyn, c->D, 1, err);
+    OP(gate_route_backward, T, c->scoring, c->E, c->K, c->route_scale, a->glog, a->topk, b->dtopw, b->dglog);
+    if ((e = OP(matmul_tn, WHALE_F32, c->E, c->D, T, b->dglog, c->E, yn, c->D, gl->gate_w, c->D, 1, err))) return e;
+    return OP(matmul_nn, T, c->D, c->E, b->dglog, c->E, F32W(ly->gate_w, c->D), b->dyn, c->D, 1, err);
 }
 
 static whale_code nw_train_step(whale_session *base, const int32_t *ids, const int32_t *labels, const int32_t *pos,
@@ -1077,7 +1009,8 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
     nw_model *gw = &b->gw;
     int T = B * S, D = c->D, M = c->M, MD = M * D, V = c->vocab;
     s->seg = seg;
-    whale_code e = forward_hidden(s, ids, pos, B, S, err);
+    const whale_ubatch ub = whale_ubatch_training(base->train_spans, ids, pos, B, S);
+    whale_code e = forward_hidden(s, &ub, err);
     if (e) return e;
 
     /* lm_head and cross-entropy in row chunks */
@@ -1109,9 +1042,9 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
             }
             const uint16_t *dl = (const uint16_t *)b->logits;
             uint16_t *hn16 = (uint16_t *)b->de_out; /* free until the MoE backward */
-            round_rows(hn16, hn, n, D, D);
-            if ((e = whale_gemm_nn_b16(s->gemm, n, D, V, dl, 2 * V, w16(s, head), D, dhn, D, 0, err)) ||
-                (ghead && (e = whale_gemm_tn_b16(s->gemm, V, D, n, dl, 2 * V, hn16, D, ghead, D, 1, err))))
+            OP(to_bf16, hn16, hn, (size_t)n * D);
+            if ((e = OP(matmul_nn_b16, n, D, V, dl, 2 * V, W16(s, head, D), dhn, D, 0, err)) ||
+                (ghead && (e = OP(matmul_tn_b16, V, D, n, dl, 2 * V, hn16, D, ghead, D, 1, err))))
                 return e;
         }
         if (cn) total += l * (double)cn;
@@ -1125,11 +1058,10 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
     const float *Xf = s->X[2 * c->L];
     float *dX = b->dXa, *dXo = b->dXb;
     PROF(s, P_B_HEAD, {
-        k_rmsnorm_backward(b->dy, gw->norm, b->dhn, s->h, nw->norm, s->hn_rstd, T, D);
-        memset(dX, 0, sizeof(float) * (size_t)T * MD);
-        k_hc_reduce_backward(dX, b->dpre, b->dy, Xf, s->head_pre, T, M, D);
-        k_hc_head_coeffs_backward_rows(s->head_mix, nw->hc_head_scale, nw->hc_head_base, M, c->hc_eps, b->dpre,
-                                       b->dmix, gw->hc_head_scale, gw->hc_head_base, T);
+        OP(rmsnorm_backward, b->dy, gw->norm, b->dhn, s->h, nw->norm, s->hn_rstd, T, D);
+        OP(buf_zero, dX, sizeof(float) * (size_t)T * MD);
+        OP(hc_reduce_backward, dX, b->dpre, b->dy, Xf, s->head_pre, T, M, D);
+        OP(hc_head_coeffs_backward, T, s->head_mix, nw->hc_head_scale, nw->hc_head_base, M, c->hc_eps, b->dpre, b->dmix, gw->hc_head_scale, gw->hc_head_base);
         e = mix_backward(s, T, M, MD, Xf, nw->hc_head_fn, s->head_mix, s->head_rstd, b->dmix, dX, gw->hc_head_fn, err);
     });
     if (e) return e;
@@ -1137,18 +1069,19 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
     TRACE(WHALE_F32, dX, 3, DIMS(T, M, D), "grad.layers.%d.hc_ffn.state", c->L - 1);
 
     for (int l = c->L - 1; l >= 0; l--) {
+        if ((e = whale_session_check_abort(&s->base, err))) return e;
         const nw_layer *ly = &nw->layers[l];
         nw_layer *gl = &gw->layers[l];
         const nw_layer_acts *a = &s->acts[s->n_act_sets > 1 ? l : 0];
         if (s->n_act_sets == 1) { /* recompute: this layer's activations again, from its saved input */
-            PROF(s, P_RECOMPUTE, e = layer_forward(s, l, B, S, &s->acts[0], err));
+            PROF(s, P_RECOMPUTE, e = layer_forward(s, l, &s->acts[0], err));
             if (e) return e;
         }
         const float *Xin = s->X[2 * l], *Xmid = s->X[2 * l + 1];
         /* MoE sub-layer: dX holds the gradient of the layer's output state */
         PROF(s, P_B_HC_POST, {
-            memset(dXo, 0, sizeof(float) * (size_t)T * MD);
-            k_hc_expand_backward(b->dsub, dXo, b->dpost, b->dcomb, dX, a->f, Xmid, a->hcf.post, a->hcf.comb, T, M, D);
+            OP(buf_zero, dXo, sizeof(float) * (size_t)T * MD);
+            OP(hc_expand_backward, b->dsub, dXo, b->dpost, b->dcomb, dX, a->f, Xmid, a->hcf.post, a->hcf.comb, T, M, D);
         });
         TRACE(WHALE_F32, b->dsub, 2, DIMS(T, D), "grad.layers.%d.ffn.out", l);
         PROF(s, P_B_MOE, e = moe_backward(s, c, ly, gl, a, T, err));
@@ -1162,8 +1095,8 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
         TRACE(WHALE_F32, dXo, 3, DIMS(T, M, D), "grad.layers.%d.hc_attn.state", l);
         /* attention sub-layer: dXo now holds the gradient of the middle state */
         PROF(s, P_B_HC_POST, {
-            memset(dX, 0, sizeof(float) * (size_t)T * MD);
-            k_hc_expand_backward(b->dsub, dX, b->dpost, b->dcomb, dXo, a->a, Xin, a->hca.post, a->hca.comb, T, M, D);
+            OP(buf_zero, dX, sizeof(float) * (size_t)T * MD);
+            OP(hc_expand_backward, b->dsub, dX, b->dpost, b->dcomb, dXo, a->a, Xin, a->hca.post, a->hca.comb, T, M, D);
         });
         TRACE(WHALE_F32, b->dsub, 2, DIMS(T, D), "grad.layers.%d.attn.out", l);
         PROF(s, P_B_ATTN, e = attention_backward(s, nw, ly, gl, a, B, S, err));
@@ -1179,13 +1112,15 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
         else TRACE(WHALE_F32, dX, 3, DIMS(T, M, D), "grad.embedding");
     }
     /* embedding: every stream of X0 is a copy of the token's row */
-    PROF(s, P_B_EMBED, for (int t = 0; gw->embed && t < T; t++) { /* NULL: frozen */
-        float *row = gw->embed + (size_t)ids[t] * D;
-        for (int m = 0; m < M; m++) {
-            const float *d = dX + ((size_t)t * M + m) * D;
-            for (int i = 0; i < D; i++) row[i] += d[i];
-        }
-    });
+    if (!gw->embed) return WHALE_OK; /* frozen */
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)T * M);
+    if (!rows) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory for the embedding's gradient");
+    for (int i = 0; i < T * M; i++) rows[i] = ids[i / M];
+    OP(buf_from_host, b->emb_rows, rows, sizeof(int32_t) * (size_t)T * M);
+    free(rows);
+    /* tokens in order, each token's streams in order: the sums of one row
+     * (a token seen twice) are taken in that order */
+    PROF(s, P_B_EMBED, OP(scatter_add_rows, gw->embed, D, dX, D, b->emb_rows, NULL, (long)T * M, D));
     return WHALE_OK;
 }
 
@@ -1194,7 +1129,7 @@ static whale_code train_session_create(whale_model *m, int max_batch, int seq, i
     const nw_model *nw = m->impl;
     const nw_config *c = &nw->c;
     nw_session *s = NULL;
-    whale_code e = nw_session_create(m, max_batch, seq, 1, recompute, count_only, &s, err);
+    whale_code e = nw_session_create(m, max_batch, seq, max_batch * seq, 1, recompute, count_only, &s, err);
     if (e) return e;
     whale_session *base = &s->base;
     base->train_fn = nw_train_step;
@@ -1226,9 +1161,20 @@ static whale_code train_session_create(whale_model *m, int max_batch, int seq, i
           A(b->dq, T * HD) && A(b->dqlat, T * c->Q) && A(b->dkv, T * c->Dh) && A(b->dtopw, T * c->K) &&
           A(b->dglog, T * c->E) && A(b->de_out, T * c->D) && A(b->de_x, T * c->D) && A(b->dh, T * c->F) &&
           A(b->dg, T * c->F) && A(b->du, T * c->F) && A(b->tgt, T) && A(b->logits, ch * V) && A(b->dhn, T * c->D) &&
-          A(b->att_work, k_attention_backward_work_floats(seq, c->H, 1, c->Dh))))
+          A(b->att_work, OP(attention_backward_work_floats, seq, c->H, 1, c->Dh))))
         goto nomem;
 #undef A
+    size_t none = 0; /* index arrays: bookkeeping, not counted */
+    if (!(b->tok_of = sess_alloc(s, T * c->K, sizeof(int32_t), &none)) ||
+        !(b->emb_rows = sess_alloc(s, T * c->M, sizeof(int32_t), &none)))
+        goto nomem;
+    if (!count_only) {
+        int32_t *tok = malloc(sizeof(int32_t) * T * c->K);
+        if (!tok) goto nomem;
+        for (size_t i = 0; i < T * c->K; i++) tok[i] = (int32_t)(i / (size_t)c->K);
+        OP(buf_from_host, b->tok_of, tok, sizeof(int32_t) * T * c->K);
+        free(tok);
+    }
     base->work_bytes += tot;
     *out = s;
     return WHALE_OK;
@@ -1250,7 +1196,7 @@ static whale_code nw_session_sizes(whale_model *m, int max_batch, int seq, int t
                                    whale_session_sizes *out, whale_err *err) {
     nw_session *s = NULL;
     whale_code e = training ? train_session_create(m, max_batch, seq, recompute, 1, &s, err)
-                            : nw_session_create(m, max_batch, seq, 0, 0, 1, &s, err);
+                            : nw_session_create(m, max_batch, seq, max_batch * seq, 0, 0, 1, &s, err);
     if (e) return e;
     whale_session_sizes_of(&s->base, out);
     nw_session_free(&s->base);

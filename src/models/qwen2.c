@@ -18,12 +18,12 @@
  * are added after the product.
  */
 #include "models/model.h"
-#include "kernels/convert.h"
+
 
 #include "core/core.h"
-#include "kernels/gemm.h"
-#include "kernels/ops.h"
-#include "train/loss.h"
+#include "backend/backend.h"
+
+
 
 #include <math.h>
 #include <string.h>
@@ -193,27 +193,27 @@ static whale_code register_params(whale_model *m, qw_model *qw, whale_err *err) 
     qw->layers = calloc((size_t)c->L, sizeof *qw->layers);
     if (!m->params || !qw->layers) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory building the parameter table");
     int64_t D = c->D, F = c->F, HD = (int64_t)c->H * c->Dh, KVD = (int64_t)c->Hkv * c->Dh;
-#define P(slot, decay, ...) whale_model_add_param(m, cap, slot, decay, 1, __VA_ARGS__)
+#define P(slot, role, decay, ...) whale_model_add_param(m, cap, slot, WHALE_ROLE_##role, decay, 1, __VA_ARGS__)
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
-    P(&qw->embed, 1, 2, SHAPE(c->vocab, D), "model.embed_tokens.weight");
+    P(&qw->embed, EMBED, 1, 2, SHAPE(c->vocab, D), "model.embed_tokens.weight");
     for (int l = 0; l < c->L; l++) {
         qw_layer *ly = &qw->layers[l];
         const char *pre = "model.layers";
-        P(&ly->wq, 1, 2, SHAPE(HD, D), "%s.%d.self_attn.q_proj.weight", pre, l);
-        P(&ly->bq, 0, 1, SHAPE(HD), "%s.%d.self_attn.q_proj.bias", pre, l);
-        P(&ly->wk, 1, 2, SHAPE(KVD, D), "%s.%d.self_attn.k_proj.weight", pre, l);
-        P(&ly->bk, 0, 1, SHAPE(KVD), "%s.%d.self_attn.k_proj.bias", pre, l);
-        P(&ly->wv, 1, 2, SHAPE(KVD, D), "%s.%d.self_attn.v_proj.weight", pre, l);
-        P(&ly->bv, 0, 1, SHAPE(KVD), "%s.%d.self_attn.v_proj.bias", pre, l);
-        P(&ly->wo, 1, 2, SHAPE(D, HD), "%s.%d.self_attn.o_proj.weight", pre, l);
-        P(&ly->wg, 1, 2, SHAPE(F, D), "%s.%d.mlp.gate_proj.weight", pre, l);
-        P(&ly->wu, 1, 2, SHAPE(F, D), "%s.%d.mlp.up_proj.weight", pre, l);
-        P(&ly->wd, 1, 2, SHAPE(D, F), "%s.%d.mlp.down_proj.weight", pre, l);
-        P(&ly->in_norm, 0, 1, SHAPE(D), "%s.%d.input_layernorm.weight", pre, l);
-        P(&ly->post_norm, 0, 1, SHAPE(D), "%s.%d.post_attention_layernorm.weight", pre, l);
+        P(&ly->wq, LINEAR, 1, 2, SHAPE(HD, D), "%s.%d.self_attn.q_proj.weight", pre, l);
+        P(&ly->bq, BIAS, 0, 1, SHAPE(HD), "%s.%d.self_attn.q_proj.bias", pre, l);
+        P(&ly->wk, LINEAR, 1, 2, SHAPE(KVD, D), "%s.%d.self_attn.k_proj.weight", pre, l);
+        P(&ly->bk, BIAS, 0, 1, SHAPE(KVD), "%s.%d.self_attn.k_proj.bias", pre, l);
+        P(&ly->wv, LINEAR, 1, 2, SHAPE(KVD, D), "%s.%d.self_attn.v_proj.weight", pre, l);
+        P(&ly->bv, BIAS, 0, 1, SHAPE(KVD), "%s.%d.self_attn.v_proj.bias", pre, l);
+        P(&ly->wo, LINEAR, 1, 2, SHAPE(D, HD), "%s.%d.self_attn.o_proj.weight", pre, l);
+        P(&ly->wg, LINEAR, 1, 2, SHAPE(F, D), "%s.%d.mlp.gate_proj.weight", pre, l);
+        P(&ly->wu, LINEAR, 1, 2, SHAPE(F, D), "%s.%d.mlp.up_proj.weight", pre, l);
+        P(&ly->wd, LINEAR, 1, 2, SHAPE(D, F), "%s.%d.mlp.down_proj.weight", pre, l);
+        P(&ly->in_norm, NORM, 0, 1, SHAPE(D), "%s.%d.input_layernorm.weight", pre, l);
+        P(&ly->post_norm, NORM, 0, 1, SHAPE(D), "%s.%d.post_attention_layernorm.weight", pre, l);
     }
-    P(&qw->norm, 0, 1, SHAPE(D), "model.norm.weight");
-    if (!c->tie) P(&qw->lm_head, 1, 2, SHAPE(c->vocab, D), "lm_head.weight");
+    P(&qw->norm, NORM, 0, 1, SHAPE(D), "model.norm.weight");
+    if (!c->tie) P(&qw->lm_head, HEAD, 1, 2, SHAPE(c->vocab, D), "lm_head.weight");
 #undef P
 #undef SHAPE
     return WHALE_OK;
@@ -277,10 +277,9 @@ void qwen2_init_param(const whale_model *m, int i, whale_rng *rng, float *out) {
     const qw_model *qw = m->impl;
     const whale_param *p = &m->params[i];
     int64_t n = whale_shape_numel(p->ndim, p->shape);
-    size_t len = strlen(p->name);
-    if (len > 5 && strcmp(p->name + len - 5, ".bias") == 0)
+    if (p->role == WHALE_ROLE_BIAS)
         for (int64_t k = 0; k < n; k++) out[k] = 0.0f;
-    else if (strstr(p->name, "norm.weight"))
+    else if (p->role == WHALE_ROLE_NORM)
         for (int64_t k = 0; k < n; k++) out[k] = 1.0f;
     else
         for (int64_t k = 0; k < n; k++) out[k] = (float)(whale_rng_normal(rng) * qw->c.init_range);
@@ -353,7 +352,6 @@ typedef struct {
 
 typedef struct {
     whale_session base;
-    whale_gemm *gemm;
     int n_act_sets;     /* 1 (inference, recompute, bf16 training) or L (training) */
     qw_stash *stash;    /* [L] bf16 training: each layer's activations; acts[0] is the fp32 working set */
     int32_t *pos;       /* [T] RoPE positions */
@@ -363,9 +361,8 @@ typedef struct {
     qw_layer_acts *acts;
     float *proj;        /* [T, D] o_proj / down_proj output before the residual add */
     float *hn_rstd, *hn; /* final norm */
-    float *last;        /* [max_batch, D] last-position rows for logits */
-    float *att_work;
-    float *kcache, *vcache; /* [L, max_batch, max_seq, Hkv·Dh] rotated K and V, inference only */
+    float *last;        /* [max_batch, D]: rows whose logits are wanted, gathered max_batch at a time */
+    float *att_work;    /* the KV cache (rotated K, V) is the header's kv: inference only */
     whale_bufs bufs;
     struct qw_backward *bw; /* training sessions only */
 } qw_session;
@@ -381,6 +378,8 @@ static const char *const prof_names[P_COUNT] = {
     "embedding backward", "recompute (forward again)", "bf16 activations (store, load)",
 };
 #define PROF(s, id, stmt) WHALE_PROF(&(s)->base, id, stmt)
+/* an op of the session's backend (backend/backend.h) */
+#define OP(op, ...) WHALE_OP(&s->base, op, __VA_ARGS__)
 #define TRACE(dt, data, ndim, shape, ...)                                                                      \
     do {                                                                                                       \
         if (s->base.trace) whale_trace_emit(&s->base, dt, data, ndim, (const int64_t[])shape, __VA_ARGS__); \
@@ -403,12 +402,11 @@ struct qw_backward {
     float *att_work;
 };
 
-static whale_code qw_forward(whale_session *base, const int32_t *ids, int B, int S, float *logits, int all_logits,
-                             whale_err *err);
+static whale_code qw_forward(whale_session *base, const whale_ubatch *ub, float *logits, whale_err *err);
 
 static void qw_session_free(whale_session *base) {
     qw_session *s = (qw_session *)base;
-    whale_gemm_free(s->gemm);
+    whale_backend_close(base->be);
     if (s->bw) free(s->bw->gw.layers);
     free(s->bw); /* its buffers are in s->bufs */
     free(base->grads);
@@ -445,40 +443,38 @@ static int alloc_stash(qw_session *s, qw_stash *st, const qw_config *c, size_t T
            (st->xmid = sess_alloc(s, T * D, 4, tot)) && (st->rstd2 = sess_alloc(s, T, 4, tot));
 }
 
-static void to_bf16(uint16_t *dst, const float *src, size_t n) {
-    enum { BLOCK = 1 << 16 };
-#pragma omp parallel for schedule(static) if (n > BLOCK)
-    for (size_t i = 0; i < n; i += BLOCK) whale_f32_to_bf16_rows(dst + i, src + i, n - i < BLOCK ? n - i : BLOCK);
-}
-
 /* Layer l's activations (in the working set a) into its bf16 stash, and back. */
 static void stash_put(qw_session *s, const qw_layer_acts *a, int l, size_t T) {
     const qw_config *c = &((const qw_model *)s->base.model->impl)->c;
     qw_stash *st = &s->stash[l];
     size_t D = (size_t)c->D, F = (size_t)c->F, HD = (size_t)c->H * c->Dh, KVD = (size_t)c->Hkv * c->Dh;
-    to_bf16(st->xn1, a->xn1, T * D), to_bf16(st->q, a->q, T * HD), to_bf16(st->k, a->k, T * KVD);
-    to_bf16(st->v, a->v, T * KVD), to_bf16(st->att, a->att, T * HD), to_bf16(st->xn2, a->xn2, T * D);
-    to_bf16(st->g, a->g, T * F), to_bf16(st->u, a->u, T * F), to_bf16(st->h, a->h, T * F);
-    memcpy(st->rstd1, a->rstd1, 4 * T), memcpy(st->xmid, a->xmid, 4 * T * D), memcpy(st->rstd2, a->rstd2, 4 * T);
+    OP(to_bf16, st->xn1, a->xn1, T * D), OP(to_bf16, st->q, a->q, T * HD), OP(to_bf16, st->k, a->k, T * KVD);
+    OP(to_bf16, st->v, a->v, T * KVD), OP(to_bf16, st->att, a->att, T * HD), OP(to_bf16, st->xn2, a->xn2, T * D);
+    OP(to_bf16, st->g, a->g, T * F), OP(to_bf16, st->u, a->u, T * F), OP(to_bf16, st->h, a->h, T * F);
+    OP(buf_copy, st->rstd1, a->rstd1, 4 * T), OP(buf_copy, st->xmid, a->xmid, 4 * T * D);
+    OP(buf_copy, st->rstd2, a->rstd2, 4 * T);
 }
 
 static void stash_get(qw_session *s, qw_layer_acts *a, int l, size_t T) {
     const qw_config *c = &((const qw_model *)s->base.model->impl)->c;
     const qw_stash *st = &s->stash[l];
     size_t D = (size_t)c->D, F = (size_t)c->F, HD = (size_t)c->H * c->Dh, KVD = (size_t)c->Hkv * c->Dh;
-    whale_bf16_to_f32(a->xn1, st->xn1, T * D), whale_bf16_to_f32(a->q, st->q, T * HD);
-    whale_bf16_to_f32(a->k, st->k, T * KVD), whale_bf16_to_f32(a->v, st->v, T * KVD);
-    whale_bf16_to_f32(a->att, st->att, T * HD), whale_bf16_to_f32(a->xn2, st->xn2, T * D);
-    whale_bf16_to_f32(a->g, st->g, T * F), whale_bf16_to_f32(a->u, st->u, T * F), whale_bf16_to_f32(a->h, st->h, T * F);
-    memcpy(a->rstd1, st->rstd1, 4 * T), memcpy(a->xmid, st->xmid, 4 * T * D), memcpy(a->rstd2, st->rstd2, 4 * T);
+    OP(from_bf16, a->xn1, st->xn1, T * D), OP(from_bf16, a->q, st->q, T * HD);
+    OP(from_bf16, a->k, st->k, T * KVD), OP(from_bf16, a->v, st->v, T * KVD);
+    OP(from_bf16, a->att, st->att, T * HD), OP(from_bf16, a->xn2, st->xn2, T * D);
+    OP(from_bf16, a->g, st->g, T * F), OP(from_bf16, a->u, st->u, T * F), OP(from_bf16, a->h, st->h, T * F);
+    OP(buf_copy, a->rstd1, st->rstd1, 4 * T), OP(buf_copy, a->xmid, st->xmid, 4 * T * D);
+    OP(buf_copy, a->rstd2, st->rstd2, 4 * T);
 }
 
-/* Every buffer a session needs, for max_batch × max_seq tokens; with
- * count_only, their sizes only (the same code, so whale memory cannot
- * drift from what is allocated). training keeps every layer's input state
- * and, unless recompute, every layer's activations (and no KV cache). */
-static whale_code session_create(whale_model *m, int max_batch, int max_seq, int training, int recompute,
-                                 int count_only, qw_session **out, whale_err *err) {
+/* Every buffer a session needs: forwards of n_tokens tokens and, for
+ * inference, a KV cache of max_batch sequences × max_seq cells (training:
+ * max_batch × max_seq = n_tokens); with count_only, their sizes only (the
+ * same code, so whale memory cannot drift from what is allocated).
+ * training keeps every layer's input state and, unless recompute, every
+ * layer's activations (and no KV cache). */
+static whale_code session_create(whale_model *m, int max_batch, int max_seq, int n_tokens, int training,
+                                 int recompute, int count_only, qw_session **out, whale_err *err) {
     qw_model *qw = m->impl;
     const qw_config *c = &qw->c;
     if (!count_only) {
@@ -490,18 +486,18 @@ static whale_code session_create(whale_model *m, int max_batch, int max_seq, int
     s->base.model = m;
     s->base.max_batch = max_batch;
     s->base.max_seq = max_seq;
+    s->base.n_batch = n_tokens;
     s->base.free_fn = qw_session_free;
     s->base.forward_fn = qw_forward;
     s->base.prof_names = prof_names;
     s->base.n_prof = P_COUNT;
     s->bufs.count_only = count_only;
-    size_t T = (size_t)max_batch * max_seq, D = (size_t)c->D, KVD = (size_t)c->Hkv * c->Dh, tot = 0;
-    whale_code e = count_only ? WHALE_OK : whale_gemm_new(&s->gemm, err);
+    size_t T = (size_t)n_tokens, D = (size_t)c->D, KVD = (size_t)c->Hkv * c->Dh, tot = 0;
+    whale_code e = whale_session_open_backend(&s->base, err);
     if (e) {
         free(s);
         return e;
     }
-    s->base.gemm = s->gemm;
     /* bf16 training (and LoRA on an int8 base, whose products take bf16
      * inputs) keeps the activations between forward and backward in bf16;
      * one fp32 working set computes each layer */
@@ -521,10 +517,11 @@ static whale_code session_create(whale_model *m, int max_batch, int max_seq, int
     ok = ok && (s->pos = sess_alloc(s, T, 4, &tot)) && (s->proj = sess_alloc(s, T * D, 4, &tot)) &&
          (s->hn_rstd = sess_alloc(s, T, 4, &tot)) && (s->hn = sess_alloc(s, T * D, 4, &tot)) &&
          (s->last = sess_alloc(s, (size_t)max_batch * D, 4, &tot));
-    size_t work = 0, kv = 0, lora_floats = whale_lora_work_floats(m), cache = (size_t)c->L * T * KVD;
+    size_t work = 0, kv = 0, none = 0, lora_floats = whale_lora_work_floats(m);
     ok = ok && (!lora_floats || (s->base.lora_work = sess_alloc(s, T * lora_floats, 4, &work))) &&
-         (s->att_work = sess_alloc(s, k_attention_work_floats(max_seq, c->H, c->Hkv, c->Dh), 4, &work)) &&
-         (training || ((s->kcache = sess_alloc(s, cache, 4, &kv)) && (s->vcache = sess_alloc(s, cache, 4, &kv))));
+         (s->att_work = sess_alloc(s, OP(attention_work_floats, max_seq, c->H, c->Hkv, c->Dh), 4, &work)) &&
+         (training ? (s->base.train_spans = sess_alloc(s, (size_t)max_batch, sizeof(whale_span), &none)) != NULL
+                   : whale_kv_alloc(&s->base.kv, &s->bufs, c->L, max_batch, max_seq, (int)KVD, 0, &kv));
     if (!ok) {
         qw_session_free(&s->base);
         return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of activations for batch %d × %d",
@@ -538,68 +535,54 @@ static whale_code session_create(whale_model *m, int max_batch, int max_seq, int
     return WHALE_OK;
 }
 
-static whale_code qw_session_new(whale_model *m, int max_batch, int max_seq, whale_session **out, whale_err *err) {
+static whale_code qw_session_new(whale_model *m, const whale_session_params *p, whale_session **out,
+                                 whale_err *err) {
     qw_session *s = NULL;
-    whale_code e = session_create(m, max_batch, max_seq, 0, 0, 0, &s, err);
+    whale_code e = session_create(m, p->n_seq, p->n_ctx, p->n_batch, 0, 0, 0, &s, err);
     *out = e ? NULL : &s->base;
     return e;
 }
 
 /* ------------------------------------------------------------------ forward */
 
-/* y[r, :] += b: a Linear's bias, added after the product */
-static void add_bias(float *y, const float *b, int rows, int n) {
-#pragma omp parallel for schedule(static) if ((long)rows * n > 65536)
-    for (int r = 0; r < rows; r++) {
-        float *yr = y + (size_t)r * n;
-        for (int i = 0; i < n; i++) yr[i] += b[i];
-    }
-}
-
-/* y = a + b over n floats (the residual connections) */
-static void add(float *y, const float *a, const float *b, size_t n) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
-}
-
 static whale_code linear(qw_session *s, int M, int N, int K, const float *A, const float *W, float *C,
                          whale_err *err) {
     return whale_linear(&s->base, M, N, K, A, K, W, K, C, N, err);
 }
 
-/* Qwen2Attention on a->xn1 into s->proj (o_proj's output). Keys and values
- * come from the KV cache (inference: this step's appended) or from a->k,
- * a->v (training). */
-static whale_code attention(qw_session *s, const qw_model *qw, const qw_layer *ly, qw_layer_acts *a, int l, int B,
-                            int S, whale_err *err) {
+/* Qwen2Attention on a->xn1 into s->proj (o_proj's output), each span of
+ * the micro-batch over its own sequence. Keys and values come from the KV
+ * cache (inference: the span's appended to its sequence's cells) or from
+ * a->k, a->v (training). */
+static whale_code attention(qw_session *s, const qw_model *qw, const qw_layer *ly, qw_layer_acts *a, int l,
+                            whale_err *err) {
     const qw_config *c = &qw->c;
-    int T = B * S, D = c->D, HD = c->H * c->Dh, KVD = c->Hkv * c->Dh, p0 = s->base.cached;
+    const whale_ubatch *ub = s->base.ub;
+    int T = ub->T, D = c->D, HD = c->H * c->Dh, KVD = c->Hkv * c->Dh;
     const whale_linear_part qkv[3] = {{T, HD, a->xn1, D, ly->wq, D, a->q, HD}, /* one input: one region when decoding */
                                       {T, KVD, a->xn1, D, ly->wk, D, a->k, KVD},
                                       {T, KVD, a->xn1, D, ly->wv, D, a->v, KVD}};
     whale_code e = whale_linear_parts(&s->base, D, 3, qkv, err);
     if (e) return e;
-    add_bias(a->q, ly->bq, T, HD);
-    add_bias(a->k, ly->bk, T, KVD);
-    add_bias(a->v, ly->bv, T, KVD);
+    OP(add_rows, a->q, ly->bq, T, HD);
+    OP(add_rows, a->k, ly->bk, T, KVD);
+    OP(add_rows, a->v, ly->bv, T, KVD);
     /* rotate_half: x' = x·cos + rotate_half(x)·sin, k_rope's inverse (+angle) direction */
-    k_rope(a->q, T, HD, c->H, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
-    k_rope(a->k, T, KVD, c->Hkv, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
+    OP(rope, a->q, T, HD, c->H, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
+    OP(rope, a->k, T, KVD, c->Hkv, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
 
-    size_t seq_stride = (size_t)s->base.max_seq * KVD;
     float scale = 1.0f / sqrtf((float)c->Dh);
-    for (int b = 0; b < B; b++) {
-        const float *kb = a->k + (size_t)b * S * KVD, *vb = a->v + (size_t)b * S * KVD;
-        if (s->kcache) {
-            float *kc = s->kcache + ((size_t)l * s->base.max_batch + b) * seq_stride;
-            float *vc = s->vcache + ((size_t)l * s->base.max_batch + b) * seq_stride;
-            memcpy(kc + (size_t)p0 * KVD, kb, sizeof(float) * S * KVD);
-            memcpy(vc + (size_t)p0 * KVD, vb, sizeof(float) * S * KVD);
-            kb = kc;
-            vb = vc;
+    whale_kv *kv = &s->base.kv;
+    for (int i = 0; i < ub->n_spans; i++) {
+        const whale_span *sp = &ub->spans[i];
+        const float *kb = a->k + (size_t)sp->row0 * KVD, *vb = a->v + (size_t)sp->row0 * KVD;
+        if (kv->k) {
+            whale_kv_append(kv, l, sp->seq, sp->p0, sp->n, kb, vb);
+            kb = whale_kv_k(kv, l, sp->seq);
+            vb = whale_kv_v(kv, l, sp->seq);
         }
-        if ((e = k_attention(s->gemm, a->att + (size_t)b * S * HD, a->q + (size_t)b * S * HD, kb, vb, KVD,
-                             s->seg ? s->seg + (size_t)b * S : NULL, S, p0, c->H, c->Hkv, c->Dh, scale,
+        if ((e = OP(attention, a->att + (size_t)sp->row0 * HD, a->q + (size_t)sp->row0 * HD, kb, vb, KVD,
+                             s->seg ? s->seg + sp->row0 : NULL, sp->n, sp->p0, c->H, c->Hkv, c->Dh, scale,
                              whale_attention_products(s->base.model), s->att_work, err)))
             return e;
     }
@@ -620,80 +603,72 @@ static whale_code mlp(qw_session *s, const qw_config *c, const qw_layer *ly, qw_
     float *h = a->g; /* in place, unless the backward needs g */
     if (a->h) {
         h = a->h;
-        memcpy(h, a->g, sizeof(float) * (size_t)T * c->F);
+        OP(buf_copy, h, a->g, sizeof(float) * (size_t)T * c->F);
     }
-    k_swiglu(h, a->u, (long)T * c->F, 0.0f);
+    OP(swiglu, h, a->u, (long)T * c->F, 0.0f);
     TRACE(WHALE_F32, h, 2, DIMS(T, c->F), "layers.%d.mlp.hidden", l);
     return linear(s, T, c->D, c->F, h, ly->wd, s->proj, err);
 }
 
 /* Qwen2DecoderLayer: X[l] → X[l+1], saving what the backward needs into a. */
-static whale_code layer_forward(qw_session *s, int l, int B, int S, qw_layer_acts *a, whale_err *err) {
+static whale_code layer_forward(qw_session *s, int l, qw_layer_acts *a, whale_err *err) {
     const qw_model *qw = s->base.model->impl;
     const qw_config *c = &qw->c;
     const qw_layer *ly = &qw->layers[l];
-    int T = B * S, D = c->D;
+    int T = s->base.ub->T, D = c->D;
     size_t TD = (size_t)T * D;
     const float *x = s->X[l];
     float *out = s->X[l + 1];
     whale_code e;
-    PROF(s, P_NORM, k_rmsnorm(a->xn1, x, ly->in_norm, T, D, c->norm_eps, a->rstd1));
+    PROF(s, P_NORM, OP(rmsnorm, a->xn1, x, ly->in_norm, T, D, c->norm_eps, a->rstd1));
     TRACE(WHALE_F32, a->xn1, 2, DIMS(T, D), "layers.%d.input_layernorm", l);
-    PROF(s, P_ATTN, e = attention(s, qw, ly, a, l, B, S, err));
+    PROF(s, P_ATTN, e = attention(s, qw, ly, a, l, err));
     if (e) return e;
     TRACE(WHALE_F32, s->proj, 2, DIMS(T, D), "layers.%d.attn.out", l);
     PROF(s, P_NORM, {
-        add(a->xmid, x, s->proj, TD);
-        k_rmsnorm(a->xn2, a->xmid, ly->post_norm, T, D, c->norm_eps, a->rstd2);
+        OP(add, a->xmid, x, s->proj, TD);
+        OP(rmsnorm, a->xn2, a->xmid, ly->post_norm, T, D, c->norm_eps, a->rstd2);
     });
     TRACE(WHALE_F32, a->xmid, 2, DIMS(T, D), "layers.%d.attn.state", l);
     TRACE(WHALE_F32, a->xn2, 2, DIMS(T, D), "layers.%d.post_attention_layernorm", l);
     PROF(s, P_MLP, e = mlp(s, c, ly, a, l, T, err));
     if (e) return e;
     TRACE(WHALE_F32, s->proj, 2, DIMS(T, D), "layers.%d.mlp.out", l);
-    PROF(s, P_NORM, add(out, a->xmid, s->proj, TD));
+    PROF(s, P_NORM, OP(add, out, a->xmid, s->proj, TD));
     TRACE(WHALE_F32, out, 2, DIMS(T, D), "layers.%d.state", l);
     return WHALE_OK;
 }
 
-/* Embedding, all layers and the final norm: ids [B·S] → hn [T, D]. */
-static whale_code forward_hidden(qw_session *s, const int32_t *ids, const int32_t *pos, int B, int S,
-                                 whale_err *err) {
+/* Embedding, all layers and the final norm: the micro-batch's ids → hn [T, D]. */
+static whale_code forward_hidden(qw_session *s, const whale_ubatch *ub, whale_err *err) {
     const qw_model *qw = s->base.model->impl;
     const qw_config *c = &qw->c;
-    int T = B * S, D = c->D;
+    int T = ub->T, D = c->D;
     whale_code e;
-    PROF(s, P_EMBED, for (int t = 0; t < T; t++) {
-        s->pos[t] = pos ? pos[t] : s->base.cached + t % S;
-        whale_model_row(s->base.model, qw->embed, ids[t], D, s->X[0] + (size_t)t * D);
-    });
+    s->base.ub = ub;
+    whale_ubatch_positions(ub, s->pos);
+    PROF(s, P_EMBED, OP(get_rows, s->X[0], D, whale_model_wref(s->base.model, qw->embed, D), ub->ids, T, D));
     for (int l = 0; l < c->L; l++) {
-        if ((e = layer_forward(s, l, B, S, &s->acts[s->n_act_sets > 1 ? l : 0], err))) return e;
+        if ((e = whale_session_check_abort(&s->base, err)) ||
+            (e = layer_forward(s, l, &s->acts[s->n_act_sets > 1 ? l : 0], err)))
+            return e;
         if (s->stash && s->base.training) PROF(s, P_STASH, stash_put(s, &s->acts[0], l, (size_t)T));
     }
-    PROF(s, P_NORM, k_rmsnorm(s->hn, s->X[c->L], qw->norm, T, D, c->norm_eps, s->hn_rstd));
+    PROF(s, P_NORM, OP(rmsnorm, s->hn, s->X[c->L], qw->norm, T, D, c->norm_eps, s->hn_rstd));
     TRACE(WHALE_F32, s->hn, 2, DIMS(T, D), "final_hidden");
     return WHALE_OK;
 }
 
-static whale_code qw_forward(whale_session *base, const int32_t *ids, int B, int S, float *logits, int all_logits,
-                             whale_err *err) {
+static whale_code qw_forward(whale_session *base, const whale_ubatch *ub, float *logits, whale_err *err) {
     qw_session *s = (qw_session *)base;
     const qw_model *qw = base->model->impl;
     const qw_config *c = &qw->c;
-    int T = B * S, D = c->D;
     s->seg = NULL;
-    whale_code e = forward_hidden(s, ids, NULL, B, S, err);
+    whale_code e = forward_hidden(s, ub, err);
     if (e || !logits) return e;
     const float *head = c->tie ? qw->embed : qw->lm_head;
-    if (all_logits) {
-        PROF(s, P_LOGITS, e = linear(s, T, c->vocab, D, s->hn, head, logits, err));
-        if (!e) TRACE(WHALE_F32, logits, 2, DIMS(T, c->vocab), "logits");
-        return e;
-    }
-    for (int b = 0; b < B; b++) memcpy(s->last + (size_t)b * D, s->hn + ((size_t)b * S + S - 1) * D, sizeof(float) * D);
-    PROF(s, P_LOGITS, e = linear(s, B, c->vocab, D, s->last, head, logits, err));
-    if (!e) TRACE(WHALE_F32, logits, 2, DIMS(B, c->vocab), "logits");
+    PROF(s, P_LOGITS, e = whale_output_logits(base, ub, s->hn, s->last, c->D, c->vocab, head, logits, err));
+    if (!e) TRACE(WHALE_F32, logits, 2, DIMS(ub->n_out, c->vocab), "logits");
     return e;
 }
 
@@ -709,21 +684,6 @@ static whale_code linear_dw(qw_session *s, int M, int N, int K, const float *dC,
     return whale_linear_dw(&s->base, M, N, K, dC, N, A, K, W, gW, K, err);
 }
 
-/* db[i] += Σ_r dy[r, i]: the bias gradient. Columns are split into blocks,
- * each summed by one thread in row order: bit-identical for any thread count. */
-static void bias_backward(float *db, const float *dy, int rows, int n) {
-    enum { COLS = 32 };
-    int nb = (n + COLS - 1) / COLS;
-#pragma omp parallel for schedule(static) if ((long)rows * n > 16384)
-    for (int b = 0; b < nb; b++) {
-        int c0 = b * COLS, c1 = c0 + COLS < n ? c0 + COLS : n;
-        double acc[COLS] = {0};
-        for (int r = 0; r < rows; r++)
-            for (int i = c0; i < c1; i++) acc[i - c0] += dy[(size_t)r * n + i];
-        for (int i = c0; i < c1; i++) db[i] += (float)acc[i - c0];
-    }
-}
-
 /* Backward of mlp(): b->dx (gradient of its output) into b->dxn (gradient
  * of a->xn2, written). */
 static whale_code mlp_backward(qw_session *s, const qw_config *c, const qw_layer *ly, qw_layer *gl,
@@ -735,7 +695,7 @@ static whale_code mlp_backward(qw_session *s, const qw_config *c, const qw_layer
         (e = linear_dw(s, T, D, F, b->dx, a->h, ly->wd, gl->wd, err)))
         return e;
     TRACE(WHALE_F32, b->dh, 2, DIMS(T, F), "grad.layers.%d.mlp.hidden", l);
-    k_swiglu_backward(b->dh, b->du, b->dh, a->g, a->u, (long)T * F, 0.0f); /* dh becomes dg */
+    OP(swiglu_backward, b->dh, b->du, b->dh, a->g, a->u, (long)T * F, 0.0f); /* dh becomes dg */
     if ((e = linear_dx(s, T, F, D, b->dh, ly->wg, b->dxn, 0, err)) ||
         (e = linear_dx(s, T, F, D, b->du, ly->wu, b->dxn, 1, err)) ||
         (e = linear_dw(s, T, F, D, b->dh, a->xn2, ly->wg, gl->wg, err)))
@@ -756,23 +716,23 @@ static whale_code attention_backward(qw_session *s, const qw_model *qw, const qw
         (e = linear_dw(s, T, D, HD, b->dx, a->att, ly->wo, gl->wo, err)))
         return e;
     TRACE(WHALE_F32, b->datt, 2, DIMS(T, HD), "grad.layers.%d.attn.context", l);
-    memset(b->dk, 0, sizeof(float) * (size_t)T * KVD);
-    memset(b->dv, 0, sizeof(float) * (size_t)T * KVD);
+    OP(buf_zero, b->dk, sizeof(float) * (size_t)T * KVD);
+    OP(buf_zero, b->dv, sizeof(float) * (size_t)T * KVD);
     for (int bi = 0; bi < B; bi++) {
         size_t qo = (size_t)bi * S * HD, ko = (size_t)bi * S * KVD;
-        if ((e = k_attention_backward(s->gemm, b->dq + qo, b->dk + ko, b->dv + ko, b->datt + qo, a->q + qo, a->k + ko,
+        if ((e = OP(attention_backward, b->dq + qo, b->dk + ko, b->dv + ko, b->datt + qo, a->q + qo, a->k + ko,
                                       a->v + ko, KVD, s->seg ? s->seg + (size_t)bi * S : NULL, S, 0, c->H, c->Hkv,
                                       c->Dh, scale, whale_attention_products(s->base.model), b->att_work, err)))
             return e;
     }
-    k_rope_backward(b->dq, T, HD, c->H, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
-    k_rope_backward(b->dk, T, KVD, c->Hkv, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
+    OP(rope_backward, b->dq, T, HD, c->H, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
+    OP(rope_backward, b->dk, T, KVD, c->Hkv, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
     TRACE(WHALE_F32, b->dq, 2, DIMS(T, HD), "grad.layers.%d.attn.q", l);
     TRACE(WHALE_F32, b->dk, 2, DIMS(T, KVD), "grad.layers.%d.attn.k", l);
     TRACE(WHALE_F32, b->dv, 2, DIMS(T, KVD), "grad.layers.%d.attn.v", l);
-    if (gl->bq) bias_backward(gl->bq, b->dq, T, HD);
-    if (gl->bk) bias_backward(gl->bk, b->dk, T, KVD);
-    if (gl->bv) bias_backward(gl->bv, b->dv, T, KVD);
+    if (gl->bq) OP(add_rows_backward, gl->bq, b->dq, T, HD);
+    if (gl->bk) OP(add_rows_backward, gl->bk, b->dk, T, KVD);
+    if (gl->bv) OP(add_rows_backward, gl->bv, b->dv, T, KVD);
     if ((e = linear_dx(s, T, HD, D, b->dq, ly->wq, b->dxn, 0, err)) ||
         (e = linear_dx(s, T, KVD, D, b->dk, ly->wk, b->dxn, 1, err)) ||
         (e = linear_dx(s, T, KVD, D, b->dv, ly->wv, b->dxn, 1, err)) ||
@@ -786,8 +746,8 @@ static whale_code attention_backward(qw_session *s, const qw_model *qw, const qw
  * the residual branch and the normalised branch of one sub-layer meet. */
 static void norm_backward(qw_session *s, const float *x, const float *w, float *gw, const float *rstd, int T, int D) {
     struct qw_backward *b = s->bw;
-    k_rmsnorm_backward(b->dxn, gw, b->dxn, x, w, rstd, T, D);
-    add(b->dx, b->dx, b->dxn, (size_t)T * D);
+    OP(rmsnorm_backward, b->dxn, gw, b->dxn, x, w, rstd, T, D);
+    OP(add, b->dx, b->dx, b->dxn, (size_t)T * D);
 }
 
 static whale_code qw_train_step(whale_session *base, const int32_t *ids, const int32_t *labels, const int32_t *pos,
@@ -800,7 +760,8 @@ static whale_code qw_train_step(whale_session *base, const int32_t *ids, const i
     qw_model *gw = &b->gw;
     int T = B * S, D = c->D, V = c->vocab;
     s->seg = seg;
-    whale_code e = forward_hidden(s, ids, pos, B, S, err);
+    const whale_ubatch ub = whale_ubatch_training(base->train_spans, ids, pos, B, S);
+    whale_code e = forward_hidden(s, &ub, err);
     if (e) return e;
 
     /* lm_head and cross-entropy in row chunks; row t predicts token t+1 */
@@ -824,15 +785,16 @@ static whale_code qw_train_step(whale_session *base, const int32_t *ids, const i
     if (loss_scale == 0) return WHALE_OK;
 
     TRACE(WHALE_F32, b->dx, 2, DIMS(T, D), "grad.final_hidden");
-    PROF(s, P_B_NORM, k_rmsnorm_backward(b->dx, gw->norm, b->dx, s->X[c->L], qw->norm, s->hn_rstd, T, D));
+    PROF(s, P_B_NORM, OP(rmsnorm_backward, b->dx, gw->norm, b->dx, s->X[c->L], qw->norm, s->hn_rstd, T, D));
     for (int l = c->L - 1; l >= 0; l--) {
+        if ((e = whale_session_check_abort(&s->base, err))) return e;
         const qw_layer *ly = &qw->layers[l];
         qw_layer *gl = &gw->layers[l];
         const qw_layer_acts *a = &s->acts[s->n_act_sets > 1 ? l : 0];
         if (s->stash) { /* bf16 training: this layer's activations from their bf16 copies */
             PROF(s, P_STASH, stash_get(s, &s->acts[0], l, (size_t)T));
         } else if (s->n_act_sets == 1) { /* recompute: this layer's activations again, from its saved input */
-            PROF(s, P_RECOMPUTE, e = layer_forward(s, l, B, S, &s->acts[0], err));
+            PROF(s, P_RECOMPUTE, e = layer_forward(s, l, &s->acts[0], err));
             if (e) return e;
         }
         /* b->dx: gradient of the layer's output, then of the state after
@@ -848,11 +810,8 @@ static whale_code qw_train_step(whale_session *base, const int32_t *ids, const i
     }
     TRACE(WHALE_F32, b->dx, 2, DIMS(T, D), "grad.embedding");
     /* embedding: each token's row gets its gradient, in token order (deterministic) */
-    PROF(s, P_B_EMBED, for (int t = 0; gw->embed && t < T; t++) { /* NULL: frozen */
-        float *row = gw->embed + (size_t)ids[t] * D;
-        const float *d = b->dx + (size_t)t * D;
-        for (int i = 0; i < D; i++) row[i] += d[i];
-    });
+    if (gw->embed) /* NULL: frozen */
+        PROF(s, P_B_EMBED, OP(scatter_add_rows, gw->embed, D, b->dx, D, ids, NULL, T, D));
     return WHALE_OK;
 }
 
@@ -860,7 +819,7 @@ static whale_code train_session_create(whale_model *m, int max_batch, int seq, i
                                        qw_session **out, whale_err *err) {
     const qw_config *c = &((const qw_model *)m->impl)->c;
     qw_session *s = NULL;
-    whale_code e = session_create(m, max_batch, seq, 1, recompute, count_only, &s, err);
+    whale_code e = session_create(m, max_batch, seq, max_batch * seq, 1, recompute, count_only, &s, err);
     if (e) return e;
     whale_session *base = &s->base;
     base->train_fn = qw_train_step;
@@ -891,7 +850,7 @@ static whale_code train_session_create(whale_model *m, int max_batch, int seq, i
 #define A(ptr, n) ((ptr = sess_alloc(s, (n), 4, &tot)) != NULL)
     if (!(A(b->dx, T * D) && A(b->dxn, T * D) && A(b->datt, T * HD) && A(b->dq, T * HD) && A(b->dk, T * KVD) &&
           A(b->dv, T * KVD) && A(b->dh, T * F) && A(b->du, T * F) && A(b->tgt, T) && A(b->logits, ch * V) &&
-          A(b->att_work, k_attention_backward_work_floats(seq, c->H, c->Hkv, c->Dh)))) {
+          A(b->att_work, OP(attention_backward_work_floats, seq, c->H, c->Hkv, c->Dh)))) {
         qw_session_free(base);
         return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate training buffers for batch %d × %d", max_batch, seq);
     }
@@ -914,7 +873,7 @@ static whale_code qw_session_sizes(whale_model *m, int max_batch, int seq, int t
                                    whale_session_sizes *out, whale_err *err) {
     qw_session *s = NULL;
     whale_code e = training ? train_session_create(m, max_batch, seq, recompute, 1, &s, err)
-                            : session_create(m, max_batch, seq, 0, 0, 1, &s, err);
+                            : session_create(m, max_batch, seq, max_batch * seq, 0, 0, 1, &s, err);
     if (e) return e;
     whale_session_sizes_of(&s->base, out);
     qw_session_free(&s->base);

@@ -10,6 +10,8 @@
  * copy is the only storage (inference loads, LoRA's frozen base). */
 #include "models/model.h"
 
+#include "backend/backend.h"
+
 #include "core/core.h"
 #include "io/safetensors.h"
 #include "kernels/convert.h"
@@ -23,9 +25,8 @@
 #include <unistd.h>
 
 int whale_param_is_product_weight(const whale_param *p) {
-    size_t n = strlen(p->name);
-    return p->ndim == 2 && n > 7 && !strcmp(p->name + n - 7, ".weight") && !strstr(p->name, "ffn.gate.") &&
-           !strstr(p->name, ".lora_");
+    assert(p->ndim == 2 || (p->role != WHALE_ROLE_LINEAR && p->role != WHALE_ROLE_EMBED && p->role != WHALE_ROLE_HEAD));
+    return p->role == WHALE_ROLE_LINEAR || p->role == WHALE_ROLE_EMBED || p->role == WHALE_ROLE_HEAD;
 }
 
 static int is_handle(const whale_model *m, const float *W) {
@@ -57,16 +58,9 @@ whale_wview whale_model_weight(const whale_model *m, const float *W) {
 }
 
 static void view_row_to_f32(const whale_wview *v, int64_t cols, float *out) {
-    switch (v->dtype) {
-    case WHALE_BF16: whale_bf16_to_f32(out, v->data, (size_t)cols); break;
-    case WHALE_F16: whale_f16_to_f32(out, v->data, (size_t)cols); break;
-    case WHALE_I8: {
-        const int8_t *q = v->data;
-        for (int64_t i = 0; i < cols; i++) out[i] = (float)q[i] * v->scale[0];
-        break;
-    }
-    default: memcpy(out, v->data, sizeof(float) * (size_t)cols);
-    }
+    const whale_format *f = whale_format_of(v->dtype);
+    assert(f);
+    f->row_to_f32(out, v->data, f->row_scale ? v->scale[0] : 1.0f, cols);
 }
 
 void whale_model_row(const whale_model *m, const float *W, int64_t r, int64_t cols, float *out) {
@@ -111,10 +105,9 @@ static void convert_block(void *dst, float *scale, whale_dtype dt, const char *s
     else if (sdt == WHALE_F16) whale_f16_to_f32(tmp, sb, cnt);
     else if ((uintptr_t)sb & (sizeof(float) - 1)) memcpy(tmp, sb, cnt * sizeof(float)); /* unaligned fp32 */
     if (sdt != WHALE_F32 || (uintptr_t)sb & (sizeof(float) - 1)) f = tmp;
-    if (dt == WHALE_F32) memcpy((float *)dst + off, f, cnt * sizeof(float));
-    else if (dt == WHALE_BF16) whale_f32_to_bf16_rows((uint16_t *)dst + off, f, cnt);
-    else if (dt == WHALE_F16) whale_f32_to_f16_rows((uint16_t *)dst + off, f, cnt);
-    else whale_quantize_q8_rows((int8_t *)dst + off, scale + r0, f, (int)n, (int)cols);
+    const whale_format *fmt = whale_format_of(dt);
+    assert(fmt);
+    fmt->from_f32((char *)dst + off * whale_dtype_size(dt), fmt->row_scale ? scale + r0 : NULL, f, n, cols);
 }
 
 /* dst (rows × cols of dt, int8 scales into scale) from src of dtype sdt, in
@@ -153,12 +146,6 @@ whale_code whale_convert_checkpoint(void *dst, whale_dtype dt, const void *src, 
         return whale_errf(err, WHALE_ERR_NOMEM, "out of memory converting a %lld × %lld tensor", (long long)rows,
                           (long long)cols);
     return WHALE_OK;
-}
-
-size_t whale_copy_bytes(whale_dtype dt, int64_t rows, int64_t cols) {
-    size_t b = (size_t)(rows * cols) * whale_dtype_size(dt);
-    if (dt == WHALE_I8) b += sizeof(float) * (size_t)rows;
-    return (b + 63) & ~(size_t)63;
 }
 
 static int copy_cmp(const void *a, const void *b) {
@@ -209,7 +196,7 @@ whale_code whale_model_build_copies(whale_model *m, whale_dtype dt, const whale_
             continue;
         }
         char *dst = (char *)m->copy_mem + off;
-        float *scale = dt == WHALE_I8 ? (float *)(dst + (size_t)(rows * cols)) : NULL;
+        float *scale = whale_format_of(dt)->row_scale ? (float *)(dst + (size_t)(rows * cols)) : NULL;
         /* the int8 values come first; scales after them, 4-byte aligned */
         if (scale) scale = (float *)(((uintptr_t)scale + 3) & ~(uintptr_t)3);
         if (!(e ? convert_rows(dst, scale, dt, e->data, e->dtype, rows, cols, 1)
@@ -371,6 +358,25 @@ static int lora_begin(whale_session *s, const float *W, int M, int K, lora_call 
     return 1;
 }
 
+/* The fp32 products of the adapters, through the session's backend. */
+static whale_code f32_nt(whale_session *s, int M, int N, int K, const float *A, int lda, const float *W, int ldw,
+                         float *C, int ldc, int acc, whale_err *err) {
+    return s->be->matmul_nt(s->be, M, N, K, A, lda, (whale_wref){WHALE_F32, W, ldw, NULL}, C, ldc, acc, err);
+}
+static whale_code f32_nn(whale_session *s, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                         float *C, int ldc, int acc, whale_err *err) {
+    return s->be->matmul_nn(s->be, M, N, K, A, lda, (whale_wref){WHALE_F32, B, ldb, NULL}, C, ldc, acc, err);
+}
+static whale_code f32_tn(whale_session *s, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                         float *C, int ldc, whale_err *err) {
+    return s->be->matmul_tn(s->be, WHALE_F32, M, N, K, A, lda, B, ldb, C, ldc, 1, err);
+}
+
+whale_wref whale_model_wref(const whale_model *m, const float *W, int ldw) {
+    whale_wview v = whale_model_weight(m, W);
+    return (whale_wref){v.dtype, v.dtype == WHALE_F32 ? (const void *)W : v.data, ldw, v.scale};
+}
+
 /* xa = drop(X)·Aᵀ; with dropout, xd receives drop(X). */
 static whale_code lora_input(whale_session *s, lora_call *lc, int M, int K, const float *X, int ldx, whale_err *err) {
     const whale_lora_target *t = lc->t;
@@ -384,44 +390,34 @@ static whale_code lora_input(whale_session *s, lora_call *lc, int M, int K, cons
         X = lc->xd;
         ldx = K;
     }
-    return whale_gemm_nt(s->gemm, M, t->rank, K, X, ldx, t->A, (int)t->cols, lc->xa, t->rank, 0, err);
+    return f32_nt(s, M, t->rank, K, X, ldx, t->A, (int)t->cols, lc->xa, t->rank, 0, err);
 }
 
 whale_code whale_linear(whale_session *s, int M, int N, int K, const float *A, int lda, const float *W, int ldw,
                         float *C, int ldc, whale_err *err) {
-    const whale_model *m = s->model;
-    whale_gemm *g = s->gemm;
-    whale_wview v = whale_model_weight(m, W);
-    whale_code e;
-    switch (v.dtype) {
-    case WHALE_BF16: e = whale_gemm_nt_bf16(g, M, N, K, A, lda, v.data, ldw, C, ldc, 0, err); break;
-    case WHALE_F16:
-        if (!(e = whale_gemm_nt_f16(g, M, N, K, A, lda, v.data, ldw, C, ldc, 0, err))) round_rows_f16(C, M, N, ldc);
-        break;
-    case WHALE_I8: e = whale_gemm_nt_q8(g, M, N, K, A, lda, v.data, ldw, v.scale, C, ldc, 0, err); break;
-    default: e = whale_gemm_nt(g, M, N, K, A, lda, W, ldw, C, ldc, 0, err);
-    }
+    whale_wref w = whale_model_wref(s->model, W, ldw);
+    whale_code e = s->be->matmul_nt(s->be, M, N, K, A, lda, w, C, ldc, 0, err);
+    if (!e && w.format == WHALE_F16) round_rows_f16(C, M, N, ldc);
     lora_call lc;
     if (e || !lora_begin(s, W, M, K, &lc)) return e;
     /* C += s · (drop(A)·Aᵀ) · B[rows]ᵀ */
     const whale_lora_target *t = lc.t;
     if ((e = lora_input(s, &lc, M, K, A, lda, err))) return e;
     for (size_t i = 0; i < (size_t)M * t->rank; i++) lc.xa[i] *= t->scale;
-    return whale_gemm_nt(g, M, N, t->rank, lc.xa, t->rank, t->B + lc.row0 * t->rank, t->rank, C, ldc, 1, err);
+    return f32_nt(s, M, N, t->rank, lc.xa, t->rank, t->B + lc.row0 * t->rank, t->rank, C, ldc, 1, err);
 }
 
 whale_code whale_linear_parts(whale_session *s, int K, int n, const whale_linear_part *parts, whale_err *err) {
-    enum { MAX_PARTS = 16 };
     const whale_model *m = s->model;
-    whale_nt_part np[MAX_PARTS] = {{0}};
+    whale_mm_part np[WHALE_MM_MAX_PARTS] = {{0}};
     whale_dtype dt = WHALE_F32;
-    int joint = n <= MAX_PARTS;
+    int joint = n <= WHALE_MM_MAX_PARTS;
     for (int i = 0; i < n && joint; i++) {
         const whale_linear_part *p = &parts[i];
-        whale_wview v = whale_model_weight(m, p->W);
-        if (!i) dt = v.dtype;
-        joint = v.dtype == dt && !(m->n_lora && whale_lora_find(m, p->W));
-        np[i] = (whale_nt_part){p->M, p->N, p->A, p->lda, v.data, p->ldw, v.scale, p->C, p->ldc};
+        whale_wref w = whale_model_wref(m, p->W, p->ldw);
+        if (!i) dt = w.format;
+        joint = w.format == dt && !(m->n_lora && whale_lora_find(m, p->W));
+        np[i] = (whale_mm_part){p->M, p->N, p->A, p->lda, w.data, p->ldw, w.scale, p->C, p->ldc};
     }
     if (!joint) {
         for (int i = 0; i < n; i++) {
@@ -431,7 +427,7 @@ whale_code whale_linear_parts(whale_session *s, int K, int n, const whale_linear
         }
         return WHALE_OK;
     }
-    whale_code e = whale_gemm_nt_parts(s->gemm, dt, K, n, np, 0, err);
+    whale_code e = s->be->matmul_nt_parts(s->be, dt, K, n, np, 0, err);
     if (!e && dt == WHALE_F16)
         for (int i = 0; i < n; i++) round_rows_f16(parts[i].C, parts[i].M, parts[i].N, parts[i].ldc);
     return e;
@@ -439,30 +435,19 @@ whale_code whale_linear_parts(whale_session *s, int K, int n, const whale_linear
 
 whale_code whale_linear_dx(whale_session *s, int M, int N, int K, const float *dC, int lddc, const float *W, int ldw,
                            float *dA, int ldda, int accumulate, whale_err *err) {
-    const whale_model *m = s->model;
-    whale_gemm *g = s->gemm;
-    whale_wview v = whale_model_weight(m, W);
-    whale_code e;
-    switch (v.dtype) {
-    case WHALE_BF16: e = whale_gemm_nn_bf16(g, M, K, N, dC, lddc, v.data, ldw, dA, ldda, accumulate, err); break;
-    case WHALE_F16:
-        if (!(e = whale_gemm_nn_f16(g, M, K, N, dC, lddc, v.data, ldw, dA, ldda, accumulate, err)))
-            round_rows_f16(dA, M, K, ldda);
-        break;
-    case WHALE_I8: /* dC·(diag(scale)·q): dC's columns scaled in fp32, rounded to bf16, times q in bf16 */
-        e = whale_gemm_nn_q8(g, M, K, N, dC, lddc, v.data, ldw, v.scale, dA, ldda, accumulate, err);
-        break;
-    default: e = whale_gemm_nn(g, M, K, N, dC, lddc, W, ldw, dA, ldda, accumulate, err);
-    }
+    /* int8: dC·(diag(scale)·q), dC's columns scaled in fp32, rounded to bf16, times q in bf16 */
+    whale_wref w = whale_model_wref(s->model, W, ldw);
+    whale_code e = s->be->matmul_nn(s->be, M, K, N, dC, lddc, w, dA, ldda, accumulate, err);
+    if (!e && w.format == WHALE_F16) round_rows_f16(dA, M, K, ldda);
     lora_call lc;
     if (e || !lora_begin(s, W, M, K, &lc)) return e;
     /* dA += drop'(s · (dC·B[rows]) · A) */
     const whale_lora_target *t = lc.t;
     int r = t->rank;
-    if ((e = whale_gemm_nn(g, M, r, N, dC, lddc, t->B + lc.row0 * r, r, lc.u, r, 0, err))) return e;
+    if ((e = f32_nn(s, M, r, N, dC, lddc, t->B + lc.row0 * r, r, lc.u, r, 0, err))) return e;
     for (size_t i = 0; i < (size_t)M * r; i++) lc.u[i] *= t->scale;
-    if (!lc.xd) return whale_gemm_nn(g, M, K, r, lc.u, r, t->A, (int)t->cols, dA, ldda, 1, err);
-    if ((e = whale_gemm_nn(g, M, K, r, lc.u, r, t->A, (int)t->cols, lc.xd, K, 0, err))) return e;
+    if (!lc.xd) return f32_nn(s, M, K, r, lc.u, r, t->A, (int)t->cols, dA, ldda, 1, err);
+    if ((e = f32_nn(s, M, K, r, lc.u, r, t->A, (int)t->cols, lc.xd, K, 0, err))) return e;
 #pragma omp parallel for schedule(static) if ((long)M * K > 65536)
     for (int i = 0; i < M; i++)
         for (int k = 0; k < K; k++) {
@@ -475,17 +460,12 @@ whale_code whale_linear_dx(whale_session *s, int M, int N, int K, const float *d
 whale_code whale_linear_dw(whale_session *s, int M, int N, int K, const float *dC, int lddc, const float *A, int lda,
                            const float *W, float *dW, int lddw, whale_err *err) {
     const whale_model *m = s->model;
-    whale_gemm *g = s->gemm;
     whale_code e = WHALE_OK;
     if (dW) {
-        switch (m->compute_dtype) {
-        case WHALE_BF16: e = whale_gemm_tn_bf16(g, N, K, M, dC, lddc, A, lda, dW, lddw, 1, err); break;
-        case WHALE_F16: e = whale_gemm_tn_f16(g, N, K, M, dC, lddc, A, lda, dW, lddw, 1, err); break;
-        case WHALE_I8: /* an int8 base is frozen (LoRA): its weights have no gradient */
+        if (!whale_format_of(m->compute_dtype)->trainable) /* an int8 base is frozen (LoRA): no gradient */
             return whale_errf(err, WHALE_ERR_UNSUPPORTED,
                               "int8 weights cannot be trained: attach LoRA adapters to an int8 base");
-        default: e = whale_gemm_tn(g, N, K, M, dC, lddc, A, lda, dW, lddw, 1, err);
-        }
+        e = s->be->matmul_tn(s->be, m->compute_dtype, N, K, M, dC, lddc, A, lda, dW, lddw, 1, err);
     }
     lora_call lc;
     if (e || !lora_begin(s, W, M, K, &lc)) return e;
@@ -498,8 +478,8 @@ whale_code whale_linear_dw(whale_session *s, int M, int N, int K, const float *d
     const float *X = lc.xd ? lc.xd : A;
     int ldx = lc.xd ? K : lda;
     for (size_t i = 0; i < (size_t)M * r; i++) lc.xa[i] *= t->scale;
-    if ((e = whale_gemm_tn(g, N, r, M, dC, lddc, lc.xa, r, gB + lc.row0 * r, r, 1, err))) return e;
-    if ((e = whale_gemm_nn(g, M, r, N, dC, lddc, t->B + lc.row0 * r, r, lc.u, r, 0, err))) return e;
+    if ((e = f32_tn(s, N, r, M, dC, lddc, lc.xa, r, gB + lc.row0 * r, r, err))) return e;
+    if ((e = f32_nn(s, M, r, N, dC, lddc, t->B + lc.row0 * r, r, lc.u, r, 0, err))) return e;
     for (size_t i = 0; i < (size_t)M * r; i++) lc.u[i] *= t->scale;
-    return whale_gemm_tn(g, r, K, M, lc.u, r, X, ldx, gA, (int)t->cols, 1, err);
+    return f32_tn(s, r, K, M, lc.u, r, X, ldx, gA, (int)t->cols, err);
 }

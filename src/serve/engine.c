@@ -44,7 +44,7 @@ struct serve_engine {
     int32_t stop_ids[32];
     int n_stop_ids;
     slot_t *slots;
-    whale_batch batch;
+    whale_dbatch batch;
     int *out_slot; /* [n_seq] slot of each logits row */
     float *logits; /* [n_seq, V] */
     int prefill_next; /* round robin over prefilling slots */
@@ -248,12 +248,12 @@ static whale_code slot_start(serve_engine *e, serve_job *j, whale_err *err) {
 
 /* The batch: each decoding slot's last token, then prompt chunks. */
 static whale_code step_build(serve_engine *e, int *n_out, int *n_prefill, whale_err *err) {
-    whale_batch_clear(&e->batch);
+    whale_dbatch_clear(&e->batch);
     *n_out = *n_prefill = 0;
     for (int i = 0; i < e->n_seq; i++) {
         slot_t *sl = &e->slots[i];
         if (!sl->job || sl->n_toks <= sl->job->n_prompt) continue;
-        whale_code c = whale_batch_add(&e->batch, sl->toks[sl->n_toks - 1], sl->n_cells, i, 1, err);
+        whale_code c = whale_dbatch_add(&e->batch, sl->toks[sl->n_toks - 1], sl->n_cells, i, 1, err);
         if (c) return c;
         e->out_slot[(*n_out)++] = i;
     }
@@ -265,7 +265,7 @@ static whale_code step_build(serve_engine *e, int *n_out, int *n_prefill, whale_
         int left = sl->n_toks - sl->n_cells, take = left < budget ? left : budget;
         for (int t = 0; t < take; t++) {
             int last = t == left - 1;
-            whale_code c = whale_batch_add(&e->batch, sl->toks[sl->n_cells + t], sl->n_cells + t, i, last, err);
+            whale_code c = whale_dbatch_add(&e->batch, sl->toks[sl->n_cells + t], sl->n_cells + t, i, last, err);
             if (c) return c;
             if (last) e->out_slot[(*n_out)++] = i;
         }
@@ -442,7 +442,7 @@ static whale_code engine_alloc(serve_engine *e, whale_err *err) {
         if (!sl->toks || !sl->counts || !sl->distinct)
             return whale_errf(err, WHALE_ERR_NOMEM, "out of memory for the slots");
     }
-    return whale_batch_init(&e->batch, e->n_batch, err);
+    return whale_dbatch_init(&e->batch, e->n_batch, err);
 }
 
 whale_code serve_engine_new(whale_model *m, const whale_tokenizer *tok, const int32_t *stop_ids, int n_stop,
@@ -499,7 +499,7 @@ void serve_engine_free(serve_engine *e) {
     free(e->slots);
     free(e->out_slot);
     free(e->logits);
-    whale_batch_free(&e->batch);
+    whale_dbatch_free(&e->batch);
     whale_session_free(e->s);
     pthread_cond_destroy(&e->work);
     pthread_mutex_destroy(&e->mu);

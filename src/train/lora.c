@@ -43,8 +43,7 @@ static void module_name(const char *param, char *out, size_t cap) {
 /* all-linear: every product weight except the embedding and lm_head (the
  * gate is not a product weight: a raw parameter). */
 int whale_lora_is_target(const whale_param *p, const char *targets) {
-    if (!whale_param_is_product_weight(p) || strstr(p->name, "embed_tokens") || !strcmp(p->name, "lm_head.weight"))
-        return 0;
+    if (p->role != WHALE_ROLE_LINEAR) return 0; /* nor the embedding, the lm_head, the gate */
     if (!strcmp(targets, "all-linear")) return 1;
     char mod[64];
     module_name(p->name, mod, sizeof mod);
@@ -113,9 +112,9 @@ static whale_code add_adapters(whale_model *m, const whale_lora_config *cfg, wha
         snprintf(stem, sizeof stem, "%.*s", (int)(strlen(base->name) - 7), base->name);
         const int64_t sa[2] = {cfg->rank, cols}, sb[2] = {rows, cfg->rank};
         t->a = m->n_params;
-        whale_param *pa = whale_model_add_param(m, nb + 2 * n, &t->A, 1, 1, 2, sa, "%s.lora_A.weight", stem);
+        whale_param *pa = whale_model_add_param(m, nb + 2 * n, &t->A, WHALE_ROLE_ADAPTER, 1, 1, 2, sa, "%s.lora_A.weight", stem);
         t->b = m->n_params;
-        whale_param *pb = whale_model_add_param(m, nb + 2 * n, &t->B, 1, 1, 2, sb, "%s.lora_B.weight", stem);
+        whale_param *pb = whale_model_add_param(m, nb + 2 * n, &t->B, WHALE_ROLE_ADAPTER, 1, 1, 2, sb, "%s.lora_B.weight", stem);
         pa->data = t->A = mem + off;
         off += (size_t)cfg->rank * (size_t)cols;
         pb->data = t->B = mem + off;

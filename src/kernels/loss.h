@@ -1,7 +1,7 @@
-/* Cross-entropy losses with their gradients, for training. The plain forward
+/* Cross-entropy losses with their gradients (the lm_head's loss in training). The plain forward
  * loss whale_cross_entropy is declared in whale.h. */
-#ifndef WHALE_TRAIN_LOSS_H
-#define WHALE_TRAIN_LOSS_H
+#ifndef WHALE_KERNELS_LOSS_H
+#define WHALE_KERNELS_LOSS_H
 
 #include "whale.h"
 
