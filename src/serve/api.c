@@ -143,13 +143,13 @@ static int parse_sampling(const serve_text *tx, const cJSON *root, serve_job *j,
 /* n, logprobs, stream, stream_options, max_tokens and the extensions. */
 static int parse_options(const cJSON *root, int chat, serve_job *j, serve_gen_request *req, serve_error *e) {
     double d;
-    int r, b = 0;
+    int r;
     if ((r = get_number(root, "n", 1, 1, 1, &d, e)) < 0) return BAD(e, "n", "only n = 1 is supported");
-    if ((r = get_bool(root, "logprobs", &b, e)) < 0) return -1;
-    if (r && b) return BAD(e, "logprobs", "logprobs are not supported");
-    if (!chat && cJSON_GetObjectItemCaseSensitive(root, "logprobs") && !r) {
-        const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
-        if (!cJSON_IsNull(lp)) return BAD(e, "logprobs", "logprobs are not supported");
+    const char *lps[] = {"logprobs", "top_logprobs"}; /* chat: a boolean and a count; completions: a count */
+    for (int k = 0; k < 2; k++) {
+        const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, lps[k]);
+        if (lp && !cJSON_IsNull(lp) && !cJSON_IsFalse(lp) && !(cJSON_IsNumber(lp) && lp->valuedouble == 0))
+            return BAD(e, lps[k], "logprobs are not supported");
     }
     if (get_bool(root, "stream", &req->stream, e) < 0) return -1;
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
@@ -455,7 +455,11 @@ int serve_tokenize(const serve_text *tx, const char *body, size_t len, char **ou
     cJSON *root;
     if (parse_body(body, len, &root, e)) return -1;
     serve_job *j = serve_job_new();
-    int add = 1, r = j ? check_model(tx, root, 0, e) : -1;
+    if (!j) {
+        cJSON_Delete(root);
+        return serve_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1;
+    }
+    int add = 1, r = check_model(tx, root, 0, e);
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
     if (!p) p = cJSON_GetObjectItemCaseSensitive(root, "content");
     if (!r && get_bool(root, "add_special_tokens", &add, e) < 0) r = -1;
@@ -466,7 +470,6 @@ int serve_tokenize(const serve_text *tx, const char *body, size_t len, char **ou
     for (int i = 0; ids && i < j->n_prompt; i++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(j->prompt[i]));
     if (o) cJSON_AddNumberToObject(o, "count", j->n_prompt), cJSON_AddNumberToObject(o, "max_model_len", tx->ctx);
     if (!r && !(*out = print_free(o))) r = (serve_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1);
-    if (!j && !r) r = -1;
     serve_job_release(NULL, j);
     cJSON_Delete(root);
     return r;
