@@ -64,7 +64,7 @@ PID2=$PID URL2=$URL
 
 export SERVE_URL=$URL1 SERVE_KEY=sekret-key SERVE_MODEL=m SERVE_DIR=$TMP/m WHALE TMP SERVE_PID=$PID1
 export SERVE_URL2=$URL2 SERVE_PID2=$PID2
-for script in client.mjs "concurrent.mjs 8" hostile.mjs; do
+for script in client.mjs "concurrent.mjs 12" hostile.mjs; do
     # shellcheck disable=SC2086
     node "$SERVE_JS"/$script >"$TMP/node.out" 2>&1
     st=$?

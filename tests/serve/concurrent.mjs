@@ -1,6 +1,8 @@
 // N concurrent streaming clients with different prompts and lengths each get
 // exactly the greedy continuation they get alone, while the server batches
-// them (the metrics show more than one sequence per forward).
+// them (the metrics show more than one sequence per forward). With more
+// clients than slots the rest wait in the queue; prompts sharing a prefix
+// ("Request 1", "Request 10") reuse cached cells, copied between slots.
 import { env, check, finish, call, metric } from './lib.mjs';
 
 const N = Number(process.argv[2] ?? 8);
@@ -39,6 +41,7 @@ for (let i = 0; i < N; i++)
         JSON.stringify([together[i].out, alone[i].out]));
 const maxAfter = await metric('whale_batch_sequences_max');
 check('the server batched them (more than one sequence per forward)', maxAfter > 1, `${maxBefore} -> ${maxAfter}`);
+check('cached prompt prefixes were reused', (await metric('whale_prompt_tokens_reused_total')) > 0);
 const busy = await metric('whale_slots_busy');
 check('every slot is free again', busy === 0, busy);
 const h = await call('/health', undefined, { headers: {} });
