@@ -155,9 +155,10 @@ const char *whale_cpu_extras(void);
 
 typedef struct whale_model whale_model;
 
-/* Model families: nanowhale (DeepSeek-V4 style, model_type deepseek_v4) and
- * Qwen2 / Qwen2.5 (model_type qwen2, Qwen2ForCausalLM). */
-typedef enum { WHALE_FAMILY_NANOWHALE = 0, WHALE_FAMILY_QWEN2, WHALE_FAMILY_COUNT } whale_family;
+/* Model families, named by string (whale_model_family): "nanowhale"
+ * (DeepSeek-V4 style, model_type deepseek_v4) and "dense", the dense
+ * decoder: model_type qwen2 (Qwen2 / Qwen2.5), llama (Llama 2/3/3.1/3.2,
+ * SmolLM2) and qwen3. whale_model_type gives the config's model_type. */
 
 /* Load a Hugging Face model directory (config.json + model.safetensors or
  * model.safetensors.index.json). Loading is strict: every missing,
@@ -165,7 +166,8 @@ typedef enum { WHALE_FAMILY_NANOWHALE = 0, WHALE_FAMILY_QWEN2, WHALE_FAMILY_COUN
 whale_code whale_model_load(const char *dir, whale_model **out, whale_err *err);
 
 /* Random initialisation. preset: "nanowhale-100m", "debug", "small", "tiny",
- * "qwen2.5-0.5b", "qwen2.5-7b", "qwen2-tiny", or a path to a config.json.
+ * "qwen2.5-0.5b", "qwen2.5-7b", "qwen2-tiny", "smollm2-135m", "llama-3.2-1b",
+ * "llama-tiny", "qwen3-0.6b", "qwen3-tiny", or a path to a config.json.
  * Weights follow the family's reference init. */
 whale_code whale_model_init(const char *preset, uint64_t seed, whale_model **out, whale_err *err);
 /* Random initialisation written straight to dir (config.json +
@@ -188,7 +190,8 @@ whale_code whale_model_save(const whale_model *m, const char *dir, whale_err *er
 
 void whale_model_free(whale_model *m);
 
-whale_family whale_model_family(const whale_model *m);
+const char *whale_model_family(const whale_model *m);
+const char *whale_model_type(const whale_model *m);
 int whale_model_vocab_size(const whale_model *m);
 int whale_model_max_positions(const whale_model *m);
 int64_t whale_model_param_count(const whale_model *m);

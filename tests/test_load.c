@@ -72,7 +72,7 @@ static void edit_groups(cJSON *j) { set_num(j, "o_groups", 3); }
 static void edit_topk(cJSON *j) { set_num(j, "num_experts_per_tok", 5); }
 static void edit_frac(cJSON *j) { set_num(j, "hidden_size", 64.5); }
 static void edit_string(cJSON *j) { cJSON_ReplaceItemInObject(j, "vocab_size", cJSON_CreateString("512")); }
-static void edit_type(cJSON *j) { cJSON_ReplaceItemInObject(j, "model_type", cJSON_CreateString("llama")); }
+static void edit_type(cJSON *j) { cJSON_ReplaceItemInObject(j, "model_type", cJSON_CreateString("mistral")); }
 static void edit_scoring(cJSON *j) { cJSON_ReplaceItemInObject(j, "scoring_func", cJSON_CreateString("relu")); }
 static void edit_eos(cJSON *j) { set_num(j, "eos_token_id", 100000); }
 static void edit_hidden(cJSON *j) { set_num(j, "hidden_size", 32); } /* valid config, wrong weights */
@@ -87,7 +87,7 @@ static void test_config_errors(void) {
     expect_config_error("topk", edit_topk, WHALE_ERR_FORMAT, "num_experts_per_tok");
     expect_config_error("frac", edit_frac, WHALE_ERR_FORMAT, "integer");
     expect_config_error("string", edit_string, WHALE_ERR_FORMAT, "vocab_size");
-    expect_config_error("type", edit_type, WHALE_ERR_UNSUPPORTED, "llama");
+    expect_config_error("type", edit_type, WHALE_ERR_UNSUPPORTED, "mistral");
     expect_config_error("scoring", edit_scoring, WHALE_ERR_UNSUPPORTED, "scoring_func");
     expect_config_error("eos", edit_eos, WHALE_ERR_FORMAT, "eos_token_id");
     /* shapes follow the config: every tensor touching hidden_size is wrong */

@@ -258,7 +258,7 @@ static void check_case(const char *name) {
         return;
     }
     int32_t eos[8];
-    CHECK(whale_model_family(m) == WHALE_FAMILY_QWEN2 && whale_model_eos_ids(m, eos, 8) == 2 && eos[0] == 1 &&
+    CHECK(!strcmp(whale_model_family(m), "dense") && !strcmp(whale_model_type(m), "qwen2") && whale_model_eos_ids(m, eos, 8) == 2 && eos[0] == 1 &&
               eos[1] == 2,
           "%s: family and eos list", name);
     const whale_st_entry *ids_e = need(g, "input_ids");
@@ -684,10 +684,14 @@ static void check_bad_configs(void) {
         {"{\"use_sliding_window\": true}", "sliding-window attention is not supported", WHALE_ERR_UNSUPPORTED},
         {"{\"layer_types\": [\"full_attention\", \"sliding_attention\"]}", "sliding-window attention is not supported",
          WHALE_ERR_UNSUPPORTED},
-        {"{\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0}}", "rope_scaling of type \"yarn\"",
-         WHALE_ERR_UNSUPPORTED},
-        {"{\"rope_scaling\": {\"rope_type\": \"dynamic\", \"factor\": 2.0}}", "\"dynamic\" is not supported",
-         WHALE_ERR_UNSUPPORTED},
+        {"{\"rope_scaling\": {\"type\": \"longrope\", \"factor\": 4.0}}",
+         "rope_scaling: rope_type \"longrope\" is not supported", WHALE_ERR_UNSUPPORTED},
+        {"{\"rope_scaling\": {\"rope_type\": \"dynamic\"}}", "rope_scaling: missing required field \"factor\"",
+         WHALE_ERR_FORMAT},
+        {"{\"rope_parameters\": {\"rope_theta\": 1e6, \"rope_type\": \"mrope\"}}",
+         "rope_parameters: rope_type \"mrope\" is not supported", WHALE_ERR_UNSUPPORTED},
+        {"{\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}}",
+         "rope_scaling: missing required field \"original_max_position_embeddings\"", WHALE_ERR_FORMAT},
         {"{\"num_key_value_heads\": 3}", "num_key_value_heads (3) must divide num_attention_heads (4)",
          WHALE_ERR_FORMAT},
         {"{\"hidden_size\": 66}", "hidden_size (66) must be divisible by num_attention_heads (4)", WHALE_ERR_FORMAT},

@@ -1,7 +1,8 @@
 /* Tokenizer tests: encodings and decodings identical to Hugging Face's
  * tokenizers (goldens in tests/data/tokenizer, made by
- * tests/reference/tokenizer/gen_goldens.mjs) for the DeepSeek-V3 and Qwen
- * tokenizers, streaming decode, invalid UTF-8, special tokens, speed on a
+ * tests/reference/tokenizer/gen_goldens.mjs) for the DeepSeek-V3, Qwen and
+ * Llama 3 tokenizers (Llama 3's decode with transformers' clean-up of
+ * spaces, as its tokenizer_config.json asks), streaming decode, invalid UTF-8, special tokens, speed on a
  * 100 KB word, and load errors on small synthetic files.
  *
  * The real tokenizer files are fetched by scripts/fetch-tokenizers.sh into
@@ -186,6 +187,14 @@ static void check_golden(const char *tokdir, const char *name, int has_normalize
         if (!eq && rc == WHALE_OK) show_diff(ename, ids, n, gids);
         same += eq;
         count++;
+        const cJSON *gsp = cJSON_GetObjectItem(e, "ids_with_special"); /* add_special_tokens=true */
+        if (gsp) {
+            int32_t *sids;
+            int sn;
+            CHECK(whale_tokenizer_encode(t, text, tl, 1, &sids, &sn, &err) == WHALE_OK && ids_equal(sids, sn, gsp),
+                  "%s/%s: ids with special tokens differ from Hugging Face", name, ename);
+            free(sids);
+        }
         /* decode, with and without special tokens, against the golden */
         const char *want[2] = {cJSON_GetObjectItem(e, "decoded")->valuestring,
                                cJSON_GetObjectItem(e, "decoded_skip_special")->valuestring};
@@ -586,11 +595,14 @@ int main(void) {
     int have = stat(probe, &st) == 0;
     snprintf(probe, sizeof probe, "%s/qwen3/tokenizer.json", tokdir);
     have = have && stat(probe, &st) == 0;
+    snprintf(probe, sizeof probe, "%s/llama3/tokenizer.json", tokdir);
+    have = have && stat(probe, &st) == 0;
     CHECK(have, "the real tokenizer files are missing from %s: run scripts/fetch-tokenizers.sh "
                 "(or set WHALE_TOKENIZERS to where they are)", tokdir);
     if (have) {
         check_golden(tokdir, "deepseek_v3", 0);
         check_golden(tokdir, "qwen3", 1);
+        check_golden(tokdir, "llama3", 1); /* decode cleans up spaces (clean_up_tokenization_spaces): not the input */
         check_deepseek_specials(tokdir);
         check_qwen_specials(tokdir);
     }

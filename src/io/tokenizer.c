@@ -828,9 +828,7 @@ static whale_code load_config(loader *L, const cJSON *cfg) {
     int v = 0;
     whale_code rc;
     if ((rc = get_bool(L, cfg, "tokenizer_config", "clean_up_tokenization_spaces", 0, &v))) return rc;
-    if (v)
-        return FAIL(L, WHALE_ERR_UNSUPPORTED,
-                    "clean_up_tokenization_spaces: true is not supported (decoded text would differ)");
+    t->clean_up = v; /* decode as transformers does (Llama 3's files ask for it) */
     if ((rc = get_bool(L, cfg, "tokenizer_config", "split_special_tokens", 0, &t->split_special))) return rc;
     /* add_bos_token / add_eos_token rebuild the template, as transformers does */
     static const char *const adds[] = {"add_bos_token", "add_eos_token"};
@@ -1086,6 +1084,38 @@ static int append_id(const whale_tokenizer *t, tok_buf *b, int32_t id, int skip_
     return tok_buf_append(b, t->dec + t->dec_off[id], t->dec_len[id]);
 }
 
+/* transformers' clean_up_tokenization on n bytes, in place (each pattern
+ * replaced left to right over the whole text, in this order, as Python's
+ * str.replace chain does); returns the new length. */
+static size_t clean_up(char *s, size_t n) {
+    static const char *const pat[][2] = {{" .", "."},  {" ?", "?"},   {" !", "!"},   {" ,", ","},   {" ' ", "'"},
+                                          {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+    for (size_t k = 0; k < sizeof pat / sizeof pat[0]; k++) {
+        size_t pl = strlen(pat[k][0]), rl = strlen(pat[k][1]), o = 0;
+        for (size_t i = 0; i < n;) {
+            if (i + pl <= n && !memcmp(s + i, pat[k][0], pl)) {
+                memmove(s + o, pat[k][1], rl);
+                o += rl, i += pl;
+            } else s[o++] = s[i++];
+        }
+        n = o;
+    }
+    return n;
+}
+
+/* How much of the n decoded bytes can be cleaned up and emitted now: no
+ * pattern (at most 4 bytes, each starting with a space) may straddle the
+ * cut, so the 4 bytes before it hold no space, and it falls between
+ * characters. */
+static size_t clean_up_safe(const char *s, size_t n) {
+    for (size_t p = n; p > 0; p--) {
+        if (p < 4) return 0;
+        if (p < n && ((unsigned char)s[p] & 0xC0) == 0x80) continue;
+        if (!memchr(s + p - 4, ' ', 4)) return p;
+    }
+    return 0;
+}
+
 whale_code whale_tokenizer_decode(const whale_tokenizer *t, const int32_t *ids, int n, int skip_special,
                                   char **text, size_t *len, whale_err *err) {
     tok_buf raw = {0}, out = {0};
@@ -1102,6 +1132,7 @@ whale_code whale_tokenizer_decode(const whale_tokenizer *t, const int32_t *ids, 
     int nomem;
     tok_utf8_lossy(&out, (const unsigned char *)(raw.data ? raw.data : ""), raw.len, 1, &nomem);
     if (nomem || !tok_buf_reserve(&out, 0)) goto oom;
+    if (t->clean_up) out.len = clean_up(out.data, out.len);
     out.data[out.len] = 0;
     free(raw.data);
     *text = out.data;
@@ -1118,6 +1149,7 @@ struct whale_detokenizer {
     int skip_special;
     tok_buf pending; /* bytes of an unfinished character */
     tok_buf out;
+    tok_buf held;    /* clean_up: decoded text a later token may still change */
 };
 
 whale_code whale_detokenizer_new(const whale_tokenizer *t, int skip_special, whale_detokenizer **out,
@@ -1133,6 +1165,7 @@ void whale_detokenizer_free(whale_detokenizer *d) {
     if (!d) return;
     free(d->pending.data);
     free(d->out.data);
+    free(d->held.data);
     free(d);
 }
 
@@ -1146,6 +1179,18 @@ static whale_code detok_emit(whale_detokenizer *d, int final, const char **text,
     if (used) { /* pending.data may still be NULL when nothing was pushed */
         memmove(d->pending.data, d->pending.data + used, d->pending.len - used);
         d->pending.len -= used;
+    }
+    if (d->t->clean_up) { /* emit what no later token can change, cleaned up */
+        if (!tok_buf_append(&d->held, d->out.data, d->out.len) || !tok_buf_reserve(&d->out, d->held.len))
+            return whale_errf(err, WHALE_ERR_NOMEM, "detokenizer: out of memory");
+        size_t cut = final ? d->held.len : clean_up_safe(d->held.data, d->held.len);
+        if (cut) {
+            memcpy(d->out.data, d->held.data, cut);
+            memmove(d->held.data, d->held.data + cut, d->held.len - cut);
+            d->held.len -= cut;
+        }
+        d->out.len = clean_up(d->out.data, cut);
+        d->out.data[d->out.len] = 0;
     }
     *text = d->out.data;
     if (len) *len = d->out.len;

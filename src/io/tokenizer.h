@@ -130,6 +130,7 @@ struct whale_tokenizer {
     int n_added;
     tok_added_set raw_set, norm_set;
     int split_special;       /* tokenizer_config split_special_tokens: specials are plain text */
+    int clean_up;            /* tokenizer_config clean_up_tokenization_spaces: decode removes " ." etc. */
     pcre2_code *word_re;     /* \w-like class for single_word tokens (NULL if none) */
 
     int nfc;                 /* normalizer */

@@ -343,35 +343,52 @@ whale_code whale_json_bool(const cJSON *obj, const char *key, int def, int *out,
 
 /* ------------------------------------------------------------ public API */
 
+static const whale_family_desc *const families[] = {&whale_family_nanowhale, &whale_family_dense};
+enum { N_FAMILIES = sizeof families / sizeof families[0] };
+
+/* "a, b, c" of every family's model types or presets, for messages */
+static const char *family_list(char *buf, size_t cap, int presets) {
+    size_t n = 0;
+    buf[0] = 0;
+    for (int f = 0; f < N_FAMILIES; f++) {
+        const char *const *t = families[f]->model_types;
+        for (int k = 0; presets ? k < 1 : t[k] != NULL; k++)
+            n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "%s%s", n ? ", " : "",
+                                  presets ? families[f]->presets : t[k]);
+    }
+    return buf;
+}
+
 static whale_code model_from_config(const cJSON *cfg, const char *file, whale_model **out, whale_err *err) {
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(cfg, "model_type");
     if (!cJSON_IsString(mt))
         return whale_errf(err, WHALE_ERR_FORMAT, "%s: missing \"model_type\"", file);
-    if (strcmp(mt->valuestring, "deepseek_v4") == 0) return nanowhale_from_config(cfg, file, out, err);
-    if (strcmp(mt->valuestring, "qwen2") == 0) return qwen2_from_config(cfg, file, out, err);
-    return whale_errf(err, WHALE_ERR_UNSUPPORTED,
-                      "%s: model_type \"%s\" is not supported (supported: deepseek_v4, qwen2)", file,
-                      mt->valuestring);
+    for (int f = 0; f < N_FAMILIES; f++)
+        for (const char *const *t = families[f]->model_types; *t; t++)
+            if (strcmp(mt->valuestring, *t) == 0) return families[f]->from_config(cfg, file, out, err);
+    char list[256];
+    return whale_errf(err, WHALE_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not supported (supported: %s)", file,
+                      mt->valuestring, family_list(list, sizeof list, 0));
 }
 
 /* The config of a named preset of any family. */
 static whale_code preset_config(const char *name, cJSON **out, whale_err *err) {
-    whale_code c = nanowhale_preset_config(name, out, err);
-    if (c != WHALE_ERR_ARG) return c;
-    c = qwen2_preset_config(name, out, err);
-    if (c != WHALE_ERR_ARG) return c;
-    return whale_errf(err, WHALE_ERR_ARG,
-                      "unknown preset \"%s\" (nanowhale-100m, debug, small, tiny, qwen2.5-0.5b, qwen2.5-7b, "
-                      "qwen2-tiny, or a config .json file)",
-                      name);
+    for (int f = 0; f < N_FAMILIES; f++) {
+        whale_code c = families[f]->preset_config(name, out, err);
+        if (c != WHALE_ERR_ARG) return c;
+    }
+    char list[512];
+    return whale_errf(err, WHALE_ERR_ARG, "unknown preset \"%s\" (%s, or a config .json file)", name,
+                      family_list(list, sizeof list, 1));
 }
 
+/* Every parameter from the family's init, in order, from one generator. */
 static whale_code init_weights(whale_model *m, uint64_t seed, whale_err *err) {
-    switch (m->family) {
-    case WHALE_FAMILY_NANOWHALE: return nanowhale_init_weights(m, seed, err);
-    case WHALE_FAMILY_QWEN2: return qwen2_init_weights(m, seed, err);
-    default: return whale_errf(err, WHALE_ERR_INTERNAL, "no initialisation for model family %d", (int)m->family);
-    }
+    (void)err;
+    whale_rng rng;
+    whale_rng_seed(&rng, seed);
+    for (int i = 0; i < m->n_params; i++) m->family->init_param(m, i, &rng, m->params[i].data);
+    return WHALE_OK;
 }
 
 /* generation_config.json, when the model directory has one, may list more
@@ -536,8 +553,7 @@ static const void *produce_param(void *user, int i, whale_err *err) {
     const whale_param *p = &is->m->params[i];
     size_t n = (size_t)whale_shape_numel(p->ndim, p->shape);
     (void)err;
-    if (is->m->family == WHALE_FAMILY_QWEN2) qwen2_init_param(is->m, i, &is->rng, is->buf);
-    else nanowhale_init_param(is->m, i, &is->rng, is->buf);
+    is->m->family->init_param(is->m, i, &is->rng, is->buf);
     if (is->dt == WHALE_F32) return is->buf;
     if (is->dt == WHALE_F16) whale_f32_to_f16_rows(is->half, is->buf, n);
     else whale_f32_to_bf16_rows(is->half, is->buf, n);
@@ -684,7 +700,8 @@ void whale_model_free(whale_model *m) {
     free(m);
 }
 
-whale_family whale_model_family(const whale_model *m) { return m->family; }
+const char *whale_model_family(const whale_model *m) { return m->family->name; }
+const char *whale_model_type(const whale_model *m) { return m->model_type; }
 int whale_model_vocab_size(const whale_model *m) { return m->vocab_size; }
 int whale_model_max_positions(const whale_model *m) { return m->max_positions; }
 int whale_model_num_params(const whale_model *m) { return m->n_params; }

@@ -102,8 +102,11 @@ typedef struct {
     float *A, *B;             /* the adapter parameters' slots */
 } whale_lora_target;
 
+typedef struct whale_family_desc whale_family_desc;
+
 struct whale_model {
-    whale_family family;
+    const whale_family_desc *family;
+    const char *model_type;    /* config.json's model_type (static storage) */
     whale_dtype compute_dtype; /* F32, BF16, F16 or I8: the precision of weight products */
     whale_wcopy *copies;       /* sorted by start */
     int n_copies;
@@ -448,19 +451,25 @@ void whale_model_release_handles(whale_model *m);
  * directory, with no parameter storage (sizes only: whale memory). */
 whale_code whale_model_skeleton(const char *src, whale_model **out, whale_err *err);
 
-/* Family entry points. A preset function fails with WHALE_ERR_ARG exactly
- * when the name is not one of its presets. */
-whale_code nanowhale_from_config(const cJSON *cfg, const char *file, whale_model **out,
-                                 whale_err *err);
-whale_code nanowhale_preset_config(const char *name, cJSON **out, whale_err *err);
-whale_code nanowhale_init_weights(whale_model *m, uint64_t seed, whale_err *err);
-/* Parameter i's initial values into out (its numel floats), drawing from
- * rng: the init functions call it for every parameter in order, so streaming
- * the parameters through it gives the same weights. */
-void nanowhale_init_param(const whale_model *m, int i, whale_rng *rng, float *out);
-void qwen2_init_param(const whale_model *m, int i, whale_rng *rng, float *out);
+/* Family entry points behind whale_family_desc.from_config. */
+whale_code nanowhale_from_config(const cJSON *cfg, const char *file, whale_model **out, whale_err *err);
 whale_code qwen2_from_config(const cJSON *cfg, const char *file, whale_model **out, whale_err *err);
-whale_code qwen2_preset_config(const char *name, cJSON **out, whale_err *err);
-whale_code qwen2_init_weights(whale_model *m, uint64_t seed, whale_err *err);
+
+/* A model family: what model.c needs to find, build and initialise one.
+ * Each family file defines one; model.c loops over the table of them. */
+struct whale_family_desc {
+    const char *name;               /* "nanowhale", "dense" (whale_model_family) */
+    const char *const *model_types; /* the config.json model_type values it reads, NULL-terminated */
+    const char *presets;            /* its preset names, for messages */
+    whale_code (*from_config)(const cJSON *cfg, const char *file, whale_model **out, whale_err *err);
+    /* WHALE_ERR_ARG exactly when name is none of its presets */
+    whale_code (*preset_config)(const char *name, cJSON **out, whale_err *err);
+    /* parameter i's initial values into out (its numel floats), drawn from
+     * rng: called for every parameter in order, so streaming the
+     * parameters through it gives the same weights as initialising them
+     * in place */
+    void (*init_param)(const whale_model *m, int i, whale_rng *rng, float *out);
+};
+extern const whale_family_desc whale_family_nanowhale, whale_family_dense;
 
 #endif

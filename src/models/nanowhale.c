@@ -111,7 +111,7 @@ static const struct preset {
     {"small", 4096, 128, 4, 4, 32, 16, 64, 2, 32, 256, 4, 2, 4, 2, 512},
 };
 
-whale_code nanowhale_preset_config(const char *name, cJSON **out, whale_err *err) {
+static whale_code nanowhale_preset_config(const char *name, cJSON **out, whale_err *err) {
     const struct preset *p = NULL;
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         if (strcmp(presets[i].name, name) == 0) p = &presets[i];
@@ -244,7 +244,7 @@ static whale_code nw_config_to_json(const whale_model *m, cJSON **out, whale_err
 /* The reference's initial distributions: Normal(0, initializer_range) for linears, embeddings
  * and the gate; Normal(0, 0.01) for HC fn matrices; ones for norm weights and
  * HC scales; zeros for HC bases, gate bias and attn_sink. */
-void nanowhale_init_param(const whale_model *m, int i, whale_rng *rng, float *out) {
+static void nanowhale_init_param(const whale_model *m, int i, whale_rng *rng, float *out) {
     const nw_model *nw = m->impl;
     const whale_param *p = &m->params[i];
     int64_t n = whale_shape_numel(p->ndim, p->shape);
@@ -260,13 +260,6 @@ void nanowhale_init_param(const whale_model *m, int i, whale_rng *rng, float *ou
         for (int64_t k = 0; k < n; k++) out[k] = (float)(whale_rng_normal(rng) * std);
 }
 
-whale_code nanowhale_init_weights(whale_model *m, uint64_t seed, whale_err *err) {
-    (void)err;
-    whale_rng rng;
-    whale_rng_seed(&rng, seed);
-    for (int i = 0; i < m->n_params; i++) nanowhale_init_param(m, i, &rng, m->params[i].data);
-    return WHALE_OK;
-}
 
 /* ------------------------------------------------------------------ info */
 
@@ -1253,7 +1246,8 @@ whale_code nanowhale_from_config(const cJSON *cfg, const char *file, whale_model
         free(nw);
         return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
     }
-    m->family = WHALE_FAMILY_NANOWHALE;
+    m->family = &whale_family_nanowhale;
+    m->model_type = "deepseek_v4";
     m->ops = &nw_ops;
     m->impl = nw;
     whale_code e = parse_config(cfg, file, &nw->c, err);
@@ -1281,3 +1275,13 @@ whale_code nanowhale_from_config(const cJSON *cfg, const char *file, whale_model
     *out = m;
     return WHALE_OK;
 }
+
+static const char *const nanowhale_types[] = {"deepseek_v4", NULL};
+const whale_family_desc whale_family_nanowhale = {
+    .name = "nanowhale",
+    .model_types = nanowhale_types,
+    .presets = "nanowhale-100m, debug, small, tiny",
+    .from_config = nanowhale_from_config,
+    .preset_config = nanowhale_preset_config,
+    .init_param = nanowhale_init_param,
+};

@@ -1,6 +1,8 @@
 /*
- * qwen2: the Qwen2 / Qwen2.5 architecture (Hugging Face Qwen2ForCausalLM,
- * model_type "qwen2"), in the order of transformers' modeling_qwen2.py:
+ * qwen2: the dense decoder family — Qwen2 / Qwen2.5 (Qwen2ForCausalLM,
+ * model_type "qwen2"), Llama (LlamaForCausalLM, "llama": Llama 2/3/3.1/3.2,
+ * SmolLM2) and Qwen3 (Qwen3ForCausalLM, "qwen3") — in the order of
+ * transformers' modeling_qwen2.py:
  *
  *   h = embed_tokens[ids]
  *   per layer:  n = input_layernorm(h)
@@ -16,29 +18,52 @@
  * j + Dh/2) and rotates by +angle, with inv_freq_j = rope_theta^(−2j/Dh).
  * Every Linear goes through whale_linear* (precision modes, LoRA); biases
  * are added after the product.
+ *
+ * The variants differ only by a row of `variants`: Llama has no q/k/v bias
+ * (attention_bias adds one to q/k/v/o, mlp_bias to gate/up/down); Qwen3
+ * has none either and normalises every head of q and k (q_norm, k_norm:
+ * RMSNorm over head_dim) before RoPE. RoPE scaling (linear, dynamic, yarn,
+ * llama3) is rope.c's, for every variant.
  */
 #include "models/model.h"
-
+#include "models/rope.h"
 
 #include "core/core.h"
 #include "backend/backend.h"
-
-
 
 #include <math.h>
 #include <string.h>
 
 /* ------------------------------------------------------------------ config */
 
+/* What distinguishes the variants of the family. */
+typedef enum { QW_QWEN2 = 0, QW_LLAMA, QW_QWEN3, QW_VARIANTS } qw_variant;
+static const struct qw_variant_row {
+    const char *model_type, *architecture, *title;
+    int qkv_bias;     /* q/k/v biases always (Qwen2); else attention_bias decides q/k/v/o */
+    int reads_mlp_bias; /* mlp_bias is a field of the config class */
+    int qk_norm;      /* q_norm / k_norm per head before RoPE */
+    int sliding;      /* the config class has use_sliding_window (written back as false) */
+    int tie_required; /* tie_word_embeddings must be given (else false, the class default) */
+} variants[QW_VARIANTS] = {
+    {"qwen2", "Qwen2ForCausalLM", "Qwen2", 1, 0, 0, 1, 1},
+    {"llama", "LlamaForCausalLM", "Llama", 0, 1, 0, 0, 0},
+    {"qwen3", "Qwen3ForCausalLM", "Qwen3", 0, 0, 1, 1, 0},
+};
+
 typedef struct {
     int vocab, D, L, H, Hkv, Dh, F, max_pos, tie;
-    float norm_eps, rope_theta, init_range;
+    float norm_eps, init_range;
+    qw_variant variant;
+    int bias_qkv, bias_o, bias_mlp, qk_norm;
+    whale_rope rope;
 } qw_config;
 
 typedef struct {
-    float *wq, *bq, *wk, *bk, *wv, *bv, *wo; /* self_attn */
-    float *wg, *wu, *wd;                     /* mlp: gate_proj, up_proj, down_proj */
-    float *in_norm, *post_norm;              /* input_layernorm, post_attention_layernorm */
+    float *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo; /* self_attn (bo: attention_bias only) */
+    float *q_norm, *k_norm;                       /* Qwen3: [head_dim] each */
+    float *wg, *bg, *wu, *bu, *wd, *bd;           /* mlp: gate_proj, up_proj, down_proj (biases: mlp_bias) */
+    float *in_norm, *post_norm;                   /* input_layernorm, post_attention_layernorm */
 } qw_layer;
 
 typedef struct {
@@ -55,6 +80,20 @@ static whale_code need_field(const cJSON *j, const char *key, const char *file, 
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
     return v && !cJSON_IsNull(v) ? WHALE_OK
                                  : whale_errf(err, WHALE_ERR_FORMAT, "%s: missing required field \"%s\"", file, key);
+}
+
+/* attention_bias / mlp_bias (Llama, Qwen3), or Qwen2's fixed q/k/v biases. */
+static whale_code parse_biases(const cJSON *j, const char *file, qw_config *c, whale_err *err) {
+    const struct qw_variant_row *vr = &variants[c->variant];
+    int ab = 0, mb = 0;
+    whale_code e;
+    if (!vr->qkv_bias && (e = whale_json_bool(j, "attention_bias", 0, &ab, file, err))) return e;
+    if (vr->reads_mlp_bias && (e = whale_json_bool(j, "mlp_bias", 0, &mb, file, err))) return e;
+    c->bias_qkv = vr->qkv_bias || ab;
+    c->bias_o = ab;
+    c->bias_mlp = mb;
+    c->qk_norm = vr->qk_norm;
+    return WHALE_OK;
 }
 
 static whale_code parse_config(const cJSON *j, const char *file, qw_config *c, whale_err *err) {
@@ -75,10 +114,9 @@ static whale_code parse_config(const cJSON *j, const char *file, qw_config *c, w
     INT_FIELD("num_key_value_heads", 0, c->H, 1, 1024, c->Hkv) /* absent: one K/V head per query head */
     INT_FIELD("max_position_embeddings", 1, 0, 1, 1 << 20, c->max_pos)
     FLOAT_FIELD("rms_norm_eps", 1, 0, 0, 1, c->norm_eps)
-    FLOAT_FIELD("rope_theta", 1, 0, 1e-6, 1e30, c->rope_theta)
     FLOAT_FIELD("initializer_range", 0, 0.02, 0, 10, c->init_range)
-    if ((e = need_field(j, "tie_word_embeddings", file, err)) ||
-        (e = whale_json_bool(j, "tie_word_embeddings", 0, &c->tie, file, err)))
+    if ((variants[c->variant].tie_required && (e = need_field(j, "tie_word_embeddings", file, err))) ||
+        (e = whale_json_bool(j, "tie_word_embeddings", 0, &c->tie, file, err)) || (e = parse_biases(j, file, c, err)))
         return e;
     /* head_dim is hidden_size / heads unless the config says otherwise
      * (transformers reads an explicit head_dim the same way) */
@@ -119,14 +157,8 @@ static whale_code parse_config(const cJSON *j, const char *file, qw_config *c, w
             return whale_errf(err, WHALE_ERR_UNSUPPORTED,
                               "%s: layer_types lists \"%s\": sliding-window attention is not supported", file,
                               it->valuestring);
-    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
-    if (rs && !cJSON_IsNull(rs)) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
-        if (!cJSON_IsString(t)) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
-        return whale_errf(err, WHALE_ERR_UNSUPPORTED,
-                          "%s: rope_scaling of type \"%s\" is not supported (only null: plain RoPE)", file,
-                          cJSON_IsString(t) ? t->valuestring : "?");
-    }
+    /* rope_theta + rope_scaling, or transformers 5's rope_parameters */
+    if ((e = whale_rope_from_config(j, file, c->Dh, c->max_pos, &c->rope, err))) return e;
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(j, "hidden_act");
     if (act && !cJSON_IsNull(act) && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0))
         return whale_errf(err, WHALE_ERR_UNSUPPORTED, "%s: hidden_act \"%s\" is not supported (only silu)", file,
@@ -134,27 +166,54 @@ static whale_code parse_config(const cJSON *j, const char *file, qw_config *c, w
     return WHALE_OK;
 }
 
-/* Presets: the shapes of the released Qwen2.5 models (config.json of the
- * Instruct checkpoints) and a tiny model for tests. */
+/* Presets: the shapes of released models (their config.json) and a tiny
+ * model of each variant for tests. Dh 0: hidden_size / heads. */
+#define LLAMA3_ROPE(f, orig)                                                                              \
+    "{\"rope_type\": \"llama3\", \"factor\": " #f ", \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, " \
+    "\"original_max_position_embeddings\": " #orig "}"
 static const struct qw_preset {
     const char *name;
-    int vocab, D, F, L, H, Hkv, max_pos, tie, max_window_layers, bos, eos;
-    double theta;
+    qw_variant variant;
+    int vocab, D, F, L, H, Hkv, Dh, max_pos, tie, bos, eos;
+    double theta, eps;
+    const char *rope_scaling; /* JSON, or NULL */
 } presets[] = {
-    {"qwen2.5-0.5b", 151936, 896, 4864, 24, 14, 2, 32768, 1, 21, 151643, 151645, 1e6},
-    {"qwen2.5-7b", 152064, 3584, 18944, 28, 28, 4, 32768, 0, 28, 151643, 151645, 1e6},
-    {"qwen2-tiny", 512, 64, 128, 2, 4, 2, 256, 1, 2, 0, 1, 1e6},
+    {"qwen2.5-0.5b", QW_QWEN2, 151936, 896, 4864, 24, 14, 2, 0, 32768, 1, 151643, 151645, 1e6, 1e-6, NULL},
+    {"qwen2.5-7b", QW_QWEN2, 152064, 3584, 18944, 28, 28, 4, 0, 32768, 0, 151643, 151645, 1e6, 1e-6, NULL},
+    {"qwen2-tiny", QW_QWEN2, 512, 64, 128, 2, 4, 2, 0, 256, 1, 0, 1, 1e6, 1e-6, NULL},
+    {"smollm2-135m", QW_LLAMA, 49152, 576, 1536, 30, 9, 3, 64, 8192, 1, 1, 2, 1e5, 1e-5, NULL},
+    {"llama-3.2-1b", QW_LLAMA, 128256, 2048, 8192, 16, 32, 8, 64, 131072, 1, 128000, 128001, 5e5, 1e-5,
+     LLAMA3_ROPE(32.0, 8192)},
+    {"llama-tiny", QW_LLAMA, 512, 64, 128, 2, 4, 2, 16, 256, 0, 0, 1, 5e5, 1e-5, LLAMA3_ROPE(8.0, 32)},
+    {"qwen3-0.6b", QW_QWEN3, 151936, 1024, 3072, 28, 16, 8, 128, 40960, 1, 151643, 151645, 1e6, 1e-6, NULL},
+    {"qwen3-tiny", QW_QWEN3, 512, 64, 128, 2, 4, 2, 32, 256, 1, 0, 1, 1e6, 1e-6, NULL},
 };
+#define PRESET_NAMES \
+    "qwen2.5-0.5b, qwen2.5-7b, qwen2-tiny, smollm2-135m, llama-3.2-1b, llama-tiny, qwen3-0.6b, qwen3-tiny"
 
-whale_code qwen2_preset_config(const char *name, cJSON **out, whale_err *err) {
+/* The fields only some variants' config classes have, as their files write them. */
+static void add_variant_fields(cJSON *j, const struct qw_preset *p) {
+    cJSON_AddFalseToObject(j, "attention_bias");
+    cJSON_AddNumberToObject(j, "head_dim", p->Dh);
+    if (p->variant == QW_LLAMA) {
+        cJSON_AddFalseToObject(j, "mlp_bias");
+        cJSON_AddNumberToObject(j, "pretraining_tp", 1);
+    } else { /* Qwen3 */
+        cJSON_AddNumberToObject(j, "max_window_layers", p->L);
+        cJSON_AddNullToObject(j, "sliding_window");
+        cJSON_AddFalseToObject(j, "use_sliding_window");
+    }
+}
+
+static whale_code qwen2_preset_config(const char *name, cJSON **out, whale_err *err) {
     const struct qw_preset *p = NULL;
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         if (strcmp(presets[i].name, name) == 0) p = &presets[i];
-    if (!p)
-        return whale_errf(err, WHALE_ERR_ARG, "unknown preset \"%s\" (qwen2.5-0.5b, qwen2.5-7b, qwen2-tiny)", name);
+    if (!p) return whale_errf(err, WHALE_ERR_ARG, "unknown preset \"%s\" (" PRESET_NAMES ")", name);
+    const struct qw_variant_row *vr = &variants[p->variant];
     cJSON *j = cJSON_CreateObject();
     cJSON *arch = cJSON_AddArrayToObject(j, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString("Qwen2ForCausalLM"));
+    cJSON_AddItemToArray(arch, cJSON_CreateString(vr->architecture));
     cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
     cJSON_AddNumberToObject(j, "bos_token_id", p->bos);
     cJSON_AddNumberToObject(j, "eos_token_id", p->eos);
@@ -163,20 +222,23 @@ whale_code qwen2_preset_config(const char *name, cJSON **out, whale_err *err) {
     cJSON_AddNumberToObject(j, "initializer_range", 0.02);
     cJSON_AddNumberToObject(j, "intermediate_size", p->F);
     cJSON_AddNumberToObject(j, "max_position_embeddings", p->max_pos);
-    cJSON_AddNumberToObject(j, "max_window_layers", p->max_window_layers);
-    cJSON_AddStringToObject(j, "model_type", "qwen2");
+    cJSON_AddStringToObject(j, "model_type", vr->model_type);
     cJSON_AddNumberToObject(j, "num_attention_heads", p->H);
     cJSON_AddNumberToObject(j, "num_hidden_layers", p->L);
     cJSON_AddNumberToObject(j, "num_key_value_heads", p->Hkv);
-    cJSON_AddNumberToObject(j, "rms_norm_eps", 1e-6);
-    cJSON_AddNullToObject(j, "rope_scaling");
+    cJSON_AddNumberToObject(j, "rms_norm_eps", p->eps);
+    if (p->rope_scaling) cJSON_AddItemToObject(j, "rope_scaling", cJSON_Parse(p->rope_scaling));
+    else cJSON_AddNullToObject(j, "rope_scaling");
     cJSON_AddNumberToObject(j, "rope_theta", p->theta);
-    cJSON_AddNumberToObject(j, "sliding_window", p->max_pos);
     cJSON_AddBoolToObject(j, "tie_word_embeddings", p->tie);
     cJSON_AddStringToObject(j, "torch_dtype", "float32");
     cJSON_AddTrueToObject(j, "use_cache");
-    cJSON_AddFalseToObject(j, "use_sliding_window");
     cJSON_AddNumberToObject(j, "vocab_size", p->vocab);
+    if (p->variant == QW_QWEN2) { /* as before, in the order Qwen2's files have */
+        cJSON_AddNumberToObject(j, "max_window_layers", p->L);
+        cJSON_AddNumberToObject(j, "sliding_window", p->max_pos);
+        cJSON_AddFalseToObject(j, "use_sliding_window");
+    } else add_variant_fields(j, p);
     *out = j;
     return WHALE_OK;
 }
@@ -184,11 +246,12 @@ whale_code qwen2_preset_config(const char *name, cJSON **out, whale_err *err) {
 /* ------------------------------------------------------------------ params */
 
 /* The parameter table in state_dict order (module registration order of
- * Qwen2DecoderLayer: self_attn, mlp, input_layernorm, post_attention_layernorm).
- * Norm weights and biases are not decayed. */
+ * Qwen2DecoderLayer: self_attn, mlp, input_layernorm, post_attention_layernorm;
+ * Qwen3Attention registers q_norm, k_norm after o_proj). Norm weights and
+ * biases are not decayed. */
 static whale_code register_params(whale_model *m, qw_model *qw, whale_err *err) {
     const qw_config *c = &qw->c;
-    int cap = 3 + 12 * c->L;
+    int cap = 3 + 18 * c->L;
     m->params = calloc((size_t)cap, sizeof *m->params);
     qw->layers = calloc((size_t)c->L, sizeof *qw->layers);
     if (!m->params || !qw->layers) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory building the parameter table");
@@ -199,16 +262,21 @@ static whale_code register_params(whale_model *m, qw_model *qw, whale_err *err) 
     for (int l = 0; l < c->L; l++) {
         qw_layer *ly = &qw->layers[l];
         const char *pre = "model.layers";
-        P(&ly->wq, LINEAR, 1, 2, SHAPE(HD, D), "%s.%d.self_attn.q_proj.weight", pre, l);
-        P(&ly->bq, BIAS, 0, 1, SHAPE(HD), "%s.%d.self_attn.q_proj.bias", pre, l);
-        P(&ly->wk, LINEAR, 1, 2, SHAPE(KVD, D), "%s.%d.self_attn.k_proj.weight", pre, l);
-        P(&ly->bk, BIAS, 0, 1, SHAPE(KVD), "%s.%d.self_attn.k_proj.bias", pre, l);
-        P(&ly->wv, LINEAR, 1, 2, SHAPE(KVD, D), "%s.%d.self_attn.v_proj.weight", pre, l);
-        P(&ly->bv, BIAS, 0, 1, SHAPE(KVD), "%s.%d.self_attn.v_proj.bias", pre, l);
-        P(&ly->wo, LINEAR, 1, 2, SHAPE(D, HD), "%s.%d.self_attn.o_proj.weight", pre, l);
-        P(&ly->wg, LINEAR, 1, 2, SHAPE(F, D), "%s.%d.mlp.gate_proj.weight", pre, l);
-        P(&ly->wu, LINEAR, 1, 2, SHAPE(F, D), "%s.%d.mlp.up_proj.weight", pre, l);
-        P(&ly->wd, LINEAR, 1, 2, SHAPE(D, F), "%s.%d.mlp.down_proj.weight", pre, l);
+#define LIN(w, b, has_bias, rows, cols, mod)                                   \
+    P(w, LINEAR, 1, 2, SHAPE(rows, cols), "%s.%d.%s.weight", pre, l, mod);         \
+    if (has_bias) P(b, BIAS, 0, 1, SHAPE(rows), "%s.%d.%s.bias", pre, l, mod);
+        LIN(&ly->wq, &ly->bq, c->bias_qkv, HD, D, "self_attn.q_proj")
+        LIN(&ly->wk, &ly->bk, c->bias_qkv, KVD, D, "self_attn.k_proj")
+        LIN(&ly->wv, &ly->bv, c->bias_qkv, KVD, D, "self_attn.v_proj")
+        LIN(&ly->wo, &ly->bo, c->bias_o, D, HD, "self_attn.o_proj")
+        if (c->qk_norm) {
+            P(&ly->q_norm, NORM, 0, 1, SHAPE(c->Dh), "%s.%d.self_attn.q_norm.weight", pre, l);
+            P(&ly->k_norm, NORM, 0, 1, SHAPE(c->Dh), "%s.%d.self_attn.k_norm.weight", pre, l);
+        }
+        LIN(&ly->wg, &ly->bg, c->bias_mlp, F, D, "mlp.gate_proj")
+        LIN(&ly->wu, &ly->bu, c->bias_mlp, F, D, "mlp.up_proj")
+        LIN(&ly->wd, &ly->bd, c->bias_mlp, D, F, "mlp.down_proj")
+#undef LIN
         P(&ly->in_norm, NORM, 0, 1, SHAPE(D), "%s.%d.input_layernorm.weight", pre, l);
         P(&ly->post_norm, NORM, 0, 1, SHAPE(D), "%s.%d.post_attention_layernorm.weight", pre, l);
     }
@@ -246,20 +314,26 @@ static int put(cJSON *j, const char *key, cJSON *item) {
 static whale_code qw_config_to_json(const whale_model *m, cJSON **out, whale_err *err) {
     const qw_model *qw = m->impl;
     const qw_config *c = &qw->c;
+    const struct qw_variant_row *vr = &variants[c->variant];
     cJSON *j = cJSON_Duplicate(qw->config_json, 1), *arch = cJSON_CreateArray();
-    if (arch) cJSON_AddItemToArray(arch, cJSON_CreateString("Qwen2ForCausalLM"));
-    /* the dtype whale_model_save writes the weights in */
+    if (arch) cJSON_AddItemToArray(arch, cJSON_CreateString(vr->architecture));
+    /* the dtype whale_model_save writes the weights in, under the keys the
+     * config has (transformers 5 writes "dtype" only) */
     whale_dtype dt = whale_model_has_master(m) ? WHALE_F32 : m->compute_dtype;
     const char *dtn = whale_dtype_torch_name(dt);
-    int ok = j && put(j, "architectures", arch) && put(j, "model_type", cJSON_CreateString("qwen2")) &&
+    int has = !!cJSON_GetObjectItemCaseSensitive(j, "dtype"), has_torch = !!cJSON_GetObjectItemCaseSensitive(j, "torch_dtype");
+    /* RoPE settings stay as read (rope_scaling or rope_parameters) */
+    int rope_given = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling") || cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    int ok = j && put(j, "architectures", arch) && put(j, "model_type", cJSON_CreateString(vr->model_type)) &&
              put(j, "num_key_value_heads", cJSON_CreateNumber(c->Hkv)) &&
              put(j, "hidden_act", cJSON_CreateString("silu")) &&
-             put(j, "use_sliding_window", cJSON_CreateFalse()) && put(j, "rope_scaling", cJSON_CreateNull()) &&
+             (!vr->sliding || put(j, "use_sliding_window", cJSON_CreateFalse())) &&
+             (rope_given || put(j, "rope_scaling", cJSON_CreateNull())) &&
              put(j, "attention_dropout", cJSON_CreateNumber(0.0)) &&
              (cJSON_GetObjectItemCaseSensitive(j, "initializer_range") ||
               put(j, "initializer_range", cJSON_CreateNumber(0.02))) &&
-             put(j, "torch_dtype", cJSON_CreateString(dtn)) &&
-             (!cJSON_GetObjectItemCaseSensitive(j, "dtype") || put(j, "dtype", cJSON_CreateString(dtn)));
+             ((has && !has_torch) || put(j, "torch_dtype", cJSON_CreateString(dtn))) &&
+             (!has || put(j, "dtype", cJSON_CreateString(dtn)));
     if (ok && c->Dh * c->H != c->D) ok = put(j, "head_dim", cJSON_CreateNumber(c->Dh));
     if (!ok) {
         cJSON_Delete(j);
@@ -273,7 +347,7 @@ static whale_code qw_config_to_json(const whale_model *m, cJSON **out, whale_err
 /* Normal(0, initializer_range) for every Linear weight and the embedding,
  * zeros for biases, ones for norm weights (Qwen2PreTrainedModel._init_weights),
  * drawn in parameter order from one generator. */
-void qwen2_init_param(const whale_model *m, int i, whale_rng *rng, float *out) {
+static void qwen2_init_param(const whale_model *m, int i, whale_rng *rng, float *out) {
     const qw_model *qw = m->impl;
     const whale_param *p = &m->params[i];
     int64_t n = whale_shape_numel(p->ndim, p->shape);
@@ -285,13 +359,6 @@ void qwen2_init_param(const whale_model *m, int i, whale_rng *rng, float *out) {
         for (int64_t k = 0; k < n; k++) out[k] = (float)(whale_rng_normal(rng) * qw->c.init_range);
 }
 
-whale_code qwen2_init_weights(whale_model *m, uint64_t seed, whale_err *err) {
-    (void)err;
-    whale_rng rng;
-    whale_rng_seed(&rng, seed);
-    for (int i = 0; i < m->n_params; i++) qwen2_init_param(m, i, &rng, m->params[i].data);
-    return WHALE_OK;
-}
 
 /* ------------------------------------------------------------------ info */
 
@@ -310,15 +377,21 @@ static void qw_print_info(const whale_model *m, FILE *f) {
     }
     int64_t total = whale_model_param_count(m);
     char nb[32];
-    fprintf(f, "architecture      Qwen2 (model_type qwen2, Qwen2ForCausalLM)\n");
+    const struct qw_variant_row *vr = &variants[c->variant];
+    fprintf(f, "architecture      %s (model_type %s, %s)\n", vr->title, vr->model_type, vr->architecture);
     fprintf(f, "layers            %d, hidden %d, heads %d × %d, %d key/value heads (GQA %d:1)\n", c->L, c->D, c->H,
             c->Dh, c->Hkv, c->H / c->Hkv);
     fprintf(f, "mlp               SwiGLU, intermediate %d\n", c->F);
     fprintf(f, "vocab             %d; max positions %d; rope theta %g; rms eps %g; lm_head %s\n", c->vocab,
-            c->max_pos, (double)c->rope_theta, (double)c->norm_eps, c->tie ? "tied to embed_tokens" : "untied");
+            m->max_positions, c->rope.theta, (double)c->norm_eps, c->tie ? "tied to embed_tokens" : "untied");
+    if (c->rope.type != WHALE_ROPE_DEFAULT)
+        fprintf(f, "rope scaling      %s, factor %g%s\n", whale_rope_type_name(c->rope.type), c->rope.factor,
+                c->rope.type == WHALE_ROPE_DYNAMIC ? " (frequencies follow each forward's longest position)" : "");
     fprintf(f, "parameters        %s total\n", whale_fmt_count(nb, total));
     fprintf(f, "  embeddings      %s\n", whale_fmt_count(nb, g_embed));
-    fprintf(f, "  attention       %s (q/k/v with bias, o without)\n", whale_fmt_count(nb, g_attn));
+    fprintf(f, "  attention       %s (%s%s)\n", whale_fmt_count(nb, g_attn),
+            c->bias_o ? "q/k/v/o with bias" : c->bias_qkv ? "q/k/v with bias, o without" : "no biases",
+            c->qk_norm ? "; q/k RMSNorm per head" : "");
     fprintf(f, "  mlp             %s\n", whale_fmt_count(nb, g_mlp));
     fprintf(f, "  norms           %s\n", whale_fmt_count(nb, g_norm));
     if (c->tie) fprintf(f, "  lm_head         tied: reads embed_tokens\n");
@@ -340,14 +413,16 @@ typedef struct {
     float *rstd2, *xn2; /* post_attention_layernorm */
     float *g, *u;       /* [T, F]: gate_proj, up_proj outputs */
     float *h;           /* [T, F]: silu(g)·u, down_proj's input (training; inference computes it in g) */
+    float *qraw, *kraw; /* Qwen3: q, k before q_norm / k_norm (NULL without) */
+    float *qrstd, *krstd; /* [T·H], [T·Hkv]: their rstd per head */
 } qw_layer_acts;
 
 /* A layer's activations kept in bf16 between its forward and its backward
  * (training in bf16, as autocast keeps them): the product inputs and
  * outputs in bf16, the residual state and the norms' statistics in fp32. */
 typedef struct {
-    uint16_t *xn1, *q, *k, *v, *att, *xn2, *g, *u, *h;
-    float *rstd1, *xmid, *rstd2;
+    uint16_t *xn1, *q, *k, *v, *att, *xn2, *g, *u, *h, *qraw, *kraw;
+    float *rstd1, *xmid, *rstd2, *qrstd, *krstd;
 } qw_stash;
 
 typedef struct {
@@ -355,6 +430,12 @@ typedef struct {
     int n_act_sets;     /* 1 (inference, recompute, bf16 training) or L (training) */
     qw_stash *stash;    /* [L] bf16 training: each layer's activations; acts[0] is the fp32 working set */
     int32_t *pos;       /* [T] RoPE positions */
+    /* the RoPE rows this forward reads: the model's tables at pos, or, for
+     * dynamic scaling past the original window, rows of its own */
+    const float *rcos, *rsin;
+    const int32_t *rpos;
+    float *dyn_cos, *dyn_sin; /* [T, Dh/2] (dynamic scaling only) */
+    int32_t *dyn_idx;         /* [T] 0, 1, …: row t of dyn_cos */
     const int32_t *seg; /* [T] first key each token may see (packed documents), or NULL */
     float **X;          /* [L+1] residual stream [T, D]: X[l] enters layer l */
     float *xbuf;        /* storage behind X: L+1 states (training) or 2, alternating */
@@ -425,6 +506,9 @@ static void *sess_alloc(qw_session *s, size_t n, size_t sz, size_t *total) {
 static int alloc_layer_acts(qw_session *s, qw_layer_acts *a, const qw_config *c, size_t T, int training,
                             size_t *tot) {
     size_t D = (size_t)c->D, F = (size_t)c->F, HD = (size_t)c->H * c->Dh, KVD = (size_t)c->Hkv * c->Dh;
+    if (c->qk_norm && !((a->qraw = sess_alloc(s, T * HD, 4, tot)) && (a->kraw = sess_alloc(s, T * KVD, 4, tot)) &&
+                        (a->qrstd = sess_alloc(s, T * c->H, 4, tot)) && (a->krstd = sess_alloc(s, T * c->Hkv, 4, tot))))
+        return 0;
     return (a->rstd1 = sess_alloc(s, T, 4, tot)) && (a->xn1 = sess_alloc(s, T * D, 4, tot)) &&
            (a->q = sess_alloc(s, T * HD, 4, tot)) && (a->k = sess_alloc(s, T * KVD, 4, tot)) &&
            (a->v = sess_alloc(s, T * KVD, 4, tot)) && (a->att = sess_alloc(s, T * HD, 4, tot)) &&
@@ -435,6 +519,9 @@ static int alloc_layer_acts(qw_session *s, qw_layer_acts *a, const qw_config *c,
 
 static int alloc_stash(qw_session *s, qw_stash *st, const qw_config *c, size_t T, size_t *tot) {
     size_t D = (size_t)c->D, F = (size_t)c->F, HD = (size_t)c->H * c->Dh, KVD = (size_t)c->Hkv * c->Dh;
+    if (c->qk_norm && !((st->qraw = sess_alloc(s, T * HD, 2, tot)) && (st->kraw = sess_alloc(s, T * KVD, 2, tot)) &&
+                        (st->qrstd = sess_alloc(s, T * c->H, 4, tot)) && (st->krstd = sess_alloc(s, T * c->Hkv, 4, tot))))
+        return 0;
     return (st->xn1 = sess_alloc(s, T * D, 2, tot)) && (st->q = sess_alloc(s, T * HD, 2, tot)) &&
            (st->k = sess_alloc(s, T * KVD, 2, tot)) && (st->v = sess_alloc(s, T * KVD, 2, tot)) &&
            (st->att = sess_alloc(s, T * HD, 2, tot)) && (st->xn2 = sess_alloc(s, T * D, 2, tot)) &&
@@ -453,6 +540,10 @@ static void stash_put(qw_session *s, const qw_layer_acts *a, int l, size_t T) {
     OP(to_bf16, st->g, a->g, T * F), OP(to_bf16, st->u, a->u, T * F), OP(to_bf16, st->h, a->h, T * F);
     OP(buf_copy, st->rstd1, a->rstd1, 4 * T), OP(buf_copy, st->xmid, a->xmid, 4 * T * D);
     OP(buf_copy, st->rstd2, a->rstd2, 4 * T);
+    if (a->qraw) {
+        OP(to_bf16, st->qraw, a->qraw, T * HD), OP(to_bf16, st->kraw, a->kraw, T * KVD);
+        OP(buf_copy, st->qrstd, a->qrstd, 4 * T * c->H), OP(buf_copy, st->krstd, a->krstd, 4 * T * c->Hkv);
+    }
 }
 
 static void stash_get(qw_session *s, qw_layer_acts *a, int l, size_t T) {
@@ -465,6 +556,10 @@ static void stash_get(qw_session *s, qw_layer_acts *a, int l, size_t T) {
     OP(from_bf16, a->g, st->g, T * F), OP(from_bf16, a->u, st->u, T * F), OP(from_bf16, a->h, st->h, T * F);
     OP(buf_copy, a->rstd1, st->rstd1, 4 * T), OP(buf_copy, a->xmid, st->xmid, 4 * T * D);
     OP(buf_copy, a->rstd2, st->rstd2, 4 * T);
+    if (a->qraw) {
+        OP(from_bf16, a->qraw, st->qraw, T * HD), OP(from_bf16, a->kraw, st->kraw, T * KVD);
+        OP(buf_copy, a->qrstd, st->qrstd, 4 * T * c->H), OP(buf_copy, a->krstd, st->krstd, 4 * T * c->Hkv);
+    }
 }
 
 /* Every buffer a session needs: forwards of n_tokens tokens and, for
@@ -478,7 +573,7 @@ static whale_code session_create(whale_model *m, int max_batch, int max_seq, int
     qw_model *qw = m->impl;
     const qw_config *c = &qw->c;
     if (!count_only) {
-        whale_code e = whale_rope_reserve(&qw->rope_cos, &qw->rope_sin, &qw->rope_len, max_seq, c->Dh, c->rope_theta, err);
+        whale_code e = whale_rope_reserve_scaled(&c->rope, &qw->rope_cos, &qw->rope_sin, &qw->rope_len, max_seq, err);
         if (e) return e;
     }
     qw_session *s = calloc(1, sizeof *s);
@@ -517,7 +612,12 @@ static whale_code session_create(whale_model *m, int max_batch, int max_seq, int
     ok = ok && (s->pos = sess_alloc(s, T, 4, &tot)) && (s->proj = sess_alloc(s, T * D, 4, &tot)) &&
          (s->hn_rstd = sess_alloc(s, T, 4, &tot)) && (s->hn = sess_alloc(s, T * D, 4, &tot)) &&
          (s->last = sess_alloc(s, (size_t)max_batch * D, 4, &tot));
-    size_t work = 0, kv = 0, none = 0, lora_floats = whale_lora_work_floats(m);
+    size_t work = 0, kv = 0, none = 0, lora_floats = whale_lora_work_floats(m), half = (size_t)c->Dh / 2;
+    if (ok && whale_rope_needs_rows(&c->rope, max_seq)) { /* dynamic scaling past the original window */
+        ok = (s->dyn_cos = sess_alloc(s, T * half, 4, &work)) && (s->dyn_sin = sess_alloc(s, T * half, 4, &work)) &&
+             (s->dyn_idx = sess_alloc(s, T, 4, &work));
+        for (size_t t = 0; ok && !count_only && t < T; t++) s->dyn_idx[t] = (int32_t)t;
+    }
     ok = ok && (!lora_floats || (s->base.lora_work = sess_alloc(s, T * lora_floats, 4, &work))) &&
          (s->att_work = sess_alloc(s, OP(attention_work_floats, max_seq, c->H, c->Hkv, c->Dh), 4, &work)) &&
          (training ? (s->base.train_spans = sess_alloc(s, (size_t)max_batch, sizeof(whale_span), &none)) != NULL
@@ -559,17 +659,22 @@ static whale_code attention(qw_session *s, const qw_model *qw, const qw_layer *l
     const qw_config *c = &qw->c;
     const whale_ubatch *ub = s->base.ub;
     int T = ub->T, D = c->D, HD = c->H * c->Dh, KVD = c->Hkv * c->Dh;
-    const whale_linear_part qkv[3] = {{T, HD, a->xn1, D, ly->wq, D, a->q, HD}, /* one input: one region when decoding */
-                                      {T, KVD, a->xn1, D, ly->wk, D, a->k, KVD},
+    float *q = a->qraw ? a->qraw : a->q, *k = a->kraw ? a->kraw : a->k; /* Qwen3: normed into a->q, a->k */
+    const whale_linear_part qkv[3] = {{T, HD, a->xn1, D, ly->wq, D, q, HD}, /* one input: one region when decoding */
+                                      {T, KVD, a->xn1, D, ly->wk, D, k, KVD},
                                       {T, KVD, a->xn1, D, ly->wv, D, a->v, KVD}};
     whale_code e = whale_linear_parts(&s->base, D, 3, qkv, err);
     if (e) return e;
-    OP(add_rows, a->q, ly->bq, T, HD);
-    OP(add_rows, a->k, ly->bk, T, KVD);
-    OP(add_rows, a->v, ly->bv, T, KVD);
+    if (ly->bq) OP(add_rows, q, ly->bq, T, HD);
+    if (ly->bk) OP(add_rows, k, ly->bk, T, KVD);
+    if (ly->bv) OP(add_rows, a->v, ly->bv, T, KVD);
+    if (ly->q_norm) { /* Qwen3: RMSNorm over each head of q and k */
+        OP(rmsnorm, a->q, q, ly->q_norm, (long)T * c->H, c->Dh, c->norm_eps, a->qrstd);
+        OP(rmsnorm, a->k, k, ly->k_norm, (long)T * c->Hkv, c->Dh, c->norm_eps, a->krstd);
+    }
     /* rotate_half: x' = x·cos + rotate_half(x)·sin, k_rope's inverse (+angle) direction */
-    OP(rope, a->q, T, HD, c->H, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
-    OP(rope, a->k, T, KVD, c->Hkv, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
+    OP(rope, a->q, T, HD, c->H, c->Dh, c->Dh, s->rpos, s->rcos, s->rsin, 1);
+    OP(rope, a->k, T, KVD, c->Hkv, c->Dh, c->Dh, s->rpos, s->rcos, s->rsin, 1);
 
     float scale = 1.0f / sqrtf((float)c->Dh);
     whale_kv *kv = &s->base.kv;
@@ -600,6 +705,7 @@ static whale_code mlp(qw_session *s, const qw_config *c, const qw_layer *ly, qw_
                                           {T, c->F, a->xn2, c->D, ly->wu, c->D, a->u, c->F}};
     whale_code e = whale_linear_parts(&s->base, c->D, 2, gate_up, err);
     if (e) return e;
+    if (ly->bg) OP(add_rows, a->g, ly->bg, T, c->F), OP(add_rows, a->u, ly->bu, T, c->F); /* mlp_bias */
     float *h = a->g; /* in place, unless the backward needs g */
     if (a->h) {
         h = a->h;
@@ -607,7 +713,9 @@ static whale_code mlp(qw_session *s, const qw_config *c, const qw_layer *ly, qw_
     }
     OP(swiglu, h, a->u, (long)T * c->F, 0.0f);
     TRACE(WHALE_F32, h, 2, DIMS(T, c->F), "layers.%d.mlp.hidden", l);
-    return linear(s, T, c->D, c->F, h, ly->wd, s->proj, err);
+    if ((e = linear(s, T, c->D, c->F, h, ly->wd, s->proj, err))) return e;
+    if (ly->bd) OP(add_rows, s->proj, ly->bd, T, c->D);
+    return WHALE_OK;
 }
 
 /* Qwen2DecoderLayer: X[l] → X[l+1], saving what the backward needs into a. */
@@ -624,6 +732,7 @@ static whale_code layer_forward(qw_session *s, int l, qw_layer_acts *a, whale_er
     TRACE(WHALE_F32, a->xn1, 2, DIMS(T, D), "layers.%d.input_layernorm", l);
     PROF(s, P_ATTN, e = attention(s, qw, ly, a, l, err));
     if (e) return e;
+    if (ly->bo) OP(add_rows, s->proj, ly->bo, T, D); /* attention_bias: o_proj's too */
     TRACE(WHALE_F32, s->proj, 2, DIMS(T, D), "layers.%d.attn.out", l);
     PROF(s, P_NORM, {
         OP(add, a->xmid, x, s->proj, TD);
@@ -648,6 +757,15 @@ static whale_code forward_hidden(qw_session *s, const whale_ubatch *ub, whale_er
     s->base.ub = ub;
     whale_ubatch_positions(ub, s->pos);
     PROF(s, P_EMBED, OP(get_rows, s->X[0], D, whale_model_wref(s->base.model, qw->embed, D), ub->ids, T, D));
+    /* RoPE rows: the model's tables at the positions, or for dynamic scaling
+     * past the window, this forward's own (the frequencies of its longest position) */
+    int longest = 0;
+    for (int t = 0; t < T; t++) longest = s->pos[t] >= longest ? s->pos[t] + 1 : longest;
+    s->rcos = qw->rope_cos, s->rsin = qw->rope_sin, s->rpos = s->pos;
+    if (s->dyn_cos && whale_rope_needs_rows(&c->rope, longest)) {
+        whale_rope_rows(&c->rope, longest, s->pos, T, s->dyn_cos, s->dyn_sin);
+        s->rcos = s->dyn_cos, s->rsin = s->dyn_sin, s->rpos = s->dyn_idx;
+    }
     for (int l = 0; l < c->L; l++) {
         if ((e = whale_session_check_abort(&s->base, err)) ||
             (e = layer_forward(s, l, &s->acts[s->n_act_sets > 1 ? l : 0], err)))
@@ -691,11 +809,13 @@ static whale_code mlp_backward(qw_session *s, const qw_config *c, const qw_layer
     struct qw_backward *b = s->bw;
     int D = c->D, F = c->F;
     whale_code e;
+    if (gl->bd) OP(add_rows_backward, gl->bd, b->dx, T, D);
     if ((e = linear_dx(s, T, D, F, b->dx, ly->wd, b->dh, 0, err)) ||
         (e = linear_dw(s, T, D, F, b->dx, a->h, ly->wd, gl->wd, err)))
         return e;
     TRACE(WHALE_F32, b->dh, 2, DIMS(T, F), "grad.layers.%d.mlp.hidden", l);
     OP(swiglu_backward, b->dh, b->du, b->dh, a->g, a->u, (long)T * F, 0.0f); /* dh becomes dg */
+    if (gl->bg) OP(add_rows_backward, gl->bg, b->dh, T, F), OP(add_rows_backward, gl->bu, b->du, T, F);
     if ((e = linear_dx(s, T, F, D, b->dh, ly->wg, b->dxn, 0, err)) ||
         (e = linear_dx(s, T, F, D, b->du, ly->wu, b->dxn, 1, err)) ||
         (e = linear_dw(s, T, F, D, b->dh, a->xn2, ly->wg, gl->wg, err)))
@@ -712,6 +832,7 @@ static whale_code attention_backward(qw_session *s, const qw_model *qw, const qw
     int T = B * S, D = c->D, HD = c->H * c->Dh, KVD = c->Hkv * c->Dh;
     float scale = 1.0f / sqrtf((float)c->Dh);
     whale_code e;
+    if (gl->bo) OP(add_rows_backward, gl->bo, b->dx, T, D);
     if ((e = linear_dx(s, T, D, HD, b->dx, ly->wo, b->datt, 0, err)) ||
         (e = linear_dw(s, T, D, HD, b->dx, a->att, ly->wo, gl->wo, err)))
         return e;
@@ -725,8 +846,12 @@ static whale_code attention_backward(qw_session *s, const qw_model *qw, const qw
                                       c->Dh, scale, whale_attention_products(s->base.model), b->att_work, err)))
             return e;
     }
-    OP(rope_backward, b->dq, T, HD, c->H, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
-    OP(rope_backward, b->dk, T, KVD, c->Hkv, c->Dh, c->Dh, s->pos, qw->rope_cos, qw->rope_sin, 1);
+    OP(rope_backward, b->dq, T, HD, c->H, c->Dh, c->Dh, s->rpos, s->rcos, s->rsin, 1);
+    OP(rope_backward, b->dk, T, KVD, c->Hkv, c->Dh, c->Dh, s->rpos, s->rcos, s->rsin, 1);
+    if (a->qraw) { /* Qwen3: through q_norm and k_norm, to the projections' outputs */
+        OP(rmsnorm_backward, b->dq, gl->q_norm, b->dq, a->qraw, ly->q_norm, a->qrstd, (long)T * c->H, c->Dh);
+        OP(rmsnorm_backward, b->dk, gl->k_norm, b->dk, a->kraw, ly->k_norm, a->krstd, (long)T * c->Hkv, c->Dh);
+    }
     TRACE(WHALE_F32, b->dq, 2, DIMS(T, HD), "grad.layers.%d.attn.q", l);
     TRACE(WHALE_F32, b->dk, 2, DIMS(T, KVD), "grad.layers.%d.attn.k", l);
     TRACE(WHALE_F32, b->dv, 2, DIMS(T, KVD), "grad.layers.%d.attn.v", l);
@@ -925,9 +1050,13 @@ whale_code qwen2_from_config(const cJSON *cfg, const char *file, whale_model **o
         free(qw);
         return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
     }
-    m->family = WHALE_FAMILY_QWEN2;
+    m->family = &whale_family_dense;
     m->ops = &qw_ops;
     m->impl = qw;
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(cfg, "model_type");
+    for (int k = 0; k < QW_VARIANTS; k++)
+        if (cJSON_IsString(mt) && !strcmp(mt->valuestring, variants[k].model_type)) qw->c.variant = (qw_variant)k;
+    m->model_type = variants[qw->c.variant].model_type;
     whale_code e = parse_config(cfg, file, &qw->c, err);
     const qw_config *c = &qw->c;
     if (!e && !(qw->config_json = cJSON_Duplicate(cfg, 1))) e = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
@@ -935,7 +1064,7 @@ whale_code qwen2_from_config(const cJSON *cfg, const char *file, whale_model **o
     if (!e) e = register_params(m, qw, err);
     if (!e) {
         m->vocab_size = c->vocab;
-        m->max_positions = c->max_pos;
+        m->max_positions = whale_rope_window(&c->rope); /* linear, dynamic, yarn: the window they extend to */
         e = whale_config_eos(m, cfg, file, err); /* a number or a list */
     }
     if (e) {
@@ -945,3 +1074,13 @@ whale_code qwen2_from_config(const cJSON *cfg, const char *file, whale_model **o
     *out = m;
     return WHALE_OK;
 }
+
+static const char *const dense_types[] = {"qwen2", "llama", "qwen3", NULL};
+const whale_family_desc whale_family_dense = {
+    .name = "dense",
+    .model_types = dense_types,
+    .presets = PRESET_NAMES,
+    .from_config = qwen2_from_config,
+    .preset_config = qwen2_preset_config,
+    .init_param = qwen2_init_param,
+};

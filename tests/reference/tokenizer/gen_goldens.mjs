@@ -4,6 +4,8 @@
 //
 //   cd tests/reference/tokenizer && npm ci && node gen_goldens.mjs
 //
+//   node gen_goldens.mjs llama3     only that tokenizer's golden
+//
 // Reads tests/data/tokenizer/corpus.jsonl and the tokenizer files fetched by
 // scripts/fetch-tokenizers.sh ($WHALE_TOKENIZERS, default .cache/tokenizers),
 // writes tests/data/tokenizer/golden-<name>.json, and golden-synthetic.json
@@ -39,19 +41,35 @@ async function run(name) {
   const rust = RustTokenizer.fromFile(path.join(dir, "tokenizer.json"));
   const js = new JsTokenizer(json, config);
 
+  // transformers' decode applies clean_up_tokenization after the library's
+  // when tokenizer_config.json asks for it (Llama 3 does)
+  const cleaning = config.clean_up_tokenization_spaces === true;
+  const pats = [[" .", "."], [" ?", "?"], [" !", "!"], [" ,", ","], [" ' ", "'"], [" n't", "n't"],
+                [" 'm", "'m"], [" 's", "'s"], [" 've", "'ve"], [" 're", "'re"]];
+  const cleanUp = (s) => (cleaning ? pats.reduce((acc, [a, b]) => acc.replaceAll(a, b), s) : s);
   const entries = [];
   let jsDiffs = 0;
   for (const { name: entryName, text } of corpus) {
     const enc = await rust.encode(text, null, { addSpecialTokens: false });
     const ids = Array.from(enc.getIds());
-    const decoded = ids.length ? await rust.decode(ids, false) : "";
-    const decodedSkip = ids.length ? await rust.decode(ids, true) : "";
+    const decoded = cleanUp(ids.length ? await rust.decode(ids, false) : "");
+    const decodedSkip = cleanUp(ids.length ? await rust.decode(ids, true) : "");
     const jsIds = js.encode(text, { add_special_tokens: false }).ids;
     const e = { name: entryName, ids, decoded, decoded_skip_special: decodedSkip };
     if (!sameIds(ids, jsIds)) {
       e.js_differs = true;
       jsDiffs++;
       console.error(`${name}: ${entryName}: JS port differs\n  rust ${JSON.stringify(ids)}\n  js   ${JSON.stringify(jsIds)}`);
+    }
+    if (withSpecial.includes(entryName)) {
+      // add_special_tokens=true: what the post-processor's template adds (Llama 3: <|begin_of_text|>)
+      e.ids_with_special = Array.from((await rust.encode(text, null, { addSpecialTokens: true })).getIds());
+      const jsSpecial = js.encode(text, { add_special_tokens: true }).ids;
+      if (!sameIds(e.ids_with_special, jsSpecial)) {
+        e.js_differs = true;
+        jsDiffs++;
+        console.error(`${name}: ${entryName}: JS port differs with special tokens`);
+      }
     }
     entries.push(e);
   }
@@ -74,6 +92,7 @@ async function run(name) {
     tokenizer: name,
     reference: "tokenizers 0.23.2 (Rust, Node binding); cross-checked with @huggingface/tokenizers 0.2.0",
     add_special_tokens: false,
+    clean_up_tokenization_spaces: cleaning,
     vocab_size_with_added: rust.getVocabSize(true),
     entries,
     generated,
@@ -83,7 +102,12 @@ async function run(name) {
   console.log(`${file}: ${entries.length} corpus entries, ${generated.length} generated, JS port differs on ${jsDiffs}`);
 }
 
-for (const name of ["deepseek_v3", "qwen3"]) await run(name);
+// corpus entries also encoded with add_special_tokens=true
+const withSpecial = ["empty", "hello", "prose", "chinese", "code_python"];
+// node gen_goldens.mjs [NAME...]: only these real tokenizers (default: all, then the synthetic ones)
+const names = process.argv.slice(2);
+for (const name of names.length ? names : ["deepseek_v3", "qwen3", "llama3"]) await run(name);
+if (names.length) process.exit(0);
 
 // small tokenizers for the features the real files do not use
 const qwenJson = JSON.parse(fs.readFileSync(path.join(tokDir, "qwen3", "tokenizer.json"), "utf8"));
