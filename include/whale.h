@@ -177,6 +177,12 @@ whale_code whale_model_init(const char *preset, uint64_t seed, whale_model **out
  * could not hold it in fp32. *n_params (may be NULL) gets the count. */
 whale_code whale_model_init_to_dir(const char *preset, const char *overrides, uint64_t seed, whale_dtype dt,
                                    const char *dir, int64_t *n_params, whale_err *err);
+/* The same, calling progress(user, values written, total) before each
+ * parameter and once at the end (progress may be NULL). */
+typedef void (*whale_progress_fn)(void *user, int64_t done, int64_t total);
+whale_code whale_model_init_to_dir_progress(const char *preset, const char *overrides, uint64_t seed, whale_dtype dt,
+                                            const char *dir, int64_t *n_params, whale_progress_fn progress, void *user,
+                                            whale_err *err);
 /* The same with a JSON object of config fields that replace the preset's
  * (e.g. {"vocab_size": 8192}); overrides may be NULL. */
 whale_code whale_model_init_config(const char *preset, const char *overrides, uint64_t seed, whale_model **out,

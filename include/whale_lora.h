@@ -62,6 +62,40 @@ int64_t whale_lora_num_params(const whale_model *m);
 /* The config the adapters were attached or loaded with (NULL if none). */
 const whale_lora_config *whale_lora_get_config(const whale_model *m);
 
+/* A checkpoint written tensor by tensor (whale export): the base folder's
+ * tensors, each with its LoRA delta added when adapters is set (W + s·B·A,
+ * computed in fp32/double from the stored values and rounded once to the
+ * output dtype), into out/model.safetensors, with the base's config.json
+ * (its dtype field updated when converting), generation_config.json and
+ * tokenizer files. Only one tensor is held in memory at a time (the base is
+ * memory-mapped and its pages dropped after each tensor). */
+typedef struct {
+    const char *base;     /* base checkpoint folder */
+    const char *adapters; /* a PEFT LoRA folder, or NULL: convert only */
+    const char *out;      /* output folder (created; not the base) */
+    int convert;          /* 0: every tensor keeps its stored dtype; 1: floating tensors become dtype */
+    whale_dtype dtype;    /* WHALE_F32, WHALE_BF16 or WHALE_F16 when convert */
+    double memory_limit;  /* bytes the export may take; 0 = physical memory, < 0 = no check */
+    /* called after each tensor (may be NULL) */
+    void (*progress)(void *user, int done, int total);
+    void *user;
+} whale_export_opts;
+
+typedef struct {
+    int tensors, merged;      /* tensors written, of which with a LoRA delta */
+    int64_t values, overflow; /* floating values written; finite values that became fp16 infinity */
+    size_t largest;           /* bytes of the largest tensor read */
+    size_t planned;           /* the up-front estimate of the memory needed */
+    whale_dtype dtype;        /* the dtype of the largest floating tensor written (the config's) */
+} whale_export_stats;
+
+/* The memory an export needs (without writing anything) and the checks of
+ * the adapters against the base: every lora_A / lora_B pair must adapt a
+ * 2-D base tensor of matching shape. */
+whale_code whale_export_plan(const whale_export_opts *o, whale_export_stats *st, whale_err *err);
+/* The export; refused up front (WHALE_ERR_NOMEM) when the plan exceeds the limit. */
+whale_code whale_export_checkpoint(const whale_export_opts *o, whale_export_stats *st, whale_err *err);
+
 #ifdef __cplusplus
 }
 #endif

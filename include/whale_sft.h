@@ -177,6 +177,16 @@ whale_code whale_sft_fill_placeholders(const char *text, const char *tag, const 
  * WHALE_ERR_ARG naming it (set max_length ≤ S). */
 whale_code whale_sft_dataset_num_rows(whale_sft_dataset *ds, int S, int64_t *rows, whale_err *err);
 
+/* The samples read from input file f (samples are in file order):
+ * [*first, *first + *count). */
+void whale_sft_dataset_file_samples(const whale_sft_dataset *ds, int f, int64_t *first, int64_t *count);
+/* A dataset of ds's samples idx[0..n) in that order (a sample may repeat):
+ * for ms-swift's dataset sampling (FILE#N) and train/validation splits.
+ * Its statistics count the selected samples (records, skipped and deleted
+ * stay what reading the files found). An empty selection is allowed. */
+whale_code whale_sft_dataset_select(const whale_sft_dataset *ds, const int64_t *idx, int64_t n,
+                                    whale_sft_dataset **out, whale_err *err);
+
 /* Row r of S tokens. The row's samples come one after the other, then
  * padding up to S. For each position s:
  *   ids[s]     the token; the pad id after the last sample

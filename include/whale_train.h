@@ -105,6 +105,15 @@ typedef struct {
     const char *command_line;    /* recorded in args.json (may be NULL) */
     const char *resume;          /* a checkpoint of an earlier run with the same settings: continue from it
                                     (into a new run folder), exactly as the run would have gone on */
+    /* Validation (ms-swift's): val_data files, else with split_ratio in
+     * (0, 1) that share of each training file held out (seeded). Data
+     * files may be written FILE#N: N samples of FILE (ms-swift's dataset
+     * sampling, seeded; more than it has repeats it). */
+    const char *const *val_data;
+    int n_val_data;
+    double split_ratio;          /* --split_dataset_ratio (0) */
+    int64_t eval_steps;          /* evaluate every N steps and at the end; 0 = save_steps (ms-swift) */
+    int save_only_model;         /* checkpoints without optimizer state (cannot be resumed) */
 } whale_sft_run_opts;
 
 whale_sft_run_opts whale_sft_run_defaults(void);
@@ -115,6 +124,9 @@ typedef struct {
     int64_t trainable_params;
     char run_dir[4096];
     char last_checkpoint[4200];
+    double eval_loss, eval_token_acc; /* the last evaluation (NaN without validation data) */
+    double best_metric;               /* the lowest eval_loss at a saved checkpoint (NaN: none) */
+    char best_checkpoint[4200];       /* that checkpoint ("" if none) */
 } whale_sft_result;
 
 /* Run a fine-tuning. Before loading the model, the memory the run needs is

@@ -15,6 +15,39 @@ int cli_int(const char *cmd, const char *opt, const char *val, long lo, long hi,
 int cli_float(const char *cmd, const char *opt, const char *val, double lo, double hi, double *out);
 /* argv[*i] is an option that takes a value: returns it and advances *i, or NULL. */
 const char *cli_value(int argc, char **argv, int *i);
+/* Option a is opt, with "-" and "_" alike after the leading "--" (ms-swift
+ * and Hugging Face spell --merge_lora what whale spells --merge-lora). */
+int cli_opt_is(const char *a, const char *opt);
+/* A boolean option: if argv[*i] is opt, *flag becomes 1, or the value that
+ * follows when it is true/false/1/0 (then consumed), and 1 is returned;
+ * otherwise 0. */
+int cli_bool_option(int argc, char **argv, int *i, const char *opt, int *flag);
+
+/* One option table per command, one parser. An entry names its spellings
+ * ("-n|--max-new-tokens|--max-tokens"; after "--", "-" and "_" are alike,
+ * so ms-swift's --max_new_tokens matches) and where its value goes:
+ *   CLI_FLAG    int *: 1, or the true/false/1/0 that follows
+ *   CLI_STR     const char **
+ *   CLI_LONG    long *, in [lo, hi]        CLI_DOUBLE  double *, in [lo, hi]
+ *   CLI_DTYPE   whale_dtype * (fp32|bf16|fp16|int8 and their spellings)
+ *   CLI_PAIR    const char *[2]: one or two values (Chinese, English)
+ *   CLI_NOTE    takes a value that changes nothing here: note says why
+ *               (printed once as "CMD: note: ...") */
+typedef enum { CLI_FLAG, CLI_STR, CLI_LONG, CLI_DOUBLE, CLI_DTYPE, CLI_PAIR, CLI_NOTE } cli_kind;
+typedef struct {
+    const char *names;
+    cli_kind kind;
+    void *dst;
+    double lo, hi;
+    const char *note;
+} cli_opt;
+
+/* Parse argv[1..argc) against opts (terminated by an entry with NULL
+ * names); with sp, the sampling options (cli_sampling_option) too.
+ * -h/--help prints help and returns -1; an unknown option, a missing or
+ * malformed value returns the usage status (2); 0 when all is parsed. */
+int cli_parse(const char *cmd, const char *help, int argc, char **argv, const cli_opt *opts,
+              whale_sampler_params *sp, unsigned *given);
 
 /* Sampling options shared by generate and chat. Defaults: temperature 0.7,
  * top-k 50, top-p 0.9 (the original nanowhale chat settings with Hugging
@@ -33,8 +66,8 @@ int cli_sampling_option(const char *cmd, const char *a, const char *v, whale_sam
                         int *bad);
 /* The model folder's generation_config.json (if any) sets the sampling
  * options the command line did not (as ms-swift and transformers do);
- * verbose prints what it took. */
-whale_code cli_generation_config(const char *dir, whale_sampler_params *sp, unsigned given, int verbose,
+ * verbose (a command name, or NULL) prints what it took as "CMD: ...". */
+whale_code cli_generation_config(const char *dir, whale_sampler_params *sp, unsigned given, const char *verbose,
                                  whale_err *err);
 
 /* --dtype fp32|bf16 (compute precision of a model run). */
@@ -42,20 +75,39 @@ int cli_dtype(const char *cmd, const char *v, whale_dtype *dt);
 /* "fp32", "bf16", "fp16", "int8" */
 const char *cli_dtype_name(whale_dtype dt);
 
+/* "whale CMD ARGS..." as typed, each argument shell-quoted when needed
+ * (argv[0] is the command name), cut to cap. */
+void cli_command_line(int argc, char **argv, char *out, size_t cap);
+
 /* Parse "0,15,27" into ids (malloc'd). */
 int cli_parse_id_list(const char *cmd, const char *text, int32_t **ids, int *n);
 
 /* The model folder's tokenizer, checked against the model's vocabulary. */
 whale_code cli_load_tokenizer(const char *dir, const whale_model *m, whale_tokenizer **tok, whale_err *err);
 
-/* A model to run: dir in dtype, with a LoRA checkpoint's adapters applied
- * when adapters is not NULL (dir may then be NULL: the checkpoint's
- * args.json names the base). *base_dir (malloc'd) is the folder the model
- * came from (its tokenizer and template); *tmpl and *system (malloc'd or
- * NULL, pass NULL to skip) what the fine-tuning used. With merge the
- * adapters are merged into the weights (dtype must then be fp32). */
-whale_code cli_load_model(const char *dir, const char *adapters, whale_dtype dtype, int merge, whale_model **m,
-                          char **base_dir, char **tmpl, char **system, whale_err *err);
+/* How a command runs a model: dtype CLI_DTYPE_AUTO takes the checkpoint's
+ * (bf16 / fp16 when its config's torch_dtype or dtype says so, else fp32;
+ * set to what was chosen); seq is the session's positions (0: the
+ * model's), for the memory estimate (whale memory's) that is checked
+ * before loading against memory_limit bytes (0: the machine's memory). */
+#define CLI_DTYPE_AUTO ((whale_dtype)WHALE_DTYPE_COUNT)
+whale_dtype cli_checkpoint_dtype(const char *dir);
+typedef struct {
+    const char *cmd; /* names the command in the note on the chosen dtype (NULL: no note) */
+    whale_dtype dtype;
+    int seq;
+    int ctx_option; /* the command has --ctx-size (named in the refusal) */
+    double memory_limit;
+    size_t estimate; /* set: the estimate's total */
+} cli_run;
+
+/* A model to run: dir with a LoRA checkpoint's adapters applied when
+ * adapters is not NULL (dir may then be NULL: the checkpoint's args.json
+ * names the base). *base_dir (malloc'd) is the folder the model came from
+ * (its tokenizer and template); *tmpl and *system (malloc'd or NULL, pass
+ * NULL to skip) what the fine-tuning used. */
+whale_code cli_load_model(const char *dir, const char *adapters, cli_run *run, whale_model **m, char **base_dir,
+                          char **tmpl, char **system, whale_err *err);
 
 /* A JSON array of equal-length arrays of token ids, checked against vocab. */
 #include "io/ids.h" /* whale_read_ids_file */

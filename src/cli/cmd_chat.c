@@ -22,6 +22,7 @@ typedef struct {
     int failed, n;
     int32_t *stop;
     int n_stop;
+    int show; /* stream the reply as it is made */
 } chat_printer;
 
 static int print_piece(void *user, int32_t id) {
@@ -34,8 +35,7 @@ static int print_piece(void *user, int32_t id) {
         p->failed = 1;
         return 1;
     }
-    fwrite(text, 1, len, stdout);
-    fflush(stdout);
+    if (p->show) fwrite(text, 1, len, stdout), fflush(stdout);
     p->n++;
     return 0;
 }
@@ -141,7 +141,9 @@ static whale_code convo_reply(convo *c, const char *reply, whale_err *err) {
 typedef struct {
     const char *dir, *system, *tmpl, *adapters, *tools;
     whale_dtype dtype;
-    long n_new, threads;
+    long n_new, threads, ctx;
+    double memory_limit; /* GiB */
+    int stream, multi_turn;
     whale_sampler_params sp;
     unsigned given;
 } chat_opts;
@@ -157,31 +159,34 @@ static const char chat_help[] =
     "  --tools FILE.json: tool definitions for the template; tool calls in a reply are printed\n"
     "  as a line 'tool_calls: [...]' (OpenAI's form), and a message '/tool TEXT' answers them\n"
     "  as a tool result.\n"
-    "  -n N (512) tokens per reply at most; sampling options as in 'whale generate'\n"
-    "  (--temperature 0.7 --top-k 50 --top-p 0.9 --min-p 0 --repeat-penalty 1 --seed S);\n"
-    "  --dtype fp32|bf16 (compute precision), --threads N";
+    "  -n N (512; alias --max-new-tokens) tokens per reply at most; sampling options as in\n"
+    "  'whale generate' (--temperature 0.7 --top-k 50 --top-p 0.9 --min-p 0 --repeat-penalty 1\n"
+    "  --seed S; generation_config.json's values replace the defaults, not what is given);\n"
+    "  --ctx-size N (alias -c, --max-model-len): positions of the session (default: the model's)\n"
+    "  --multi-turn [true|false] (true): false answers each message in a fresh conversation\n"
+    "  --stream [true|false] (true): false prints each reply when it is complete\n"
+    "  --dtype fp32|bf16|fp16|int8 (compute precision; default: the checkpoint's torch_dtype),\n"
+    "  --memory-limit GIB (refuse up front a session estimated to need more), --threads N; swift infer's spellings\n"
+    "  (--max_new_tokens, --top_k, --repetition_penalty, ...) work too, --infer_backend is ignored";
 
 static int chat_parse(int argc, char **argv, chat_opts *o) {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            puts(chat_help);
-            return -1;
-        }
-        if (!(v = cli_value(argc, argv, &i))) return cli_usage("chat", "%s needs a value", a);
-        int bad = 0;
-        if (cli_sampling_option("chat", a, v, &o->sp, &o->given, &bad)) {
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->dir = v;
-        else if (!strcmp(a, "--system")) o->system = v;
-        else if (!strcmp(a, "--adapters")) o->adapters = v;
-        else if (!strcmp(a, "--chat-template")) o->tmpl = v;
-        else if (!strcmp(a, "--tools")) o->tools = v;
-        else if (!strcmp(a, "--dtype")) bad = cli_dtype("chat", v, &o->dtype);
-        else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens")) bad = cli_int("chat", a, v, 1, 1 << 24, &o->n_new);
-        else if (!strcmp(a, "--threads")) bad = cli_int("chat", a, v, 1, 1024, &o->threads);
-        else return cli_usage("chat", "unknown option \"%s\"", a);
-        if (bad) return bad;
-    }
+    const cli_opt opts[] = {
+        {"-m|--model", CLI_STR, &o->dir, 0, 0, NULL},
+        {"--adapters", CLI_STR, &o->adapters, 0, 0, NULL},
+        {"--system", CLI_STR, &o->system, 0, 0, NULL},
+        {"--chat-template|--template", CLI_STR, &o->tmpl, 0, 0, NULL},
+        {"--tools", CLI_STR, &o->tools, 0, 0, NULL},
+        {"--dtype|--torch-dtype", CLI_DTYPE, &o->dtype, 0, 0, NULL},
+        {"-n|--max-new-tokens", CLI_LONG, &o->n_new, 1, 1 << 24, NULL},
+        {"--threads", CLI_LONG, &o->threads, 1, 1024, NULL},
+        {"-c|--ctx-size|--max-model-len", CLI_LONG, &o->ctx, 16, 1 << 24, NULL},
+        {"--memory-limit", CLI_DOUBLE, &o->memory_limit, 1e-6, 1e6, NULL},
+        {"--stream", CLI_FLAG, &o->stream, 0, 0, NULL},
+        {"--multi-turn", CLI_FLAG, &o->multi_turn, 0, 0, NULL},
+        {"--infer-backend", CLI_NOTE, NULL, 0, 0, "whale runs its own engine; the option is ignored"},
+        {NULL, 0, NULL, 0, 0, NULL}};
+    int st = cli_parse("chat", chat_help, argc, argv, opts, &o->sp, &o->given);
+    if (st) return st;
     if (!o->dir && !o->adapters) return cli_usage("chat", "-m DIR or --adapters CKPT is required");
     return 0;
 }
@@ -198,7 +203,7 @@ static whale_code read_tools(const char *path, cJSON **out, whale_err *err) {
 }
 
 int cmd_chat(int argc, char **argv) {
-    chat_opts o = {.dtype = WHALE_F32, .n_new = 512, .sp = cli_sampling_defaults()};
+    chat_opts o = {.dtype = CLI_DTYPE_AUTO, .n_new = 512, .stream = 1, .multi_turn = 1, .sp = cli_sampling_defaults()};
     int bad = chat_parse(argc, argv, &o);
     if (bad) return bad < 0 ? 0 : bad;
     whale_set_threads((int)o.threads);
@@ -223,16 +228,19 @@ int cmd_chat(int argc, char **argv) {
     }
     if (o.tools && read_tools(o.tools, &tools, &err)) goto fail;
     cv.tools = tools;
-    if (cli_load_model(dir, o.adapters, o.dtype, 0, &m, &base, &run_tmpl, &run_system, &err)) goto fail;
+    cli_run run = {"chat", o.dtype, (int)o.ctx, 1, o.memory_limit * 1073741824.0, 0};
+    if (cli_load_model(dir, o.adapters, &run, &m, &base, &run_tmpl, &run_system, &err)) goto fail;
     dir = base;
-    if (cli_generation_config(dir, &sp, o.given, interactive, &err)) goto fail;
+    if (cli_generation_config(dir, &sp, o.given, interactive ? "chat" : NULL, &err)) goto fail;
     if (!tmpl) tmpl = run_tmpl;
     if (!system) system = run_system;
     if (cli_load_tokenizer(dir, m, &tok, &err) ||
         whale_chat_template_load(dir, tmpl, &tpl, &err) || whale_detokenizer_new(tok, 1, &detok, &err))
         goto fail;
-    if (whale_chat_template_notice(tpl)) fprintf(stderr, "whale: %s\n", whale_chat_template_notice(tpl));
+    if (whale_chat_template_notice(tpl)) fprintf(stderr, "chat: %s\n", whale_chat_template_notice(tpl));
     int maxpos = whale_model_max_positions(m), n_stop = whale_chat_template_stop_ids(tok, tpl, stop, 8);
+    if (o.ctx > maxpos) fprintf(stderr, "chat: note: --ctx-size %ld is beyond the model's %d positions\n", o.ctx, maxpos);
+    else if (o.ctx) maxpos = (int)o.ctx;
     if (n_stop > 8) n_stop = 8;
     n_stop += whale_model_eos_ids(m, stop + n_stop, 8);
     ctx = malloc(sizeof(int32_t) * (size_t)(maxpos + 1));
@@ -249,8 +257,8 @@ int cmd_chat(int argc, char **argv) {
         whale_memory_of_model(m, &mm);
         whale_memory_add_session(&mm, s);
         whale_memory_print_line(&mm, stderr);
-        fprintf(stderr, "whale chat: %s template, %d positions; 'clear' to forget, 'exit' to quit, \"\"\" for multi-line\n",
-                whale_chat_template_name(tpl), maxpos);
+        fprintf(stderr, "chat: %s template, %d positions (--ctx-size N to change); 'clear' to forget, 'exit' to quit, "
+                "\"\"\" for multi-line\n", whale_chat_template_name(tpl), maxpos);
     }
     int n_ctx = 0; /* ids the cache holds (plus the last sampled one) */
     for (;;) {
@@ -273,6 +281,7 @@ int cmd_chat(int argc, char **argv) {
             continue;
         }
         int is_tool = tools && !strncmp(text, "/tool ", 6);
+        if (!o.multi_turn && !is_tool) convo_clear(&cv); /* each message on its own */
         whale_code pushed = convo_push(&cv, is_tool ? "tool" : "user", is_tool ? text + 6 : text, &err);
         free(text);
         if (pushed) goto fail;
@@ -281,7 +290,7 @@ int cmd_chat(int argc, char **argv) {
         ids = NULL;
         if (convo_ids(&cv, tok, tpl, &ids, &n_ids, &err)) goto fail;
         if (n_ids + 1 >= maxpos) {
-            fprintf(stderr, "whale: the conversation (%d tokens) fills the model's %d positions; type clear\n", n_ids,
+            fprintf(stderr, "chat: the conversation (%d tokens) fills the model's %d positions; type clear\n", n_ids,
                     maxpos);
             convo_drop_last(&cv);
             continue;
@@ -292,7 +301,7 @@ int cmd_chat(int argc, char **argv) {
         whale_session_truncate(s, common < n_ids ? common : n_ids - 1);
         memcpy(ctx, ids, sizeof(int32_t) * (size_t)n_ids);
         n_ctx = n_ids;
-        chat_printer pr = {detok, &err, 0, 0, stop, n_stop};
+        chat_printer pr = {detok, &err, 0, 0, stop, n_stop, o.stream};
         whale_gen_stats st;
         int budget = (int)(o.n_new < maxpos - n_ctx ? o.n_new : maxpos - n_ctx);
         if (whale_generate(s, sm, ctx, &n_ctx, maxpos, budget, stop, n_stop, print_piece, &pr, &st, &err) || pr.failed)
@@ -300,13 +309,14 @@ int cmd_chat(int argc, char **argv) {
         const char *tail;
         size_t tl;
         if (whale_detokenizer_flush(detok, &tail, &tl, &err)) goto fail;
-        fwrite(tail, 1, tl, stdout);
-        fputc('\n', stdout);
         /* the reply as text, for the next rendering */
         int n_reply = n_ctx - n_ids - (st.stopped ? 1 : 0);
         char *reply;
         size_t rl;
         if (whale_tokenizer_decode(tok, ctx + n_ids, n_reply, 1, &reply, &rl, &err)) goto fail;
+        if (o.stream) fwrite(tail, 1, tl, stdout);
+        else fwrite(reply, 1, rl, stdout);
+        fputc('\n', stdout);
         whale_code added = convo_reply(&cv, reply, &err);
         free(reply);
         fflush(stdout);
@@ -373,45 +383,35 @@ int cmd_chat_eval(int argc, char **argv) {
     const char *dir = NULL, *adapters = NULL, *data = NULL, *system = NULL, *tmpl = NULL, *answers = NULL;
     const char *names[2] = {0}, *authors[2] = {0};
     char *base = NULL, *run_tmpl = NULL, *run_system = NULL;
-    whale_dtype dtype = WHALE_F32;
-    long n_new = 64, threads = 0;
+    whale_dtype dtype = CLI_DTYPE_AUTO;
+    long n_new = 64, threads = 0, ctx = 0;
     int show = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            puts("usage: whale chat-eval (-m DIR | --adapters CKPT | both) --data EVAL.jsonl --model-name ZH [EN]\n"
-                 "                       --model-author ZH [EN] [--show] [--answers OUT.jsonl] [-n N (64)]\n"
-                 "  asks each {\"query\", \"tag\", \"expect\": [\"name\", \"author\"]} record's question in a fresh\n"
-                 "  conversation (greedy), and counts the replies that contain the expected name / author\n"
-                 "  (either language's value); {{NAME}} / {{AUTHOR}} in queries are filled as in whale sft.\n"
-                 "  --system, --chat-template, --dtype, --threads as in whale chat; prints a JSON summary");
-            return 0;
-        }
-        if (!strcmp(a, "--show")) {
-            show = 1;
-            continue;
-        }
-        if (!strcmp(a, "--model-name") || !strcmp(a, "--model-author")) {
-            const char **dst = a[8] == 'n' ? names : authors;
-            int k = 0;
-            while (i + 1 < argc && argv[i + 1][0] != '-' && k < 2) dst[k++] = argv[++i];
-            if (!k) return cli_usage("chat-eval", "%s needs one or two values (Chinese, English)", a);
-            continue;
-        }
-        if (!(v = cli_value(argc, argv, &i))) return cli_usage("chat-eval", "%s needs a value", a);
-        int bad = 0;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
-        else if (!strcmp(a, "--adapters")) adapters = v;
-        else if (!strcmp(a, "--data")) data = v;
-        else if (!strcmp(a, "--answers")) answers = v;
-        else if (!strcmp(a, "--system")) system = v;
-        else if (!strcmp(a, "--chat-template")) tmpl = v;
-        else if (!strcmp(a, "--dtype")) bad = cli_dtype("chat-eval", v, &dtype);
-        else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens")) bad = cli_int("chat-eval", a, v, 1, 1 << 20, &n_new);
-        else if (!strcmp(a, "--threads")) bad = cli_int("chat-eval", a, v, 1, 1024, &threads);
-        else return cli_usage("chat-eval", "unknown option \"%s\"", a);
-        if (bad) return bad;
-    }
+    static const char help[] =
+        "usage: whale chat-eval (-m DIR | --adapters CKPT | both) --data EVAL.jsonl --model-name ZH [EN]\n"
+        "                       --model-author ZH [EN] [--show] [--answers OUT.jsonl] [-n N (64)]\n"
+        "  asks each {\"query\", \"tag\", \"expect\": [\"name\", \"author\"]} record's question in a fresh\n"
+        "  conversation (greedy), and counts the replies that contain the expected name / author\n"
+        "  (either language's value); {{NAME}} / {{AUTHOR}} in queries are filled as in whale sft.\n"
+        "  --system, --chat-template, --dtype, --ctx-size, --threads as in whale chat; ms-swift's spellings\n"
+        "  (--model_name, --max_new_tokens, ...) work too; prints a JSON summary";
+    const cli_opt opts[] = {
+        {"-m|--model", CLI_STR, &dir, 0, 0, NULL},
+        {"--adapters", CLI_STR, &adapters, 0, 0, NULL},
+        {"--data|--val-dataset", CLI_STR, &data, 0, 0, NULL},
+        {"--answers", CLI_STR, &answers, 0, 0, NULL},
+        {"--system", CLI_STR, &system, 0, 0, NULL},
+        {"--chat-template|--template", CLI_STR, &tmpl, 0, 0, NULL},
+        {"--dtype|--torch-dtype", CLI_DTYPE, &dtype, 0, 0, NULL},
+        {"-n|--max-new-tokens", CLI_LONG, &n_new, 1, 1 << 20, NULL},
+        {"--threads", CLI_LONG, &threads, 1, 1024, NULL},
+        {"-c|--ctx-size|--max-model-len", CLI_LONG, &ctx, 16, 1 << 24, NULL},
+        {"--show", CLI_FLAG, &show, 0, 0, NULL},
+        {"--model-name", CLI_PAIR, names, 0, 0, NULL},
+        {"--model-author", CLI_PAIR, authors, 0, 0, NULL},
+        {"--infer-backend", CLI_NOTE, NULL, 0, 0, "whale runs its own engine; the option is ignored"},
+        {NULL, 0, NULL, 0, 0, NULL}};
+    int st = cli_parse("chat-eval", help, argc, argv, opts, NULL, NULL);
+    if (st) return st < 0 ? 0 : st;
     if ((!dir && !adapters) || !data || !names[0] || !authors[0])
         return cli_usage("chat-eval", "-m DIR (or --adapters), --data, --model-name and --model-author are required");
     whale_set_threads((int)threads);
@@ -430,12 +430,14 @@ int cmd_chat_eval(int argc, char **argv) {
     whale_sft_opts fo = whale_sft_defaults();
     fo.model_name[0] = names[0], fo.model_name[1] = names[1];
     fo.model_author[0] = authors[0], fo.model_author[1] = authors[1];
-    if (cli_load_model(dir, adapters, dtype, 0, &m, &base, &run_tmpl, &run_system, &err)) goto fail;
+    cli_run run = {NULL, dtype, (int)ctx, 1, 0, 0};
+    if (cli_load_model(dir, adapters, &run, &m, &base, &run_tmpl, &run_system, &err)) goto fail;
     if (!tmpl) tmpl = run_tmpl;
     if (!system) system = run_system;
     whale_sampler_params sp = whale_sampler_defaults();
     sp.temperature = 0;
     int maxpos = whale_model_max_positions(m);
+    if (ctx > 0 && ctx < maxpos) maxpos = (int)ctx;
     if (cli_load_tokenizer(base, m, &tok, &err) ||
         whale_chat_template_load(base, tmpl, &tpl, &err) || whale_sampler_new(&sp, whale_model_vocab_size(m), &sm, &err) || whale_session_new(m, 1, maxpos, &s, &err))
         goto fail;

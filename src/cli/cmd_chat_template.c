@@ -119,7 +119,7 @@ int cmd_chat_template(int argc, char **argv) {
     size_t len = 0;
     whale_code rc = load_inputs(&o, &root, &tools_root, &messages, &tools, &kwargs, &err);
     if (!rc) rc = whale_chat_template_load(o.model, o.tmpl, &t, &err);
-    if (!rc && whale_chat_template_notice(t)) fprintf(stderr, "whale: %s\n", whale_chat_template_notice(t));
+    if (!rc && whale_chat_template_notice(t)) fprintf(stderr, "chat-template: %s\n", whale_chat_template_notice(t));
     if (!rc) rc = whale_chat_template_apply(t, messages, tools, kwargs, o.agp, &text, &len, &err);
     if (!rc && o.ids) rc = print_ids(o.model, text, len, &err);
     else if (!rc) fwrite(text, 1, len, stdout);

@@ -24,6 +24,36 @@ static int wants_help(int argc, char **argv) {
 
 /* ------------------------------------------------------------------ info */
 
+/* The checkpoint as stored: tensors and bytes by dtype, and the config's
+ * dtype field (loading converts to the run's precision). */
+static void print_stored(const char *dir) {
+    whale_st *st;
+    whale_err err;
+    if (whale_st_open_dir(dir, &st, &err)) return;
+    int count[WHALE_DTYPE_COUNT] = {0};
+    double bytes[WHALE_DTYPE_COUNT] = {0};
+    for (int i = 0; i < whale_st_count(st); i++) {
+        const whale_st_entry *e = whale_st_at(st, i);
+        count[e->dtype]++;
+        bytes[e->dtype] += (double)e->nbytes;
+    }
+    whale_st_close(st);
+    printf("stored            ");
+    for (int d = 0, first = 1; d < WHALE_DTYPE_COUNT; d++)
+        if (count[d]) printf("%s%s: %d tensors, %.1f MiB", first ? "" : "; ", whale_dtype_name((whale_dtype)d), count[d],
+                             bytes[d] / 1048576.0), first = 0;
+    char path[4200];
+    cJSON *cfg;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (!whale_read_json_object(path, &cfg, &err)) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(cfg, "torch_dtype");
+        if (!cJSON_IsString(t)) t = cJSON_GetObjectItemCaseSensitive(cfg, "dtype");
+        if (cJSON_IsString(t)) printf(" (config: %s)", t->valuestring);
+        cJSON_Delete(cfg);
+    }
+    printf("\n");
+}
+
 int cmd_info(int argc, char **argv) {
     const char *dir = NULL;
     if (wants_help(argc, argv)) {
@@ -42,10 +72,25 @@ int cmd_info(int argc, char **argv) {
     printf("model             %s\n", dir);
     whale_model_print_info(m, stdout);
     whale_model_free(m);
+    print_stored(dir);
     return 0;
 }
 
 /* ------------------------------------------------------------------ init */
+
+/* A line updated in place while a model of over 10M parameters is written
+ * (0.5B takes tens of seconds); the final figure always. */
+static void init_progress(void *user, int64_t done, int64_t total) {
+    static double last = -1;
+    (void)user;
+    if (total < 10000000) return;
+    double pct = 100.0 * (double)done / (double)total, now = whale_now();
+    if (done < total && now - last < 0.5) return;
+    last = now;
+    fprintf(stderr, "\rinit: %5.1f%% of %.1fM parameters", pct, (double)total / 1e6);
+    if (done == total) fputc('\n', stderr);
+    fflush(stderr);
+}
 
 int cmd_init(int argc, char **argv) {
     const char *preset = NULL, *out = NULL, *tokenizer = NULL;
@@ -86,10 +131,10 @@ int cmd_init(int argc, char **argv) {
             whale_model_free(skel);
         }
     }
-    if (!c) c = whale_model_init_to_dir(preset, NULL, (uint64_t)seed, dt, out, &n_params, &err);
+    if (!c) c = whale_model_init_to_dir_progress(preset, NULL, (uint64_t)seed, dt, out, &n_params, init_progress, NULL, &err);
     if (!c && tokenizer) c = whale_tokenizer_copy_files(tokenizer, out, &err);
     if (!c)
-        fprintf(stderr, "whale: wrote %s (%lld parameters in %s, seed %ld)\n", out, (long long)n_params,
+        fprintf(stderr, "init: wrote %s (%lld parameters in %s, seed %ld)\n", out, (long long)n_params,
                 cli_dtype_name(dt), seed);
     return c ? cli_fail(&err) : 0;
 }
@@ -205,6 +250,7 @@ typedef struct {
     whale_err *err;
     int failed;
     whale_diag *nan; /* --nan-check: stop before printing a token sampled after a NaN */
+    int stream; /* flush each piece */
 } gen_printer;
 
 static int print_token(void *user, int32_t id) {
@@ -222,108 +268,63 @@ static int print_token(void *user, int32_t id) {
         printf("%s%d", p->count ? "," : "", id);
     }
     p->count++;
-    fflush(stdout);
+    if (p->stream) fflush(stdout);
     return 0;
 }
 
-/* Text prompts need the model folder's tokenizer, whose ids must fit the
- * model's embedding. */
-whale_code cli_load_tokenizer(const char *dir, const whale_model *m, whale_tokenizer **tok, whale_err *err) {
-    whale_code c = whale_tokenizer_load(dir, tok, err);
-    if (c) return c;
-    int tv = whale_tokenizer_vocab_size(*tok), mv = whale_model_vocab_size(m);
-    if (tv > mv) {
-        whale_tokenizer_free(*tok);
-        *tok = NULL;
-        return whale_errf(err, WHALE_ERR_FORMAT,
-                          "%s: the tokenizer has %d ids but the model's embedding only %d rows (mismatched tokenizer?)",
-                          dir, tv, mv);
-    }
-    return WHALE_OK;
-}
-
-whale_code cli_load_model(const char *dir, const char *adapters, whale_dtype dtype, int merge, whale_model **m,
-                          char **base_dir, char **tmpl, char **system, whale_err *err) {
-    char *base = NULL, *t = NULL, *sys = NULL;
-    whale_code c;
-    *m = NULL;
-    *base_dir = NULL;
-    if (tmpl) *tmpl = NULL;
-    if (system) *system = NULL;
-    if (adapters && (c = whale_sft_checkpoint_base(adapters, &base, &t, &sys, err))) {
-        if (!dir || c != WHALE_ERR_IO) return c; /* with -m, a checkpoint without args.json is fine */
-        base = t = sys = NULL;
-    }
-    const char *from = dir ? dir : base;
-    if ((c = whale_model_load_as(from, dtype, m, err)) || (adapters && (c = whale_lora_load(*m, adapters, err))) ||
-        (merge && (c = whale_lora_merge(*m, err)))) {
-        whale_model_free(*m);
-        *m = NULL;
-        free(base), free(t), free(sys);
-        return c;
-    }
-    *base_dir = strdup(from);
-    free(base);
-    if (tmpl) *tmpl = t;
-    else free(t);
-    if (system) *system = sys;
-    else free(sys);
-    return *base_dir ? WHALE_OK : whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
-}
+static const char generate_help[] =
+    "usage: whale generate (-m DIR | --adapters CKPT | both) (-p TEXT | --ids 0,15,27) [-n N] [options]\n"
+    "  --adapters CKPT      a LoRA checkpoint of whale sft (its args.json names the base)\n"
+    "  -p, --prompt TEXT    text prompt (needs the model folder's tokenizer.json); streams text\n"
+    "  --ids LIST           token-id prompt; prints the generated ids\n"
+    "  -n N                 tokens to generate (default 32; alias --max-new-tokens)\n"
+    "  --temperature T      0 = greedy (default 0.7)\n"
+    "  --top-k K            0 = off (default 50)\n"
+    "  --top-p P            1 = off (default 0.9)\n"
+    "  --min-p P            0 = off (default 0)\n"
+    "  --repeat-penalty R   1 = off (default 1; alias --repetition-penalty); HF semantics over prompt + output\n"
+    "  --seed S             sampling seed (default: from the clock, printed)\n"
+    "                       the model folder's generation_config.json replaces these defaults (as\n"
+    "                       transformers and ms-swift do; the options given always win)\n"
+    "  --ignore-eos         do not stop at the end-of-sequence id\n"
+    "  --stream [true|false] (true) false prints the text when it is complete\n"
+    "  --dtype fp32|bf16|fp16|int8  compute precision (bf16/fp16: weight products in that format with fp32\n"
+    "                       accumulation; int8: weight-only, one scale per output channel); default: the\n"
+    "                       checkpoint's torch_dtype (a BF16 checkpoint runs in bf16)\n"
+    "  --memory-limit GIB   refuse up front a run estimated (as whale memory does) to need more\n"
+    "  --ctx-size N         at most N positions, prompt + output (alias -c, --max-model-len)\n"
+    "  --threads N          (default: all cores)\n"
+    "  --nan-check          fail at the first NaN or inf, naming the tensor it appeared in\n"
+    "  booleans take true|false|1|0 too; swift infer's spellings (--max_new_tokens, --top_k, ...) work,\n"
+    "  --infer_backend is ignored\n"
+    "output on stdout as it is produced, ending with a newline; prompt and generation speed on stderr";
 
 int cmd_generate(int argc, char **argv) {
     const char *dir = NULL, *ids_text = NULL, *prompt_text = NULL, *adapters = NULL;
     char *base = NULL;
-    whale_dtype dtype = WHALE_F32;
-    long n_new = 32, threads = 0, ignore_eos = 0;
-    int nan_check = 0;
+    whale_dtype dtype = CLI_DTYPE_AUTO;
+    long n_new = 32, threads = 0, ctx = 0;
+    double limit_gib = 0;
+    int nan_check = 0, ignore_eos = 0, stream = 1;
     whale_sampler_params sp = cli_sampling_defaults();
     unsigned given = 0;
-    if (wants_help(argc, argv)) {
-        puts("usage: whale generate (-m DIR | --adapters CKPT | both) (-p TEXT | --ids 0,15,27) [-n N] [options]\n"
-             "  --adapters CKPT      a LoRA checkpoint of whale sft (its args.json names the base)\n"
-             "  -p, --prompt TEXT    text prompt (needs the model folder's tokenizer.json); streams text\n"
-             "  --ids LIST           token-id prompt; prints the generated ids\n"
-             "  -n N                 tokens to generate (default 32)\n"
-             "  --temperature T      0 = greedy (default 0.7)\n"
-             "  --top-k K            0 = off (default 50)\n"
-             "  --top-p P            1 = off (default 0.9)\n"
-             "  --min-p P            0 = off (default 0)\n"
-             "  --repeat-penalty R   1 = off (default 1); HF semantics over prompt + output\n"
-             "  --seed S             sampling seed (default: from the clock, printed)\n"
-             "  --ignore-eos         do not stop at the end-of-sequence id\n"
-             "  --dtype fp32|bf16    compute precision (bf16: weight products in bf16, fp32 accumulation)\n"
-             "  --threads N          (default: all cores)\n"
-             "  --nan-check          fail at the first NaN or inf, naming the tensor it appeared in\n"
-             "output on stdout as it is produced; prompt and generation speed on stderr");
-        return 0;
-    }
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        if (!strcmp(a, "--ignore-eos")) {
-            ignore_eos = 1;
-            continue;
-        }
-        if (!strcmp(a, "--nan-check")) {
-            nan_check = 1;
-            continue;
-        }
-        if (a[0] != '-' || !(v = cli_value(argc, argv, &i))) {
-            if (a[0] == '-') return cli_usage("generate", "%s needs a value", a);
-            return cli_usage("generate", "unexpected argument \"%s\"", a);
-        }
-        int bad = 0;
-        if (cli_sampling_option("generate", a, v, &sp, &given, &bad)) {
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
-        else if (!strcmp(a, "--ids")) ids_text = v;
-        else if (!strcmp(a, "--adapters")) adapters = v;
-        else if (!strcmp(a, "--dtype")) bad = cli_dtype("generate", v, &dtype);
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) prompt_text = v;
-        else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens")) bad = cli_int("generate", a, v, 0, 1 << 24, &n_new);
-        else if (!strcmp(a, "--threads")) bad = cli_int("generate", a, v, 1, 1024, &threads);
-        else return cli_usage("generate", "unknown option \"%s\"", a);
-        if (bad) return bad;
-    }
+    const cli_opt opts[] = {
+        {"-m|--model", CLI_STR, &dir, 0, 0, NULL},
+        {"--ids", CLI_STR, &ids_text, 0, 0, NULL},
+        {"-p|--prompt", CLI_STR, &prompt_text, 0, 0, NULL},
+        {"--adapters", CLI_STR, &adapters, 0, 0, NULL},
+        {"--dtype|--torch-dtype", CLI_DTYPE, &dtype, 0, 0, NULL},
+        {"-n|--max-new-tokens", CLI_LONG, &n_new, 0, 1 << 24, NULL},
+        {"--threads", CLI_LONG, &threads, 1, 1024, NULL},
+        {"--ignore-eos", CLI_FLAG, &ignore_eos, 0, 0, NULL},
+        {"--nan-check", CLI_FLAG, &nan_check, 0, 0, NULL},
+        {"--stream", CLI_FLAG, &stream, 0, 0, NULL},
+        {"--memory-limit", CLI_DOUBLE, &limit_gib, 1e-6, 1e6, NULL},
+        {"-c|--ctx-size|--max-model-len", CLI_LONG, &ctx, 2, 1 << 24, NULL},
+        {"--infer-backend", CLI_NOTE, NULL, 0, 0, "whale runs its own engine; the option is ignored"},
+        {NULL, 0, NULL, 0, 0, NULL}};
+    int st0 = cli_parse("generate", generate_help, argc, argv, opts, &sp, &given);
+    if (st0) return st0 < 0 ? 0 : st0;
     if ((!dir && !adapters) || !ids_text == !prompt_text)
         return cli_usage("generate", "-m DIR (or --adapters CKPT) and one of -p TEXT or --ids are required");
     whale_set_threads((int)threads);
@@ -338,10 +339,15 @@ int cmd_generate(int argc, char **argv) {
     int32_t *prompt = NULL, *ids = NULL;
     int n_prompt = 0, status = 0;
     if (ids_text && (status = cli_parse_id_list("generate", ids_text, &prompt, &n_prompt))) return status;
-    if (cli_load_model(dir, adapters, dtype, 0, &m, &base, NULL, NULL, &err)) goto fail;
+    /* the session: prompt + -n positions (a text prompt has at most one token per byte) */
+    cli_run run = {"generate", dtype, (int)(n_new + 1 + (prompt_text ? (long)strlen(prompt_text) : n_prompt)), 0,
+                   limit_gib * 1073741824.0, 0};
+    if (cli_load_model(dir, adapters, &run, &m, &base, NULL, NULL, &err)) goto fail;
     dir = base;
-    if (cli_generation_config(dir, &sp, given, 1, &err)) goto fail;
+    if (cli_generation_config(dir, &sp, given, "generate", &err)) goto fail;
     int V = whale_model_vocab_size(m), maxpos = whale_model_max_positions(m);
+    const char *bound = "max_position_embeddings";
+    if (ctx > 0 && ctx < maxpos) maxpos = (int)ctx, bound = "--ctx-size";
     if (prompt_text && !*prompt_text) {
         whale_errf(&err, WHALE_ERR_ARG, "-p: the prompt is empty");
         goto fail;
@@ -363,8 +369,7 @@ int cmd_generate(int argc, char **argv) {
             goto fail;
         }
     if (n_prompt + n_new > maxpos) {
-        whale_errf(&err, WHALE_ERR_RANGE, "prompt (%d tokens) + -n (%ld) exceeds max_position_embeddings %d", n_prompt,
-                   n_new, maxpos);
+        whale_errf(&err, WHALE_ERR_RANGE, "prompt (%d tokens) + -n (%ld) exceeds %s %d", n_prompt, n_new, bound, maxpos);
         goto fail;
     }
     int cap = n_prompt + (int)n_new;
@@ -382,7 +387,8 @@ int cmd_generate(int argc, char **argv) {
     if (!ignore_eos && tok && whale_tokenizer_role_id(tok, WHALE_TOKEN_EOS) >= 0)
         stop[n_stop++] = whale_tokenizer_role_id(tok, WHALE_TOKEN_EOS);
 
-    gen_printer pr = {detok, 0, &err, 0, nan};
+    gen_printer pr = {detok, 0, &err, 0, nan, stream};
+    if (!stream) setvbuf(stdout, NULL, _IOFBF, 1 << 20); /* the whole text at the end */
     whale_gen_stats st;
     int n_ids = n_prompt;
     whale_code gc = whale_generate(s, sm, ids, &n_ids, cap, (int)n_new, stop, n_stop, print_token, &pr, &st, &err);
@@ -393,17 +399,18 @@ int cmd_generate(int argc, char **argv) {
         if (whale_detokenizer_flush(detok, &text, &len, &err)) goto fail;
         fwrite(text, 1, len, stdout);
     }
-    printf("\n");
+    printf("\n"); /* the text ends its line before the timing line */
+    fflush(stdout);
     fprintf(stderr,
-            "whale: seed %llu; prompt %d tokens in %.1f ms (%.1f tokens/s); generated %d tokens in %.1f ms (%.1f tokens/s)\n",
+            "generate: seed %llu; prompt %d tokens in %.1f ms (%.1f tokens/s); generated %d tokens in %.1f ms (%.1f tokens/s)\n",
             (unsigned long long)sp.seed, st.prompt_tokens, st.prompt_seconds * 1e3, st.prompt_tokens / (st.prompt_seconds > 0 ? st.prompt_seconds : 1e-9),
             st.generated, st.gen_seconds * 1e3, st.generated > 1 ? (st.generated - 1) / st.gen_seconds : 0.0);
     whale_memory mm;
     whale_memory_of_model(m, &mm);
     whale_memory_add_session(&mm, s);
-    fprintf(stderr, "whale: ");
+    fprintf(stderr, "generate: ");
     whale_memory_print_line(&mm, stderr);
-    fprintf(stderr, "whale: peak resident memory %.1f MiB\n", whale_peak_rss() / 1048576.0);
+    fprintf(stderr, "generate: peak resident memory %.1f MiB\n", whale_peak_rss() / 1048576.0);
     goto out;
 fail:
     status = cli_fail(&err);

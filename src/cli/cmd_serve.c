@@ -8,7 +8,6 @@
 
 #include <pthread.h>
 #include <signal.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +20,7 @@ static const char serve_help[] =
     "  --ctx-size C           KV cells per slot: prompt + reply (the model's positions, at most 4096)\n"
     "  --batch N              tokens per batched forward, prompt chunks included (512)\n"
     "  --queue N              requests waiting for a slot before 503 (64)\n"
-    "  --dtype fp32|bf16|fp16|int8   precision of the weight products (fp32)\n"
+    "  --dtype fp32|bf16|fp16|int8   precision of the weight products (the checkpoint's: bf16/fp16 if its config says so, else fp32)\n"
     "  --api-key KEY | --api-key-file F   require Authorization: Bearer KEY (not for /health and /)\n"
     "  --model-name NAME      the id requests give as \"model\" (the folder's name)\n"
     "  --chat-template deepseek|chatml|raw|FILE.jinja   (the folder's own)\n"
@@ -31,83 +30,61 @@ static const char serve_help[] =
     "  sampling defaults for requests that leave them out: generation_config.json, else OpenAI's\n"
     "endpoints: POST /v1/chat/completions /v1/completions /tokenize /detokenize, GET /v1/models /health /metrics /";
 
+/* The options, parsed by cli_parse into longs and strings, then checked
+ * into the server's configuration. */
 typedef struct {
-    serve_config c;
-    const char *key_file;
-    long threads;
+    const char *dir, *host, *key, *key_file, *name, *tmpl;
+    long port, parallel, ctx, batch, queue, max_body, timeout, max_conn, threads;
+    whale_dtype dtype;
+    int verbose;
 } serve_opts;
 
-/* Options with a value, by kind: a string, an integer in [lo, hi], a dtype. */
-typedef struct {
-    const char *name;
-    char kind; /* 's' string, 'i' int, 'l' long, 'z' size, 'd' dtype */
-    size_t off;
-    long lo, hi;
-} opt_def;
-
-#define OFF(f) offsetof(serve_opts, f)
-static const opt_def serve_opt_table[] = {
-    {"-m", 's', OFF(c.model_dir), 0, 0},
-    {"--model", 's', OFF(c.model_dir), 0, 0},
-    {"--host", 's', OFF(c.host), 0, 0},
-    {"--port", 'i', OFF(c.port), 0, 65535},
-    {"--parallel", 'i', OFF(c.parallel), 1, 1024},
-    {"--ctx-size", 'i', OFF(c.ctx_size), 2, 1 << 24},
-    {"--batch", 'i', OFF(c.batch), 1, 1 << 20},
-    {"--queue", 'i', OFF(c.queue), 0, 1 << 20},
-    {"--dtype", 'd', OFF(c.dtype), 0, 0},
-    {"--api-key", 's', OFF(c.api_key), 0, 0},
-    {"--api-key-file", 's', OFF(key_file), 0, 0},
-    {"--model-name", 's', OFF(c.model_name), 0, 0},
-    {"--chat-template", 's', OFF(c.chat_template), 0, 0},
-    {"--max-body", 'z', OFF(c.max_body), 1, 1L << 30},
-    {"--timeout", 'i', OFF(c.upload_seconds), 1, 86400},
-    {"--max-connections", 'i', OFF(c.max_connections), 1, 65536},
-    {"--threads", 'l', OFF(threads), 1, 1024},
-};
-
-static int set_option(serve_opts *o, const opt_def *d, const char *v) {
-    char *p = (char *)o + d->off;
-    long n;
-    int bad = 0;
-    switch (d->kind) {
-    case 's': *(const char **)p = v; break;
-    case 'd': bad = cli_dtype("serve", v, (whale_dtype *)p); break;
-    case 'i':
-        if (!(bad = cli_int("serve", d->name, v, d->lo, d->hi, &n))) *(int *)p = (int)n;
-        break;
-    case 'l':
-        if (!(bad = cli_int("serve", d->name, v, d->lo, d->hi, &n))) *(long *)p = n;
-        break;
-    case 'z':
-        if (!(bad = cli_int("serve", d->name, v, d->lo, d->hi, &n))) *(size_t *)p = (size_t)n;
-        break;
-    }
-    return bad;
+static int serve_parse(int argc, char **argv, serve_opts *o) {
+    const cli_opt opts[] = {
+        {"-m|--model", CLI_STR, &o->dir, 0, 0, NULL},
+        {"--host", CLI_STR, &o->host, 0, 0, NULL},
+        {"--port", CLI_LONG, &o->port, 0, 65535, NULL},
+        {"--parallel|-np", CLI_LONG, &o->parallel, 1, 1024, NULL},
+        {"-c|--ctx-size|--max-model-len", CLI_LONG, &o->ctx, 2, 1 << 24, NULL},
+        {"--batch|-b", CLI_LONG, &o->batch, 1, 1 << 20, NULL},
+        {"--queue", CLI_LONG, &o->queue, 0, 1 << 20, NULL},
+        {"--dtype|--torch-dtype", CLI_DTYPE, &o->dtype, 0, 0, NULL},
+        {"--api-key", CLI_STR, &o->key, 0, 0, NULL},
+        {"--api-key-file", CLI_STR, &o->key_file, 0, 0, NULL},
+        {"--model-name|--served-model-name", CLI_STR, &o->name, 0, 0, NULL},
+        {"--chat-template", CLI_STR, &o->tmpl, 0, 0, NULL},
+        {"--max-body", CLI_LONG, &o->max_body, 1, 1L << 30, NULL},
+        {"--timeout", CLI_LONG, &o->timeout, 1, 86400, NULL},
+        {"--max-connections", CLI_LONG, &o->max_conn, 1, 65536, NULL},
+        {"--threads", CLI_LONG, &o->threads, 1, 1024, NULL},
+        {"--verbose", CLI_FLAG, &o->verbose, 0, 0, NULL},
+        {NULL, 0, NULL, 0, 0, NULL}};
+    int st = cli_parse("serve", serve_help, argc, argv, opts, NULL, NULL);
+    if (st) return st;
+    if (!o->dir) return cli_usage("serve", "-m DIR is required");
+    if (o->key && o->key_file) return cli_usage("serve", "give --api-key or --api-key-file, not both");
+    if (o->key && !*o->key) return cli_usage("serve", "--api-key is empty");
+    return 0;
 }
 
-static int serve_parse(int argc, char **argv, serve_opts *o) {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            puts(serve_help);
-            return -1;
-        }
-        if (!strcmp(a, "--verbose")) {
-            o->c.verbose = 1;
-            continue;
-        }
-        const opt_def *d = NULL;
-        for (size_t k = 0; k < sizeof serve_opt_table / sizeof serve_opt_table[0]; k++)
-            if (!strcmp(a, serve_opt_table[k].name)) d = &serve_opt_table[k];
-        if (!d) return cli_usage("serve", "unknown option \"%s\"", a);
-        if (!(v = cli_value(argc, argv, &i))) return cli_usage("serve", "%s needs a value", a);
-        int bad = set_option(o, d, v);
-        if (bad) return bad;
-    }
-    if (!o->c.model_dir) return cli_usage("serve", "-m DIR is required");
-    if (o->c.api_key && o->key_file) return cli_usage("serve", "give --api-key or --api-key-file, not both");
-    return 0;
+static serve_config serve_config_from(const serve_opts *o) {
+    serve_config c = serve_config_defaults();
+    c.model_dir = o->dir;
+    c.model_name = o->name;
+    c.chat_template = o->tmpl;
+    if (o->host) c.host = o->host;
+    c.port = (int)o->port;
+    c.api_key = o->key;
+    c.dtype = o->dtype == CLI_DTYPE_AUTO ? cli_checkpoint_dtype(o->dir) : o->dtype;
+    c.parallel = (int)o->parallel;
+    c.ctx_size = (int)o->ctx;
+    c.batch = (int)o->batch;
+    c.queue = (int)o->queue;
+    c.max_body = (size_t)o->max_body;
+    c.upload_seconds = (int)o->timeout;
+    c.max_connections = (int)o->max_conn;
+    c.verbose = o->verbose;
+    return c;
 }
 
 /* The key file's first line, without its newline; an empty key is refused. */
@@ -121,8 +98,10 @@ static whale_code read_key(const char *path, char **key, whale_err *err) {
 }
 
 int cmd_serve(int argc, char **argv) {
-    serve_opts o = {serve_config_defaults(), NULL, 0};
-    unsigned given = 0;
+    serve_config d = serve_config_defaults();
+    serve_opts o = {.port = d.port, .parallel = d.parallel, .batch = d.batch, .queue = d.queue,
+                    .max_body = (long)d.max_body, .timeout = d.upload_seconds, .max_conn = d.max_connections,
+                    .dtype = CLI_DTYPE_AUTO};
     int bad = serve_parse(argc, argv, &o);
     if (bad) return bad < 0 ? 0 : bad;
     whale_set_threads((int)o.threads);
@@ -132,9 +111,12 @@ int cmd_serve(int argc, char **argv) {
         free(key);
         return cli_fail(&err);
     }
-    if (key) o.c.api_key = key;
-    if (o.c.api_key && !*o.c.api_key) return cli_usage("serve", "--api-key is empty");
-    if (cli_generation_config(o.c.model_dir, &o.c.sampling, given, 1, &err)) return cli_fail(&err);
+    if (key) o.key = key;
+    serve_config c = serve_config_from(&o);
+    if (cli_generation_config(c.model_dir, &c.sampling, 0, "serve", &err)) {
+        free(key);
+        return cli_fail(&err);
+    }
     /* the signals go to sigwait below, not to whichever thread runs */
     sigset_t set;
     sigemptyset(&set);
@@ -143,7 +125,7 @@ int cmd_serve(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
     serve_server *s;
-    if (serve_open(&o.c, &s, &err)) {
+    if (serve_open(&c, &s, &err)) {
         free(key);
         return cli_fail(&err);
     }

@@ -2,6 +2,7 @@
  * ms-swift's option names (dashes or underscores) and run layout. */
 #include "cli/cli.h"
 
+#include "train/sft_select.h"
 #include "whale_train.h"
 
 #include <stdio.h>
@@ -10,8 +11,9 @@
 
 static const char sft_usage[] =
     "usage: whale sft -m BASE_DIR --data FILE.jsonl... [options]\n"
-    "  --train-type lora|full (lora; alias --tuner-type)   --dtype fp32|bf16|fp16|int8 (fp32; alias --torch-dtype;\n"
-    "      int8: LoRA on a frozen int8 base)\n"
+    "  --train-type lora|full (lora; alias --tuner-type)   --dtype fp32|bf16|fp16|int8 (the checkpoint's torch_dtype;\n"
+    "      alias --torch-dtype;"
+    " int8: LoRA on a frozen int8 base)\n"
     "  --lora-rank R (8)  --lora-alpha A (32)  --lora-dropout P (0.05)  --use-rslora [true|false]\n"
     "  --target-modules all-linear|NAME... (all-linear: every Linear but lm_head)\n"
     "  --lr LR (1e-4 LoRA, 1e-5 full; alias --learning-rate)  --lr-scheduler constant|linear|cosine (cosine)\n"
@@ -24,8 +26,12 @@ static const char sft_usage[] =
     "  --system TEXT   system prompt for records without one (default: the chat template's)\n"
     "  --chat-template deepseek|chatml|raw|FILE.jinja (default: the model folder's own)\n"
     "  --warmup-ratio R (0)  --weight-decay W (0.1)  --max-grad-norm G (1)  --seed S (42)\n"
-    "  --save-steps N (500)  --save-total-limit N (keep all)  --logging-steps N (5)\n"
+    "  --save-steps N (500)  --save-total-limit N (keep all; never the best)  --logging-steps N (5)\n"
+    "  --val-dataset FILE...  --split-dataset-ratio R (0): validation files, or a held-out share of each file\n"
+    "  --eval-steps N (--save-steps): eval_loss and eval_token_acc; the best checkpoint in trainer_state.json\n"
+    "  --save-only-model: checkpoints without optimizer state (cannot be resumed)\n"
     "  --gradient-checkpointing (alias --recompute)  --nan-check  --memory-limit GIB  --threads N  --quiet\n"
+    "  booleans are flags or take true|false|1|0; FILE#N draws N samples of FILE (seeded, as ms-swift)\n"
     "  --out DIR (output; alias --output-dir)   --dry-run [N]: show N samples (3) with the trained text in [[ ]]\n"
     "  --resume CKPT (alias --resume-from-checkpoint): continue a run from its checkpoint, same settings,\n"
     "      into a new run folder (the steps after it are those the run would have taken)\n"
@@ -44,13 +50,6 @@ static int multi_values(int argc, char **argv, int *i, const char **vals, int ca
     while (*i + 1 < argc && (argv[*i + 1][0] != '-' || !argv[*i + 1][1]) && n < cap)
         vals[n++] = argv[++*i];
     return n;
-}
-
-static int parse_bool(const char *v, int *out) {
-    if (!strcmp(v, "true") || !strcmp(v, "1")) *out = 1;
-    else if (!strcmp(v, "false") || !strcmp(v, "0")) *out = 0;
-    else return -1;
-    return 0;
 }
 
 /* Print a sample's text with the trained bytes inside [[ ]]. */
@@ -85,27 +84,32 @@ static whale_code show_sample(whale_sft_dataset *ds, int64_t i, whale_err *err) 
 static int dry_run(const whale_sft_run_opts *o, long n_show) {
     whale_err err;
     whale_tokenizer *tok = NULL;
-    whale_sft_dataset *ds = NULL;
+    whale_sft_dataset *ds = NULL, *val = NULL;
     whale_chat_template *tpl = NULL;
     int status = 0;
     if (whale_tokenizer_load(o->model, &tok, &err) || whale_chat_template_load(o->model, o->chat_template, &tpl, &err))
         goto fail;
-    if (whale_chat_template_notice(tpl)) fprintf(stderr, "whale: %s\n", whale_chat_template_notice(tpl));
-    if (whale_sft_dataset_open_template(o->data, o->n_data, tok, tpl, &o->data_opts, &ds, &err)) goto fail;
+    if (whale_chat_template_notice(tpl)) fprintf(stderr, "sft: %s\n", whale_chat_template_notice(tpl));
+    if (whale_sft_open_data(o->data, o->n_data, tok, tpl, &o->data_opts, o->n_val_data ? 0 : o->split_ratio, o->seed,
+                            &ds, &val, &err))
+        goto fail;
     whale_sft_stats st;
     whale_sft_dataset_stats(ds, &st);
     for (int64_t i = 0; i < n_show && i < st.samples; i++)
         if (show_sample(ds, i, &err)) goto fail;
     printf("{\"template\": \"%s\", \"records\": %lld, \"samples\": %lld, \"skipped\": %lld, \"deleted\": %lld, "
-           "\"truncated\": %lld, \"untrained\": %lld, \"tokens\": %lld, \"trained_tokens\": %lld, \"longest\": %d}\n",
+           "\"truncated\": %lld, \"untrained\": %lld, \"tokens\": %lld, \"trained_tokens\": %lld, \"longest\": %d",
            whale_chat_template_name(tpl), (long long)st.records, (long long)st.samples, (long long)st.skipped,
            (long long)st.deleted, (long long)st.truncated, (long long)st.untrained, (long long)st.tokens,
            (long long)st.trained_tokens, st.max_sample_tokens);
+    if (val) printf(", \"validation_samples\": %lld", (long long)whale_sft_dataset_num_samples(val));
+    printf("}\n");
     goto out;
 fail:
     status = cli_fail(&err);
 out:
     whale_sft_dataset_free(ds);
+    whale_sft_dataset_free(val);
     whale_chat_template_free(tpl);
     whale_tokenizer_free(tok);
     return status;
@@ -113,14 +117,14 @@ out:
 
 int cmd_sft(int argc, char **argv) {
     whale_sft_run_opts o = whale_sft_run_defaults();
+    o.dtype = CLI_DTYPE_AUTO; /* the checkpoint's, as ms-swift's torch_dtype */
     o.out = "output";
-    const char *data[256], *names[2] = {0}, *authors[2] = {0}, *targets[64];
+    const char *data[256], *val[64], *names[2] = {0}, *authors[2] = {0}, *targets[64];
     char target_list[2048] = "";
-    long threads = 0, n_show = -1;
-    int n_data = 0;
-    char cmdline[4096] = "whale";
-    for (int i = 0; i < argc; i++) /* recorded in args.json */
-        if (i && strlen(cmdline) + strlen(argv[i]) + 2 < sizeof cmdline) strcat(strcat(cmdline, " "), argv[i]);
+    long threads = 0, n_show = -1, eval_batch = 0, workers = -1;
+    int n_data = 0, n_val = 0;
+    char cmdline[8192];
+    cli_command_line(argc, argv, cmdline, sizeof cmdline); /* recorded in args.json */
     o.command_line = cmdline;
     for (int i = 1; i < argc; i++) {
         char a[64];
@@ -133,28 +137,15 @@ int cmd_sft(int argc, char **argv) {
         int bad = 0;
         long n = 0;
         double d = 0;
-        /* flags and options with several values */
-        if (!strcmp(a, "--packing")) {
-            o.data_opts.packing = 1;
+        /* booleans (a flag, or followed by true/false/1/0) and options with several values */
+        if (cli_bool_option(argc, argv, &i, "--packing", &o.data_opts.packing) ||
+            cli_bool_option(argc, argv, &i, "--gradient-checkpointing", &o.recompute) ||
+            cli_bool_option(argc, argv, &i, "--recompute", &o.recompute) ||
+            cli_bool_option(argc, argv, &i, "--nan-check", &o.nan_check) ||
+            cli_bool_option(argc, argv, &i, "--quiet", &o.quiet) ||
+            cli_bool_option(argc, argv, &i, "--use-rslora", &o.lora.use_rslora) ||
+            cli_bool_option(argc, argv, &i, "--save-only-model", &o.save_only_model))
             continue;
-        }
-        if (!strcmp(a, "--gradient-checkpointing") || !strcmp(a, "--recompute")) {
-            o.recompute = 1;
-            continue;
-        }
-        if (!strcmp(a, "--nan-check")) {
-            o.nan_check = 1;
-            continue;
-        }
-        if (!strcmp(a, "--quiet")) {
-            o.quiet = 1;
-            continue;
-        }
-        if (!strcmp(a, "--use-rslora")) {
-            o.lora.use_rslora = 1;
-            if (i + 1 < argc && !parse_bool(argv[i + 1], &o.lora.use_rslora)) i++;
-            continue;
-        }
         if (!strcmp(a, "--dry-run")) {
             n_show = 3;
             if (i + 1 < argc && argv[i + 1][0] != '-' && cli_int("sft", a, argv[++i], 0, 1L << 30, &n_show)) return 2;
@@ -164,6 +155,12 @@ int cmd_sft(int argc, char **argv) {
             int k = multi_values(argc, argv, &i, data + n_data, 256 - n_data);
             if (!k) return cli_usage("sft", "%s needs one or more files", argv[i]);
             n_data += k;
+            continue;
+        }
+        if (!strcmp(a, "--val-dataset")) {
+            int k = multi_values(argc, argv, &i, val + n_val, 64 - n_val);
+            if (!k) return cli_usage("sft", "%s needs one or more files", argv[i]);
+            n_val += k;
             continue;
         }
         if (!strcmp(a, "--model-name") || !strcmp(a, "--model-author")) {
@@ -233,9 +230,13 @@ int cmd_sft(int argc, char **argv) {
         FLT_OPT("--max-grad-norm", 0, 1e9, o.max_grad_norm)
         INT_OPT("--seed", 0, 0x7fffffffffffffffL, o.seed)
         INT_OPT("--save-steps", 1, 1L << 40, o.save_steps)
+        INT_OPT("--eval-steps", 1, 1L << 40, o.eval_steps)
+        FLT_OPT("--split-dataset-ratio", 0, 0.999999, o.split_ratio)
         INT_OPT("--save-total-limit", 0, 1 << 20, o.save_total_limit)
         INT_OPT("--logging-steps", 1, 1L << 40, o.logging_steps)
         INT_OPT("--threads", 1, 1024, threads)
+        INT_OPT("--per-device-eval-batch-size", 1, 65536, eval_batch)
+        INT_OPT("--dataloader-num-workers", 0, 1024, workers)
         FLT_OPT("--memory-limit", 1e-3, 1e6, o.memory_limit)
         else return cli_usage("sft", "unknown option \"%s\"", argv[i - 1]);
 #undef INT_OPT
@@ -243,22 +244,35 @@ int cmd_sft(int argc, char **argv) {
         if (bad) return bad;
     }
     if (!o.model || !n_data) return cli_usage("sft", "-m BASE_DIR and --data FILE.jsonl are required");
+    if (o.dtype == CLI_DTYPE_AUTO && (o.dtype = cli_checkpoint_dtype(o.model)) != WHALE_F32 && !o.quiet && n_show < 0)
+        fprintf(stderr, "sft: %s, the checkpoint's dtype (--torch_dtype to change)\n", whale_dtype_torch_name(o.dtype));
     if (o.dtype == WHALE_I8 && o.tuner != WHALE_TUNE_LORA)
         return cli_usage("sft", "int8 is an inference format: full fine-tuning runs in fp32, bf16 or fp16; "
                                 "--dtype int8 takes --train-type lora (adapters on a frozen int8 base)");
     o.memory_limit *= 1073741824.0; /* GiB */
     o.data = data;
     o.n_data = n_data;
+    o.val_data = val;
+    o.n_val_data = n_val;
     o.data_opts.model_name[0] = names[0], o.data_opts.model_name[1] = names[1];
     o.data_opts.model_author[0] = authors[0], o.data_opts.model_author[1] = authors[1];
     if (n_show >= 0) return dry_run(&o, n_show);
+    if (!o.quiet && workers >= 0)
+        fprintf(stderr, "sft: note: --dataloader_num_workers has no effect (the data is tokenized once, up front)\n");
+    if (!o.quiet && eval_batch && eval_batch != o.batch_size)
+        fprintf(stderr, "sft: note: evaluation runs --per_device_train_batch_size (%d) rows at a time, not %ld\n",
+                o.batch_size, eval_batch);
     whale_set_threads((int)threads);
     whale_err err;
     whale_sft_result res;
     if (whale_sft_run(&o, &res, &err)) return cli_fail(&err);
     printf("{\"steps\": %lld, \"loss\": %.6f, \"seconds\": %.1f, \"tokens_per_s\": %.1f, \"trainable_params\": %lld, "
-           "\"run_dir\": \"%s\", \"last_checkpoint\": \"%s\"}\n",
+           "\"run_dir\": \"%s\", \"last_checkpoint\": \"%s\"",
            (long long)res.steps, res.last_loss, res.seconds, res.tokens_per_s, (long long)res.trainable_params,
            res.run_dir, res.last_checkpoint);
+    if (res.best_checkpoint[0])
+        printf(", \"eval_loss\": %.6f, \"eval_token_acc\": %.6f, \"best_model_checkpoint\": \"%s\", \"best_metric\": %.6f",
+               res.eval_loss, res.eval_token_acc, res.best_checkpoint, res.best_metric);
+    printf("}\n");
     return 0;
 }

@@ -930,6 +930,55 @@ whale_code whale_sft_dataset_open_template(const char *const *files, int n_files
 
 int64_t whale_sft_dataset_num_samples(const whale_sft_dataset *ds) { return ds ? ds->n_s : 0; }
 
+void whale_sft_dataset_file_samples(const whale_sft_dataset *ds, int f, int64_t *first, int64_t *count) {
+    int64_t lo = 0;
+    while (lo < ds->n_s && ds->s[lo].file < f) lo++;
+    int64_t hi = lo;
+    while (hi < ds->n_s && ds->s[hi].file == f) hi++;
+    *first = lo;
+    *count = hi - lo;
+}
+
+whale_code whale_sft_dataset_select(const whale_sft_dataset *ds, const int64_t *idx, int64_t n,
+                                    whale_sft_dataset **out, whale_err *err) {
+    *out = NULL;
+    if (!ds || (n && !idx)) return whale_errf(err, WHALE_ERR_ARG, "whale_sft_dataset_select: NULL argument");
+    whale_sft_dataset *d = calloc(1, sizeof *d);
+    if (!d || !(d->files = calloc((size_t)ds->n_files, sizeof *d->files))) {
+        free(d);
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    }
+    d->tok = ds->tok;
+    d->packing = ds->packing;
+    d->pad = ds->pad;
+    d->st = ds->st; /* what reading the files found; the sample counts are the selection's */
+    d->st.samples = d->st.truncated = d->st.tokens = d->st.trained_tokens = d->st.max_sample_tokens = 0;
+    int ok = 1;
+    for (int i = 0; i < ds->n_files && ok; i++) ok = (d->files[d->n_files++] = strdup(ds->files[i])) != NULL;
+    for (int64_t k = 0; k < n && ok; k++) {
+        if (idx[k] < 0 || idx[k] >= ds->n_s) {
+            whale_sft_dataset_free(d);
+            return whale_errf(err, WHALE_ERR_RANGE, "SFT sample %" PRId64 " is outside the %" PRId64 " samples",
+                              idx[k], ds->n_s);
+        }
+        const sample_rec *r = &ds->s[idx[k]];
+        ok = add_sample(d, ds->ids + r->off, ds->train + r->off, r->n, r->file, r->line, r->truncated);
+        int64_t trained = 0;
+        for (int q = 0; q < r->n; q++) trained += ds->train[r->off + q];
+        d->st.samples++;
+        d->st.truncated += r->truncated != 0;
+        d->st.tokens += r->n;
+        d->st.trained_tokens += trained;
+        if (r->n > d->st.max_sample_tokens) d->st.max_sample_tokens = r->n;
+    }
+    if (!ok) {
+        whale_sft_dataset_free(d);
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory selecting SFT samples");
+    }
+    *out = d;
+    return WHALE_OK;
+}
+
 void whale_sft_dataset_stats(const whale_sft_dataset *ds, whale_sft_stats *st) {
     if (ds) *st = ds->st;
     else memset(st, 0, sizeof *st);

@@ -1,6 +1,6 @@
 /* Mean shifted cross-entropy (the model's own loss): logits[:, :-1] against
  * ids[:, 1:], targets equal to -100 ignored. Accumulated in double. Below it,
- * the training variants that also produce the gradient (train/loss.h). */
+ * the training variants that also produce the gradient (kernels/loss.h). */
 #include "kernels/loss.h"
 
 #include "core/cpu.h"

@@ -546,6 +546,9 @@ typedef struct {
     whale_dtype dt;
     float *buf;      /* the largest parameter, fp32 */
     uint16_t *half;  /* its bf16/fp16 form */
+    whale_progress_fn progress;
+    void *user;
+    int64_t done, total; /* values */
 } init_stream;
 
 static const void *produce_param(void *user, int i, whale_err *err) {
@@ -553,6 +556,8 @@ static const void *produce_param(void *user, int i, whale_err *err) {
     const whale_param *p = &is->m->params[i];
     size_t n = (size_t)whale_shape_numel(p->ndim, p->shape);
     (void)err;
+    if (is->progress) is->progress(is->user, is->done, is->total);
+    is->done += (int64_t)n;
     is->m->family->init_param(is->m, i, &is->rng, is->buf);
     if (is->dt == WHALE_F32) return is->buf;
     if (is->dt == WHALE_F16) whale_f32_to_f16_rows(is->half, is->buf, n);
@@ -562,12 +567,18 @@ static const void *produce_param(void *user, int i, whale_err *err) {
 
 whale_code whale_model_init_to_dir(const char *preset, const char *overrides, uint64_t seed, whale_dtype dt,
                                    const char *dir, int64_t *n_params, whale_err *err) {
+    return whale_model_init_to_dir_progress(preset, overrides, seed, dt, dir, n_params, NULL, NULL, err);
+}
+
+whale_code whale_model_init_to_dir_progress(const char *preset, const char *overrides, uint64_t seed, whale_dtype dt,
+                                            const char *dir, int64_t *n_params, whale_progress_fn progress, void *user,
+                                            whale_err *err) {
     if (dt != WHALE_F32 && dt != WHALE_BF16 && dt != WHALE_F16)
         return whale_errf(err, WHALE_ERR_ARG, "a checkpoint is written in fp32, bf16 or fp16, not %s", whale_dtype_name(dt));
     whale_model *m;
     whale_code c = model_of_preset(preset, overrides, &m, err);
     if (c) return c;
-    init_stream is = {.m = m, .dt = dt};
+    init_stream is = {.m = m, .dt = dt, .progress = progress, .user = user, .total = whale_model_param_count(m)};
     whale_rng_seed(&is.rng, seed);
     size_t largest = 0;
     whale_st_item *items = calloc((size_t)m->n_params, sizeof *items);
@@ -585,6 +596,7 @@ whale_code whale_model_init_to_dir(const char *preset, const char *overrides, ui
     else if (!(c = whale_mkdir(dir, err)) && !(c = write_config(m, dir, dt, err))) {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
         c = whale_st_write_stream(path, items, m->n_params, NULL, produce_param, &is, err);
+        if (!c && progress) progress(user, is.total, is.total);
     }
     if (!c && n_params) *n_params = whale_model_param_count(m);
     free(is.buf);
@@ -793,8 +805,16 @@ whale_code whale_head_loss_chunk(whale_session *s, int n, int D, int V, const fl
                                  int64_t *count, whale_err *err) {
     whale_code e = whale_linear(s, n, V, D, hn, D, head, D, logits, V, err);
     if (e) return e;
-    if (gs == 0) { /* evaluation: the loss only */
+    if (gs == 0) { /* evaluation: the loss, and the token accuracy's hits */
         *loss = whale_cross_entropy_labels(logits, tgt, 1, n, V, count);
+        for (int r = 0; r < n; r++) {
+            if (tgt[r] < 0 || tgt[r] >= V) continue;
+            const float *row = logits + (size_t)r * V;
+            int best = 0; /* the first largest, as torch.argmax */
+            for (int v = 1; v < V; v++)
+                if (row[v] > row[best]) best = v;
+            s->eval_hits += best == tgt[r];
+        }
         return WHALE_OK;
     }
     *loss = whale_cross_entropy_labels_backward_scaled(logits, logits, tgt, 1, n, V, gs, count);

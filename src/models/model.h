@@ -230,6 +230,7 @@ struct whale_session {
     struct whale_backend *be; /* what computes on the session's buffers (whale_session_open_backend) */
     int training;            /* a training session: LoRA dropout applies */
     uint64_t lora_calls;     /* training steps so far: the dropout masks' counter */
+    int64_t eval_hits;       /* evaluation passes (loss_scale 0): scored targets whose logit was the largest */
     float *lora_work;        /* [T, 2 · max rank]: LoRA's low-rank intermediates */
     /* training sessions only */
     float *grads;          /* one buffer laid out like the parameters */

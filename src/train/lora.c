@@ -3,6 +3,7 @@
  * them into the base weights. The products themselves (forward, input and
  * adapter gradients) are in models/weights.c, next to the base products. */
 #include "whale_lora.h"
+#include "train/lora_files.h"
 
 #include "core/core.h"
 #include "io/safetensors.h"
@@ -98,7 +99,7 @@ static whale_code add_adapters(whale_model *m, const whale_lora_config *cfg, wha
     store->cfg.target_modules = store->targets;
     m->n_base_params = nb;
     m->n_params = nb;
-    float scale = (float)(cfg->use_rslora ? cfg->alpha / sqrt((double)cfg->rank) : cfg->alpha / cfg->rank);
+    float scale = whale_lora_scale(cfg);
     size_t off = 0;
     int k = 0;
     for (int i = 0; i < nb; i++) {
@@ -175,7 +176,7 @@ void whale_lora_free(whale_model *m) {
 
 /* ------------------------------------------------------------ PEFT files */
 
-#define PEFT_PREFIX "base_model.model."
+#define PEFT_PREFIX WHALE_PEFT_PREFIX
 
 whale_code whale_lora_save(const whale_model *m, const char *dir, const char *base_name, whale_err *err) {
     if (!m->n_lora) return whale_errf(err, WHALE_ERR_ARG, "the model has no LoRA adapters to save");
@@ -268,10 +269,10 @@ static int json_int_in(const cJSON *v, double lo, double hi) {
     return cJSON_IsNumber(v) && v->valuedouble >= lo && v->valuedouble <= hi && v->valuedouble == floor(v->valuedouble);
 }
 
-whale_code whale_lora_load(whale_model *m, const char *dir, whale_err *err) {
-    char path[4200], st_path[4200];
+whale_code whale_lora_read_config(const char *dir, whale_lora_config *cfg, char **targets_out, whale_err *err) {
+    char path[4200];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    snprintf(st_path, sizeof st_path, "%s/adapter_model.safetensors", dir);
+    *targets_out = NULL;
     cJSON *j;
     whale_code c = whale_read_json_object(path, &j, err);
     if (c) return c;
@@ -300,13 +301,10 @@ whale_code whale_lora_load(whale_model *m, const char *dir, whale_err *err) {
             tlen += strlen(it->valuestring) + 1;
         }
     char *targets = bad ? NULL : malloc(tlen + 1);
-    if (!bad && !targets) {
+    if (bad || !targets) {
         cJSON_Delete(j);
-        return whale_errf(err, WHALE_ERR_NOMEM, "%s: out of memory", path);
-    }
-    if (bad) {
-        cJSON_Delete(j);
-        return whale_errf(err, WHALE_ERR_FORMAT, "%s: %s", path, bad);
+        return bad ? whale_errf(err, WHALE_ERR_FORMAT, "%s: %s", path, bad)
+                   : whale_errf(err, WHALE_ERR_NOMEM, "%s: out of memory", path);
     }
     if (cJSON_IsString(tm)) memcpy(targets, tm->valuestring, tlen + 1);
     else {
@@ -319,29 +317,48 @@ whale_code whale_lora_load(whale_model *m, const char *dir, whale_err *err) {
             l += k;
         }
     }
-    whale_lora_config cfg = {.rank = (int)r->valuedouble, .alpha = al->valuedouble,
-                             .dropout = cJSON_IsNumber(dr) ? dr->valuedouble : 0.0, .use_rslora = cJSON_IsTrue(rs),
-                             .target_modules = targets, .seed = 0};
+    *cfg = (whale_lora_config){.rank = (int)r->valuedouble, .alpha = al->valuedouble,
+                               .dropout = cJSON_IsNumber(dr) ? dr->valuedouble : 0.0, .use_rslora = cJSON_IsTrue(rs),
+                               .target_modules = targets, .seed = 0};
     cJSON_Delete(j);
+    *targets_out = targets;
+    return WHALE_OK;
+}
 
+float whale_lora_scale(const whale_lora_config *cfg) {
+    return (float)(cfg->use_rslora ? cfg->alpha / sqrt((double)cfg->rank) : cfg->alpha / cfg->rank);
+}
+
+whale_code whale_lora_open_tensors(const char *dir, int rank, whale_st **st, whale_err *err) {
+    *st = NULL;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    int frank;
+    whale_code c = whale_st_open(path, st, err);
+    if (c) return c;
+    if ((c = file_rank(*st, path, &frank, err)) ||
+        (frank != rank && (c = whale_errf(err, WHALE_ERR_FORMAT, "%s/adapter_config.json: r is %d but the adapters in "
+                                                                 "%s have rank %d", dir, rank, path, frank)))) {
+        whale_st_close(*st);
+        *st = NULL;
+    }
+    return c;
+}
+
+whale_code whale_lora_load(whale_model *m, const char *dir, whale_err *err) {
+    char path[4200], *targets;
+    whale_lora_config cfg;
+    whale_code c = whale_lora_read_config(dir, &cfg, &targets, err);
+    if (c) return c;
     /* The tensors first: the rank sizes every adapter, so it must be the
      * one the file's tensors have before anything is allocated by it. */
-    whale_st *st;
-    int frank;
-    if ((c = whale_st_open(st_path, &st, err))) {
-        free(targets);
-        return c;
-    }
-    if ((c = file_rank(st, st_path, &frank, err)) ||
-        (frank != cfg.rank &&
-         (c = whale_errf(err, WHALE_ERR_FORMAT, "%s: r is %d but the adapters in %s have rank %d", path, cfg.rank,
-                         st_path, frank))) ||
-        (c = add_adapters(m, &cfg, err))) {
+    whale_st *st = NULL;
+    if ((c = whale_lora_open_tensors(dir, cfg.rank, &st, err)) || (c = add_adapters(m, &cfg, err))) {
         whale_st_close(st);
         free(targets);
         return c;
     }
-    snprintf(path, sizeof path, "%s", st_path);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     int found = 0;
     for (int i = m->n_base_params; i < m->n_params && !c; i++) {
         whale_param *p = &m->params[i];

@@ -196,7 +196,8 @@ static char *run_name(const char *input, int is_dir) {
         for (size_t i = 1; i < len; i++)
             if (base[i] == '.') dot = base + i;
         if (dot) len = (size_t)(dot - base);
-        if (len == 7 && !strncmp(base, "metrics", 7) && (real = realpath(input, NULL)) != NULL) {
+        if (((len == 7 && !strncmp(base, "metrics", 7)) || (len == 7 && !strncmp(base, "logging", 7))) &&
+            (real = realpath(input, NULL)) != NULL) {
             char *slash = strrchr(real, '/');
             if (slash && slash != real) {
                 *slash = '\0';
@@ -210,6 +211,26 @@ static char *run_name(const char *input, int is_dir) {
     return name;
 }
 
+/* A line's step: "step", or ms-swift's "global_step/max_steps": "N/M". */
+static int line_step(const cJSON *obj, double *step) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, "step");
+    if (cJSON_IsNumber(v) && isfinite(v->valuedouble)) return *step = v->valuedouble, 1;
+    v = cJSON_GetObjectItemCaseSensitive(obj, "global_step/max_steps");
+    char *end;
+    if (!cJSON_IsString(v)) return 0;
+    *step = strtod(v->valuestring, &end);
+    return end != v->valuestring && *end == '/' && isfinite(*step);
+}
+
+/* key's value; val_X is also ms-swift's eval_X. */
+static const cJSON *line_value(const cJSON *obj, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (v || strncmp(key, "val_", 4)) return v;
+    char alt[128];
+    snprintf(alt, sizeof alt, "eval_%s", key + 4);
+    return cJSON_GetObjectItemCaseSensitive(obj, alt);
+}
+
 static whale_code read_run(const char *input, const plot_spec *spec, plot_run *run, whale_err *err) {
     struct stat st;
     if (stat(input, &st) != 0) return whale_errf(err, WHALE_ERR_IO, "%s: cannot open: %s", input, strerror(errno));
@@ -217,8 +238,10 @@ static whale_code read_run(const char *input, const plot_spec *spec, plot_run *r
     size_t plen = strlen(input);
     char *path = malloc(plen + 16);
     if (!path) return whale_errf(err, WHALE_ERR_NOMEM, "%s: out of memory", input);
-    if (is_dir) snprintf(path, plen + 16, "%s/metrics.jsonl", input);
-    else memcpy(path, input, plen + 1);
+    if (is_dir) { /* whale train's metrics.jsonl, or an sft run's logging.jsonl (ms-swift's) */
+        snprintf(path, plen + 16, "%s/metrics.jsonl", input);
+        if (stat(path, &st) != 0) snprintf(path, plen + 16, "%s/logging.jsonl", input);
+    } else memcpy(path, input, plen + 1);
     run->name = run_name(input, is_dir);
     if (!run->name) {
         free(path);
@@ -226,7 +249,7 @@ static whale_code read_run(const char *input, const plot_spec *spec, plot_run *r
     }
     if (is_dir && stat(path, &st) != 0) {
         free(path);
-        return whale_errf(err, WHALE_ERR_IO, "%s: no metrics.jsonl in this folder", input);
+        return whale_errf(err, WHALE_ERR_IO, "%s: no metrics.jsonl or logging.jsonl in this folder", input);
     }
     char *data;
     size_t size;
@@ -262,18 +285,19 @@ static whale_code read_run(const char *input, const plot_spec *spec, plot_run *r
             rc = whale_errf(err, WHALE_ERR_FORMAT, "%s:%ld: not a JSON object", path, lineno);
             break;
         }
-        const cJSON *step = cJSON_GetObjectItemCaseSensitive(obj, "step");
+        double step;
+        int has_step = line_step(obj, &step);
         for (int k = 0; k < spec->nkeys && !rc; k++) {
-            const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, spec->key[k]);
+            const cJSON *v = line_value(obj, spec->key[k]);
             if (!v) continue;
             if (!cJSON_IsNumber(v) && !cJSON_IsNull(v)) {
                 rc = whale_errf(err, WHALE_ERR_FORMAT, "%s:%ld: \"%s\" is not a number", path, lineno, spec->key[k]);
-            } else if (!cJSON_IsNumber(step) || !isfinite(step->valuedouble)) {
+            } else if (!has_step) {
                 rc = whale_errf(err, WHALE_ERR_FORMAT, "%s:%ld: \"%s\" without a numeric \"step\"", path, lineno,
                                 spec->key[k]);
             } else {
                 double y = cJSON_IsNumber(v) ? v->valuedouble : NAN;
-                if (series_push(&run->s[k], step->valuedouble, y, lineno))
+                if (series_push(&run->s[k], step, y, lineno))
                     rc = whale_errf(err, WHALE_ERR_NOMEM, "%s: out of memory", path);
             }
         }

@@ -7,6 +7,8 @@
 
 #include "core/core.h"
 #include "models/model.h"
+#include "train/plot.h"
+#include "train/sft_select.h"
 #include "train/step.h"
 #include "whale_diag.h"
 
@@ -132,6 +134,13 @@ static cJSON *make_args(const whale_sft_run_opts *o, const char *model, const ch
     cJSON_AddNumberToObject(j, "logging_steps", (double)o->logging_steps);
     if (o->save_total_limit > 0) cJSON_AddNumberToObject(j, "save_total_limit", o->save_total_limit);
     else cJSON_AddNullToObject(j, "save_total_limit");
+    cJSON *vd = cJSON_AddArrayToObject(j, "val_dataset");
+    for (int i = 0; i < o->n_val_data; i++) cJSON_AddItemToArray(vd, cJSON_CreateString(o->val_data[i]));
+    cJSON_AddNumberToObject(j, "split_dataset_ratio", o->split_ratio);
+    cJSON_AddNumberToObject(j, "eval_steps", (double)(o->eval_steps > 0 ? o->eval_steps : o->save_steps));
+    cJSON_AddStringToObject(j, "metric_for_best_model", "loss");
+    cJSON_AddFalseToObject(j, "greater_is_better");
+    cJSON_AddBoolToObject(j, "save_only_model", o->save_only_model);
     cJSON_AddStringToObject(j, "output_dir", run_dir);
     if (o->command_line) cJSON_AddStringToObject(j, "command_line", o->command_line);
     if (o->resume) cJSON_AddStringToObject(j, "resume_from_checkpoint", o->resume);
@@ -172,11 +181,16 @@ typedef struct {
     whale_data_cursor cur;
     whale_loss_scaler scaler;
     char fingerprint[128]; /* what must not change when resuming */
+    whale_sft_dataset *val; /* validation samples, or NULL */
+    cJSON *history;         /* trainer_state.json's log_history: every logged step and evaluation */
+    int64_t max_steps, eval_step; /* the step of the last evaluation (0: none yet) */
+    double eval_loss, eval_acc;
+    double best_metric; /* the lowest eval_loss at a saved checkpoint, NaN before one */
+    int64_t best_step;
+    char best_ckpt[4200];
 } sft_run;
 
-/* Moments of the trainable parameters and the loop's state: with them a
- * resumed run continues exactly where the checkpoint was taken. */
-static whale_code write_trainer_state(sft_run *r, const char *dir, int64_t step, whale_err *err) {
+static whale_code write_moments(sft_run *r, const char *dir, whale_err *err) {
     const whale_model *m = r->m;
     int n = whale_model_num_params(m), k = 0;
     whale_st_item *items = calloc((size_t)2 * n, sizeof *items);
@@ -200,10 +214,43 @@ static whale_code write_trainer_state(sft_run *r, const char *dir, int64_t step,
     free(items);
     free(names);
     free(shapes);
+    return c;
+}
+
+/* Hugging Face's trainer_state.json fields: the step, the best checkpoint
+ * by eval_loss and the log history. */
+static void add_hf_state(const sft_run *r, cJSON *j, int64_t step) {
+    const whale_sft_run_opts *o = r->o;
+    cJSON_AddNumberToObject(j, "global_step", (double)step);
+    cJSON_AddNumberToObject(j, "max_steps", (double)r->max_steps);
+    cJSON_AddNumberToObject(j, "epoch", (double)r->cur.epoch + (double)r->cur.index / (double)(r->cur.windows ? r->cur.windows : 1));
+    cJSON_AddNumberToObject(j, "num_train_epochs", o->epochs);
+    cJSON_AddNumberToObject(j, "logging_steps", (double)o->logging_steps);
+    cJSON_AddNumberToObject(j, "eval_steps", (double)(o->eval_steps > 0 ? o->eval_steps : o->save_steps));
+    cJSON_AddNumberToObject(j, "save_steps", (double)o->save_steps);
+    cJSON_AddNumberToObject(j, "train_batch_size", o->batch_size);
+    if (isnan(r->best_metric)) {
+        cJSON_AddNullToObject(j, "best_metric");
+        cJSON_AddNullToObject(j, "best_model_checkpoint");
+        cJSON_AddNullToObject(j, "best_global_step");
+    } else {
+        cJSON_AddNumberToObject(j, "best_metric", r->best_metric);
+        cJSON_AddStringToObject(j, "best_model_checkpoint", r->best_ckpt);
+        cJSON_AddNumberToObject(j, "best_global_step", (double)r->best_step);
+    }
+    cJSON *h = r->history ? cJSON_Duplicate(r->history, 1) : NULL;
+    cJSON_AddItemToObject(j, "log_history", h ? h : cJSON_CreateArray());
+}
+
+/* Moments of the trainable parameters (unless save_only_model) and the
+ * loop's state: with them a resumed run continues exactly where the
+ * checkpoint was taken. */
+static whale_code write_trainer_state(sft_run *r, const char *dir, int64_t step, whale_err *err) {
+    whale_code c = r->o->save_only_model ? WHALE_OK : write_moments(r, dir, err);
     if (c) return c;
     cJSON *j = cJSON_CreateObject();
     char num[32];
-    cJSON_AddNumberToObject(j, "global_step", (double)step);
+    add_hf_state(r, j, step);
     snprintf(num, sizeof num, "%llu", (unsigned long long)r->cur.seed);
     cJSON_AddStringToObject(j, "data_seed", num); /* 64-bit: not exact as a JSON number */
     cJSON_AddNumberToObject(j, "data_epoch", (double)r->cur.epoch);
@@ -254,10 +301,25 @@ static whale_code read_trainer_state(sft_run *r, const char *dir, int64_t *step,
     if (num_field(j, "loss_scale") > 0) r->scaler.scale = num_field(j, "loss_scale");
     r->scaler.clean_steps = (int)num_field(j, "loss_scale_clean_steps");
     r->scaler.skipped = (int64_t)num_field(j, "loss_scale_skipped");
+    const cJSON *bm = cJSON_GetObjectItemCaseSensitive(j, "best_metric"),
+                *bc = cJSON_GetObjectItemCaseSensitive(j, "best_model_checkpoint"),
+                *lh = cJSON_GetObjectItemCaseSensitive(j, "log_history");
+    if (cJSON_IsNumber(bm) && cJSON_IsString(bc)) {
+        r->best_metric = bm->valuedouble;
+        r->best_step = (int64_t)num_field(j, "best_global_step");
+        snprintf(r->best_ckpt, sizeof r->best_ckpt, "%s", bc->valuestring);
+    }
+    if (cJSON_IsArray(lh) && r->history) { /* the logs up to the checkpoint */
+        cJSON_Delete(r->history);
+        r->history = cJSON_Duplicate(lh, 1);
+    }
     cJSON_Delete(j);
 
     whale_st *st;
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    if (access(path, R_OK) != 0)
+        return whale_errf(err, WHALE_ERR_IO, "%s: no optimizer state (saved with --save_only_model?): cannot resume from it",
+                          dir);
     if ((c = whale_st_open(path, &st, err))) return c;
     for (int i = 0; i < whale_model_num_params(r->m) && !c; i++)
         for (int which = 0; which < 2 && !c; which++) {
@@ -278,10 +340,36 @@ static whale_code read_trainer_state(sft_run *r, const char *dir, int64_t *step,
     return c;
 }
 
+/* save_total_limit as Hugging Face applies it (_rotate_checkpoints): the
+ * best checkpoint is never removed; when it is not the newest, the newest
+ * limit - 1 (at least 1) are kept beside it. */
+static void prune_checkpoints(const sft_run *r) {
+    int limit = r->o->save_total_limit;
+    if (limit <= 0) return;
+    int64_t *steps;
+    int n = whale_list_checkpoints(r->run_dir, &steps), keep = limit;
+    int best = !isnan(r->best_metric) && n && steps[n - 1] != r->best_step; /* the newest counts as itself */
+    if (best) keep = limit > 1 ? limit - 1 : 1;
+    for (int i = n - 1, kept = 0; i >= 0; i--) {
+        if (best && steps[i] == r->best_step) continue;
+        if (kept++ < keep) continue;
+        char old[4200];
+        snprintf(old, sizeof old, "%s/checkpoint-%lld", r->run_dir, (long long)steps[i]);
+        whale_remove_flat_dir(old);
+    }
+    free(steps);
+}
+
 static whale_code save_checkpoint(sft_run *r, int64_t step, char *out_path, size_t cap, whale_err *err) {
     char dir[4200], tmp[4300];
     snprintf(dir, sizeof dir, "%s/checkpoint-%lld", r->run_dir, (long long)step);
     snprintf(tmp, sizeof tmp, "%s.tmp", dir);
+    /* the evaluation at this step makes it the best checkpoint (HF's _save_checkpoint) */
+    if (r->eval_step == step && !isnan(r->eval_loss) && (isnan(r->best_metric) || r->eval_loss < r->best_metric)) {
+        r->best_metric = r->eval_loss;
+        r->best_step = step;
+        snprintf(r->best_ckpt, sizeof r->best_ckpt, "%s", dir);
+    }
     whale_remove_flat_dir(tmp);
     whale_code c = whale_mkdir(tmp, err);
     if (!c) {
@@ -296,7 +384,7 @@ static whale_code save_checkpoint(sft_run *r, int64_t step, char *out_path, size
         return c;
     }
     if ((c = whale_publish_dir(tmp, dir, r->run_dir, err))) return c;
-    whale_prune_checkpoints(r->run_dir, r->o->save_total_limit);
+    prune_checkpoints(r);
     snprintf(out_path, cap, "%s", dir);
     return WHALE_OK;
 }
@@ -316,13 +404,118 @@ static whale_code check_opts(const whale_sft_run_opts *o, whale_err *err) {
     if (o->dtype != WHALE_F32 && o->dtype != WHALE_BF16 && o->dtype != WHALE_F16 && o->dtype != WHALE_I8)
         return whale_errf(err, WHALE_ERR_ARG, "fine-tuning runs in fp32, bf16, fp16 or int8 (LoRA), not %s",
                           whale_dtype_name(o->dtype));
+    if (!(o->split_ratio >= 0 && o->split_ratio < 1))
+        return whale_errf(err, WHALE_ERR_ARG, "--split_dataset_ratio must be in [0, 1), got %g", o->split_ratio);
+    if (o->eval_steps < 0) return whale_errf(err, WHALE_ERR_ARG, "--eval_steps must be >= 1");
     if (o->data_opts.packing && o->data_opts.max_length < 2)
         return whale_errf(err, WHALE_ERR_ARG, "--packing needs --max-length (the length of a packed row)");
     return WHALE_OK;
 }
 
+/* Mean loss and token accuracy over the validation rows (in order, b's
+ * rows at a time, no dropout; the dropout counter is left as it was so the
+ * training steps draw the masks they would without evaluation). */
+static whale_code evaluate(sft_run *r, whale_batch *b, int B, int S, double *seconds, whale_err *err) {
+    int64_t rows, count = 0, hits0 = r->s->eval_hits;
+    uint64_t calls = r->s->lora_calls;
+    double t0 = whale_now(), total = 0;
+    whale_code c = whale_sft_dataset_num_rows(r->val, S, &rows, err);
+    for (int64_t r0 = 0; r0 < rows && !c; r0 += B) {
+        int nb = (int)(rows - r0 < B ? rows - r0 : B);
+        for (int i = 0; i < nb && !c; i++) {
+            size_t o = (size_t)i * (size_t)S;
+            c = whale_sft_dataset_row(r->val, r0 + i, S, b->ids + o, b->labels + o, b->pos + o, b->seg + o, err);
+        }
+        b->B = nb, b->S = S;
+        whale_batch_trim(b);
+        double l;
+        int64_t cn;
+        if (!c) c = whale_session_train_step(r->s, b->ids, b->labels, b->pos, b->seg, nb, b->S, 0.0, &l, &cn, err);
+        if (!c && cn) total += l * (double)cn, count += cn;
+    }
+    r->s->lora_calls = calls;
+    r->eval_loss = count ? total / (double)count : NAN;
+    r->eval_acc = count ? (double)(r->s->eval_hits - hits0) / (double)count : NAN;
+    *seconds = whale_now() - t0;
+    return c;
+}
+
+/* An evaluation in logging.jsonl (ms-swift's keys), the log history and
+ * the progress line. */
+static void log_eval(sft_run *r, FILE *log, int64_t step, double epoch, double seconds, int B) {
+    int64_t rows = whale_sft_dataset_num_samples(r->val);
+    char jl[32], ja[32];
+    whale_json_double(jl, sizeof jl, "%.6f", r->eval_loss);
+    whale_json_double(ja, sizeof ja, "%.6f", r->eval_acc);
+    fprintf(log,
+            "{\"eval_loss\": %s, \"eval_token_acc\": %s, \"eval_runtime\": %.4f, \"eval_samples_per_second\": %.3f, "
+            "\"eval_steps_per_second\": %.3f, \"epoch\": %.4f, \"global_step/max_steps\": \"%lld/%lld\", "
+            "\"memory(GiB)\": %.2f}\n",
+            jl, ja, seconds, (double)rows / seconds, ceil((double)rows / B) / seconds, epoch, (long long)step,
+            (long long)r->max_steps, whale_peak_rss() / 1073741824.0);
+    fflush(log);
+    cJSON *h = cJSON_CreateObject();
+    cJSON_AddNumberToObject(h, "epoch", epoch);
+    if (!isnan(r->eval_loss)) cJSON_AddNumberToObject(h, "eval_loss", r->eval_loss);
+    if (!isnan(r->eval_acc)) cJSON_AddNumberToObject(h, "eval_token_acc", r->eval_acc);
+    cJSON_AddNumberToObject(h, "eval_runtime", seconds);
+    cJSON_AddNumberToObject(h, "step", (double)step);
+    cJSON_AddItemToArray(r->history, h);
+    if (!r->o->quiet)
+        fprintf(stderr, "eval %5lld/%lld  eval_loss %.4f  eval_token_acc %.4f  (%lld samples, %.1f s)\n", (long long)step,
+                (long long)r->max_steps, r->eval_loss, r->eval_acc, (long long)rows, seconds);
+}
+
+/* A training log entry for trainer_state.json's log_history (HF's keys). */
+static void history_train(sft_run *r, int64_t step, double epoch, double loss, double norm, double lr) {
+    cJSON *h = cJSON_CreateObject();
+    cJSON_AddNumberToObject(h, "epoch", epoch);
+    if (!isnan(norm)) cJSON_AddNumberToObject(h, "grad_norm", norm);
+    cJSON_AddNumberToObject(h, "learning_rate", lr);
+    if (!isnan(loss)) cJSON_AddNumberToObject(h, "loss", loss);
+    cJSON_AddNumberToObject(h, "step", (double)step);
+    cJSON_AddItemToArray(r->history, h);
+}
+
+/* ms-swift's images/: the run's curves (SVG here) from logging.jsonl. A
+ * curve that cannot be drawn is a note, not a failed run. */
+static void write_images(const sft_run *r) {
+    static const char *const metrics[][2] = {{"loss", "train_loss"}, {"learning_rate", "train_learning_rate"},
+                                             {"grad_norm", "train_grad_norm"}, {"eval_loss", "eval_loss"},
+                                             {"eval_token_acc", "eval_token_acc"}};
+    char dir[4200], path[4300];
+    whale_err err;
+    snprintf(dir, sizeof dir, "%s/images", r->run_dir);
+    if (whale_mkdir(dir, &err)) return;
+    const char *in[1] = {r->run_dir};
+    for (int i = 0; i < (r->val ? 5 : 3); i++) {
+        whale_plot_opts po = {.title = metrics[i][1], .metric = metrics[i][0]};
+        snprintf(path, sizeof path, "%s/%s.svg", dir, metrics[i][1]);
+        if (whale_plot_svg(in, 1, &po, path, &err) && !r->o->quiet)
+            fprintf(stderr, "sft: note: %s not drawn: %s\n", path, err.msg);
+    }
+}
+
+/* The training data (FILE#N sampled; split when split_ratio is set without
+ * val_data) and the validation data (r->val, NULL without any). */
+static whale_code open_data(sft_run *r, whale_tokenizer *tok, const whale_chat_template *tpl, whale_sft_dataset **ds,
+                            whale_err *err) {
+    const whale_sft_run_opts *o = r->o;
+    whale_sft_dataset *none = NULL;
+    double ratio = o->n_val_data ? 0 : o->split_ratio;
+    whale_code c = whale_sft_open_data(o->data, o->n_data, tok, tpl, &o->data_opts, ratio, o->seed, ds, &r->val, err);
+    if (!c && o->n_val_data)
+        c = whale_sft_open_data(o->val_data, o->n_val_data, tok, tpl, &o->data_opts, 1.0, o->seed, &none, &r->val, err);
+    whale_sft_dataset_free(none);
+    if (!c && r->val && whale_sft_dataset_num_samples(r->val) == 0) {
+        whale_sft_dataset_free(r->val);
+        r->val = NULL;
+    }
+    return c;
+}
+
 whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, whale_err *err) {
-    sft_run r = {.o = o};
+    sft_run r = {.o = o, .best_metric = NAN, .eval_loss = NAN, .eval_acc = NAN};
     whale_code c = check_opts(o, err);
     if (c) return c;
     whale_tokenizer *tok = NULL;
@@ -353,13 +546,16 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
     /* data first: its longest row sizes the run */
     if ((c = whale_tokenizer_load(model_dir, &tok, err)) ||
         (c = whale_chat_template_load(model_dir, o->chat_template, &tpl, err)) ||
-        (c = whale_sft_dataset_open_template(o->data, o->n_data, tok, tpl, &o->data_opts, &ds, err)) ||
-        (c = whale_model_skeleton(model_dir, &skel, err)))
+        (c = open_data(&r, tok, tpl, &ds, err)) || (c = whale_model_skeleton(model_dir, &skel, err)))
         goto done;
     if (!o->quiet && whale_chat_template_notice(tpl)) fprintf(stderr, "sft: %s\n", whale_chat_template_notice(tpl));
     whale_sft_stats st;
     whale_sft_dataset_stats(ds, &st);
-    int S = o->data_opts.packing ? o->data_opts.max_length : st.max_sample_tokens;
+    whale_sft_stats vst = {0};
+    whale_sft_dataset_stats(r.val, &vst);
+    int S = o->data_opts.packing                     ? o->data_opts.max_length
+            : vst.max_sample_tokens > st.max_sample_tokens ? vst.max_sample_tokens
+                                                           : st.max_sample_tokens;
     if (S > skel->max_positions) {
         c = whale_errf(err, WHALE_ERR_RANGE,
                        "%s: rows of %d tokens exceed the model's %d positions; set --max-length %d or less",
@@ -376,8 +572,11 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
     int B = o->batch_size;
     grad_accum = o->grad_accum > 0 ? o->grad_accum : (16 + B - 1) / B; /* ms-swift: a total batch >= 16 */
     int64_t per_step = (int64_t)B * grad_accum;
-    int64_t max_steps = o->max_steps > 0 ? o->max_steps : (int64_t)ceil(o->epochs * (double)rows / (double)per_step);
+    /* Hugging Face's count: an epoch's last micro-batch and its last step may be partial */
+    int64_t steps_per_epoch = ((rows + B - 1) / B + grad_accum - 1) / grad_accum;
+    int64_t max_steps = o->max_steps > 0 ? o->max_steps : (int64_t)ceil(o->epochs * (double)steps_per_epoch);
     if (max_steps < 1) max_steps = 1;
+    r.max_steps = max_steps;
     double lr = o->lr > 0 ? o->lr : o->tuner == WHALE_TUNE_LORA ? 1e-4 : 1e-5;
     int lora = o->tuner == WHALE_TUNE_LORA;
     if (!o->quiet)
@@ -386,6 +585,9 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
                 (long long)st.records, (long long)st.samples, (long long)st.tokens, (long long)st.trained_tokens,
                 st.max_sample_tokens, st.skipped ? "; skipped malformed: " : "", st.skipped ? st.first_bad : "",
                 (long long)rows, S, o->data_opts.packing ? " (packed)" : "");
+    if (!o->quiet && r.val)
+        fprintf(stderr, "sft: validation: %lld samples (%lld tokens, %lld trained)%s\n", (long long)vst.samples,
+                (long long)vst.tokens, (long long)vst.trained_tokens, o->n_val_data ? "" : " held out of the training data");
     if (!o->quiet && (st.deleted || st.truncated || st.untrained))
         fprintf(stderr, "sft: longer than --max-length %d: %lld deleted, %lld truncated; %lld left with nothing to train\n",
                 o->data_opts.max_length, (long long)st.deleted, (long long)st.truncated, (long long)st.untrained);
@@ -431,6 +633,10 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
         goto done;
     r.cur.seed = o->seed;
     whale_loss_scaler_init(&r.scaler);
+    if (!(r.history = cJSON_CreateArray())) {
+        c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+        goto done;
+    }
     snprintf(r.fingerprint, sizeof r.fingerprint, "%s %s, %lld rows of %d tokens (%lld trained), batch %d x %d",
              lora ? "lora" : "full", whale_dtype_torch_name(o->dtype), (long long)rows, S, (long long)st.trained_tokens, B,
              grad_accum);
@@ -483,7 +689,7 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
         whale_memory_print(&mm, stderr);
         fprintf(stderr, "sft: %s, %s; %lld steps of %d × %d rows (%.3g epochs), lr %.3g; run folder %s\n",
                 lora ? "LoRA" : "full fine-tuning", whale_dtype_torch_name(o->dtype), (long long)max_steps, B, grad_accum,
-                (double)max_steps * (double)per_step / (double)rows, lr, r.run_dir);
+                (double)max_steps / (double)steps_per_epoch, lr, r.run_dir);
     }
 
     int fp16 = o->dtype == WHALE_F16;
@@ -492,17 +698,23 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
     double t_start = whale_now(), t_train = 0, int_loss = 0, int_norm = 0, last_loss = NAN, loss_sum = 0;
     int int_n = 0, int_steps = 0;
     int64_t log_every = o->logging_steps > 0 ? o->logging_steps : 1, loss_n = 0;
+    int64_t eval_every = o->eval_steps > 0 ? o->eval_steps : o->save_steps > 0 ? o->save_steps : max_steps;
     for (int64_t step = start; step < max_steps;) {
         double t0 = whale_now();
         double lr_now = lr * whale_lr_multiplier(o->schedule, step, warmup, max_steps);
-        for (int i = 0; i < grad_accum && !c; i++)
-            if (!(c = whale_sft_next_batch(ds, cur, B, S, &micro[i], err))) {
+        int n_micro = 0;
+        for (int i = 0; i < grad_accum && !c; i++, n_micro++) {
+            int64_t left = cur->windows ? cur->windows - cur->index : rows;
+            if (left == 0 && i > 0) break; /* the epoch's last step ends with it */
+            int nb = left > 0 && left < B ? (int)left : B;
+            if (!(c = whale_sft_next_batch(ds, cur, nb, S, &micro[i], err))) {
                 whale_batch_trim(&micro[i]);
                 tokens += (int64_t)micro[i].B * micro[i].S;
             }
+        }
         if (c) goto done;
         whale_step_result sr;
-        if ((c = whale_train_one_step(r.s, r.opt, fp16 ? &r.scaler : NULL, nan, micro, grad_accum, 0, o->max_grad_norm,
+        if ((c = whale_train_one_step(r.s, r.opt, fp16 ? &r.scaler : NULL, nan, micro, n_micro, 0, o->max_grad_norm,
                                       lr_now, step + 1, &sr, err)))
             goto done;
         step++;
@@ -531,6 +743,7 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
                 fprintf(log, ", \"loss_scale\": %.0f, \"skipped_steps\": %lld", r.scaler.scale, (long long)r.scaler.skipped);
             fprintf(log, "}\n");
             fflush(log);
+            history_train(&r, step, epoch, mean_loss, mean_norm, lr_now);
             if (!o->quiet)
                 fprintf(stderr, "step %5lld/%lld  loss %.4f  lr %.2e  grad-norm %.3f  %.0f tok/s  %.2f s/it  elapsed %s  ETA %s\n",
                         (long long)step, (long long)max_steps, mean_loss, lr_now, mean_norm,
@@ -538,21 +751,32 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
             int_loss = int_norm = 0;
             int_n = int_steps = 0;
         }
+        if (r.val && (step % eval_every == 0 || last)) {
+            double secs, epoch = (double)cur->epoch + (double)cur->index / (double)(cur->windows ? cur->windows : 1);
+            if ((c = evaluate(&r, &micro[0], B, S, &secs, err))) goto done;
+            r.eval_step = step;
+            log_eval(&r, log, step, epoch, secs, B);
+        }
         if ((o->save_steps > 0 && step % o->save_steps == 0) || last) {
             if ((c = save_checkpoint(&r, step, ckpt, sizeof ckpt, err))) goto done;
             if (!o->quiet) fprintf(stderr, "sft: saved %s\n", ckpt);
         }
     }
     double seconds = whale_now() - t_start;
-    char jl[32];
+    char jl[32], jb[32];
     fprintf(log,
             "{\"train_runtime\": %.2f, \"train_samples_per_second\": %.3f, \"train_steps_per_second\": %.3f, "
             "\"train_loss\": %s, \"epoch\": %.4f, \"global_step/max_steps\": \"%lld/%lld\", "
-            "\"last_model_checkpoint\": \"%s\", \"memory(GiB)\": %.2f}\n",
+            "\"last_model_checkpoint\": \"%s\", \"best_model_checkpoint\": %s%s%s, \"best_metric\": %s, "
+            "\"memory(GiB)\": %.2f}\n",
             seconds, (double)(max_steps - start) * (double)per_step / seconds, (double)(max_steps - start) / seconds,
             whale_json_double(jl, sizeof jl, "%.6f", loss_sum / (double)loss_n),
             (double)cur->epoch + (double)cur->index / (double)(cur->windows ? cur->windows : 1), (long long)max_steps,
-            (long long)max_steps, ckpt, whale_peak_rss() / 1073741824.0);
+            (long long)max_steps, ckpt, r.best_ckpt[0] ? "\"" : "", r.best_ckpt[0] ? r.best_ckpt : "null",
+            r.best_ckpt[0] ? "\"" : "", whale_json_double(jb, sizeof jb, "%.6f", r.best_metric),
+            whale_peak_rss() / 1073741824.0);
+    fflush(log);
+    write_images(&r);
     if (!o->quiet) fprintf(stderr, "sft: peak resident memory %.1f MiB\n", whale_peak_rss() / 1048576.0);
     if (res) {
         res->steps = max_steps;
@@ -562,6 +786,10 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
         res->trainable_params = lora ? whale_lora_num_params(r.m) : whale_model_param_count(r.m);
         snprintf(res->run_dir, sizeof res->run_dir, "%s", r.run_dir);
         snprintf(res->last_checkpoint, sizeof res->last_checkpoint, "%s", ckpt);
+        res->eval_loss = r.eval_loss;
+        res->eval_token_acc = r.eval_acc;
+        res->best_metric = r.best_metric;
+        snprintf(res->best_checkpoint, sizeof res->best_checkpoint, "%s", r.best_ckpt);
     }
 done:
     if (log && fclose(log) != 0 && !c) c = whale_errf(err, WHALE_ERR_IO, "%s/logging.jsonl: write failed", r.run_dir);
@@ -569,6 +797,8 @@ done:
         for (int i = 0; i < grad_accum; i++) whale_batch_free(&micro[i]);
     free(micro);
     cJSON_Delete(r.args);
+    cJSON_Delete(r.history);
+    whale_sft_dataset_free(r.val);
     whale_optimizer_free(r.opt);
     whale_session_free(r.s);
     whale_diag_free(nan);

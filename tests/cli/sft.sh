@@ -69,6 +69,53 @@ if command -v python3 >/dev/null; then
         python3 "$ROOT/tests/reference/check_adapter.py" "$CK" "$TMP/base" 4
 fi
 check "adapter_config records the recipe" grep -q '"lora_alpha":.8' "$CK/adapter_config.json"
+check "args.json's command_line keeps 'sft' and the quoting" \
+    grep -qF '"command_line":	"whale sft --model ' "$RUN/args.json"
+check "... 'Little Whale' quoted" grep -qF "'Little Whale'" "$RUN/args.json"
+
+# validation: a held-out share, eval lines, the best checkpoint, --save_only_model, ms-swift's booleans
+"$WHALE" sft -m "$TMP/base" --dataset "$SC" "${NAMES[@]}" --split_dataset_ratio 0.1 --eval_steps 2 --save_steps 2 \
+    --max_steps 4 --per_device_train_batch_size 4 --gradient_accumulation_steps 1 --save_total_limit 1 \
+    --gradient_checkpointing true --use_rslora false --save_only_model true --output_dir "$TMP/val" >"$TMP/res" 2>"$TMP/err"
+check "a run with --split_dataset_ratio 0.1 --eval_steps 2" test $? = 0
+VR=$(ls -d "$TMP"/val/v0-*)
+check "8 of the 88 records held out" grep -q '^sft: validation: 8 samples' "$TMP/err"
+check "eval progress lines" grep -q '^eval     2/4  eval_loss [0-9.]*  eval_token_acc [0-9.]*' "$TMP/err"
+check "logging.jsonl: an eval line at steps 2 and 4" \
+    test "$(grep -c '"eval_loss": [0-9.]*, "eval_token_acc": [0-9.]*, "eval_runtime"' "$VR/logging.jsonl")" = 2
+check "the summary line names the best checkpoint" grep -q '"best_model_checkpoint": ".*checkpoint-[24]", "best_metric": [0-9.]' "$VR/logging.jsonl"
+check "trainer_state.json: best_model_checkpoint and best_metric" \
+    grep -q '"best_model_checkpoint":' "$VR/checkpoint-4/trainer_state.json"
+check "... and the log history with eval_loss" grep -q '"eval_loss":' "$VR/checkpoint-4/trainer_state.json"
+check "--save_only_model: no optimizer state" test ! -e "$VR/checkpoint-4/optimizer.safetensors"
+check "args.json records the split and gradient checkpointing" \
+    grep -q '"split_dataset_ratio":.0.1' "$VR/args.json"
+check "... gradient_checkpointing true" grep -q '"gradient_checkpointing":.true' "$VR/args.json"
+expect_status 3 'no optimizer state' -- "$WHALE" sft -m "$TMP/base" --data "$SC" "${NAMES[@]}" --split_dataset_ratio 0.1 \
+    --max_steps 6 --batch-size 4 --grad-accum 1 --quiet --out "$TMP/val2" --resume "$VR/checkpoint-4"
+for f in train_loss train_learning_rate train_grad_norm eval_loss eval_token_acc; do
+    check "images/$f.svg, as ms-swift's images/" grep -q '^<svg ' "$VR/images/$f.svg"
+done
+check "whale plot reads an sft run (logging.jsonl)" "$WHALE" plot "$VR" --out "$TMP/val.svg"
+check "... with the eval points" grep -q '<circle' "$TMP/val.svg"
+# a validation file (FILE#N sampling): training on it lowers its loss and raises the token accuracy
+"$WHALE" sft -m "$TMP/base" --data "$SC#8" --val_dataset "$SC#8" "${NAMES[@]}" --train_type full --max_steps 6 \
+    --eval_steps 3 --batch-size 8 --grad-accum 1 --lr 3e-2 --out "$TMP/learn" --quiet >"$TMP/res" 2>&1
+check "--val_dataset FILE#8" test "$(grep -c '"eval_loss"' "$(ls -d "$TMP"/learn/v0-*)/logging.jsonl")" = 2
+check "eval_loss falls and eval_token_acc rises" awk -F'[:,]' 'BEGIN { n = 0 } /"eval_loss"/ { l[n] = $2; a[n] = $4; n++ }
+    END { exit !(n == 2 && l[1] < l[0] && a[1] > a[0] && a[1] > 0 && a[1] <= 1) }' "$(ls -d "$TMP"/learn/v0-*)/logging.jsonl"
+"$WHALE" sft -m "$TMP/base" --data "$SC#20" "${NAMES[@]}" --packing true --max-length 128 --dry-run 0 >"$TMP/dry" 2>/dev/null
+check "FILE#20 draws 20 samples; --packing true" grep -q '"samples": 20,' "$TMP/dry"
+expect_status 3 'not downloaded' -- "$WHALE" sft -m "$TMP/base" --data "AI-ModelScope/alpaca-gpt4-data-zh#500" --dry-run 0
+
+# Hugging Face's step count: 88 records at a total batch of 16 are 6 steps per epoch, the last of 8 rows
+"$WHALE" sft -m "$TMP/base" --data "$SC" "${NAMES[@]}" --num_train_epochs 1 --batch-size 4 --grad-accum 4 \
+    --logging-steps 1 --out "$TMP/hf-steps" >"$TMP/res" 2>"$TMP/err"
+check "88 records, batch 4 x 4: 6 steps for one epoch" grep -q '6 steps of 4 × 4 rows (1 epochs)' "$TMP/err"
+check "... step 5 ends at 80/88 of the epoch, step 6 at its end" \
+    grep -q '"epoch": 0.9091, "global_step/max_steps": "5/6"' "$(ls -d "$TMP"/hf-steps/v0-*)/logging.jsonl"
+check "... (epoch 1.0 at step 6)" grep -q '"epoch": 1.0000, "global_step/max_steps": "6/6"' \
+    "$(ls -d "$TMP"/hf-steps/v0-*)/logging.jsonl"
 
 # --resume continues exactly: the same adapters as the uninterrupted run
 RS=(-m "$TMP/base" --data "$SC" "${NAMES[@]}" --max-steps 4 --batch-size 2 --grad-accum 2 --save-steps 2 --lr 1e-3 --quiet)
@@ -94,6 +141,19 @@ check "generate -m BASE --adapters" cmp -s "$TMP/g_ad" "$TMP/g_ad2"
 check "export --merge-lora writes CKPT-merged" test -s "$CK-merged/model.safetensors"
 "$WHALE" generate -m "$CK-merged" -p "Who are you?" -n 12 --temperature 0 >"$TMP/g_mg" 2>/dev/null
 check "merged model = base + adapters (greedy text)" cmp -s "$TMP/g_ad" "$TMP/g_mg"
+# a BF16 base merges into BF16, with generation_config.json and the tokenizer files
+"$WHALE" export -m "$TMP/base" --dtype bf16 --out "$TMP/base16" 2>/dev/null
+echo '{"temperature": 0.7, "top_p": 0.8}' >"$TMP/base16/generation_config.json"
+"$WHALE" export -m "$TMP/base16" --adapters "$CK" --merge_lora true --out "$TMP/m16" 2>"$TMP/err"
+check "export --merge_lora true from a bf16 base" grep -q '^export: wrote .* (bf16, .* merged with LoRA' "$TMP/err"
+check "... reports the planned memory and peak RSS" grep -q 'planned .* MiB, peak RSS .* MiB' "$TMP/err"
+check "... keeps bfloat16 in config.json" grep -q '"bfloat16"' "$TMP/m16/config.json"
+for f in generation_config.json tokenizer.json tokenizer_config.json; do check "... copies $f" test -s "$TMP/m16/$f"; done
+check "... half the fp32 merge's size" test "$(stat -c %s "$TMP/m16/model.safetensors")" -lt \
+    "$(( $(stat -c %s "$CK-merged/model.safetensors") * 51 / 100 ))"
+expect_status 7 'needs an estimated .* GiB' -- "$WHALE" export --adapters "$CK" --merge-lora --memory-limit 0.000001 \
+    --out "$TMP/m-nomem"
+check "a refused export writes nothing" test ! -e "$TMP/m-nomem"
 printf 'Who are you?\n' | "$WHALE" chat --adapters "$CK" -n 8 --temperature 0 >/dev/null 2>&1
 check "chat --adapters" test $? = 0
 "$WHALE" chat-eval --adapters "$CK" --data "$ROOT/data/self_cognition_eval.jsonl" "${NAMES[@]}" -n 4 >"$TMP/ev" 2>/dev/null
