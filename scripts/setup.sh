@@ -14,10 +14,11 @@ cd "$(dirname "$0")/.."
 #   ca-certificates                       npm's downloads over TLS
 #   python3                               the adapter-file check in the tests
 #   clang libclang-rt-14-dev libomp-dev   the fuzz targets (scripts/fuzz.sh; scripts/test.sh runs a smoke)
+#   openmpi-bin libopenmpi-dev            training over several processes and machines (mpirun; docs/distributed.md)
 # The other tools the scripts and tests use (awk, cmp, od, dd, iconv, mount,
 # sha256sum, tar, ...) are in every Debian system.
 packages=(gcc libc6-dev make cmake pkg-config libdnnl-dev ocl-icd-opencl-dev libpcre2-dev libcjson-dev
-    libmicrohttpd-dev ca-certificates python3 clang libclang-rt-14-dev libomp-dev)
+    libmicrohttpd-dev ca-certificates python3 clang libclang-rt-14-dev libomp-dev openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

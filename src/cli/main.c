@@ -2,9 +2,12 @@
 #include "cli/cli.h"
 
 #include "core/core.h"
+#include "whale_dist.h"
 
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 static const char usage_text[] =
     "usage: whale COMMAND [options]\n"
@@ -36,6 +39,38 @@ static const char usage_text[] =
     "Run 'whale COMMAND --help' for a command's options. Exit status: 0 ok, 2 usage,\n"
     "3 i/o, 4 malformed input, 5 out of range, 6 unsupported, 7 out of memory, 1 other.\n";
 
+/* Launched by mpirun with several ranks: train and sft run as one job
+ * (docs/distributed.md). Rank 0 speaks for the job: the other ranks write
+ * nothing to stdout, and their stderr is held back; a rank that fails ends
+ * the whole job (the others would wait for it), and another rank's message
+ * is shown only when rank 0 has not ended the job first with its own (every
+ * rank fails the same way on a bad option or input). */
+static int run_on_ranks(int (*fn)(int, char **), const char *cmd, int argc, char **argv) {
+    whale_err err;
+    int quiet = whale_dist_launched_rank() != 0, saved = -1;
+    if (strcmp(cmd, "train") && strcmp(cmd, "sft")) {
+        if (!quiet) fprintf(stderr, "whale %s: runs in one process; only train and sft run on several ranks\n", cmd);
+        return 2;
+    }
+    if (whale_dist_init(&err)) return quiet ? whale_exit_status(err.code) : cli_fail(&err);
+    FILE *held = quiet ? tmpfile() : NULL;
+    if (held && (saved = dup(2)) >= 0) dup2(fileno(held), 2);
+    if (quiet && !freopen("/dev/null", "w", stdout)) whale_dist_abort(3);
+    int status = fn(argc, argv);
+    if (status && saved >= 0) { /* let rank 0 speak first */
+        nanosleep(&(struct timespec){0, 300000000}, NULL);
+        fflush(stderr);
+        rewind(held);
+        char line[4096];
+        FILE *out = fdopen(saved, "w");
+        while (out && fgets(line, sizeof line, held)) fprintf(out, "rank %d: %s", whale_dist_rank(), line);
+        if (out) fflush(out);
+    }
+    if (status) whale_dist_abort(status);
+    whale_dist_finalize();
+    return status;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) { /* every command on stdout, as --help lists them; a one-line usage error */
         fputs(usage_text, stdout);
@@ -57,7 +92,9 @@ int main(int argc, char **argv) {
                   {"precision-report", cmd_precision_report},
                   {"data", cmd_data}, {"plot", cmd_plot}, {"tokenizer", cmd_tokenizer}, {"detokenize", cmd_detokenize}, {"diagnose", cmd_diagnose}, {"memory", cmd_memory}, {"serve", cmd_serve}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
-        if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
+        if (!strcmp(cmd, cmds[i].name))
+            return whale_dist_launched_size() > 1 ? run_on_ranks(cmds[i].fn, cmd, argc - 1, argv + 1)
+                                                  : cmds[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "whale: unknown command \"%s\" (see 'whale --help')\n", cmd);
     return 2;
 }

@@ -6,6 +6,7 @@
 #include "whale_train.h"
 
 #include "core/core.h"
+#include "dist/dist.h"
 #include "models/model.h"
 #include "train/plot.h"
 #include "train/sft_select.h"
@@ -180,6 +181,8 @@ typedef struct {
     char run_dir[4096];
     whale_data_cursor cur;
     whale_loss_scaler scaler;
+    whale_grad_sum *sum;   /* several micro-batches or ranks */
+    int leader;            /* rank 0: prints, writes the run folder */
     char fingerprint[128]; /* what must not change when resuming */
     whale_sft_dataset *val; /* validation samples, or NULL */
     cJSON *history;         /* trainer_state.json's log_history: every logged step and evaluation */
@@ -515,7 +518,13 @@ static whale_code open_data(sft_run *r, whale_tokenizer *tok, const whale_chat_t
 }
 
 whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, whale_err *err) {
-    sft_run r = {.o = o, .best_metric = NAN, .eval_loss = NAN, .eval_acc = NAN};
+    whale_sft_run_opts quiet_opts;
+    if (whale_dist_rank() != 0) { /* only rank 0 speaks */
+        quiet_opts = *o;
+        quiet_opts.quiet = 1;
+        o = &quiet_opts;
+    }
+    sft_run r = {.o = o, .leader = whale_dist_rank() == 0, .best_metric = NAN, .eval_loss = NAN, .eval_acc = NAN};
     whale_code c = check_opts(o, err);
     if (c) return c;
     whale_tokenizer *tok = NULL;
@@ -540,8 +549,10 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
     /* an unwritable output folder fails now, not after loading the model */
     char probe[4200];
     snprintf(probe, sizeof probe, "%s/.write-test", o->out);
-    if ((c = whale_mkdir(o->out, err)) || (c = whale_write_file_atomic(probe, "", 0, err))) return c;
-    unlink(probe);
+    if (r.leader) {
+        if ((c = whale_mkdir(o->out, err)) || (c = whale_write_file_atomic(probe, "", 0, err))) return c;
+        unlink(probe);
+    }
 
     /* data first: its longest row sizes the run */
     if ((c = whale_tokenizer_load(model_dir, &tok, err)) ||
@@ -598,6 +609,10 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
                               .seq_len = S, .recompute = o->recompute};
     whale_memory est;
     if ((c = whale_memory_estimate(model_dir, &plan, &est, err))) goto done;
+    if (grad_accum > 1 || whale_dist_size() > 1) { /* the gradient sum's shard */
+        size_t shard = est.grads / (size_t)whale_dist_size();
+        est.grads += shard, est.total += shard;
+    }
     double limit = o->memory_limit > 0 ? o->memory_limit : physical_memory();
     if (limit > 0 && (double)est.total > limit) {
         if (!o->quiet) {
@@ -637,6 +652,7 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
         c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
         goto done;
     }
+    if ((c = whale_step_sum_new(r.s, grad_accum, &r.sum, err))) goto done;
     snprintf(r.fingerprint, sizeof r.fingerprint, "%s %s, %lld rows of %d tokens (%lld trained), batch %d x %d",
              lora ? "lora" : "full", whale_dtype_torch_name(o->dtype), (long long)rows, S, (long long)st.trained_tokens, B,
              grad_accum);
@@ -650,6 +666,7 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
         }
         if (!o->quiet) fprintf(stderr, "sft: resuming from %s at step %lld\n", o->resume, (long long)start);
     }
+    if ((c = whale_step_check_start(r.s, r.opt, &r.cur, start, err))) goto done;
     if (o->nan_check) {
         if (!(nan = whale_diag_new(1))) {
             c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
@@ -667,16 +684,16 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
 
     /* the run folder */
     version_dir(o->out, r.run_dir, sizeof r.run_dir);
-    if ((c = whale_mkdir(r.run_dir, err))) goto done;
+    if (r.leader && (c = whale_mkdir(r.run_dir, err))) goto done;
     r.args = make_args(o, model_dir, r.run_dir, whale_chat_template_name(tpl), grad_accum, lr, max_steps, S);
     if (!r.args) {
         c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
         goto done;
     }
-    if ((c = write_json(r.run_dir, "args.json", r.args, err))) goto done;
+    if (r.leader && (c = write_json(r.run_dir, "args.json", r.args, err))) goto done;
     char path[4400];
     snprintf(path, sizeof path, "%s/logging.jsonl", r.run_dir);
-    if (!(log = fopen(path, "w"))) {
+    if (r.leader && !(log = fopen(path, "w"))) {
         c = whale_errf(err, WHALE_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
         goto done;
     }
@@ -685,6 +702,7 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
         whale_memory_of_model(r.m, &mm);
         whale_memory_add_session(&mm, r.s);
         whale_memory_add_optimizer(&mm, whale_optimizer_bytes(r.opt));
+        if (r.sum) mm.grads += whale_grad_sum_bytes(r.sum), mm.total += whale_grad_sum_bytes(r.sum);
         fprintf(stderr, "sft: ");
         whale_memory_print(&mm, stderr);
         fprintf(stderr, "sft: %s, %s; %lld steps of %d × %d rows (%.3g epochs), lr %.3g; run folder %s\n",
@@ -693,7 +711,7 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
     }
 
     int fp16 = o->dtype == WHALE_F16;
-    int64_t warmup = (int64_t)ceil(o->warmup_ratio * (double)max_steps), tokens = 0;
+    int64_t warmup = (int64_t)ceil(o->warmup_ratio * (double)max_steps), tokens = 0, rank_tokens = 0;
     whale_data_cursor *cur = &r.cur;
     double t_start = whale_now(), t_train = 0, int_loss = 0, int_norm = 0, last_loss = NAN, loss_sum = 0;
     int int_n = 0, int_steps = 0;
@@ -710,11 +728,12 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
             if (!(c = whale_sft_next_batch(ds, cur, nb, S, &micro[i], err))) {
                 whale_batch_trim(&micro[i]);
                 tokens += (int64_t)micro[i].B * micro[i].S;
+                if (i % whale_dist_size() == whale_dist_rank()) rank_tokens += (int64_t)micro[i].B * micro[i].S;
             }
         }
         if (c) goto done;
         whale_step_result sr;
-        if ((c = whale_train_one_step(r.s, r.opt, fp16 ? &r.scaler : NULL, nan, micro, n_micro, 0, o->max_grad_norm,
+        if ((c = whale_train_one_step(r.s, r.opt, fp16 ? &r.scaler : NULL, nan, r.sum, micro, n_micro, 0, o->max_grad_norm,
                                       lr_now, step + 1, &sr, err)))
             goto done;
         step++;
@@ -730,7 +749,8 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
             whale_fmt_duration(e1, sizeof e1, elapsed);
             whale_fmt_duration(e2, sizeof e2, spi * (double)(max_steps - step));
             double mean_loss = int_loss / int_n, mean_norm = int_steps ? int_norm / int_steps : NAN;
-            fprintf(log,
+            if (log)
+                fprintf(log,
                     "{\"loss\": %s, \"grad_norm\": %s, \"learning_rate\": %.6g, \"epoch\": %.4f, "
                     "\"global_step/max_steps\": \"%lld/%lld\", \"percentage\": \"%.2f%%\", \"elapsed_time\": \"%s\", "
                     "\"remaining_time\": \"%s\", \"memory(GiB)\": %.2f, \"train_speed(s/it)\": %.4f, "
@@ -739,10 +759,13 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
                     whale_json_double(jn, sizeof jn, "%.6g", mean_norm), lr_now, epoch, (long long)step,
                     (long long)max_steps, 100.0 * (double)step / (double)max_steps, e1, e2,
                     whale_peak_rss() / 1073741824.0, spi, (double)tokens / t_train);
-            if (fp16)
+            if (fp16 && log)
                 fprintf(log, ", \"loss_scale\": %.0f, \"skipped_steps\": %lld", r.scaler.scale, (long long)r.scaler.skipped);
-            fprintf(log, "}\n");
-            fflush(log);
+            if ((c = whale_step_dist_metrics(log, (double)rank_tokens, t_train, err))) goto done;
+            if (log) {
+                fprintf(log, "}\n");
+                fflush(log);
+            }
             history_train(&r, step, epoch, mean_loss, mean_norm, lr_now);
             if (!o->quiet)
                 fprintf(stderr, "step %5lld/%lld  loss %.4f  lr %.2e  grad-norm %.3f  %.0f tok/s  %.2f s/it  elapsed %s  ETA %s\n",
@@ -758,13 +781,15 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
             log_eval(&r, log, step, epoch, secs, B);
         }
         if ((o->save_steps > 0 && step % o->save_steps == 0) || last) {
-            if ((c = save_checkpoint(&r, step, ckpt, sizeof ckpt, err))) goto done;
+            if (r.leader && (c = save_checkpoint(&r, step, ckpt, sizeof ckpt, err))) goto done;
+            if ((c = whale_dist_wait_leader("end of the checkpoint", step, err))) goto done;
             if (!o->quiet) fprintf(stderr, "sft: saved %s\n", ckpt);
         }
     }
     double seconds = whale_now() - t_start;
     char jl[32], jb[32];
-    fprintf(log,
+    if (log)
+        fprintf(log,
             "{\"train_runtime\": %.2f, \"train_samples_per_second\": %.3f, \"train_steps_per_second\": %.3f, "
             "\"train_loss\": %s, \"epoch\": %.4f, \"global_step/max_steps\": \"%lld/%lld\", "
             "\"last_model_checkpoint\": \"%s\", \"best_model_checkpoint\": %s%s%s, \"best_metric\": %s, "
@@ -796,6 +821,7 @@ done:
     if (micro)
         for (int i = 0; i < grad_accum; i++) whale_batch_free(&micro[i]);
     free(micro);
+    whale_grad_sum_free(r.sum);
     cJSON_Delete(r.args);
     cJSON_Delete(r.history);
     whale_sft_dataset_free(r.val);

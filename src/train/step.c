@@ -2,6 +2,8 @@
  * housekeeping, shared by pretraining and fine-tuning runs. */
 #include "train/step.h"
 
+#include "dist/dist.h"
+#include "models/model.h"
 #include "whale_diag.h"
 
 #include <dirent.h>
@@ -26,26 +28,81 @@ static const char *first_nonfinite_grad(whale_session *s) {
     return NULL;
 }
 
+/* One micro-batch's forward and backward into the session's gradients
+ * (added to what they hold); *l gets its loss, 0 when it has no target.
+ * The LoRA dropout counter is set to the value it has in one process that
+ * runs the step's scored micro-batches one after the other, so that every
+ * rank draws the masks one process would. */
+static whale_code run_micro(whale_session *s, struct whale_diag *nan, whale_batch *b, double scale, uint64_t calls,
+                            int64_t step, int i, double *l, whale_err *err) {
+    int64_t got;
+    *l = 0;
+    if (!whale_count_targets(b->labels, b->B, b->S)) return WHALE_OK;
+    s->lora_calls = calls;
+    whale_code c = whale_session_train_step(s, b->ids, b->labels, b->pos, b->seg, b->B, b->S, scale, l, &got, err);
+    if (c) return c;
+    if (whale_diag_failed(nan))
+        return whale_errf(err, WHALE_ERR_RANGE, "step %lld, micro-batch %d: %s", (long long)step, i + 1,
+                          whale_diag_report_nan(nan));
+    return WHALE_OK;
+}
+
+/* Micro-batches before i that have a target (each one runs the model once). */
+static uint64_t scored_before(const whale_batch *micro, int i) {
+    uint64_t n = 0;
+    for (int k = 0; k < i; k++) n += whale_count_targets(micro[k].labels, micro[k].B, micro[k].S) > 0;
+    return n;
+}
+
+/* The step's gradient and loss. Without sum (one process, one micro-batch)
+ * the backward accumulates straight into the session's gradients. With sum,
+ * round j gives rank r micro-batch j·N + r, its gradient computed alone and
+ * added to the others in micro-batch order (whale_grad_sum), which is the
+ * same sum for any number of ranks; the losses are gathered and summed in
+ * micro-batch order too. */
+static whale_code step_gradient(whale_session *s, struct whale_diag *nan, whale_grad_sum *sum, whale_batch *micro,
+                                int n, int hf_compat, double loss_scale, int64_t total, int64_t step, double *loss,
+                                whale_err *err) {
+    int N = sum ? whale_dist_size() : 1, rank = sum ? whale_dist_rank() : 0, rounds = n / N;
+    uint64_t base = s->lora_calls;
+    double *mine = calloc((size_t)rounds, sizeof(double)), *all = calloc((size_t)n, sizeof(double));
+    whale_code c = mine && all ? WHALE_OK : whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    whale_session_zero_grad(s);
+    for (int j = 0; !c && j < rounds; j++) {
+        int i = j * N + rank;
+        int64_t cnt = whale_count_targets(micro[i].labels, micro[i].B, micro[i].S);
+        double scale = (hf_compat ? 1.0 : (double)cnt / (double)total) * loss_scale;
+        if (sum && j) whale_session_zero_grad(s);
+        c = run_micro(s, nan, &micro[i], scale, base + scored_before(micro, i), step, i, &mine[j], err);
+        if (!c && sum) c = whale_grad_sum_add(sum, s->grads, j == 0, step, err);
+    }
+    if (!c && sum) c = whale_grad_sum_finish(sum, s->grads, step, err);
+    if (!c) c = whale_dist_allgather_f64(mine, rounds, all, err);
+    *loss = 0;
+    for (int i = 0; !c && i < n; i++) { /* all[r·rounds + j] is micro-batch j·N + r */
+        int64_t cnt = whale_count_targets(micro[i].labels, micro[i].B, micro[i].S);
+        double l = all[(i % N) * rounds + i / N];
+        if (cnt) *loss += hf_compat ? l : l * (double)cnt / (double)total;
+    }
+    s->lora_calls = base + scored_before(micro, n);
+    free(mine);
+    free(all);
+    return c;
+}
+
 whale_code whale_train_one_step(whale_session *s, whale_optimizer *opt, whale_loss_scaler *scaler,
-                                struct whale_diag *nan, whale_batch *micro, int n, int hf_compat,
+                                struct whale_diag *nan, whale_grad_sum *sum, whale_batch *micro, int n, int hf_compat,
                                 double max_grad_norm, double lr, int64_t step, whale_step_result *out,
                                 whale_err *err) {
     int64_t total = 0;
     for (int i = 0; i < n; i++) total += whale_count_targets(micro[i].labels, micro[i].B, micro[i].S);
-    whale_session_zero_grad(s);
-    double loss = 0, loss_scale = scaler ? scaler->scale : 1.0;
-    for (int i = 0; i < n; i++) {
-        whale_batch *b = &micro[i];
-        int64_t cnt = whale_count_targets(b->labels, b->B, b->S), got;
-        if (!cnt) continue;
-        double l, scale = (hf_compat ? 1.0 : (double)cnt / (double)total) * loss_scale;
-        whale_code c = whale_session_train_step(s, b->ids, b->labels, b->pos, b->seg, b->B, b->S, scale, &l, &got, err);
-        if (c) return c;
-        if (whale_diag_failed(nan))
-            return whale_errf(err, WHALE_ERR_RANGE, "step %lld, micro-batch %d: %s", (long long)step, i + 1,
-                              whale_diag_report_nan(nan));
-        loss += hf_compat ? l : l * (double)cnt / (double)total;
-    }
+    if (!sum && (n != 1 || whale_dist_size() != 1))
+        return whale_errf(err, WHALE_ERR_ARG, "several micro-batches or ranks need a gradient sum");
+    if (sum && n % whale_dist_size())
+        return whale_errf(err, WHALE_ERR_ARG, "%d micro-batches do not divide among %d ranks", n, whale_dist_size());
+    double loss, loss_scale = scaler ? scaler->scale : 1.0;
+    whale_code c = step_gradient(s, nan, sum, micro, n, hf_compat, loss_scale, total, step, &loss, err);
+    if (c) return c;
     int taken = 1;
     if (scaler) { /* GradScaler: skip the step on inf/NaN, else unscale */
         double raw = whale_grad_norm(s);
@@ -180,4 +237,57 @@ const char *whale_json_double(char *buf, size_t cap, const char *fmt, double v) 
     if (isfinite(v)) snprintf(buf, cap, fmt, v);
     else snprintf(buf, cap, "null");
     return buf;
+}
+
+/* ---------------------------------------------------------------- ranks */
+
+whale_code whale_step_sum_new(whale_session *s, int n_micro, whale_grad_sum **out, whale_err *err) {
+    int N = whale_dist_size();
+    *out = NULL;
+    if (n_micro % N)
+        return whale_errf(err, WHALE_ERR_ARG,
+                          "--grad-accum %d does not divide among %d ranks: the %d micro-batches of each step are "
+                          "shared out, so make it a multiple of the number of ranks",
+                          n_micro, N, n_micro);
+    if (n_micro == 1 && N == 1) return WHALE_OK; /* the backward accumulates in place */
+    return whale_grad_sum_new(s->n_grad, out, err);
+}
+
+/* The metrics' fields for several ranks: each rank's tokens per second of
+ * its own compute (time in and waiting for exchanges left out), and rank 0's
+ * seconds moving data, seconds waiting, and bytes sent in exchanges. Every
+ * rank calls it at the same steps. */
+whale_code whale_step_dist_metrics(FILE *f, double rank_tokens, double t_train, whale_err *err) {
+    int N = whale_dist_size();
+    if (N == 1) return WHALE_OK;
+    double comm, wait, bytes, *all = malloc(sizeof(double) * (size_t)N);
+    if (!all) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    whale_dist_stats(&comm, &wait, &bytes);
+    double mine = t_train > comm + wait ? rank_tokens / (t_train - comm - wait) : 0;
+    whale_code c = whale_dist_allgather_f64(&mine, 1, all, err);
+    if (!c && f) {
+        fprintf(f, ", \"world_size\": %d, \"rank_tokens_per_s\": [", N);
+        for (int r = 0; r < N; r++) fprintf(f, "%s%.1f", r ? ", " : "", all[r]);
+        fprintf(f, "], \"comm_s\": %.3f, \"wait_s\": %.3f, \"comm_bytes\": %.0f", comm, wait, bytes);
+    }
+    free(all);
+    return c;
+}
+
+whale_code whale_step_check_start(whale_session *s, whale_optimizer *opt, const whale_data_cursor *cur, int64_t step,
+                                  whale_err *err) {
+    if (whale_dist_size() == 1) return WHALE_OK;
+    const whale_model *m = whale_session_model(s);
+    uint64_t h = whale_hash_bytes(&step, sizeof step, 1469598103934665603ull);
+    h = whale_hash_bytes(cur, sizeof *cur, h);
+    for (int i = 0; i < whale_model_num_params(m); i++) {
+        whale_tensor t = whale_model_param(m, i);
+        const float *mom = whale_optimizer_moment(opt, 0, i);
+        size_t bytes = sizeof(float) * (size_t)whale_shape_numel(t.ndim, t.shape);
+        if (!mom) continue; /* frozen: read from the same files by every rank */
+        h = whale_hash_bytes(t.data, bytes, h);
+        h = whale_hash_bytes(mom, bytes, h);
+        h = whale_hash_bytes(whale_optimizer_moment(opt, 1, i), bytes, h);
+    }
+    return whale_dist_check_same(h, "the starting weights, moments, step or data position", err);
 }

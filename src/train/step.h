@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 struct whale_diag;
+typedef struct whale_grad_sum whale_grad_sum;
 
 typedef struct {
     double loss;      /* mean loss over the step's scored tokens (before scaling) */
@@ -26,11 +27,34 @@ typedef struct {
  * naming the first non-finite gradient; with nan (--nan-check) the first
  * non-finite traced tensor. step is the 1-based number for messages.
  * Micro-batches may have different lengths (b->S); those with no scored
- * token are passed over. */
+ * token are passed over.
+ *
+ * sum (whale_grad_sum, dist/dist.h) is needed for more than one
+ * micro-batch or rank, and NULL otherwise: each micro-batch's gradient is
+ * then computed on its own and the gradients are added in micro-batch
+ * order, with N ranks each running every N-th micro-batch (n must be a
+ * multiple of N). Every rank passes the same n micro-batches and ends with
+ * the same gradients, weights and result: those of one process. */
 whale_code whale_train_one_step(whale_session *s, whale_optimizer *opt, whale_loss_scaler *scaler,
-                                struct whale_diag *nan, whale_batch *micro, int n, int hf_compat,
+                                struct whale_diag *nan, whale_grad_sum *sum, whale_batch *micro, int n, int hf_compat,
                                 double max_grad_norm, double lr, int64_t step, whale_step_result *out,
                                 whale_err *err);
+
+/* The gradient sum a run over n_micro micro-batches per step needs on this
+ * many ranks (NULL for one micro-batch in one process); n_micro must be a
+ * multiple of the number of ranks (else WHALE_ERR_ARG saying so). */
+whale_code whale_step_sum_new(whale_session *s, int n_micro, whale_grad_sum **out, whale_err *err);
+/* With several ranks: every rank must start from the same trainable
+ * weights, moments, step and data cursor (else an error naming a rank). */
+whale_code whale_step_check_start(whale_session *s, whale_optimizer *opt, const whale_data_cursor *cur, int64_t step,
+                                  whale_err *err);
+
+/* With several ranks, the metrics' fields ", \"world_size\": N, …" into f
+ * (NULL but on rank 0): each rank's tokens per second of its own compute
+ * (rank_tokens over t_train less its time in and waiting for exchanges),
+ * rank 0's seconds moving data, waiting for the others, and bytes sent in
+ * exchanges. A collective: every rank calls it at the same steps. */
+whale_code whale_step_dist_metrics(FILE *f, double rank_tokens, double t_train, whale_err *err);
 
 /* Cut b's rows (B × S, with labels, pos and seg) to the batch's longest
  * trained prefix, in place; b->S becomes that length (at least 2). */

@@ -11,6 +11,7 @@
 #include "whale_train.h"
 
 #include "core/core.h"
+#include "dist/dist.h"
 #include "io/safetensors.h"
 #include "kernels/convert.h"
 #include "models/model.h"
@@ -69,6 +70,8 @@ typedef struct {
     whale_dataset *train, *val;
     whale_data_cursor cursor;
     whale_batch *micro; /* [grad_accum] */
+    whale_grad_sum *sum; /* several micro-batches or ranks */
+    int leader;          /* rank 0: prints, writes metrics and checkpoints */
     FILE *metrics;
     char *tokenizer_dir;
     int64_t step;
@@ -312,6 +315,30 @@ whale_code whale_eval_dataset(whale_model *m, const char *data_dir, const char *
 
 /* ------------------------------------------------------------ the loop */
 
+/* "; 2 ranks × 1 micro-batch" for the start line of a run on several ranks. */
+static const char *dist_note(int grad_accum) {
+    static char note[96];
+    int N = whale_dist_size();
+    if (N == 1) return "";
+    snprintf(note, sizeof note, "; %d ranks × %d micro-batch%s", N, grad_accum / N, grad_accum / N > 1 ? "es" : "");
+    return note;
+}
+
+/* Validation loss into the metrics (and on stderr). */
+static whale_code log_eval(run_t *r, double *val, whale_err *err) {
+    const whale_train_opts *o = r->o;
+    int64_t n;
+    whale_code c = eval_loss(r->s, r->val, o->batch_size, o->seq_len, o->eval_batches * o->batch_size, val, &n, err);
+    if (c) return c;
+    fprintf(r->metrics, "{\"step\": %lld, \"val_loss\": %.6f, \"val_ppl\": %.4f, \"val_tokens\": %lld}\n",
+            (long long)r->step, *val, exp(*val), (long long)n);
+    fflush(r->metrics);
+    if (!o->quiet)
+        fprintf(stderr, "step %6lld/%lld  validation loss %.4f  perplexity %.2f  (%lld tokens)\n", (long long)r->step,
+                (long long)o->max_steps, *val, exp(*val), (long long)n);
+    return WHALE_OK;
+}
+
 static whale_code setup_model(run_t *r, const char *resume_dir, whale_err *err) {
     const whale_train_opts *o = r->o;
     if (resume_dir) return whale_model_load(resume_dir, &r->m, err);
@@ -327,16 +354,30 @@ static whale_code setup_model(run_t *r, const char *resume_dir, whale_err *err) 
 
 whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, whale_err *err) {
     run_t r = {0};
+    whale_train_opts quiet_opts;
+    if (whale_dist_rank() != 0) { /* only rank 0 speaks */
+        quiet_opts = *o;
+        quiet_opts.quiet = 1;
+        o = &quiet_opts;
+    }
     r.o = o;
+    r.leader = whale_dist_rank() == 0;
     whale_code c = WHALE_OK;
     char path[4200], resume_dir[4096] = "";
     if (o->batch_size < 1 || o->grad_accum < 1 || o->seq_len < 2 || o->max_steps < 1)
         return whale_errf(err, WHALE_ERR_ARG, "--batch-size, --grad-accum, --max-steps must be >= 1 and --seq-len >= 2");
     if (!(o->lr > 0)) return whale_errf(err, WHALE_ERR_ARG, "--lr must be > 0");
-    if ((c = whale_mkdir(o->out, err))) return c;
-    snprintf(path, sizeof path, "%s/.write-test", o->out);
-    if ((c = whale_write_file_atomic(path, "", 0, err))) return c;
-    unlink(path);
+    if (o->grad_accum % whale_dist_size())
+        return whale_errf(err, WHALE_ERR_ARG,
+                          "--grad-accum %d is not a multiple of the %d ranks: each rank takes grad-accum / ranks of "
+                          "every step's micro-batches",
+                          o->grad_accum, whale_dist_size());
+    if (r.leader) {
+        if ((c = whale_mkdir(o->out, err))) return c;
+        snprintf(path, sizeof path, "%s/.write-test", o->out);
+        if ((c = whale_write_file_atomic(path, "", 0, err))) return c;
+        unlink(path);
+    }
 
     if ((c = whale_dataset_open(o->data, "train", &r.train, err))) goto done;
     whale_dataset_set_cross_doc(r.train, o->cross_doc_attention);
@@ -409,6 +450,9 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
     }
     r.cursor.seed = o->seed;
     if (resume_dir[0] && (c = load_trainer_state(&r, resume_dir, err))) goto done;
+    if ((c = whale_step_sum_new(r.s, o->grad_accum, &r.sum, err)) ||
+        (c = whale_step_check_start(r.s, r.opt, &r.cursor, r.step, err)))
+        goto done;
     r.micro = calloc((size_t)o->grad_accum, sizeof *r.micro);
     if (!r.micro) {
         c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
@@ -418,8 +462,8 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
     if (c) goto done;
 
     snprintf(path, sizeof path, "%s/metrics.jsonl", o->out);
-    if ((c = trim_metrics(path, resume_dir[0] ? r.step : -1, err))) goto done;
-    if (!(r.metrics = fopen(path, "a"))) {
+    if (r.leader && (c = trim_metrics(path, resume_dir[0] ? r.step : -1, err))) goto done;
+    if (r.leader && !(r.metrics = fopen(path, "a"))) {
         c = whale_errf(err, WHALE_ERR_IO, "%s: cannot open for appending: %s", path, strerror(errno));
         goto done;
     }
@@ -430,16 +474,18 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
         whale_memory_of_model(r.m, &mm);
         whale_memory_add_session(&mm, r.s);
         whale_memory_add_optimizer(&mm, whale_optimizer_bytes(r.opt));
+        if (r.sum) mm.grads += whale_grad_sum_bytes(r.sum), mm.total += whale_grad_sum_bytes(r.sum);
         fprintf(stderr, "train: ");
         whale_memory_print(&mm, stderr);
     }
     if (!o->quiet)
         fprintf(stderr,
                 "train: %lld parameters; %lld tokens per step (%d × %d × %d); %lld steps from %lld; "
-                "data %lld train tokens (%lld windows)%s\n",
+                "data %lld train tokens (%lld windows)%s%s\n",
                 (long long)whale_model_param_count(r.m), (long long)tokens_per_step, o->batch_size, o->seq_len,
                 o->grad_accum, (long long)o->max_steps, (long long)start, (long long)whale_dataset_tokens(r.train),
-                (long long)whale_dataset_num_windows(r.train, o->seq_len), resume_dir[0] ? "; resumed" : "");
+                (long long)whale_dataset_num_windows(r.train, o->seq_len), resume_dir[0] ? "; resumed" : "",
+                dist_note(o->grad_accum));
     double t_start = whale_now(), t_train = 0, interval_loss = 0, interval_norm = 0, last_loss = NAN, val = NAN;
     int interval_n = 0, interval_steps = 0, fp16 = o->dtype == WHALE_F16;
     while (r.step < o->max_steps) {
@@ -450,7 +496,7 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
         if (c) goto done;
         double loss_scale = fp16 ? r.scaler.scale : 1.0;
         whale_step_result sr;
-        if ((c = whale_train_one_step(r.s, r.opt, fp16 ? &r.scaler : NULL, r.nan, r.micro, o->grad_accum,
+        if ((c = whale_train_one_step(r.s, r.opt, fp16 ? &r.scaler : NULL, r.nan, r.sum, r.micro, o->grad_accum,
                                       o->hf_accum_compat, o->max_grad_norm, lr, r.step + 1, &sr, err)))
             goto done;
         double step_loss = sr.loss, norm = sr.grad_norm;
@@ -474,17 +520,23 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
             double eta = t_train / (double)(r.step - start) * (double)(o->max_steps - r.step);
             double mean_loss = interval_n ? interval_loss / interval_n : NAN;
             double mean_norm = interval_steps ? interval_norm / interval_steps : NAN;
-            fprintf(r.metrics,
+            FILE *mf = r.metrics; /* NULL but on rank 0 */
+            if (mf)
+                fprintf(mf,
                     "{\"step\": %lld, \"loss\": %s, \"lr\": %.6g, \"grad_norm\": %s, \"tokens\": %lld, "
                     "\"tokens_per_s\": %.1f, \"elapsed_s\": %.2f, \"epoch\": %.4f",
                     (long long)r.step, whale_json_double(jl, sizeof jl, "%.6f", mean_loss), lr, whale_json_double(jn, sizeof jn, "%.6g", mean_norm),
                     (long long)(r.step * tokens_per_step), tps, whale_now() - t_start,
                     r.cursor.epoch + (double)r.cursor.index / (double)(r.cursor.windows ? r.cursor.windows : 1));
-            if (fp16)
-                fprintf(r.metrics, ", \"loss_scale\": %.0f, \"skipped_steps\": %lld, \"step_skipped\": %s",
+            if (fp16 && mf)
+                fprintf(mf, ", \"loss_scale\": %.0f, \"skipped_steps\": %lld, \"step_skipped\": %s",
                         loss_scale, (long long)r.scaler.skipped, take_step ? "false" : "true");
-            fprintf(r.metrics, "}\n");
-            fflush(r.metrics);
+            double rank_tokens = (double)(r.step - start) * tokens_per_step / whale_dist_size();
+            if ((c = whale_step_dist_metrics(mf, rank_tokens, t_train, err))) goto done;
+            if (mf) {
+                fprintf(mf, "}\n");
+                fflush(mf);
+            }
             if (!o->quiet) {
                 char e1[32], e2[32];
                 whale_fmt_duration(e1, sizeof e1, whale_now() - t_start);
@@ -499,23 +551,21 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
             interval_n = interval_steps = 0;
         }
         if (r.val && ((o->eval_every > 0 && r.step % o->eval_every == 0) || last)) {
-            int64_t n;
-            if ((c = eval_loss(r.s, r.val, o->batch_size, o->seq_len, o->eval_batches * o->batch_size, &val, &n, err)))
-                goto done;
-            fprintf(r.metrics, "{\"step\": %lld, \"val_loss\": %.6f, \"val_ppl\": %.4f, \"val_tokens\": %lld}\n",
-                    (long long)r.step, val, exp(val), (long long)n);
-            fflush(r.metrics);
-            if (!o->quiet)
-                fprintf(stderr, "step %6lld/%lld  validation loss %.4f  perplexity %.2f  (%lld tokens)\n",
-                        (long long)r.step, (long long)o->max_steps, val, exp(val), (long long)n);
+            if (r.leader && (c = log_eval(&r, &val, err))) goto done; /* the others wait */
+            if ((c = whale_dist_wait_leader("end of the evaluation", r.step, err))) goto done;
         }
         if ((o->save_every > 0 && r.step % o->save_every == 0) || last) {
-            if ((c = save_checkpoint(&r, err))) goto done;
-            fflush(r.metrics);
+            if (r.leader) {
+                if ((c = save_checkpoint(&r, err))) goto done;
+                fflush(r.metrics);
+            }
+            if ((c = whale_dist_wait_leader("end of the checkpoint", r.step, err))) goto done;
         }
     }
     /* the final model in the run folder, like save_model(output_dir) */
-    if ((c = whale_model_save(r.m, o->out, err)) || (c = copy_tokenizer_files(r.tokenizer_dir, o->out, err))) goto done;
+    if (r.leader &&
+        ((c = whale_model_save(r.m, o->out, err)) || (c = copy_tokenizer_files(r.tokenizer_dir, o->out, err))))
+        goto done;
     if (!o->quiet) fprintf(stderr, "train: peak resident memory %.1f MiB\n", whale_peak_rss() / 1048576.0);
     if (res) {
         res->steps = r.step;
@@ -529,6 +579,7 @@ done:
     if (r.micro)
         for (int i = 0; i < o->grad_accum; i++) whale_batch_free(&r.micro[i]);
     free(r.micro);
+    whale_grad_sum_free(r.sum);
     free(r.tokenizer_dir);
     whale_optimizer_free(r.opt);
     whale_session_free(r.s);

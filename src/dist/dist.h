@@ -1,0 +1,60 @@
+/* What the training runs use of the world of ranks (whale_dist.h): a sum of
+ * gradients in a fixed order, small exchanges, and a check that every rank
+ * starts from the same state. With one rank every call works locally. */
+#ifndef WHALE_DIST_INTERNAL_H
+#define WHALE_DIST_INTERNAL_H
+
+#include "whale.h"
+#include "whale_dist.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The sum of one gradient vector (n floats) per rank per round, added in
+ * the order one process adds its micro-batches' gradients: round 0's rank
+ * 0, rank 1, …, then round 1's rank 0, … Every element is summed in that
+ * order whatever the number of ranks, so N ranks × k rounds give the bits
+ * of one process adding N·k gradients one after the other.
+ *
+ * Each rank owns one contiguous shard of the vector (n/N elements) and
+ * keeps the running sum of its shard; a round sends every other rank its
+ * shard of this rank's gradient (an all-to-all) and adds the N pieces
+ * received, in rank order, into the owned shard. finish all-gathers the
+ * shards: every rank then holds the whole sum. Traffic per round and for
+ * finish: (N−1)/N of the vector each, as a ring all-reduce's two halves. */
+typedef struct whale_grad_sum whale_grad_sum;
+
+whale_code whale_grad_sum_new(size_t n, whale_grad_sum **out, whale_err *err);
+void whale_grad_sum_free(whale_grad_sum *g);
+/* Bytes held: the owned shard's running sum and the exchange buffers. */
+size_t whale_grad_sum_bytes(const whale_grad_sum *g);
+/* Add this rank's gradient of one round (first: the first round of a sum,
+ * which replaces what the shard held). step names the step in messages. */
+whale_code whale_grad_sum_add(whale_grad_sum *g, const float *grad, int first, int64_t step, whale_err *err);
+/* The whole sum into grad (n floats), on every rank. */
+whale_code whale_grad_sum_finish(whale_grad_sum *g, float *grad, int64_t step, whale_err *err);
+
+/* Wait for every rank (what and step name it in messages) for at most the
+ * exchange timeout (WHALE_DIST_TIMEOUT seconds, 120 by default): past it,
+ * an error saying a rank died or hangs. The time counts as waiting in
+ * whale_dist_stats. */
+whale_code whale_dist_barrier(const char *what, int64_t step, whale_err *err);
+/* The same where the other ranks wait for rank 0's own work (a checkpoint,
+ * an evaluation): ten times the timeout, and not counted. */
+whale_code whale_dist_wait_leader(const char *what, int64_t step, whale_err *err);
+/* MPI_Alltoallv / MPI_Allgatherv of floats (counts and displacements in
+ * elements, per rank) that give up after the timeout like the barrier;
+ * what names the exchange in messages. */
+whale_code whale_dist_alltoallv_f32(const float *send, const int *sc, const int *sd, float *recv, const int *rc,
+                                    const int *rd, const char *what, int64_t step, whale_err *err);
+whale_code whale_dist_allgatherv_f32(const float *send, int n, float *recv, const int *cnt, const int *dsp,
+                                     const char *what, int64_t step, whale_err *err);
+/* Every rank's k doubles, rank-major: all[r·k + j] is rank r's mine[j]. */
+whale_code whale_dist_allgather_f64(const double *mine, int k, double *all, whale_err *err);
+/* value must be equal on every rank: otherwise an error naming the first
+ * rank that differs from rank 0 and what (e.g. "the initial weights"). */
+whale_code whale_dist_check_same(uint64_t value, const char *what, whale_err *err);
+/* FNV-1a over bytes, continuing from h (start with 1469598103934665603). */
+uint64_t whale_hash_bytes(const void *p, size_t n, uint64_t h);
+
+#endif

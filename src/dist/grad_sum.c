@@ -1,0 +1,133 @@
+/* The ordered sum of every rank's gradients (dist/dist.h): an all-to-all of
+ * shards per round, each shard summed in rank order by its owner, then an
+ * all-gather of the shards. */
+#include "dist/dist.h"
+
+#include "core/core.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct whale_grad_sum {
+    size_t n;           /* elements of the vector */
+    int size, rank;
+    size_t *off;        /* [size + 1]: rank r owns [off[r], off[r+1]) */
+    size_t chunk;       /* elements per rank and exchange */
+    float *acc;         /* the owned shard's running sum */
+    float *send, *recv; /* [size × chunk] each, with more than one rank (send: above 2^31 elements) */
+};
+
+/* MPI counts and displacements are ints: below 2^31 elements the vector
+ * itself is sent from and received into, above it the pieces go through
+ * the exchange buffers. */
+static int direct(const whale_grad_sum *g) { return g->n + g->chunk <= (size_t)INT_MAX; }
+
+void whale_grad_sum_free(whale_grad_sum *g) {
+    if (!g) return;
+    free(g->off);
+    free(g->acc);
+    free(g->send);
+    free(g->recv);
+    free(g);
+}
+
+whale_code whale_grad_sum_new(size_t n, whale_grad_sum **out, whale_err *err) {
+    whale_grad_sum *g = calloc(1, sizeof *g);
+    *out = NULL;
+    if (!g) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    g->n = n, g->size = whale_dist_size(), g->rank = whale_dist_rank();
+    g->off = malloc(sizeof(size_t) * (size_t)(g->size + 1));
+    for (int r = 0; g->off && r <= g->size; r++) g->off[r] = (size_t)((unsigned __int128)n * r / g->size);
+    size_t own = g->off ? g->off[g->rank + 1] - g->off[g->rank] : 0;
+    g->chunk = ((size_t)1 << 22) / (size_t)g->size; /* 16 MiB of floats in flight per buffer */
+    g->acc = whale_alloc(sizeof(float) * (own ? own : 1));
+    if (g->size > 1) {
+        if (!direct(g)) g->send = whale_alloc(sizeof(float) * g->chunk * (size_t)g->size);
+        g->recv = whale_alloc(sizeof(float) * g->chunk * (size_t)g->size);
+    }
+    if (!g->off || !g->acc || (g->size > 1 && ((!direct(g) && !g->send) || !g->recv))) {
+        whale_grad_sum_free(g);
+        return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB to sum gradients", own * 4.0 / 1048576.0);
+    }
+    *out = g;
+    return WHALE_OK;
+}
+
+size_t whale_grad_sum_bytes(const whale_grad_sum *g) {
+    size_t own = g->off[g->rank + 1] - g->off[g->rank];
+    size_t buffers = (g->size > 1) + (g->size > 1 && !direct(g));
+    return sizeof(float) * (own + buffers * g->chunk * (size_t)g->size);
+}
+
+/* acc[k] = (((first ? 0 : acc[k]) + piece[0][k]) + piece[1][k]) + …, the
+ * first term taken as is (no 0 + x), so one process adding its
+ * micro-batches one at a time gets exactly these bits. */
+static void add_pieces(float *acc, const float *const *piece, int n_pieces, size_t cnt, int first) {
+#pragma omp parallel for schedule(static)
+    for (size_t k = 0; k < cnt; k++) {
+        float v = first ? piece[0][k] : acc[k] + piece[0][k];
+        for (int q = 1; q < n_pieces; q++) v += piece[q][k];
+        acc[k] = v;
+    }
+}
+
+/* Elements of rank r's shard in the exchange starting at `at` within it. */
+static int piece_len(const whale_grad_sum *g, int r, size_t at) {
+    size_t len = g->off[r + 1] - g->off[r];
+    return at >= len ? 0 : (int)(len - at < g->chunk ? len - at : g->chunk);
+}
+
+static size_t max_shard(const whale_grad_sum *g) {
+    size_t m = 0;
+    for (int r = 0; r < g->size; r++)
+        if (g->off[r + 1] - g->off[r] > m) m = g->off[r + 1] - g->off[r];
+    return m;
+}
+
+/* One all-to-all of the pieces at offset `at` of every shard: rank r's
+ * piece of this gradient goes to r; this rank's shard comes back from all. */
+static whale_code scatter_round(whale_grad_sum *g, const float *grad, size_t at, int first, int64_t step,
+                                whale_err *err) {
+    int P = g->size, sc[P], sd[P], rc[P], rd[P], mine = piece_len(g, g->rank, at);
+    const float *piece[P];
+    for (int r = 0; r < P; r++) {
+        sc[r] = piece_len(g, r, at), rd[r] = r * (int)g->chunk, rc[r] = mine;
+        sd[r] = direct(g) ? (int)(g->off[r] + at) : rd[r];
+        if (!direct(g)) memcpy(g->send + (size_t)sd[r], grad + g->off[r] + at, sizeof(float) * (size_t)sc[r]);
+        piece[r] = g->recv + (size_t)rd[r];
+    }
+    whale_code c = whale_dist_alltoallv_f32(direct(g) ? grad : g->send, sc, sd, g->recv, rc, rd, "gradient exchange",
+                                            step, err);
+    if (!c) add_pieces(g->acc + at, piece, P, (size_t)mine, first);
+    return c;
+}
+
+whale_code whale_grad_sum_add(whale_grad_sum *g, const float *grad, int first, int64_t step, whale_err *err) {
+    if (g->size == 1) {
+        add_pieces(g->acc, &grad, 1, g->n, first);
+        return WHALE_OK;
+    }
+    whale_code c = whale_dist_barrier("gradient exchange", step, err);
+    for (size_t at = 0, m = max_shard(g); !c && at < m; at += g->chunk) c = scatter_round(g, grad, at, first, step, err);
+    return c;
+}
+
+whale_code whale_grad_sum_finish(whale_grad_sum *g, float *grad, int64_t step, whale_err *err) {
+    if (g->size == 1) {
+        memcpy(grad, g->acc, sizeof(float) * g->n);
+        return WHALE_OK;
+    }
+    int P = g->size, cnt[P], dsp[P];
+    for (size_t at = 0, m = max_shard(g); at < m; at += g->chunk) {
+        int mine = piece_len(g, g->rank, at);
+        for (int r = 0; r < P; r++)
+            cnt[r] = piece_len(g, r, at), dsp[r] = direct(g) ? (int)(g->off[r] + at) : r * (int)g->chunk;
+        whale_code c = whale_dist_allgatherv_f32(g->acc + at, mine, direct(g) ? grad : g->recv, cnt, dsp,
+                                                 "gradient all-gather", step, err);
+        if (c) return c;
+        for (int r = 0; r < P && !direct(g); r++)
+            memcpy(grad + g->off[r] + at, g->recv + (size_t)dsp[r], sizeof(float) * (size_t)cnt[r]);
+    }
+    return WHALE_OK;
+}

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Training on several ranks (docs/distributed.md), on this machine's
+# loopback: 2 ranks equal one process with the same --grad-accum bit for bit
+# (pretraining, LoRA and full fine-tuning: losses, gradient norms, weights,
+# moments), a rank killed with SIGKILL or stopped ends the job non-zero
+# within the bound with a message naming the rank and leaves the last
+# checkpoint intact, from which the run resumes on the same curve; a
+# checkpoint resumes on another number of ranks. A build
+# without MPI refuses a launch of several ranks in one line. Skipped (77)
+# without mpirun.
+# usage: mpi.sh WHALE_BIN TEST_DATA_DIR
+set -u
+WHALE=$1
+DATA=$2
+. "$(dirname "$0")/lib.bash"
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+
+if ! ldd "$WHALE" | grep -q libmpi; then # this build has no MPI
+    expect_status 6 'launched as one of 2 ranks, but this build has no MPI' -- \
+        env OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0 "$WHALE" train --init tiny --data x --out "$TMP/x"
+    finish mpi.sh || exit 1
+    command -v mpirun >/dev/null || exit 77
+    exit 0
+fi
+command -v mpirun >/dev/null || { echo "mpi.sh: no mpirun: skipped" >&2; exit 77; }
+# Open MPI's own allocations are not this program's leaks (see the file);
+# its libraries have no frame pointers: only the slow unwinder's stacks reach
+# the libmpi frames the suppressions name
+export LSAN_OPTIONS="suppressions=$(cd "$(dirname "$0")/.." && pwd)/lsan-openmpi.supp:print_suppressions=0:fast_unwind_on_malloc=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+for v in OMP_NUM_THREADS OMP_WAIT_POLICY LSAN_OPTIONS ASAN_OPTIONS UBSAN_OPTIONS WHALE_ISA; do
+    [ -n "${!v+x}" ] && MPIRUN+=(-x $v)
+done
+run2() { "${MPIRUN[@]}" --quiet -np 2 "$@"; }
+
+mkdir "$TMP/corpus"
+for d in $(seq 1 24); do
+    awk -v seed="$d" 'BEGIN { srand(seed); split("the a one some every", det); split("cat dog bird fish horse", noun);
+        split("sees finds likes follows", verb);
+        for (s = 0; s < 30; s++) printf "%s %s %s %s %s.\n", det[int(rand()*5)+1], noun[int(rand()*5)+1],
+            verb[int(rand()*4)+1], det[int(rand()*5)+1], noun[int(rand()*5)+1] }' >"$TMP/corpus/doc$d.txt"
+done
+"$WHALE" tokenizer train --vocab-size 300 --out "$TMP/tok" "$TMP"/corpus/*.txt >/dev/null 2>&1
+"$WHALE" data prepare --tokenizer "$TMP/tok" --out "$TMP/data" --val-docs 2 "$TMP"/corpus/*.txt >/dev/null 2>&1
+check "data prepared" test -s "$TMP/data/meta.json"
+curve() { grep '"loss"' "$1" | sed -E 's/.*"step": ([0-9]+), "loss": ([^,]+), "lr": ([^,]+), "grad_norm": ([^,]+),.*/\1 \2 \3 \4/'; }
+same_run() { # same_run WHAT DIR_ONE DIR_TWO: curves, final weights, last moments
+    check "$1: the loss and gradient-norm curves are bit-identical" \
+        cmp -s <(curve "$2/metrics.jsonl") <(curve "$3/metrics.jsonl")
+    check "$1: the final weights are bit-identical" cmp -s "$2/model.safetensors" "$3/model.safetensors"
+    check "$1: the AdamW moments are bit-identical" \
+        cmp -s "$2/checkpoint-6/optimizer.safetensors" "$3/checkpoint-6/optimizer.safetensors"
+}
+
+# pretraining: 2 ranks × 1 micro-batch = 1 process × --grad-accum 2; 2 ranks × 2 = 1 × 4
+ARGS=(--init tiny --data "$TMP/data" --tokenizer "$TMP/tok" --seq-len 32 --batch-size 2 --max-steps 6 --lr 3e-3
+      --warmup-steps 1 --save-every 3 --eval-every 3 --log-every 1 --threads 1 --quiet)
+for ga in 2 4; do
+    "$WHALE" train "${ARGS[@]}" --grad-accum $ga --out "$TMP/one$ga" >/dev/null 2>"$TMP/err"
+    check "one process, --grad-accum $ga: $(tail -1 "$TMP/err")" test -s "$TMP/one$ga/model.safetensors"
+    run2 "$WHALE" train "${ARGS[@]}" --grad-accum $ga --out "$TMP/two$ga" >"$TMP/two.json" 2>"$TMP/err"
+    check "2 ranks, --grad-accum $ga: $(tail -1 "$TMP/err")" test -s "$TMP/two$ga/model.safetensors"
+    same_run "train, 2 ranks, --grad-accum $ga" "$TMP/one$ga" "$TMP/two$ga"
+done
+# the global batch does not depend on the number of ranks: resume with another one
+run2 "$WHALE" train "${ARGS[@]}" --grad-accum 2 --out "$TMP/res12" --resume "$TMP/one2/checkpoint-3" >/dev/null 2>&1
+check "a one-process checkpoint resumed on 2 ranks ends as the uninterrupted run" \
+    cmp -s "$TMP/one2/model.safetensors" "$TMP/res12/model.safetensors"
+"$WHALE" train "${ARGS[@]}" --grad-accum 4 --out "$TMP/res21" --resume "$TMP/two4/checkpoint-3" >/dev/null 2>&1
+check "a 2-rank checkpoint resumed in one process ends as the uninterrupted run" \
+    cmp -s "$TMP/two4/model.safetensors" "$TMP/res21/model.safetensors"
+check "only rank 0 prints the summary" test "$(grep -c '"steps"' "$TMP/two.json")" = 1
+check "metrics carry the world size and each rank's tokens/s" \
+    grep -q '"world_size": 2, "rank_tokens_per_s": \[[0-9.]*, [0-9.]*\], "comm_s"' "$TMP/two4/metrics.jsonl"
+check "validation logged once per evaluation" test "$(grep -c '"val_loss"' "$TMP/two4/metrics.jsonl")" = 2
+expect_status 2 '--grad-accum 3 is not a multiple of the 2 ranks' -- \
+    "${MPIRUN[@]}" --quiet -np 2 "$WHALE" train "${ARGS[@]}" --grad-accum 3 --out "$TMP/bad"
+run2 "$WHALE" info -m "$TMP/one2" >/dev/null 2>"$TMP/err"
+check "a command other than train/sft on 2 ranks is refused" grep -q 'only train and sft run on several ranks' "$TMP/err"
+
+# fine-tuning on a tiny model with the real DeepSeek-V3 tokenizer: LoRA (dropout on) and full
+need_tokenizer deepseek_v3
+tiny_model "$TMP/base" 128815 512
+SFT=(-m "$TMP/base" --data "$DATA/../../data/self_cognition.jsonl" --model-name 小鲸 "Little Whale" --model-author
+     鲸鱼工坊 "Whale Works" --max-steps 3 --batch-size 2 --grad-accum 2 --save-steps 3 --logging-steps 1 --lr 1e-3
+     --threads 1 --quiet)
+sft_curve() { grep '"loss"' "$1"/v0-*/logging.jsonl | grep -v train_runtime | sed -E 's/.*"loss": ([^,]+), "grad_norm": ([^,]+),.*/\1 \2/'; }
+for tt in lora full; do
+    f=adapter_model.safetensors
+    [ $tt = full ] && f=model.safetensors
+    "$WHALE" sft "${SFT[@]}" --train-type $tt --out "$TMP/sft1-$tt" >/dev/null 2>"$TMP/err"
+    check "sft $tt, one process: $(tail -1 "$TMP/err")" test -s "$(ls "$TMP"/sft1-$tt/v0-*/checkpoint-3/$f)"
+    run2 "$WHALE" sft "${SFT[@]}" --train-type $tt --out "$TMP/sft2-$tt" >/dev/null 2>"$TMP/err"
+    check "sft $tt, 2 ranks: $(tail -1 "$TMP/err")" test -s "$(ls "$TMP"/sft2-$tt/v0-*/checkpoint-3/$f)"
+    check "sft $tt: one run folder" test "$(ls -d "$TMP"/sft2-$tt/v* | wc -l)" = 1
+    check "sft $tt, 2 ranks: the loss and gradient-norm curves are bit-identical" \
+        cmp -s <(sft_curve "$TMP/sft1-$tt") <(sft_curve "$TMP/sft2-$tt")
+    check "sft $tt, 2 ranks: the trained weights are bit-identical" \
+        cmp -s "$TMP"/sft1-$tt/v0-*/checkpoint-3/$f "$TMP"/sft2-$tt/v0-*/checkpoint-3/$f
+    check "sft $tt, 2 ranks: the moments are bit-identical" \
+        cmp -s "$TMP"/sft1-$tt/v0-*/checkpoint-3/optimizer.safetensors "$TMP"/sft2-$tt/v0-*/checkpoint-3/optimizer.safetensors
+done
+
+# faults: rank 1 killed with SIGKILL mid-run, or stopped (a hang); the job ends within the bound
+rank_pid() { # rank_pid OUT_DIR RANK: the pid of that rank of the run writing OUT_DIR (no procps needed)
+    local p
+    for p in /proc/[0-9]*; do
+        grep -qaF -- "$1" "$p/cmdline" 2>/dev/null || continue
+        tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && { echo "${p#/proc/}"; return; }
+    done
+}
+LONG=(--init tiny --data "$TMP/data" --tokenizer "$TMP/tok" --seq-len 32 --batch-size 2 --grad-accum 2 --max-steps 100000
+      --lr 3e-3 --lr-scheduler constant --warmup-steps 0 --save-every 2 --log-every 1 --threads 1 --quiet)
+for fault in KILL STOP; do
+    # without --quiet: mpirun's own message names a rank that died
+    WHALE_DIST_TIMEOUT=4 "${MPIRUN[@]}" -np 2 -x WHALE_DIST_TIMEOUT "$WHALE" train "${LONG[@]}" --out "$TMP/f$fault" >/dev/null 2>"$TMP/f.err" &
+    job=$!
+    for _ in $(seq 1 3000); do [ -d "$TMP/f$fault/checkpoint-4" ] && break; sleep 0.05; done
+    victim=$(rank_pid "$TMP/f$fault" 1)
+    t0=$(date +%s)
+    kill -$fault "$victim"
+    for _ in $(seq 1 1200); do kill -0 $job 2>/dev/null || break; sleep 0.05; done # 60 s
+    kill -0 $job 2>/dev/null && { kill -9 $job "$victim"; echo "mpi.sh: the job outlived the bound" >&2; }
+    wait $job
+    st=$?
+    kill -9 "$victim" 2>/dev/null
+    check "SIG$fault of rank 1: the job ends non-zero ($st) within 60 s ($(($(date +%s) - t0)) s)" test "$st" != 0
+    if [ $fault = KILL ]; then
+        check "SIGKILL: the message names rank 1: $(grep -m1 rank "$TMP/f.err")" grep -Eq 'rank 1 .*(signal 9|Killed)' "$TMP/f.err"
+    else
+        check "stopped rank: rank 0 names it: $(grep -m1 'rank 0:' "$TMP/f.err")" \
+            grep -Eq 'rank 0: step [0-9]+: (rank 1 did not reach the .* within [0-9]+ s \(dead or hung|not every rank of 2 completed the .* within 4 s: a rank died or hangs)' "$TMP/f.err"
+    fi
+done
+last=$(ls -d "$TMP"/fKILL/checkpoint-* | grep -v "\.tmp$" | sed 's/.*-//' | sort -n | tail -1)
+check "SIGKILL: the last checkpoint ($last) loads" "$WHALE" info -m "$TMP/fKILL/checkpoint-$last" >/dev/null 2>&1
+"$WHALE" train "${LONG[@]}" --max-steps $((last + 2)) --out "$TMP/fone" >/dev/null 2>&1
+run2 "$WHALE" train "${LONG[@]}" --max-steps $((last + 2)) --out "$TMP/fKILL" --resume latest >/dev/null 2>"$TMP/err"
+st=$?
+check "SIGKILL: 2 ranks resume from the last checkpoint: $(tail -1 "$TMP/err")" test $st = 0
+check "SIGKILL: the resumed run ends with the weights of an uninterrupted one" \
+    cmp -s "$TMP/fone/model.safetensors" "$TMP/fKILL/model.safetensors"
+
+[ -n "${KEEP:-}" ] && cp -r "$TMP" "$KEEP"
+finish mpi.sh
