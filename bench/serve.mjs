@@ -1,0 +1,63 @@
+// Throughput and latency of a running `whale serve` at several concurrencies
+// (node, no packages): N streams at once, each a different prompt, greedy,
+// a fixed number of tokens (ignore_eos). Per concurrency: aggregate tokens/s
+// (all generated tokens over the wall time of the round), time to first token
+// and inter-token latency (p50, p99), and the most sequences the server put
+// in one forward (/metrics). Speed is measured, never asserted.
+//
+//   node bench/serve.mjs URL MODEL [TOKENS (64)] [CONCURRENCIES (1,4,8,16)] [KEY]
+//   e.g. build/whale serve -m model --parallel 16 --ctx-size 512 &
+//        node bench/serve.mjs http://127.0.0.1:8080 model 64 1,4,8,16
+const [url, model, tokensArg, concArg, key] = process.argv.slice(2);
+if (!url || !model) {
+  console.error('usage: node bench/serve.mjs URL MODEL [TOKENS] [CONCURRENCIES] [KEY]');
+  process.exit(2);
+}
+const tokens = Number(tokensArg ?? 64);
+const concurrencies = (concArg ?? '1,4,8,16').split(',').map(Number);
+const headers = { 'Content-Type': 'application/json', ...(key ? { Authorization: `Bearer ${key}` } : {}) };
+
+async function stream(i) {
+  const t0 = performance.now();
+  const r = await fetch(url + '/v1/completions', { method: 'POST', headers, body: JSON.stringify({
+    model, prompt: `Stream ${i}: once upon a time there was a whale that`, max_tokens: tokens, temperature: 0,
+    ignore_eos: true, stream: true, stream_options: { include_usage: true } }) });
+  if (!r.ok) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
+  const times = [];
+  let n = 0, buf = '';
+  const dec = new TextDecoder();
+  for await (const part of r.body) {
+    buf += dec.decode(part, { stream: true });
+    let k;
+    while ((k = buf.indexOf('\n\n')) >= 0) {
+      const ev = buf.slice(0, k);
+      buf = buf.slice(k + 2);
+      if (!ev.startsWith('data: {')) continue;
+      const c = JSON.parse(ev.slice(6));
+      if (c.usage) n = c.usage.completion_tokens;
+      else if (c.choices[0]?.text) times.push(performance.now());
+    }
+  }
+  return { t0, times, n };
+}
+
+const pct = (a, p) => (a.length ? a[Math.min(a.length - 1, Math.floor((p / 100) * a.length))] : NaN);
+async function metric(name) {
+  const text = await (await fetch(url + '/metrics', { headers })).text();
+  const m = text.match(new RegExp(`^${name} (\\S+)$`, 'm'));
+  return m ? Number(m[1]) : NaN;
+}
+
+await stream(-1); // warm up
+for (const n of concurrencies) {
+  const t0 = performance.now();
+  const runs = await Promise.all(Array.from({ length: n }, (_, i) => stream(i)));
+  const wall = (performance.now() - t0) / 1000;
+  const total = runs.reduce((s, r) => s + r.n, 0);
+  const ttft = runs.map((r) => (r.times[0] - r.t0) / 1000).sort((a, b) => a - b);
+  const itl = runs.flatMap((r) => r.times.slice(1).map((t, k) => (t - r.times[k]) / 1000)).sort((a, b) => a - b);
+  console.log(JSON.stringify({ concurrency: n, tokens: total, seconds: +wall.toFixed(3),
+    aggregate_tokens_per_s: +(total / wall).toFixed(1), ttft_p50_ms: +(pct(ttft, 50) * 1e3).toFixed(1),
+    ttft_p99_ms: +(pct(ttft, 99) * 1e3).toFixed(1), itl_p50_ms: +(pct(itl, 50) * 1e3).toFixed(2),
+    itl_p99_ms: +(pct(itl, 99) * 1e3).toFixed(2), batch_sequences_max: await metric('whale_batch_sequences_max') }));
+}

@@ -1,0 +1,141 @@
+/* whale serve: an OpenAI-compatible HTTP server (src/serve, docs/serving.md).
+ * Runs until SIGTERM or SIGINT, then drains: running requests finish, new
+ * ones get 503, and it exits 0. */
+#include "cli/cli.h"
+
+#include "core/core.h"
+#include "serve/serve.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char serve_help[] =
+    "usage: whale serve -m DIR [options]\n"
+    "  --host ADDR            address to bind (127.0.0.1; 0.0.0.0 or :: for every interface)\n"
+    "  --port N               (8080; 0: any free port, printed)\n"
+    "  --parallel N           requests decoded together, one KV slot each (4)\n"
+    "  --ctx-size C           KV cells per slot: prompt + reply (the model's positions, at most 4096)\n"
+    "  --batch N              tokens per batched forward, prompt chunks included (512)\n"
+    "  --queue N              requests waiting for a slot before 503 (64)\n"
+    "  --dtype fp32|bf16|fp16|int8   precision of the weight products (the checkpoint's: bf16/fp16 if its config says so, else fp32)\n"
+    "  --api-key KEY | --api-key-file F   require Authorization: Bearer KEY (not for /health and /)\n"
+    "  --model-name NAME      the id requests give as \"model\" (the folder's name)\n"
+    "  --chat-template deepseek|chatml|raw|FILE.jinja   (the folder's own)\n"
+    "  --max-body BYTES       largest request body (8388608)\n"
+    "  --timeout S            a request must arrive within S seconds; idle connections close (30)\n"
+    "  --max-connections N    (256)   --threads N (all cores)   --verbose\n"
+    "  sampling defaults for requests that leave them out: generation_config.json, else OpenAI's\n"
+    "endpoints: POST /v1/chat/completions /v1/completions /tokenize /detokenize, GET /v1/models /health /metrics /";
+
+/* The options, parsed by cli_parse into longs and strings, then checked
+ * into the server's configuration. */
+typedef struct {
+    const char *dir, *host, *key, *key_file, *name, *tmpl;
+    long port, parallel, ctx, batch, queue, max_body, timeout, max_conn, threads;
+    whale_dtype dtype;
+    int verbose;
+} serve_opts;
+
+static int serve_parse(int argc, char **argv, serve_opts *o) {
+    const cli_opt opts[] = {
+        {"-m|--model", CLI_STR, &o->dir, 0, 0, NULL},
+        {"--host", CLI_STR, &o->host, 0, 0, NULL},
+        {"--port", CLI_LONG, &o->port, 0, 65535, NULL},
+        {"--parallel|-np", CLI_LONG, &o->parallel, 1, 1024, NULL},
+        {"-c|--ctx-size|--max-model-len", CLI_LONG, &o->ctx, 2, 1 << 24, NULL},
+        {"--batch|-b", CLI_LONG, &o->batch, 1, 1 << 20, NULL},
+        {"--queue", CLI_LONG, &o->queue, 0, 1 << 20, NULL},
+        {"--dtype|--torch-dtype", CLI_DTYPE, &o->dtype, 0, 0, NULL},
+        {"--api-key", CLI_STR, &o->key, 0, 0, NULL},
+        {"--api-key-file", CLI_STR, &o->key_file, 0, 0, NULL},
+        {"--model-name|--served-model-name", CLI_STR, &o->name, 0, 0, NULL},
+        {"--chat-template", CLI_STR, &o->tmpl, 0, 0, NULL},
+        {"--max-body", CLI_LONG, &o->max_body, 1, 1L << 30, NULL},
+        {"--timeout", CLI_LONG, &o->timeout, 1, 86400, NULL},
+        {"--max-connections", CLI_LONG, &o->max_conn, 1, 65536, NULL},
+        {"--threads", CLI_LONG, &o->threads, 1, 1024, NULL},
+        {"--verbose", CLI_FLAG, &o->verbose, 0, 0, NULL},
+        {NULL, 0, NULL, 0, 0, NULL}};
+    int st = cli_parse("serve", serve_help, argc, argv, opts, NULL, NULL);
+    if (st) return st;
+    if (!o->dir) return cli_usage("serve", "-m DIR is required");
+    if (o->key && o->key_file) return cli_usage("serve", "give --api-key or --api-key-file, not both");
+    if (o->key && !*o->key) return cli_usage("serve", "--api-key is empty");
+    return 0;
+}
+
+static serve_config serve_config_from(const serve_opts *o) {
+    serve_config c = serve_config_defaults();
+    c.model_dir = o->dir;
+    c.model_name = o->name;
+    c.chat_template = o->tmpl;
+    if (o->host) c.host = o->host;
+    c.port = (int)o->port;
+    c.api_key = o->key;
+    c.dtype = o->dtype == CLI_DTYPE_AUTO ? cli_checkpoint_dtype(o->dir) : o->dtype;
+    c.parallel = (int)o->parallel;
+    c.ctx_size = (int)o->ctx;
+    c.batch = (int)o->batch;
+    c.queue = (int)o->queue;
+    c.max_body = (size_t)o->max_body;
+    c.upload_seconds = (int)o->timeout;
+    c.max_connections = (int)o->max_conn;
+    c.verbose = o->verbose;
+    return c;
+}
+
+/* The key file's first line, without its newline; an empty key is refused. */
+static whale_code read_key(const char *path, char **key, whale_err *err) {
+    size_t n;
+    whale_code rc = whale_read_file(path, key, &n, err);
+    if (rc) return rc;
+    (*key)[strcspn(*key, "\r\n")] = 0;
+    if (!**key) return whale_errf(err, WHALE_ERR_FORMAT, "%s: the API key file is empty", path);
+    return WHALE_OK;
+}
+
+int cmd_serve(int argc, char **argv) {
+    serve_config d = serve_config_defaults();
+    serve_opts o = {.port = d.port, .parallel = d.parallel, .batch = d.batch, .queue = d.queue,
+                    .max_body = (long)d.max_body, .timeout = d.upload_seconds, .max_conn = d.max_connections,
+                    .dtype = CLI_DTYPE_AUTO};
+    int bad = serve_parse(argc, argv, &o);
+    if (bad) return bad < 0 ? 0 : bad;
+    whale_set_threads((int)o.threads);
+    whale_err err;
+    char *key = NULL;
+    if (o.key_file && read_key(o.key_file, &key, &err)) {
+        free(key);
+        return cli_fail(&err);
+    }
+    if (key) o.key = key;
+    serve_config c = serve_config_from(&o);
+    if (cli_generation_config(c.model_dir, &c.sampling, 0, "serve", &err)) {
+        free(key);
+        return cli_fail(&err);
+    }
+    /* the signals go to sigwait below, not to whichever thread runs */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    serve_server *s;
+    if (serve_open(&c, &s, &err)) {
+        free(key);
+        return cli_fail(&err);
+    }
+    serve_describe(s, stderr);
+    int sig = 0;
+    sigwait(&set, &sig);
+    fprintf(stderr, "whale serve: %s: draining\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    serve_drain(s, 60);
+    serve_close(s);
+    free(key);
+    fprintf(stderr, "whale serve: stopped\n");
+    return 0;
+}

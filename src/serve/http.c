@@ -1,0 +1,422 @@
+/*
+ * The HTTP side of `whale serve`, on libmicrohttpd: one thread per
+ * connection (bounded by max_connections), bodies read into memory up to
+ * max_body, routing, authentication, and the responses: JSON, server-sent
+ * events for streams, the chat page.
+ *
+ * A connection thread that waits for its generation polls its socket (for
+ * a stream before each write, for a whole reply every 10 ms): a client that
+ * went away cancels the job, which frees its slot at the engine's next step.
+ */
+#include "serve/serve_impl.h"
+
+#include "core/core.h"
+#include "whale_chat.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+
+typedef struct {
+    serve_endpoint ep;
+    char *body;
+    size_t len, cap;
+    double t0;
+    char line[160]; /* "METHOD URL" for --verbose */
+} conn_ctx;
+
+/* The status this connection thread queued last (one thread per connection). */
+static _Thread_local int last_status;
+
+/* ------------------------------------------------------------ responses */
+
+static void count_status(serve_server *s, int status) {
+    int k = status < 300 ? 0 : status == 400 ? 1 : status == 401 ? 2 : status == 404 ? 3 : status == 413 ? 4
+          : status == 503 ? 5 : -1;
+    pthread_mutex_lock(&s->metrics.mu);
+    if (k >= 0) s->metrics.responses[k]++;
+    pthread_mutex_unlock(&s->metrics.mu);
+    last_status = status;
+}
+
+/* Queue body (malloc'd, taken over; NULL means out of memory: a 500). */
+static enum MHD_Result respond(serve_server *s, struct MHD_Connection *c, int status, const char *type, char *body,
+                               const char *retry_after) {
+    static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,"
+                              "\"code\":null}}";
+    struct MHD_Response *r =
+        body ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE)
+             : MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    if (!body) status = 500, type = "application/json";
+    MHD_add_response_header(r, "Content-Type", type);
+    if (retry_after) MHD_add_response_header(r, "Retry-After", retry_after);
+    if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    count_status(s, status);
+    enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static enum MHD_Result respond_json(serve_server *s, struct MHD_Connection *c, int status, char *json) {
+    return respond(s, c, status, "application/json", json, NULL);
+}
+
+static enum MHD_Result respond_error(serve_server *s, struct MHD_Connection *c, const serve_error *e) {
+    return respond(s, c, e->status, "application/json", serve_error_json(e), e->status == 503 ? "1" : NULL);
+}
+
+static enum MHD_Result fail(serve_server *s, struct MHD_Connection *c, int status, const char *type,
+                            const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static enum MHD_Result fail(serve_server *s, struct MHD_Connection *c, int status, const char *type,
+                            const char *code, const char *fmt, ...) {
+    serve_error e;
+    serve_error_set(&e, status, type, NULL, code, "%s", "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e.message, sizeof e.message, fmt, ap);
+    va_end(ap);
+    return respond_error(s, c, &e);
+}
+
+/* A generation may wait longer than the idle timeout (in the queue, or for
+ * a long reply): the connection has none while its request runs, and gets
+ * it back (its timer restarted) when the reply is ready. */
+static void idle_timeout(struct MHD_Connection *c, unsigned seconds) {
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, seconds);
+}
+
+/* The client closed its end (or the socket failed). */
+static int client_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return 1;
+    struct pollfd p = {ci->connect_fd, POLLRDHUP, 0};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* ------------------------------------------------------------ generations */
+
+typedef struct {
+    serve_server *s;
+    struct MHD_Connection *c;
+    serve_job *job;
+    serve_gen_request req;
+    char id[48];
+    long created;
+    size_t sent;   /* bytes of the job's text sent */
+    int phase;     /* 0 first chunk, 1 text, 2 usage, 3 [DONE], 4 end */
+    char *pending; /* an event being written */
+    size_t off;
+} stream_t;
+
+static void stream_free(void *cls) {
+    stream_t *st = cls;
+    serve_engine_cancel(st->s->eng, st->job); /* nothing if it is done */
+    serve_job_release(st->s->eng, st->job);
+    free(st->req.prompt_text);
+    free(st->pending);
+    free(st);
+}
+
+static serve_usage job_usage(const serve_job *j, const serve_job_view *v) {
+    serve_usage u = {j->n_prompt, v->n_gen, v->n_reused};
+    return u;
+}
+
+/* The next event of the stream, or NULL with *end set (1 done, -1 failed). */
+static char *stream_next(stream_t *st, int *end) {
+    serve_server *s = st->s;
+    const serve_text *tx = &s->tx;
+    *end = 0;
+    for (;;) {
+        size_t len;
+        serve_job_view v;
+        char *text = serve_engine_take(s->eng, st->job, st->sent, &len, &v);
+        if (len || (st->phase == 0 && st->req.chat)) {
+            char *ev = serve_chunk_event(tx, &st->req, st->id, st->created, text ? text : "", len, st->phase == 0,
+                                         NULL, NULL);
+            st->sent += len;
+            st->phase = 1;
+            free(text);
+            return ev ? ev : (*end = -1, NULL);
+        }
+        free(text);
+        if (!v.done) {
+            serve_engine_wait(s->eng, st->job, st->sent, 100);
+            continue;
+        }
+        if (v.code) {
+            serve_error e;
+            serve_error_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s", st->job->err.msg);
+            char *json = serve_error_json(&e), *ev = json ? malloc(strlen(json) + 9) : NULL;
+            if (ev) sprintf(ev, "data: %s\n\n", json);
+            free(json);
+            st->phase = 3;
+            return ev ? ev : (*end = -1, NULL);
+        }
+        serve_usage u = job_usage(st->job, &v);
+        if (st->phase <= 1) {
+            st->phase = st->req.include_usage ? 2 : 3;
+            return serve_chunk_event(tx, &st->req, st->id, st->created, "", 0, 0, v.finish, NULL);
+        }
+        if (st->phase == 2) {
+            st->phase = 3;
+            return serve_chunk_event(tx, &st->req, st->id, st->created, "", 0, 0, NULL, &u);
+        }
+        if (st->phase == 3) {
+            st->phase = 4;
+            return strdup("data: [DONE]\n\n");
+        }
+        *end = 1;
+        return NULL;
+    }
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    stream_t *st = cls;
+    (void)pos;
+    if (client_gone(st->c)) return MHD_CONTENT_READER_END_WITH_ERROR; /* stream_free cancels the job */
+    if (!st->pending) {
+        int end;
+        st->pending = stream_next(st, &end);
+        st->off = 0;
+        if (!st->pending && end > 0) idle_timeout(st->c, (unsigned)st->s->cfg.upload_seconds);
+        if (!st->pending) return end > 0 ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    size_t n = strlen(st->pending + st->off);
+    if (n > max) n = max;
+    memcpy(buf, st->pending + st->off, n);
+    st->off += n;
+    if (!st->pending[st->off]) {
+        free(st->pending);
+        st->pending = NULL;
+    }
+    return (ssize_t)n;
+}
+
+/* Wait for a non-streaming job; NULL when the client went away. */
+static char *wait_whole(stream_t *st, int *status) {
+    serve_server *s = st->s;
+    serve_job_view v;
+    for (;;) {
+        if (serve_engine_wait(s->eng, st->job, (size_t)-1, 10)) break;
+        if (client_gone(st->c)) return NULL;
+    }
+    size_t len;
+    char *text = serve_engine_take(s->eng, st->job, 0, &len, &v);
+    char *json = NULL;
+    *status = 200;
+    if (v.code) {
+        serve_error e;
+        serve_error_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s", st->job->err.msg);
+        *status = 500;
+        json = serve_error_json(&e);
+    } else {
+        serve_usage u = job_usage(st->job, &v);
+        json = serve_completion_json(&s->tx, &st->req, st->id, st->created, text ? text : "", len, v.finish, &u);
+    }
+    free(text);
+    return json;
+}
+
+static enum MHD_Result handle_generation(serve_server *s, struct MHD_Connection *c, conn_ctx *cc) {
+    serve_error e;
+    stream_t *st = calloc(1, sizeof *st);
+    serve_job *j = st ? serve_job_new() : NULL;
+    if (!j) {
+        free(st);
+        return respond_json(s, c, 500, NULL);
+    }
+    st->s = s, st->c = c, st->job = j, st->created = (long)time(NULL);
+    pthread_mutex_lock(&s->metrics.mu);
+    unsigned long id = ++s->next_id;
+    pthread_mutex_unlock(&s->metrics.mu);
+    snprintf(st->id, sizeof st->id, "%s-%lx%04lx", cc->ep == SERVE_EP_CHAT ? "chatcmpl" : "cmpl", (unsigned long)st->created, id);
+    if (!j->sp.seed) j->sp.seed = ((uint64_t)st->created << 20) ^ id;
+    if (serve_parse_generation(&s->tx, cc->ep == SERVE_EP_CHAT, cc->body ? cc->body : "", cc->len, j, &st->req, &e)) {
+        stream_free(st);
+        return respond_error(s, c, &e);
+    }
+    whale_err err;
+    idle_timeout(c, 0);
+    whale_code rc = serve_engine_submit(s->eng, j, &err);
+    if (rc) {
+        idle_timeout(c, (unsigned)s->cfg.upload_seconds);
+        serve_error_set(&e, 503, "server_error", NULL, rc == WHALE_ERR_RANGE ? "server_busy" : "shutting_down", "%s",
+                        err.msg);
+        stream_free(st);
+        return respond_error(s, c, &e);
+    }
+    if (st->req.stream) {
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, st, stream_free);
+        if (!r) {
+            stream_free(st);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        count_status(s, 200);
+        enum MHD_Result ok = MHD_queue_response(c, 200, r);
+        MHD_destroy_response(r);
+        return ok;
+    }
+    int status;
+    char *json = wait_whole(st, &status);
+    stream_free(st);
+    if (!json) return MHD_NO; /* the client is gone */
+    idle_timeout(c, (unsigned)s->cfg.upload_seconds);
+    return respond_json(s, c, status, json);
+}
+
+/* ------------------------------------------------------------ other endpoints */
+
+static char *health_json(serve_server *s) {
+    pthread_mutex_lock(&s->metrics.mu);
+    int busy = s->metrics.slots_busy, queued = s->metrics.queue_depth;
+    pthread_mutex_unlock(&s->metrics.mu);
+    char *out = malloc(512);
+    if (out)
+        snprintf(out, 512,
+                 "{\"status\":\"%s\",\"model\":\"%s\",\"parallel\":%d,\"ctx_size\":%d,\"kv_cache_bytes\":%zu,"
+                 "\"slots_busy\":%d,\"queue_depth\":%d}",
+                 serve_engine_draining(s->eng) ? "draining" : "ok", s->tx.model_name, s->cfg.parallel, s->tx.ctx,
+                 serve_engine_kv_bytes(s->eng), busy, queued);
+    return out;
+}
+
+static enum MHD_Result handle(serve_server *s, struct MHD_Connection *c, conn_ctx *cc) {
+    serve_error e;
+    char *out = NULL;
+    const char *body = cc->body ? cc->body : "";
+    switch (cc->ep) {
+    case SERVE_EP_CHAT:
+    case SERVE_EP_COMPLETIONS: return handle_generation(s, c, cc);
+    case SERVE_EP_MODELS: return respond_json(s, c, 200, serve_models_json(&s->tx, (long)time(NULL)));
+    case SERVE_EP_HEALTH: return respond_json(s, c, serve_engine_draining(s->eng) ? 503 : 200, health_json(s));
+    case SERVE_EP_METRICS:
+        return respond(s, c, 200, "text/plain; version=0.0.4",
+                       serve_metrics_text(&s->metrics, serve_engine_kv_bytes(s->eng), s->cfg.parallel, s->tx.ctx),
+                       NULL);
+    case SERVE_EP_TOKENIZE:
+        if (serve_tokenize(&s->tx, body, cc->len, &out, &e)) return respond_error(s, c, &e);
+        return respond_json(s, c, 200, out);
+    case SERVE_EP_DETOKENIZE:
+        if (serve_detokenize(&s->tx, body, cc->len, &out, &e)) return respond_error(s, c, &e);
+        return respond_json(s, c, 200, out);
+    case SERVE_EP_PAGE: return respond(s, c, 200, "text/html; charset=utf-8", strdup(serve_page_html), NULL);
+    }
+    return MHD_NO;
+}
+
+/* ------------------------------------------------------------ routing */
+
+static int route(const char *url, const char *method, serve_endpoint *ep, int *post) {
+    static const struct {
+        const char *path;
+        serve_endpoint ep;
+        int post;
+    } routes[] = {{"/v1/chat/completions", SERVE_EP_CHAT, 1}, {"/v1/completions", SERVE_EP_COMPLETIONS, 1},
+                  {"/v1/models", SERVE_EP_MODELS, 0},         {"/health", SERVE_EP_HEALTH, 0},
+                  {"/metrics", SERVE_EP_METRICS, 0},          {"/tokenize", SERVE_EP_TOKENIZE, 1},
+                  {"/detokenize", SERVE_EP_DETOKENIZE, 1},    {"/", SERVE_EP_PAGE, 0}};
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (!strcmp(url, routes[i].path)) {
+            *ep = routes[i].ep;
+            *post = routes[i].post;
+            return !strcmp(method, routes[i].post ? "POST" : "GET") ? 0 : 405;
+        }
+    return 404;
+}
+
+/* "Bearer KEY", compared in time that depends only on the key's length. */
+static int authorised(const serve_server *s, struct MHD_Connection *c) {
+    const char *key = s->cfg.api_key;
+    if (!key) return 1;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncmp(h, "Bearer ", 7)) return 0;
+    h += 7;
+    size_t kl = strlen(key), hl = strlen(h);
+    unsigned diff = kl != hl;
+    for (size_t i = 0; i < kl; i++) diff |= (unsigned char)key[i] ^ (unsigned char)(i < hl ? h[i] : 0);
+    return diff == 0;
+}
+
+/* The first call for a request: route, authenticate, check the declared size. */
+static enum MHD_Result first_call(serve_server *s, struct MHD_Connection *c, const char *url, const char *method,
+                                  void **con_cls) {
+    conn_ctx *cc = calloc(1, sizeof *cc);
+    if (!cc) return MHD_NO;
+    cc->t0 = whale_now();
+    *con_cls = cc;
+    snprintf(cc->line, sizeof cc->line, "%.16s %.140s", method, url);
+    for (char *p = cc->line; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?'; /* one line, no escapes */
+    last_status = 0;
+    int post = 0, r = route(url, method, &cc->ep, &post);
+    if (r == 404) return fail(s, c, 404, "invalid_request_error", "not_found", "no route %.100s %.200s", method, url);
+    pthread_mutex_lock(&s->metrics.mu);
+    s->metrics.requests[cc->ep]++;
+    pthread_mutex_unlock(&s->metrics.mu);
+    if (r == 405) return fail(s, c, 405, "invalid_request_error", NULL, "%.200s takes %s", url, post ? "POST" : "GET");
+    if (cc->ep != SERVE_EP_HEALTH && cc->ep != SERVE_EP_PAGE && !authorised(s, c))
+        return fail(s, c, 401, "authentication_error", "invalid_api_key", "a valid API key is required "
+                    "(Authorization: Bearer KEY)");
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+    if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body)
+        return fail(s, c, 413, "invalid_request_error", "body_too_large", "the body exceeds %zu bytes", s->cfg.max_body);
+    return MHD_YES;
+}
+
+enum MHD_Result serve_on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    serve_server *s = cls;
+    (void)version;
+    conn_ctx *cc = *con_cls;
+    if (!cc) return first_call(s, c, url, method, con_cls);
+    if (*upload_size) { /* a part of the body */
+        if (cc->len + *upload_size > s->cfg.max_body || whale_now() - cc->t0 > s->cfg.upload_seconds)
+            return MHD_NO; /* chunked past the limit, or too slow: close */
+        if (cc->len + *upload_size + 1 > cc->cap) {
+            size_t cap = cc->cap ? cc->cap : 4096;
+            while (cap < cc->len + *upload_size + 1) cap *= 2;
+            char *grown = realloc(cc->body, cap);
+            if (!grown) return MHD_NO;
+            cc->body = grown, cc->cap = cap;
+        }
+        memcpy(cc->body + cc->len, upload, *upload_size);
+        cc->len += *upload_size;
+        cc->body[cc->len] = 0;
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (whale_now() - cc->t0 > s->cfg.upload_seconds)
+        return fail(s, c, 408, "invalid_request_error", "timeout", "the request took more than %d s to arrive",
+                    s->cfg.upload_seconds);
+    return handle(s, c, cc);
+}
+
+void serve_on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    serve_server *s = cls;
+    (void)c;
+    conn_ctx *cc = *con_cls;
+    if (!cc) return;
+    if (s->cfg.verbose) {
+        const char *how = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection closed)";
+        fprintf(stderr, "whale serve: %s -> %d in %.1f ms%s\n", cc->line, last_status, (whale_now() - cc->t0) * 1e3,
+                how);
+    }
+    free(cc->body);
+    free(cc);
+    *con_cls = NULL;
+}

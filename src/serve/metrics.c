@@ -1,0 +1,117 @@
+/* GET /metrics: counters, gauges and histograms in Prometheus' text format. */
+#include "serve/serve_impl.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const double seconds_le[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+static const double seqs_le[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+
+void serve_metrics_init(serve_metrics *m) {
+    memset(m, 0, sizeof *m);
+    pthread_mutex_init(&m->mu, NULL);
+    serve_hist *secs[] = {&m->ttft, &m->latency, &m->step};
+    for (int i = 0; i < 3; i++) secs[i]->le = seconds_le, secs[i]->n = 12;
+    m->batch_seqs.le = seqs_le;
+    m->batch_seqs.n = 9;
+}
+
+void serve_metrics_destroy(serve_metrics *m) { pthread_mutex_destroy(&m->mu); }
+
+void serve_hist_add(serve_hist *h, double v) {
+    int b = 0;
+    while (b < h->n && v > h->le[b]) b++;
+    h->count[b]++;
+    h->sum += v;
+    h->total++;
+}
+
+typedef struct {
+    char *buf;
+    size_t len, cap;
+    int failed;
+} sbuf;
+
+static void put(sbuf *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(sbuf *s, const char *fmt, ...) {
+    if (s->failed) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(s->buf + s->len, s->cap - s->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            s->failed = 1;
+            return;
+        }
+        if (s->len + (size_t)n < s->cap) {
+            s->len += (size_t)n;
+            return;
+        }
+        size_t cap = s->cap * 2 + (size_t)n;
+        char *grown = realloc(s->buf, cap);
+        if (!grown) {
+            s->failed = 1;
+            return;
+        }
+        s->buf = grown;
+        s->cap = cap;
+    }
+}
+
+static void put_hist(sbuf *s, const char *name, const char *help, const serve_hist *h) {
+    put(s, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (int b = 0; b < h->n; b++) {
+        cum += h->count[b];
+        put(s, "%s_bucket{le=\"%g\"} %llu\n", name, h->le[b], (unsigned long long)cum);
+    }
+    put(s, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, (unsigned long long)h->total, name,
+        h->sum, name, (unsigned long long)h->total);
+}
+
+static void put_one(sbuf *s, const char *name, const char *type, const char *help, double v) {
+    put(s, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+char *serve_metrics_text(serve_metrics *m, size_t kv_bytes, int parallel, int ctx) {
+    static const char *eps[] = {"chat_completions", "completions", "models", "health",
+                                "metrics", "tokenize", "detokenize", "page"};
+    static const char *classes[] = {"2xx", "400", "401", "404", "413", "503"};
+    sbuf s = {malloc(4096), 0, 4096, 0};
+    if (!s.buf) return NULL;
+    pthread_mutex_lock(&m->mu);
+    put(&s, "# HELP whale_requests_total HTTP requests by endpoint\n# TYPE whale_requests_total counter\n");
+    for (int i = 0; i < 8; i++)
+        put(&s, "whale_requests_total{endpoint=\"%s\"} %llu\n", eps[i], (unsigned long long)m->requests[i]);
+    put(&s, "# HELP whale_responses_total HTTP responses by status\n# TYPE whale_responses_total counter\n");
+    for (int i = 0; i < 6; i++)
+        put(&s, "whale_responses_total{status=\"%s\"} %llu\n", classes[i], (unsigned long long)m->responses[i]);
+    put_one(&s, "whale_prompt_tokens_total", "counter", "prompt tokens of admitted requests", (double)m->prompt_tokens);
+    put_one(&s, "whale_prompt_tokens_reused_total", "counter", "prompt tokens whose KV cells came from the cache",
+            (double)m->reused_tokens);
+    put_one(&s, "whale_generated_tokens_total", "counter", "tokens sampled", (double)m->generated_tokens);
+    put_one(&s, "whale_requests_aborted_total", "counter", "generations cancelled by their client or failed",
+            (double)m->cancelled);
+    put_one(&s, "whale_decode_steps_total", "counter", "batched forward passes", (double)m->decode_steps);
+    put_one(&s, "whale_queue_depth", "gauge", "requests waiting for a slot", m->queue_depth);
+    put_one(&s, "whale_slots_busy", "gauge", "slots holding a request", m->slots_busy);
+    put_one(&s, "whale_slots", "gauge", "slots (--parallel)", parallel);
+    put_one(&s, "whale_ctx_size", "gauge", "KV cells per slot (--ctx-size)", ctx);
+    put_one(&s, "whale_kv_cache_bytes", "gauge", "KV cache memory, fixed at start", (double)kv_bytes);
+    put_one(&s, "whale_batch_sequences", "gauge", "sequences in the last batched forward", m->batch_seqs_last);
+    put_one(&s, "whale_batch_sequences_max", "gauge", "most sequences in one batched forward so far",
+            m->batch_seqs_max);
+    put_hist(&s, "whale_batch_sequences_per_step", "sequences per batched forward", &m->batch_seqs);
+    put_hist(&s, "whale_step_seconds", "time of one batched forward and its sampling", &m->step);
+    put_hist(&s, "whale_time_to_first_token_seconds", "from submission to the first generated token", &m->ttft);
+    put_hist(&s, "whale_request_seconds", "from submission to the end of generation", &m->latency);
+    pthread_mutex_unlock(&m->mu);
+    if (s.failed) {
+        free(s.buf);
+        return NULL;
+    }
+    return s.buf;
+}

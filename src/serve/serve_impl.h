@@ -1,0 +1,197 @@
+/* Internal to src/serve: jobs, the engine, metrics and the OpenAI API objects. */
+#ifndef WHALE_SERVE_IMPL_H
+#define WHALE_SERVE_IMPL_H
+
+#include "serve/serve.h"
+#include "whale_chat.h"
+
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdint.h>
+
+struct cJSON;
+
+/* ------------------------------------------------------------ jobs
+ * One generation. The HTTP thread fills the request part and submits it;
+ * from then on the engine writes the result part under the engine's mutex
+ * and signals cv; the HTTP thread reads it under the same mutex. Both hold
+ * a reference; the last release frees it. */
+#define SERVE_MAX_STOP 4 /* stop strings per request, as OpenAI */
+
+typedef struct serve_job {
+    /* request: read-only once submitted */
+    int32_t *prompt;
+    int n_prompt;
+    int max_tokens;
+    whale_sampler_params sp;
+    float frequency_penalty, presence_penalty; /* OpenAI's, over the generated tokens */
+    char *stop[SERVE_MAX_STOP];
+    int n_stop;
+    int ignore_eos, skip_special;
+    /* result */
+    char *text; /* generated text, NUL-terminated */
+    size_t len, cap;
+    size_t ready; /* bytes of text that can be sent (a possible stop string held back) */
+    int n_gen;    /* tokens sampled */
+    int n_reused; /* prompt tokens whose cells came from the cache */
+    const char *finish; /* "stop" / "length" once done */
+    int done, cancelled;
+    whale_err err; /* err.code != 0: the generation failed */
+    double t_submit, t_first, t_done;
+    int refs;
+    pthread_cond_t cv;
+    struct serve_job *next; /* the queue */
+} serve_job;
+
+/* ------------------------------------------------------------ metrics */
+#define SERVE_HIST_BUCKETS 12
+typedef struct {
+    const double *le; /* upper bounds, ascending, +Inf implied */
+    int n;
+    uint64_t count[SERVE_HIST_BUCKETS + 1];
+    double sum;
+    uint64_t total;
+} serve_hist;
+
+typedef struct {
+    pthread_mutex_t mu;
+    uint64_t requests[8];   /* by endpoint (serve_endpoint) */
+    uint64_t responses[6];  /* by status class: 2xx, 400, 401, 404, 413/408, 503, other */
+    uint64_t prompt_tokens, reused_tokens, generated_tokens, cancelled, decode_steps;
+    int queue_depth, slots_busy, batch_seqs_last, batch_seqs_max;
+    serve_hist ttft, latency, step, batch_seqs;
+} serve_metrics;
+
+void serve_metrics_init(serve_metrics *m);
+void serve_metrics_destroy(serve_metrics *m);
+void serve_hist_add(serve_hist *h, double v);
+/* Prometheus text exposition; malloc'd. */
+char *serve_metrics_text(serve_metrics *m, size_t kv_bytes, int parallel, int ctx);
+
+/* ------------------------------------------------------------ engine */
+typedef struct serve_engine serve_engine;
+
+whale_code serve_engine_new(whale_model *m, const whale_tokenizer *tok, const int32_t *stop_ids, int n_stop,
+                            const serve_config *cfg, serve_metrics *metrics, serve_engine **out, whale_err *err);
+/* Stop the thread: what runs or waits is cancelled (its jobs end as done);
+ * the engine still answers wait/take/cancel until freed. */
+void serve_engine_stop(serve_engine *e);
+void serve_engine_free(serve_engine *e);
+int serve_engine_ctx(const serve_engine *e);
+size_t serve_engine_kv_bytes(const serve_engine *e);
+/* Queue a job (the engine takes a reference). WHALE_ERR_RANGE: the queue
+ * is full; WHALE_ERR_UNSUPPORTED: the server is draining. */
+whale_code serve_engine_submit(serve_engine *e, serve_job *j, whale_err *err);
+/* Wait until j is done, has new text beyond *seen bytes, or timeout_ms
+ * passed. Returns 1 when done. */
+int serve_engine_wait(serve_engine *e, serve_job *j, size_t seen, int timeout_ms);
+void serve_engine_cancel(serve_engine *e, serve_job *j);
+/* Copy out the job's result state under the lock. */
+typedef struct {
+    size_t ready;
+    int n_gen, n_reused, done;
+    const char *finish;
+    whale_code code;
+} serve_job_view;
+serve_job_view serve_engine_view(serve_engine *e, serve_job *j);
+/* A copy (malloc'd, NUL-terminated; NULL when *len is 0) of the job's
+ * sendable text from byte `from`, and its state, under the lock. */
+char *serve_engine_take(serve_engine *e, serve_job *j, size_t from, size_t *len, serve_job_view *v);
+/* Stop taking jobs; wait until none runs or timeout seconds pass. */
+void serve_engine_drain(serve_engine *e, double timeout);
+int serve_engine_draining(serve_engine *e);
+
+serve_job *serve_job_new(void);
+void serve_job_release(serve_engine *e, serve_job *j);
+
+/* ------------------------------------------------------------ API objects */
+typedef enum {
+    SERVE_EP_CHAT = 0,
+    SERVE_EP_COMPLETIONS,
+    SERVE_EP_MODELS,
+    SERVE_EP_HEALTH,
+    SERVE_EP_METRICS,
+    SERVE_EP_TOKENIZE,
+    SERVE_EP_DETOKENIZE,
+    SERVE_EP_PAGE
+} serve_endpoint;
+
+/* An error response: HTTP status and OpenAI's error object. */
+typedef struct {
+    int status;
+    const char *type;  /* invalid_request_error, authentication_error, ... */
+    const char *param; /* the field at fault or NULL */
+    const char *code;  /* model_not_found, context_length_exceeded, ... or NULL */
+    char message[512];
+} serve_error;
+
+void serve_error_set(serve_error *e, int status, const char *type, const char *param, const char *code,
+                     const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* {"error": {"message", "type", "param", "code"}}, malloc'd. */
+char *serve_error_json(const serve_error *e);
+
+/* What the model and text side of the server share with the API code. */
+typedef struct {
+    const char *model_name;
+    whale_tokenizer *tok; /* encode only under text_mu */
+    pthread_mutex_t *text_mu;
+    const whale_chat_template *tpl;
+    int vocab, ctx;
+    whale_sampler_params defaults; /* serve_config's */
+} serve_text;
+
+/* A parsed generation request. */
+typedef struct {
+    int chat;   /* /v1/chat/completions (else /v1/completions) */
+    int stream, include_usage;
+    int echo;   /* completions: prompt text first */
+    int tools;  /* chat with tools: tool calls are parsed from the reply */
+    char *prompt_text; /* completions with echo: the prompt as text */
+} serve_gen_request;
+
+typedef struct {
+    int prompt, gen, cached;
+} serve_usage;
+
+/* Parse a chat or completion request body into job (prompt ids, limits,
+ * sampling, stop strings) and req. Returns 0, or fills e and returns -1. */
+int serve_parse_generation(const serve_text *tx, int chat, const char *body, size_t len, serve_job *job,
+                           serve_gen_request *req, serve_error *e);
+/* The non-streaming response object (malloc'd JSON). */
+char *serve_completion_json(const serve_text *tx, const serve_gen_request *req, const char *id, long created,
+                            const char *text, size_t len, const char *finish, const serve_usage *u);
+/* One SSE event "data: {...}\n\n" (malloc'd): a chunk with delta text
+ * (role too when first), or the final chunk (finish), or with u the usage
+ * chunk (choices []). */
+char *serve_chunk_event(const serve_text *tx, const serve_gen_request *req, const char *id, long created,
+                        const char *text, size_t len, int first, const char *finish, const serve_usage *u);
+/* /tokenize and /detokenize bodies; /v1/models. */
+int serve_tokenize(const serve_text *tx, const char *body, size_t len, char **out, serve_error *e);
+int serve_detokenize(const serve_text *tx, const char *body, size_t len, char **out, serve_error *e);
+char *serve_models_json(const serve_text *tx, long created);
+
+/* ------------------------------------------------------------ the server */
+struct serve_server {
+    serve_config cfg;
+    char *name;
+    whale_model *m;
+    whale_tokenizer *tok;
+    whale_chat_template *tpl;
+    pthread_mutex_t text_mu;
+    serve_text tx;
+    serve_metrics metrics;
+    serve_engine *eng;
+    struct MHD_Daemon *d;
+    int port;
+    unsigned long next_id;
+};
+
+/* libmicrohttpd's access handler and completion callback (http.c). */
+enum MHD_Result serve_on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                 const char *version, const char *upload, size_t *upload_size, void **con_cls);
+void serve_on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe);
+
+/* The chat page (GET /). */
+extern const char serve_page_html[];
+
+#endif

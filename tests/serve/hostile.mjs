@@ -1,0 +1,129 @@
+// Bad and hostile requests: each gets its 4xx (or its connection closed) and
+// the server keeps serving. Then a full queue (503), and SIGTERM draining,
+// on a second server (SERVE_URL2, SERVE_PID2: --parallel 1 --queue 1).
+import { env, check, finish, call, raw, metric, rssKiB, auth } from './lib.mjs';
+
+const messages = [{ role: 'user', content: 'Hi' }];
+const chat = (extra) => call('/v1/chat/completions', { model: env.model, messages, max_tokens: 2, ...extra });
+
+async function expectError(what, res, status, param, code) {
+  const r = await res;
+  const e = r.json?.error;
+  check(what, r.status === status && e && typeof e.message === 'string' && 'type' in e && 'param' in e &&
+        'code' in e && (param === undefined || e.param === param) && (code === undefined || e.code === code),
+        `${r.status} ${r.text.slice(0, 300)}`);
+}
+
+// malformed bodies and fields
+await expectError('invalid JSON: 400', call('/v1/chat/completions', '{"model": '), 400);
+await expectError('a JSON array body: 400', call('/v1/chat/completions', '[1, 2]'), 400);
+await expectError('messages not an array: 400', chat({ messages: 'hi' }), 400, 'messages');
+await expectError('a message without a role: 400', chat({ messages: [{ content: 'x' }] }), 400, 'messages');
+await expectError('an unknown role: 400', chat({ messages: [{ role: 'wizard', content: 'x' }] }), 400, 'messages');
+await expectError('an image part: 400', chat({ messages: [{ role: 'user', content: [{ type: 'image_url' }] }] }),
+                  400, 'messages');
+await expectError('max_tokens a string: 400', chat({ max_tokens: 'ten' }), 400, 'max_tokens');
+await expectError('max_tokens 1e12: 400', chat({ max_tokens: 1e12 }), 400, 'max_tokens');
+await expectError('max_tokens 0: 400', chat({ max_tokens: 0 }), 400, 'max_tokens');
+await expectError('temperature a string: 400', chat({ temperature: 'hot' }), 400, 'temperature');
+await expectError('top_p 0: 400', chat({ top_p: 0 }), 400, 'top_p');
+await expectError('stream "yes": 400', chat({ stream: 'yes' }), 400, 'stream');
+await expectError('stop a number: 400', chat({ stop: 5 }), 400, 'stop');
+await expectError('five stop strings: 400', chat({ stop: ['a', 'b', 'c', 'd', 'e'] }), 400, 'stop');
+await expectError('logprobs: 400', chat({ logprobs: true }), 400, 'logprobs');
+await expectError('no model: 400', call('/v1/chat/completions', { messages }), 400, 'model');
+await expectError('unknown model: 404', chat({ model: 'gpt-9' }), 404, 'model', 'model_not_found');
+await expectError('a prompt id outside the vocabulary: 400',
+                  call('/v1/completions', { model: env.model, prompt: [1, 99999999] }), 400, 'prompt');
+await expectError('two prompts: 400', call('/v1/completions', { model: env.model, prompt: ['a', 'b'] }), 400, 'prompt');
+await expectError('a prompt longer than the context: 400',
+                  call('/v1/completions', { model: env.model, prompt: 'whale '.repeat(2000) }), 400, undefined,
+                  'context_length_exceeded');
+await expectError('no route: 404', call('/v2/engines'), 404);
+await expectError('GET on a POST route: 405', call('/v1/chat/completions', undefined), 405);
+await expectError('no API key: 401', call('/v1/models', undefined, { headers: {} }), 401);
+await expectError('a key that is a prefix of the right one: 401',
+                  call('/v1/models', undefined, { headers: { Authorization: `Bearer ${env.key.slice(0, -1)}` } }), 401);
+await expectError('tokenize without text: 400', call('/tokenize', { prompt: 5 }), 400, 'prompt');
+await expectError('detokenize a negative id: 400', call('/detokenize', { tokens: [-1] }), 400, 'tokens');
+
+// max_tokens beyond the context is capped by it
+const ctx = (await call('/health', undefined, { headers: {} })).json.ctx_size;
+const big = await call('/v1/completions', { model: env.model, prompt: 'Hi', max_tokens: 100000, ignore_eos: true,
+  temperature: 0 });
+check('max_tokens beyond the context: capped, finish_reason length',
+      big.status === 200 && big.json.choices[0].finish_reason === 'length' &&
+      big.json.usage.prompt_tokens + big.json.usage.completion_tokens === ctx, big.text.slice(0, 300));
+
+// a 100 MB body: 413 from its Content-Length, before it is read
+const head = (n) => `POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${env.key}\r\n` +
+  `Content-Type: application/json\r\nContent-Length: ${n}\r\n\r\n`;
+const huge = await raw([head(100 << 20), Buffer.alloc(4 << 20, 0x20)], { gapMs: 500, timeoutMs: 10000 });
+check('a 100 MB body: 413', /^HTTP\/1\.1 413/.test(huge.out), huge.out.slice(0, 100));
+// a chunked body past the limit: the connection is closed
+const chunk = Buffer.alloc(1 << 20, 0x20);
+const chunked = await raw([`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${env.key}\r\n` +
+  'Transfer-Encoding: chunked\r\n\r\n', ...Array.from({ length: 12 }, () =>
+  Buffer.concat([Buffer.from('100000\r\n'), chunk, Buffer.from('\r\n')]))], { timeoutMs: 10000 });
+check('a chunked body past --max-body: closed', chunked.closed && !/^HTTP\/1\.1 200/.test(chunked.out));
+// a client that disconnects mid-stream cancels its generation and frees its
+// slot; so does one that gives up waiting for a whole reply
+async function abortedBy(what, send) {
+  const before = await metric('whale_requests_aborted_total');
+  await send();
+  let after = before;
+  for (let i = 0; i < 100 && !(after > before && (await metric('whale_slots_busy')) === 0); i++) {
+    await new Promise((r) => setTimeout(r, 100));
+    after = await metric('whale_requests_aborted_total');
+  }
+  check(`${what}: cancelled, slot freed`, after === before + 1 && (await metric('whale_slots_busy')) === 0,
+        `${before} -> ${after}`);
+}
+const streamBody = JSON.stringify({ model: env.model, messages, max_tokens: 240, stream: true, ignore_eos: true });
+await abortedBy('disconnect mid-stream', () => raw([head(Buffer.byteLength(streamBody)) + streamBody], {
+  timeoutMs: 10000, onData: (out, sock) => { if (out.includes('"content":"')) sock.destroy(); } }));
+const wholeBody = JSON.stringify({ model: env.model, messages, max_tokens: 240, ignore_eos: true });
+await abortedBy('disconnect before a whole reply',
+                () => raw([head(Buffer.byteLength(wholeBody)) + wholeBody], { closeAfterMs: 300 }));
+
+// many sequential requests: all answered, memory flat
+const n = env.sanitized ? 200 : 1000;
+let ok = 0, rss0 = 0;
+for (let i = 0; i < n; i++) {
+  const r = await chat({ max_tokens: 1, messages: [{ role: 'user', content: `Request number ${i}` }] });
+  ok += r.status === 200;
+  if (i === 99) rss0 = rssKiB(env.pid);
+}
+const rss1 = rssKiB(env.pid);
+check(`${n} sequential requests: all 200`, ok === n, ok);
+if (!env.sanitized) check(`${n} sequential requests: resident memory flat`, rss1 - rss0 < 16384, `${rss0} -> ${rss1} KiB`);
+check('still serving', (await chat({})).status === 200);
+
+// a second server, one slot and a queue of one: the third request gets 503
+if (process.env.SERVE_URL2) {
+  const url2 = process.env.SERVE_URL2, port2 = Number(new URL(url2).port);
+  // a body sent one byte a second: closed after --timeout (3 s on the second server)
+  const t0 = Date.now();
+  const body = JSON.stringify({ model: env.model, messages, max_tokens: 1 });
+  const slow = await raw([head(body.length), ...body.split('')], { gapMs: 1000, timeoutMs: 15000, port: port2 });
+  check('one byte a second: closed within the timeout', slow.closed && Date.now() - t0 < 12000, Date.now() - t0);
+
+  const long = () => fetch(url2 + '/v1/chat/completions', { method: 'POST', headers: auth,
+    body: JSON.stringify({ model: env.model, messages, max_tokens: 200, ignore_eos: true, stream: true }) });
+  const first = await long(), second = await long(), third = await long();
+  check('queue full: 503 with Retry-After', third.status === 503 && third.headers.get('retry-after') === '1',
+        third.status);
+  await third.text();
+  // SIGTERM: the running and queued streams finish, then the process exits
+  process.kill(Number(process.env.SERVE_PID2), 'SIGTERM');
+  await new Promise((r) => setTimeout(r, 200));
+  const health = await fetch(url2 + '/health').then((r) => r.status, () => 'closed');
+  check('draining: /health says 503', health === 503 || health === 'closed', health);
+  const refused = await fetch(url2 + '/v1/chat/completions', { method: 'POST', headers: auth,
+    body: JSON.stringify({ model: env.model, messages }) }).then((r) => r.status, () => 'closed');
+  check('draining: new requests are refused', refused === 503 || refused === 'closed', refused);
+  const [a, b] = [await first.text(), await second.text()];
+  check('draining: running and queued streams end with [DONE]',
+        a.trimEnd().endsWith('data: [DONE]') && b.trimEnd().endsWith('data: [DONE]'));
+}
+finish('serve-hostile');
