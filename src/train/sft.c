@@ -723,7 +723,10 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
         int n_micro = 0;
         for (int i = 0; i < grad_accum && !c; i++, n_micro++) {
             int64_t left = cur->windows ? cur->windows - cur->index : rows;
-            if (left == 0 && i > 0) break; /* the epoch's last step ends with it */
+            /* the epoch's last step ends with it, as Hugging Face counts; on N
+             * ranks only where its micro-batches divide among them (else the
+             * step goes on into the next epoch) */
+            if (left == 0 && i > 0 && i % whale_dist_size() == 0) break;
             int nb = left > 0 && left < B ? (int)left : B;
             if (!(c = whale_sft_next_batch(ds, cur, nb, S, &micro[i], err))) {
                 whale_batch_trim(&micro[i]);

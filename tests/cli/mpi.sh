@@ -101,6 +101,14 @@ for tt in lora full; do
         cmp -s "$TMP"/sft1-$tt/v0-*/checkpoint-3/optimizer.safetensors "$TMP"/sft2-$tt/v0-*/checkpoint-3/optimizer.safetensors
 done
 
+# an epoch that ends inside a step whose micro-batches do not divide among
+# the ranks: the step goes on into the next epoch (no error at the epoch's end)
+run2 "$WHALE" sft -m "$TMP/base" --data "$DATA/../../data/self_cognition.jsonl#5" --model-name W W --model-author A A \
+    --max-steps 4 --batch-size 1 \
+    --grad-accum 2 --save-steps 4 --lr 1e-3 --threads 1 --quiet --out "$TMP/sft-epoch" >/dev/null 2>"$TMP/err"
+check "sft on 2 ranks past an epoch end that splits a step: $(tail -1 "$TMP/err")" \
+    test -s "$(ls "$TMP"/sft-epoch/v0-*/checkpoint-4/adapter_model.safetensors)"
+
 # faults: rank 1 killed with SIGKILL mid-run, or stopped (a hang); the job ends within the bound
 rank_pid() { # rank_pid OUT_DIR RANK: the pid of that rank of the run writing OUT_DIR (no procps needed)
     local p
