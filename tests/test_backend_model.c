@@ -5,9 +5,12 @@
  * the largest value): fp32 logits 1e-5, loss 1e-6, gradients 1e-4 per
  * parameter (norm-wise; sums of thousands of terms in another order, and
  * a 1e-7 difference in a routing logit is amplified by the backward's
- * divisions); bf16 logits 1e-3 (activations are rounded to bf16 between
- * products, so a 1e-7 difference could move a value by one bf16 step;
- * measured 5e-8: the roundings agree). */
+ * divisions); bf16 logits 2e-2 (activations are rounded to bf16 before
+ * each product, so a 1e-7 difference in a sum can move a value by one bf16
+ * step, 2⁻⁸ relative, and that step travels: measured 6e-8 where the cpu
+ * backend has bf16 products, 2e-3 for nanowhale at the AVX2 tier, whose
+ * bf16 products are fp32 products of the rounded operands summed in
+ * another order). */
 #include "testutil.h"
 
 #include "whale.h"
@@ -103,7 +106,7 @@ static void check_family(whale_model *m, const char *name) {
     run_bf16(m, "ref", ids, r16);
     double d16 = test_max_abs_diff(c16, r16, n) / test_max_abs(r16, n);
     printf("%s bf16 on the ref backend: logits %.2g\n", name, d16);
-    CHECK(d16 <= 1e-3, "%s: bf16 logits differ by %.3g", name, d16);
+    CHECK(d16 <= 2e-2, "%s: bf16 logits differ by %.3g", name, d16);
     free(c16), free(r16);
     free_result(&cpu), free_result(&ref);
 }

@@ -58,7 +58,7 @@ static int run_on_ranks(int (*fn)(int, char **), const char *cmd, int argc, char
     if (quiet && !freopen("/dev/null", "w", stdout)) whale_dist_abort(3);
     int status = fn(argc, argv);
     if (status && saved >= 0) { /* let rank 0 speak first */
-        nanosleep(&(struct timespec){0, 300000000}, NULL);
+        nanosleep(&(struct timespec){3, 0}, NULL); /* rank 0's MPI_Abort ends the job first */
         fflush(stderr);
         rewind(held);
         char line[4096];
