@@ -98,7 +98,8 @@ int cmd_init(int argc, char **argv) {
     whale_dtype dt = WHALE_F32;
     if (wants_help(argc, argv)) {
         puts("usage: whale init --preset NAME|FILE.json --out DIR [--seed N] [--dtype fp32|bf16|fp16] [--tokenizer DIR]\n"
-             "  presets: nanowhale-100m, small, debug, tiny (nanowhale); qwen2.5-0.5b, qwen2.5-7b, qwen2-tiny (Qwen2)\n"
+             "  presets: nanowhale-100m, small, debug, tiny (nanowhale); qwen2.5-0.5b, qwen2.5-7b, qwen2-tiny (Qwen2);\n"
+             "  smollm2-135m, llama-3.2-1b, llama-tiny (Llama); qwen3-0.6b, qwen3-tiny (Qwen3)\n"
              "  writes config.json + model.safetensors with the family's reference initialisation, one tensor at\n"
              "  a time (a 7B model in bf16 needs no more memory than its largest tensor);\n"
              "  --tokenizer copies tokenizer.json (+ tokenizer_config.json, chat_template.jinja) into DIR");
