@@ -23,28 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static double rel_max(const float *a, const float *b, long n) {
-    double d = test_max_abs_diff(a, b, n), m = test_max_abs(b, n);
-    return m > 0 ? d / m : d;
-}
-
-static const whale_st_entry *need(const whale_st *g, const char *name) {
-    const whale_st_entry *e = whale_st_find(g, name);
-    CHECK(e != NULL, "golden tensor %s missing", name);
-    return e;
-}
-
-static long numel(const whale_model *m, int i) {
-    whale_tensor t = whale_model_param(m, i);
-    return (long)whale_shape_numel(t.ndim, t.shape);
-}
-
-static size_t total_params(const whale_model *m) {
-    size_t n = 0;
-    for (int i = 0; i < whale_model_num_params(m); i++) n += (size_t)numel(m, i);
-    return n;
-}
-
 static void forward_all(whale_model *m, const int32_t *ids, int B, int S, float *logits) {
     whale_err err;
     whale_session *s;
@@ -68,7 +46,7 @@ static void on_trace(void *user, const char *name, const whale_tensor *t) {
     long n = (long)whale_shape_numel(t->ndim, t->shape);
     CHECK(g->nbytes == (size_t)n * 4, "%s %s: %zu bytes vs %ld floats", ctx->label, name, g->nbytes, n);
     if (g->nbytes != (size_t)n * 4) return;
-    double r = rel_max(t->data, g->data, n);
+    double r = test_rel_max(t->data, g->data, n);
     ctx->compared++;
     if (r > ctx->worst) ctx->worst = r;
     CHECK(r <= 1e-5, "%s %s: max |diff| %.3g of max |ref|", ctx->label, name, r);
@@ -78,7 +56,7 @@ static void on_trace(void *user, const char *name, const whale_tensor *t) {
 
 static void check_forward(whale_model *m, const whale_st *g, const char *label, float *logits, int decode) {
     whale_err err;
-    const whale_st_entry *ids_e = need(g, "input_ids");
+    const whale_st_entry *ids_e = test_need_tensor(g, "input_ids");
     int B = (int)ids_e->shape[0], S = (int)ids_e->shape[1], V = whale_model_vocab_size(m);
     whale_session *s;
     CHECK(whale_session_new(m, B, S, &s, &err) == WHALE_OK, "%s", err.msg);
@@ -86,7 +64,7 @@ static void check_forward(whale_model *m, const whale_st *g, const char *label, 
     whale_session_set_trace(s, on_trace, &ctx);
     CHECK(whale_session_forward(s, ids_e->data, B, S, logits, 1, &err) == WHALE_OK, "%s", err.msg);
     whale_session_free(s);
-    double r = rel_max(logits, need(g, "logits")->data, (long)B * S * V);
+    double r = test_rel_max(logits, test_need_tensor(g, "logits")->data, (long)B * S * V);
     printf("%s: logits %.2g, %d intermediates ≤ %.2g (relative to max |ref|)\n", label, r, ctx.compared, ctx.worst);
     CHECK(r <= 1e-5 && ctx.compared >= 20, "%s logits: %.3g, %d traced tensors", label, r, ctx.compared);
     if (!decode) return; /* dynamic scaling past the window: a cached key keeps the frequencies it was rotated with */
@@ -98,7 +76,7 @@ static void check_forward(whale_model *m, const whale_st *g, const char *label, 
         for (int b = 0; b < B; b++) tok[b] = ((const int32_t *)ids_e->data)[(size_t)b * S + p];
         CHECK(whale_session_forward(s, tok, B, 1, step, 0, &err) == WHALE_OK, "%s", err.msg);
         for (int b = 0; b < B; b++)
-            worst = fmax(worst, rel_max(step + (size_t)b * V, (const float *)need(g, "logits")->data +
+            worst = fmax(worst, test_rel_max(step + (size_t)b * V, (const float *)test_need_tensor(g, "logits")->data +
                                                                    ((size_t)b * S + p) * V, V));
     }
     whale_session_free(s);
@@ -109,7 +87,7 @@ static void check_forward(whale_model *m, const whale_st *g, const char *label, 
 
 static void check_grads(whale_model *m, const whale_st *g, const char *label) {
     whale_err err;
-    const whale_st_entry *ids_e = need(g, "input_ids"), *lab_e = need(g, "labels");
+    const whale_st_entry *ids_e = test_need_tensor(g, "input_ids"), *lab_e = test_need_tensor(g, "labels");
     int B = (int)ids_e->shape[0], S = (int)ids_e->shape[1];
     whale_session *s, *rs;
     double loss;
@@ -117,22 +95,22 @@ static void check_grads(whale_model *m, const whale_st *g, const char *label) {
     CHECK(whale_train_session_new(m, B, S, 0, &s, &err) == WHALE_OK, "%s", err.msg);
     CHECK(whale_session_train_step(s, ids_e->data, lab_e->data, NULL, NULL, B, S, 1.0, &loss, &count, &err) == WHALE_OK,
           "%s", err.msg);
-    float lr = *(const float *)need(g, "loss")->data;
+    float lr = *(const float *)test_need_tensor(g, "loss")->data;
     CHECK(fabs(loss - lr) <= 1e-5 * fabs(lr), "%s loss %.9g vs %.9g", label, loss, lr);
     double worst = 0;
     const char *worst_name = "";
     for (int i = 0; i < whale_model_num_params(m); i++) {
         char key[160];
         snprintf(key, sizeof key, "grad.%s", whale_model_param_name(m, i));
-        const whale_st_entry *e = need(g, key);
-        if (!e || e->nbytes != (size_t)numel(m, i) * 4) continue;
-        double r = rel_max(whale_session_grad(s, i), e->data, numel(m, i));
+        const whale_st_entry *e = test_need_tensor(g, key);
+        if (!e || e->nbytes != (size_t)test_param_numel(m, i) * 4) continue;
+        double r = test_rel_max(whale_session_grad(s, i), e->data, test_param_numel(m, i));
         if (r > worst) worst = r, worst_name = whale_model_param_name(m, i);
     }
     printf("%s: loss %.7f, %d gradients ≤ %.2g of max |ref| (%s)\n", label, loss, whale_model_num_params(m), worst,
            worst_name);
     CHECK(worst <= 1e-4, "%s gradient of %s: %.3g of max |ref|", label, worst_name, worst);
-    size_t n = total_params(m);
+    size_t n = test_total_params(m);
     CHECK(whale_train_session_new(m, B, S, 1, &rs, &err) == WHALE_OK, "%s", err.msg);
     CHECK(whale_session_train_step(rs, ids_e->data, lab_e->data, NULL, NULL, B, S, 1.0, &loss, &count, &err) == WHALE_OK,
           "%s", err.msg);
@@ -144,16 +122,16 @@ static void check_grads(whale_model *m, const whale_st *g, const char *label) {
 
 static void check_packed(whale_model *m, const whale_st *g, const char *label) {
     whale_err err;
-    const whale_st_entry *ids_e = need(g, "packed.input_ids");
+    const whale_st_entry *ids_e = test_need_tensor(g, "packed.input_ids");
     int S = (int)ids_e->shape[1];
     whale_session *s;
     double loss;
     int64_t cnt;
     CHECK(whale_train_session_new(m, 1, S, 0, &s, &err) == WHALE_OK, "%s", err.msg);
-    CHECK(whale_session_train_step(s, ids_e->data, need(g, "packed.labels")->data, need(g, "packed.position_ids")->data,
-                                   need(g, "packed.segment_start")->data, 1, S, 0.0, &loss, &cnt, &err) == WHALE_OK,
+    CHECK(whale_session_train_step(s, ids_e->data, test_need_tensor(g, "packed.labels")->data, test_need_tensor(g, "packed.position_ids")->data,
+                                   test_need_tensor(g, "packed.segment_start")->data, 1, S, 0.0, &loss, &cnt, &err) == WHALE_OK,
           "%s", err.msg);
-    float lr = *(const float *)need(g, "packed.loss")->data;
+    float lr = *(const float *)test_need_tensor(g, "packed.loss")->data;
     printf("%s: packed row loss %.7f (reference %.7f)\n", label, loss, lr);
     CHECK(fabs(loss - lr) <= 1e-5 * fabs(lr), "%s packed loss %.9g vs %.9g", label, loss, lr);
     whale_session_free(s);
@@ -163,10 +141,10 @@ static void check_packed(whale_model *m, const whale_st *g, const char *label) {
  * training gradients near fp32's. */
 static void check_precisions(whale_model *m, const whale_st *g, const char *label, const float *logits32) {
     whale_err err;
-    const whale_st_entry *ids_e = need(g, "input_ids"), *lab_e = need(g, "labels");
+    const whale_st_entry *ids_e = test_need_tensor(g, "input_ids"), *lab_e = test_need_tensor(g, "labels");
     int B = (int)ids_e->shape[0], S = (int)ids_e->shape[1], V = whale_model_vocab_size(m);
     long nl = (long)B * S * V;
-    size_t n = total_params(m);
+    size_t n = test_total_params(m);
     float *lg = malloc(sizeof(float) * (size_t)nl), *g32 = malloc(n * sizeof(float));
     whale_session *s;
     double loss;
@@ -181,7 +159,7 @@ static void check_precisions(whale_model *m, const whale_st *g, const char *labe
     for (int k = 0; k < 3; k++) {
         CHECK(whale_model_set_dtype(m, dts[k], &err) == WHALE_OK, "%s", err.msg);
         forward_all(m, ids_e->data, B, S, lg);
-        double rl = rel_max(lg, logits32, nl);
+        double rl = test_rel_max(lg, logits32, nl);
         printf("%s: %s logits %.2g of max |logit| from fp32\n", label, whale_dtype_name(dts[k]), rl);
         CHECK(rl <= bound[k], "%s %s logits: %.3g from fp32", label, whale_dtype_name(dts[k]), rl);
         if (dts[k] == WHALE_BF16) {
@@ -205,7 +183,7 @@ static void check_precisions(whale_model *m, const whale_st *g, const char *labe
  * frequencies do not depend on the forward. */
 static void check_greedy(whale_model *m, const whale_st *g, const char *label, int cached) {
     whale_err err;
-    const whale_st_entry *pe = need(g, "greedy_prompt"), *te = need(g, "greedy_tokens");
+    const whale_st_entry *pe = test_need_tensor(g, "greedy_prompt"), *te = test_need_tensor(g, "greedy_tokens");
     int np = (int)pe->shape[0], nt = (int)te->shape[0], V = whale_model_vocab_size(m), cap = np + nt;
     const int32_t *want = te->data;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)cap);
@@ -253,7 +231,7 @@ static void check_case(const char *name, int rope_fixed) {
         return;
     }
     CHECK(!strcmp(whale_model_family(m), "dense"), "%s: family", name);
-    const whale_st_entry *ids_e = need(g, "input_ids");
+    const whale_st_entry *ids_e = test_need_tensor(g, "input_ids");
     float *logits = malloc(sizeof(float) * (size_t)(ids_e->shape[0] * ids_e->shape[1]) * whale_model_vocab_size(m));
     check_forward(m, g, name, logits, rope_fixed);
     check_grads(m, g, name);
@@ -282,27 +260,27 @@ static void check_lora_reference(void) {
         return;
     }
     CHECK(whale_lora_load(m, adir, &err) == WHALE_OK, "%s", err.msg);
-    const whale_st_entry *ids_e = need(g, "input_ids"), *lab_e = need(g, "labels");
+    const whale_st_entry *ids_e = test_need_tensor(g, "input_ids"), *lab_e = test_need_tensor(g, "labels");
     int B = (int)ids_e->shape[0], S = (int)ids_e->shape[1], V = whale_model_vocab_size(m);
     long nl = (long)B * S * V;
     float *lg = malloc(sizeof(float) * (size_t)nl);
     forward_all(m, ids_e->data, B, S, lg);
-    double rl = rel_max(lg, need(g, "logits")->data, nl);
+    double rl = test_rel_max(lg, test_need_tensor(g, "logits")->data, nl);
     whale_session *ts;
     double loss;
     int64_t cnt;
     CHECK(whale_train_session_new(m, B, S, 0, &ts, &err) == WHALE_OK, "%s", err.msg);
     CHECK(whale_session_train_step(ts, ids_e->data, lab_e->data, NULL, NULL, B, S, 1.0, &loss, &cnt, &err) == WHALE_OK,
           "%s", err.msg);
-    float lref = *(const float *)need(g, "loss")->data;
+    float lref = *(const float *)test_need_tensor(g, "loss")->data;
     int n_base = whale_model_num_params(m) - 2 * whale_lora_count(m), compared = 0;
     double worst = 0;
     for (int i = n_base; i < whale_model_num_params(m); i++) {
         char key[256];
         snprintf(key, sizeof key, "grad.base_model.model.%s", whale_model_param_name(m, i));
-        const whale_st_entry *e = need(g, key);
-        if (!e || e->nbytes != (size_t)numel(m, i) * 4) continue;
-        worst = fmax(worst, test_rel_norm(whale_session_grad(ts, i), e->data, numel(m, i)));
+        const whale_st_entry *e = test_need_tensor(g, key);
+        if (!e || e->nbytes != (size_t)test_param_numel(m, i) * 4) continue;
+        worst = fmax(worst, test_rel_norm(whale_session_grad(ts, i), e->data, test_param_numel(m, i)));
         compared++;
     }
     whale_session_free(ts);
@@ -313,7 +291,7 @@ static void check_lora_reference(void) {
           "LoRA: logits %.3g, loss %.9g vs %.9g, gradients %.3g", rl, loss, lref, worst);
     CHECK(whale_lora_merge(m, &err) == WHALE_OK, "%s", err.msg);
     forward_all(m, ids_e->data, B, S, lg);
-    double rm = rel_max(lg, need(g, "merged_logits")->data, nl);
+    double rm = test_rel_max(lg, test_need_tensor(g, "merged_logits")->data, nl);
     CHECK(rm <= 1e-5, "merged logits: %.3g", rm);
     free(lg);
     whale_model_free(m);

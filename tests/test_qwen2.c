@@ -23,29 +23,6 @@
 #include <string.h>
 #include <unistd.h>
 
-/* max |a − b| / max |b| over n floats (0/0 = 0) */
-static double rel_max(const float *a, const float *b, long n) {
-    double d = test_max_abs_diff(a, b, n), m = test_max_abs(b, n);
-    return m > 0 ? d / m : d;
-}
-
-static const whale_st_entry *need(const whale_st *g, const char *name) {
-    const whale_st_entry *e = whale_st_find(g, name);
-    CHECK(e != NULL, "golden tensor %s missing", name);
-    return e;
-}
-
-static long numel(const whale_model *m, int i) {
-    whale_tensor t = whale_model_param(m, i);
-    return (long)whale_shape_numel(t.ndim, t.shape);
-}
-
-static size_t total_params(const whale_model *m) {
-    size_t n = 0;
-    for (int i = 0; i < whale_model_num_params(m); i++) n += (size_t)numel(m, i);
-    return n;
-}
-
 /* ------------------------------------------------------------ traces */
 
 typedef struct {
@@ -66,7 +43,7 @@ static void on_trace(void *user, const char *name, const whale_tensor *t) {
     CHECK(g->dtype == WHALE_F32 && g->nbytes == (size_t)n * 4, "%s %s: %zu bytes vs %ld floats", ctx->label, key,
           g->nbytes, n);
     if (g->nbytes != (size_t)n * 4) return;
-    double r = rel_max(t->data, g->data, n);
+    double r = test_rel_max(t->data, g->data, n);
     ctx->compared++;
     if (r > ctx->worst) ctx->worst = r;
     CHECK(r <= 1e-5, "%s %s: max |diff| %.3g of max |ref|", ctx->label, key, r);
@@ -76,7 +53,7 @@ static void on_trace(void *user, const char *name, const whale_tensor *t) {
 
 static void check_forward(whale_model *m, const whale_st *g, const char *label, float *logits) {
     whale_err err;
-    const whale_st_entry *ids_e = need(g, "input_ids");
+    const whale_st_entry *ids_e = test_need_tensor(g, "input_ids");
     int B = (int)ids_e->shape[0], S = (int)ids_e->shape[1], V = whale_model_vocab_size(m);
     long nl = (long)B * S * V;
     whale_session *s;
@@ -85,7 +62,7 @@ static void check_forward(whale_model *m, const whale_st *g, const char *label, 
     whale_session_set_trace(s, on_trace, &ctx);
     CHECK(whale_session_forward(s, ids_e->data, B, S, logits, 1, &err) == WHALE_OK, "%s", err.msg);
     whale_session_free(s);
-    double r = rel_max(logits, need(g, "logits")->data, nl);
+    double r = test_rel_max(logits, test_need_tensor(g, "logits")->data, nl);
     printf("%s: logits %.2g, %d intermediates ≤ %.2g (relative to max |ref|)\n", label, r, ctx.compared, ctx.worst);
     CHECK(r <= 1e-5, "%s logits: max |diff| %.3g of max |logit|", label, r);
     CHECK(ctx.compared >= 10, "%s: only %d traced tensors compared", label, ctx.compared);
@@ -95,7 +72,7 @@ static void check_forward(whale_model *m, const whale_st *g, const char *label, 
     float *step = malloc(sizeof(float) * (size_t)B * V), *pre = malloc(sizeof(float) * (size_t)B * 5 * V);
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)B * 5);
     const int32_t *ids = ids_e->data;
-    const float *ref = need(g, "logits")->data;
+    const float *ref = test_need_tensor(g, "logits")->data;
     double worst_ref = 0, worst_full = 0;
     CHECK(whale_session_new(m, B, S, &s, &err) == WHALE_OK, "%s", err.msg);
     for (int b = 0; b < B; b++) memcpy(tok + b * 5, ids + (size_t)b * S, sizeof(int32_t) * 5);
@@ -103,15 +80,15 @@ static void check_forward(whale_model *m, const whale_st *g, const char *label, 
     for (int b = 0; b < B; b++)
         for (int p = 0; p < 5; p++) {
             const float *got = pre + ((size_t)b * 5 + p) * V;
-            worst_ref = fmax(worst_ref, rel_max(got, ref + ((size_t)b * S + p) * V, V));
-            worst_full = fmax(worst_full, rel_max(got, logits + ((size_t)b * S + p) * V, V));
+            worst_ref = fmax(worst_ref, test_rel_max(got, ref + ((size_t)b * S + p) * V, V));
+            worst_full = fmax(worst_full, test_rel_max(got, logits + ((size_t)b * S + p) * V, V));
         }
     for (int p = 5; p < S; p++) {
         for (int b = 0; b < B; b++) tok[b] = ids[(size_t)b * S + p];
         CHECK(whale_session_forward(s, tok, B, 1, step, 0, &err) == WHALE_OK, "%s", err.msg);
         for (int b = 0; b < B; b++) {
-            worst_ref = fmax(worst_ref, rel_max(step + (size_t)b * V, ref + ((size_t)b * S + p) * V, V));
-            worst_full = fmax(worst_full, rel_max(step + (size_t)b * V, logits + ((size_t)b * S + p) * V, V));
+            worst_ref = fmax(worst_ref, test_rel_max(step + (size_t)b * V, ref + ((size_t)b * S + p) * V, V));
+            worst_full = fmax(worst_full, test_rel_max(step + (size_t)b * V, logits + ((size_t)b * S + p) * V, V));
         }
     }
     CHECK(whale_session_cached(s) == S, "cached %d", whale_session_cached(s));
@@ -126,7 +103,7 @@ static void check_forward(whale_model *m, const whale_st *g, const char *label, 
 
 static void check_grads(whale_model *m, const whale_st *g, const char *label) {
     whale_err err;
-    const whale_st_entry *ids_e = need(g, "input_ids"), *lab_e = need(g, "labels");
+    const whale_st_entry *ids_e = test_need_tensor(g, "input_ids"), *lab_e = test_need_tensor(g, "labels");
     int B = (int)ids_e->shape[0], S = (int)ids_e->shape[1];
     whale_session *s;
     double loss;
@@ -134,7 +111,7 @@ static void check_grads(whale_model *m, const whale_st *g, const char *label) {
     CHECK(whale_train_session_new(m, B, S, 0, &s, &err) == WHALE_OK, "%s", err.msg);
     CHECK(whale_session_train_step(s, ids_e->data, lab_e->data, NULL, NULL, B, S, 1.0, &loss, &count, &err) == WHALE_OK,
           "%s", err.msg);
-    float lr = *(const float *)need(g, "loss")->data;
+    float lr = *(const float *)test_need_tensor(g, "loss")->data;
     CHECK(fabs(loss - lr) <= 1e-5 * fabs(lr), "%s loss %.9g vs %.9g", label, loss, lr);
     CHECK(count == whale_count_targets(lab_e->data, B, S), "%s count %lld", label, (long long)count);
     double worst = 0;
@@ -142,16 +119,16 @@ static void check_grads(whale_model *m, const whale_st *g, const char *label) {
     for (int i = 0; i < whale_model_num_params(m); i++) {
         char key[160];
         snprintf(key, sizeof key, "grad.%s", whale_model_param_name(m, i));
-        const whale_st_entry *e = need(g, key);
-        if (!e || e->nbytes != (size_t)numel(m, i) * 4) continue;
-        double r = rel_max(whale_session_grad(s, i), e->data, numel(m, i));
+        const whale_st_entry *e = test_need_tensor(g, key);
+        if (!e || e->nbytes != (size_t)test_param_numel(m, i) * 4) continue;
+        double r = test_rel_max(whale_session_grad(s, i), e->data, test_param_numel(m, i));
         if (r > worst) worst = r, worst_name = whale_model_param_name(m, i);
     }
     printf("%s: loss %.7f, gradients ≤ %.2g of max |ref| (%s)\n", label, loss, worst, worst_name);
     CHECK(worst <= 1e-4, "%s gradient of %s: max |diff| %.3g of max |ref|", label, worst_name, worst);
 
     /* the same step again: bit-identical; with recompute: bit-identical */
-    size_t n = total_params(m);
+    size_t n = test_total_params(m);
     float *first = malloc(n * sizeof(float));
     memcpy(first, whale_session_grad(s, 0), n * sizeof(float));
     whale_session_zero_grad(s);
@@ -176,9 +153,9 @@ static void check_grads(whale_model *m, const whale_st *g, const char *label) {
  * each) against the reference, then against the documents as their own rows. */
 static void check_packed(whale_model *m, const whale_st *g, const char *label) {
     whale_err err;
-    const whale_st_entry *ids_e = need(g, "packed.input_ids");
-    const int32_t *ids = ids_e->data, *pos = need(g, "packed.position_ids")->data,
-                  *seg = need(g, "packed.segment_start")->data, *lab = need(g, "packed.labels")->data;
+    const whale_st_entry *ids_e = test_need_tensor(g, "packed.input_ids");
+    const int32_t *ids = ids_e->data, *pos = test_need_tensor(g, "packed.position_ids")->data,
+                  *seg = test_need_tensor(g, "packed.segment_start")->data, *lab = test_need_tensor(g, "packed.labels")->data;
     int S = (int)ids_e->shape[1], n1 = 0;
     while (n1 < S && seg[n1] == 0) n1++;
     int n2 = S - n1;
@@ -190,10 +167,10 @@ static void check_packed(whale_model *m, const whale_st *g, const char *label) {
     whale_session_set_trace(s, on_trace, &ctx);
     CHECK(whale_session_train_step(s, ids, lab, pos, seg, 1, S, 1.0, &loss, &cnt, &err) == WHALE_OK, "%s", err.msg);
     whale_session_set_trace(s, NULL, NULL);
-    float lr = *(const float *)need(g, "packed.loss")->data;
+    float lr = *(const float *)test_need_tensor(g, "packed.loss")->data;
     CHECK(ctx.compared == 1 && fabs(loss - lr) <= 1e-5 * fabs(lr), "%s packed: loss %.9g vs %.9g (%d compared)", label,
           loss, lr, ctx.compared);
-    size_t n = total_params(m);
+    size_t n = test_total_params(m);
     float *packed = malloc(n * sizeof(float));
     memcpy(packed, whale_session_grad(s, 0), n * sizeof(float));
     /* the documents alone, each weighted by its share of the targets */
@@ -204,7 +181,7 @@ static void check_packed(whale_model *m, const whale_st *g, const char *label) {
     CHECK(whale_session_train_step(s, ids + n1, NULL, NULL, NULL, 1, n2, (double)(n2 - 1) / (double)cnt, &l2, &c2,
                                    &err) == WHALE_OK,
           "%s", err.msg);
-    double lsep = (l1 * (double)c1 + l2 * (double)c2) / (double)(c1 + c2), r = rel_max(whale_session_grad(s, 0), packed, (long)n);
+    double lsep = (l1 * (double)c1 + l2 * (double)c2) / (double)(c1 + c2), r = test_rel_max(whale_session_grad(s, 0), packed, (long)n);
     printf("%s: packed row vs its documents: loss %.9g vs %.9g, gradients %.2g\n", label, loss, lsep, r);
     CHECK(c1 + c2 == cnt && fabs(lsep - loss) <= 1e-6 * fabs(loss), "%s packed loss %.9g vs separate %.9g", label, loss,
           lsep);
@@ -216,10 +193,10 @@ static void check_packed(whale_model *m, const whale_st *g, const char *label) {
 /* bf16 products: logits and gradients near fp32's. */
 static void check_bf16(whale_model *m, const whale_st *g, const char *label, const float *logits32) {
     whale_err err;
-    const whale_st_entry *ids_e = need(g, "input_ids"), *lab_e = need(g, "labels");
+    const whale_st_entry *ids_e = test_need_tensor(g, "input_ids"), *lab_e = test_need_tensor(g, "labels");
     int B = (int)ids_e->shape[0], S = (int)ids_e->shape[1], V = whale_model_vocab_size(m);
     long nl = (long)B * S * V;
-    size_t n = total_params(m);
+    size_t n = test_total_params(m);
     float *lg = malloc(sizeof(float) * (size_t)nl), *g32 = malloc(n * sizeof(float));
     whale_session *s;
     double loss;
@@ -233,7 +210,7 @@ static void check_bf16(whale_model *m, const whale_st *g, const char *label, con
     CHECK(whale_session_new(m, B, S, &s, &err) == WHALE_OK, "%s", err.msg);
     CHECK(whale_session_forward(s, ids_e->data, B, S, lg, 1, &err) == WHALE_OK, "%s", err.msg);
     whale_session_free(s);
-    double rl = rel_max(lg, logits32, nl);
+    double rl = test_rel_max(lg, logits32, nl);
     CHECK(whale_train_session_new(m, B, S, 0, &s, &err) == WHALE_OK, "%s", err.msg);
     CHECK(whale_session_train_step(s, ids_e->data, lab_e->data, NULL, NULL, B, S, 1.0, &loss, &cnt, &err) == WHALE_OK,
           "%s", err.msg);
@@ -261,7 +238,7 @@ static void check_case(const char *name) {
     CHECK(!strcmp(whale_model_family(m), "dense") && !strcmp(whale_model_type(m), "qwen2") && whale_model_eos_ids(m, eos, 8) == 2 && eos[0] == 1 &&
               eos[1] == 2,
           "%s: family and eos list", name);
-    const whale_st_entry *ids_e = need(g, "input_ids");
+    const whale_st_entry *ids_e = test_need_tensor(g, "input_ids");
     float *logits = malloc(sizeof(float) * (size_t)(ids_e->shape[0] * ids_e->shape[1]) * whale_model_vocab_size(m));
     check_forward(m, g, name, logits);
     check_grads(m, g, name);
@@ -351,7 +328,7 @@ static void check_lora(void) {
     CHECK(whale_lora_merge(m, &err) == WHALE_OK, "%s", err.msg);
     CHECK(whale_lora_count(m) == 0 && whale_model_num_params(m) == n_base, "merge drops the adapters");
     forward_all(m, ids, B, S, merged);
-    double r = rel_max(merged, adapted, (long)B * S * V);
+    double r = test_rel_max(merged, adapted, (long)B * S * V);
     printf("qwen2-tiny LoRA: %d adapters, %lld parameters; merged vs adapted logits %.2g\n", 7 * L, (long long)want, r);
     CHECK(r <= 1e-5, "merged logits differ from the adapted ones by %.3g", r);
     free(before);
@@ -368,13 +345,13 @@ static void check_lora(void) {
 static void check_lora_pass(whale_model *m, const whale_st *g, const char *prefix, const char *label) {
     whale_err err;
     char key[256];
-    const whale_st_entry *ids_e = need(g, "input_ids"), *lab_e = need(g, "labels");
+    const whale_st_entry *ids_e = test_need_tensor(g, "input_ids"), *lab_e = test_need_tensor(g, "labels");
     int B = (int)ids_e->shape[0], S = (int)ids_e->shape[1], V = whale_model_vocab_size(m);
     long nl = (long)B * S * V;
     float *logits = malloc(sizeof(float) * (size_t)nl);
     forward_all(m, ids_e->data, B, S, logits);
     snprintf(key, sizeof key, "%slogits", prefix);
-    double rl = rel_max(logits, need(g, key)->data, nl);
+    double rl = test_rel_max(logits, test_need_tensor(g, key)->data, nl);
     CHECK(rl <= 1e-5, "%s logits: max |diff| %.3g of max |logit|", label, rl);
     free(logits);
 
@@ -387,7 +364,7 @@ static void check_lora_pass(whale_model *m, const whale_st *g, const char *prefi
     CHECK(whale_session_train_step(ts, ids_e->data, lab_e->data, NULL, NULL, B, S, 1.0, &loss, &cnt, &err) == WHALE_OK,
           "%s", err.msg);
     snprintf(key, sizeof key, "%sloss", prefix);
-    float lref = *(const float *)need(g, key)->data;
+    float lref = *(const float *)test_need_tensor(g, key)->data;
     CHECK(fabs(loss - lref) <= 1e-5 * fabs(lref), "%s loss %.9g vs %.9g", label, loss, lref);
     CHECK(cnt == whale_count_targets(lab_e->data, B, S), "%s: %lld targets", label, (long long)cnt);
     int n_base = whale_model_num_params(m) - 2 * whale_lora_count(m), compared = 0;
@@ -400,9 +377,9 @@ static void check_lora_pass(whale_model *m, const whale_st *g, const char *prefi
             continue;
         }
         snprintf(key, sizeof key, "%sgrad.base_model.model.%s", prefix, whale_model_param_name(m, i));
-        const whale_st_entry *e = need(g, key);
-        if (!e || e->nbytes != (size_t)numel(m, i) * 4) continue;
-        double r = test_rel_norm(whale_session_grad(ts, i), e->data, numel(m, i));
+        const whale_st_entry *e = test_need_tensor(g, key);
+        if (!e || e->nbytes != (size_t)test_param_numel(m, i) * 4) continue;
+        double r = test_rel_norm(whale_session_grad(ts, i), e->data, test_param_numel(m, i));
         compared++;
         if (r > worst) worst = r, worst_name = whale_model_param_name(m, i);
     }
@@ -435,14 +412,14 @@ static void check_lora_reference(void) {
     check_lora_pass(m, g, "", "qwen2-lora");
 
     /* merged: the adapted model's logits without adapters */
-    const whale_st_entry *ids_e = need(g, "input_ids");
+    const whale_st_entry *ids_e = test_need_tensor(g, "input_ids");
     int B = (int)ids_e->shape[0], S = (int)ids_e->shape[1];
     long nl = (long)B * S * V;
     float *merged = malloc(sizeof(float) * (size_t)nl);
     CHECK(whale_lora_merge(m, &err) == WHALE_OK, "%s", err.msg);
     CHECK(whale_lora_count(m) == 0 && whale_model_num_params(m) == n_base, "merge drops the adapters");
     forward_all(m, ids_e->data, B, S, merged);
-    double rm = rel_max(merged, need(g, "merged_logits")->data, nl);
+    double rm = test_rel_max(merged, test_need_tensor(g, "merged_logits")->data, nl);
     printf("qwen2-lora merged: logits %.2g of max |logit|\n", rm);
     CHECK(rm <= 1e-5, "merged logits: max |diff| %.3g of max |logit|", rm);
     free(merged);
@@ -513,7 +490,7 @@ static void check_files(void) {
         CHECK(whale_model_load_as(dir, lowp[k], &m2, &err) == WHALE_OK, "%s", err.msg);
         if (!m2) continue;
         forward_all(m2, ids, B, S, b);
-        double r = rel_max(b, a, (long)S * V);
+        double r = test_rel_max(b, a, (long)S * V);
         CHECK(!whale_model_has_master(m2) && r <= 3e-2, "%s load: logits %.3g from fp32", whale_dtype_name(lowp[k]),
               r);
         whale_model_free(m2);
@@ -596,7 +573,7 @@ static void check_files(void) {
     size_t cap = 256 + (size_t)n * 160, len = 0;
     char *index = malloc(cap);
     len += (size_t)snprintf(index + len, cap - len, "{\"metadata\": {\"total_size\": %zu}, \"weight_map\": {",
-                            total_params(m) * 4);
+                            test_total_params(m) * 4);
     for (int i = 0; i < n; i++)
         len += (size_t)snprintf(index + len, cap - len, "%s\"%s\": \"%s\"", i ? ", " : "", items[i].name,
                                 shard[i >= half]);

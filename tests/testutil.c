@@ -138,3 +138,25 @@ whale_tokenizer *test_load_tokenizer(const char *tokdir, const char *name) {
     CHECK(rc == WHALE_OK, "%s", err.msg);
     return rc == WHALE_OK ? t : NULL;
 }
+
+double test_rel_max(const float *a, const float *b, long n) {
+    double d = test_max_abs_diff(a, b, n), m = test_max_abs(b, n);
+    return m > 0 ? d / m : d;
+}
+
+const whale_st_entry *test_need_tensor(const whale_st *g, const char *name) {
+    const whale_st_entry *e = whale_st_find(g, name);
+    CHECK(e != NULL, "golden tensor %s missing", name);
+    return e;
+}
+
+long test_param_numel(const whale_model *m, int i) {
+    whale_tensor t = whale_model_param(m, i);
+    return (long)whale_shape_numel(t.ndim, t.shape);
+}
+
+size_t test_total_params(const whale_model *m) {
+    size_t n = 0;
+    for (int i = 0; i < whale_model_num_params(m); i++) n += (size_t)test_param_numel(m, i);
+    return n;
+}

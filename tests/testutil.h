@@ -3,6 +3,9 @@
 #ifndef WHALE_TESTUTIL_H
 #define WHALE_TESTUTIL_H
 
+#include "io/safetensors.h"
+
+#include <stddef.h>
 #include <stdio.h>
 
 extern int test_failures;
@@ -38,6 +41,13 @@ const char *test_tmpdir(const char *tag, char *buf, size_t cap);
 void test_write_text(const char *dir, const char *name, const char *text);
 /* The tokenizer in tokdir/name, or NULL after a failed CHECK. */
 struct whale_tokenizer *test_load_tokenizer(const char *tokdir, const char *name);
+/* max |a − b| / max |b| over n floats (|a − b| when b is 0) */
+double test_rel_max(const float *a, const float *b, long n);
+/* Golden tensor name of g, or NULL after a failed CHECK. */
+const whale_st_entry *test_need_tensor(const whale_st *g, const char *name);
+/* Elements of parameter i of m, and of all its parameters. */
+long test_param_numel(const struct whale_model *m, int i);
+size_t test_total_params(const struct whale_model *m);
 int test_finish(const char *name);
 
 #endif
