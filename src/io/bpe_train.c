@@ -23,8 +23,8 @@ static const char *const split_patterns[3] = {
     "\\p{N}{1,3}",
     /* CJK ideographs U+4E00-U+9FA5, hiragana, katakana */
     "[\u4E00-\u9FA5\u3040-\u309F\u30A0-\u30FF]+",
-    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
-    " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+    ("[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
+     " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"),
 };
 
 /* DeepSeek-V3's chat template, verbatim from its tokenizer_config.json (so
