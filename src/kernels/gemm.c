@@ -1000,6 +1000,9 @@ static void a_to_bf16_hw(int M, int K, const float *A, size_t lda, uint16_t *dst
             _mm512_store_si512(dst + m * ld16 + k, (__m512i)v);
         }
 }
+WHALE_TARGET_END
+
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512_BF16_VBMI)
 /* int8 weights into vdpbf16ps, 64 at a time, without widening to fp32: the
  * bf16 pattern of |q| (exact) is looked up byte plane by byte plane with
  * vpermi2b over 128-entry tables, the sign put back, and the planes
@@ -1363,7 +1366,7 @@ static int sk_choose(const whale_gemm *g, int kind, int M, sk_kind *k, int *port
     case KIND_NT: *k = SK_F32; *portable = 0; return auto_own || own_path(path);
     case KIND_NT_BF16: *k = have_bf16() || *portable || !have_avx2() ? SK_BF16 : SK_BF16_FMA; break;
     case KIND_NT_F16: *k = SK_F16; break;
-    case KIND_NT_Q8: *k = have_bf16() && !*portable ? SK_Q8 : SK_I8; break;
+    case KIND_NT_Q8: *k = have_bf16() && whale_cpu_has_vbmi() && !*portable ? SK_Q8 : SK_I8; break;
     default: return 0;
     }
     if ((*k == SK_F16 || *k == SK_I8)) *portable |= !have_avx2();
