@@ -1989,6 +1989,8 @@ whale_code whale_gemm_nn_q8(whale_gemm *g, int M, int N, int K, const float *A, 
 /* ------------------------------------------------------------ int8 weights */
 
 void whale_quantize_q8_rows(int8_t *q, float *scale, const float *W, int rows, int cols) {
+    if (rows <= 0 || cols <= 0) return;
+    const size_t row_bytes = (size_t)cols;
     const int par = (double)rows * cols >= OWN_PARALLEL_MIN_WORK;
 #pragma omp parallel for schedule(static) if (par)
     for (int r = 0; r < rows; r++) {
@@ -2003,7 +2005,7 @@ void whale_quantize_q8_rows(int8_t *q, float *scale, const float *W, int rows, i
         }
         const float s = amax / 127.0f;
         if (!finite || s == 0) { /* see gemm.h: NaN scale, or an (all but) zero row */
-            memset(qr, 0, (size_t)cols);
+            memset(qr, 0, row_bytes);
             scale[r] = finite ? 0.0f : NAN;
             continue;
         }
