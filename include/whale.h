@@ -65,6 +65,12 @@ int whale_exit_status(whale_code code);
 #define WHALE_MAX_BATCH_TOKENS (1 << 22)
 /* one SFT record (a JSONL line), read a line at a time */
 #define WHALE_MAX_RECORD_BYTES ((size_t)16 << 20)
+/* the loss mask of a conversation through a Jinja template: the renders of
+ * the conversation up to each reply, together: template steps (loop
+ * iterations, calls and the messages given) and text (one render alone may
+ * take WHALE_JINJA_MAX_STEPS steps and 16 MiB of text) */
+#define WHALE_MAX_MASK_STEPS 500000L
+#define WHALE_MAX_MASK_BYTES ((size_t)16 << 20)
 /* LoRA rank (adapter_config.json's r must also equal the tensors' rank) */
 #define WHALE_MAX_LORA_RANK 65536
 /* tokenizer.json: every id below 2 × (vocabulary + added tokens) + this */
