@@ -60,22 +60,30 @@ int whale_exit_status(whale_code code);
 /* JSON read whole (cJSON holds it ~10-30 times over): config.json,
  * tokenizer.json, model.safetensors.index.json, adapter_config.json, meta.json */
 #define WHALE_MAX_JSON_FILE ((size_t)64 << 20)
-/* Tokenizer regexes (PCRE2): one call's match and depth limit and its
- * backtracking memory, and one encode's CPU time: base + per byte of text
- * (the real tokenizers need about 0.15 µs per byte, 1–2 under the sanitizers). */
 /* an ids file (score, grad, diagnose, precision-report): sequences and tokens */
 #define WHALE_MAX_BATCH 4096
 #define WHALE_MAX_BATCH_TOKENS (1 << 22)
 /* one SFT record (a JSONL line), read a line at a time */
 #define WHALE_MAX_RECORD_BYTES ((size_t)16 << 20)
+/* the loss mask of a conversation through a Jinja template: the renders of
+ * the conversation up to each reply, together: template steps (loop
+ * iterations, calls and the messages given) and text (one render alone may
+ * take WHALE_JINJA_MAX_STEPS steps and 16 MiB of text) */
+#define WHALE_MAX_MASK_STEPS 500000L
+#define WHALE_MAX_MASK_BYTES ((size_t)16 << 20)
 /* LoRA rank (adapter_config.json's r must also equal the tensors' rank) */
 #define WHALE_MAX_LORA_RANK 65536
 /* tokenizer.json: every id below 2 × (vocabulary + added tokens) + this */
 #define WHALE_TOKENIZER_ID_SLACK 1024
+/* Tokenizer regexes (PCRE2): one call's match and depth limit and its
+ * backtracking memory; and one encode's work: the bytes of text its
+ * searches may be given in all, base + per byte of text (the real
+ * tokenizers' searches are given at most 32 per byte). A count, not a
+ * clock: an input fails or passes the same on every machine. */
 #define WHALE_REGEX_MATCH_LIMIT 10000000u
 #define WHALE_REGEX_STACK_BYTES ((size_t)8 << 20)
-#define WHALE_ENCODE_SECONDS 2.0
-#define WHALE_ENCODE_SECONDS_PER_BYTE 10e-6
+#define WHALE_ENCODE_WORK_BASE ((size_t)1 << 20)
+#define WHALE_ENCODE_WORK_PER_BYTE ((size_t)256)
 
 /* ---------------------------------------------------------------- dtypes */
 

@@ -11,12 +11,22 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
-all=(safetensors config_nanowhale config_qwen2 tokenizer_load encode sft token_shards lora ids)
+all=(safetensors config_nanowhale config_qwen2 tokenizer_load encode chat_template sft token_shards lora ids http)
 if [ $# -gt 0 ]; then targets=("$@"); else targets=("${all[@]}"); fi
 
 command -v clang >/dev/null || { echo "fuzz: clang is missing (scripts/setup.sh installs it)" >&2; exit 1; }
 CC=clang cmake -S . -B build-fuzz -DWHALE_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build-fuzz -j"$(nproc)" --target fuzzers >/dev/null
+
+# the time limit per input: above the slowest input a target may take by
+# design under the instrumentation (25 s: the encode budget; a chat template
+# render may take its 4 million steps, ~20 s instrumented)
+timeout_of() {
+    case $1 in
+    chat_template) echo 120 ;;
+    *) echo 25 ;;
+    esac
+}
 
 dict_of() {
     case $1 in
@@ -40,17 +50,17 @@ for t in "${targets[@]}"; do
     d=fuzz/dict/$(dict_of "$t").dict
     [ -f "$d" ] && cat "$d" >>"$dict"
     echo "== fuzz_$t: ${seconds}s"
-    # -timeout is above the tokenizer's per-encode budget (2 s + per byte),
-    # so a budget that works ends an input before libFuzzer calls it a hang
     if ! build-fuzz/fuzz/fuzz_"$t" "$work" "fuzz/corpus/$t" -dict="$dict" -max_total_time="$seconds" \
-        -rss_limit_mb=2048 -malloc_limit_mb=2048 -timeout=25 -max_len=65536 -print_final_stats=1 \
+        -rss_limit_mb=2048 -malloc_limit_mb=2048 -timeout="$(timeout_of "$t")" -max_len=65536 -print_final_stats=1 \
         -artifact_prefix="build-fuzz/artifacts/$t-" >"build-fuzz/$t.log" 2>&1; then
         echo "fuzz_$t FAILED (build-fuzz/$t.log):" >&2
         grep -E "ERROR|SUMMARY|Test unit written|runtime error" "build-fuzz/$t.log" | head -8 >&2
         failed+=("$t")
     else
-        grep -E "^stat::number_of_executed_units|^Done" "build-fuzz/$t.log" | tr '\n' ' '
-        echo
+        # executions, and the coverage (edges, features, corpus) at the end
+        execs=$(grep -E "^stat::number_of_executed_units" "build-fuzz/$t.log" | awk '{print $2}')
+        cov=$(grep -E "^#[0-9]+.*cov: " "build-fuzz/$t.log" | tail -n 1 | grep -oE "cov: [0-9]+ ft: [0-9]+ corp: [0-9]+/[^ ]+")
+        echo "fuzz_$t: $execs executions, $cov"
     fi
 done
 if [ ${#failed[@]} -gt 0 ]; then

@@ -270,6 +270,44 @@ static void check_token_mask(whale_tokenizer *tok, const whale_chat_template *t,
     free(mask);
 }
 
+/* The loss mask renders the conversation up to every reply again: a
+ * conversation of many replies is refused within the masking budget (it
+ * took minutes before), a long but ordinary one is masked. */
+static void check_mask_budget(void) {
+    char dir[1024];
+    template_folder("qwen2_5", dir, sizeof dir);
+    whale_chat_template *t = NULL;
+    whale_err err;
+    CHECK(whale_chat_template_load(dir, NULL, &t, &err) == WHALE_OK, "qwen2_5: %s", err.msg);
+    if (!t) return;
+    static const int sizes[2] = {200, 2000};
+    for (int k = 0; k < 2; k++) {
+        int n = sizes[k];
+        cJSON *msgs = cJSON_CreateArray();
+        for (int i = 0; i < n; i++) {
+            cJSON *m = cJSON_CreateObject();
+            cJSON_AddStringToObject(m, "role", i % 2 ? "assistant" : "user");
+            cJSON_AddStringToObject(m, "content", i % 2 ? "Sure." : "Go on.");
+            cJSON_AddItemToArray(msgs, m);
+        }
+        char *text = NULL;
+        size_t len;
+        whale_chat_span *sp = NULL;
+        int n_sp = 0;
+        whale_code rc = whale_chat_template_spans_json(t, msgs, NULL, 0, NULL, &text, &len, &sp, &n_sp, &err);
+        if (k == 0)
+            CHECK(rc == WHALE_OK && n_sp == n / 2, "%d messages: masked (%d spans): %s", n, n_sp, rc ? err.msg : "");
+        else
+            CHECK(rc == WHALE_ERR_RANGE && !text && !sp && one_line(&err) &&
+                      strstr(err.msg, "placing the loss mask of every reply in this conversation takes more than"),
+                  "%d messages: refused within the budget: %s", n, rc ? err.msg : "masked");
+        free(text);
+        free(sp);
+        cJSON_Delete(msgs);
+    }
+    whale_chat_template_free(t);
+}
+
 static void check_mask(whale_tokenizer *tok, const char *name) {
     char dir[1024];
     template_folder(name, dir, sizeof dir);
@@ -685,6 +723,7 @@ int main(void) {
         const char *nm = templates[i];
         check_mask(!strcmp(nm, "deepseek_v3") ? ds : !strncmp(nm, "qwen", 4) ? qwen : NULL, nm);
     }
+    check_mask_budget();
     check_folders(qwen);
     check_tool_records(qwen);
     check_tool_parsing();

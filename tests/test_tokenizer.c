@@ -582,12 +582,115 @@ static void check_errors(void) {
     }
 }
 
+/* ------------------------------------------------------------ regex searches */
+
+static whale_tokenizer *split_tokenizer(const char *tmp, const char *tag, const char *regex, const char *behavior) {
+    char pretok[512], dir[1024], path[1100];
+    snprintf(pretok, sizeof pretok, "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"%s\"},\"behavior\":\"%s\",\"invert\":false}",
+             regex, behavior);
+    snprintf(dir, sizeof dir, "%s/%s", tmp, tag);
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    write_text(path, tiny_json("null", pretok, "[\"a b\"]", ""));
+    whale_tokenizer *t = NULL;
+    whale_err err;
+    CHECK(whale_tokenizer_load(dir, &t, &err) == WHALE_OK, "%s: %s", tag, err.msg);
+    return t;
+}
+
+static char *runs(const char *pre, char c, int n, const char *post) {
+    size_t a = strlen(pre), b = strlen(post);
+    char *s = malloc(a + (size_t)n + b + 1);
+    memcpy(s, pre, a);
+    memset(s + a, c, (size_t)n);
+    memcpy(s + a + (size_t)n, post, b + 1);
+    return s;
+}
+
+/* A search first looks at a window of the text and widens it whenever the
+ * result could depend on what lies beyond: matches that need more than the
+ * window (a long run, a lookahead to far away, $ at the window's edge, a
+ * lookbehind) are found as over the whole text. "Removed" drops the
+ * matches, so the ids show exactly what matched. */
+static void check_windows(const char *tmp) {
+    static const struct {
+        const char *regex, *pre;
+        char run;
+        int n;
+        const char *post;
+        int want[4], nwant; /* nwant < 0: the run of 'a' is kept, then want */
+    } cases[] = {
+        {"a{40}b", "", 'a', 40, "bc", {3}, 1},
+        {"ca+$", "c", 'a', 50, "", {0}, 0},
+        {"b", "", 'a', 50, "b", {0}, -1},
+        {"(?<=c)a+(?!a)", "c", 'a', 50, "b", {3, 1}, 2},
+        {"b(?=a{0,60}c)", "b", 'a', 50, "c", {3}, -1},
+        {"a{100}|b", "b", 'a', 99, "", {0}, -1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char tag[32];
+        snprintf(tag, sizeof tag, "window%zu", i);
+        whale_tokenizer *t = split_tokenizer(tmp, tag, cases[i].regex, "Removed");
+        if (!t) continue;
+        char *text = runs(cases[i].pre, cases[i].run, cases[i].n, cases[i].post);
+        int32_t *ids;
+        int n;
+        encode_str(t, text, strlen(text), 0, &ids, &n);
+        int ok;
+        if (cases[i].nwant >= 0) {
+            ok = n == cases[i].nwant;
+            for (int k = 0; ok && k < n; k++) ok = ids[k] == cases[i].want[k];
+        } else { /* the run of a's is kept: ids 0 ... then the last want */
+            ok = n == cases[i].n + (cases[i].want[0] != 0);
+            for (int k = 0; ok && k < cases[i].n; k++) ok = ids[k] == 0;
+            if (ok && cases[i].want[0] != 0) ok = ids[n - 1] == cases[i].want[0];
+        }
+        CHECK(ok, "%s on a %zu-byte text: %d ids, not as over the whole text", cases[i].regex, strlen(text), n);
+        if (n >= 0) free(ids);
+        free(text);
+        whale_tokenizer_free(t);
+    }
+}
+
+/* The encode's work budget counts the bytes its searches are given, not
+ * time: a pattern that looks to the end of the text and consumes one
+ * character fails at the same point on any machine, under the sanitizers
+ * as in a release build, and a short text with it passes. */
+static void check_work_budget(const char *tmp) {
+    whale_tokenizer *t = split_tokenizer(tmp, "quadratic", "a(?=a*b)|a", "Isolated");
+    if (!t) return;
+    char *shorter = runs("", 'a', 500, ""), *longer = runs("", 'a', 4000, "");
+    int32_t *ids;
+    int n;
+    whale_err err;
+    CHECK(whale_tokenizer_encode(t, shorter, 500, 0, &ids, &n, &err) == WHALE_OK && n == 500, "500 a: %s", err.msg);
+    if (n == 500) free(ids);
+    char want[1024];
+    snprintf(want, sizeof want,
+             "%s/quadratic/tokenizer.json: a pre-tokenizer regex costs more than linear time on this text (over the "
+             "encode's work budget of %zu bytes searched; see docs/security.md)",
+             tmp, WHALE_ENCODE_WORK_BASE + WHALE_ENCODE_WORK_PER_BYTE * 4000);
+    for (int k = 0; k < 3; k++) {
+        ids = NULL;
+        whale_code rc = whale_tokenizer_encode(t, longer, 4000, 0, &ids, &n, &err);
+        CHECK(rc == WHALE_ERR_FORMAT && !strcmp(err.msg, want), "4000 a, run %d: code %d: %s", k, (int)rc, err.msg);
+        if (rc == WHALE_OK) free(ids);
+    }
+    free(shorter);
+    free(longer);
+    whale_tokenizer_free(t);
+}
+
 int main(void) {
     const char *env = getenv("WHALE_TOKENIZERS");
     char tokdir[1024];
     if (env && *env) snprintf(tokdir, sizeof tokdir, "%s", env);
     else snprintf(tokdir, sizeof tokdir, "%s/../../.cache/tokenizers", WHALE_TEST_DATA);
     check_errors();
+    char tmp[512];
+    test_tmpdir("tokre", tmp, sizeof tmp);
+    check_windows(tmp);
+    check_work_budget(tmp);
     check_synthetic();
     char probe[1100];
     snprintf(probe, sizeof probe, "%s/deepseek_v3/tokenizer.json", tokdir);

@@ -235,11 +235,14 @@ static cJSON *template_vars(const whale_chat_template *t, const cJSON *messages,
     return v;
 }
 
+/* steps NULL: a render's own step limit; else a budget shared with other
+ * renders (whale_jinja_render_steps). */
 static whale_code render_jinja(const whale_chat_template *t, const cJSON *messages, const cJSON *tools,
-                               const cJSON *kwargs, int agp, char **text, size_t *len, whale_err *err) {
+                               const cJSON *kwargs, int agp, long *steps, char **text, size_t *len, whale_err *err) {
     cJSON *vars = template_vars(t, messages, tools, kwargs, agp);
     if (!vars) return whale_errf(err, WHALE_ERR_NOMEM, "chat template: out of memory");
-    whale_code rc = whale_jinja_render(t->jinja, vars, text, len, err);
+    whale_code rc = steps ? whale_jinja_render_steps(t->jinja, vars, steps, text, len, err)
+                          : whale_jinja_render(t->jinja, vars, text, len, err);
     cJSON_Delete(vars);
     if (rc) {
         char msg[WHALE_ERR_MSG_MAX];
@@ -287,7 +290,7 @@ whale_code whale_chat_template_apply(const whale_chat_template *t, const cJSON *
         return whale_errf(err, WHALE_ERR_FORMAT, "tools: expected a JSON array");
     if (kwargs && !cJSON_IsObject(kwargs)) return whale_errf(err, WHALE_ERR_FORMAT, "kwargs: expected a JSON object");
     if (t->native) return render_native(t, messages, tools, add_generation_prompt, text, len, err);
-    return render_jinja(t, messages, tools, kwargs, add_generation_prompt, text, len, err);
+    return render_jinja(t, messages, tools, kwargs, add_generation_prompt, NULL, text, len, err);
 }
 
 /* ------------------------------------------------------------ the loss mask */
@@ -317,18 +320,40 @@ static cJSON *messages_json(const whale_chat_message *m, int n) {
     return a;
 }
 
-/* What every render of one conversation shares. */
+/* What every render of one conversation shares. Each reply's span takes
+ * three renders of the conversation up to it, so their cost grows with the
+ * square of the number of replies: together they get WHALE_MAX_MASK_STEPS
+ * steps (the template's loop iterations and calls, and the messages each
+ * render is given) and WHALE_MAX_MASK_BYTES of text. */
 typedef struct {
     const whale_chat_template *t;
     const cJSON *all, *tools, *kwargs;
+    long steps;   /* left for the renders of the spans */
+    size_t bytes; /* they rendered so far */
 } conv;
 
-/* Render the first k messages (k < 0: all). */
-static whale_code render_first(const conv *cv, int k, int agp, char **text, size_t *len, whale_err *err) {
+static whale_code mask_too_costly(const conv *cv, whale_err *err) {
+    return whale_errf(err, WHALE_ERR_RANGE, "%s: placing the loss mask of every reply in this conversation takes more "
+                      "than %ld template steps or %zu bytes of text in all (each reply renders the conversation up to "
+                      "it again); split it into shorter records",
+                      cv->t->name, WHALE_MAX_MASK_STEPS, WHALE_MAX_MASK_BYTES);
+}
+
+/* Render the first k messages (k < 0: all, with the render's own limits;
+ * else from the spans' budget). */
+static whale_code render_first(conv *cv, int k, int agp, char **text, size_t *len, whale_err *err) {
+    if (k >= 0 && (cv->steps -= k) < 0) return mask_too_costly(cv, err);
     cJSON *part = first_messages(cv->all, k < 0 ? cJSON_GetArraySize(cv->all) : k);
     if (!part) return whale_errf(err, WHALE_ERR_NOMEM, "chat: out of memory");
-    whale_code rc = render_jinja(cv->t, part, cv->tools, cv->kwargs, agp, text, len, err);
+    whale_code rc = render_jinja(cv->t, part, cv->tools, cv->kwargs, agp, k < 0 ? NULL : &cv->steps, text, len, err);
     cJSON_Delete(part);
+    if (k < 0) return rc;
+    if (rc == WHALE_ERR_RANGE && cv->steps < 0) return mask_too_costly(cv, err);
+    if (!rc && (cv->bytes += *len) > WHALE_MAX_MASK_BYTES) {
+        free(*text);
+        *text = NULL;
+        return mask_too_costly(cv, err);
+    }
     return rc;
 }
 
@@ -342,7 +367,7 @@ static whale_code spans_refused(const whale_chat_template *t, int i, const char 
 /* The span of assistant message i in the whole rendering (whole, wn): from
  * the end of the conversation before it with the generation prompt to the
  * end of the conversation up to it without, less trailing whitespace. */
-static whale_code assistant_span(const conv *cv, int i, const char *whole, size_t wn, whale_chat_span *sp,
+static whale_code assistant_span(conv *cv, int i, const char *whole, size_t wn, whale_chat_span *sp,
                                  whale_err *err) {
     const whale_chat_template *t = cv->t;
     char *before = NULL, *bare = NULL, *upto = NULL;
@@ -372,7 +397,7 @@ static int is_assistant(const cJSON *m) {
     return cJSON_IsString(role) && !strcmp(role->valuestring, "assistant");
 }
 
-static whale_code jinja_spans(const conv *cv, int agp, char **text, size_t *len, whale_chat_span **spans,
+static whale_code jinja_spans(conv *cv, int agp, char **text, size_t *len, whale_chat_span **spans,
                               int *n_spans, whale_err *err) {
     whale_code rc = render_first(cv, -1, agp, text, len, err);
     if (rc || !spans) return rc;
@@ -405,7 +430,7 @@ whale_code whale_chat_template_spans(const whale_chat_template *t, const whale_c
     if (!msgs || n <= 0) return whale_errf(err, WHALE_ERR_ARG, "chat: empty conversation (no messages)");
     cJSON *all = messages_json(msgs, n);
     if (!all) return whale_errf(err, WHALE_ERR_NOMEM, "chat: out of memory");
-    conv cv = {t, all, NULL, NULL};
+    conv cv = {t, all, NULL, NULL, WHALE_MAX_MASK_STEPS, 0};
     whale_code rc = jinja_spans(&cv, add_generation_prompt, text, len, spans, n_spans, err);
     cJSON_Delete(all);
     return rc;
@@ -419,7 +444,7 @@ whale_code whale_chat_template_spans_json(const whale_chat_template *t, const cJ
     if (!cJSON_IsArray(messages) || !messages->child)
         return whale_errf(err, WHALE_ERR_FORMAT, "messages: expected a non-empty JSON array of messages");
     if (!t->native) {
-        conv cv = {t, messages, tools && !cJSON_IsNull(tools) ? tools : NULL, NULL};
+        conv cv = {t, messages, tools && !cJSON_IsNull(tools) ? tools : NULL, NULL, WHALE_MAX_MASK_STEPS, 0};
         return jinja_spans(&cv, add_generation_prompt, text, len, spans, n_spans, err);
     }
     whale_chat_message *m;

@@ -47,5 +47,11 @@ void whale_jinja_free(whale_jinja *t);
  * "chat template line N: raise_exception: msg". */
 whale_code whale_jinja_render(const whale_jinja *t, const struct cJSON *vars, char **out, size_t *len,
                               whale_err *err);
+/* The same with at most *steps loop iterations and calls (and never more
+ * than WHALE_JINJA_MAX_STEPS); the steps taken are subtracted from *steps,
+ * so that several renders can share one budget (*steps < 0 after a
+ * WHALE_ERR_RANGE: it ran out). */
+whale_code whale_jinja_render_steps(const whale_jinja *t, const struct cJSON *vars, long *steps, char **out,
+                                    size_t *len, whale_err *err);
 
 #endif

@@ -187,8 +187,8 @@ static jv lookup(const jframe *f, const char *name, size_t n) {
 }
 
 static whale_code step(jctx *c) {
-    if (++c->steps > WHALE_JINJA_MAX_STEPS)
-        return jerr(c, WHALE_ERR_RANGE, "more than %ld loop iterations and calls", WHALE_JINJA_MAX_STEPS);
+    if (++c->steps > c->max_steps)
+        return jerr(c, WHALE_ERR_RANGE, "more than %ld loop iterations and calls", c->max_steps);
     return WHALE_OK;
 }
 
@@ -661,12 +661,14 @@ static whale_code render_in(jctx *c, const whale_jinja *t, const cJSON *vars, jb
     return exec_block(c, top, &t->program, b);
 }
 
-whale_code whale_jinja_render(const whale_jinja *t, const cJSON *vars, char **out, size_t *len, whale_err *err) {
-    if (!t || !out || !len) return whale_errf(err, WHALE_ERR_ARG, "whale_jinja_render: NULL argument");
+whale_code whale_jinja_render_steps(const whale_jinja *t, const cJSON *vars, long *steps, char **out, size_t *len,
+                                   whale_err *err) {
+    if (!t || !steps || !out || !len) return whale_errf(err, WHALE_ERR_ARG, "whale_jinja_render: NULL argument");
     jarena a = {NULL, 0, WHALE_JINJA_MAX_MEMORY};
-    jctx c = {&a, err, 0, 0, 1, FLOW_NONE};
+    jctx c = {&a, err, 0, *steps < WHALE_JINJA_MAX_STEPS ? *steps : WHALE_JINJA_MAX_STEPS, 0, 1, FLOW_NONE};
     jbuf b = {0};
     whale_code rc = render_in(&c, t, vars, &b);
+    *steps -= c.steps;
     if (!rc) {
         *out = malloc(b.n + 1);
         if (!*out) rc = whale_errf(err, WHALE_ERR_NOMEM, "chat template: out of memory");
@@ -678,4 +680,9 @@ whale_code whale_jinja_render(const whale_jinja *t, const cJSON *vars, char **ou
     }
     ja_free(&a);
     return rc;
+}
+
+whale_code whale_jinja_render(const whale_jinja *t, const cJSON *vars, char **out, size_t *len, whale_err *err) {
+    long steps = WHALE_JINJA_MAX_STEPS;
+    return whale_jinja_render_steps(t, vars, &steps, out, len, err);
 }

@@ -129,7 +129,8 @@ struct jframe {
 typedef struct {
     jarena *a;
     whale_err *err;
-    long steps; /* loop iterations and calls so far */
+    long steps;     /* loop iterations and calls so far */
+    long max_steps; /* ... and how many this render may take */
     int depth;  /* nesting of blocks, macro calls and JSON data */
     int line;   /* of the node being evaluated, for errors */
     int flow;   /* break / continue on its way out of a loop body */

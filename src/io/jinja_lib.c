@@ -739,8 +739,8 @@ static whale_code fn_range(jctx *c, jargs *a, jv *out) {
     if (v[2] == 0) return jerr(c, WHALE_ERR_FORMAT, "range() step must not be zero");
     JTRY(jv_newlist(c, out));
     for (long long i = v[0]; v[2] > 0 ? i < v[1] : i > v[1]; i += v[2]) {
-        if (++c->steps > WHALE_JINJA_MAX_STEPS)
-            return jerr(c, WHALE_ERR_RANGE, "more than %ld loop iterations and calls", WHALE_JINJA_MAX_STEPS);
+        if (++c->steps > c->max_steps)
+            return jerr(c, WHALE_ERR_RANGE, "more than %ld loop iterations and calls", c->max_steps);
         JTRY(jlist_push(c, out->u.l, jv_int(i)));
     }
     return WHALE_OK;
@@ -984,7 +984,7 @@ static whale_code f_sort(jctx *c, const jv *v, jargs *a, jv *out) {
     jv *x = out->u.l->v;
     for (int i = 1; i < out->u.l->n; i++) /* stable insertion sort; lists in templates are short */
         for (int j = i; j > 0; j--) {
-            JTRY(c->steps++ > WHALE_JINJA_MAX_STEPS ? jerr(c, WHALE_ERR_RANGE, "sort: list too long") : WHALE_OK);
+            JTRY(c->steps++ > c->max_steps ? jerr(c, WHALE_ERR_RANGE, "sort: list too long") : WHALE_OK);
             jv ka = x[j - 1], kb = x[j];
             if (attr && attr->t == JV_STR) ka = attr_path(&x[j - 1], attr->u.s.p, attr->u.s.n), kb = attr_path(&x[j], attr->u.s.p, attr->u.s.n);
             int r = 0;

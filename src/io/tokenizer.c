@@ -356,7 +356,7 @@ static whale_code compile_regex(loader *L, const char *path, const char *pattern
         return FAIL(L, WHALE_ERR_FORMAT, "%s: bad regex (offset %zu after translation): %s", path,
                     (size_t)eoff, (const char *)msg);
     }
-    *jit = pcre2_jit_compile(*out, PCRE2_JIT_COMPLETE) == 0;
+    *jit = pcre2_jit_compile(*out, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD) == 0;
     return WHALE_OK;
 }
 
@@ -917,7 +917,7 @@ static whale_code alloc_scratch(whale_tokenizer *t, whale_err *err) {
     t->jit_stack = pcre2_jit_stack_create(32 * 1024, WHALE_REGEX_STACK_BYTES, NULL);
     if (!t->md || !t->mctx || !t->jit_stack) return whale_errf(err, WHALE_ERR_NOMEM, "tokenizer: out of memory");
     pcre2_jit_stack_assign(t->mctx, NULL, t->jit_stack);
-    /* one regex call's limits; the whole encode has a time budget too */
+    /* one regex call's limits; the whole encode has a work budget too */
     pcre2_set_match_limit(t->mctx, WHALE_REGEX_MATCH_LIMIT);
     pcre2_set_depth_limit(t->mctx, WHALE_REGEX_MATCH_LIMIT);
     pcre2_set_heap_limit(t->mctx, (uint32_t)(WHALE_REGEX_STACK_BYTES / 1024));

@@ -76,7 +76,7 @@ enum { STEP_SPLIT, STEP_BYTELEVEL };
 typedef struct {
     int kind;
     pcre2_code *re;  /* Split pattern, or the GPT-2 pattern of ByteLevel(use_regex) */
-    int jit;         /* re was JIT-compiled */
+    int jit;         /* re was JIT-compiled, for complete and hard partial matching */
     int behavior;    /* SPLIT_* */
     int invert;
     int add_prefix_space;
@@ -145,8 +145,8 @@ struct whale_tokenizer {
     char *path;              /* tokenizer.json, for messages */
 
     /* encode scratch (see the thread-safety note in whale_tokenizer.h) */
-    double cpu_deadline;     /* thread CPU time the current encode must finish by */
-    unsigned matches;        /* regex calls in the current encode (the budget is checked every 64) */
+    size_t work;             /* bytes of text the current encode's regex searches were given */
+    size_t work_budget;      /* ... and how many they may be given (tokenizer_encode.c) */
     pcre2_match_data *md;
     pcre2_match_context *mctx;
     pcre2_jit_stack *jit_stack;

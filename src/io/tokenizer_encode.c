@@ -7,7 +7,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* ------------------------------------------------------------ BPE */
 
@@ -264,22 +263,45 @@ static whale_code regex_failed(const whale_tokenizer *t, whale_err *err, int rc)
                       "%s: pre-tokenizer regex failed: %s", path, (const char *)msg);
 }
 
-static double thread_cpu_seconds(void) {
-    struct timespec ts;
-    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+/* What one encode's regex searches may look at, in bytes of text (the
+ * sum over searches of the text each was given): linear in the length, so
+ * a pattern that looks far ahead and consumes little stops here, on every
+ * machine at the same point (docs/security.md). */
+static size_t work_budget(size_t len) { return WHALE_ENCODE_WORK_BASE + WHALE_ENCODE_WORK_PER_BYTE * len; }
 
-/* The encode's work budget: PCRE2's limits hold for one call, but a pattern
- * can cost time quadratic in the text over many calls (each search looking
- * far ahead and consuming little), so the whole encode gets CPU time in
- * proportion to its length (docs/security.md). Checked every 64 calls. */
-static whale_code check_budget(whale_tokenizer *t, whale_err *err) {
-    if ((++t->matches & 63) || thread_cpu_seconds() <= t->cpu_deadline) return WHALE_OK;
+static whale_code over_budget(const whale_tokenizer *t, whale_err *err) {
     return whale_errf(err, WHALE_ERR_FORMAT,
                       "%s: a pre-tokenizer regex costs more than linear time on this text (over the encode's "
-                      "time budget; see docs/security.md)",
-                      t->path ? t->path : "tokenizer");
+                      "work budget of %zu bytes searched; see docs/security.md)",
+                      t->path ? t->path : "tokenizer", t->work_budget);
+}
+
+/* The first window a search is given, in bytes. */
+#define SEARCH_WINDOW 32
+
+/* The next match of st->re in s[0..n) at or after from (*found 0: none),
+ * looking at as little of the text as the result depends on: the search
+ * first gets the next SEARCH_WINDOW bytes, with hard partial matching,
+ * which fails rather than decide anything that the bytes beyond the window
+ * could change; then twice as many, up to the whole piece, searched as
+ * usual. A complete match inside a window is the match the whole piece
+ * gives. Every window counts against the encode's work budget before it is
+ * searched. */
+static whale_code search(whale_tokenizer *t, const tok_step *st, const char *s, size_t n, size_t from, int *found,
+                         whale_err *err) {
+    for (size_t w = SEARCH_WINDOW;; w *= 2) {
+        size_t end = n - from > w ? from + w : n;
+        while (end < n && ((unsigned char)s[end] & 0xC0) == 0x80) end++; /* never inside a character */
+        t->work += end - from;
+        if (t->work > t->work_budget) return over_budget(t, err);
+        uint32_t opts = end < n ? PCRE2_PARTIAL_HARD : 0;
+        int r = st->jit ? pcre2_jit_match(st->re, (PCRE2_SPTR)s, end, from, opts, t->md, t->mctx)
+                        : pcre2_match(st->re, (PCRE2_SPTR)s, end, from, opts | PCRE2_NO_UTF_CHECK, t->md, t->mctx);
+        if (end < n && (r == PCRE2_ERROR_PARTIAL || r == PCRE2_ERROR_NOMATCH)) continue; /* a match may start later */
+        if (r < 0 && r != PCRE2_ERROR_NOMATCH) return regex_failed(t, err, r);
+        *found = r >= 0;
+        return WHALE_OK;
+    }
 }
 
 /* Where the search resumes after an empty match at i: one whole character
@@ -299,11 +321,9 @@ static whale_code split_piece(whale_tokenizer *t, int k, const tok_step *st, con
     size_t prev = 0, from = 0, last_end = (size_t)-1;
     const int inv = st->invert;
     while (st->re && from <= n) {
-        int r = st->jit ? pcre2_jit_match(st->re, (PCRE2_SPTR)s, n, from, 0, t->md, t->mctx)
-                        : pcre2_match(st->re, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK, t->md, t->mctx);
-        if (r == PCRE2_ERROR_NOMATCH) break;
-        if (r < 0) return regex_failed(t, err, r);
-        if ((rc = check_budget(t, err))) return rc;
+        int found = 0;
+        if ((rc = search(t, st, s, n, from, &found, err))) return rc;
+        if (!found) break;
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(t->md);
         size_t ms = ov[0], me = ov[1];
         if (ms == me) {
@@ -463,8 +483,8 @@ static whale_code normalized_segment(whale_tokenizer *t, const char *s, size_t n
 }
 
 whale_code tok_encode_valid(whale_tokenizer *t, const char *text, size_t len, tok_buf *ids, whale_err *err) {
-    t->matches = 0;
-    t->cpu_deadline = thread_cpu_seconds() + WHALE_ENCODE_SECONDS + (double)len * WHALE_ENCODE_SECONDS_PER_BYTE;
+    t->work = 0;
+    t->work_budget = work_budget(len);
     return split_added(t, &t->raw_set, text, len, normalized_segment, ids, err);
 }
 

@@ -319,40 +319,10 @@ static enum MHD_Result handle(serve_server *s, struct MHD_Connection *c, conn_ct
     return MHD_NO;
 }
 
-/* ------------------------------------------------------------ routing */
+/* ------------------------------------------------------------ the head */
 
-static int route(const char *url, const char *method, serve_endpoint *ep, int *post) {
-    static const struct {
-        const char *path;
-        serve_endpoint ep;
-        int post;
-    } routes[] = {{"/v1/chat/completions", SERVE_EP_CHAT, 1}, {"/v1/completions", SERVE_EP_COMPLETIONS, 1},
-                  {"/v1/models", SERVE_EP_MODELS, 0},         {"/health", SERVE_EP_HEALTH, 0},
-                  {"/metrics", SERVE_EP_METRICS, 0},          {"/tokenize", SERVE_EP_TOKENIZE, 1},
-                  {"/detokenize", SERVE_EP_DETOKENIZE, 1},    {"/", SERVE_EP_PAGE, 0}};
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
-        if (!strcmp(url, routes[i].path)) {
-            *ep = routes[i].ep;
-            *post = routes[i].post;
-            return !strcmp(method, routes[i].post ? "POST" : "GET") ? 0 : 405;
-        }
-    return 404;
-}
-
-/* "Bearer KEY", compared in time that depends only on the key's length. */
-static int authorised(const serve_server *s, struct MHD_Connection *c) {
-    const char *key = s->cfg.api_key;
-    if (!key) return 1;
-    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7)) return 0;
-    h += 7;
-    size_t kl = strlen(key), hl = strlen(h);
-    unsigned diff = kl != hl;
-    for (size_t i = 0; i < kl; i++) diff |= (unsigned char)key[i] ^ (unsigned char)(i < hl ? h[i] : 0);
-    return diff == 0;
-}
-
-/* The first call for a request: route, authenticate, check the declared size. */
+/* The first call for a request: route, authenticate, check the declared
+ * size (request.c). */
 static enum MHD_Result first_call(serve_server *s, struct MHD_Connection *c, const char *url, const char *method,
                                   void **con_cls) {
     conn_ctx *cc = calloc(1, sizeof *cc);
@@ -363,19 +333,16 @@ static enum MHD_Result first_call(serve_server *s, struct MHD_Connection *c, con
     for (char *p = cc->line; *p; p++)
         if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?'; /* one line, no escapes */
     last_status = 0;
-    int post = 0, r = route(url, method, &cc->ep, &post);
-    if (r == 404) return fail(s, c, 404, "invalid_request_error", "not_found", "no route %.100s %.200s", method, url);
-    pthread_mutex_lock(&s->metrics.mu);
-    s->metrics.requests[cc->ep]++;
-    pthread_mutex_unlock(&s->metrics.mu);
-    if (r == 405) return fail(s, c, 405, "invalid_request_error", NULL, "%.200s takes %s", url, post ? "POST" : "GET");
-    if (cc->ep != SERVE_EP_HEALTH && cc->ep != SERVE_EP_PAGE && !authorised(s, c))
-        return fail(s, c, 401, "authentication_error", "invalid_api_key", "a valid API key is required "
-                    "(Authorization: Bearer KEY)");
-    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-    if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body)
-        return fail(s, c, 413, "invalid_request_error", "body_too_large", "the body exceeds %zu bytes", s->cfg.max_body);
-    return MHD_YES;
+    serve_error e;
+    int routed;
+    int bad = serve_check_head(&s->cfg, method, url, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"),
+                               MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length"), &cc->ep, &routed, &e);
+    if (routed) {
+        pthread_mutex_lock(&s->metrics.mu);
+        s->metrics.requests[cc->ep]++;
+        pthread_mutex_unlock(&s->metrics.mu);
+    }
+    return bad ? respond_error(s, c, &e) : MHD_YES;
 }
 
 enum MHD_Result serve_on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,

@@ -140,6 +140,15 @@ typedef struct {
     whale_sampler_params defaults; /* serve_config's */
 } serve_text;
 
+/* A request's head, before its body is read (request.c): the route and
+ * its method, the API key (authorization: the Authorization header or
+ * NULL), the declared size (content_length: that header or NULL) against
+ * max_body. Returns 0, or fills e with the 4xx and returns -1. *routed
+ * says whether the path named an endpoint (then *ep is it, also when the
+ * request is refused). */
+int serve_check_head(const serve_config *cfg, const char *method, const char *url, const char *authorization,
+                     const char *content_length, serve_endpoint *ep, int *routed, serve_error *e);
+
 /* A parsed generation request. */
 typedef struct {
     int chat;   /* /v1/chat/completions (else /v1/completions) */

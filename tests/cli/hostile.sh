@@ -12,7 +12,7 @@ TINY=$(cd "$DATA/tiny" && pwd)
 # Each command runs under a time limit and an address-space limit (skipped
 # under the sanitizers, whose shadow memory needs terabytes of addresses).
 # The limit is wall time on a shared machine: every case needs at most a
-# few seconds of CPU (the costly-regex one uses its 5 s budget).
+# few seconds of CPU (the costly-regex ones stop at their work budget).
 LIMIT=60
 VMEM_KB=$((4 * 1024 * 1024))
 run_bounded() {
