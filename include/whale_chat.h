@@ -143,6 +143,8 @@ void whale_chat_template_free(whale_chat_template *t);
 const char *whale_chat_template_name(const whale_chat_template *t);
 /* One line to show the user (the raw fallback was chosen), or NULL. */
 const char *whale_chat_template_notice(const whale_chat_template *t);
+/* The Jinja source of a template (NULL for a native format). */
+const char *whale_chat_template_source(const whale_chat_template *t);
 
 /* apply_chat_template(messages, tools=tools, add_generation_prompt=...,
  * **kwargs, tokenize=False): messages is a JSON array of message objects

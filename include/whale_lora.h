@@ -69,13 +69,19 @@ const whale_lora_config *whale_lora_get_config(const whale_model *m);
  * (its dtype field updated when converting), generation_config.json and
  * tokenizer files. Only one tensor is held in memory at a time (the base is
  * memory-mapped and its pages dropped after each tensor). */
+typedef enum { WHALE_EXPORT_SAFETENSORS = 0, WHALE_EXPORT_GGUF } whale_export_format;
+/* GGUF tensor types (ggml_type values). */
+typedef enum { WHALE_GGUF_F32 = 0, WHALE_GGUF_F16 = 1, WHALE_GGUF_Q8_0 = 8, WHALE_GGUF_BF16 = 30 } whale_gguf_dtype;
+
 typedef struct {
     const char *base;     /* base checkpoint folder */
     const char *adapters; /* a PEFT LoRA folder, or NULL: convert only */
-    const char *out;      /* output folder (created; not the base) */
+    const char *out;      /* output folder (created; not the base), or the .gguf file */
     int convert;          /* 0: every tensor keeps its stored dtype; 1: floating tensors become dtype */
     whale_dtype dtype;    /* WHALE_F32, WHALE_BF16 or WHALE_F16 when convert */
     double memory_limit;  /* bytes the export may take; 0 = physical memory, < 0 = no check */
+    whale_export_format format;
+    whale_gguf_dtype gguf_dtype; /* GGUF: the type of the 2-D weights (norms, biases: F32) */
     /* called after each tensor (may be NULL) */
     void (*progress)(void *user, int done, int total);
     void *user;
@@ -88,6 +94,16 @@ typedef struct {
     size_t planned;           /* the up-front estimate of the memory needed */
     whale_dtype dtype;        /* the dtype of the largest floating tensor written (the config's) */
 } whale_export_stats;
+
+/* GGUF (format WHALE_EXPORT_GGUF): one file in llama.cpp's layout for the
+ * dense families (qwen2, llama, qwen3; nanowhale is refused): its
+ * architecture's hyperparameters, llama.cpp's tensor names and dimension
+ * order (Llama's q/k rows reordered as llama.cpp's converter does),
+ * gguf_dtype for the 2-D weights (F32 for norms and biases; F16 for a
+ * Q8_0 weight whose rows are not a multiple of 32), and the tokenizer as
+ * llama.cpp reads a GPT-2-style BPE: tokens, types, merges, the
+ * pre-tokenizer's name, special ids, add_bos/add_eos, chat template. */
+whale_code whale_export_gguf_plan(const whale_export_opts *o, whale_export_stats *st, whale_err *err);
 
 /* The memory an export needs (without writing anything) and the checks of
  * the adapters against the base: every lora_A / lora_B pair must adapt a

@@ -44,6 +44,13 @@ if ! cmp -s tests/serve/package-lock.json tests/serve/node_modules/.package-lock
     cp tests/serve/package-lock.json tests/serve/node_modules/.package-lock.json.installed
 fi
 
+# an independent GGUF reader and llama.cpp's prebuilt libraries, which tests/cli/gguf.sh checks
+# whale export --format gguf with (exact versions: package-lock.json)
+if ! cmp -s tests/gguf/package-lock.json tests/gguf/node_modules/.package-lock.json.installed; then
+    npm ci --prefix tests/gguf --no-audit --no-fund --loglevel=error
+    cp tests/gguf/package-lock.json tests/gguf/node_modules/.package-lock.json.installed
+fi
+
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"
 echo "setup: built build/whale"

@@ -19,7 +19,7 @@
 
 /* The three Split patterns of DeepSeek-V3's pre-tokenizer, exactly as its
  * tokenizer.json has them (Oniguruma syntax; \r and \n are the characters). */
-static const char *const split_patterns[3] = {
+const char *const whale_deepseek_v3_splits[3] = {
     "\\p{N}{1,3}",
     /* CJK ideographs U+4E00-U+9FA5, hiragana, katakana */
     "[\u4E00-\u9FA5\u3040-\u309F\u30A0-\u30FF]+",
@@ -212,7 +212,7 @@ void whale_bpe_train_defaults(whale_bpe_train_opts *o) {
     o->model_max_length = 2048;
 }
 
-/* Oniguruma -> PCRE2 for the constructs of split_patterns, the way the
+/* Oniguruma -> PCRE2 for the constructs of whale_deepseek_v3_splits, the way the
  * tokenizer's loader translates them: \s is White_Space (PCRE2's \s misses
  * U+0085) and \p{..} also gets the characters Unicode assigned after
  * PCRE2's database. Everything else means the same in both engines. */
@@ -260,7 +260,7 @@ static whale_code compile_patterns(whale_bpe_trainer *tr, whale_err *err) {
     whale_code rc = WHALE_OK;
     for (int k = 0; k < 3 && !rc; k++) {
         tok_buf src = {0};
-        if (!translate(split_patterns[k], &src)) {
+        if (!translate(whale_deepseek_v3_splits[k], &src)) {
             rc = whale_errf(err, WHALE_ERR_NOMEM, "bpe train: out of memory");
         } else {
             int ecode;
@@ -975,7 +975,7 @@ static void write_tokenizer_json(jout *j, const merger *M, const merge_list *ml,
              "  \"pre_tokenizer\": {\n    \"type\": \"Sequence\",\n    \"pretokenizers\": [\n");
     for (int k = 0; k < 3; k++) {
         puts_(j, "      {\"type\": \"Split\", \"pattern\": {\"Regex\": ");
-        put_str(j, split_patterns[k], strlen(split_patterns[k]));
+        put_str(j, whale_deepseek_v3_splits[k], strlen(whale_deepseek_v3_splits[k]));
         puts_(j, "}, \"behavior\": \"Isolated\", \"invert\": false},\n");
     }
     puts_(j, "      {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": true, \"use_regex\": false}\n"

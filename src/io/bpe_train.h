@@ -58,6 +58,10 @@
 
 #include "whale.h"
 
+/* The three Split patterns of DeepSeek-V3's pre-tokenizer, exactly as its
+ * tokenizer.json has them (Oniguruma syntax). */
+extern const char *const whale_deepseek_v3_splits[3];
+
 #include <stdint.h>
 
 /* Fixed tokens (U+FF5C FULLWIDTH VERTICAL LINE, U+2581 LOWER ONE EIGHTH BLOCK). */

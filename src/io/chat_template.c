@@ -209,6 +209,7 @@ void whale_chat_template_free(whale_chat_template *t) {
 
 const char *whale_chat_template_name(const whale_chat_template *t) { return t ? t->name : "(none)"; }
 const char *whale_chat_template_notice(const whale_chat_template *t) { return t && t->notice[0] ? t->notice : NULL; }
+const char *whale_chat_template_source(const whale_chat_template *t) { return t && !t->native ? t->source : NULL; }
 
 /* ------------------------------------------------------------ rendering */
 

@@ -444,6 +444,7 @@ static whale_code parse_pretok(loader *L, const cJSON *n, const char *path) {
         st->invert = invert;
         if (cJSON_IsString(re)) {
             snprintf(sub, sizeof sub, "%s.pattern.Regex", path);
+            if (!(st->source = strdup(re->valuestring))) return FAIL(L, WHALE_ERR_NOMEM, "%s: out of memory", path);
             return compile_regex(L, sub, re->valuestring, 0, &st->re, &st->jit);
         }
         if (!lit->valuestring[0]) return WHALE_OK; /* an empty String pattern never matches */
@@ -457,6 +458,7 @@ static whale_code parse_pretok(loader *L, const cJSON *n, const char *path) {
         if ((rc = add_step(L, path, &st))) return rc;
         st->kind = STEP_BYTELEVEL;
         st->add_prefix_space = prefix;
+        st->use_regex = use_regex;
         st->behavior = SPLIT_ISOLATED;
         L->t->byte_level = 1;
         if (use_regex) {
@@ -973,7 +975,7 @@ done:
 
 void whale_tokenizer_free(whale_tokenizer *t) {
     if (!t) return;
-    for (int i = 0; i < t->n_steps; i++) pcre2_code_free(t->steps[i].re);
+    for (int i = 0; i < t->n_steps; i++) pcre2_code_free(t->steps[i].re), free(t->steps[i].source);
     free(t->steps);
     pcre2_code_free(t->word_re);
     for (int i = 0; i < t->n_added; i++)

@@ -80,6 +80,8 @@ typedef struct {
     int behavior;    /* SPLIT_* */
     int invert;
     int add_prefix_space;
+    char *source;    /* the Split Regex as tokenizer.json writes it (NULL for a String pattern) */
+    int use_regex;   /* ByteLevel: splits with the GPT-2 pattern first */
 } tok_step;
 
 typedef struct {
@@ -157,6 +159,16 @@ struct whale_tokenizer {
     size_t bpe_cap;          /* in symbols */
     tok_cache_slot *cache;   /* allocated on first use */
 };
+
+/* What a GGUF file's tokenizer metadata needs (tokenizer_gguf.c). */
+/* llama.cpp's name for t's pre-tokenizer (tokenizer.ggml.pre: "qwen2",
+ * "llama-bpe", "gpt-2", "deepseek-v3"), or NULL when llama.cpp has none of
+ * its patterns. */
+const char *tok_llama_pre(const whale_tokenizer *t);
+/* The merges as id pairs [n][2] in rank order (malloc'd). */
+whale_code tok_merge_pairs(const whale_tokenizer *t, int32_t **pairs, int *n, whale_err *err);
+/* The added token with this id, or NULL. */
+const tok_added *tok_added_of(const whale_tokenizer *t, int32_t id);
 
 /* Encode text that is already valid UTF-8 (the public encode sanitizes). */
 whale_code tok_encode_valid(whale_tokenizer *t, const char *text, size_t len, tok_buf *ids,

@@ -468,6 +468,19 @@ void whale_model_release_handles(whale_model *m);
  * directory, with no parameter storage (sizes only: whale memory). */
 whale_code whale_model_skeleton(const char *src, whale_model **out, whale_err *err);
 
+/* The dense decoder's hyperparameters as its config sets them, defaults
+ * applied (qwen2.c): what a GGUF file records. WHALE_ERR_UNSUPPORTED when m
+ * is not of the dense family. */
+#include "models/rope.h"
+typedef struct {
+    const char *model_type; /* "qwen2", "llama", "qwen3" */
+    int vocab, D, L, H, Hkv, Dh, F, max_pos, tie;
+    int bias_qkv, bias_o, bias_mlp, qk_norm;
+    double norm_eps; /* as the engine uses it (float) */
+    whale_rope rope;
+} whale_dense_hparams;
+whale_code whale_dense_hparams_of(const whale_model *m, whale_dense_hparams *out, whale_err *err);
+
 /* Family entry points behind whale_family_desc.from_config. */
 whale_code nanowhale_from_config(const cJSON *cfg, const char *file, whale_model **out, whale_err *err);
 whale_code qwen2_from_config(const cJSON *cfg, const char *file, whale_model **out, whale_err *err);

@@ -166,6 +166,17 @@ static whale_code parse_config(const cJSON *j, const char *file, qw_config *c, w
     return WHALE_OK;
 }
 
+whale_code whale_dense_hparams_of(const whale_model *m, whale_dense_hparams *out, whale_err *err) {
+    if (m->family != &whale_family_dense)
+        return whale_errf(err, WHALE_ERR_UNSUPPORTED, "model_type %s is not a dense decoder (qwen2, llama, qwen3)",
+                          m->model_type);
+    const qw_config *c = &((const qw_model *)m->impl)->c;
+    *out = (whale_dense_hparams){variants[c->variant].model_type, c->vocab, c->D, c->L, c->H, c->Hkv, c->Dh, c->F,
+                                 c->max_pos, c->tie, c->bias_qkv, c->bias_o, c->bias_mlp, c->qk_norm, c->norm_eps,
+                                 c->rope};
+    return WHALE_OK;
+}
+
 /* Presets: the shapes of released models (their config.json) and a tiny
  * model of each variant for tests. Dh 0: hidden_size / heads. */
 #define LLAMA3_ROPE(f, orig)                                                                              \

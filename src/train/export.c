@@ -6,8 +6,11 @@
 #include "io/safetensors.h"
 #include "kernels/convert.h"
 #include "models/model.h" /* whale_config_set_dtype */
+#include "io/gguf.h" /* whale_q8_0_quantize */
+#include "train/export.h"
 #include "train/lora_files.h"
 
+#include <assert.h>
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <omp.h>
@@ -16,31 +19,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#define RUNTIME_BYTES ((size_t)16 << 20) /* code, libraries, headers, thread pools */
-
-typedef struct {
-    const whale_st_entry *e;    /* the base tensor */
-    const whale_st_entry *a, *b; /* its adapters (lora_A [r, in], lora_B [out, r]) or NULL */
-    whale_dtype out;            /* dtype written */
-    size_t out_bytes;
-    int buffered; /* computed into a buffer (merged or converted); else written from the mapping */
-} ex_tensor;
-
-typedef struct {
-    const whale_export_opts *o;
-    whale_st *base, *ad;
-    whale_lora_config cfg;
-    char *targets;
-    float scale;
-    ex_tensor *t;
-    int n, nthreads;
-    void *buf; /* the current tensor's output */
-    int64_t values, overflow;
-} exporter;
-
 static int is_float(whale_dtype d) { return d == WHALE_F32 || d == WHALE_BF16 || d == WHALE_F16; }
 
-static void ex_close(exporter *x) {
+void export_close(exporter *x) {
     whale_st_close(x->base);
     whale_st_close(x->ad);
     free(x->targets);
@@ -99,7 +80,7 @@ static whale_code match_adapters(exporter *x, ex_tensor *t, whale_err *err) {
     return WHALE_OK;
 }
 
-static whale_code ex_open(const whale_export_opts *o, exporter *x, whale_err *err) {
+whale_code export_open(const whale_export_opts *o, exporter *x, whale_err *err) {
     memset(x, 0, sizeof *x);
     x->o = o;
     x->nthreads = omp_get_max_threads();
@@ -139,7 +120,7 @@ static size_t tensor_bytes(const exporter *x, const ex_tensor *t) {
     return b;
 }
 
-static void ex_plan(const exporter *x, whale_export_stats *st) {
+void export_plan(const exporter *x, whale_export_stats *st) {
     memset(st, 0, sizeof *st);
     size_t peak = 0, most = 0;
     for (int i = 0; i < x->n; i++) {
@@ -151,7 +132,7 @@ static void ex_plan(const exporter *x, whale_export_stats *st) {
         st->tensors++;
         st->merged += t->a != NULL;
     }
-    st->planned = peak + RUNTIME_BYTES;
+    st->planned = peak + EXPORT_RUNTIME_BYTES;
 }
 
 /* Row o (cols values) of a float tensor as fp32; exact. */
@@ -198,11 +179,22 @@ static void entry_f32(float *dst, const whale_st_entry *e) {
     else whale_f16_to_f32(dst, e->data, n);
 }
 
-/* Tensor t (merged and/or converted) into x->buf, row by row. */
-static whale_code fill(exporter *x, const ex_tensor *t, whale_err *err) {
+/* Output row o's source row: itself, or, for a tensor whose rows are
+ * perm_heads heads of Dh rows in Hugging Face's half-split RoPE order, the
+ * row that llama.cpp's interleaved order puts there (row 2j + s of a head
+ * is row s·Dh/2 + j: convert_hf_to_gguf.py's permute for Llama's q and k). */
+static int64_t source_row(const ex_tensor *t, int64_t rows, int64_t o) {
+    if (!t->perm_heads) return o;
+    int64_t dh = rows / t->perm_heads, h = o / dh, i = o % dh;
+    return h * dh + (i % 2) * (dh / 2) + i / 2;
+}
+
+whale_code export_fill(exporter *x, const ex_tensor *t, void *buf, whale_err *err) {
     const whale_st_entry *e = t->e;
     int64_t numel = (int64_t)(e->nbytes / whale_dtype_size(e->dtype));
-    int64_t cols = e->ndim ? e->shape[e->ndim - 1] : 1, rows = numel / cols;
+    int64_t cols = e->ndim && !(t->perm_heads && e->ndim == 1) ? e->shape[e->ndim - 1] : 1, rows = numel / cols;
+    assert(!t->perm_heads || rows % (2 * t->perm_heads) == 0);
+    assert(!t->q8 || cols % WHALE_Q8_0_BLOCK == 0);
     int r = t->a ? x->cfg.rank : 0;
     float *A = t->a ? malloc(t->a->nbytes / whale_dtype_size(t->a->dtype) * sizeof(float)) : NULL;
     float *B = t->a ? malloc(t->b->nbytes / whale_dtype_size(t->b->dtype) * sizeof(float)) : NULL;
@@ -215,15 +207,19 @@ static whale_code fill(exporter *x, const ex_tensor *t, whale_err *err) {
     }
     if (t->a) entry_f32(A, t->a), entry_f32(B, t->b);
     const double s = x->scale;
-    const size_t osz = whale_dtype_size(t->out);
+    const size_t orow = t->q8 ? (size_t)cols / WHALE_Q8_0_BLOCK * WHALE_Q8_0_BYTES
+                              : (size_t)cols * whale_dtype_size(t->out);
     int64_t over = 0;
 #pragma omp parallel for schedule(static) reduction(+ : over) num_threads(x->nthreads)
     for (int64_t o = 0; o < rows; o++) {
         int id = omp_get_thread_num();
+        int64_t src = source_row(t, rows, o);
         float *w = rowbuf + (size_t)id * (size_t)cols;
-        row_f32(e, o, cols, w);
-        if (r) add_delta(w, acc + (size_t)id * (size_t)cols, A, B, r, o, cols, s);
-        over += store_row((char *)x->buf + (size_t)o * (size_t)cols * osz, t->out, w, cols);
+        row_f32(e, src, cols, w);
+        if (r) add_delta(w, acc + (size_t)id * (size_t)cols, A, B, r, src, cols, s);
+        char *dst = (char *)buf + (size_t)o * orow;
+        if (t->q8) whale_q8_0_quantize(dst, w, cols);
+        else over += store_row(dst, t->out, w, cols);
     }
     x->overflow += over;
 done:
@@ -247,7 +243,7 @@ static const void *produce(void *user, int i, whale_err *err) {
         whale_errf(err, WHALE_ERR_NOMEM, "%s: cannot allocate %zu bytes for %s", x->o->out, t->out_bytes, t->e->name);
         return NULL;
     }
-    return fill(x, t, err) ? NULL : x->buf;
+    return export_fill(x, t, x->buf, err) ? NULL : x->buf;
 }
 
 /* src/name to dst/name (temp + fsync + rename) when src has it. */
@@ -295,16 +291,18 @@ static whale_code write_side_files(const whale_export_opts *o, whale_dtype dt, w
     return c;
 }
 
-static double physical_memory(void) {
+double export_memory_limit(const whale_export_opts *o) {
+    if (o->memory_limit) return o->memory_limit > 0 ? o->memory_limit : 0;
     long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
     return pages > 0 && size > 0 ? (double)pages * (double)size : 0;
 }
 
 whale_code whale_export_plan(const whale_export_opts *o, whale_export_stats *st, whale_err *err) {
+    if (o->format == WHALE_EXPORT_GGUF) return whale_export_gguf_plan(o, st, err);
     exporter x;
-    whale_code c = ex_open(o, &x, err);
-    if (!c) ex_plan(&x, st);
-    ex_close(&x);
+    whale_code c = export_open(o, &x, err);
+    if (!c) export_plan(&x, st);
+    export_close(&x);
     return c;
 }
 
@@ -324,12 +322,13 @@ static whale_code check_out_dir(const whale_export_opts *o, whale_err *err) {
 }
 
 whale_code whale_export_checkpoint(const whale_export_opts *o, whale_export_stats *st, whale_err *err) {
+    if (o->format == WHALE_EXPORT_GGUF) return whale_export_gguf(o, st, err);
     exporter x;
     whale_st_item *items = NULL;
-    whale_code c = ex_open(o, &x, err);
+    whale_code c = export_open(o, &x, err);
     if (c) goto done;
-    ex_plan(&x, st);
-    double limit = o->memory_limit > 0 ? o->memory_limit : o->memory_limit < 0 ? 0 : physical_memory();
+    export_plan(&x, st);
+    double limit = export_memory_limit(o);
     if (limit > 0 && (double)st->planned > limit) {
         c = whale_errf(err, WHALE_ERR_NOMEM, "%s: exporting needs an estimated %.2f GiB (the largest tensor %.2f GiB "
                        "read and written) but %s is %.2f GiB", o->base, st->planned / 1073741824.0,
@@ -353,6 +352,6 @@ whale_code whale_export_checkpoint(const whale_export_opts *o, whale_export_stat
     c = write_side_files(o, o->dtype, err);
 done:
     free(items);
-    ex_close(&x);
+    export_close(&x);
     return c;
 }
