@@ -209,6 +209,8 @@ int cmd_memory(int argc, char **argv) {
         if (bad) return bad;
     }
     if (!config) return cli_usage("memory", "--config is required");
+    if (do_measure && (p.ranks > 1 || p.grad_accum > 1))
+        return cli_usage("memory", "--measure runs one step of one micro-batch in one process: leave out --ranks and --grad-accum");
     whale_err err;
     whale_memory mm;
     if (whale_memory_estimate(config, &p, &mm, &err)) return cli_fail(&err);

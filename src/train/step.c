@@ -303,14 +303,20 @@ const char *whale_json_double(char *buf, size_t cap, const char *fmt, double v) 
 
 /* ---------------------------------------------------------------- ranks */
 
-whale_code whale_step_sum_new(whale_session *s, int n_micro, whale_grad_sum **out, whale_err *err) {
-    int N = whale_dist_size();
-    *out = NULL;
+static whale_code check_divides(int n_micro, int N, whale_err *err) {
     if (n_micro % N)
         return whale_errf(err, WHALE_ERR_ARG,
                           "--grad-accum %d does not divide among %d ranks: the %d micro-batches of each step are "
                           "shared out, so make it a multiple of the number of ranks",
                           n_micro, N, n_micro);
+    return WHALE_OK;
+}
+
+whale_code whale_step_sum_new(whale_session *s, int n_micro, whale_grad_sum **out, whale_err *err) {
+    int N = whale_dist_size();
+    *out = NULL;
+    whale_code c = check_divides(n_micro, N, err);
+    if (c) return c;
     if (n_micro == 1 && N == 1) return WHALE_OK; /* the backward accumulates in place */
     return whale_grad_sum_new(s->n_grad_train, NULL, out, err); /* frozen buffers stay out of the exchange */
 }
@@ -340,9 +346,7 @@ whale_code whale_zero_new(whale_session *s, whale_optimizer *opt, int n_micro, w
     int N = whale_dist_size();
     *out = NULL, *sum = NULL;
     if (N == 1) return whale_step_sum_new(s, n_micro, sum, err);
-    whale_code c = whale_step_sum_new(s, n_micro, sum, err); /* the message for a grad-accum that does not divide */
-    whale_grad_sum_free(*sum);
-    *sum = NULL;
+    whale_code c = check_divides(n_micro, N, err);
     if (c) return c;
     const whale_model *m = s->model;
     size_t nch = whale_grad_chunks(s, NULL, NULL), n = s->n_grad_train, *shards = malloc(sizeof(size_t) * (size_t)(N + 1));
