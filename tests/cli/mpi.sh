@@ -78,15 +78,14 @@ check "a one-process checkpoint resumed on 2 ranks ends as the uninterrupted run
 check "a 2-rank checkpoint resumed in one process ends as the uninterrupted run" \
     cmp -s "$TMP/two4/model.safetensors" "$TMP/res21/model.safetensors"
 # sharded moments re-shard for any number of ranks: 1 → 2 with --zero 1, and 2 with --zero 1 → 1
-run2 "$WHALE" train "${ARGS[@]}" --grad-accum 2 --zero 1 --out "$TMP/resz12" --resume "$TMP/one2/checkpoint-3" >/dev/null 2>&1
+run2 "$WHALE" train "${ARGS[@]:0:${#ARGS[@]}-1}" --grad-accum 2 --zero 1 --out "$TMP/resz12" \
+    --resume "$TMP/one2/checkpoint-3" >/dev/null 2>"$TMP/err" # ARGS without its last word, --quiet
 check "a one-process checkpoint resumed on 2 ranks with --zero 1 ends as the uninterrupted run" \
     cmp -s "$TMP/one2/model.safetensors" "$TMP/resz12/model.safetensors"
+check "the memory line counts one shard of the moments" grep -q 'AdamW moments .*1/2 of them' "$TMP/err"
 "$WHALE" train "${ARGS[@]}" --grad-accum 4 --out "$TMP/resz21" --resume "$TMP/zero4/checkpoint-3" >/dev/null 2>&1
 check "a 2-rank --zero 1 checkpoint resumed in one process ends as the uninterrupted run" \
     cmp -s "$TMP/one4/model.safetensors" "$TMP/resz21/model.safetensors"
-run2 "$WHALE" train --init tiny --data "$TMP/data" --tokenizer "$TMP/tok" --seq-len 32 --batch-size 2 --grad-accum 2 \
-    --max-steps 1 --threads 1 --zero 1 --out "$TMP/zmem" >/dev/null 2>"$TMP/err"
-check "the memory line counts one shard of the moments" grep -q 'AdamW moments .*1/2 of them' "$TMP/err"
 check "only rank 0 prints the summary" test "$(grep -c '"steps"' "$TMP/two.json")" = 1
 check "metrics carry the world size and each rank's tokens/s" \
     grep -q '"world_size": 2, "rank_tokens_per_s": \[[0-9.]*, [0-9.]*\], "comm_s"' "$TMP/two4/metrics.jsonl"
