@@ -87,7 +87,7 @@ void whale_dist_abort(int status) {
 /* How a rank waits for a request: moving data (polled flat out, counted as
  * exchange time), for the other ranks to arrive (sleeping between polls
  * after the first millisecond, leaving the processor to them; counted as
- * waiting), or for rank 0's own work — a checkpoint, an evaluation, the
+ * waiting), or for rank 0's own work — a checkpoint, the
  * start — (sleeping, ten times the bound, not counted). */
 typedef enum { WAIT_MOVE, WAIT_PEERS, WAIT_LEADER } wait_mode;
 

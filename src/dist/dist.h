@@ -70,7 +70,7 @@ whale_code whale_grad_sum_collect(whale_grad_sum *g, const float *mine, size_t a
  * whale_dist_stats. */
 whale_code whale_dist_barrier(const char *what, int64_t step, whale_err *err);
 /* The same where the other ranks wait for rank 0's own work (a checkpoint,
- * an evaluation): ten times the timeout, and not counted. */
+ * the start): ten times the timeout, and not counted. */
 whale_code whale_dist_wait_leader(const char *what, int64_t step, whale_err *err);
 /* MPI_Alltoallv / MPI_Allgatherv of floats (counts and displacements in
  * elements, per rank) that give up after the timeout like the barrier;
