@@ -5,11 +5,12 @@
 # packed into 512 tokens, batch 1, grad-accum T), alternated ROUNDS times.
 # Prints tokens/s, and for the ranks the bytes rank 0 sent, its seconds
 # moving data and its seconds waiting for the other rank, per step.
+# ZERO=1 runs the ranks with --zero 1 (the optimizer state sharded).
 #
-#   bench/mpi.sh [STEPS (6)] [ROUNDS (2)] [T (2)]
+#   [ZERO=1] bench/mpi.sh [STEPS (6)] [ROUNDS (2)] [T (2)]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STEPS=${1:-6} ROUNDS=${2:-2} T=${3:-2}
+STEPS=${1:-6} ROUNDS=${2:-2} T=${3:-2} ZERO=${ZERO:-0}
 WHALE=${WHALE:-build/whale}
 TOK=${WHALE_TOKENIZERS:-.cache/tokenizers}/deepseek_v3
 OUT=$(mktemp -d)
@@ -34,7 +35,7 @@ run() {
         OMP_NUM_THREADS=$threads "$WHALE" "$@" --threads "$threads" --out "$OUT/$name" >/dev/null
     else
         "${MPIRUN[@]}" -x OMP_NUM_THREADS="$threads" -np "$ranks" "$WHALE" "$@" --threads "$threads" \
-            --out "$OUT/$name" >/dev/null
+            --zero "$ZERO" --out "$OUT/$name" >/dev/null
     fi
     local log
     log=$OUT/$name/metrics.jsonl

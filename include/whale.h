@@ -474,6 +474,7 @@ typedef struct {
     size_t kv_cache, workspace;
     size_t runtime;           /* the process without a model: code, libraries, thread pools */
     size_t total;
+    int ranks, zero;          /* per rank of that many (0 or 1: one process); zero: moments sharded (--zero 1) */
 } whale_memory;
 
 typedef enum { WHALE_TRAIN_NONE = 0, WHALE_TRAIN_FULL, WHALE_TRAIN_LORA } whale_train_kind;
@@ -484,6 +485,9 @@ typedef struct {
     const char *lora_targets; /* LoRA target_modules; NULL = "all-linear" */
     int batch, seq_len; /* inference: the session's batch and context (KV cache) */
     int recompute;
+    int grad_accum;     /* training: micro-batches per step (0 or 1: one) */
+    int ranks;          /* training on that many ranks (0 or 1: one process): per rank */
+    int zero;           /* 1: the AdamW moments sharded over the ranks (--zero 1) */
 } whale_memory_plan;
 
 /* Estimate for a preset, config .json or model directory, without

@@ -36,6 +36,7 @@ typedef struct {
     double loss_scale;         /* fp16: initial dynamic loss scale (GradScaler: 65536); 0 = default */
     int loss_scale_interval;   /* fp16: clean steps before the scale doubles (2000); 0 = default */
     int nan_check;             /* trace every forward and backward tensor; stop at the first non-finite one */
+    int zero;                  /* 1: on several ranks each holds the AdamW moments of its shard only (ZeRO stage 1) */
 } whale_train_opts;
 
 whale_train_opts whale_train_defaults(void);
@@ -114,6 +115,7 @@ typedef struct {
     double split_ratio;          /* --split_dataset_ratio (0) */
     int64_t eval_steps;          /* evaluate every N steps and at the end; 0 = save_steps (ms-swift) */
     int save_only_model;         /* checkpoints without optimizer state (cannot be resumed) */
+    int zero;                    /* 1: on several ranks each holds the AdamW moments of its shard only (ZeRO stage 1) */
 } whale_sft_run_opts;
 
 whale_sft_run_opts whale_sft_run_defaults(void);

@@ -372,7 +372,7 @@ static void test_steps(void) {
     double l_first = 0, l_last = 0;
     for (int k = 0; k < 3; k++) {
         whale_step_result sr;
-        CHECK(whale_train_one_step(ts, o, NULL, NULL, NULL, &bt, 1, 0, 1.0, 1e-2, k + 1, &sr, &err) == WHALE_OK, "%s",
+        CHECK(whale_train_one_step(ts, o, NULL, NULL, NULL, NULL, &bt, 1, 0, 1.0, 1e-2, k + 1, &sr, &err) == WHALE_OK, "%s",
               err.msg);
         if (!k) l_first = sr.loss;
         l_last = sr.loss;

@@ -164,6 +164,8 @@ int cmd_memory(int argc, char **argv) {
                  "  --dtype fp32|bf16|fp16|int8   precision of the products (default fp32)\n"
                  "  --train none|full|lora        inference (default), full training, or LoRA on a frozen base\n"
                  "  --lora-rank R (8)  --batch B (1)  --seq-len T (512)  --recompute\n"
+                 "  --grad-accum A (1)  --ranks N (1)  --zero 0|1 (0)   training on N ranks, per rank; --zero 1\n"
+                 "              shards the AdamW moments over them (as mpirun -np N whale train --zero 1)\n"
                  "  --measure   also run it (random weights, one step) and print the peak resident memory\n"
                  "  --json      one JSON object instead of the table");
             return 0;
@@ -196,11 +198,19 @@ int cmd_memory(int argc, char **argv) {
             if (!(bad = cli_int("memory", a, v, 1, 1 << 20, &n))) p.batch = (int)n;
         } else if (!strcmp(a, "--seq-len")) {
             if (!(bad = cli_int("memory", a, v, 2, 1 << 24, &n))) p.seq_len = (int)n;
+        } else if (!strcmp(a, "--grad-accum")) {
+            if (!(bad = cli_int("memory", a, v, 1, 65536, &n))) p.grad_accum = (int)n;
+        } else if (!strcmp(a, "--ranks")) {
+            if (!(bad = cli_int("memory", a, v, 1, 1 << 20, &n))) p.ranks = (int)n;
+        } else if (!strcmp(a, "--zero")) {
+            if (!(bad = cli_int("memory", a, v, 0, 1, &n))) p.zero = (int)n;
         } else
             return cli_usage("memory", "unknown option \"%s\"", a);
         if (bad) return bad;
     }
     if (!config) return cli_usage("memory", "--config is required");
+    if (do_measure && (p.ranks > 1 || p.grad_accum > 1))
+        return cli_usage("memory", "--measure runs one step of one micro-batch in one process: leave out --ranks and --grad-accum");
     whale_err err;
     whale_memory mm;
     if (whale_memory_estimate(config, &p, &mm, &err)) return cli_fail(&err);
@@ -213,12 +223,13 @@ int cmd_memory(int argc, char **argv) {
                "\"seq_len\": %d, \"recompute\": %s, \"params\": %lld, \"trainable\": %lld, \"weights_f32\": %zu, "
                "\"weights_lowp\": %zu, \"adapters\": %zu, \"grads\": %zu, \"moments\": %zu, \"activations\": %zu, "
                "\"recompute_saves\": %zu, \"kv_cache\": %zu, \"workspace\": %zu, \"runtime\": %zu, \"total\": %zu, "
-               "\"ram\": %.0f, \"fits\": %s",
+               "\"ram\": %.0f, \"fits\": %s, \"ranks\": %d, \"zero\": %d, \"grad_accum\": %d",
                config, cli_dtype_name(p.dtype), p.train == WHALE_TRAIN_NONE ? "none" : p.train == WHALE_TRAIN_FULL ? "full" : "lora",
                p.lora_rank, p.batch, p.seq_len, p.recompute ? "true" : "false", (long long)mm.params,
                (long long)mm.trainable, mm.weights_f32, mm.weights_lowp, mm.adapters, mm.grads, mm.moments,
                mm.activations, mm.recompute_saves, mm.kv_cache, mm.workspace, mm.runtime, mm.total, ram,
-               ram == 0 || (double)mm.total <= ram ? "true" : "false");
+               ram == 0 || (double)mm.total <= ram ? "true" : "false", p.ranks > 1 ? p.ranks : 1, p.zero,
+               p.grad_accum > 1 ? p.grad_accum : 1);
         if (do_measure) printf(", \"peak_rss\": %.0f, \"estimate_error_pct\": %.2f", peak, 100.0 * ((double)mm.total - peak) / peak);
         printf("}\n");
         return 0;

@@ -31,6 +31,7 @@ static const char sft_usage[] =
     "  --eval-steps N (--save-steps): eval_loss and eval_token_acc; the best checkpoint in trainer_state.json\n"
     "  --save-only-model: checkpoints without optimizer state (cannot be resumed)\n"
     "  --gradient-checkpointing (alias --recompute)  --nan-check  --memory-limit GIB  --threads N  --quiet\n"
+    "  --zero 0|1 (0): on several ranks (mpirun), 1 shards the AdamW moments over them (ZeRO stage 1)\n"
     "  booleans are flags or take true|false|1|0; FILE#N draws N samples of FILE (seeded, as ms-swift)\n"
     "  --out DIR (output; alias --output-dir)   --dry-run [N]: show N samples (3) with the trained text in [[ ]]\n"
     "  --resume CKPT (alias --resume-from-checkpoint): continue a run from its checkpoint, same settings,\n"
@@ -235,6 +236,7 @@ int cmd_sft(int argc, char **argv) {
         INT_OPT("--save-total-limit", 0, 1 << 20, o.save_total_limit)
         INT_OPT("--logging-steps", 1, 1L << 40, o.logging_steps)
         INT_OPT("--threads", 1, 1024, threads)
+        INT_OPT("--zero", 0, 1, o.zero)
         INT_OPT("--per-device-eval-batch-size", 1, 65536, eval_batch)
         INT_OPT("--dataloader-num-workers", 0, 1024, workers)
         FLT_OPT("--memory-limit", 1e-3, 1e6, o.memory_limit)

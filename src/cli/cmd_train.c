@@ -103,6 +103,7 @@ int cmd_train_model(int argc, char **argv) {
                  "  --pure-bf16 nearest|stochastic  store the weights themselves in bf16 (no fp32 master)\n"
                  "  --loss-scale S (65536)  --loss-scale-interval N (2000)   fp16 dynamic loss scaling\n"
                  "  --nan-check             stop at the first NaN/inf in any forward or backward tensor, naming it\n"
+                 "  --zero 0|1 (0)          on several ranks (mpirun): 1 shards the AdamW moments over them (ZeRO-1)\n"
                  "  --quiet\n"
                  "writes RUN_DIR/metrics.jsonl, RUN_DIR/checkpoint-STEP/ and the final model into RUN_DIR");
             return 0;
@@ -172,6 +173,7 @@ int cmd_train_model(int argc, char **argv) {
         INT_OPT("--log-every", 1, 1L << 40, o.log_every)
         INT_OPT("--seed", 0, 0x7fffffffffffffffL, o.seed)
         INT_OPT("--threads", 1, 1024, threads)
+        INT_OPT("--zero", 0, 1, o.zero)
         FLT_OPT("--lr", 1e-12, 10, o.lr)
         FLT_OPT("--warmup-ratio", 0, 1, o.warmup_ratio)
         FLT_OPT("--weight-decay", 0, 10, o.weight_decay)

@@ -87,7 +87,7 @@ void whale_dist_abort(int status) {
 /* How a rank waits for a request: moving data (polled flat out, counted as
  * exchange time), for the other ranks to arrive (sleeping between polls
  * after the first millisecond, leaving the processor to them; counted as
- * waiting), or for rank 0's own work — a checkpoint, an evaluation, the
+ * waiting), or for rank 0's own work — a checkpoint, the
  * start — (sleeping, ten times the bound, not counted). */
 typedef enum { WAIT_MOVE, WAIT_PEERS, WAIT_LEADER } wait_mode;
 
@@ -187,7 +187,19 @@ whale_code whale_dist_allgatherv_f32(const float *send, int n, float *recv, cons
     return e != MPI_SUCCESS ? mpi_fail(err, e, what) : wait_for(&rq, 1, NULL, what, step, WAIT_MOVE, err);
 }
 
-whale_code whale_dist_allgather_f64(const double *mine, int k, double *all, whale_err *err) {
+whale_code whale_dist_gatherv_f32(const float *send, int n, float *recv, const int *cnt, const int *dsp,
+                                  const char *what, int64_t step, whale_err *err) {
+    if (world.size == 1) {
+        if (n) memcpy(recv + dsp[0], send, sizeof(float) * (size_t)n);
+        return WHALE_OK;
+    }
+    MPI_Request rq;
+    int e = MPI_Igatherv(send, n, MPI_FLOAT, recv, cnt, dsp, MPI_FLOAT, 0, MPI_COMM_WORLD, &rq);
+    if (world.rank) world.bytes += sizeof(float) * (double)n;
+    return e != MPI_SUCCESS ? mpi_fail(err, e, what) : wait_for(&rq, 1, NULL, what, step, WAIT_MOVE, err);
+}
+
+whale_code whale_dist_allgather_f64(const double *mine, int k, double *all, const char *what, whale_err *err) {
     if (world.size == 1) {
         memcpy(all, mine, sizeof(double) * (size_t)k);
         return WHALE_OK;
@@ -195,7 +207,7 @@ whale_code whale_dist_allgather_f64(const double *mine, int k, double *all, whal
     MPI_Request rq;
     int rc = MPI_Iallgather(mine, k, MPI_DOUBLE, all, k, MPI_DOUBLE, MPI_COMM_WORLD, &rq);
     world.bytes += (double)(world.size - 1) * k * sizeof(double);
-    return rc != MPI_SUCCESS ? mpi_fail(err, rc, "MPI_Iallgather") : wait_for(&rq, 1, NULL, "exchange of losses", -1, WAIT_PEERS, err);
+    return rc != MPI_SUCCESS ? mpi_fail(err, rc, what) : wait_for(&rq, 1, NULL, what, -1, WAIT_PEERS, err);
 }
 
 whale_code whale_dist_check_same(uint64_t value, const char *what, whale_err *err) {
@@ -253,8 +265,15 @@ whale_code whale_dist_allgatherv_f32(const float *send, int n, float *recv, cons
     return WHALE_OK;
 }
 
-whale_code whale_dist_allgather_f64(const double *mine, int k, double *all, whale_err *err) {
-    (void)err;
+whale_code whale_dist_gatherv_f32(const float *send, int n, float *recv, const int *cnt, const int *dsp,
+                                  const char *what, int64_t step, whale_err *err) {
+    (void)cnt, (void)what, (void)step, (void)err;
+    if (n) memcpy(recv + dsp[0], send, sizeof(float) * (size_t)n);
+    return WHALE_OK;
+}
+
+whale_code whale_dist_allgather_f64(const double *mine, int k, double *all, const char *what, whale_err *err) {
+    (void)err, (void)what;
     memcpy(all, mine, sizeof(double) * (size_t)k);
     return WHALE_OK;
 }

@@ -24,15 +24,45 @@
  * finish: (N−1)/N of the vector each, as a ring all-reduce's two halves. */
 typedef struct whale_grad_sum whale_grad_sum;
 
-whale_code whale_grad_sum_new(size_t n, whale_grad_sum **out, whale_err *err);
+/* shards: NULL for equal shards, else [N + 1] boundaries (shards[0] = 0,
+ * shards[N] = n, rank r owns [shards[r], shards[r+1])) for a sum whose
+ * owners go on with their shard alone (--zero 1): whale_grad_sum_shard,
+ * whale_grad_sum_gather_spans and whale_grad_sum_collect then apply. */
+whale_code whale_grad_sum_new(size_t n, const size_t *shards, whale_grad_sum **out, whale_err *err);
 void whale_grad_sum_free(whale_grad_sum *g);
 /* Bytes held: the owned shard's running sum and the exchange buffers. */
 size_t whale_grad_sum_bytes(const whale_grad_sum *g);
+/* The same for n elements on `ranks` ranks, before any is made (whale memory). */
+size_t whale_grad_sum_bytes_for(size_t n, int ranks, int sharded);
+/* This rank's shard: [*lo, *hi) of the vector. */
+void whale_grad_sum_range(const whale_grad_sum *g, size_t *lo, size_t *hi);
 /* Add this rank's gradient of one round (first: the first round of a sum,
  * which replaces what the shard held). step names the step in messages. */
 whale_code whale_grad_sum_add(whale_grad_sum *g, const float *grad, int first, int64_t step, whale_err *err);
 /* The whole sum into grad (n floats), on every rank. */
 whale_code whale_grad_sum_finish(whale_grad_sum *g, float *grad, int64_t step, whale_err *err);
+/* Instead of finish, with shards: only this rank's shard of the sum, into
+ * grad[lo, hi) (the rest of grad is left as it was). No exchange. */
+whale_code whale_grad_sum_shard(whale_grad_sum *g, float *grad);
+
+/* A vector made of pieces of memory, one after the other (the trainable
+ * parameters' weights, each in its own allocation). */
+typedef struct {
+    float *data;
+    size_t n;
+} whale_f32_span;
+/* With shards: every rank's shard of the vector sp[0..ns) makes (n floats
+ * in all) sent to every other rank, so that all hold the whole vector —
+ * the all-gather of the weights after each rank updated its shard. Through
+ * the exchange buffers, 16 MiB at a time. */
+whale_code whale_grad_sum_gather_spans(whale_grad_sum *g, const whale_f32_span *sp, int ns, int64_t step,
+                                       whale_err *err);
+/* With shards: elements [a, a + len) of a vector of which each rank holds
+ * its own shard (mine: hi − lo floats, element lo first) gathered into out
+ * (len floats) on rank 0; out is not used on the others. Every rank calls
+ * it with the same a and len (a checkpoint's moments, tensor by tensor). */
+whale_code whale_grad_sum_collect(whale_grad_sum *g, const float *mine, size_t a, size_t len, float *out, int64_t step,
+                                  whale_err *err);
 
 /* Wait for every rank (what and step name it in messages) for at most the
  * exchange timeout (WHALE_DIST_TIMEOUT seconds, 120 by default): past it,
@@ -40,7 +70,7 @@ whale_code whale_grad_sum_finish(whale_grad_sum *g, float *grad, int64_t step, w
  * whale_dist_stats. */
 whale_code whale_dist_barrier(const char *what, int64_t step, whale_err *err);
 /* The same where the other ranks wait for rank 0's own work (a checkpoint,
- * an evaluation): ten times the timeout, and not counted. */
+ * the start): ten times the timeout, and not counted. */
 whale_code whale_dist_wait_leader(const char *what, int64_t step, whale_err *err);
 /* MPI_Alltoallv / MPI_Allgatherv of floats (counts and displacements in
  * elements, per rank) that give up after the timeout like the barrier;
@@ -49,8 +79,12 @@ whale_code whale_dist_alltoallv_f32(const float *send, const int *sc, const int 
                                     const int *rd, const char *what, int64_t step, whale_err *err);
 whale_code whale_dist_allgatherv_f32(const float *send, int n, float *recv, const int *cnt, const int *dsp,
                                      const char *what, int64_t step, whale_err *err);
-/* Every rank's k doubles, rank-major: all[r·k + j] is rank r's mine[j]. */
-whale_code whale_dist_allgather_f64(const double *mine, int k, double *all, whale_err *err);
+/* MPI_Gatherv of floats to rank 0 (recv, cnt and dsp are used there only). */
+whale_code whale_dist_gatherv_f32(const float *send, int n, float *recv, const int *cnt, const int *dsp,
+                                  const char *what, int64_t step, whale_err *err);
+/* Every rank's k doubles, rank-major: all[r·k + j] is rank r's mine[j];
+ * what names the exchange in messages. */
+whale_code whale_dist_allgather_f64(const double *mine, int k, double *all, const char *what, whale_err *err);
 /* value must be equal on every rank: otherwise an error naming the first
  * rank that differs from rank 0 and what (e.g. "the initial weights"). */
 whale_code whale_dist_check_same(uint64_t value, const char *what, whale_err *err);

@@ -5,6 +5,7 @@
 
 #include "core/core.h"
 
+#include <assert.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,12 +17,34 @@ struct whale_grad_sum {
     size_t chunk;       /* elements per rank and exchange */
     float *acc;         /* the owned shard's running sum */
     float *send, *recv; /* [size × chunk] each, with more than one rank (send: above 2^31 elements) */
+    float *piece;       /* [chunk]: this rank's piece of a vector gathered from spans (shards given) */
 };
+
+static size_t max_shard(const whale_grad_sum *g);
 
 /* MPI counts and displacements are ints: below 2^31 elements the vector
  * itself is sent from and received into, above it the pieces go through
  * the exchange buffers. */
 static int direct(const whale_grad_sum *g) { return g->n + g->chunk <= (size_t)INT_MAX; }
+
+/* Elements per rank and exchange: 16 MiB of floats in flight per buffer,
+ * or less when the largest shard is smaller. */
+static size_t chunk_for(int size, size_t largest) {
+    size_t chunk = ((size_t)1 << 22) / (size_t)size;
+    return largest < chunk ? (largest ? largest : 1) : chunk;
+}
+
+/* Floats of the exchange buffers (recv, send, piece) for n elements on size ranks. */
+static size_t buffer_floats(size_t n, int size, int sharded) {
+    size_t chunk = chunk_for(size, (n + (size_t)size - 1) / (size_t)size);
+    if (size == 1) return 0;
+    return chunk * (size_t)size * (1 + (n + chunk > (size_t)INT_MAX)) + (sharded ? chunk : 0);
+}
+
+size_t whale_grad_sum_bytes_for(size_t n, int size, int sharded) {
+    size_t own = (n + (size_t)size - 1) / (size_t)size;
+    return sizeof(float) * (own + buffer_floats(n, size, sharded));
+}
 
 void whale_grad_sum_free(whale_grad_sum *g) {
     if (!g) return;
@@ -29,24 +52,30 @@ void whale_grad_sum_free(whale_grad_sum *g) {
     free(g->acc);
     free(g->send);
     free(g->recv);
+    free(g->piece);
     free(g);
 }
 
-whale_code whale_grad_sum_new(size_t n, whale_grad_sum **out, whale_err *err) {
+whale_code whale_grad_sum_new(size_t n, const size_t *shards, whale_grad_sum **out, whale_err *err) {
     whale_grad_sum *g = calloc(1, sizeof *g);
     *out = NULL;
     if (!g) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
     g->n = n, g->size = whale_dist_size(), g->rank = whale_dist_rank();
     g->off = malloc(sizeof(size_t) * (size_t)(g->size + 1));
-    for (int r = 0; g->off && r <= g->size; r++) g->off[r] = (size_t)((unsigned __int128)n * r / g->size);
+    for (int r = 0; g->off && r <= g->size; r++)
+        g->off[r] = shards ? shards[r] : (size_t)((unsigned __int128)n * r / g->size);
+    for (int r = 0; g->off && shards && r < g->size; r++) assert(g->off[r] <= g->off[r + 1]);
+    assert(!g->off || (g->off[0] == 0 && g->off[g->size] == n));
     size_t own = g->off ? g->off[g->rank + 1] - g->off[g->rank] : 0;
-    g->chunk = ((size_t)1 << 22) / (size_t)g->size; /* 16 MiB of floats in flight per buffer */
+    g->chunk = g->off ? chunk_for(g->size, max_shard(g)) : 1;
     g->acc = whale_alloc(sizeof(float) * (own ? own : 1));
     if (g->size > 1) {
         if (!direct(g)) g->send = whale_alloc(sizeof(float) * g->chunk * (size_t)g->size);
         g->recv = whale_alloc(sizeof(float) * g->chunk * (size_t)g->size);
+        if (shards) g->piece = whale_alloc(sizeof(float) * g->chunk);
     }
-    if (!g->off || !g->acc || (g->size > 1 && ((!direct(g) && !g->send) || !g->recv))) {
+    if (!g->off || !g->acc ||
+        (g->size > 1 && ((!direct(g) && !g->send) || !g->recv || (shards && !g->piece)))) {
         whale_grad_sum_free(g);
         return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB to sum gradients", own * 4.0 / 1048576.0);
     }
@@ -56,8 +85,13 @@ whale_code whale_grad_sum_new(size_t n, whale_grad_sum **out, whale_err *err) {
 
 size_t whale_grad_sum_bytes(const whale_grad_sum *g) {
     size_t own = g->off[g->rank + 1] - g->off[g->rank];
-    size_t buffers = (g->size > 1) + (g->size > 1 && !direct(g));
-    return sizeof(float) * (own + buffers * g->chunk * (size_t)g->size);
+    size_t buffers = g->size == 1 ? 0 : g->chunk * (size_t)g->size * (1 + !direct(g)) + (g->piece ? g->chunk : 0);
+    return sizeof(float) * (own + buffers);
+}
+
+void whale_grad_sum_range(const whale_grad_sum *g, size_t *lo, size_t *hi) {
+    *lo = g->off[g->rank];
+    *hi = g->off[g->rank + 1];
 }
 
 /* acc[k] = (((first ? 0 : acc[k]) + piece[0][k]) + piece[1][k]) + …, the
@@ -130,4 +164,56 @@ whale_code whale_grad_sum_finish(whale_grad_sum *g, float *grad, int64_t step, w
             memcpy(grad + g->off[r] + at, g->recv + (size_t)dsp[r], sizeof(float) * (size_t)cnt[r]);
     }
     return WHALE_OK;
+}
+
+whale_code whale_grad_sum_shard(whale_grad_sum *g, float *grad) {
+    size_t lo = g->off[g->rank], own = g->off[g->rank + 1] - lo;
+    memcpy(grad + lo, g->acc, sizeof(float) * own);
+    return WHALE_OK;
+}
+
+/* Copy len elements at `at` of the vector that spans sp[0..ns) make, into
+ * buf (to_spans 0) or from buf into the spans (to_spans 1). */
+static void spans_copy(const whale_f32_span *sp, int ns, size_t at, float *buf, size_t len, int to_spans) {
+    size_t base = 0;
+    int i = 0;
+    while (i < ns && base + sp[i].n <= at) base += sp[i++].n;
+    for (size_t done = 0; done < len; i++) {
+        assert(i < ns);
+        size_t from = at + done - base, k = sp[i].n - from < len - done ? sp[i].n - from : len - done;
+        if (to_spans) memcpy(sp[i].data + from, buf + done, sizeof(float) * k);
+        else memcpy(buf + done, sp[i].data + from, sizeof(float) * k);
+        done += k, base += sp[i].n;
+    }
+}
+
+whale_code whale_grad_sum_gather_spans(whale_grad_sum *g, const whale_f32_span *sp, int ns, int64_t step,
+                                       whale_err *err) {
+    if (g->size == 1) return WHALE_OK;
+    assert(g->piece);
+    int P = g->size, cnt[P], dsp[P];
+    for (size_t at = 0, m = max_shard(g); at < m; at += g->chunk) {
+        int mine = piece_len(g, g->rank, at);
+        spans_copy(sp, ns, g->off[g->rank] + at, g->piece, (size_t)mine, 0);
+        for (int r = 0; r < P; r++) cnt[r] = piece_len(g, r, at), dsp[r] = r * (int)g->chunk;
+        whale_code c = whale_dist_allgatherv_f32(g->piece, mine, g->recv, cnt, dsp, "weight all-gather", step, err);
+        if (c) return c;
+        for (int r = 0; r < P; r++)
+            if (r != g->rank) spans_copy(sp, ns, g->off[r] + at, g->recv + (size_t)dsp[r], (size_t)cnt[r], 1);
+    }
+    return WHALE_OK;
+}
+
+whale_code whale_grad_sum_collect(whale_grad_sum *g, const float *mine, size_t a, size_t len, float *out, int64_t step,
+                                  whale_err *err) {
+    int P = g->size, cnt[P], dsp[P];
+    if (!len) return WHALE_OK; /* the file has no bytes to write for it either */
+    if (len > (size_t)INT_MAX)
+        return whale_errf(err, WHALE_ERR_RANGE, "a tensor of %zu elements is too large to gather (at most 2^31 - 1)", len);
+    for (int r = 0; r < P; r++) {
+        size_t lo = a > g->off[r] ? a : g->off[r], hi = a + len < g->off[r + 1] ? a + len : g->off[r + 1];
+        cnt[r] = hi > lo ? (int)(hi - lo) : 0, dsp[r] = hi > lo ? (int)(lo - a) : 0;
+    }
+    const float *send = mine + (cnt[g->rank] ? a + (size_t)dsp[g->rank] - g->off[g->rank] : 0);
+    return whale_dist_gatherv_f32(send, cnt[g->rank], out, cnt, dsp, "gather of the moments", step, err);
 }

@@ -8,6 +8,8 @@
  * count-only mode, so the two cannot drift apart. */
 #include "models/model.h"
 
+#include "dist/dist.h"
+
 #include <string.h>
 #include <sys/resource.h>
 
@@ -122,8 +124,14 @@ whale_code whale_memory_estimate(const char *config, const whale_memory_plan *pl
     mm->kv_cache = ss.kv_cache;
     mm->workspace = ss.work + (dt != WHALE_F32 ? lowp_gemm_bytes(m) : 0);
     if (plan->train) {
-        mm->grads = full ? ss.grads : (size_t)mm->trainable * sizeof(float);
-        mm->moments = 2 * (size_t)mm->trainable * sizeof(float);
+        /* on N ranks: the gradient sum's shard and exchange buffers (also
+         * for grad-accum > 1 in one process), the moments' shard with zero */
+        int N = plan->ranks > 1 ? plan->ranks : 1, zero = plan->zero && N > 1;
+        size_t T = (size_t)mm->trainable;
+        mm->grads = full ? ss.grads : T * sizeof(float);
+        if (N > 1 || plan->grad_accum > 1) mm->grads += whale_grad_sum_bytes_for(T, N, zero);
+        mm->moments = 2 * ((T + (size_t)(zero ? N : 1) - 1) / (size_t)(zero ? N : 1)) * sizeof(float);
+        mm->ranks = N, mm->zero = zero;
     }
     total(mm);
     whale_model_free(m);
@@ -149,7 +157,7 @@ void whale_memory_print(const whale_memory *mm, FILE *f) {
                  (long long)mm->params, (long long)mm->trainable, 100.0 * (double)mm->trainable / (double)mm->params);
     else
         snprintf(buf, sizeof buf, "%lld parameters, %lld trainable", (long long)mm->params, (long long)mm->trainable);
-    fprintf(f, "memory (%s products; %s):\n", dn, buf);
+    fprintf(f, "memory (%s products; %s)%s:\n", dn, buf, mm->ranks > 1 ? ", per rank" : "");
     line(f, "weights fp32", mm->weights_f32,
          mm->weights_lowp || mm->weights_mapped
              ? (mm->trainable && !mm->adapters ? "master weights" : "norms, biases and other small tensors")
@@ -160,8 +168,9 @@ void whale_memory_print(const whale_memory *mm, FILE *f) {
     }
     line(f, "weights mapped", mm->weights_mapped, mm->weights_mapped ? "used in place from the checkpoint file" : NULL);
     line(f, "LoRA adapters", mm->adapters, NULL);
-    line(f, "gradients", mm->grads, NULL);
-    line(f, "AdamW moments", mm->moments, NULL);
+    snprintf(buf, sizeof buf, "1/%d of them, this rank's shard (--zero 1)", mm->ranks);
+    line(f, "gradients", mm->grads, mm->ranks > 1 ? "with the rank's shard of the sum and the exchange buffers" : NULL);
+    line(f, "AdamW moments", mm->moments, mm->zero && mm->ranks > 1 ? buf : NULL);
     if (mm->grads) {
         snprintf(buf, sizeof buf, "recompute saves / would save %.1f MiB", mm->recompute_saves / 1048576.0);
         line(f, "activations", mm->activations, buf);

@@ -66,14 +66,20 @@ whale_code whale_session_alloc_grads(whale_session *s, int count_only, whale_err
     s->n_grad = 0;
     s->grad_offsets = malloc(sizeof(size_t) * (size_t)(m->n_params ? m->n_params : 1));
     if (!s->grad_offsets) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory for the gradient table");
-    for (int i = 0; i < m->n_params; i++) {
-        const whale_param *p = &m->params[i];
-        if (p->frozen && whale_param_is_product_weight(p)) {
-            s->grad_offsets[i] = SIZE_MAX;
-            continue;
+    /* the trainable parameters first, in order: the vector the ranks
+     * exchange; then the buffers of frozen norms and biases */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < m->n_params; i++) {
+            const whale_param *p = &m->params[i];
+            if (!!p->frozen != pass) continue;
+            if (p->frozen && whale_param_is_product_weight(p)) {
+                s->grad_offsets[i] = SIZE_MAX;
+                continue;
+            }
+            s->grad_offsets[i] = s->n_grad;
+            s->n_grad += (size_t)param_numel(p);
         }
-        s->grad_offsets[i] = s->n_grad;
-        s->n_grad += (size_t)param_numel(p);
+        if (!pass) s->n_grad_train = s->n_grad;
     }
     s->n_grad_bytes = sizeof(float) * s->n_grad;
     if (!count_only && !(s->grads = whale_calloc(s->n_grad_bytes)) && s->n_grad)

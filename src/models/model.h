@@ -239,6 +239,7 @@ struct whale_session {
     float *grads;          /* one buffer laid out like the parameters */
     size_t *grad_offsets;  /* [n_params] */
     size_t n_grad;         /* floats in grads */
+    size_t n_grad_train;   /* the first floats of grads: the trainable (not frozen) parameters', in order */
     whale_code (*train_fn)(whale_session *s, const int32_t *ids, const int32_t *labels, const int32_t *pos,
                            const int32_t *seg, int B, int S, double loss_scale, double *loss, int64_t *count,
                            whale_err *err);
@@ -282,9 +283,11 @@ int whale_kv_alloc(whale_kv *kv, whale_bufs *b, int n_layer, int n_seq, int n_ct
 
 /* The gradient buffer of a training session, laid out like the parameter
  * table: grad_offsets, n_grad, n_grad_bytes and (unless count_only) grads,
- * zero-filled. Frozen product weights (LoRA's base) get no space and the
- * offset SIZE_MAX; frozen norms and biases keep a buffer the optimiser
- * never reads (it skips frozen parameters). */
+ * zero-filled. The trainable parameters come first, in table order
+ * (n_grad_train floats: what the ranks exchange); frozen product weights
+ * (LoRA's base) get no space and the offset SIZE_MAX; frozen norms and
+ * biases keep a buffer after the trainable ones that the optimiser never
+ * reads (it skips frozen parameters). */
 whale_code whale_session_alloc_grads(whale_session *s, int count_only, whale_err *err);
 /* Floats per token of the LoRA scratch (s->lora_work): x·Aᵀ and dC·B
  * [r] each plus the dropped-out input [in], for the widest adapter; 0

@@ -7,17 +7,22 @@
 #include "io/safetensors.h"
 #include "kernels/convert.h"
 #include "models/model.h"
+#include "train/step.h"
 
+#include <assert.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 struct whale_optimizer {
     whale_model *model;
     whale_adamw_config cfg;
     int64_t steps;
-    float *m, *v;     /* one pair per element of every trainable parameter */
-    size_t n_moments;
-    size_t *offsets;  /* [n_params] */
+    float *m, *v;     /* one pair per element [lo, hi) of the trainable vector */
+    size_t n_moments; /* hi − lo */
+    size_t lo, hi;    /* all of it (0, n_train) unless sharded */
+    int sharded;      /* whale_optimizer_shard: the caller gathers the weights and refreshes the copies */
+    size_t *offsets;  /* [n_params]: the parameter's first element in the trainable vector; SIZE_MAX frozen */
 };
 
 whale_code whale_model_make_writable(whale_model *m, whale_err *err) {
@@ -73,6 +78,7 @@ whale_code whale_adamw_new(whale_model *m, const whale_adamw_config *cfg, whale_
         if (!m->params[i].frozen) n += (size_t)whale_shape_numel(m->params[i].ndim, m->params[i].shape);
     }
     o->n_moments = n;
+    o->lo = 0, o->hi = n;
     o->m = whale_calloc(n * sizeof(float));
     o->v = whale_calloc(n * sizeof(float));
     if (!o->offsets || !o->m || !o->v) {
@@ -96,9 +102,29 @@ size_t whale_optimizer_bytes(const whale_optimizer *o) { return 2 * o->n_moments
 void whale_optimizer_set_steps(whale_optimizer *o, int64_t steps) { o->steps = steps; }
 
 float *whale_optimizer_moment(whale_optimizer *o, int which, int i) {
-    if (i < 0 || i >= o->model->n_params || o->offsets[i] == SIZE_MAX) return NULL;
+    if (o->sharded || i < 0 || i >= o->model->n_params || o->offsets[i] == SIZE_MAX) return NULL;
     return (which ? o->v : o->m) + o->offsets[i];
 }
+
+whale_code whale_optimizer_shard(whale_optimizer *o, size_t lo, size_t hi, whale_err *err) {
+    assert(lo <= hi && hi <= o->hi && o->lo == 0 && !o->steps);
+    float *m = whale_calloc((hi - lo ? hi - lo : 1) * sizeof(float)), *v = whale_calloc((hi - lo ? hi - lo : 1) * sizeof(float));
+    if (!m || !v) {
+        free(m), free(v);
+        return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of AdamW moments", (hi - lo) * 8 / 1048576.0);
+    }
+    free(o->m), free(o->v);
+    o->m = m, o->v = v;
+    o->lo = lo, o->hi = hi, o->n_moments = hi - lo, o->sharded = 1;
+    return WHALE_OK;
+}
+
+float *whale_optimizer_held(whale_optimizer *o, int which, size_t *lo, size_t *hi) {
+    *lo = o->lo, *hi = o->hi;
+    return which ? o->v : o->m;
+}
+
+size_t whale_optimizer_offset(const whale_optimizer *o, int i) { return o->offsets[i]; }
 
 void whale_adamw_step(whale_optimizer *o, whale_session *s, double lr) {
     const whale_model *m = o->model;
@@ -111,9 +137,13 @@ void whale_adamw_step(whale_optimizer *o, whale_session *s, double lr) {
         const whale_param *p = &m->params[i];
         if (p->no_grad || p->frozen) continue; /* PyTorch skips parameters without a gradient */
         float decay = p->decay ? (float)(1.0 - lr * c->weight_decay) : 1.0f;
-        long n = (long)whale_shape_numel(p->ndim, p->shape);
-        float *w = p->data, *mm = o->m + o->offsets[i], *vv = o->v + o->offsets[i];
-        const float *g = whale_session_grad(s, i);
+        /* the elements [k0, k1) of this parameter that are in [lo, hi) */
+        size_t a = o->offsets[i], len = (size_t)whale_shape_numel(p->ndim, p->shape);
+        size_t k0 = a < o->lo ? o->lo - a : 0, k1 = a + len <= o->hi ? len : o->hi > a ? o->hi - a : 0;
+        if (k0 >= k1) continue;
+        long n = (long)(k1 - k0);
+        float *w = p->data + k0, *mm = o->m + (a + k0 - o->lo), *vv = o->v + (a + k0 - o->lo);
+        const float *g = whale_session_grad(s, i) + k0;
 #pragma omp parallel for schedule(static) if (n > 65536)
         for (long k = 0; k < n; k++) {
             mm[k] = b1 * mm[k] + (1.0f - b1) * g[k];
@@ -125,21 +155,39 @@ void whale_adamw_step(whale_optimizer *o, whale_session *s, double lr) {
          * it is rounded stochastically */
         if (c->weight_rounding == WHALE_WEIGHTS_BF16_NEAREST) whale_round_bf16_inplace(w, (size_t)n);
         else if (c->weight_rounding == WHALE_WEIGHTS_BF16_STOCHASTIC)
-            whale_round_bf16_sr_inplace(w, (size_t)n, c->seed, ((uint64_t)o->steps << 40) + o->offsets[i]);
+            whale_round_bf16_sr_inplace(w, (size_t)n, c->seed, ((uint64_t)o->steps << 40) + a + k0);
     }
-    whale_model_refresh_copies(o->model);
+    if (!o->sharded) whale_model_refresh_copies(o->model);
+}
+
+size_t whale_grad_chunks(const whale_session *s, size_t *start, size_t *len) {
+    /* over the trainable parameters only (under LoRA the frozen norms keep a
+     * buffer the optimiser never reads) */
+    const whale_model *m = s->model;
+    size_t c = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        if (m->params[i].frozen || s->grad_offsets[i] == SIZE_MAX) continue;
+        size_t n = (size_t)whale_shape_numel(m->params[i].ndim, m->params[i].shape);
+        for (size_t k = 0; k < n; k += WHALE_GRAD_CHUNK, c++)
+            if (start) start[c] = s->grad_offsets[i] + k, len[c] = n - k < WHALE_GRAD_CHUNK ? n - k : WHALE_GRAD_CHUNK;
+    }
+    return c;
+}
+
+void whale_grad_chunk_sums(const float *grads, const size_t *start, const size_t *len, size_t n, double *part) {
+#pragma omp parallel for schedule(static)
+    for (size_t ch = 0; ch < n; ch++) {
+        double acc = 0;
+        const float *g = grads + start[ch];
+        for (size_t k = 0; k < len[ch]; k++) acc += (double)g[k] * g[k];
+        part[ch] = acc;
+    }
 }
 
 double whale_grad_norm(whale_session *s) {
-    /* over the trainable parameters only (under LoRA the frozen norms keep a
-     * buffer the optimiser never reads), in fixed chunks summed in order:
-     * the same result for any thread count */
-    enum { CHUNK = 1 << 16 };
+    /* in fixed chunks summed in order: the same result for any thread count */
     const whale_model *m = s->model;
-    size_t nchunks = 0;
-    for (int i = 0; i < m->n_params; i++)
-        if (!m->params[i].frozen && s->grad_offsets[i] != SIZE_MAX)
-            nchunks += ((size_t)whale_shape_numel(m->params[i].ndim, m->params[i].shape) + CHUNK - 1) / CHUNK;
+    size_t nchunks = whale_grad_chunks(s, NULL, NULL);
     size_t *start = malloc(sizeof(size_t) * (nchunks ? nchunks : 1)), *len = malloc(sizeof(size_t) * (nchunks ? nchunks : 1));
     double *part = malloc(sizeof(double) * (nchunks ? nchunks : 1)), total = 0;
     if (!start || !len || !part) { /* fall back to one sequential sum */
@@ -151,22 +199,8 @@ double whale_grad_norm(whale_session *s) {
         free(start), free(len), free(part);
         return sqrt(total);
     }
-    size_t c = 0;
-    for (int i = 0; i < m->n_params; i++) {
-        if (m->params[i].frozen || s->grad_offsets[i] == SIZE_MAX) continue;
-        size_t n = (size_t)whale_shape_numel(m->params[i].ndim, m->params[i].shape);
-        for (size_t k = 0; k < n; k += CHUNK, c++) {
-            start[c] = s->grad_offsets[i] + k;
-            len[c] = n - k < CHUNK ? n - k : CHUNK;
-        }
-    }
-#pragma omp parallel for schedule(static)
-    for (size_t ch = 0; ch < nchunks; ch++) {
-        double acc = 0;
-        const float *g = s->grads + start[ch];
-        for (size_t k = 0; k < len[ch]; k++) acc += (double)g[k] * g[k];
-        part[ch] = acc;
-    }
+    whale_grad_chunks(s, start, len);
+    whale_grad_chunk_sums(s->grads, start, len, nchunks, part);
     for (size_t ch = 0; ch < nchunks; ch++) total += part[ch];
     free(start), free(len), free(part);
     return sqrt(total);

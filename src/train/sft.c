@@ -182,6 +182,7 @@ typedef struct {
     whale_data_cursor cur;
     whale_loss_scaler scaler;
     whale_grad_sum *sum;   /* several micro-batches or ranks */
+    whale_zero *zero;      /* --zero 1 on several ranks: this rank's shard of the optimizer state */
     int leader;            /* rank 0: prints, writes the run folder */
     char fingerprint[128]; /* what must not change when resuming */
     whale_sft_dataset *val; /* validation samples, or NULL */
@@ -192,33 +193,6 @@ typedef struct {
     int64_t best_step;
     char best_ckpt[4200];
 } sft_run;
-
-static whale_code write_moments(sft_run *r, const char *dir, whale_err *err) {
-    const whale_model *m = r->m;
-    int n = whale_model_num_params(m), k = 0;
-    whale_st_item *items = calloc((size_t)2 * n, sizeof *items);
-    char (*names)[200] = calloc((size_t)2 * n, 200);
-    whale_tensor *shapes = calloc((size_t)n, sizeof *shapes);
-    whale_code c = WHALE_OK;
-    if (!items || !names || !shapes) c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory writing a checkpoint");
-    for (int i = 0; !c && i < n; i++) {
-        shapes[i] = whale_model_param(m, i);
-        for (int which = 0; which < 2; which++) {
-            const float *mom = whale_optimizer_moment(r->opt, which, i);
-            if (!mom) continue; /* frozen */
-            snprintf(names[k], 200, "%s.%s", which ? "exp_avg_sq" : "exp_avg", whale_model_param_name(m, i));
-            items[k] = (whale_st_item){names[k], WHALE_F32, shapes[i].ndim, shapes[i].shape, mom};
-            k++;
-        }
-    }
-    char path[4400];
-    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
-    if (!c) c = whale_st_write(path, items, k, NULL, err);
-    free(items);
-    free(names);
-    free(shapes);
-    return c;
-}
 
 /* Hugging Face's trainer_state.json fields: the step, the best checkpoint
  * by eval_loss and the log history. */
@@ -245,12 +219,10 @@ static void add_hf_state(const sft_run *r, cJSON *j, int64_t step) {
     cJSON_AddItemToObject(j, "log_history", h ? h : cJSON_CreateArray());
 }
 
-/* Moments of the trainable parameters (unless save_only_model) and the
- * loop's state: with them a resumed run continues exactly where the
- * checkpoint was taken. */
+/* The loop's state: with it and the moments a resumed run continues
+ * exactly where the checkpoint was taken. */
 static whale_code write_trainer_state(sft_run *r, const char *dir, int64_t step, whale_err *err) {
-    whale_code c = r->o->save_only_model ? WHALE_OK : write_moments(r, dir, err);
-    if (c) return c;
+    whale_code c;
     cJSON *j = cJSON_CreateObject();
     char num[32];
     add_hf_state(r, j, step);
@@ -318,27 +290,11 @@ static whale_code read_trainer_state(sft_run *r, const char *dir, int64_t *step,
     }
     cJSON_Delete(j);
 
-    whale_st *st;
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     if (access(path, R_OK) != 0)
         return whale_errf(err, WHALE_ERR_IO, "%s: no optimizer state (saved with --save_only_model?): cannot resume from it",
                           dir);
-    if ((c = whale_st_open(path, &st, err))) return c;
-    for (int i = 0; i < whale_model_num_params(r->m) && !c; i++)
-        for (int which = 0; which < 2 && !c; which++) {
-            float *mom = whale_optimizer_moment(r->opt, which, i);
-            if (!mom) continue;
-            char name[200];
-            snprintf(name, sizeof name, "%s.%s", which ? "exp_avg_sq" : "exp_avg", whale_model_param_name(r->m, i));
-            const whale_st_entry *e = whale_st_find(st, name);
-            whale_tensor t = whale_model_param(r->m, i);
-            size_t bytes = sizeof(float) * (size_t)whale_shape_numel(t.ndim, t.shape);
-            if (!e || e->dtype != WHALE_F32 || e->nbytes != bytes)
-                c = whale_errf(err, WHALE_ERR_FORMAT, "%s: missing or mis-sized %s", path, name);
-            else
-                memcpy(mom, e->data, bytes);
-        }
-    whale_st_close(st);
+    c = whale_step_load_moments(path, r->m, r->opt, err);
     whale_optimizer_set_steps(r->opt, *step);
     return c;
 }
@@ -363,18 +319,28 @@ static void prune_checkpoints(const sft_run *r) {
     free(steps);
 }
 
+/* Every rank calls it: with --zero 1 the moments are gathered from the
+ * ranks first; rank 0 writes the files. */
 static whale_code save_checkpoint(sft_run *r, int64_t step, char *out_path, size_t cap, whale_err *err) {
-    char dir[4200], tmp[4300];
+    char dir[4200], tmp[4300], path[4400];
     snprintf(dir, sizeof dir, "%s/checkpoint-%lld", r->run_dir, (long long)step);
     snprintf(tmp, sizeof tmp, "%s.tmp", dir);
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
+    snprintf(out_path, cap, "%s", dir);
     /* the evaluation at this step makes it the best checkpoint (HF's _save_checkpoint) */
     if (r->eval_step == step && !isnan(r->eval_loss) && (isnan(r->best_metric) || r->eval_loss < r->best_metric)) {
         r->best_metric = r->eval_loss;
         r->best_step = step;
         snprintf(r->best_ckpt, sizeof r->best_ckpt, "%s", dir);
     }
-    whale_remove_flat_dir(tmp);
-    whale_code c = whale_mkdir(tmp, err);
+    whale_code c = WHALE_OK;
+    if (r->leader) {
+        whale_remove_flat_dir(tmp);
+        c = whale_mkdir(tmp, err);
+    }
+    if (!c && !r->o->save_only_model) /* the moments of the trainable parameters */
+        c = whale_step_save_moments(r->leader ? path : NULL, r->m, r->opt, r->sum, r->zero, step, err);
+    if (!r->leader) return c;
     if (!c) {
         if (r->o->tuner == WHALE_TUNE_LORA) c = whale_lora_save(r->m, tmp, r->model_dir, err);
         else if (!(c = whale_model_save(r->m, tmp, err)))
@@ -388,7 +354,6 @@ static whale_code save_checkpoint(sft_run *r, int64_t step, char *out_path, size
     }
     if ((c = whale_publish_dir(tmp, dir, r->run_dir, err))) return c;
     prune_checkpoints(r);
-    snprintf(out_path, cap, "%s", dir);
     return WHALE_OK;
 }
 
@@ -417,13 +382,21 @@ static whale_code check_opts(const whale_sft_run_opts *o, whale_err *err) {
 
 /* Mean loss and token accuracy over the validation rows (in order, b's
  * rows at a time, no dropout; the dropout counter is left as it was so the
- * training steps draw the masks they would without evaluation). */
+ * training steps draw the masks they would without evaluation). On several
+ * ranks batch j runs on rank j % N and the sums are added in batch order:
+ * the result of one process. */
 static whale_code evaluate(sft_run *r, whale_batch *b, int B, int S, double *seconds, whale_err *err) {
-    int64_t rows, count = 0, hits0 = r->s->eval_hits;
+    int64_t rows = 0;
     uint64_t calls = r->s->lora_calls;
-    double t0 = whale_now(), total = 0;
+    double t0 = whale_now(), sum[3] = {0, 0, 0}, *mine = NULL; /* loss × tokens, tokens, hits */
+    int N = whale_dist_size();
     whale_code c = whale_sft_dataset_num_rows(r->val, S, &rows, err);
-    for (int64_t r0 = 0; r0 < rows && !c; r0 += B) {
+    int64_t n_batches = (rows + B - 1) / B;
+    if (!c && n_batches > INT_MAX / 3) c = whale_errf(err, WHALE_ERR_RANGE, "%lld validation batches: too many", (long long)n_batches);
+    if (!c && !(mine = calloc((size_t)(n_batches / N + 1) * 3, sizeof(double))))
+        c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    for (int64_t j = whale_dist_rank(); j < n_batches && !c; j += N) {
+        int64_t r0 = j * B, hits0 = r->s->eval_hits;
         int nb = (int)(rows - r0 < B ? rows - r0 : B);
         for (int i = 0; i < nb && !c; i++) {
             size_t o = (size_t)i * (size_t)S;
@@ -431,14 +404,16 @@ static whale_code evaluate(sft_run *r, whale_batch *b, int B, int S, double *sec
         }
         b->B = nb, b->S = S;
         whale_batch_trim(b);
-        double l;
+        double l, *at = mine + 3 * (j / N);
         int64_t cn;
         if (!c) c = whale_session_train_step(r->s, b->ids, b->labels, b->pos, b->seg, nb, b->S, 0.0, &l, &cn, err);
-        if (!c && cn) total += l * (double)cn, count += cn;
+        if (!c && cn) at[0] = l * (double)cn, at[1] = (double)cn, at[2] = (double)(r->s->eval_hits - hits0);
     }
+    if (!c) c = whale_step_sum_dealt(mine, (int)n_batches, 3, sum, err);
+    free(mine);
     r->s->lora_calls = calls;
-    r->eval_loss = count ? total / (double)count : NAN;
-    r->eval_acc = count ? (double)(r->s->eval_hits - hits0) / (double)count : NAN;
+    r->eval_loss = sum[1] > 0 ? sum[0] / sum[1] : NAN;
+    r->eval_acc = sum[1] > 0 ? sum[2] / sum[1] : NAN;
     *seconds = whale_now() - t0;
     return c;
 }
@@ -606,13 +581,10 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
     /* refuse up front what cannot fit */
     whale_memory_plan plan = {.dtype = o->dtype, .train = lora ? WHALE_TRAIN_LORA : WHALE_TRAIN_FULL,
                               .lora_rank = o->lora.rank, .lora_targets = o->lora.target_modules, .batch = B,
-                              .seq_len = S, .recompute = o->recompute};
+                              .seq_len = S, .recompute = o->recompute, .grad_accum = grad_accum,
+                              .ranks = whale_dist_size(), .zero = o->zero};
     whale_memory est;
     if ((c = whale_memory_estimate(model_dir, &plan, &est, err))) goto done;
-    if (grad_accum > 1 || whale_dist_size() > 1) { /* the gradient sum's shard */
-        size_t shard = est.grads / (size_t)whale_dist_size();
-        est.grads += shard, est.total += shard;
-    }
     double limit = o->memory_limit > 0 ? o->memory_limit : physical_memory();
     if (limit > 0 && (double)est.total > limit) {
         if (!o->quiet) {
@@ -652,7 +624,9 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
         c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
         goto done;
     }
-    if ((c = whale_step_sum_new(r.s, grad_accum, &r.sum, err))) goto done;
+    if ((c = o->zero ? whale_zero_new(r.s, r.opt, grad_accum, &r.sum, &r.zero, err)
+                     : whale_step_sum_new(r.s, grad_accum, &r.sum, err)))
+        goto done;
     snprintf(r.fingerprint, sizeof r.fingerprint, "%s %s, %lld rows of %d tokens (%lld trained), batch %d x %d",
              lora ? "lora" : "full", whale_dtype_torch_name(o->dtype), (long long)rows, S, (long long)st.trained_tokens, B,
              grad_accum);
@@ -703,6 +677,7 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
         whale_memory_add_session(&mm, r.s);
         whale_memory_add_optimizer(&mm, whale_optimizer_bytes(r.opt));
         if (r.sum) mm.grads += whale_grad_sum_bytes(r.sum), mm.total += whale_grad_sum_bytes(r.sum);
+        mm.ranks = whale_dist_size(), mm.zero = r.zero != NULL;
         fprintf(stderr, "sft: ");
         whale_memory_print(&mm, stderr);
         fprintf(stderr, "sft: %s, %s; %lld steps of %d × %d rows (%.3g epochs), lr %.3g; run folder %s\n",
@@ -736,7 +711,7 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
         }
         if (c) goto done;
         whale_step_result sr;
-        if ((c = whale_train_one_step(r.s, r.opt, fp16 ? &r.scaler : NULL, nan, r.sum, micro, n_micro, 0, o->max_grad_norm,
+        if ((c = whale_train_one_step(r.s, r.opt, fp16 ? &r.scaler : NULL, nan, r.sum, r.zero, micro, n_micro, 0, o->max_grad_norm,
                                       lr_now, step + 1, &sr, err)))
             goto done;
         step++;
@@ -781,10 +756,10 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
             double secs, epoch = (double)cur->epoch + (double)cur->index / (double)(cur->windows ? cur->windows : 1);
             if ((c = evaluate(&r, &micro[0], B, S, &secs, err))) goto done;
             r.eval_step = step;
-            log_eval(&r, log, step, epoch, secs, B);
+            if (log) log_eval(&r, log, step, epoch, secs, B);
         }
         if ((o->save_steps > 0 && step % o->save_steps == 0) || last) {
-            if (r.leader && (c = save_checkpoint(&r, step, ckpt, sizeof ckpt, err))) goto done;
+            if ((c = save_checkpoint(&r, step, ckpt, sizeof ckpt, err))) goto done;
             if ((c = whale_dist_wait_leader("end of the checkpoint", step, err))) goto done;
             if (!o->quiet) fprintf(stderr, "sft: saved %s\n", ckpt);
         }
@@ -825,6 +800,7 @@ done:
         for (int i = 0; i < grad_accum; i++) whale_batch_free(&micro[i]);
     free(micro);
     whale_grad_sum_free(r.sum);
+    whale_zero_free(r.zero);
     cJSON_Delete(r.args);
     cJSON_Delete(r.history);
     whale_sft_dataset_free(r.val);

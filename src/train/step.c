@@ -3,9 +3,11 @@
 #include "train/step.h"
 
 #include "dist/dist.h"
+#include "io/safetensors.h"
 #include "models/model.h"
 #include "whale_diag.h"
 
+#include <assert.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -15,14 +17,29 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Name the first parameter whose gradient is not finite. */
-static const char *first_nonfinite_grad(whale_session *s) {
+struct whale_zero {
+    size_t lo, hi;         /* this rank's shard of the trainable vector */
+    size_t *start, *len;   /* the gradient norm's chunks, [n_chunks] */
+    int *first;            /* [N + 1]: rank r's chunks are [first[r], first[r + 1]) */
+    int kmax;              /* the most chunks a rank has */
+    double *part, *all;    /* [kmax], [N × kmax]: partial sums of squares */
+    whale_f32_span *spans; /* the trainable weights in order, [n_spans] */
+    int n_spans;
+};
+
+/* Name the first parameter whose gradient is not finite (with zero: in
+ * this rank's shard, the only part of the sum it holds). */
+static const char *first_nonfinite_grad(whale_session *s, const whale_zero *z) {
     const whale_model *m = whale_session_model(s);
     for (int i = 0; i < whale_model_num_params(m); i++) {
         whale_tensor t = whale_model_param(m, i);
         const float *g = whale_session_grad(s, i);
-        long n = (long)whale_shape_numel(t.ndim, t.shape);
-        for (long k = 0; g && k < n; k++) /* frozen parameters have no gradient */
+        size_t n = (size_t)whale_shape_numel(t.ndim, t.shape), k = 0, a = g ? (size_t)(g - s->grads) : 0;
+        if (z && g && !m->params[i].frozen) { /* the part of [a, a + n) in [lo, hi) */
+            k = a < z->lo ? z->lo - a : 0;
+            n = a + n <= z->hi ? n : z->hi > a ? z->hi - a : 0;
+        }
+        for (; g && k < n; k++) /* frozen parameters have no gradient */
             if (!isfinite(g[k])) return whale_model_param_name(m, i);
     }
     return NULL;
@@ -60,9 +77,9 @@ static uint64_t scored_before(const whale_batch *micro, int i) {
  * added to the others in micro-batch order (whale_grad_sum), which is the
  * same sum for any number of ranks; the losses are gathered and summed in
  * micro-batch order too. */
-static whale_code step_gradient(whale_session *s, struct whale_diag *nan, whale_grad_sum *sum, whale_batch *micro,
-                                int n, int hf_compat, double loss_scale, int64_t total, int64_t step, double *loss,
-                                whale_err *err) {
+static whale_code step_gradient(whale_session *s, struct whale_diag *nan, whale_grad_sum *sum, const whale_zero *zero,
+                                whale_batch *micro, int n, int hf_compat, double loss_scale, int64_t total,
+                                int64_t step, double *loss, whale_err *err) {
     int N = sum ? whale_dist_size() : 1, rank = sum ? whale_dist_rank() : 0, rounds = n / N;
     uint64_t base = s->lora_calls;
     double *mine = calloc((size_t)rounds, sizeof(double)), *all = calloc((size_t)n, sizeof(double));
@@ -76,8 +93,8 @@ static whale_code step_gradient(whale_session *s, struct whale_diag *nan, whale_
         c = run_micro(s, nan, &micro[i], scale, base + scored_before(micro, i), step, i, &mine[j], err);
         if (!c && sum) c = whale_grad_sum_add(sum, s->grads, j == 0, step, err);
     }
-    if (!c && sum) c = whale_grad_sum_finish(sum, s->grads, step, err);
-    if (!c) c = whale_dist_allgather_f64(mine, rounds, all, err);
+    if (!c && sum) c = zero ? whale_grad_sum_shard(sum, s->grads) : whale_grad_sum_finish(sum, s->grads, step, err);
+    if (!c) c = whale_dist_allgather_f64(mine, rounds, all, "exchange of losses", err);
     *loss = 0;
     for (int i = 0; !c && i < n; i++) { /* all[r·rounds + j] is micro-batch j·N + r */
         int64_t cnt = whale_count_targets(micro[i].labels, micro[i].B, micro[i].S);
@@ -90,33 +107,78 @@ static whale_code step_gradient(whale_session *s, struct whale_diag *nan, whale_
     return c;
 }
 
+/* The gradients times f as whale_scale_grads scales them: with zero, this
+ * rank's shard (the rest is not the sum). */
+static void scale_grads(whale_session *s, const whale_zero *z, double f) {
+    if (!z) {
+        whale_scale_grads(s, f);
+        return;
+    }
+    float ff = (float)f, *g = s->grads + z->lo;
+#pragma omp parallel for schedule(static)
+    for (size_t k = 0; k < z->hi - z->lo; k++) g[k] *= ff;
+}
+
+/* The global gradient norm with zero: this rank's chunks' sums of squares,
+ * every rank's gathered, added in chunk order as whale_grad_norm adds them. */
+static whale_code zero_norm(whale_zero *z, whale_session *s, double *norm, whale_err *err) {
+    int N = whale_dist_size(), r0 = whale_dist_rank(), mine = z->first[r0 + 1] - z->first[r0];
+    memset(z->part, 0, sizeof(double) * (size_t)z->kmax);
+    whale_grad_chunk_sums(s->grads, z->start + z->first[r0], z->len + z->first[r0], (size_t)mine, z->part);
+    whale_code c = whale_dist_allgather_f64(z->part, z->kmax, z->all, "exchange of gradient norms", err);
+    double total = 0;
+    for (int r = 0; !c && r < N; r++)
+        for (int j = 0; j < z->first[r + 1] - z->first[r]; j++) total += z->all[(size_t)r * z->kmax + j];
+    *norm = sqrt(total);
+    return c;
+}
+
+/* The gradient norm, clipped to max_norm (0: not) as whale_clip_grad_norm
+ * clips: with zero over the whole sum, scaling this rank's shard only. */
+static whale_code step_norm(whale_session *s, whale_zero *z, double max_norm, double *norm, whale_err *err) {
+    if (!z) {
+        *norm = max_norm > 0 ? whale_clip_grad_norm(s, max_norm) : whale_grad_norm(s);
+        return WHALE_OK;
+    }
+    whale_code c = zero_norm(z, s, norm, err);
+    double coef = max_norm / (*norm + 1e-6);
+    if (!c && max_norm > 0 && coef < 1.0) scale_grads(s, z, coef);
+    return c;
+}
+
 whale_code whale_train_one_step(whale_session *s, whale_optimizer *opt, whale_loss_scaler *scaler,
-                                struct whale_diag *nan, whale_grad_sum *sum, whale_batch *micro, int n, int hf_compat,
-                                double max_grad_norm, double lr, int64_t step, whale_step_result *out,
-                                whale_err *err) {
+                                struct whale_diag *nan, whale_grad_sum *sum, whale_zero *zero, whale_batch *micro,
+                                int n, int hf_compat, double max_grad_norm, double lr, int64_t step,
+                                whale_step_result *out, whale_err *err) {
     int64_t total = 0;
     for (int i = 0; i < n; i++) total += whale_count_targets(micro[i].labels, micro[i].B, micro[i].S);
     if (!sum && (n != 1 || whale_dist_size() != 1))
         return whale_errf(err, WHALE_ERR_ARG, "several micro-batches or ranks need a gradient sum");
     if (sum && n % whale_dist_size())
         return whale_errf(err, WHALE_ERR_ARG, "%d micro-batches do not divide among %d ranks", n, whale_dist_size());
-    double loss, loss_scale = scaler ? scaler->scale : 1.0;
-    whale_code c = step_gradient(s, nan, sum, micro, n, hf_compat, loss_scale, total, step, &loss, err);
+    double loss, loss_scale = scaler ? scaler->scale : 1.0, norm = NAN;
+    whale_code c = step_gradient(s, nan, sum, zero, micro, n, hf_compat, loss_scale, total, step, &loss, err);
     if (c) return c;
     int taken = 1;
     if (scaler) { /* GradScaler: skip the step on inf/NaN, else unscale */
-        double raw = whale_grad_norm(s);
+        double raw;
+        if ((c = step_norm(s, zero, 0, &raw, err))) return c;
         taken = whale_loss_scaler_update(scaler, !isfinite(raw));
-        if (taken) whale_scale_grads(s, 1.0 / loss_scale);
+        if (taken) scale_grads(s, zero, 1.0 / loss_scale);
     }
-    double norm = !taken ? NAN : max_grad_norm > 0 ? whale_clip_grad_norm(s, max_grad_norm) : whale_grad_norm(s);
+    if (taken && (c = step_norm(s, zero, max_grad_norm, &norm, err))) return c;
     if (taken && (!isfinite(loss) || !isfinite(norm))) {
-        const char *bad = first_nonfinite_grad(s);
+        const char *bad = first_nonfinite_grad(s, zero);
         return whale_errf(err, WHALE_ERR_RANGE,
-                          "step %lld: the %s is not finite (loss %g, gradient norm %g); first non-finite gradient: %s",
-                          (long long)step, isfinite(loss) ? "gradient" : "loss", loss, norm, bad ? bad : "none");
+                          "step %lld: the %s is not finite (loss %g, gradient norm %g); first non-finite gradient%s: %s",
+                          (long long)step, isfinite(loss) ? "gradient" : "loss", loss, norm,
+                          zero ? " in this rank's shard" : "", bad ? bad : "none");
     }
     if (taken) whale_adamw_step(opt, s, lr);
+    if (taken && zero) { /* every rank updated its shard: gather the weights */
+        if ((c = whale_grad_sum_gather_spans(sum, zero->spans, zero->n_spans, step, err))) return c;
+        whale_model_refresh_copies(s->model);
+    }
     out->loss = loss;
     out->grad_norm = norm;
     out->targets = total;
@@ -241,16 +303,189 @@ const char *whale_json_double(char *buf, size_t cap, const char *fmt, double v) 
 
 /* ---------------------------------------------------------------- ranks */
 
-whale_code whale_step_sum_new(whale_session *s, int n_micro, whale_grad_sum **out, whale_err *err) {
-    int N = whale_dist_size();
-    *out = NULL;
+static whale_code check_divides(int n_micro, int N, whale_err *err) {
     if (n_micro % N)
         return whale_errf(err, WHALE_ERR_ARG,
                           "--grad-accum %d does not divide among %d ranks: the %d micro-batches of each step are "
                           "shared out, so make it a multiple of the number of ranks",
                           n_micro, N, n_micro);
+    return WHALE_OK;
+}
+
+whale_code whale_step_sum_new(whale_session *s, int n_micro, whale_grad_sum **out, whale_err *err) {
+    int N = whale_dist_size();
+    *out = NULL;
+    whale_code c = check_divides(n_micro, N, err);
+    if (c) return c;
     if (n_micro == 1 && N == 1) return WHALE_OK; /* the backward accumulates in place */
-    return whale_grad_sum_new(s->n_grad, out, err);
+    return whale_grad_sum_new(s->n_grad_train, NULL, out, err); /* frozen buffers stay out of the exchange */
+}
+
+void whale_zero_free(whale_zero *z) {
+    if (!z) return;
+    free(z->start), free(z->len), free(z->first), free(z->part), free(z->all), free(z->spans);
+    free(z);
+}
+
+/* Shard boundaries on chunk boundaries: rank r's shard starts at the first
+ * chunk at or past r/N of the vector. */
+static void zero_shards(whale_zero *z, size_t nch, size_t n, int N, size_t *shards) {
+    size_t c = 0;
+    z->kmax = 0;
+    for (int r = 0; r <= N; r++) {
+        size_t target = (size_t)((unsigned __int128)n * (unsigned)r / (unsigned)N);
+        while (r == N ? c < nch : c < nch && z->start[c] < target) c++;
+        z->first[r] = (int)c;
+        shards[r] = r == N || c == nch ? n : z->start[c];
+        if (r && z->first[r] - z->first[r - 1] > z->kmax) z->kmax = z->first[r] - z->first[r - 1];
+    }
+}
+
+whale_code whale_zero_new(whale_session *s, whale_optimizer *opt, int n_micro, whale_grad_sum **sum, whale_zero **out,
+                          whale_err *err) {
+    int N = whale_dist_size();
+    *out = NULL, *sum = NULL;
+    if (N == 1) return whale_step_sum_new(s, n_micro, sum, err);
+    whale_code c = check_divides(n_micro, N, err);
+    if (c) return c;
+    const whale_model *m = s->model;
+    size_t nch = whale_grad_chunks(s, NULL, NULL), n = s->n_grad_train, *shards = malloc(sizeof(size_t) * (size_t)(N + 1));
+    whale_zero *z = calloc(1, sizeof *z);
+    if (z) {
+        z->start = malloc(sizeof(size_t) * (nch ? nch : 1)), z->len = malloc(sizeof(size_t) * (nch ? nch : 1));
+        z->first = malloc(sizeof(int) * (size_t)(N + 1));
+        z->spans = malloc(sizeof(whale_f32_span) * (size_t)(m->n_params ? m->n_params : 1));
+    }
+    if (!shards || !z || !z->start || !z->len || !z->first || !z->spans) {
+        free(shards);
+        whale_zero_free(z);
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    }
+    whale_grad_chunks(s, z->start, z->len);
+    for (int i = 0; i < m->n_params; i++) { /* the trainable vector: gradients, moments and weights alike */
+        if (m->params[i].frozen) continue;
+        assert(whale_optimizer_offset(opt, i) == s->grad_offsets[i]);
+        size_t len = (size_t)whale_shape_numel(m->params[i].ndim, m->params[i].shape);
+        z->spans[z->n_spans++] = (whale_f32_span){m->params[i].data, len};
+    }
+    zero_shards(z, nch, n, N, shards);
+    z->part = calloc((size_t)(z->kmax ? z->kmax : 1), sizeof(double));
+    z->all = calloc((size_t)N * (size_t)(z->kmax ? z->kmax : 1), sizeof(double));
+    if (!z->part || !z->all) c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    if (!c) c = whale_grad_sum_new(n, shards, sum, err);
+    if (!c) {
+        whale_grad_sum_range(*sum, &z->lo, &z->hi);
+        c = whale_optimizer_shard(opt, z->lo, z->hi, err);
+    }
+    free(shards);
+    if (c) {
+        whale_grad_sum_free(*sum);
+        *sum = NULL;
+        whale_zero_free(z);
+        return c;
+    }
+    *out = z;
+    return WHALE_OK;
+}
+
+whale_code whale_step_sum_dealt(const double *mine, int n, int k, double *sum, whale_err *err) {
+    int N = whale_dist_size(), per = (n + N - 1) / N;
+    double *all = calloc((size_t)N * (size_t)(per ? per : 1) * (size_t)k, sizeof(double));
+    if (!all) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    whale_code c = whale_dist_allgather_f64(mine, per * k, all, "exchange of evaluation losses", err);
+    for (int q = 0; q < k; q++) sum[q] = 0;
+    for (int j = 0; !c && j < n; j++)
+        for (int q = 0; q < k; q++) sum[q] += all[((size_t)(j % N) * (size_t)per + (size_t)(j / N)) * (size_t)k + (size_t)q];
+    free(all);
+    return c;
+}
+
+/* ---------------------------------------------------------------- moments in checkpoints */
+
+typedef struct {
+    const whale_model *m;
+    whale_optimizer *opt;
+    whale_grad_sum *sum;
+    const int *param;  /* [items]: the parameter of item j (exp_avg, exp_avg_sq in turn) */
+    float *buf;        /* one tensor */
+    int64_t step;
+} moments_out;
+
+/* Item j's bytes: gathered from the ranks that hold a part of it (zero), or
+ * the moments themselves. */
+static const void *moment_bytes(void *user, int j, whale_err *err) {
+    moments_out *w = user;
+    int i = w->param[j];
+    size_t lo, hi, a = whale_optimizer_offset(w->opt, i);
+    const float *held = whale_optimizer_held(w->opt, j % 2, &lo, &hi);
+    if (!w->sum) return held + a;
+    whale_tensor t = whale_model_param(w->m, i);
+    return whale_grad_sum_collect(w->sum, held, a, (size_t)whale_shape_numel(t.ndim, t.shape), w->buf, w->step, err)
+               ? NULL
+               : w->buf;
+}
+
+whale_code whale_step_save_moments(const char *path, const whale_model *m, whale_optimizer *opt, whale_grad_sum *sum,
+                                   whale_zero *zero, int64_t step, whale_err *err) {
+    if (!path && !zero) return WHALE_OK; /* rank 0 holds every moment */
+    int n = whale_model_num_params(m), k = 0;
+    size_t most = 1;
+    whale_st_item *items = calloc((size_t)2 * n, sizeof *items);
+    char (*names)[200] = calloc((size_t)2 * n, 200);
+    whale_tensor *shapes = calloc((size_t)n, sizeof *shapes);
+    int *param = calloc((size_t)2 * n, sizeof *param);
+    whale_code c = items && names && shapes && param ? WHALE_OK : whale_errf(err, WHALE_ERR_NOMEM, "out of memory writing a checkpoint");
+    for (int i = 0; !c && i < n; i++) {
+        if (whale_optimizer_offset(opt, i) == SIZE_MAX) continue; /* frozen */
+        shapes[i] = whale_model_param(m, i);
+        size_t numel = (size_t)whale_shape_numel(shapes[i].ndim, shapes[i].shape);
+        most = numel > most ? numel : most;
+        for (int which = 0; which < 2; which++, k++) {
+            snprintf(names[k], 200, "%s.%s", which ? "exp_avg_sq" : "exp_avg", whale_model_param_name(m, i));
+            items[k] = (whale_st_item){names[k], WHALE_F32, shapes[i].ndim, shapes[i].shape, NULL};
+            param[k] = i;
+        }
+    }
+    moments_out w = {m, opt, zero ? sum : NULL, param, NULL, step};
+    if (!c && zero && path && !(w.buf = whale_alloc(sizeof(float) * most)))
+        c = whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB to gather moments", most * 4.0 / 1048576.0);
+    if (!c && path) c = whale_st_write_stream(path, items, k, NULL, moment_bytes, &w, err);
+    for (int j = 0; !c && !path && j < k; j++) { /* the other ranks send their parts, in the same order */
+        size_t lo, hi, a = whale_optimizer_offset(opt, param[j]);
+        const float *held = whale_optimizer_held(opt, j % 2, &lo, &hi);
+        c = whale_grad_sum_collect(sum, held, a, (size_t)whale_shape_numel(items[j].ndim, items[j].shape), NULL, step, err);
+    }
+    free(w.buf);
+    free(items);
+    free(names);
+    free(shapes);
+    free(param);
+    return c;
+}
+
+whale_code whale_step_load_moments(const char *path, const whale_model *m, whale_optimizer *opt, whale_err *err) {
+    whale_st *st;
+    whale_code c = whale_st_open(path, &st, err);
+    if (c) return c;
+    for (int i = 0; i < whale_model_num_params(m) && !c; i++)
+        for (int which = 0; which < 2 && !c; which++) {
+            size_t a = whale_optimizer_offset(opt, i), lo, hi;
+            if (a == SIZE_MAX) continue; /* frozen */
+            float *held = whale_optimizer_held(opt, which, &lo, &hi);
+            char name[200];
+            snprintf(name, sizeof name, "%s.%s", which ? "exp_avg_sq" : "exp_avg", whale_model_param_name(m, i));
+            const whale_st_entry *e = whale_st_find(st, name);
+            whale_tensor t = whale_model_param(m, i);
+            size_t n = (size_t)whale_shape_numel(t.ndim, t.shape);
+            if (!e || e->dtype != WHALE_F32 || e->nbytes != sizeof(float) * n) {
+                c = whale_errf(err, WHALE_ERR_FORMAT, "%s: missing or mis-sized %s", path, name);
+                break;
+            }
+            size_t from = a > lo ? a : lo, to = a + n < hi ? a + n : hi; /* the part in this rank's shard */
+            if (from < to) memcpy(held + (from - lo), (const float *)e->data + (from - a), sizeof(float) * (to - from));
+        }
+    whale_st_close(st);
+    return c;
 }
 
 /* The metrics' fields for several ranks: each rank's tokens per second of
@@ -264,7 +499,7 @@ whale_code whale_step_dist_metrics(FILE *f, double rank_tokens, double t_train, 
     if (!all) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
     whale_dist_stats(&comm, &wait, &bytes);
     double mine = t_train > comm + wait ? rank_tokens / (t_train - comm - wait) : 0;
-    whale_code c = whale_dist_allgather_f64(&mine, 1, all, err);
+    whale_code c = whale_dist_allgather_f64(&mine, 1, all, "exchange of metrics", err);
     if (!c && f) {
         fprintf(f, ", \"world_size\": %d, \"rank_tokens_per_s\": [", N);
         for (int r = 0; r < N; r++) fprintf(f, "%s%.1f", r ? ", " : "", all[r]);
@@ -284,8 +519,9 @@ whale_code whale_step_check_start(whale_session *s, whale_optimizer *opt, const 
         whale_tensor t = whale_model_param(m, i);
         const float *mom = whale_optimizer_moment(opt, 0, i);
         size_t bytes = sizeof(float) * (size_t)whale_shape_numel(t.ndim, t.shape);
-        if (!mom) continue; /* frozen: read from the same files by every rank */
+        if (whale_optimizer_offset(opt, i) == SIZE_MAX) continue; /* frozen: read from the same files by every rank */
         h = whale_hash_bytes(t.data, bytes, h);
+        if (!mom) continue; /* sharded: each rank holds its own */
         h = whale_hash_bytes(mom, bytes, h);
         h = whale_hash_bytes(whale_optimizer_moment(opt, 1, i), bytes, h);
     }

@@ -7,10 +7,13 @@
 #include "whale.h"
 #include "whale_data.h"
 
+#include <stddef.h>
+
 #include <stdio.h>
 
 struct whale_diag;
 typedef struct whale_grad_sum whale_grad_sum;
+typedef struct whale_zero whale_zero;
 
 typedef struct {
     double loss;      /* mean loss over the step's scored tokens (before scaling) */
@@ -34,20 +37,53 @@ typedef struct {
  * then computed on its own and the gradients are added in micro-batch
  * order, with N ranks each running every N-th micro-batch (n must be a
  * multiple of N). Every rank passes the same n micro-batches and ends with
- * the same gradients, weights and result: those of one process. */
+ * the same gradients, weights and result: those of one process.
+ *
+ * With zero (--zero 1 on several ranks, whale_zero_new) each rank keeps
+ * only its shard of the summed gradient, computes the norm from every
+ * rank's partial sums, clips and updates its shard alone (its shard of the
+ * moments), then the weights are all-gathered: the weights and result are
+ * still those of one process; the gradients outside the shard are not. */
 whale_code whale_train_one_step(whale_session *s, whale_optimizer *opt, whale_loss_scaler *scaler,
-                                struct whale_diag *nan, whale_grad_sum *sum, whale_batch *micro, int n, int hf_compat,
-                                double max_grad_norm, double lr, int64_t step, whale_step_result *out,
-                                whale_err *err);
+                                struct whale_diag *nan, whale_grad_sum *sum, whale_zero *zero, whale_batch *micro,
+                                int n, int hf_compat, double max_grad_norm, double lr, int64_t step,
+                                whale_step_result *out, whale_err *err);
 
 /* The gradient sum a run over n_micro micro-batches per step needs on this
  * many ranks (NULL for one micro-batch in one process); n_micro must be a
  * multiple of the number of ranks (else WHALE_ERR_ARG saying so). */
 whale_code whale_step_sum_new(whale_session *s, int n_micro, whale_grad_sum **out, whale_err *err);
 /* With several ranks: every rank must start from the same trainable
- * weights, moments, step and data cursor (else an error naming a rank). */
+ * weights, moments (each rank its own shard with --zero 1: not compared),
+ * step and data cursor (else an error naming a rank). */
 whale_code whale_step_check_start(whale_session *s, whale_optimizer *opt, const whale_data_cursor *cur, int64_t step,
                                   whale_err *err);
+
+/* --zero 1 on several ranks (ZeRO stage 1): the gradient sum whose shards
+ * fall on the gradient norm's chunk boundaries (so that the norm, summed
+ * from every rank's partial sums in chunk order, has the bits of one
+ * process), and opt sharded to this rank's shard of the trainable
+ * parameters (whale_optimizer_shard). Made before the moments are loaded
+ * from a checkpoint. On one rank, *sum as whale_step_sum_new and no zero. */
+whale_code whale_zero_new(whale_session *s, whale_optimizer *opt, int n_micro, whale_grad_sum **sum, whale_zero **out,
+                          whale_err *err);
+void whale_zero_free(whale_zero *z);
+
+/* The AdamW moments of a checkpoint, optimizer.safetensors: exp_avg.NAME
+ * and exp_avg_sq.NAME for every trainable parameter, whatever the number
+ * of ranks and sharding. Saving: rank 0 writes path (NULL on the other
+ * ranks); with zero every rank must call it, and rank 0 gathers the
+ * shards one tensor at a time. Loading: each rank reads its shard's part
+ * of every tensor (re-sharding for any number of ranks). */
+whale_code whale_step_save_moments(const char *path, const whale_model *m, whale_optimizer *opt, whale_grad_sum *sum,
+                                   whale_zero *zero, int64_t step, whale_err *err);
+whale_code whale_step_load_moments(const char *path, const whale_model *m, whale_optimizer *opt, whale_err *err);
+
+/* Work dealt out to the ranks: item j of n (k doubles each) was computed
+ * by rank j % N and is mine[k·(j / N) …] there. sum[q] = Σ_j item_j[q],
+ * added in item order: on every rank, the sum one process makes running
+ * every item itself (an evaluation spread over the ranks). */
+whale_code whale_step_sum_dealt(const double *mine, int n, int k, double *sum, whale_err *err);
 
 /* With several ranks, the metrics' fields ", \"world_size\": N, …" into f
  * (NULL but on rank 0): each rank's tokens per second of its own compute
@@ -55,6 +91,26 @@ whale_code whale_step_check_start(whale_session *s, whale_optimizer *opt, const 
  * rank 0's seconds moving data, waiting for the others, and bytes sent in
  * exchanges. A collective: every rank calls it at the same steps. */
 whale_code whale_step_dist_metrics(FILE *f, double rank_tokens, double t_train, whale_err *err);
+
+/* ---------------------------------------------------------------- optimizer internals (optim.c) */
+
+/* The gradient norm's chunks: WHALE_GRAD_CHUNK floats of one trainable
+ * parameter each (its last one shorter), in parameter order; start in
+ * s->grads. Returns their number; start and len (when not NULL) get them. */
+#define WHALE_GRAD_CHUNK ((size_t)1 << 16)
+size_t whale_grad_chunks(const whale_session *s, size_t *start, size_t *len);
+/* part[c] = Σ grads[start[c] + k]² over chunk c, in double, in order. */
+void whale_grad_chunk_sums(const float *grads, const size_t *start, const size_t *len, size_t n, double *part);
+/* Keep the moments of elements [lo, hi) of the trainable vector only
+ * (ZeRO stage 1), before any step: whale_adamw_step then updates those
+ * elements alone and leaves the compute copies to the caller (who gathers
+ * the weights first); whale_optimizer_moment then gives NULL. */
+whale_code whale_optimizer_shard(whale_optimizer *o, size_t lo, size_t hi, whale_err *err);
+/* The moments held (which 0: m, 1: v): elements [*lo, *hi) of the
+ * trainable vector, all of it unless sharded. */
+float *whale_optimizer_held(whale_optimizer *o, int which, size_t *lo, size_t *hi);
+/* Where parameter i starts in the trainable vector (SIZE_MAX: frozen). */
+size_t whale_optimizer_offset(const whale_optimizer *o, int i);
 
 /* Cut b's rows (B × S, with labels, pos and seg) to the batch's longest
  * trained prefix, in place; b->S becomes that length (at least 2). */

@@ -23,6 +23,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,6 +72,7 @@ typedef struct {
     whale_data_cursor cursor;
     whale_batch *micro; /* [grad_accum] */
     whale_grad_sum *sum; /* several micro-batches or ranks */
+    whale_zero *zero;    /* --zero 1 on several ranks: this rank's shard of the optimizer state */
     int leader;          /* rank 0: prints, writes metrics and checkpoints */
     FILE *metrics;
     char *tokenizer_dir;
@@ -79,30 +81,11 @@ typedef struct {
     whale_diag *nan;          /* --nan-check */
 } run_t;
 
+/* trainer_state.json: the step, the data cursor, the loss scaler and what
+ * must not change when resuming (the moments are written beside it). */
 static whale_code write_trainer_state(run_t *r, const char *dir, whale_err *err) {
-    const whale_model *m = r->m;
-    int n = whale_model_num_params(m), k = 0;
-    whale_st_item *items = calloc((size_t)2 * n, sizeof *items);
-    char (*names)[160] = calloc((size_t)2 * n, 160);
-    whale_tensor *shapes = calloc((size_t)n, sizeof *shapes);
-    whale_code c;
-    if (!items || !names || !shapes) {
-        c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory writing a checkpoint");
-        goto done;
-    }
-    for (int i = 0; i < n; i++) {
-        shapes[i] = whale_model_param(m, i);
-        for (int which = 0; which < 2; which++) {
-            snprintf(names[k], 160, "%s.%s", which ? "exp_avg_sq" : "exp_avg", whale_model_param_name(m, i));
-            items[k] = (whale_st_item){names[k], WHALE_F32, shapes[i].ndim, shapes[i].shape,
-                                       whale_optimizer_moment(r->opt, which, i)};
-            k++;
-        }
-    }
     char path[4400];
-    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
-    if ((c = whale_st_write(path, items, k, NULL, err))) goto done;
-
+    whale_code c;
     cJSON *j = cJSON_CreateObject();
     cJSON_AddNumberToObject(j, "step", (double)r->step);
     cJSON *cur = cJSON_AddObjectToObject(j, "data_cursor");
@@ -134,22 +117,26 @@ static whale_code write_trainer_state(run_t *r, const char *dir, whale_err *err)
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
     c = text ? whale_write_file_atomic(path, text, strlen(text), err) : whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
     free(text);
-done:
-    free(items);
-    free(names);
-    free(shapes);
     return c;
 }
 
 /* checkpoint-STEP: written as checkpoint-STEP.tmp, every file fsynced, then
- * renamed; an interrupted save leaves the previous checkpoints intact. */
+ * renamed; an interrupted save leaves the previous checkpoints intact. Every
+ * rank calls it: with --zero 1 the moments are gathered from the ranks
+ * first; rank 0 writes the files. */
 static whale_code save_checkpoint(run_t *r, whale_err *err) {
-    char dir[4096], tmp[4200];
+    char dir[4096], tmp[4200], path[4400];
     snprintf(dir, sizeof dir, "%s/checkpoint-%lld", r->o->out, (long long)r->step);
     snprintf(tmp, sizeof tmp, "%s.tmp", dir);
-    whale_remove_flat_dir(tmp);
-    whale_code c;
-    if ((c = whale_model_save(r->m, tmp, err)) || (c = write_trainer_state(r, tmp, err)) ||
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
+    whale_code c = WHALE_OK;
+    if (r->leader) {
+        whale_remove_flat_dir(tmp);
+        c = whale_mkdir(tmp, err);
+    }
+    if (!c) c = whale_step_save_moments(r->leader ? path : NULL, r->m, r->opt, r->sum, r->zero, r->step, err);
+    if (!r->leader) return c;
+    if (c || (c = whale_model_save(r->m, tmp, err)) || (c = write_trainer_state(r, tmp, err)) ||
         (c = copy_tokenizer_files(r->tokenizer_dir, tmp, err))) {
         whale_remove_flat_dir(tmp);
         return c;
@@ -217,23 +204,8 @@ static whale_code load_trainer_state(run_t *r, const char *dir, whale_err *err) 
     }
     cJSON_Delete(j);
 
-    whale_st *st;
-    if ((c = whale_path_join(path, sizeof path, dir, "optimizer.safetensors", err)) ||
-        (c = whale_st_open(path, &st, err)))
-        return c;
-    for (int i = 0; i < whale_model_num_params(r->m) && !c; i++)
-        for (int which = 0; which < 2 && !c; which++) {
-            char name[160];
-            snprintf(name, sizeof name, "%s.%s", which ? "exp_avg_sq" : "exp_avg", whale_model_param_name(r->m, i));
-            const whale_st_entry *e = whale_st_find(st, name);
-            whale_tensor t = whale_model_param(r->m, i);
-            size_t bytes = sizeof(float) * (size_t)whale_shape_numel(t.ndim, t.shape);
-            if (!e || e->dtype != WHALE_F32 || e->nbytes != bytes)
-                c = whale_errf(err, WHALE_ERR_FORMAT, "%s: missing or mis-sized %s", path, name);
-            else
-                memcpy(whale_optimizer_moment(r->opt, which, i), e->data, bytes);
-        }
-    whale_st_close(st);
+    if (!(c = whale_path_join(path, sizeof path, dir, "optimizer.safetensors", err)))
+        c = whale_step_load_moments(path, r->m, r->opt, err);
     whale_optimizer_set_steps(r->opt, r->step);
     return c;
 }
@@ -267,16 +239,25 @@ static whale_code trim_metrics(const char *path, int64_t step, whale_err *err) {
 
 /* ------------------------------------------------------------ evaluation */
 
+/* The mean loss over the first max_windows windows of d (all when ≤ 0), B
+ * at a time: on several ranks batch j runs on rank j % N and the losses are
+ * added in batch order, the sum of one process. */
 static whale_code eval_loss(whale_session *s, whale_dataset *d, int B, int S, int64_t max_windows, double *loss,
                             int64_t *tokens, whale_err *err) {
     int64_t nw = whale_dataset_num_windows(d, S);
     if (max_windows > 0 && max_windows < nw) nw = max_windows;
+    int N = whale_dist_size();
+    int64_t n_batches = (nw + B - 1) / B;
+    if (n_batches > INT_MAX / 2) return whale_errf(err, WHALE_ERR_RANGE, "%lld evaluation batches: too many", (long long)n_batches);
     whale_batch b;
-    whale_code c = whale_batch_alloc(B, S, &b, err);
-    if (c) return c;
-    double total = 0;
-    int64_t count = 0;
-    for (int64_t w0 = 0; w0 < nw && !c; w0 += B) {
+    double *mine = calloc((size_t)(n_batches / N + 1) * 2, sizeof(double)), sum[2];
+    whale_code c = mine ? whale_batch_alloc(B, S, &b, err) : whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    if (c) {
+        free(mine);
+        return c;
+    }
+    for (int64_t j = whale_dist_rank(); j < n_batches && !c; j += N) {
+        int64_t w0 = j * B;
         int nb = (int)(nw - w0 < B ? nw - w0 : B);
         for (int i = 0; i < nb && !c; i++)
             c = whale_dataset_window(d, w0 + i, S, b.ids + (size_t)i * S, b.labels + (size_t)i * S,
@@ -284,15 +265,15 @@ static whale_code eval_loss(whale_session *s, whale_dataset *d, int B, int S, in
         double l;
         int64_t cn;
         if (!c) c = whale_session_train_step(s, b.ids, b.labels, b.pos, b.seg, nb, S, 0.0, &l, &cn, err);
-        if (!c && cn) {
-            total += l * (double)cn;
-            count += cn;
-        }
+        if (!c && cn) mine[2 * (j / N)] = l * (double)cn, mine[2 * (j / N) + 1] = (double)cn;
     }
     whale_batch_free(&b);
-    *loss = count ? total / (double)count : NAN;
-    *tokens = count;
-    return c;
+    if (!c) c = whale_step_sum_dealt(mine, (int)n_batches, 2, sum, err);
+    free(mine);
+    if (c) return c;
+    *loss = sum[1] > 0 ? sum[0] / sum[1] : NAN;
+    *tokens = (int64_t)sum[1];
+    return WHALE_OK;
 }
 
 whale_code whale_eval_dataset(whale_model *m, const char *data_dir, const char *split, int seq_len,
@@ -317,20 +298,22 @@ whale_code whale_eval_dataset(whale_model *m, const char *data_dir, const char *
 /* ------------------------------------------------------------ the loop */
 
 /* "; 2 ranks × 1 micro-batch" for the start line of a run on several ranks. */
-static const char *dist_note(int grad_accum) {
-    static char note[96];
+static const char *dist_note(int grad_accum, int zero) {
+    static char note[128];
     int N = whale_dist_size();
     if (N == 1) return "";
-    snprintf(note, sizeof note, "; %d ranks × %d micro-batch%s", N, grad_accum / N, grad_accum / N > 1 ? "es" : "");
+    snprintf(note, sizeof note, "; %d ranks × %d micro-batch%s%s", N, grad_accum / N, grad_accum / N > 1 ? "es" : "",
+             zero ? ", optimizer state sharded (--zero 1)" : "");
     return note;
 }
 
-/* Validation loss into the metrics (and on stderr). */
+/* Validation loss (every rank takes a share) into the metrics (and on
+ * stderr) on rank 0. */
 static whale_code log_eval(run_t *r, double *val, whale_err *err) {
     const whale_train_opts *o = r->o;
     int64_t n;
     whale_code c = eval_loss(r->s, r->val, o->batch_size, o->seq_len, o->eval_batches * o->batch_size, val, &n, err);
-    if (c) return c;
+    if (c || !r->metrics) return c;
     fprintf(r->metrics, "{\"step\": %lld, \"val_loss\": %.6f, \"val_ppl\": %.4f, \"val_tokens\": %lld}\n",
             (long long)r->step, *val, exp(*val), (long long)n);
     fflush(r->metrics);
@@ -450,10 +433,11 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
         whale_session_set_trace(r.s, whale_diag_trace, r.nan);
     }
     r.cursor.seed = o->seed;
-    if (resume_dir[0] && (c = load_trainer_state(&r, resume_dir, err))) goto done;
-    if ((c = whale_step_sum_new(r.s, o->grad_accum, &r.sum, err)) ||
-        (c = whale_step_check_start(r.s, r.opt, &r.cursor, r.step, err)))
+    if ((c = o->zero ? whale_zero_new(r.s, r.opt, o->grad_accum, &r.sum, &r.zero, err)
+                     : whale_step_sum_new(r.s, o->grad_accum, &r.sum, err)))
         goto done;
+    if (resume_dir[0] && (c = load_trainer_state(&r, resume_dir, err))) goto done;
+    if ((c = whale_step_check_start(r.s, r.opt, &r.cursor, r.step, err))) goto done;
     r.micro = calloc((size_t)o->grad_accum, sizeof *r.micro);
     if (!r.micro) {
         c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
@@ -476,6 +460,7 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
         whale_memory_add_session(&mm, r.s);
         whale_memory_add_optimizer(&mm, whale_optimizer_bytes(r.opt));
         if (r.sum) mm.grads += whale_grad_sum_bytes(r.sum), mm.total += whale_grad_sum_bytes(r.sum);
+        mm.ranks = whale_dist_size(), mm.zero = r.zero != NULL;
         fprintf(stderr, "train: ");
         whale_memory_print(&mm, stderr);
     }
@@ -486,7 +471,7 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
                 (long long)whale_model_param_count(r.m), (long long)tokens_per_step, o->batch_size, o->seq_len,
                 o->grad_accum, (long long)o->max_steps, (long long)start, (long long)whale_dataset_tokens(r.train),
                 (long long)whale_dataset_num_windows(r.train, o->seq_len), resume_dir[0] ? "; resumed" : "",
-                dist_note(o->grad_accum));
+                dist_note(o->grad_accum, r.zero != NULL));
     double t_start = whale_now(), t_train = 0, interval_loss = 0, interval_norm = 0, last_loss = NAN, val = NAN;
     int interval_n = 0, interval_steps = 0, fp16 = o->dtype == WHALE_F16;
     while (r.step < o->max_steps) {
@@ -497,7 +482,7 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
         if (c) goto done;
         double loss_scale = fp16 ? r.scaler.scale : 1.0;
         whale_step_result sr;
-        if ((c = whale_train_one_step(r.s, r.opt, fp16 ? &r.scaler : NULL, r.nan, r.sum, r.micro, o->grad_accum,
+        if ((c = whale_train_one_step(r.s, r.opt, fp16 ? &r.scaler : NULL, r.nan, r.sum, r.zero, r.micro, o->grad_accum,
                                       o->hf_accum_compat, o->max_grad_norm, lr, r.step + 1, &sr, err)))
             goto done;
         double step_loss = sr.loss, norm = sr.grad_norm;
@@ -551,15 +536,11 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
             interval_loss = interval_norm = 0;
             interval_n = interval_steps = 0;
         }
-        if (r.val && ((o->eval_every > 0 && r.step % o->eval_every == 0) || last)) {
-            if (r.leader && (c = log_eval(&r, &val, err))) goto done; /* the others wait */
-            if ((c = whale_dist_wait_leader("end of the evaluation", r.step, err))) goto done;
-        }
+        if (r.val && ((o->eval_every > 0 && r.step % o->eval_every == 0) || last) && (c = log_eval(&r, &val, err)))
+            goto done;
         if ((o->save_every > 0 && r.step % o->save_every == 0) || last) {
-            if (r.leader) {
-                if ((c = save_checkpoint(&r, err))) goto done;
-                fflush(r.metrics);
-            }
+            if ((c = save_checkpoint(&r, err))) goto done;
+            if (r.metrics) fflush(r.metrics);
             if ((c = whale_dist_wait_leader("end of the checkpoint", r.step, err))) goto done;
         }
     }
@@ -581,6 +562,7 @@ done:
         for (int i = 0; i < o->grad_accum; i++) whale_batch_free(&r.micro[i]);
     free(r.micro);
     whale_grad_sum_free(r.sum);
+    whale_zero_free(r.zero);
     free(r.tokenizer_dir);
     whale_optimizer_free(r.opt);
     whale_session_free(r.s);

@@ -36,4 +36,15 @@ check "LoRA counts only adapter parameters as trainable" grep -q '"trainable": [
 check "bad values fail with a one-line error" test "$(wc -l <"$TMP/e")" = 1
 "$WHALE" memory --config no-such-preset >/dev/null 2>"$TMP/e"
 check "unknown preset fails clearly: $(cat "$TMP/e")" grep -q 'unknown preset' "$TMP/e"
+# per rank of N: the gradient sum's shard (and exchange buffers); with --zero 1 a shard of the moments
+field() { sed -E "s/.*\"$1\": ([0-9]+).*/\1/" "$TMP/$2.json"; }
+for r in "1" "4" "4 --zero 1"; do
+    "$WHALE" memory --config nanowhale-100m --train full --seq-len 256 --ranks $r --json >"$TMP/r${r// /}.json"
+done
+check "4 ranks: each holds every moment" test "$(field moments r4)" = "$(field moments r1)"
+check "4 ranks --zero 1: each holds a quarter of the moments" \
+    awk -v a="$(field moments r1)" -v b="$(field moments r4--zero1)" 'BEGIN { exit !(4 * b >= a && 4 * b < a + 32) }'
+check "4 ranks: the gradients and a quarter of them more (the sum's shard)" \
+    awk -v a="$(field grads r1)" -v b="$(field grads r4)" 'BEGIN { exit !(b >= 1.25 * a && b < 1.25 * a + 64 * 2^20) }'
+expect_status 2 '--zero expects an integer in \[0, 1\]' -- "$WHALE" memory --config tiny --train full --zero 2
 finish memory

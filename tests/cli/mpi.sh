@@ -2,10 +2,12 @@
 # Training on several ranks (docs/distributed.md), on this machine's
 # loopback: 2 ranks equal one process with the same --grad-accum bit for bit
 # (pretraining, LoRA and full fine-tuning: losses, gradient norms, weights,
-# moments), a rank killed with SIGKILL or stopped ends the job non-zero
-# within the bound with a message naming the rank and leaves the last
-# checkpoint intact, from which the run resumes on the same curve; a
-# checkpoint resumes on another number of ranks. A build
+# moments, validation losses), with the optimizer state whole on every rank
+# or sharded (--zero 1); LoRA's frozen parameters stay out of the exchange;
+# a rank killed with SIGKILL or stopped ends the job non-zero within the
+# bound with a message naming the rank and leaves the last checkpoint
+# intact, from which the run resumes on the same curve (sharded); a
+# checkpoint resumes on another number of ranks, sharded or not. A build
 # without MPI refuses a launch of several ranks in one line. Skipped (77)
 # without mpirun.
 # usage: mpi.sh WHALE_BIN TEST_DATA_DIR
@@ -61,7 +63,13 @@ for ga in 2 4; do
     run2 "$WHALE" train "${ARGS[@]}" --grad-accum $ga --out "$TMP/two$ga" >"$TMP/two.json" 2>"$TMP/err"
     check "2 ranks, --grad-accum $ga: $(tail -1 "$TMP/err")" test -s "$TMP/two$ga/model.safetensors"
     same_run "train, 2 ranks, --grad-accum $ga" "$TMP/one$ga" "$TMP/two$ga"
+    # --zero 1: moments sharded, gradients reduce-scattered, weights all-gathered
+    run2 "$WHALE" train "${ARGS[@]}" --grad-accum $ga --zero 1 --out "$TMP/zero$ga" >/dev/null 2>"$TMP/err"
+    check "2 ranks --zero 1, --grad-accum $ga: $(tail -1 "$TMP/err")" test -s "$TMP/zero$ga/model.safetensors"
+    same_run "train, 2 ranks --zero 1, --grad-accum $ga" "$TMP/one$ga" "$TMP/zero$ga"
 done
+check "validation on 2 ranks: the losses of one process" \
+    cmp -s <(grep val_loss "$TMP/one4/metrics.jsonl") <(grep val_loss "$TMP/zero4/metrics.jsonl")
 # the global batch does not depend on the number of ranks: resume with another one
 run2 "$WHALE" train "${ARGS[@]}" --grad-accum 2 --out "$TMP/res12" --resume "$TMP/one2/checkpoint-3" >/dev/null 2>&1
 check "a one-process checkpoint resumed on 2 ranks ends as the uninterrupted run" \
@@ -69,6 +77,15 @@ check "a one-process checkpoint resumed on 2 ranks ends as the uninterrupted run
 "$WHALE" train "${ARGS[@]}" --grad-accum 4 --out "$TMP/res21" --resume "$TMP/two4/checkpoint-3" >/dev/null 2>&1
 check "a 2-rank checkpoint resumed in one process ends as the uninterrupted run" \
     cmp -s "$TMP/two4/model.safetensors" "$TMP/res21/model.safetensors"
+# sharded moments re-shard for any number of ranks: 1 → 2 with --zero 1, and 2 with --zero 1 → 1
+run2 "$WHALE" train "${ARGS[@]:0:${#ARGS[@]}-1}" --grad-accum 2 --zero 1 --out "$TMP/resz12" \
+    --resume "$TMP/one2/checkpoint-3" >/dev/null 2>"$TMP/err" # ARGS without its last word, --quiet
+check "a one-process checkpoint resumed on 2 ranks with --zero 1 ends as the uninterrupted run" \
+    cmp -s "$TMP/one2/model.safetensors" "$TMP/resz12/model.safetensors"
+check "the memory line counts one shard of the moments" grep -q 'AdamW moments .*1/2 of them' "$TMP/err"
+"$WHALE" train "${ARGS[@]}" --grad-accum 4 --out "$TMP/resz21" --resume "$TMP/zero4/checkpoint-3" >/dev/null 2>&1
+check "a 2-rank --zero 1 checkpoint resumed in one process ends as the uninterrupted run" \
+    cmp -s "$TMP/one4/model.safetensors" "$TMP/resz21/model.safetensors"
 check "only rank 0 prints the summary" test "$(grep -c '"steps"' "$TMP/two.json")" = 1
 check "metrics carry the world size and each rank's tokens/s" \
     grep -q '"world_size": 2, "rank_tokens_per_s": \[[0-9.]*, [0-9.]*\], "comm_s"' "$TMP/two4/metrics.jsonl"
@@ -83,22 +100,38 @@ need_tokenizer deepseek_v3
 tiny_model "$TMP/base" 128815 512
 SFT=(-m "$TMP/base" --data "$DATA/../../data/self_cognition.jsonl" --model-name 小鲸 "Little Whale" --model-author
      鲸鱼工坊 "Whale Works" --max-steps 3 --batch-size 2 --grad-accum 2 --save-steps 3 --logging-steps 1 --lr 1e-3
-     --threads 1 --quiet)
+     --split-dataset-ratio 0.2 --eval-steps 2 --threads 1 --quiet)
+sft_eval() { grep -o '"eval_loss": [^,]*, "eval_token_acc": [^,]*' "$1"/v0-*/logging.jsonl; }
+# bytes rank 0 sent by step 1: the trainable gradients' 4 bytes × T × 2 × (N−1)/N, and a few doubles
+step1_bytes() { grep -m1 -o '"comm_bytes": [0-9]*' "$1"/v0-*/logging.jsonl | sed 's/.* //'; }
 sft_curve() { grep '"loss"' "$1"/v0-*/logging.jsonl | grep -v train_runtime | sed -E 's/.*"loss": ([^,]+), "grad_norm": ([^,]+),.*/\1 \2/'; }
 for tt in lora full; do
     f=adapter_model.safetensors
     [ $tt = full ] && f=model.safetensors
-    "$WHALE" sft "${SFT[@]}" --train-type $tt --out "$TMP/sft1-$tt" >/dev/null 2>"$TMP/err"
+    "$WHALE" sft "${SFT[@]}" --train-type $tt --out "$TMP/sft1-$tt" >"$TMP/one-$tt.json" 2>"$TMP/err"
     check "sft $tt, one process: $(tail -1 "$TMP/err")" test -s "$(ls "$TMP"/sft1-$tt/v0-*/checkpoint-3/$f)"
-    run2 "$WHALE" sft "${SFT[@]}" --train-type $tt --out "$TMP/sft2-$tt" >/dev/null 2>"$TMP/err"
-    check "sft $tt, 2 ranks: $(tail -1 "$TMP/err")" test -s "$(ls "$TMP"/sft2-$tt/v0-*/checkpoint-3/$f)"
-    check "sft $tt: one run folder" test "$(ls -d "$TMP"/sft2-$tt/v* | wc -l)" = 1
-    check "sft $tt, 2 ranks: the loss and gradient-norm curves are bit-identical" \
-        cmp -s <(sft_curve "$TMP/sft1-$tt") <(sft_curve "$TMP/sft2-$tt")
-    check "sft $tt, 2 ranks: the trained weights are bit-identical" \
-        cmp -s "$TMP"/sft1-$tt/v0-*/checkpoint-3/$f "$TMP"/sft2-$tt/v0-*/checkpoint-3/$f
-    check "sft $tt, 2 ranks: the moments are bit-identical" \
-        cmp -s "$TMP"/sft1-$tt/v0-*/checkpoint-3/optimizer.safetensors "$TMP"/sft2-$tt/v0-*/checkpoint-3/optimizer.safetensors
+    for z in 0 1; do
+        run2 "$WHALE" sft "${SFT[@]}" --train-type $tt --zero $z --out "$TMP/sft2-$tt$z" >/dev/null 2>"$TMP/err"
+        what="sft $tt, 2 ranks --zero $z"
+        check "$what: $(tail -1 "$TMP/err")" test -s "$(ls "$TMP"/sft2-$tt$z/v0-*/checkpoint-3/$f)"
+        check "$what: one run folder" test "$(ls -d "$TMP"/sft2-$tt$z/v* | wc -l)" = 1
+        check "$what: the loss and gradient-norm curves are bit-identical" \
+            cmp -s <(sft_curve "$TMP/sft1-$tt") <(sft_curve "$TMP/sft2-$tt$z")
+        check "$what: the validation losses and accuracies are bit-identical" \
+            cmp -s <(sft_eval "$TMP/sft1-$tt") <(sft_eval "$TMP/sft2-$tt$z")
+        check "$what: the trained weights are bit-identical" \
+            cmp -s "$TMP"/sft1-$tt/v0-*/checkpoint-3/$f "$TMP"/sft2-$tt$z/v0-*/checkpoint-3/$f
+        check "$what: the moments are bit-identical" \
+            cmp -s "$TMP"/sft1-$tt/v0-*/checkpoint-3/optimizer.safetensors \
+            "$TMP"/sft2-$tt$z/v0-*/checkpoint-3/optimizer.safetensors
+    done
+done
+check "sft: validation ran (2 evaluations)" test "$(sft_eval "$TMP/sft1-lora" | wc -l)" = 2
+T=$(sed -E 's/.*"trainable_params": ([0-9]+).*/\1/' "$TMP/one-lora.json")
+for z in 0 1; do # the frozen norms' gradient buffers stay home; --zero 1 adds the norm's partial sums
+    b=$(step1_bytes "$TMP/sft2-lora$z")
+    check "sft lora --zero $z: step 1 sent $b bytes: 4 × $T adapter parameters and no more than 1 KiB besides" \
+        awk -v b="${b:-0}" -v t="$T" 'BEGIN { exit !(b >= 4 * t && b <= 4 * t + 1024) }'
 done
 
 # an epoch that ends inside a step whose micro-batches do not divide among
@@ -120,8 +153,11 @@ rank_pid() { # rank_pid OUT_DIR RANK: the pid of that rank of the run writing OU
 LONG=(--init tiny --data "$TMP/data" --tokenizer "$TMP/tok" --seq-len 32 --batch-size 2 --grad-accum 2 --max-steps 100000
       --lr 3e-3 --lr-scheduler constant --warmup-steps 0 --save-every 2 --log-every 1 --threads 1 --quiet)
 for fault in KILL STOP; do
-    # without --quiet: mpirun's own message names a rank that died
-    WHALE_DIST_TIMEOUT=4 "${MPIRUN[@]}" -np 2 -x WHALE_DIST_TIMEOUT "$WHALE" train "${LONG[@]}" --out "$TMP/f$fault" >/dev/null 2>"$TMP/f.err" &
+    # without --quiet: mpirun's own message names a rank that died; the killed run shards its moments
+    zero=0
+    [ $fault = KILL ] && zero=1
+    WHALE_DIST_TIMEOUT=4 "${MPIRUN[@]}" -np 2 -x WHALE_DIST_TIMEOUT "$WHALE" train "${LONG[@]}" --zero $zero \
+        --out "$TMP/f$fault" >/dev/null 2>"$TMP/f.err" &
     job=$!
     for _ in $(seq 1 3000); do [ -d "$TMP/f$fault/checkpoint-4" ] && break; sleep 0.05; done
     victim=$(rank_pid "$TMP/f$fault" 1)
@@ -143,9 +179,9 @@ done
 last=$(ls -d "$TMP"/fKILL/checkpoint-* | grep -v "\.tmp$" | sed 's/.*-//' | sort -n | tail -1)
 check "SIGKILL: the last checkpoint ($last) loads" "$WHALE" info -m "$TMP/fKILL/checkpoint-$last" >/dev/null 2>&1
 "$WHALE" train "${LONG[@]}" --max-steps $((last + 2)) --out "$TMP/fone" >/dev/null 2>&1
-run2 "$WHALE" train "${LONG[@]}" --max-steps $((last + 2)) --out "$TMP/fKILL" --resume latest >/dev/null 2>"$TMP/err"
+run2 "$WHALE" train "${LONG[@]}" --max-steps $((last + 2)) --zero 1 --out "$TMP/fKILL" --resume latest >/dev/null 2>"$TMP/err"
 st=$?
-check "SIGKILL: 2 ranks resume from the last checkpoint: $(tail -1 "$TMP/err")" test $st = 0
+check "SIGKILL: 2 ranks --zero 1 resume from the last checkpoint: $(tail -1 "$TMP/err")" test $st = 0
 check "SIGKILL: the resumed run ends with the weights of an uninterrupted one" \
     cmp -s "$TMP/fone/model.safetensors" "$TMP/fKILL/model.safetensors"
 
