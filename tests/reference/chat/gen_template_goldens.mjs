@@ -28,6 +28,21 @@ const tokDir = process.env.WHALE_TOKENIZERS
 const readJson = (p) => JSON.parse(fs.readFileSync(p, "utf8"));
 const generator = "tests/reference/chat/gen_template_goldens.mjs (@huggingface/jinja 0.5.11, @huggingface/tokenizers 0.2.0)";
 
+// strftime_now at a fixed instant, so that templates that print today's date
+// (gpt-oss, Llama 3.2) render the same every day: @huggingface/jinja's
+// strftime_now reads the clock with new Date(), which here is that instant,
+// in UTC; the C test sets SOURCE_DATE_EPOCH to it, which whale's
+// strftime_now honours (in UTC too).
+const sourceDateEpoch = 1718409600; // 2024-06-15 00:00:00 UTC
+process.env.TZ = "UTC";
+const RealDate = Date;
+globalThis.Date = class extends RealDate {
+  constructor(...args) {
+    if (args.length) super(...args);
+    else super(sourceDateEpoch * 1000);
+  }
+};
+
 // What apply_chat_template passes: the special tokens, messages, tools,
 // add_generation_prompt and the extra keyword arguments.
 function variables(specials, c) {
@@ -76,7 +91,7 @@ for (const [name, t] of Object.entries(table)) {
     return entry;
   });
   const golden = { generator, template: `tests/data/chat/templates/${t.template}`, template_source: t.source,
-    specials: t.specials, specials_source: t.specials_from, tokenizer: t.tokenizer, cases: out };
+    source_date_epoch: sourceDateEpoch, specials: t.specials, specials_source: t.specials_from, tokenizer: t.tokenizer, cases: out };
   const file = path.join(dataDir, `golden-jinja-${name}.json`);
   fs.writeFileSync(file, JSON.stringify(golden, null, 1) + "\n");
   const errors = out.filter((c) => c.error !== undefined).length;
