@@ -204,13 +204,17 @@ static const char *template_folder(const char *name, char *dir, size_t cap) {
     return dir;
 }
 
-/* What an assistant reply is trained on under each template. */
+/* What an assistant reply is trained on under each template: the reply as
+ * the template renders it when it is the newest message. */
 static void expected_span(const char *name, const char *content, char *out, size_t cap) {
     const char *end = !strncmp(name, "qwen", 4) ? "<|im_end|>"
                       : !strcmp(name, "deepseek_v3") ? "<｜end▁of▁sentence｜>"
-                      : !strncmp(name, "llama3", 6) ? "<|eot_id|>" : "<end_of_turn>";
-    /* Qwen3 puts an empty thinking block in front of the last reply */
-    snprintf(out, cap, "%s%s%s", !strcmp(name, "qwen3") ? "<think>\n\n</think>\n\n" : "", content, end);
+                      : !strncmp(name, "llama3", 6) ? "<|eot_id|>"
+                      : !strcmp(name, "gpt_oss") ? "<|return|>" : "<end_of_turn>";
+    /* Qwen3 puts an empty thinking block in front of the newest reply, gpt-oss its channel */
+    const char *head = !strcmp(name, "qwen3") ? "<think>\n\n</think>\n\n"
+                       : !strcmp(name, "gpt_oss") ? "<|channel|>final<|message|>" : "";
+    snprintf(out, cap, "%s%s%s", head, content, end);
 }
 
 /* The masked tokens, as runs of text: one per assistant reply. */
@@ -296,33 +300,50 @@ static void check_mask(whale_tokenizer *tok, const char *name) {
     CHECK(whale_chat_template_load(dir, NULL, &t, &err) == WHALE_OK, "%s: %s", name, err.msg);
     if (!t) return;
     CHECK(whale_chat_template_notice(t) == NULL, "%s: a template folder gives no notice", name);
-    int32_t *ids = NULL;
-    uint8_t *mask = NULL;
-    int n_ids = 0;
-    if (!strcmp(name, "llama3")) {
-        /* this Llama 3 template always ends with the assistant header: refused */
+    check_spans(t, name, 5, 2);
+    if (tok) check_token_mask(tok, t, name, 5, 2);
+    whale_chat_template_free(t);
+}
+
+/* Qwen3's multi-turn SFT text equals ms-swift's (made by the golden script
+ * from ms-swift's qwen3 template, without Jinja): every reply with its
+ * thinking, up to the last reply's end. */
+static void check_swift_qwen3(whale_tokenizer *qwen) {
+    char dir[1024];
+    template_folder("qwen3", dir, sizeof dir);
+    whale_chat_template *t = NULL;
+    whale_err err;
+    CHECK(whale_chat_template_load(dir, NULL, &t, &err) == WHALE_OK, "%s", err.msg);
+    cJSON *g = test_read_json(WHALE_TEST_DATA "/chat/golden-jinja-qwen3.json");
+    int n = 0;
+    for (const cJSON *c = g && t ? cJSON_GetObjectItem(g, "cases")->child : NULL; c; c = c->next) {
+        const cJSON *want = cJSON_GetObjectItem(c, "swift_sft_text");
+        if (!want) continue;
+        const char *name = cJSON_GetObjectItem(c, "name")->valuestring;
         char *text = NULL;
-        size_t len;
+        size_t len = 0;
         whale_chat_span *sp = NULL;
-        int n_sp;
-        whale_code rc = whale_chat_template_spans(t, mask_conv, 3, 0, NULL, &text, &len, &sp, &n_sp, &err);
-        CHECK(rc == WHALE_ERR_UNSUPPORTED && !text && !sp && one_line(&err) && strstr(err.msg, "ignores add_generation_prompt"),
-              "llama3: the mask must be refused: %s", err.msg);
-        whale_chat_template_free(t);
-        return;
+        int n_sp = 0;
+        whale_code rc = whale_chat_template_spans_json(t, cJSON_GetObjectItem(c, "messages"), NULL, 0, NULL, &text,
+                                                       &len, &sp, &n_sp, &err);
+        CHECK(rc == WHALE_OK && n_sp > 0, "qwen3/%s: %s", name, err.msg);
+        size_t wl = strlen(want->valuestring), upto = rc || !n_sp ? 0 : sp[n_sp - 1].end;
+        CHECK(!rc && upto == wl && !memcmp(text, want->valuestring, wl), "qwen3/%s: SFT text differs from ms-swift's", name);
+        if (!rc && !(upto == wl && !memcmp(text, want->valuestring, wl))) show_diff(name, text, upto, want->valuestring, wl);
+        if (!rc && qwen) { /* and it tokenizes as the whole text does */
+            int32_t *ids = NULL;
+            uint8_t *mask = NULL;
+            int n_ids = 0;
+            CHECK(whale_chat_encode_spans(qwen, text, len, sp, n_sp, &ids, &mask, &n_ids, &err) == WHALE_OK, "%s", err.msg);
+            free(ids);
+            free(mask);
+        }
+        free(text);
+        free(sp);
+        n++;
     }
-    int multi = strcmp(name, "qwen3") != 0; /* Qwen3 drops earlier thinking: one reply per record */
-    check_spans(t, name, multi ? 5 : 3, multi ? 2 : 1);
-    if (tok) check_token_mask(tok, t, name, multi ? 5 : 3, multi ? 2 : 1);
-    if (!multi) { /* two replies: refused for the mask, never trained wrongly */
-        whale_code rc = tok ? whale_chat_template_encode(tok, t, mask_conv, 5, 0, &ids, &mask, &n_ids, &err) : 0;
-        CHECK(!tok || (rc == WHALE_ERR_UNSUPPORTED && one_line(&err) && strstr(err.msg, "messages[2]")),
-              "%s: multi-turn mask must be refused: %s", name, err.msg);
-        /* without a mask (inference) the rendering is fine */
-        rc = tok ? whale_chat_template_encode(tok, t, mask_conv, 4, 1, &ids, NULL, &n_ids, &err) : 0;
-        CHECK(rc == WHALE_OK, "%s: %s", name, err.msg);
-        if (tok && !rc) free(ids);
-    }
+    CHECK(n >= 4, "only %d Qwen3 SFT texts compared with ms-swift's", n);
+    cJSON_Delete(g);
     whale_chat_template_free(t);
 }
 
@@ -444,7 +465,10 @@ static void check_tool_records(whale_tokenizer *qwen) {
         "{\"role\": \"assistant\", \"content\": \"It is 21 C.\"}]}\n"
         "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": "
         "\"Hello.\", \"loss\": false}, {\"role\": \"user\", \"content\": \"Bye\"}, {\"role\": \"assistant\", "
-        "\"content\": \"Goodbye.\"}]}\n";
+        "\"content\": \"Goodbye.\"}]}\n"
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": "
+        "\"Hello.\", \"loss\": false}, {\"role\": \"user\", \"content\": \"Bye\", \"loss\": true}, {\"role\": "
+        "\"assistant\", \"content\": \"Goodbye.\"}]}\n";
     test_write_text(dir, "tools.jsonl", data);
     snprintf(path, sizeof path, "%s/tools.jsonl", dir);
     const char *files[] = {path};
@@ -453,8 +477,8 @@ static void check_tool_records(whale_tokenizer *qwen) {
     whale_err err;
     CHECK(whale_chat_template_load(dir, NULL, &t, &err) == WHALE_OK, "%s", err.msg);
     whale_code rc = t ? whale_sft_dataset_open_template(files, 1, qwen, t, NULL, &ds, &err) : WHALE_ERR_ARG;
-    CHECK(rc == WHALE_OK && whale_sft_dataset_num_samples(ds) == 3, "%s", rc ? err.msg : "3 samples");
-    if (!rc && whale_sft_dataset_num_samples(ds) == 3) {
+    CHECK(rc == WHALE_OK && whale_sft_dataset_num_samples(ds) == 4, "%s", rc ? err.msg : "4 samples");
+    if (!rc && whale_sft_dataset_num_samples(ds) == 4) {
         char got[1024];
         trained_text(ds, 0, got, sizeof got);
         const char *want = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
@@ -466,6 +490,24 @@ static void check_tool_records(whale_tokenizer *qwen) {
               "ms-swift's agent format renders and trains as OpenAI's");
         trained_text(ds, 2, got, sizeof got);
         CHECK(!strcmp(got, "Goodbye.<|im_end|>"), "\"loss\": false leaves the first reply out: \"%s\"", got);
+        /* ms-swift reads "loss" of replies only: true on a user message changes nothing */
+        whale_sft_sample c, d;
+        CHECK(!whale_sft_dataset_sample(ds, 2, &c, &err) && !whale_sft_dataset_sample(ds, 3, &d, &err), "%s", err.msg);
+        CHECK(c.n == d.n && !memcmp(c.ids, d.ids, sizeof *c.ids * (size_t)c.n) && !memcmp(c.train, d.train, (size_t)c.n),
+              "\"loss\": true on a user message has no effect");
+    }
+    whale_sft_dataset_free(ds);
+    /* under the loss scope "all", "loss": false still leaves that reply out (ms-swift) */
+    whale_sft_opts all = whale_sft_defaults();
+    all.loss_scope = WHALE_SFT_LOSS_ALL;
+    ds = NULL;
+    rc = t ? whale_sft_dataset_open_template(files, 1, qwen, t, &all, &ds, &err) : WHALE_ERR_ARG;
+    CHECK(rc == WHALE_OK, "%s", err.msg);
+    if (!rc) {
+        char got[1024];
+        trained_text(ds, 2, got, sizeof got);
+        CHECK(strstr(got, "user\nBye") && strstr(got, "Goodbye.") && !strstr(got, "Hello."),
+              "loss scope all: everything but the reply with \"loss\": false: \"%s\"", got);
     }
     whale_sft_dataset_free(ds);
     whale_chat_template_free(t);
@@ -699,12 +741,14 @@ int main(void) {
     for (int i = 0; i < N_TEMPLATES; i++) rendered += check_template(have ? tokdir : NULL, templates[i]);
     CHECK(rendered >= 130, "only %d template renders compared", rendered);
     whale_tokenizer *qwen = have ? family_tokenizer(tokdir, "qwen3") : NULL;
-    whale_tokenizer *ds = have ? family_tokenizer(tokdir, "deepseek_v3") : NULL;
     CHECK(divergent == 9, "%d cases where Python's Jinja and @huggingface/jinja differ (9 known)", divergent);
     for (int i = 0; i < N_TEMPLATES; i++) {
         const char *nm = templates[i];
-        check_mask(!strcmp(nm, "deepseek_v3") ? ds : !strncmp(nm, "qwen", 4) ? qwen : NULL, nm);
+        const char *tk = !strcmp(nm, "deepseek_v3") ? "deepseek_v3" : !strncmp(nm, "qwen", 4) ? "qwen3"
+                         : !strncmp(nm, "llama3", 6) ? "llama3" : !strcmp(nm, "gpt_oss") ? "gptoss" : NULL;
+        check_mask(have && tk ? family_tokenizer(tokdir, tk) : NULL, nm);
     }
+    check_swift_qwen3(qwen);
     check_folders(qwen);
     check_tool_records(qwen);
     check_tool_parsing();

@@ -543,8 +543,6 @@ static void check_bad(whale_tokenizer *tok, const char *tmp) {
          "tool messages are not supported by the native", WHALE_ERR_UNSUPPORTED},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}, {\"role\": \"tool\", \"content\": \"t\"}]}",
          "ends with a tool message", WHALE_ERR_FORMAT},
-        {"{\"messages\": [{\"role\": \"user\", \"content\": \"u\", \"loss\": true}, {\"role\": \"assistant\", "
-         "\"content\": \"a\"}]}", "messages[0].loss: true on a user message", WHALE_ERR_UNSUPPORTED},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}, {\"role\": \"assistant\", \"content\": \"a\", "
          "\"loss\": 1}]}", "messages[1].loss: must be true, false or null", WHALE_ERR_FORMAT},
         {"{\"tools\": \"not json\", \"messages\": [{\"role\": \"user\", \"content\": \"u\"}, {\"role\": "

@@ -328,10 +328,9 @@ static whale_code add_message(rec *r, cJSON *out, const cJSON *m, int i, whale_e
     const cJSON *lv = cJSON_GetObjectItemCaseSensitive(m, "loss");
     if (lv && !cJSON_IsNull(lv) && !cJSON_IsBool(lv))
         return whale_errf(err, WHALE_ERR_FORMAT, "messages[%d].loss: must be true, false or null", i);
+    /* ms-swift reads "loss" of replies only: on a system, user or tool
+     * message it changes nothing (the loss scope decides those) */
     signed char loss = cJSON_IsBool(lv) ? (signed char)cJSON_IsTrue(lv) : -1;
-    if (loss == 1 && !is_role(m, "assistant") && !is_role(m, "tool_call"))
-        return whale_errf(err, WHALE_ERR_UNSUPPORTED, "messages[%d].loss: true on a %s message (only assistant "
-                          "replies and tool calls are trained)", i, cJSON_GetObjectItemCaseSensitive(m, "role")->valuestring);
     if (is_role(m, "tool_call")) return add_tool_call(r, out, m, i, loss, err);
     cJSON *copy = cJSON_Duplicate(m, 1);
     if (!copy || !cJSON_AddItemToArray(out, copy)) return json_oom(r, copy, err);
@@ -663,7 +662,7 @@ static int add_sample(whale_sft_dataset *ds, const int32_t *ids, const uint8_t *
 
 /* Turn one record's tokens into a sample (or count why not). */
 static whale_code take_sample(whale_sft_dataset *ds, const whale_sft_opts *o, int32_t *ids, uint8_t *mask, int n,
-                              int file, int64_t line, whale_err *err) {
+                              int final, int file, int64_t line, whale_err *err) {
     int start = 0, cut = 0;
     if (o->max_length > 0 && n > o->max_length) {
         if (o->truncation == WHALE_SFT_TRUNC_DELETE) {
@@ -674,7 +673,7 @@ static whale_code take_sample(whale_sft_dataset *ds, const whale_sft_opts *o, in
         n = o->max_length;
         cut = 1;
     }
-    if (o->loss_scope == WHALE_SFT_LOSS_ALL) memset(mask + start, 1, (size_t)n);
+    if (o->loss_scope == WHALE_SFT_LOSS_ALL && !final) memset(mask + start, 1, (size_t)n);
     mask[start] = 0; /* nothing before a sample's first token predicts it */
     int64_t trained = 0;
     for (int i = 0; i < n; i++) trained += mask[start + i] != 0;
@@ -693,19 +692,23 @@ static whale_code take_sample(whale_sft_dataset *ds, const whale_sft_opts *o, in
 }
 
 /* A record kept as JSON: rendered by the template, the replies whose
- * "loss" is false left out of the mask. */
-static whale_code encode_json(whale_tokenizer *tok, const whale_chat_template *tpl, rec *r, int32_t **ids,
-                              uint8_t **mask, int *n_ids, whale_err *err) {
+ * "loss" is false left out of the mask — under the loss scope "all" too,
+ * as ms-swift's per-message loss overrides its loss scale; there the mask
+ * is final (*final = 1): every token but those replies'. */
+static whale_code encode_json(whale_tokenizer *tok, const whale_chat_template *tpl, const whale_sft_opts *o, rec *r,
+                              int32_t **ids, uint8_t **mask, int *n_ids, int *final, whale_err *err) {
     char *text = NULL;
     size_t len = 0;
     whale_chat_span *sp = NULL;
-    int n_sp = 0, kept = 0;
+    int n_sp = 0, kept = 0, all = o->loss_scope == WHALE_SFT_LOSS_ALL;
     whale_code rc = whale_chat_template_spans_json(tpl, r->jmsgs, r->jtools, 0,
                                                    whale_tokenizer_role_token(tok, WHALE_TOKEN_BOS), &text, &len, &sp,
                                                    &n_sp, err);
-    for (int k = 0; !rc && k < n_sp; k++)
-        if (sp[k].message >= r->n_loss || r->loss[sp[k].message] != 0) sp[kept++] = sp[k];
+    for (int k = 0; !rc && k < n_sp; k++) /* all: the replies left out; else: those trained */
+        if ((sp[k].message < r->n_loss && r->loss[sp[k].message] == 0) == all) sp[kept++] = sp[k];
     if (!rc) rc = whale_chat_encode_spans(tok, text, len, sp, kept, ids, mask, n_ids, err);
+    *final = all;
+    for (int i = 0; !rc && all && i < *n_ids; i++) (*mask)[i] = !(*mask)[i];
     free(text);
     free(sp);
     return rc;
@@ -725,9 +728,9 @@ static whale_code one_record(whale_sft_dataset *ds, whale_tokenizer *tok, const 
     whale_code rc = WHALE_OK, bad = parse_record(r, o, s, n, &e);
     int32_t *ids = NULL;
     uint8_t *mask = NULL;
-    int n_ids = 0;
+    int n_ids = 0, final = 0;
     if (!bad) {
-        bad = r->jmsgs ? encode_json(tok, tpl, r, &ids, &mask, &n_ids, &e)
+        bad = r->jmsgs ? encode_json(tok, tpl, o, r, &ids, &mask, &n_ids, &final, &e)
                        : whale_chat_template_encode(tok, tpl, r->m, r->n, 0, &ids, &mask, &n_ids, &e);
         if (bad == WHALE_ERR_NOMEM) r->fatal = 1;
         if (bad == WHALE_ERR_ARG) bad = WHALE_ERR_FORMAT; /* the record's messages, not the caller's */
@@ -737,7 +740,7 @@ static whale_code one_record(whale_sft_dataset *ds, whale_tokenizer *tok, const 
     } else if (bad) {
         if (ds->st.skipped++ == 0) snprintf(ds->st.first_bad, sizeof ds->st.first_bad, "%.220s: %.280s", where, e.msg);
     } else {
-        rc = take_sample(ds, o, ids, mask, n_ids, fi, line, err);
+        rc = take_sample(ds, o, ids, mask, n_ids, final, fi, line, err);
     }
     free(ids);
     free(mask);

@@ -63,6 +63,28 @@ function render(compiled, vars) {
   }
 }
 
+// ms-swift's training text for Qwen3 (its qwen3 template: ChatML prompts,
+// every reply as written with the empty thinking block in front of one that
+// has none, earlier thinking kept under the default loss scale), up to the
+// last reply's <|im_end|>: what whale's SFT text must be for the same
+// conversation, made here without the Jinja template. Only for plain
+// system/user/assistant conversations that end with a reply.
+function swiftQwen3(c) {
+  const m = c.messages;
+  if (c.add_generation_prompt || c.tools || c.kwargs || m[m.length - 1].role !== "assistant") return undefined;
+  let out = "";
+  for (const [i, x] of m.entries()) {
+    if (typeof x.content !== "string" || Object.keys(x).length !== 2 || x.content.startsWith("\n")) return undefined;
+    if (x.role === "system" && i === 0) out += `<|im_start|>system\n${x.content}<|im_end|>\n`;
+    else if (x.role === "user") out += `<|im_start|>user\n${x.content}<|im_end|>\n<|im_start|>assistant\n`;
+    else if (x.role === "assistant" && i > 0 && m[i - 1].role === "user") {
+      const reply = x.content.startsWith("<think>") ? x.content : "<think>\n\n</think>\n\n" + x.content;
+      out += reply + "<|im_end|>" + (i === m.length - 1 ? "" : "\n");
+    } else return undefined;
+  }
+  return out;
+}
+
 const tokenizers = {};
 function tokenizer(name) {
   if (!name) return null;
@@ -83,6 +105,8 @@ for (const [name, t] of Object.entries(table)) {
     const entry = { name: c.name, add_generation_prompt: c.add_generation_prompt, messages: c.messages };
     if (c.tools) entry.tools = c.tools;
     if (c.kwargs) entry.kwargs = c.kwargs;
+    const swift = name === "qwen3" ? swiftQwen3(c) : undefined;
+    if (swift !== undefined) entry.swift_sft_text = swift;
     if (r.error !== undefined) entry.error = r.error;
     else {
       entry.text = r.text;

@@ -309,4 +309,14 @@ export const cases = [
       { role: "user", content: "Hello" },
     ],
   },
+  {
+    name: "sft_thinking_history",
+    add_generation_prompt: false,
+    messages: [
+      { role: "user", content: "2+3?" },
+      { role: "assistant", content: "<think>\nAdd them.\n</think>\n\n5" },
+      { role: "user", content: "And 2+4?" },
+      { role: "assistant", content: "6" },
+    ],
+  },
 ];
