@@ -4,6 +4,7 @@
 #include "whale_sft.h"
 
 #include "core/core.h"
+#include "io/sft_csv.h"
 
 #include <cjson/cJSON.h>
 #include <inttypes.h>
@@ -85,10 +86,10 @@ whale_code whale_sft_truncation_from_name(const char *name, whale_sft_truncation
 }
 
 whale_code whale_sft_bad_policy_from_name(const char *name, whale_sft_bad_policy *out, whale_err *err) {
-    static const char *const names[] = {"fail", "skip"};
+    static const char *const names[] = {"error", "skip", "fail"}; /* fail: the former spelling of error */
     int v = 0;
-    whale_code rc = from_name("bad record policy", name, names, 2, &v, err);
-    if (!rc) *out = (whale_sft_bad_policy)v;
+    whale_code rc = from_name("bad record policy", name, names, 3, &v, err);
+    if (!rc) *out = v == 1 ? WHALE_SFT_BAD_SKIP : WHALE_SFT_BAD_FAIL;
     return rc;
 }
 
@@ -714,6 +715,14 @@ static whale_code encode_json(whale_tokenizer *tok, const whale_chat_template *t
     return rc;
 }
 
+/* A record that cannot be used: the error, or counted as skipped. */
+static whale_code bad_record(whale_sft_dataset *ds, const whale_sft_opts *o, const char *where, whale_code code,
+                             int fatal, const char *msg, whale_err *err) {
+    if (fatal || o->bad_records == WHALE_SFT_BAD_FAIL) return whale_errf(err, code, "%s: %s", where, msg);
+    if (ds->st.skipped++ == 0) snprintf(ds->st.first_bad, sizeof ds->st.first_bad, "%.220s: %.280s", where, msg);
+    return WHALE_OK;
+}
+
 /* One record, text s[0..n), line (or element) number line of file fi;
  * array: the file is a JSON array (errors say "record N"). */
 static whale_code one_record(whale_sft_dataset *ds, whale_tokenizer *tok, const whale_chat_template *tpl,
@@ -735,10 +744,8 @@ static whale_code one_record(whale_sft_dataset *ds, whale_tokenizer *tok, const 
         if (bad == WHALE_ERR_NOMEM) r->fatal = 1;
         if (bad == WHALE_ERR_ARG) bad = WHALE_ERR_FORMAT; /* the record's messages, not the caller's */
     }
-    if (bad && (r->fatal || o->bad_records == WHALE_SFT_BAD_FAIL)) {
-        rc = whale_errf(err, bad, "%s: %s", where, e.msg);
-    } else if (bad) {
-        if (ds->st.skipped++ == 0) snprintf(ds->st.first_bad, sizeof ds->st.first_bad, "%.220s: %.280s", where, e.msg);
+    if (bad) {
+        rc = bad_record(ds, o, where, bad, r->fatal, e.msg, err);
     } else {
         rc = take_sample(ds, o, ids, mask, n_ids, final, fi, line, err);
     }
@@ -825,11 +832,41 @@ static whale_code read_array_file(whale_sft_dataset *ds, whale_tokenizer *tok, c
     return rc;
 }
 
-/* Every record of one file: a JSON array, or JSONL read a line at a time
- * (a record longer than the cap is refused without being held). */
+/* What reading a .csv file row by row needs. */
+typedef struct {
+    whale_sft_dataset *ds;
+    whale_tokenizer *tok;
+    const whale_chat_template *tpl;
+    const whale_sft_opts *o;
+    int fi;
+    rec *r;
+} csv_ctx;
+
+static whale_code csv_row(void *ctx, const char *json, const char *bad, int64_t line, whale_err *err) {
+    csv_ctx *c = ctx;
+    if (json) return one_record(c->ds, c->tok, c->tpl, c->o, c->fi, c->r, json, strlen(json), line, 0, err);
+    char where[300];
+    snprintf(where, sizeof where, "%.200s:%" PRId64, c->ds->files[c->fi], line);
+    c->ds->st.records++;
+    return bad_record(c->ds, c->o, where, WHALE_ERR_FORMAT, 0, bad, err);
+}
+
+static int is_csv(const char *path) {
+    size_t n = strlen(path);
+    return n >= 4 && (!strcmp(path + n - 4, ".csv") || !strcmp(path + n - 4, ".CSV"));
+}
+
+/* Every record of one file: .csv rows, a JSON array, or JSONL read a line
+ * at a time (a record longer than the cap is refused without being held). */
 static whale_code read_file(whale_sft_dataset *ds, whale_tokenizer *tok, const whale_chat_template *tpl,
                             const whale_sft_opts *o, int fi, rec *r, whale_err *err) {
     const char *path = ds->files[fi];
+    if (is_csv(path)) {
+        csv_ctx c = {ds, tok, tpl, o, fi, r};
+        whale_code rc = sft_csv_read(path, csv_row, &c, err);
+        rec_reset(r);
+        return rc;
+    }
     FILE *f;
     whale_code rc = whale_fopen_regular(path, &f, NULL, err);
     if (rc) return rc;

@@ -188,11 +188,22 @@ check "the fine-tuned model loads" test $? = 0
 expect_status 7 'needs an estimated .* GiB.*--memory-limit' -- \
     "$WHALE" sft -m "$TMP/base" --data "$SC" "${NAMES[@]}" --max-steps 1 --out "$TMP/nofit" --memory-limit 0.01 --quiet
 check "a refused run leaves no run folder" test ! -e "$TMP/nofit/v0-"*
-printf '{"query": "Hi", "response": "Hello"}\n{"query": "Hi"\n' >"$TMP/bad.jsonl"
-expect_status 4 'bad.jsonl:2: ' -- "$WHALE" sft -m "$TMP/base" --data "$TMP/bad.jsonl" --max-steps 1 --out "$TMP/o"
-"$WHALE" sft -m "$TMP/base" --data "$TMP/bad.jsonl" --on-bad-record skip --max-steps 1 --out "$TMP/skip" \
-    --dry-run 0 >"$TMP/dry" 2>/dev/null
-check "--on-bad-record skip counts the record" grep -q '"skipped": 1' "$TMP/dry"
+printf '{"query": "Hi", "response": "Hello"}\n{"query": "Hi"}\n' >"$TMP/bad.jsonl"
+expect_status 4 'bad.jsonl:2: "response": missing' -- \
+    "$WHALE" sft -m "$TMP/base" --data "$TMP/bad.jsonl" --bad-records error --max-steps 1 --out "$TMP/o"
+expect_status 4 'bad.jsonl:2: ' -- "$WHALE" sft -m "$TMP/base" --data "$TMP/bad.jsonl" --strict --max-steps 1 --out "$TMP/o"
+# by default (ms-swift's strict=False) a bad record is skipped, counted and reported at the end
+"$WHALE" sft -m "$TMP/base" --data "$TMP/bad.jsonl" --max-steps 1 --out "$TMP/skip" --dry-run 0 >"$TMP/dry" 2>"$TMP/dry.err"
+check "bad records are skipped by default" grep -q '"skipped": 1' "$TMP/dry"
+check "and reported with FILE:LINE and the field" grep -q 'skipped 1 bad record.*bad.jsonl:2: "response": missing' "$TMP/dry.err"
+"$WHALE" sft -m "$TMP/base" --data "$TMP/bad.jsonl" "${NAMES[@]}" --max-steps 1 --out "$TMP/skip" --quiet \
+    >/dev/null 2>"$TMP/run.err"
+check "a training run reports the skipped records at its end" grep -q 'skipped 1 bad record.*bad.jsonl:2:' "$TMP/run.err"
+# .csv with ms-swift's columns
+printf 'system,query,response\n,"Who are you, really?","I am {{NAME}}."\nBe brief.,Hi,Hello\n,no reply,\n' >"$TMP/data.csv"
+"$WHALE" sft -m "$TMP/base" --data "$TMP/data.csv" --max-steps 1 --out "$TMP/csv" --dry-run 0 >"$TMP/dry" 2>"$TMP/dry.err"
+check ".csv rows are records" grep -q '"records": 3, "samples": 2, "skipped": 1' "$TMP/dry"
+check "a bad .csv row is named by its line" grep -q 'data.csv:4: "response": missing' "$TMP/dry.err"
 expect_status 3 'missing.jsonl' -- "$WHALE" sft -m "$TMP/base" --data "$TMP/missing.jsonl" --out "$TMP/o"
 expect_status 2 'must be lora or full' -- "$WHALE" sft -m "$TMP/base" --data "$SC" --train-type qlora
 expect_status 2 'needs --merge-lora' -- "$WHALE" export --adapters "$CK"
