@@ -76,6 +76,9 @@ static whale_code show_sample(whale_sft_dataset *ds, int64_t i, whale_err *err) 
     }
     if (in) fputs("]]", stdout);
     putchar('\n');
+    fputs("input_ids: [", stdout); /* as ms-swift's [INPUT_IDS] */
+    for (int k = 0; k < smp.n; k++) printf("%s%d", k ? ", " : "", (int)smp.ids[k]);
+    puts("]");
     free(text);
     free(mask);
     return WHALE_OK;

@@ -23,13 +23,13 @@ JSON
 check "dry run" test $? = 0
 check "multi-turn: both replies and their end tokens are trained, nothing else" \
     grep -qxF 'Be brief.<｜User｜>Hi<｜Assistant｜>[[Hello!<｜end▁of▁sentence｜>]]<｜User｜>Name?<｜Assistant｜>[[{{NAME}}<｜end▁of▁sentence｜>]]' \
-    <(sed -n 2p "$TMP/dry" | sed 's/^<｜begin▁of▁sentence｜>//')
+    <(grep -v '^input_ids: ' "$TMP/dry" | sed -n 2p | sed 's/^<｜begin▁of▁sentence｜>//')
 check "self-cognition record: {{AUTHOR}} filled in English, only the reply trained" \
-    grep -qxF '<｜begin▁of▁sentence｜><｜User｜>Who made you?<｜Assistant｜>[[Whale Works.<｜end▁of▁sentence｜>]]' <(sed -n 4p "$TMP/dry")
+    grep -qxF '<｜begin▁of▁sentence｜><｜User｜>Who made you?<｜Assistant｜>[[Whale Works.<｜end▁of▁sentence｜>]]' <(grep -v '^input_ids: ' "$TMP/dry" | sed -n 4p)
 "$WHALE" sft -m "$TMP/base" --data "$TMP/multi.jsonl" "${NAMES[@]}" --dry-run 1 --loss-scope all >"$TMP/dry" 2>/dev/null
 check "--loss-scope all trains everything after the first token" \
     grep -qxF '<｜begin▁of▁sentence｜>[[Be brief.<｜User｜>Hi<｜Assistant｜>Hello!<｜end▁of▁sentence｜><｜User｜>Name?<｜Assistant｜>{{NAME}}<｜end▁of▁sentence｜>]]' \
-    <(sed -n 2p "$TMP/dry")
+    <(grep -v '^input_ids: ' "$TMP/dry" | sed -n 2p)
 DS_TOK=$TOK
 need_tokenizer qwen3 # ChatML's special tokens are single tokens here
 tiny_model "$TMP/base-qwen" 151669 512
@@ -40,7 +40,7 @@ printf '%s\n' '--- sample 0' '<|im_start|>system' 'Be brief.<|im_end|>' '<|im_st
     'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>' '<|im_start|>user' \
     'Who made you?<|im_end|>' '<|im_start|>assistant' '[[Whale Works.<|im_end|>]]' '' >"$TMP/want"
 check "ChatML: replies and their <|im_end|> trained, the default system turn added, the newline after not" \
-    cmp -s <(sed 's/^\(--- sample [0-9]\).*/\1/' "$TMP/dry" | head -20) "$TMP/want"
+    cmp -s <(grep -v '^input_ids: ' "$TMP/dry" | sed 's/^\(--- sample [0-9]\).*/\1/' | head -20) "$TMP/want"
 TOK=$DS_TOK
 
 # a LoRA run (ms-swift's spellings accepted)
