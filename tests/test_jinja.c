@@ -347,6 +347,35 @@ static void check_swift_qwen3(whale_tokenizer *qwen) {
     whale_chat_template_free(t);
 }
 
+/* Templates whose replies cannot be placed are refused for the mask, one
+ * line, never trained on the wrong tokens: one that ignores
+ * add_generation_prompt and has no end-of-turn token, and one whose
+ * rendering of a reply does not start where the conversation before it
+ * (with the generation prompt) ends. */
+static void check_unmaskable(void) {
+    static const char *const srcs[][2] = {
+        {"{% for m in messages %}{{ m.content }}{% endfor %}", "ignores add_generation_prompt"},
+        {"{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<bot>{% endif %}",
+         "not where its rendering starts"}};
+    for (int k = 0; k < 2; k++) {
+        char dir[1024];
+        test_tmpdir("unmaskable", dir, sizeof dir);
+        test_write_text(dir, "chat_template.jinja", srcs[k][0]);
+        test_write_text(dir, "tokenizer_config.json", "{}");
+        whale_chat_template *t = NULL;
+        whale_err err;
+        CHECK(whale_chat_template_load(dir, NULL, &t, &err) == WHALE_OK, "%s", err.msg);
+        char *text = NULL;
+        size_t len = 0;
+        whale_chat_span *sp = NULL;
+        int n_sp = 0;
+        whale_code rc = t ? whale_chat_template_spans(t, mask_conv, 3, 0, NULL, &text, &len, &sp, &n_sp, &err) : 0;
+        CHECK(rc == WHALE_ERR_UNSUPPORTED && !text && !sp && one_line(&err) && strstr(err.msg, srcs[k][1]) &&
+                  strstr(err.msg, "messages[2]"), "template %d: the mask must be refused: %s", k, err.msg);
+        whale_chat_template_free(t);
+    }
+}
+
 /* ------------------------------------------------------------ folders and choices */
 
 static whale_code apply_one(const whale_chat_template *t, const char *user, char **text, whale_err *err) {
@@ -749,6 +778,7 @@ int main(void) {
         check_mask(have && tk ? family_tokenizer(tokdir, tk) : NULL, nm);
     }
     check_swift_qwen3(qwen);
+    check_unmaskable();
     check_folders(qwen);
     check_tool_records(qwen);
     check_tool_parsing();

@@ -371,8 +371,8 @@ typedef struct {
  * conversation: what before and upto end with past their last end-of-turn
  * token. Its length, or (size_t)-1 when there is no such token. */
 static size_t constant_tail(const reply *r) {
-    size_t c = 0;
-    while (c < r->bn && c < r->un - r->bn && r->before[r->bn - 1 - c] == r->upto[r->un - 1 - c]) c++;
+    size_t c = 0, room = r->un > r->bn ? r->un - r->bn : 0; /* the shared tail lies in upto's new text */
+    while (c < r->bn && c < room && r->before[r->bn - 1 - c] == r->upto[r->un - 1 - c]) c++;
     size_t from = r->un - c, cut = 0, at;
     while ((at = end_token_after(r->upto, r->un, from, from)) != 0) cut = at, from = at;
     return cut ? r->un - cut : (size_t)-1;
