@@ -378,6 +378,12 @@ static size_t constant_tail(const reply *r) {
     return cut ? r->un - cut : (size_t)-1;
 }
 
+static void reply_free(reply *r) {
+    free(r->before);
+    free(r->upto);
+    r->before = r->upto = NULL;
+}
+
 static whale_code render_reply(const conv *cv, int i, reply *r, whale_err *err) {
     char *bare = NULL;
     size_t rn = 0, tail = 0;
@@ -391,16 +397,14 @@ static whale_code render_reply(const conv *cv, int i, reply *r, whale_err *err) 
     if (!rc && (!is_prefix(r->before, r->bn, r->upto, r->un) || r->un - tail <= r->bn))
         rc = spans_refused(cv->t, i, "the conversation before that reply is not where its rendering starts", err);
     free(bare);
-    if (rc) return rc;
+    if (rc) {
+        reply_free(r);
+        return rc;
+    }
     size_t end = r->un - tail;
     while (end > r->bn + 1 && strchr(" \t\r\n", r->upto[end - 1])) end--; /* the template's separator */
     r->start = r->bn, r->end = end;
     return WHALE_OK;
-}
-
-static void reply_free(reply *r) {
-    free(r->before);
-    free(r->upto);
 }
 
 /* Where, in the conversation before reply `next` (r->before), the history
