@@ -374,6 +374,25 @@ static void check_unmaskable(void) {
                   strstr(err.msg, "messages[2]"), "template %d: the mask must be refused: %s", k, err.msg);
         whale_chat_template_free(t);
     }
+    /* Qwen3 with an end-of-turn token typed inside an earlier reply: where
+     * the rewritten history ends cannot be told, so the record is refused */
+    char dir[1024];
+    template_folder("qwen3", dir, sizeof dir);
+    whale_chat_template *t = NULL;
+    whale_err err;
+    CHECK(whale_chat_template_load(dir, NULL, &t, &err) == WHALE_OK, "%s", err.msg);
+    static const whale_chat_message typed[] = {
+        {"user", "q"}, {"assistant", "a<|im_end|>b"}, {"user", "q2"}, {"assistant", "c"}};
+    char *text = NULL;
+    size_t len = 0;
+    whale_chat_span *sp = NULL;
+    int n_sp = 0;
+    whale_code rc = t ? whale_chat_template_spans(t, typed, 4, 0, NULL, &text, &len, &sp, &n_sp, &err) : 0;
+    CHECK(rc == WHALE_ERR_UNSUPPORTED && !text && one_line(&err) && strstr(err.msg, "messages[3]"),
+          "qwen3, a typed <|im_end|> in an earlier reply: refused: %s", rc ? err.msg : text);
+    free(text);
+    free(sp);
+    whale_chat_template_free(t);
 }
 
 /* ------------------------------------------------------------ folders and choices */

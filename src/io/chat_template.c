@@ -407,18 +407,34 @@ static whale_code render_reply(const conv *cv, int i, reply *r, whale_err *err) 
     return WHALE_OK;
 }
 
-/* Where, in the conversation before reply `next` (r->before), the history
- * up to the previous reply p ends. When the template renders p the same
- * there, that is p's end; a template that rewrites earlier replies once
- * later ones follow (Qwen3 and gpt-oss drop their thinking) renders p
+/* The length of the end-of-turn token s[0, n) ends with (0: none). */
+static size_t ends_with_token(const char *s, size_t n) {
+    for (int k = 0; end_tokens[k]; k++) {
+        size_t tl = strlen(end_tokens[k]);
+        if (tl <= n && !memcmp(s + n - tl, end_tokens[k], tl)) return tl;
+    }
+    return 0;
+}
+
+/* Where, in the conversation before reply `next` (next->before), the
+ * history up to the previous reply p ends. When the template renders p the
+ * same there, that is p's end. A template that rewrites earlier replies
+ * once later ones follow (Qwen3 and gpt-oss drop their thinking) renders p
  * differently from where the two renders part, up to p's first end-of-turn
- * token. 0: not found. */
+ * token — and what it keeps of p must be the end of p (its text less the
+ * thinking), else an end-of-turn token typed inside the reply was taken
+ * for its end. 0: not found. */
 static size_t history_end(const reply *p, const reply *next) {
     if (is_prefix(p->upto, p->end, next->before, next->bn)) return p->end;
     size_t l = 0;
     while (l < p->un && l < next->bn && p->upto[l] == next->before[l]) l++;
     if (l < p->start) return 0; /* something before the reply changed */
-    return end_token_after(next->before, next->bn, l > p->start + 16 ? l - 16 : p->start, l);
+    size_t b = end_token_after(next->before, next->bn, l > p->start + 16 ? l - 16 : p->start, l);
+    size_t bt = b ? ends_with_token(next->before, b) : 0, pt = ends_with_token(p->upto, p->end);
+    if (!bt || !pt || b - bt < p->start) return 0;
+    size_t kept = b - bt - p->start, whole = p->end - pt - p->start; /* the reply less its end token */
+    if (kept > whole || memcmp(next->before + p->start, p->upto + p->end - pt - kept, kept)) return 0;
+    return b;
 }
 
 typedef struct {
