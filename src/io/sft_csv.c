@@ -146,6 +146,11 @@ whale_code sft_csv_read(const char *path, sft_csv_row_fn fn, void *ctx, whale_er
         at = line;
         got = parse_row(buf, size, &pos, &line, &r);
         if (got != 1 || blank_row(&r)) continue;
+        if (r.cells.n > WHALE_MAX_RECORD_BYTES) { /* as a JSONL line */
+            rc = whale_errf(err, WHALE_ERR_RANGE, "%s:%" PRId64 ": a record of more than %zu bytes (the cap on one "
+                            "record)", path, at, (size_t)WHALE_MAX_RECORD_BYTES);
+            break;
+        }
         char why[200];
         char *json = row_json(&hdr, &r, why, sizeof why);
         if (!json && !strcmp(why, "out of memory")) got = -1;

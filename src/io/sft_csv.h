@@ -14,7 +14,8 @@ typedef whale_code (*sft_csv_row_fn)(void *ctx, const char *json, const char *ba
 
 /* Read path (at most WHALE_MAX_FILE_READ bytes) row by row. A missing
  * header row and a quoted field never closed are errors of the file
- * (WHALE_ERR_FORMAT, "FILE:LINE: ..."). */
+ * (WHALE_ERR_FORMAT, "FILE:LINE: ..."), a row of more than
+ * WHALE_MAX_RECORD_BYTES too (WHALE_ERR_RANGE). */
 whale_code sft_csv_read(const char *path, sft_csv_row_fn fn, void *ctx, whale_err *err);
 
 #endif
