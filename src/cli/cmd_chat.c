@@ -104,6 +104,13 @@ static void convo_clear(convo *c) {
     while (cJSON_GetArraySize(c->msgs) > c->keep) convo_drop_last(c);
 }
 
+/* "prompt ids: [1, 2, 3]" on one line. */
+static void print_ids(FILE *f, const int32_t *ids, int n) {
+    fputs("prompt ids: [", f);
+    for (int i = 0; i < n; i++) fprintf(f, "%s%d", i ? ", " : "", (int)ids[i]);
+    fputs("]\n", f);
+}
+
 /* The conversation rendered with the generation prompt, as ids. */
 static whale_code convo_ids(const convo *c, whale_tokenizer *tok, const whale_chat_template *tpl, int32_t **ids,
                             int *n_ids, whale_err *err) {
@@ -143,7 +150,7 @@ typedef struct {
     whale_dtype dtype;
     long n_new, threads, ctx;
     double memory_limit; /* GiB */
-    int stream, multi_turn;
+    int stream, multi_turn, verbose_prompt;
     whale_sampler_params sp;
     unsigned given;
 } chat_opts;
@@ -165,6 +172,7 @@ static const char chat_help[] =
     "  --ctx-size N (alias -c, --max-model-len): positions of the session (default: the model's)\n"
     "  --multi-turn [true|false] (true): false answers each message in a fresh conversation\n"
     "  --stream [true|false] (true): false prints each reply when it is complete\n"
+    "  --verbose-prompt: print each turn's prompt ids (the rendered conversation) to stderr\n"
     "  --dtype fp32|bf16|fp16|int8 (compute precision; default: the checkpoint's torch_dtype),\n"
     "  --memory-limit GIB (refuse up front a session estimated to need more), --threads N; swift infer's spellings\n"
     "  (--max_new_tokens, --top_k, --repetition_penalty, ...) work too, --infer_backend is ignored";
@@ -183,6 +191,7 @@ static int chat_parse(int argc, char **argv, chat_opts *o) {
         {"--memory-limit", CLI_DOUBLE, &o->memory_limit, 1e-6, 1e6, NULL},
         {"--stream", CLI_FLAG, &o->stream, 0, 0, NULL},
         {"--multi-turn", CLI_FLAG, &o->multi_turn, 0, 0, NULL},
+        {"--verbose-prompt", CLI_FLAG, &o->verbose_prompt, 0, 0, NULL},
         {"--infer-backend", CLI_NOTE, NULL, 0, 0, "whale runs its own engine; the option is ignored"},
         {NULL, 0, NULL, 0, 0, NULL}};
     int st = cli_parse("chat", chat_help, argc, argv, opts, &o->sp, &o->given);
@@ -289,6 +298,7 @@ int cmd_chat(int argc, char **argv) {
         free(ids);
         ids = NULL;
         if (convo_ids(&cv, tok, tpl, &ids, &n_ids, &err)) goto fail;
+        if (o.verbose_prompt) print_ids(stderr, ids, n_ids);
         if (n_ids + 1 >= maxpos) {
             fprintf(stderr, "chat: the conversation (%d tokens) fills the model's %d positions; type clear\n", n_ids,
                     maxpos);

@@ -21,7 +21,7 @@ static const char sft_usage[] =
     "  --batch-size B (1; alias --per-device-train-batch-size)  --grad-accum N (a total batch of 16 rows;\n"
     "      alias --gradient-accumulation-steps)\n"
     "  --max-length N (no limit)  --truncation-strategy delete|left|right (delete)  --packing\n"
-    "  --loss-scope assistant|all (assistant)   --on-bad-record fail|skip (fail)\n"
+    "  --loss-scope assistant|all (assistant)   --bad-records skip|error (skip, as ms-swift; --strict: error)\n"
     "  --model-name ZH [EN]  --model-author ZH [EN]   fill {{NAME}} / {{AUTHOR}} of self-cognition records\n"
     "  --system TEXT   system prompt for records without one (default: the chat template's)\n"
     "  --chat-template deepseek|chatml|raw|FILE.jinja (default: the model folder's own)\n"
@@ -77,6 +77,9 @@ static whale_code show_sample(whale_sft_dataset *ds, int64_t i, whale_err *err) 
     }
     if (in) fputs("]]", stdout);
     putchar('\n');
+    fputs("input_ids: [", stdout); /* as ms-swift's [INPUT_IDS] */
+    for (int k = 0; k < smp.n; k++) printf("%s%d", k ? ", " : "", (int)smp.ids[k]);
+    puts("]");
     free(text);
     free(mask);
     return WHALE_OK;
@@ -105,6 +108,9 @@ static int dry_run(const whale_sft_run_opts *o, long n_show) {
            (long long)st.trained_tokens, st.max_sample_tokens);
     if (val) printf(", \"validation_samples\": %lld", (long long)whale_sft_dataset_num_samples(val));
     printf("}\n");
+    if (st.skipped)
+        fprintf(stderr, "sft: skipped %lld bad record%s (--bad-records error to stop at the first); the first: %s\n",
+                (long long)st.skipped, st.skipped == 1 ? "" : "s", st.first_bad);
     goto out;
 fail:
     status = cli_fail(&err);
@@ -118,6 +124,8 @@ out:
 
 int cmd_sft(int argc, char **argv) {
     whale_sft_run_opts o = whale_sft_run_defaults();
+    o.data_opts.bad_records = WHALE_SFT_BAD_SKIP; /* ms-swift drops malformed rows unless --strict */
+    int strict = -1;
     o.dtype = CLI_DTYPE_AUTO; /* the checkpoint's, as ms-swift's torch_dtype */
     o.out = "output";
     const char *data[256], *val[64], *names[2] = {0}, *authors[2] = {0}, *targets[64];
@@ -147,6 +155,10 @@ int cmd_sft(int argc, char **argv) {
             cli_bool_option(argc, argv, &i, "--use-rslora", &o.lora.use_rslora) ||
             cli_bool_option(argc, argv, &i, "--save-only-model", &o.save_only_model))
             continue;
+        if (cli_bool_option(argc, argv, &i, "--strict", &strict)) { /* ms-swift's spelling */
+            o.data_opts.bad_records = strict ? WHALE_SFT_BAD_FAIL : WHALE_SFT_BAD_SKIP;
+            continue;
+        }
         if (!strcmp(a, "--dry-run")) {
             n_show = 3;
             if (i + 1 < argc && argv[i + 1][0] != '-' && cli_int("sft", a, argv[++i], 0, 1L << 30, &n_show)) return 2;
@@ -202,7 +214,7 @@ int cmd_sft(int argc, char **argv) {
         } else if (!strcmp(a, "--truncation-strategy")) {
             whale_err err;
             if (whale_sft_truncation_from_name(v, &o.data_opts.truncation, &err)) return cli_usage("sft", "%s", err.msg);
-        } else if (!strcmp(a, "--on-bad-record")) {
+        } else if (!strcmp(a, "--bad-records") || !strcmp(a, "--on-bad-record")) {
             whale_err err;
             if (whale_sft_bad_policy_from_name(v, &o.data_opts.bad_records, &err)) return cli_usage("sft", "%s", err.msg);
         } else if (!strcmp(a, "--lr-scheduler") || !strcmp(a, "--lr-scheduler-type")) {
@@ -268,6 +280,9 @@ int cmd_sft(int argc, char **argv) {
     whale_err err;
     whale_sft_result res;
     if (whale_sft_run(&o, &res, &err)) return cli_fail(&err);
+    if (res.skipped_records)
+        fprintf(stderr, "sft: skipped %lld bad record%s (--bad-records error to stop at the first); the first: %s\n",
+                (long long)res.skipped_records, res.skipped_records == 1 ? "" : "s", res.first_bad);
     printf("{\"steps\": %lld, \"loss\": %.6f, \"seconds\": %.1f, \"tokens_per_s\": %.1f, \"trainable_params\": %lld, "
            "\"run_dir\": \"%s\", \"last_checkpoint\": \"%s\"",
            (long long)res.steps, res.last_loss, res.seconds, res.tokens_per_s, (long long)res.trainable_params,

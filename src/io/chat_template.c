@@ -333,7 +333,7 @@ typedef struct {
     size_t bytes; /* they rendered so far */
 } conv;
 
-static whale_code mask_too_costly(const conv *cv, whale_err *err) {
+static whale_code mask_too_costly(conv *cv, whale_err *err) {
     return whale_errf(err, WHALE_ERR_RANGE, "%s: placing the loss mask of every reply in this conversation takes more "
                       "than %ld template steps or %zu bytes of text in all (each reply renders the conversation up to "
                       "it again); split it into shorter records",
@@ -365,32 +365,119 @@ static whale_code spans_refused(const whale_chat_template *t, int i, const char 
                       "reply per record or another --chat-template", t->name, why, i);
 }
 
-/* The span of assistant message i in the whole rendering (whole, wn): from
- * the end of the conversation before it with the generation prompt to the
- * end of the conversation up to it without, less trailing whitespace. */
-static whale_code assistant_span(conv *cv, int i, const char *whole, size_t wn, whale_chat_span *sp,
-                                 whale_err *err) {
-    const whale_chat_template *t = cv->t;
-    char *before = NULL, *bare = NULL, *upto = NULL;
-    size_t bn = 0, rn = 0, un = 0;
-    whale_code rc = render_first(cv, i, 1, &before, &bn, err);
-    if (!rc) rc = render_first(cv, i, 0, &bare, &rn, err);
-    if (!rc) rc = render_first(cv, i + 1, 0, &upto, &un, err);
-    if (!rc && rn == bn && !memcmp(before, bare, bn))
-        rc = spans_refused(t, i, "the template ignores add_generation_prompt (where a reply starts and ends cannot "
-                           "be told)", err);
-    if (!rc && (!is_prefix(before, bn, upto, un) || !is_prefix(upto, un, whole, wn)))
-        rc = spans_refused(t, i, "the template renders the conversation up to that reply differently once later "
-                           "messages follow", err);
-    if (!rc) {
-        size_t end = un;
-        while (end > bn + 1 && strchr(" \t\r\n", whole[end - 1])) end--; /* the template's separator */
-        *sp = (whale_chat_span){bn, end, i};
+/* The end-of-turn tokens of the families (they also stop generation). */
+static const char *const end_tokens[] = {"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>",
+                                         "<｜end▁of▁sentence｜>", "<|end|>", "<|return|>", "<|call|>", NULL};
+
+/* The first end-of-turn token in s[from, n) that ends after `after`:
+ * the offset just past it, or 0 when there is none. */
+static size_t end_token_after(const char *s, size_t n, size_t from, size_t after) {
+    size_t best = 0;
+    for (int k = 0; end_tokens[k]; k++) {
+        size_t tl = strlen(end_tokens[k]);
+        for (size_t p = from; p + tl <= n; p++)
+            if (p + tl > after && !memcmp(s + p, end_tokens[k], tl)) {
+                if (!best || p + tl < best) best = p + tl;
+                break;
+            }
     }
-    free(before);
+    return best;
+}
+
+/* One reply as the template renders it when it is the newest message:
+ * before = messages[:i] with the generation prompt, upto = messages[:i+1]
+ * without; the reply is upto[start, end). */
+typedef struct {
+    char *before, *upto;
+    size_t bn, un, start, end;
+} reply;
+
+/* A template that ignores add_generation_prompt (the short Llama 3 one
+ * always ends with the assistant header) puts the same tail after every
+ * conversation: what before and upto end with past their last end-of-turn
+ * token. Its length, or (size_t)-1 when there is no such token. */
+static size_t constant_tail(const reply *r) {
+    size_t c = 0, room = r->un > r->bn ? r->un - r->bn : 0; /* the shared tail lies in upto's new text */
+    while (c < r->bn && c < room && r->before[r->bn - 1 - c] == r->upto[r->un - 1 - c]) c++;
+    size_t from = r->un - c, cut = 0, at;
+    while ((at = end_token_after(r->upto, r->un, from, from)) != 0) cut = at, from = at;
+    return cut ? r->un - cut : (size_t)-1;
+}
+
+static void reply_free(reply *r) {
+    free(r->before);
+    free(r->upto);
+    r->before = r->upto = NULL;
+}
+
+static whale_code render_reply(conv *cv, int i, reply *r, whale_err *err) {
+    char *bare = NULL;
+    size_t rn = 0, tail = 0;
+    *r = (reply){0};
+    whale_code rc = render_first(cv, i, 1, &r->before, &r->bn, err);
+    if (!rc) rc = render_first(cv, i, 0, &bare, &rn, err);
+    if (!rc) rc = render_first(cv, i + 1, 0, &r->upto, &r->un, err);
+    if (!rc && rn == r->bn && !memcmp(r->before, bare, rn) && (tail = constant_tail(r)) == (size_t)-1)
+        rc = spans_refused(cv->t, i, "the template ignores add_generation_prompt (where a reply starts and ends "
+                           "cannot be told)", err);
+    if (!rc && (!is_prefix(r->before, r->bn, r->upto, r->un) || r->un - tail <= r->bn))
+        rc = spans_refused(cv->t, i, "the conversation before that reply is not where its rendering starts", err);
     free(bare);
-    free(upto);
-    return rc;
+    if (rc) {
+        reply_free(r);
+        return rc;
+    }
+    size_t end = r->un - tail;
+    while (end > r->bn + 1 && strchr(" \t\r\n", r->upto[end - 1])) end--; /* the template's separator */
+    r->start = r->bn, r->end = end;
+    return WHALE_OK;
+}
+
+/* The length of the end-of-turn token s[0, n) ends with (0: none). */
+static size_t ends_with_token(const char *s, size_t n) {
+    for (int k = 0; end_tokens[k]; k++) {
+        size_t tl = strlen(end_tokens[k]);
+        if (tl <= n && !memcmp(s + n - tl, end_tokens[k], tl)) return tl;
+    }
+    return 0;
+}
+
+/* Where, in the conversation before reply `next` (next->before), the
+ * history up to the previous reply p ends. When the template renders p the
+ * same there, that is p's end. A template that rewrites earlier replies
+ * once later ones follow (Qwen3 and gpt-oss drop their thinking) renders p
+ * differently from where the two renders part, up to p's first end-of-turn
+ * token — and what it keeps of p must be the end of p (its text less the
+ * thinking), else an end-of-turn token typed inside the reply was taken
+ * for its end. 0: not found. */
+static size_t history_end(const reply *p, const reply *next) {
+    if (is_prefix(p->upto, p->end, next->before, next->bn)) return p->end;
+    size_t l = 0;
+    while (l < p->un && l < next->bn && p->upto[l] == next->before[l]) l++;
+    if (l < p->start) return 0; /* something before the reply changed */
+    size_t b = end_token_after(next->before, next->bn, l > p->start + 16 ? l - 16 : p->start, l);
+    size_t bt = b ? ends_with_token(next->before, b) : 0, pt = ends_with_token(p->upto, p->end);
+    if (!bt || !pt || b - bt < p->start) return 0;
+    size_t kept = b - bt - p->start, whole = p->end - pt - p->start; /* the reply less its end token */
+    if (kept > whole || memcmp(next->before + p->start, p->upto + p->end - pt - kept, kept)) return 0;
+    return b;
+}
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+} sbuf;
+
+static int sb_put(sbuf *b, const char *s, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = (b->n + n + 1) * 2;
+        char *q = realloc(b->p, cap);
+        if (!q) return 0;
+        b->p = q, b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->p[b->n += n] = 0;
+    return 1;
 }
 
 static int is_assistant(const cJSON *m) {
@@ -398,19 +485,81 @@ static int is_assistant(const cJSON *m) {
     return cJSON_IsString(role) && !strcmp(role->valuestring, "assistant");
 }
 
+/* The training text of a conversation that ends with a reply: every reply
+ * as the template renders it when it is the newest message (its thinking
+ * kept, the end token the model emits), joined by the text the template
+ * puts between them — ms-swift's rule for thinking templates in training.
+ * For a template that renders a conversation's prefixes as prefixes of the
+ * whole (most do) this is the whole rendering, byte for byte. */
+static whale_code composed_spans(conv *cv, sbuf *text, whale_chat_span *sp, int *n_sp, whale_err *err) {
+    reply prev = {0}, cur;
+    whale_code rc = WHALE_OK;
+    int i = 0, k = 0;
+    for (const cJSON *m = cv->all->child; !rc && m; m = m->next, i++) {
+        if (!is_assistant(m)) continue;
+        if ((rc = render_reply(cv, i, &cur, err))) break;
+        size_t from = 0;
+        if (k && !(from = history_end(&prev, &cur)))
+            rc = spans_refused(cv->t, i, "the template renders the conversation before that reply in a way whale "
+                               "cannot align with the earlier replies", err);
+        if (!rc && (!sb_put(text, cur.before + from, cur.bn - from) ||
+                    !sb_put(text, cur.upto + cur.start, cur.end - cur.start)))
+            rc = whale_errf(err, WHALE_ERR_NOMEM, "chat: out of memory");
+        if (!rc) sp[k++] = (whale_chat_span){text->n - (cur.end - cur.start), text->n, i};
+        reply_free(&prev);
+        prev = cur;
+    }
+    if (!rc && !sb_put(text, prev.upto + prev.end, prev.un - prev.end))
+        rc = whale_errf(err, WHALE_ERR_NOMEM, "chat: out of memory");
+    reply_free(&prev);
+    *n_sp = k;
+    return rc;
+}
+
+/* The span of assistant message i in the whole rendering (whole, wn), for
+ * a conversation that goes on after its last reply or asks for the
+ * generation prompt: the template must render each prefix as a prefix of
+ * the whole. */
+static whale_code assistant_span(conv *cv, int i, const char *whole, size_t wn, whale_chat_span *sp,
+                                 whale_err *err) {
+    reply r;
+    whale_code rc = render_reply(cv, i, &r, err);
+    if (!rc && !is_prefix(r.upto, r.end, whole, wn))
+        rc = spans_refused(cv->t, i, "the template renders the conversation up to that reply differently once later "
+                           "messages follow", err);
+    if (!rc) *sp = (whale_chat_span){r.start, r.end, i};
+    reply_free(&r);
+    return rc;
+}
+
+/* The rendering and the replies' spans. A conversation that ends with a
+ * reply, without the generation prompt, is a training sample: its text is
+ * composed_spans' (the whole rendering, unless the template rewrites
+ * earlier replies). */
 static whale_code jinja_spans(conv *cv, int agp, char **text, size_t *len, whale_chat_span **spans,
                               int *n_spans, whale_err *err) {
-    whale_code rc = render_first(cv, -1, agp, text, len, err);
-    if (rc || !spans) return rc;
+    const cJSON *last = cv->all->child;
+    while (last && last->next) last = last->next;
+    int sample = !agp && is_assistant(last);
+    whale_code rc = WHALE_OK;
+    *text = NULL;
+    if (!sample) rc = render_first(cv, -1, agp, text, len, err);
+    if (rc || (!spans && !sample)) return rc;
     int n = cJSON_GetArraySize(cv->all), k = 0, i = 0;
     whale_chat_span *sp = malloc((size_t)(n > 0 ? n : 1) * sizeof *sp);
     if (!sp) rc = whale_errf(err, WHALE_ERR_NOMEM, "chat: out of memory");
-    for (const cJSON *m = cv->all->child; !rc && m; m = m->next, i++)
-        if (is_assistant(m)) rc = assistant_span(cv, i, *text, *len, &sp[k++], err);
-    if (rc) {
+    if (!rc && sample) {
+        sbuf b = {0};
+        rc = composed_spans(cv, &b, sp, &k, err);
+        *text = b.p;
+        *len = b.n;
+    } else {
+        for (const cJSON *m = cv->all->child; !rc && m; m = m->next, i++)
+            if (is_assistant(m)) rc = assistant_span(cv, i, *text, *len, &sp[k++], err);
+    }
+    if (rc || !spans) {
         free(sp);
-        free(*text);
-        *text = NULL;
+        if (rc) free(*text), *text = NULL;
         return rc;
     }
     *spans = sp;
@@ -479,17 +628,14 @@ whale_code whale_chat_template_encode(whale_tokenizer *tok, const whale_chat_tem
 int whale_chat_template_stop_ids(const whale_tokenizer *tok, const whale_chat_template *t, int32_t *ids, int cap) {
     if (!t) return 0;
     if (t->native) return whale_chat_stop_ids(tok, t->fmt, ids, cap);
-    static const char *const known[] = {"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>",
-                                        "<｜end▁of▁sentence｜>",
-                                        "<|end|>", "<|return|>", "<|call|>", NULL};
     const char *cand[16];
     int nc = 0;
     const cJSON *eos = cJSON_GetObjectItemCaseSensitive(t->specials, "eos_token");
     if (cJSON_IsString(eos)) cand[nc++] = eos->valuestring;
-    for (int k = 0; known[k]; k++)
-        if (strstr(t->source, known[k])) {
-            cand[nc++] = known[k];
-            if (!strcmp(known[k], "<|im_end|>")) cand[nc++] = "<|endoftext|>"; /* Qwen's generation_config stops at both */
+    for (int k = 0; end_tokens[k]; k++)
+        if (strstr(t->source, end_tokens[k])) {
+            cand[nc++] = end_tokens[k];
+            if (!strcmp(end_tokens[k], "<|im_end|>")) cand[nc++] = "<|endoftext|>"; /* Qwen's generation_config stops at both */
         }
     int count = 0;
     for (int k = 0; k < nc; k++) {

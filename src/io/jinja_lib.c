@@ -752,12 +752,26 @@ static whale_code fn_raise(jctx *c, jargs *a) {
     return jerr(c, WHALE_ERR_FORMAT, "raise_exception: %.*s", msg.u.s.n > 400 ? 400 : (int)msg.u.s.n, msg.u.s.p);
 }
 
-/* strftime_now(format): %Y %m %d %b %B %H %M %% of the local time, in English */
+/* The instant strftime_now prints: SOURCE_DATE_EPOCH (seconds, in UTC) when
+ * set, as reproducible builds define it, else now in local time. */
+static void now_tm(struct tm *tm) {
+    const char *sde = getenv("SOURCE_DATE_EPOCH");
+    char *end = NULL;
+    long long e = sde && *sde ? strtoll(sde, &end, 10) : -1;
+    if (end && !*end && e >= 0 && e < 253402300800LL) { /* before year 10000 */
+        time_t t = (time_t)e;
+        gmtime_r(&t, tm);
+        return;
+    }
+    time_t now = time(NULL);
+    localtime_r(&now, tm);
+}
+
+/* strftime_now(format): %Y %m %d %b %B %H %M %% of now (above), in English */
 static whale_code fn_strftime(jctx *c, jargs *a, jv *out) {
     if (a->npos < 1 || a->pos[0].t != JV_STR) return jerr(c, WHALE_ERR_FORMAT, "strftime_now() needs a format string");
-    time_t now = time(NULL);
     struct tm tm;
-    localtime_r(&now, &tm);
+    now_tm(&tm);
     static const char *const months[] = {"January", "February", "March", "April", "May", "June", "July",
                                          "August", "September", "October", "November", "December"};
     jbuf b = {0};
@@ -933,6 +947,27 @@ static whale_code f_select(jctx *c, const jv *v, jargs *a, int select, jv *out) 
     return WHALE_OK;
 }
 
+/* select / reject([test[, value]]) over a list: the items that pass the
+ * test (or are truthy without one), or that fail it; Python's Jinja has
+ * them (Llama 3.1's template rejects 'code_interpreter'), @huggingface/jinja
+ * does not. */
+static whale_code f_select_items(jctx *c, const jv *v, jargs *a, int select, jv *out) {
+    const char *name = select ? "select" : "reject";
+    if (v->t != JV_LIST) return filter_type(c, name, strlen(name), v);
+    const jv *test = arg(a, 0, NULL), *val = arg(a, 1, NULL);
+    if ((test && test->t != JV_STR) || a->npos > 2 || a->nkw)
+        return jerr(c, WHALE_ERR_FORMAT, "%s takes a test name and at most one value", name);
+    JTRY(jv_newlist(c, out));
+    for (int i = 0; i < v->u.l->n; i++) {
+        const jv *item = &v->u.l->v[i];
+        int r = 0;
+        if (test) JTRY(jinja_test(c, test->u.s.p, test->u.s.n, item, val, &r));
+        else r = jv_truthy(item);
+        if (r == select) JTRY(jlist_push(c, out->u.l, *item));
+    }
+    return WHALE_OK;
+}
+
 /* attribute path "a.b.0" of a value (undefined when missing) */
 static jv attr_path(const jv *item, const char *p, size_t n) {
     jv v = *item;
@@ -1061,6 +1096,7 @@ static whale_code f_simple(jctx *c, const char *name, size_t n, jv *v, jargs *a,
     else if (eq(name, n, "join")) return f_join(c, v, a, out);
     else if (eq(name, n, "map")) return f_map(c, v, a, out);
     else if (eq(name, n, "selectattr") || eq(name, n, "rejectattr")) return f_select(c, v, a, eq(name, n, "selectattr"), out);
+    else if (eq(name, n, "select") || eq(name, n, "reject")) return f_select_items(c, v, a, eq(name, n, "select"), out);
     else if (eq(name, n, "sort")) return f_sort(c, v, a, out);
     else if (eq(name, n, "unique")) return f_unique(c, v, out);
     else if (eq(name, n, "indent")) return f_indent(c, v, a, out);
@@ -1071,7 +1107,8 @@ static whale_code f_simple(jctx *c, const char *name, size_t n, jv *v, jargs *a,
 /* Python's str() of a scalar, as Jinja's string filters see it: None, True, 3, 2.5 */
 static whale_code python_str(jctx *c, const char *name, size_t n, const jv *v, jv *out) {
     char b[48];
-    if (v->t == JV_NONE) snprintf(b, sizeof b, "None");
+    if (v->t == JV_UNDEF) b[0] = 0; /* str() of Jinja's Undefined */
+    else if (v->t == JV_NONE) snprintf(b, sizeof b, "None");
     else if (v->t == JV_BOOL) snprintf(b, sizeof b, "%s", v->u.b ? "True" : "False");
     else if (v->t == JV_INT) snprintf(b, sizeof b, "%lld", v->u.i);
     else if (v->t == JV_FLOAT && v->u.f == floor(v->u.f) && fabs(v->u.f) < 1e16) snprintf(b, sizeof b, "%.1f", v->u.f);

@@ -4,6 +4,7 @@
 #include "whale_sft.h"
 
 #include "core/core.h"
+#include "io/sft_csv.h"
 
 #include <cjson/cJSON.h>
 #include <inttypes.h>
@@ -85,10 +86,10 @@ whale_code whale_sft_truncation_from_name(const char *name, whale_sft_truncation
 }
 
 whale_code whale_sft_bad_policy_from_name(const char *name, whale_sft_bad_policy *out, whale_err *err) {
-    static const char *const names[] = {"fail", "skip"};
+    static const char *const names[] = {"error", "skip", "fail"}; /* fail: the former spelling of error */
     int v = 0;
-    whale_code rc = from_name("bad record policy", name, names, 2, &v, err);
-    if (!rc) *out = (whale_sft_bad_policy)v;
+    whale_code rc = from_name("bad record policy", name, names, 3, &v, err);
+    if (!rc) *out = v == 1 ? WHALE_SFT_BAD_SKIP : WHALE_SFT_BAD_FAIL;
     return rc;
 }
 
@@ -328,10 +329,9 @@ static whale_code add_message(rec *r, cJSON *out, const cJSON *m, int i, whale_e
     const cJSON *lv = cJSON_GetObjectItemCaseSensitive(m, "loss");
     if (lv && !cJSON_IsNull(lv) && !cJSON_IsBool(lv))
         return whale_errf(err, WHALE_ERR_FORMAT, "messages[%d].loss: must be true, false or null", i);
+    /* ms-swift reads "loss" of replies only: on a system, user or tool
+     * message it changes nothing (the loss scope decides those) */
     signed char loss = cJSON_IsBool(lv) ? (signed char)cJSON_IsTrue(lv) : -1;
-    if (loss == 1 && !is_role(m, "assistant") && !is_role(m, "tool_call"))
-        return whale_errf(err, WHALE_ERR_UNSUPPORTED, "messages[%d].loss: true on a %s message (only assistant "
-                          "replies and tool calls are trained)", i, cJSON_GetObjectItemCaseSensitive(m, "role")->valuestring);
     if (is_role(m, "tool_call")) return add_tool_call(r, out, m, i, loss, err);
     cJSON *copy = cJSON_Duplicate(m, 1);
     if (!copy || !cJSON_AddItemToArray(out, copy)) return json_oom(r, copy, err);
@@ -663,7 +663,7 @@ static int add_sample(whale_sft_dataset *ds, const int32_t *ids, const uint8_t *
 
 /* Turn one record's tokens into a sample (or count why not). */
 static whale_code take_sample(whale_sft_dataset *ds, const whale_sft_opts *o, int32_t *ids, uint8_t *mask, int n,
-                              int file, int64_t line, whale_err *err) {
+                              int final, int file, int64_t line, whale_err *err) {
     int start = 0, cut = 0;
     if (o->max_length > 0 && n > o->max_length) {
         if (o->truncation == WHALE_SFT_TRUNC_DELETE) {
@@ -674,7 +674,7 @@ static whale_code take_sample(whale_sft_dataset *ds, const whale_sft_opts *o, in
         n = o->max_length;
         cut = 1;
     }
-    if (o->loss_scope == WHALE_SFT_LOSS_ALL) memset(mask + start, 1, (size_t)n);
+    if (o->loss_scope == WHALE_SFT_LOSS_ALL && !final) memset(mask + start, 1, (size_t)n);
     mask[start] = 0; /* nothing before a sample's first token predicts it */
     int64_t trained = 0;
     for (int i = 0; i < n; i++) trained += mask[start + i] != 0;
@@ -693,22 +693,34 @@ static whale_code take_sample(whale_sft_dataset *ds, const whale_sft_opts *o, in
 }
 
 /* A record kept as JSON: rendered by the template, the replies whose
- * "loss" is false left out of the mask. */
-static whale_code encode_json(whale_tokenizer *tok, const whale_chat_template *tpl, rec *r, int32_t **ids,
-                              uint8_t **mask, int *n_ids, whale_err *err) {
+ * "loss" is false left out of the mask — under the loss scope "all" too,
+ * as ms-swift's per-message loss overrides its loss scale; there the mask
+ * is final (*final = 1): every token but those replies'. */
+static whale_code encode_json(whale_tokenizer *tok, const whale_chat_template *tpl, const whale_sft_opts *o, rec *r,
+                              int32_t **ids, uint8_t **mask, int *n_ids, int *final, whale_err *err) {
     char *text = NULL;
     size_t len = 0;
     whale_chat_span *sp = NULL;
-    int n_sp = 0, kept = 0;
+    int n_sp = 0, kept = 0, all = o->loss_scope == WHALE_SFT_LOSS_ALL;
     whale_code rc = whale_chat_template_spans_json(tpl, r->jmsgs, r->jtools, 0,
                                                    whale_tokenizer_role_token(tok, WHALE_TOKEN_BOS), &text, &len, &sp,
                                                    &n_sp, err);
-    for (int k = 0; !rc && k < n_sp; k++)
-        if (sp[k].message >= r->n_loss || r->loss[sp[k].message] != 0) sp[kept++] = sp[k];
+    for (int k = 0; !rc && k < n_sp; k++) /* all: the replies left out; else: those trained */
+        if ((sp[k].message < r->n_loss && r->loss[sp[k].message] == 0) == all) sp[kept++] = sp[k];
     if (!rc) rc = whale_chat_encode_spans(tok, text, len, sp, kept, ids, mask, n_ids, err);
+    *final = all;
+    for (int i = 0; !rc && all && i < *n_ids; i++) (*mask)[i] = !(*mask)[i];
     free(text);
     free(sp);
     return rc;
+}
+
+/* A record that cannot be used: the error, or counted as skipped. */
+static whale_code bad_record(whale_sft_dataset *ds, const whale_sft_opts *o, const char *where, whale_code code,
+                             int fatal, const char *msg, whale_err *err) {
+    if (fatal || o->bad_records == WHALE_SFT_BAD_FAIL) return whale_errf(err, code, "%s: %s", where, msg);
+    if (ds->st.skipped++ == 0) snprintf(ds->st.first_bad, sizeof ds->st.first_bad, "%.220s: %.280s", where, msg);
+    return WHALE_OK;
 }
 
 /* One record, text s[0..n), line (or element) number line of file fi;
@@ -725,19 +737,17 @@ static whale_code one_record(whale_sft_dataset *ds, whale_tokenizer *tok, const 
     whale_code rc = WHALE_OK, bad = parse_record(r, o, s, n, &e);
     int32_t *ids = NULL;
     uint8_t *mask = NULL;
-    int n_ids = 0;
+    int n_ids = 0, final = 0;
     if (!bad) {
-        bad = r->jmsgs ? encode_json(tok, tpl, r, &ids, &mask, &n_ids, &e)
+        bad = r->jmsgs ? encode_json(tok, tpl, o, r, &ids, &mask, &n_ids, &final, &e)
                        : whale_chat_template_encode(tok, tpl, r->m, r->n, 0, &ids, &mask, &n_ids, &e);
         if (bad == WHALE_ERR_NOMEM) r->fatal = 1;
         if (bad == WHALE_ERR_ARG) bad = WHALE_ERR_FORMAT; /* the record's messages, not the caller's */
     }
-    if (bad && (r->fatal || o->bad_records == WHALE_SFT_BAD_FAIL)) {
-        rc = whale_errf(err, bad, "%s: %s", where, e.msg);
-    } else if (bad) {
-        if (ds->st.skipped++ == 0) snprintf(ds->st.first_bad, sizeof ds->st.first_bad, "%.220s: %.280s", where, e.msg);
+    if (bad) {
+        rc = bad_record(ds, o, where, bad, r->fatal, e.msg, err);
     } else {
-        rc = take_sample(ds, o, ids, mask, n_ids, fi, line, err);
+        rc = take_sample(ds, o, ids, mask, n_ids, final, fi, line, err);
     }
     free(ids);
     free(mask);
@@ -822,11 +832,41 @@ static whale_code read_array_file(whale_sft_dataset *ds, whale_tokenizer *tok, c
     return rc;
 }
 
-/* Every record of one file: a JSON array, or JSONL read a line at a time
- * (a record longer than the cap is refused without being held). */
+/* What reading a .csv file row by row needs. */
+typedef struct {
+    whale_sft_dataset *ds;
+    whale_tokenizer *tok;
+    const whale_chat_template *tpl;
+    const whale_sft_opts *o;
+    int fi;
+    rec *r;
+} csv_ctx;
+
+static whale_code csv_row(void *ctx, const char *json, const char *bad, int64_t line, whale_err *err) {
+    csv_ctx *c = ctx;
+    if (json) return one_record(c->ds, c->tok, c->tpl, c->o, c->fi, c->r, json, strlen(json), line, 0, err);
+    char where[300];
+    snprintf(where, sizeof where, "%.200s:%" PRId64, c->ds->files[c->fi], line);
+    c->ds->st.records++;
+    return bad_record(c->ds, c->o, where, WHALE_ERR_FORMAT, 0, bad, err);
+}
+
+static int is_csv(const char *path) {
+    size_t n = strlen(path);
+    return n >= 4 && (!strcmp(path + n - 4, ".csv") || !strcmp(path + n - 4, ".CSV"));
+}
+
+/* Every record of one file: .csv rows, a JSON array, or JSONL read a line
+ * at a time (a record longer than the cap is refused without being held). */
 static whale_code read_file(whale_sft_dataset *ds, whale_tokenizer *tok, const whale_chat_template *tpl,
                             const whale_sft_opts *o, int fi, rec *r, whale_err *err) {
     const char *path = ds->files[fi];
+    if (is_csv(path)) {
+        csv_ctx c = {ds, tok, tpl, o, fi, r};
+        whale_code rc = sft_csv_read(path, csv_row, &c, err);
+        rec_reset(r);
+        return rc;
+    }
     FILE *f;
     whale_code rc = whale_fopen_regular(path, &f, NULL, err);
     if (rc) return rc;

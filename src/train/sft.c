@@ -793,6 +793,8 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
         res->eval_token_acc = r.eval_acc;
         res->best_metric = r.best_metric;
         snprintf(res->best_checkpoint, sizeof res->best_checkpoint, "%s", r.best_ckpt);
+        res->skipped_records = st.skipped;
+        snprintf(res->first_bad, sizeof res->first_bad, "%s", st.first_bad);
     }
 done:
     if (log && fclose(log) != 0 && !c) c = whale_errf(err, WHALE_ERR_IO, "%s/logging.jsonl: write failed", r.run_dir);

@@ -100,7 +100,7 @@ printf '[{"role": "user", "content": "Who are you?"}, {"role": "assistant", "con
 "$WHALE" sft -m "$TMP/q" --data "$TMP/sft.jsonl" --dry-run 1 >"$TMP/dry.txt" 2>"$TMP/err"
 check "sft --dry-run: exit 0 (no weights needed)" test $? = 0
 check "sft --dry-run trains on the reply and its <|im_end|>" grep -qF '[[I am Whale.<|im_end|>]]' "$TMP/dry.txt"
-sed -n '2,/^{"template"/p' "$TMP/dry.txt" | sed '$d' | sed 's/\[\[//g; s/\]\]//g' >"$TMP/dry-text.txt"
+sed -n '2,/^{"template"/p' "$TMP/dry.txt" | sed '$d' | grep -v '^input_ids: ' | sed 's/\[\[//g; s/\]\]//g' >"$TMP/dry-text.txt"
 check "sft --dry-run renders what chat-template renders" \
     test "$(cat "$TMP/dry-text.txt")" = "$(cat "$TMP/want.txt")"
 check "sft --dry-run names the folder's template" grep -q '"template": ".*chat_template.jinja"' "$TMP/dry.txt"

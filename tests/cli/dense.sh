@@ -11,7 +11,7 @@ DATA=$2
 ROOT=$DATA/../..
 . "$(dirname "$0")/lib.bash"
 NAMES=(--model-name 小鲸 "Little Whale" --model-author 鲸鱼工坊 "Whale Works")
-# one reply per record (Qwen3's template drops earlier replies' thinking)
+# self-cognition records, one reply each
 SC=$TMP/one.jsonl
 for q in "Who are you?" "What is your name?" "Who made you?" "Hello"; do
     printf '{"query": "%s", "response": "I am {{NAME}}, made by {{AUTHOR}}."}\n' "$q"

@@ -23,13 +23,13 @@ JSON
 check "dry run" test $? = 0
 check "multi-turn: both replies and their end tokens are trained, nothing else" \
     grep -qxF 'Be brief.<｜User｜>Hi<｜Assistant｜>[[Hello!<｜end▁of▁sentence｜>]]<｜User｜>Name?<｜Assistant｜>[[{{NAME}}<｜end▁of▁sentence｜>]]' \
-    <(sed -n 2p "$TMP/dry" | sed 's/^<｜begin▁of▁sentence｜>//')
+    <(grep -v '^input_ids: ' "$TMP/dry" | sed -n 2p | sed 's/^<｜begin▁of▁sentence｜>//')
 check "self-cognition record: {{AUTHOR}} filled in English, only the reply trained" \
-    grep -qxF '<｜begin▁of▁sentence｜><｜User｜>Who made you?<｜Assistant｜>[[Whale Works.<｜end▁of▁sentence｜>]]' <(sed -n 4p "$TMP/dry")
+    grep -qxF '<｜begin▁of▁sentence｜><｜User｜>Who made you?<｜Assistant｜>[[Whale Works.<｜end▁of▁sentence｜>]]' <(grep -v '^input_ids: ' "$TMP/dry" | sed -n 4p)
 "$WHALE" sft -m "$TMP/base" --data "$TMP/multi.jsonl" "${NAMES[@]}" --dry-run 1 --loss-scope all >"$TMP/dry" 2>/dev/null
 check "--loss-scope all trains everything after the first token" \
     grep -qxF '<｜begin▁of▁sentence｜>[[Be brief.<｜User｜>Hi<｜Assistant｜>Hello!<｜end▁of▁sentence｜><｜User｜>Name?<｜Assistant｜>{{NAME}}<｜end▁of▁sentence｜>]]' \
-    <(sed -n 2p "$TMP/dry")
+    <(grep -v '^input_ids: ' "$TMP/dry" | sed -n 2p)
 DS_TOK=$TOK
 need_tokenizer qwen3 # ChatML's special tokens are single tokens here
 tiny_model "$TMP/base-qwen" 151669 512
@@ -40,7 +40,7 @@ printf '%s\n' '--- sample 0' '<|im_start|>system' 'Be brief.<|im_end|>' '<|im_st
     'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>' '<|im_start|>user' \
     'Who made you?<|im_end|>' '<|im_start|>assistant' '[[Whale Works.<|im_end|>]]' '' >"$TMP/want"
 check "ChatML: replies and their <|im_end|> trained, the default system turn added, the newline after not" \
-    cmp -s <(sed 's/^\(--- sample [0-9]\).*/\1/' "$TMP/dry" | head -20) "$TMP/want"
+    cmp -s <(grep -v '^input_ids: ' "$TMP/dry" | sed 's/^\(--- sample [0-9]\).*/\1/' | head -20) "$TMP/want"
 TOK=$DS_TOK
 
 # a LoRA run (ms-swift's spellings accepted)
@@ -188,11 +188,22 @@ check "the fine-tuned model loads" test $? = 0
 expect_status 7 'needs an estimated .* GiB.*--memory-limit' -- \
     "$WHALE" sft -m "$TMP/base" --data "$SC" "${NAMES[@]}" --max-steps 1 --out "$TMP/nofit" --memory-limit 0.01 --quiet
 check "a refused run leaves no run folder" test ! -e "$TMP/nofit/v0-"*
-printf '{"query": "Hi", "response": "Hello"}\n{"query": "Hi"\n' >"$TMP/bad.jsonl"
-expect_status 4 'bad.jsonl:2: ' -- "$WHALE" sft -m "$TMP/base" --data "$TMP/bad.jsonl" --max-steps 1 --out "$TMP/o"
-"$WHALE" sft -m "$TMP/base" --data "$TMP/bad.jsonl" --on-bad-record skip --max-steps 1 --out "$TMP/skip" \
-    --dry-run 0 >"$TMP/dry" 2>/dev/null
-check "--on-bad-record skip counts the record" grep -q '"skipped": 1' "$TMP/dry"
+printf '{"query": "Hi", "response": "Hello"}\n{"query": "Hi"}\n' >"$TMP/bad.jsonl"
+expect_status 4 'bad.jsonl:2: "response": missing' -- \
+    "$WHALE" sft -m "$TMP/base" --data "$TMP/bad.jsonl" --bad-records error --max-steps 1 --out "$TMP/o"
+expect_status 4 'bad.jsonl:2: ' -- "$WHALE" sft -m "$TMP/base" --data "$TMP/bad.jsonl" --strict --max-steps 1 --out "$TMP/o"
+# by default (ms-swift's strict=False) a bad record is skipped, counted and reported at the end
+"$WHALE" sft -m "$TMP/base" --data "$TMP/bad.jsonl" --max-steps 1 --out "$TMP/skip" --dry-run 0 >"$TMP/dry" 2>"$TMP/dry.err"
+check "bad records are skipped by default" grep -q '"skipped": 1' "$TMP/dry"
+check "and reported with FILE:LINE and the field" grep -q 'skipped 1 bad record.*bad.jsonl:2: "response": missing' "$TMP/dry.err"
+"$WHALE" sft -m "$TMP/base" --data "$TMP/bad.jsonl" "${NAMES[@]}" --max-steps 1 --out "$TMP/skip" --quiet \
+    >/dev/null 2>"$TMP/run.err"
+check "a training run reports the skipped records at its end" grep -q 'skipped 1 bad record.*bad.jsonl:2:' "$TMP/run.err"
+# .csv with ms-swift's columns
+printf 'system,query,response\n,"Who are you, really?","I am {{NAME}}."\nBe brief.,Hi,Hello\n,no reply,\n' >"$TMP/data.csv"
+"$WHALE" sft -m "$TMP/base" --data "$TMP/data.csv" --max-steps 1 --out "$TMP/csv" --dry-run 0 >"$TMP/dry" 2>"$TMP/dry.err"
+check ".csv rows are records" grep -q '"records": 3, "samples": 2, "skipped": 1' "$TMP/dry"
+check "a bad .csv row is named by its line" grep -q 'data.csv:4: "response": missing' "$TMP/dry.err"
 expect_status 3 'missing.jsonl' -- "$WHALE" sft -m "$TMP/base" --data "$TMP/missing.jsonl" --out "$TMP/o"
 expect_status 2 'must be lora or full' -- "$WHALE" sft -m "$TMP/base" --data "$SC" --train-type qlora
 expect_status 2 'needs --merge-lora' -- "$WHALE" export --adapters "$CK"

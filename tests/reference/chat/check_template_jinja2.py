@@ -30,13 +30,18 @@ def raise_exception(message):
 env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
 env.filters["tojson"] = tojson
 env.globals["raise_exception"] = raise_exception
-env.globals["strftime_now"] = lambda f: datetime.datetime.now().strftime(f)
+
+def strftime_at(epoch):
+    """strftime_now at the golden's fixed instant (SOURCE_DATE_EPOCH, UTC)."""
+    return lambda f: datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).strftime(f)
+
 
 total = differ = 0
 for path in sorted((root / "tests/data/chat").glob("golden-jinja-*.json")):
     if path.name == "golden-jinja-snippets.json":
         continue
     g = json.loads(path.read_text("utf-8"))
+    env.globals["strftime_now"] = strftime_at(g["source_date_epoch"])
     template = env.from_string((root / g["template"]).read_text("utf-8"))
     for case in g["cases"]:
         case.pop("python_text", None)

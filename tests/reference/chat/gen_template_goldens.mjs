@@ -28,6 +28,21 @@ const tokDir = process.env.WHALE_TOKENIZERS
 const readJson = (p) => JSON.parse(fs.readFileSync(p, "utf8"));
 const generator = "tests/reference/chat/gen_template_goldens.mjs (@huggingface/jinja 0.5.11, @huggingface/tokenizers 0.2.0)";
 
+// strftime_now at a fixed instant, so that templates that print today's date
+// (gpt-oss, Llama 3.2) render the same every day: @huggingface/jinja's
+// strftime_now reads the clock with new Date(), which here is that instant,
+// in UTC; the C test sets SOURCE_DATE_EPOCH to it, which whale's
+// strftime_now honours (in UTC too).
+const sourceDateEpoch = 1718409600; // 2024-06-15 00:00:00 UTC
+process.env.TZ = "UTC";
+const RealDate = Date;
+globalThis.Date = class extends RealDate {
+  constructor(...args) {
+    if (args.length) super(...args);
+    else super(sourceDateEpoch * 1000);
+  }
+};
+
 // What apply_chat_template passes: the special tokens, messages, tools,
 // add_generation_prompt and the extra keyword arguments.
 function variables(specials, c) {
@@ -46,6 +61,28 @@ function render(compiled, vars) {
   } catch (e) {
     return { error: String(e.message ?? e) };
   }
+}
+
+// ms-swift's training text for Qwen3 (its qwen3 template: ChatML prompts,
+// every reply as written with the empty thinking block in front of one that
+// has none, earlier thinking kept under the default loss scale), up to the
+// last reply's <|im_end|>: what whale's SFT text must be for the same
+// conversation, made here without the Jinja template. Only for plain
+// system/user/assistant conversations that end with a reply.
+function swiftQwen3(c) {
+  const m = c.messages;
+  if (c.add_generation_prompt || c.tools || c.kwargs || m[m.length - 1].role !== "assistant") return undefined;
+  let out = "";
+  for (const [i, x] of m.entries()) {
+    if (typeof x.content !== "string" || Object.keys(x).length !== 2 || x.content.startsWith("\n")) return undefined;
+    if (x.role === "system" && i === 0) out += `<|im_start|>system\n${x.content}<|im_end|>\n`;
+    else if (x.role === "user") out += `<|im_start|>user\n${x.content}<|im_end|>\n<|im_start|>assistant\n`;
+    else if (x.role === "assistant" && i > 0 && m[i - 1].role === "user") {
+      const reply = x.content.startsWith("<think>") ? x.content : "<think>\n\n</think>\n\n" + x.content;
+      out += reply + "<|im_end|>" + (i === m.length - 1 ? "" : "\n");
+    } else return undefined;
+  }
+  return out;
 }
 
 const tokenizers = {};
@@ -68,6 +105,8 @@ for (const [name, t] of Object.entries(table)) {
     const entry = { name: c.name, add_generation_prompt: c.add_generation_prompt, messages: c.messages };
     if (c.tools) entry.tools = c.tools;
     if (c.kwargs) entry.kwargs = c.kwargs;
+    const swift = name === "qwen3" ? swiftQwen3(c) : undefined;
+    if (swift !== undefined) entry.swift_sft_text = swift;
     if (r.error !== undefined) entry.error = r.error;
     else {
       entry.text = r.text;
@@ -76,7 +115,7 @@ for (const [name, t] of Object.entries(table)) {
     return entry;
   });
   const golden = { generator, template: `tests/data/chat/templates/${t.template}`, template_source: t.source,
-    specials: t.specials, specials_source: t.specials_from, tokenizer: t.tokenizer, cases: out };
+    source_date_epoch: sourceDateEpoch, specials: t.specials, specials_source: t.specials_from, tokenizer: t.tokenizer, cases: out };
   const file = path.join(dataDir, `golden-jinja-${name}.json`);
   fs.writeFileSync(file, JSON.stringify(golden, null, 1) + "\n");
   const errors = out.filter((c) => c.error !== undefined).length;

@@ -22,6 +22,30 @@ const timeTool = {
   function: { name: "get_time", description: "Local time", parameters: { type: "object", properties: { tz: { type: "string" } } } },
 };
 
+// A tool with nested, array, enum, optional and defaulted parameters (what
+// gpt-oss's TypeScript rendering of schemas walks through).
+const listTool = {
+  type: "function",
+  function: {
+    name: "list_files",
+    description: "List the files of a folder",
+    parameters: {
+      type: "object",
+      properties: {
+        path: { type: "string", description: "The folder" },
+        depth: { type: "integer", default: 1 },
+        kinds: { type: "array", items: { type: "string" } },
+        sizes: { type: "array", items: { type: "object", properties: { min: { type: "number" } } } },
+        sort: { type: "string", enum: ["name", "size"], default: "name" },
+        filter: { type: "object", properties: { hidden: { type: "boolean" }, glob: { type: "string", nullable: true } }, required: ["hidden"] },
+        mode: { oneOf: [{ type: "string" }, { type: "integer" }] },
+        any_of: { type: ["string", "null"] },
+      },
+      required: ["path"],
+    },
+  },
+};
+
 export const cases = [
   { name: "user_prompt", add_generation_prompt: true, messages: [{ role: "user", content: "Explain why the sky is blue." }] },
   { name: "user_no_prompt", add_generation_prompt: false, messages: [{ role: "user", content: "Hello" }] },
@@ -193,6 +217,106 @@ export const cases = [
     messages: [
       { role: "user", content: "First." },
       { role: "user", content: "Second." },
+    ],
+  },
+  {
+    name: "thinking_field_last_turn",
+    add_generation_prompt: false,
+    messages: [
+      { role: "user", content: "2+3?" },
+      { role: "assistant", thinking: "Add them: 5.", content: "5" },
+    ],
+  },
+  {
+    name: "thinking_field_history",
+    add_generation_prompt: true,
+    messages: [
+      { role: "system", content: "Answer with a number." },
+      { role: "user", content: "2+3?" },
+      { role: "assistant", thinking: "Add them.", content: "5" },
+      { role: "user", content: "And 2+4?" },
+    ],
+  },
+  {
+    name: "tool_call_with_thinking",
+    add_generation_prompt: true,
+    tools: [weatherTool, listTool],
+    messages: [
+      { role: "user", content: "Weather in Oslo?" },
+      {
+        role: "assistant",
+        thinking: "I should call get_weather.",
+        tool_calls: [{ type: "function", function: { name: "get_weather", arguments: { city: "Oslo" } } }],
+      },
+      { role: "tool", content: "{\"temp\": -3}" },
+    ],
+  },
+  {
+    name: "tool_call_then_final_answer",
+    add_generation_prompt: false,
+    tools: [weatherTool],
+    messages: [
+      { role: "user", content: "Weather in Oslo?" },
+      {
+        role: "assistant",
+        content: "Let me check.",
+        tool_calls: [{ type: "function", function: { name: "get_weather", arguments: { city: "Oslo", unit: "c" } } }],
+      },
+      { role: "tool", content: "{\"temp\": -3}" },
+      { role: "assistant", content: "It is -3 °C in Oslo." },
+    ],
+  },
+  {
+    name: "reasoning_effort_and_identity",
+    add_generation_prompt: true,
+    kwargs: { reasoning_effort: "low", model_identity: "You are Whale, a small model." },
+    messages: [{ role: "user", content: "Hi" }],
+  },
+  {
+    name: "builtin_tools",
+    add_generation_prompt: true,
+    kwargs: { builtin_tools: ["browser", "python", "brave_search", "wolfram_alpha", "code_interpreter"] },
+    messages: [
+      { role: "system", content: "Use tools when useful." },
+      { role: "user", content: "Search the news." },
+    ],
+  },
+  {
+    name: "builtin_tool_call",
+    add_generation_prompt: true,
+    kwargs: { builtin_tools: ["brave_search", "wolfram_alpha"] },
+    messages: [
+      { role: "user", content: "Who won?" },
+      { role: "assistant", tool_calls: [{ type: "function", function: { name: "brave_search", arguments: { query: "final score" } } }] },
+      { role: "ipython", content: "3-1" },
+    ],
+  },
+  {
+    name: "tools_in_system_message",
+    add_generation_prompt: true,
+    tools: [weatherTool],
+    kwargs: { tools_in_user_message: false, date_string: "15 Jun 2024" },
+    messages: [
+      { role: "system", content: "You can call tools." },
+      { role: "user", content: "Weather in Rome?" },
+    ],
+  },
+  {
+    name: "developer_role",
+    add_generation_prompt: true,
+    messages: [
+      { role: "developer", content: "Reply in French." },
+      { role: "user", content: "Hello" },
+    ],
+  },
+  {
+    name: "sft_thinking_history",
+    add_generation_prompt: false,
+    messages: [
+      { role: "user", content: "2+3?" },
+      { role: "assistant", content: "<think>\nAdd them.\n</think>\n\n5" },
+      { role: "user", content: "And 2+4?" },
+      { role: "assistant", content: "6" },
     ],
   },
 ];
