@@ -296,7 +296,9 @@ static int check_tools(const cJSON *tools, serve_error *e) {
  * {"type": "function", "function": {"name"}} naming one of the tools. The
  * last two are honoured by starting the reply with the template's tool-call
  * opening (Hermes / Qwen2.5 `<tool_call>` blocks only: another format is a
- * 400): *prefix is that start, or NULL. Returns -1 with e, 0, or 1 for none. */
+ * 400), up to the colon after "name" or after "arguments" (where the
+ * tokenizer splits the text as it would split the whole call): *prefix is
+ * that start, or NULL. Returns -1 with e, 0, or 1 for none. */
 static int tool_choice(const cJSON *root, const cJSON *tools, char **prefix, serve_error *e) {
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
     *prefix = NULL;
@@ -319,12 +321,12 @@ static int tool_choice(const cJSON *root, const cJSON *tools, char **prefix, ser
     }
     if (!found) return BAD(e, "tool_choice", "'tool_choice' names '%.100s', which is not in 'tools'", name->valuestring);
     if (required) {
-        *prefix = strdup("<tool_call>\n{\"name\": \"");
+        *prefix = strdup("<tool_call>\n{\"name\":");
     } else {
         cJSON *quoted = cJSON_CreateString(name->valuestring);
         char *q = quoted ? cJSON_PrintUnformatted(quoted) : NULL;
         size_t n = q ? strlen(q) + 64 : 0;
-        if (q && (*prefix = malloc(n))) snprintf(*prefix, n, "<tool_call>\n{\"name\": %s, \"arguments\": ", q);
+        if (q && (*prefix = malloc(n))) snprintf(*prefix, n, "<tool_call>\n{\"name\": %s, \"arguments\":", q);
         free(q);
         cJSON_Delete(quoted);
     }

@@ -490,6 +490,7 @@ enum MHD_Result serve_on_request(void *cls, struct MHD_Connection *c, const char
         *upload_size = 0;
         return MHD_YES;
     }
+    serve_deadline_set(s->deadlines, c, 0);
     if (whale_now() - cc->t0 > s->cfg.upload_seconds)
         return fail(s, c, 408, "invalid_request_error", "timeout", "the request took more than %d s to arrive",
                     s->cfg.upload_seconds);
@@ -498,7 +499,7 @@ enum MHD_Result serve_on_request(void *cls, struct MHD_Connection *c, const char
 
 void serve_on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     serve_server *s = cls;
-    (void)c;
+    serve_deadline_set(s->deadlines, c, 1); /* the next request on the connection may begin */
     conn_ctx *cc = *con_cls;
     if (!cc) return;
     if (s->cfg.verbose) {

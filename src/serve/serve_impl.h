@@ -233,6 +233,19 @@ int serve_tokenize(const serve_text *tx, const char *body, size_t len, char **ou
 int serve_detokenize(const serve_text *tx, const char *body, size_t len, char **out, serve_error *e);
 char *serve_models_json(const serve_text *tx, long created);
 
+/* ------------------------------------------------------------ request deadlines (deadline.c) */
+typedef struct serve_deadlines serve_deadlines;
+/* A watchdog over n connection slots: a request still arriving timeout
+ * seconds after its connection opened (or its previous request ended) has
+ * its socket shut down. */
+whale_code serve_deadlines_start(int n, double timeout, serve_deadlines **out, whale_err *err);
+void serve_deadlines_stop(serve_deadlines *d); /* and free; NULL is fine */
+/* libmicrohttpd's connection notification (cls: the server). */
+void serve_on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                         enum MHD_ConnectionNotificationCode toe);
+/* Connection c's request has arrived (arriving 0) or the next may begin (1). */
+void serve_deadline_set(serve_deadlines *d, struct MHD_Connection *c, int arriving);
+
 /* ------------------------------------------------------------ the server */
 struct serve_server {
     serve_config cfg;
@@ -245,6 +258,7 @@ struct serve_server {
     serve_metrics metrics;
     serve_engine *eng;
     struct MHD_Daemon *d;
+    serve_deadlines *deadlines;
     int port;
     unsigned long next_id;
 };
