@@ -5,7 +5,9 @@
 // with the stop button (the server cancels it and frees the slot). The
 // screenshot goes to $TMP/serve-chat.png, and to SERVE_SCREENSHOT when set
 // (scripts/serve-screenshot.sh regenerates docs/img/serve-chat.png so).
-// SERVE_PAGE_URL: a server with a long context (the second reply must last).
+// SERVE_PAGE_URL: a server with a long context (the second reply must last);
+// SERVE_PAGE_SYSTEM, SERVE_PAGE_QUESTION: the conversation (the script's
+// model was taught one answer).
 import fs from 'node:fs';
 import { chromium } from 'playwright-core';
 import { env, check, finish, auth } from './lib.mjs';
@@ -32,10 +34,11 @@ try {
   await page.dispatchEvent('#key', 'change');
   await page.waitForFunction(() => document.getElementById('model').textContent.length > 0, null, { timeout: 10000 });
   check('page: the model name from /v1/models', (await page.textContent('#model')) === env.model);
-  const system = 'You are a helpful whale.', question = 'Hello! What can you tell me about the sea?';
+  const system = process.env.SERVE_PAGE_SYSTEM ?? 'You are a helpful whale.';
+  const question = process.env.SERVE_PAGE_QUESTION ?? 'Hello! What can you tell me about the sea?';
   await page.fill('#system', system);
   await page.fill('#temperature', '0');
-  await page.fill('#max_tokens', '24');
+  await page.fill('#max_tokens', '48');
 
   // record every change of the reply's text: a streamed reply arrives in several
   await page.evaluate(() => {
@@ -56,8 +59,8 @@ try {
         updates.every((n, i) => i === 0 || n >= updates[i - 1]), JSON.stringify(updates));
   const api = await (await fetch(url + '/v1/chat/completions', { method: 'POST',
     headers: { 'Content-Type': 'application/json', ...auth }, body: JSON.stringify({ model: env.model,
-      messages: [{ role: 'system', content: system }, { role: 'user', content: question }], temperature: 0,
-      top_p: 0.9, max_tokens: 24 }) })).json();
+      messages: [...(system ? [{ role: 'system', content: system }] : []), { role: 'user', content: question }],
+      temperature: 0, top_p: 0.9, max_tokens: 48 }) })).json();
   check('page: the reply is the API\'s greedy reply', reply === api.choices[0].message.content,
         JSON.stringify([reply, api.choices[0].message.content]));
   await page.waitForFunction(() => /tokens\/s/.test(document.getElementById('stat').textContent), null,
