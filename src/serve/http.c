@@ -14,6 +14,7 @@
 #include "whale_chat.h"
 
 #include <arpa/inet.h>
+#include <cjson/cJSON.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <poll.h>
@@ -114,10 +115,13 @@ typedef struct {
     serve_gen_request req;
     char id[48];
     long created;
-    size_t sent;   /* bytes of the job's text sent */
+    size_t sent;   /* bytes of the job's text sent (to the tool-call parser, with tools) */
     int phase;     /* 0 first chunk, 1 text, 2 usage, 3 [DONE], 4 end */
-    char *pending; /* an event being written */
+    char *pending; /* the events being written */
     size_t off;
+    int lp_sent;   /* logprobs entries sent */
+    long lp_offset;
+    serve_toolstream *ts; /* with tools: the reply's text becomes content and tool-call deltas */
 } stream_t;
 
 static void stream_free(void *cls) {
@@ -125,6 +129,8 @@ static void stream_free(void *cls) {
     serve_engine_cancel(st->s->eng, st->job); /* nothing if it is done */
     serve_job_release(st->s->eng, st->job);
     free(st->req.prompt_text);
+    free(st->req.prefix);
+    serve_toolstream_free(st->ts);
     free(st->pending);
     free(st);
 }
@@ -134,24 +140,99 @@ static serve_usage job_usage(const serve_job *j, const serve_job_view *v) {
     return u;
 }
 
-/* The next event of the stream, or NULL with *end set (1 done, -1 failed). */
+/* Logprobs entries that can go out with the first `bytes` of the text: those
+ * that end within it, and once the job is done those that begin before it. */
+static int lp_ready(const serve_job *j, int n_lp, size_t bytes, int done) {
+    if (!j->logprobs) return 0;
+    if (done) return serve_lp_count(j, n_lp, bytes);
+    int n = 0;
+    while (n < n_lp && j->lp[n].end <= bytes) n++;
+    return n;
+}
+
+/* Append event ev (taken over) to *out; -1 when out of memory. */
+static int cat(char **out, size_t *n, char *ev) {
+    size_t k = ev ? strlen(ev) : 0;
+    char *grown = ev ? realloc(*out, *n + k + 1) : NULL;
+    if (grown) memcpy(grown + *n, ev, k + 1), *out = grown, *n += k;
+    free(ev);
+    return grown ? 0 : -1;
+}
+
+/* A chunk of content, with the logprobs entries up to lp_to. */
+static char *content_event(stream_t *st, const char *text, size_t len, int lp_to, cJSON *tool_calls) {
+    serve_chunk ch = {text, len, st->phase == 0, NULL, NULL, st->job, st->lp_sent, lp_to, &st->lp_offset, tool_calls};
+    st->phase = 1;
+    st->lp_sent = lp_to > st->lp_sent ? lp_to : st->lp_sent;
+    return serve_chunk_event(&st->s->tx, &st->req, st->id, st->created, &ch);
+}
+
+/* [{"index", "id", "type", "function": {"name", "arguments": ""}}] or [{"index", "function": {"arguments"}}] */
+static cJSON *tool_delta(const serve_tool_piece *p) {
+    cJSON *a = cJSON_CreateArray(), *d = cJSON_CreateObject(), *fn = cJSON_CreateObject();
+    char id[32];
+    snprintf(id, sizeof id, "call_%d", p->index);
+    int ok = a && d && fn && cJSON_AddItemToArray(a, d);
+    if (!ok) cJSON_Delete(d);
+    ok = ok && cJSON_AddNumberToObject(d, "index", p->index);
+    if (ok && p->kind == SERVE_PIECE_CALL)
+        ok = cJSON_AddStringToObject(d, "id", id) && cJSON_AddStringToObject(d, "type", "function") &&
+             cJSON_AddStringToObject(fn, "name", p->name) && cJSON_AddStringToObject(fn, "arguments", "");
+    char *frag = ok && p->kind == SERVE_PIECE_ARGS ? strndup(p->p, p->n) : NULL;
+    if (ok && p->kind == SERVE_PIECE_ARGS) ok = frag && cJSON_AddStringToObject(fn, "arguments", frag);
+    free(frag);
+    if (ok && cJSON_AddItemToObject(d, "function", fn)) return a;
+    if (!cJSON_GetObjectItemCaseSensitive(d, "function")) cJSON_Delete(fn);
+    cJSON_Delete(a);
+    return NULL;
+}
+
+/* With tools: feed the new text to the tool-call parser and turn what it can
+ * decide into events (appended to *out). -1 when out of memory. */
+static int tool_events(stream_t *st, const char *text, size_t len, const serve_job_view *v, char **out,
+                       size_t *n) {
+    size_t pl = st->req.prefix ? strlen(st->req.prefix) : 0;
+    if (st->phase == 0 && pl && serve_toolstream_feed(st->ts, st->req.prefix, pl)) return -1;
+    if (len && serve_toolstream_feed(st->ts, text, len)) return -1;
+    serve_tool_piece p;
+    int r;
+    while ((r = serve_toolstream_next(st->ts, v->done, &p)) == 1) {
+        size_t used = serve_toolstream_consumed(st->ts);
+        int lp_to = lp_ready(st->job, v->n_lp, used > pl ? used - pl : 0, 0);
+        cJSON *calls = p.kind == SERVE_PIECE_TEXT ? NULL : tool_delta(&p);
+        if (p.kind != SERVE_PIECE_TEXT && !calls) return -1;
+        if (cat(out, n, content_event(st, p.p, p.kind == SERVE_PIECE_TEXT ? p.n : 0, lp_to, calls))) return -1;
+    }
+    return r < 0 ? -1 : 0;
+}
+
+/* The next events of the stream, or NULL with *end set (1 done, -1 failed). */
 static char *stream_next(stream_t *st, int *end) {
     serve_server *s = st->s;
     const serve_text *tx = &s->tx;
     *end = 0;
     for (;;) {
-        size_t len;
+        size_t len, n = 0;
         serve_job_view v;
-        char *text = serve_engine_take(s->eng, st->job, st->sent, &len, &v);
-        if (len || (st->phase == 0 && st->req.chat)) {
-            char *ev = serve_chunk_event(tx, &st->req, st->id, st->created, text ? text : "", len, st->phase == 0,
-                                         NULL, NULL);
+        char *text = serve_engine_take(s->eng, st->job, st->sent, &len, &v), *out = NULL;
+        int lp_to = lp_ready(st->job, v.n_lp, st->sent + len, v.done);
+        if (st->ts && v.code == 0) {
+            int bad = tool_events(st, text ? text : "", len, &v, &out, &n);
             st->sent += len;
-            st->phase = 1;
+            if (!bad && !out && st->phase == 0) bad = cat(&out, &n, content_event(st, "", 0, st->lp_sent, NULL));
+            if (!bad && !out && v.done && lp_to > st->lp_sent) bad = cat(&out, &n, content_event(st, "", 0, lp_to, NULL));
+            free(text);
+            if (bad) free(out);
+            if (bad) return *end = -1, NULL;
+            if (out) return out;
+        } else if (len || lp_to > st->lp_sent || (st->phase == 0 && st->req.chat)) {
+            char *ev = content_event(st, text ? text : "", len, lp_to, NULL);
+            st->sent += len;
             free(text);
             return ev ? ev : (*end = -1, NULL);
+        } else {
+            free(text);
         }
-        free(text);
         if (!v.done) {
             serve_engine_wait(s->eng, st->job, st->sent, 100);
             continue;
@@ -168,11 +249,15 @@ static char *stream_next(stream_t *st, int *end) {
         serve_usage u = job_usage(st->job, &v);
         if (st->phase <= 1) {
             st->phase = st->req.include_usage ? 2 : 3;
-            return serve_chunk_event(tx, &st->req, st->id, st->created, "", 0, 0, v.finish, NULL);
+            const char *finish = st->ts && serve_toolstream_calls(st->ts) && !strcmp(v.finish, "stop") ? "tool_calls"
+                                                                                                      : v.finish;
+            serve_chunk ch = {"", 0, 0, finish, NULL, NULL, 0, 0, NULL, NULL};
+            return serve_chunk_event(tx, &st->req, st->id, st->created, &ch);
         }
         if (st->phase == 2) {
             st->phase = 3;
-            return serve_chunk_event(tx, &st->req, st->id, st->created, "", 0, 0, NULL, &u);
+            serve_chunk ch = {"", 0, 0, NULL, &u, NULL, 0, 0, NULL, NULL};
+            return serve_chunk_event(tx, &st->req, st->id, st->created, &ch);
         }
         if (st->phase == 3) {
             st->phase = 4;
@@ -224,7 +309,8 @@ static char *wait_whole(stream_t *st, int *status) {
         json = serve_error_json(&e);
     } else {
         serve_usage u = job_usage(st->job, &v);
-        json = serve_completion_json(&s->tx, &st->req, st->id, st->created, text ? text : "", len, v.finish, &u);
+        json = serve_completion_json(&s->tx, &st->req, st->id, st->created, text ? text : "", len, v.finish, &u,
+                                     st->job, v.n_lp);
     }
     free(text);
     return json;
@@ -257,6 +343,10 @@ static enum MHD_Result handle_generation(serve_server *s, struct MHD_Connection 
                         err.msg);
         stream_free(st);
         return respond_error(s, c, &e);
+    }
+    if (st->req.stream && st->req.tools && !(st->ts = serve_toolstream_new())) {
+        stream_free(st);
+        return respond_json(s, c, 500, NULL);
     }
     if (st->req.stream) {
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, st, stream_free);
@@ -367,6 +457,7 @@ enum MHD_Result serve_on_request(void *cls, struct MHD_Connection *c, const char
         *upload_size = 0;
         return MHD_YES;
     }
+    serve_deadline_set(s->deadlines, c, 0);
     if (whale_now() - cc->t0 > s->cfg.upload_seconds)
         return fail(s, c, 408, "invalid_request_error", "timeout", "the request took more than %d s to arrive",
                     s->cfg.upload_seconds);
@@ -375,7 +466,7 @@ enum MHD_Result serve_on_request(void *cls, struct MHD_Connection *c, const char
 
 void serve_on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     serve_server *s = cls;
-    (void)c;
+    serve_deadline_set(s->deadlines, c, 1); /* the next request on the connection may begin */
     conn_ctx *cc = *con_cls;
     if (!cc) return;
     if (s->cfg.verbose) {

@@ -7,7 +7,7 @@
 const char serve_page_html[] =
     "<!doctype html>\n"
     "<html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-    "<title>whale chat</title>\n"
+    "<title>whale chat</title><link rel=\"icon\" href=\"data:,\">\n"
     "<style>\n"
     "body{font:15px/1.45 system-ui,sans-serif;margin:0;display:flex;height:100vh;color:#1b2733;background:#f4f6f8}\n"
     "aside{width:260px;padding:14px;background:#e6ebf0;overflow:auto}aside label{display:block;margin:10px 0 2px;font-size:13px}\n"

@@ -17,6 +17,15 @@ struct cJSON;
  * and signals cv; the HTTP thread reads it under the same mutex. Both hold
  * a reference; the last release frees it. */
 #define SERVE_MAX_STOP 4 /* stop strings per request, as OpenAI */
+#define SERVE_MAX_TOP_LOGPROBS 20 /* alternatives per token, as OpenAI's top_logprobs */
+
+/* A generated token's log-probability: log-softmax of the logits row the
+ * model gave, before penalties, temperature and filters. */
+typedef struct {
+    int32_t id;
+    float logprob;
+    size_t end; /* the job's text length after this token's text was appended */
+} serve_lp;
 
 typedef struct serve_job {
     /* request: read-only once submitted */
@@ -28,6 +37,11 @@ typedef struct serve_job {
     char *stop[SERVE_MAX_STOP];
     int n_stop;
     int ignore_eos, skip_special;
+    int logprobs;     /* report each token's log-probability */
+    int top_logprobs; /* and this many alternatives (0..SERVE_MAX_TOP_LOGPROBS) */
+    serve_lp *lp;     /* [max_tokens]: the tokens of the text (not a stop id), lp[0..n_lp) written */
+    serve_lp *top;    /* [max_tokens * top_logprobs]: each token's alternatives, most probable first */
+    int n_lp;
     /* result */
     char *text; /* generated text, NUL-terminated */
     size_t len, cap;
@@ -90,6 +104,7 @@ void serve_engine_cancel(serve_engine *e, serve_job *j);
 typedef struct {
     size_t ready;
     int n_gen, n_reused, done;
+    int n_lp; /* entries of j->lp written (they do not change once written) */
     const char *finish;
     whale_code code;
 } serve_job_view;
@@ -103,6 +118,41 @@ int serve_engine_draining(serve_engine *e);
 
 serve_job *serve_job_new(void);
 void serve_job_release(serve_engine *e, serve_job *j);
+
+/* ------------------------------------------------------------ logprobs (logprobs.c) */
+/* Log-softmax of row[V] (the raw logits) at id into *out, and the k most
+ * probable ids into top[0..k) (ties: the lower id first). */
+void serve_logprobs_row(const float *row, int V, int32_t id, int k, serve_lp *out, serve_lp *top);
+/* How many of the first n_lp entries of j->lp belong to the first len bytes
+ * of its text: those that end within it or begin before its end. */
+int serve_lp_count(const serve_job *j, int n_lp, size_t len);
+/* Entries [from, to) as chat's {"content": [...], "refusal": null} or, for
+ * completions, the legacy {"tokens", "token_logprobs", "top_logprobs",
+ * "text_offset"} (*offset: characters before entry from; advanced). */
+struct serve_text;
+struct cJSON *serve_logprobs_json(const struct serve_text *tx, const serve_job *j, int chat, int from, int to,
+                                  long *offset);
+
+/* ------------------------------------------------------------ streamed tool calls (toolstream.c) */
+typedef struct serve_toolstream serve_toolstream;
+enum { SERVE_PIECE_TEXT = 1, SERVE_PIECE_CALL, SERVE_PIECE_ARGS };
+typedef struct {
+    int kind;        /* SERVE_PIECE_TEXT: content; _CALL: a call begins (index, name); _ARGS: its arguments' text */
+    const char *p;   /* TEXT, ARGS: the bytes (valid until the next call on the stream) */
+    size_t n;
+    int index;        /* CALL, ARGS: the call's index in the reply */
+    const char *name; /* CALL */
+} serve_tool_piece;
+serve_toolstream *serve_toolstream_new(void);
+void serve_toolstream_free(serve_toolstream *t);
+/* Append the reply's next text; -1 when out of memory. */
+int serve_toolstream_feed(serve_toolstream *t, const char *text, size_t len);
+/* The next piece that can be decided from the text so far (done: the reply
+ * is complete): 1 with *out, 0 when none yet, -2 out of memory. */
+int serve_toolstream_next(serve_toolstream *t, int done, serve_tool_piece *out);
+/* Bytes of the text accounted for by the pieces so far; calls announced. */
+size_t serve_toolstream_consumed(const serve_toolstream *t);
+int serve_toolstream_calls(const serve_toolstream *t);
 
 /* ------------------------------------------------------------ API objects */
 typedef enum {
@@ -131,7 +181,7 @@ void serve_error_set(serve_error *e, int status, const char *type, const char *p
 char *serve_error_json(const serve_error *e);
 
 /* What the model and text side of the server share with the API code. */
-typedef struct {
+typedef struct serve_text {
     const char *model_name;
     whale_tokenizer *tok; /* encode only under text_mu */
     pthread_mutex_t *text_mu;
@@ -155,6 +205,7 @@ typedef struct {
     int stream, include_usage;
     int echo;   /* completions: prompt text first */
     int tools;  /* chat with tools: tool calls are parsed from the reply */
+    char *prefix; /* tool_choice required or named: the reply's forced start (in the prompt, not generated) */
     char *prompt_text; /* completions with echo: the prompt as text */
 } serve_gen_request;
 
@@ -166,18 +217,43 @@ typedef struct {
  * sampling, stop strings) and req. Returns 0, or fills e and returns -1. */
 int serve_parse_generation(const serve_text *tx, int chat, const char *body, size_t len, serve_job *job,
                            serve_gen_request *req, serve_error *e);
-/* The non-streaming response object (malloc'd JSON). */
+/* The non-streaming response object (malloc'd JSON); with j->logprobs,
+ * the logprobs of the first n_lp entries of j->lp that belong to the text. */
 char *serve_completion_json(const serve_text *tx, const serve_gen_request *req, const char *id, long created,
-                            const char *text, size_t len, const char *finish, const serve_usage *u);
-/* One SSE event "data: {...}\n\n" (malloc'd): a chunk with delta text
- * (role too when first), or the final chunk (finish), or with u the usage
- * chunk (choices []). */
+                            const char *text, size_t len, const char *finish, const serve_usage *u,
+                            const serve_job *j, int n_lp);
+/* What one stream chunk carries. */
+typedef struct {
+    const char *text; /* delta content (chat) or text (completions), len bytes */
+    size_t len;
+    int first;                  /* chat: the delta names the role */
+    const char *finish;         /* the final chunk: its finish_reason */
+    const serve_usage *usage;   /* the usage chunk (choices []) */
+    const serve_job *job;       /* with job->logprobs: entries [lp_from, lp_to) */
+    int lp_from, lp_to;
+    long *lp_offset;            /* completions' text_offset so far */
+    struct cJSON *tool_calls;   /* chat: a delta's tool_calls array (taken over) */
+} serve_chunk;
+/* One SSE event "data: {...}\n\n" (malloc'd). */
 char *serve_chunk_event(const serve_text *tx, const serve_gen_request *req, const char *id, long created,
-                        const char *text, size_t len, int first, const char *finish, const serve_usage *u);
+                        const serve_chunk *ch);
 /* /tokenize and /detokenize bodies; /v1/models. */
 int serve_tokenize(const serve_text *tx, const char *body, size_t len, char **out, serve_error *e);
 int serve_detokenize(const serve_text *tx, const char *body, size_t len, char **out, serve_error *e);
 char *serve_models_json(const serve_text *tx, long created);
+
+/* ------------------------------------------------------------ request deadlines (deadline.c) */
+typedef struct serve_deadlines serve_deadlines;
+/* A watchdog over n connection slots: a request still arriving timeout
+ * seconds after its connection opened (or its previous request ended) has
+ * its socket shut down. */
+whale_code serve_deadlines_start(int n, double timeout, serve_deadlines **out, whale_err *err);
+void serve_deadlines_stop(serve_deadlines *d); /* and free; NULL is fine */
+/* libmicrohttpd's connection notification (cls: the server). */
+void serve_on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                         enum MHD_ConnectionNotificationCode toe);
+/* Connection c's request has arrived (arriving 0) or the next may begin (1). */
+void serve_deadline_set(serve_deadlines *d, struct MHD_Connection *c, int arriving);
 
 /* ------------------------------------------------------------ the server */
 struct serve_server {
@@ -191,6 +267,7 @@ struct serve_server {
     serve_metrics metrics;
     serve_engine *eng;
     struct MHD_Daemon *d;
+    serve_deadlines *deadlines;
     int port;
     unsigned long next_id;
 };

@@ -87,12 +87,18 @@ static whale_code start_daemon(serve_server *s, whale_err *err) {
     hints.ai_flags = AI_PASSIVE;
     int g = getaddrinfo(c->host, port, &hints, &ai);
     if (g) return whale_errf(err, WHALE_ERR_ARG, "serve: --host %s: %s", c->host, gai_strerror(g));
+    whale_code rc = serve_deadlines_start(c->max_connections, c->upload_seconds, &s->deadlines, err);
+    if (rc) {
+        freeaddrinfo(ai);
+        return rc;
+    }
     unsigned flags = MHD_USE_AUTO | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     s->d = MHD_start_daemon(flags, (uint16_t)c->port, NULL, NULL, serve_on_request, s, MHD_OPTION_SOCK_ADDR,
                             ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, (unsigned)c->max_connections,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)c->upload_seconds, MHD_OPTION_NOTIFY_COMPLETED,
-                            serve_on_completed, s, MHD_OPTION_END);
+                            serve_on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, serve_on_connection, s,
+                            MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->d) return whale_errf(err, WHALE_ERR_IO, "serve: cannot listen on %s port %d (in use?)", c->host, c->port);
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
@@ -153,6 +159,7 @@ void serve_close(serve_server *s) {
     if (s->d) MHD_quiesce_daemon(s->d);
     serve_engine_stop(s->eng);
     if (s->d) MHD_stop_daemon(s->d);
+    serve_deadlines_stop(s->deadlines);
     serve_engine_free(s->eng);
     whale_chat_template_free(s->tpl);
     whale_tokenizer_free(s->tok);

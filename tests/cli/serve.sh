@@ -2,8 +2,10 @@
 # whale serve on loopback, driven by the official OpenAI client (npm
 # `openai`, installed by scripts/setup.sh into tests/serve) and by raw
 # requests: chat and completions whole and streamed, greedy replies equal to
-# whale generate's, concurrent streams batched, bad and hostile input, a
-# full queue, SIGTERM draining.
+# whale generate's, logprobs against whale score's logits, tool calls from a
+# model fine-tuned here to make one, concurrent streams batched, bad, slow
+# and hostile input, a full queue, SIGTERM draining, and the chat page in
+# headless Chromium (playwright-core).
 # usage: serve.sh WHALE_BIN TEST_DATA_DIR
 set -u
 WHALE=$1
@@ -20,12 +22,40 @@ fi
 # differ from prompt to prompt) over the real Qwen tokenizer
 cat >"$TMP/cfg.json" <<JSON
 {"model_type": "qwen2", "vocab_size": 151669, "hidden_size": 32, "num_hidden_layers": 2,
- "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64, "max_position_embeddings": 512,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64, "max_position_embeddings": 2048,
  "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": true, "eos_token_id": 151645,
  "initializer_range": 0.3}
 JSON
 "$WHALE" init --preset "$TMP/cfg.json" --out "$TMP/m" --tokenizer "$TOK" 2>/dev/null
 check "init the model" test -s "$TMP/m/model.safetensors"
+
+# a model that makes a tool call: a 400-id tokenizer trained on the record and
+# Qwen2.5's template (its <tool_call> tags added tokens that are not special,
+# as in Qwen's tokenizer), a two-layer Qwen2 on it fine-tuned for 40 steps to
+# answer the weather question with get_weather {"city": "Paris"}
+TEMPLATE=$DATA/chat/templates/qwen2_5.jinja
+cat >"$TMP/tools.jsonl" <<'JSON'
+{"messages": [{"role": "user", "content": "What is the weather in Paris?"}, {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}], "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Current weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}, {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]}
+JSON
+cp "$TMP/tools.jsonl" "$TMP/tools-corpus.txt"
+"$WHALE" tokenizer train --vocab-size 400 --special '<|im_start|>' --special '<|im_end|>' --special '<tool_call>' \
+    --special '</tool_call>' --out "$TMP/tools-tok" --quiet "$TMP/tools-corpus.txt" "$TEMPLATE" 2>/dev/null
+node -e 'const fs = require("fs");
+for (const f of process.argv.slice(1)) {
+  const j = JSON.parse(fs.readFileSync(f, "utf8"));
+  for (const t of j.added_tokens ?? Object.values(j.added_tokens_decoder)) if (/tool_call/.test(t.content)) t.special = false;
+  fs.writeFileSync(f, JSON.stringify(j));
+}' "$TMP/tools-tok/tokenizer.json" "$TMP/tools-tok/tokenizer_config.json"
+IM_END=$("$WHALE" tokenize -m "$TMP/tools-tok" '<|im_end|>')
+sed -e 's/"vocab_size": 151669/"vocab_size": 400/' -e "s/\"eos_token_id\": 151645/\"eos_token_id\": $IM_END/" \
+    "$TMP/cfg.json" >"$TMP/tools-cfg.json"
+"$WHALE" init --preset "$TMP/tools-cfg.json" --out "$TMP/tools-base" --tokenizer "$TMP/tools-tok" 2>/dev/null
+cp "$TEMPLATE" "$TMP/tools-base/chat_template.jinja"
+"$WHALE" sft -m "$TMP/tools-base" --data "$TMP/tools.jsonl" --train-type full --max-steps 40 --batch-size 1 \
+    --grad-accum 1 --lr 3e-2 --lr-scheduler constant --weight-decay 0 --save-only-model --out "$TMP/tools-run" \
+    --threads 2 --quiet >/dev/null 2>&1
+mv "$(ls -d "$TMP"/tools-run/v0-*/checkpoint-40)" "$TMP/tools"
+check "fine-tune the tool-call model" test -s "$TMP/tools/model.safetensors"
 
 expect_status 2 'unknown option' -- "$WHALE" serve -m "$TMP/m" --bogus 1
 expect_status 2 '--parallel expects an integer' -- "$WHALE" serve -m "$TMP/m" --parallel 0
@@ -36,11 +66,11 @@ expect_status 4 'API key file is empty' -- "$WHALE" serve -m "$TMP/m" --api-key-
 PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$TMP"' EXIT
 
-# start_server LOG ARGS...: runs it in the background, sets PID and URL
+# start_server LOG -m DIR ARGS...: runs it in the background, sets PID and URL
 start_server() {
     local log=$1
     shift
-    "$WHALE" serve -m "$TMP/m" --port 0 "$@" 2>"$log" &
+    "$WHALE" serve --port 0 "$@" 2>"$log" &
     PID=$!
     PIDS+=("$PID")
     URL=
@@ -55,16 +85,32 @@ start_server() {
 }
 
 printf 'sekret-key\n' >"$TMP/key"
-start_server "$TMP/serve.log" --parallel 8 --ctx-size 256 --batch 64 --api-key-file "$TMP/key" --max-body 1048576 \
+start_server "$TMP/serve.log" -m "$TMP/m" --parallel 8 --ctx-size 256 --batch 64 --api-key-file "$TMP/key" --max-body 1048576 \
     --threads 2 || exit 1
 PID1=$PID URL1=$URL
-start_server "$TMP/serve2.log" --parallel 1 --queue 1 --ctx-size 256 --api-key sekret-key --timeout 3 --threads 1 ||
+start_server "$TMP/serve2.log" -m "$TMP/m" --parallel 1 --queue 1 --ctx-size 256 --api-key sekret-key --timeout 3 --threads 1 ||
     exit 1
 PID2=$PID URL2=$URL
+start_server "$TMP/serve3.log" -m "$TMP/tools" --parallel 2 --ctx-size 512 --api-key sekret-key --threads 2 || exit 1
+PID3=$PID URL3=$URL
+start_server "$TMP/serve4.log" -m "$TMP/m" --parallel 2 --ctx-size 2048 --api-key sekret-key --threads 2 || exit 1
+PID4=$PID URL4=$URL
 
 export SERVE_URL=$URL1 SERVE_KEY=sekret-key SERVE_MODEL=m SERVE_DIR=$TMP/m WHALE TMP SERVE_PID=$PID1
-export SERVE_URL2=$URL2 SERVE_PID2=$PID2
-for script in client.mjs "concurrent.mjs 12" hostile.mjs; do
+export SERVE_URL2=$URL2 SERVE_PID2=$PID2 SERVE_TOOLS_URL=$URL3 SERVE_TOOLS_DIR=$TMP/tools SERVE_PAGE_URL=$URL4
+scripts=(client.mjs logprobs.mjs tools.mjs "concurrent.mjs 12" hostile.mjs)
+# the page in headless Chromium: scripts/setup.sh installs Debian's chromium and
+# playwright-core; without both (and setup.sh not run) the page test is skipped,
+# never in CI and never after setup.sh
+if [ -x /usr/bin/chromium ] && [ -f "$SERVE_JS/node_modules/playwright-core/package.json" ]; then
+    scripts+=(page.mjs)
+elif [ "${CI:-}" = true ] || cmp -s "$SERVE_JS/package-lock.json" "$SERVE_JS/node_modules/.package-lock.json.installed"; then
+    echo "FAIL: /usr/bin/chromium or playwright-core is missing although scripts/setup.sh ran (or CI)" >&2
+    fails=$((fails + 1))
+else
+    echo "serve.sh: SKIP the chat page test: /usr/bin/chromium or playwright-core is missing (run scripts/setup.sh)" >&2
+fi
+for script in "${scripts[@]}"; do
     # shellcheck disable=SC2086
     node "$SERVE_JS"/$script >"$TMP/node.out" 2>&1
     st=$?
@@ -81,6 +127,8 @@ check "SIGTERM: it says it drained" grep -q 'draining' "$TMP/serve2.log"
 kill -TERM "$PID1"
 wait "$PID1"
 check "SIGTERM: exit 0" test $? = 0
+kill -TERM "$PID3" "$PID4"
+wait "$PID3" "$PID4"
 check "the server printed no error" test "$(grep -c -i 'error\|sanitizer' "$TMP/serve.log")" = 0
 if [ "$fails" != 0 ]; then
     echo "--- server log:" && tail -n 40 "$TMP/serve.log"

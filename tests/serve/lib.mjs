@@ -45,14 +45,15 @@ export async function call(path, body, { headers = auth, method } = {}) {
 
 // A raw request over a socket: write `chunks` (strings/Buffers, `gapMs` apart),
 // collect what comes back until the server closes or `timeoutMs`
-// (`closeAfterMs`: close the socket that long after the last write went out).
+// (`closeAfterMs`: close the socket that long after the last write went out);
+// resolves to {out, closed, ms}.
 export function raw(chunks, { gapMs = 0, timeoutMs = 10000, onData, closeAfterMs, port: to = port } = {}) {
   return new Promise((resolve) => {
-    const sock = net.connect(to, '127.0.0.1');
+    const sock = net.connect(to, '127.0.0.1'), t0 = Date.now();
     let out = '', closed = false;
-    const timer = setTimeout(() => { sock.destroy(); resolve({ out, closed: false }); }, timeoutMs);
+    const timer = setTimeout(() => { sock.destroy(); resolve({ out, closed: false, ms: Date.now() - t0 }); }, timeoutMs);
     sock.on('data', (d) => { out += d; if (onData) onData(out, sock); });
-    sock.on('close', () => { closed = true; clearTimeout(timer); resolve({ out, closed }); });
+    sock.on('close', () => { closed = true; clearTimeout(timer); resolve({ out, closed, ms: Date.now() - t0 }); });
     sock.on('error', () => {});
     (async () => {
       for (const c of chunks) {
