@@ -1,9 +1,11 @@
 /* LoRA adapters: adapter_config.json, then "\n@@TENSORS@@\n", then
- * adapter_model.safetensors, loaded onto the tiny test model (loaded once).
- * A successful load is removed again, so every input starts from the bare
- * base; a failed one must leave nothing behind. */
+ * adapter_model.safetensors, loaded onto the tiny test model (loaded once),
+ * both into it (whale_lora_load) and beside it (whale_adapter_load): the
+ * two must accept the same files with the same parameters. A successful
+ * load is removed again, so every input starts from the bare base; a
+ * failed one must leave nothing behind. */
 #include "fuzz_util.h"
-#include "models/model.h" /* whale_lora_free */
+#include "models/model.h" /* whale_lora_free, whale_adapters_free */
 #include "whale_lora.h"
 
 #define SEP "\n@@TENSORS@@\n"
@@ -32,10 +34,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int before = whale_model_num_params(base);
     whale_code c = whale_lora_load(base, fuzz_scratch(), &err);
     fuzz_check_message(c, &err);
+    int64_t attached = 0;
     if (!c) {
-        if (whale_lora_count(base) < 1 || whale_lora_num_params(base) < 1) abort();
+        if (whale_lora_count(base) < 1 || (attached = whale_lora_num_params(base)) < 1) abort();
         whale_lora_free(base);
     }
     if (whale_model_num_params(base) != before || whale_lora_count(base) != 0) abort(); /* nothing left behind */
+    whale_adapter *a = NULL;
+    whale_code c2 = whale_adapter_load(base, fuzz_scratch(), &a, &err);
+    fuzz_check_message(c2, &err);
+    if ((c2 == WHALE_OK) != (c == WHALE_OK) || (!c2 && whale_adapter_num_params(a) != attached) || (c2 && a)) abort();
+    whale_adapters_free(base);
     return 0;
 }

@@ -358,6 +358,36 @@ whale_code whale_kv_seq_copy(whale_session *s, int src, int dst, int n, whale_er
 /* Bytes of the KV cache (all sequences' cells). */
 size_t whale_kv_bytes(const whale_session *s);
 
+/* Adapters per sequence (multi-LoRA serving, as vLLM's and SGLang's
+ * per-request LoRA): a whale_adapter is a LoRA adapter loaded beside a
+ * model (whale_adapter_load in whale_lora.h) — the base stays frozen and
+ * unchanged, and every adapter is held once, shared by all sessions and
+ * sequences. Each sequence of a batched session is bound to one adapter
+ * or to none (the base), and a decode applies each adapter's term s·B·A·x
+ * only to the rows of the sequences bound to it, in every product it
+ * adapts, so sequences of different adapters share one forward. Where
+ * llama.cpp's llama_set_adapter_lora applies adapters to a whole context,
+ * this binds them per sequence.
+ *
+ * A sequence's cells are made with its adapter, so they do not mix:
+ * binding another adapter to a sequence that holds cells is refused (empty
+ * it first with whale_kv_seq_keep(s, seq, 0)), and so is whale_kv_seq_copy
+ * between sequences bound to different adapters. Binding is refused on a
+ * model that has adapters attached into its parameters (whale_lora_attach
+ * or whale_lora_load, which apply to every row), on a training session,
+ * and for an adapter loaded after the session was made with a larger rank
+ * than any before (the session's scratch is sized at creation: load the
+ * adapters first). a NULL binds the base. New sequences are bound to none.
+ *
+ * Thread contract: binding is a call on the session (one thread at a
+ * time, like decode). Loading an adapter modifies the model: do it before
+ * the model's sessions run on other threads; loaded adapters are then
+ * read-only and may be used by sessions on any thread. */
+typedef struct whale_adapter whale_adapter;
+whale_code whale_kv_seq_set_adapter(whale_session *s, int seq, const whale_adapter *a, whale_err *err);
+/* The adapter sequence seq is bound to (NULL: none). */
+const whale_adapter *whale_kv_seq_adapter(const whale_session *s, int seq);
+
 /* ---------------------------------------------------------------- training */
 
 /* A training session keeps every layer's activations for the backward pass

@@ -62,6 +62,18 @@ int64_t whale_lora_num_params(const whale_model *m);
 /* The config the adapters were attached or loaded with (NULL if none). */
 const whale_lora_config *whale_lora_get_config(const whale_model *m);
 
+/* An adapter beside the model, for binding per sequence (whale.h,
+ * whale_kv_seq_set_adapter): the PEFT folder dir (as whale_lora_load
+ * reads it, with the same checks) into memory of its own, leaving m's
+ * parameters as they are. The model owns it: it is freed with the model.
+ * Dropout does not apply (inference only). Several adapters of any ranks
+ * and target modules may be loaded onto one model. */
+whale_code whale_adapter_load(whale_model *m, const char *dir, whale_adapter **out, whale_err *err);
+/* Its rank, number of adapted weights and parameter count. */
+int whale_adapter_rank(const whale_adapter *a);
+int whale_adapter_count(const whale_adapter *a);
+int64_t whale_adapter_num_params(const whale_adapter *a);
+
 /* A checkpoint written tensor by tensor (whale export): the base folder's
  * tensors, each with its LoRA delta added when adapters is set (W + s·B·A,
  * computed in fp32/double from the stored values and rounded once to the

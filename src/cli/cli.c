@@ -106,6 +106,15 @@ static int take_value(const char *cmd, int argc, char **argv, int *i, const cli_
         while (*i + 1 < argc && (argv[*i + 1][0] != '-' || !argv[*i + 1][1]) && k < 2) dst[k++] = argv[++*i];
         return k ? 0 : cli_usage(cmd, "%s needs one or two values (Chinese, English)", a);
     }
+    if (o->kind == CLI_LIST) {
+        cli_list *l = o->dst;
+        int k = 0;
+        for (; *i + 1 < argc && (argv[*i + 1][0] != '-' || !argv[*i + 1][1]); k++) {
+            if (l->n == CLI_LIST_MAX) return cli_usage(cmd, "%s takes at most %d values", a, CLI_LIST_MAX);
+            l->v[l->n++] = argv[++*i];
+        }
+        return k ? 0 : cli_usage(cmd, "%s needs at least one value", a);
+    }
     if (!(v = cli_value(argc, argv, i))) return cli_usage(cmd, "%s needs a value", a);
     switch (o->kind) {
     case CLI_STR: *(const char **)o->dst = v; break;

@@ -13,7 +13,9 @@
 #include <string.h>
 
 static const char serve_help[] =
-    "usage: whale serve -m DIR [options]\n"
+    "usage: whale serve -m DIR [--adapters NAME=DIR ...] [options]\n"
+    "  --adapters NAME=DIR ...   LoRA adapters over the model (PEFT folders: whale sft checkpoints), each loaded\n"
+    "                         once; a request's \"model\" names the base or one of them, per request, in one batch\n"
     "  --host ADDR            address to bind (127.0.0.1; 0.0.0.0 or :: for every interface)\n"
     "  --port N               (8080; 0: any free port, printed)\n"
     "  --parallel N           requests decoded together, one KV slot each (4)\n"
@@ -34,6 +36,9 @@ static const char serve_help[] =
  * into the server's configuration. */
 typedef struct {
     const char *dir, *host, *key, *key_file, *name, *tmpl;
+    cli_list adapters;                         /* NAME=DIR */
+    serve_adapter parsed[CLI_LIST_MAX]; /* the same, split */
+    char names[CLI_LIST_MAX][SERVE_MAX_ADAPTER_NAME + 1];
     long port, parallel, ctx, batch, queue, max_body, timeout, max_conn, threads;
     whale_dtype dtype;
     int verbose;
@@ -42,6 +47,7 @@ typedef struct {
 static int serve_parse(int argc, char **argv, serve_opts *o) {
     const cli_opt opts[] = {
         {"-m|--model", CLI_STR, &o->dir, 0, 0, NULL},
+        {"--adapters|--lora-modules", CLI_LIST, &o->adapters, 0, 0, NULL},
         {"--host", CLI_STR, &o->host, 0, 0, NULL},
         {"--port", CLI_LONG, &o->port, 0, 65535, NULL},
         {"--parallel|-np", CLI_LONG, &o->parallel, 1, 1024, NULL},
@@ -64,6 +70,15 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
     if (!o->dir) return cli_usage("serve", "-m DIR is required");
     if (o->key && o->key_file) return cli_usage("serve", "give --api-key or --api-key-file, not both");
     if (o->key && !*o->key) return cli_usage("serve", "--api-key is empty");
+    for (int k = 0; k < o->adapters.n; k++) { /* NAME=DIR, as swift deploy --adapters and vLLM --lora-modules */
+        const char *v = o->adapters.v[k], *eq = strchr(v, '=');
+        if (!eq || eq == v || !eq[1]) return cli_usage("serve", "--adapters expects NAME=DIR, got \"%s\"", v);
+        if ((size_t)(eq - v) > SERVE_MAX_ADAPTER_NAME)
+            return cli_usage("serve", "--adapters: a name is at most %d bytes", SERVE_MAX_ADAPTER_NAME);
+        memcpy(o->names[k], v, (size_t)(eq - v));
+        o->names[k][eq - v] = 0;
+        o->parsed[k] = (serve_adapter){o->names[k], eq + 1};
+    }
     return 0;
 }
 
@@ -72,6 +87,8 @@ static serve_config serve_config_from(const serve_opts *o) {
     c.model_dir = o->dir;
     c.model_name = o->name;
     c.chat_template = o->tmpl;
+    c.adapters = o->parsed;
+    c.n_adapters = o->adapters.n;
     if (o->host) c.host = o->host;
     c.port = (int)o->port;
     c.api_key = o->key;

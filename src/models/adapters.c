@@ -1,7 +1,8 @@
 /* The model side of LoRA adapters (the files, init and merge are in
  * src/train/lora.c): which weights "target_modules" selects, the targets
  * kept sorted by their base weight's address (whale_lora_find reads them),
- * and dropping them. */
+ * and dropping them; the same for the adapters loaded beside the model
+ * (whale_adapter_load), which sequences are bound to one by one. */
 #include "models/model.h"
 
 #include <stdlib.h>
@@ -56,16 +57,46 @@ void whale_lora_free(whale_model *m) {
     for (int i = 0; i < m->n_params; i++) m->params[i].frozen = 0;
 }
 
-void whale_lora_rekey(whale_model *m) {
-    if (!m->n_lora) return;
-    for (int i = 0; i < m->n_lora; i++) {
-        whale_lora_target *t = &m->lora[i];
-        t->start = m->params[t->base].data;
-        t->end = t->start + t->rows * t->cols;
+const whale_lora_target *whale_lora_find_in(const whale_lora_target *t, int n, const float *W) {
+    int lo = 0, hi = n - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (W < t[mid].start) hi = mid - 1;
+        else if (W >= t[mid].end) lo = mid + 1;
+        else return &t[mid];
     }
-    whale_lora_sort_targets(m->lora, m->n_lora);
+    return NULL;
+}
+
+const whale_lora_target *whale_lora_find(const whale_model *m, const float *W) {
+    return whale_lora_find_in(m->lora, m->n_lora, W);
+}
+
+static void rekey(const whale_model *m, whale_lora_target *t, int n) {
+    for (int i = 0; i < n; i++) {
+        t[i].start = m->params[t[i].base].data;
+        t[i].end = t[i].start + t[i].rows * t[i].cols;
+    }
+    whale_lora_sort_targets(t, n);
+}
+
+void whale_lora_rekey(whale_model *m) {
+    for (int k = 0; k < m->n_adapters; k++) rekey(m, m->adapters[k]->t, m->adapters[k]->n);
+    if (!m->n_lora) return;
+    rekey(m, m->lora, m->n_lora);
     for (int j = 0; j < m->n_lora; j++) {
         m->params[m->lora[j].a].slot = &m->lora[j].A;
         m->params[m->lora[j].b].slot = &m->lora[j].B;
     }
+}
+
+void whale_adapters_free(whale_model *m) {
+    for (int k = 0; k < m->n_adapters; k++) {
+        free(m->adapters[k]->t);
+        free(m->adapters[k]->mem);
+        free(m->adapters[k]);
+    }
+    free(m->adapters);
+    m->adapters = NULL;
+    m->n_adapters = 0;
 }

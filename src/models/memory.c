@@ -57,6 +57,7 @@ void whale_memory_of_model(const whale_model *m, whale_memory *mm) {
         if (whale_param_has_f32(m, p)) mm->weights_f32 += pad_f32(n);
     }
     if (!m->n_lora) mm->trainable = whale_model_has_master(m) ? mm->params : 0;
+    for (int k = 0; k < m->n_adapters; k++) mm->adapters += m->adapters[k]->bytes; /* beside the model: frozen */
     mm->weights_lowp = m->copy_bytes;
     mm->weights_mapped = m->mapped_copy_bytes;
     total(mm);

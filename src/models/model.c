@@ -93,6 +93,8 @@ size_t whale_lora_work_floats(const whale_model *m) {
         size_t f = (size_t)2 * m->lora[i].rank + (size_t)m->lora[i].cols;
         if (f > most) most = f;
     }
+    for (int k = 0; k < m->n_adapters; k++) /* inference only: no dropped-out input */
+        if ((size_t)2 * m->adapters[k]->rank > most) most = (size_t)2 * m->adapters[k]->rank;
     return most;
 }
 
@@ -709,6 +711,7 @@ int whale_model_has_master(const whale_model *m) { return m->handles == NULL; }
 void whale_model_free(whale_model *m) {
     if (!m) return;
     whale_lora_free(m);
+    whale_adapters_free(m);
     whale_model_clear_copies(m);
     whale_model_release_handles(m);
     if (m->ops && m->ops->free_impl) m->ops->free_impl(m);
@@ -888,7 +891,10 @@ whale_code whale_session_train_step(whale_session *s, const int32_t *ids, const 
 }
 
 void whale_session_free(whale_session *s) {
-    if (s) s->free_fn(s);
+    if (!s) return;
+    free(s->seq_adapter); /* the runtime's (runtime.c); the rest is the family's */
+    free(s->run_mem);
+    s->free_fn(s);
 }
 
 void whale_session_set_profile(whale_session *s, int on) {

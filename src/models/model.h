@@ -105,6 +105,36 @@ typedef struct {
     float *A, *B;             /* the adapter parameters' slots */
 } whale_lora_target;
 
+/* A LoRA adapter loaded beside the model instead of into it
+ * (whale_adapter_load): the base stays as it is, any number of them share
+ * it, and each sequence of a batched session is bound to one or none
+ * (whale_kv_seq_set_adapter). Its targets are not parameters (a, b are
+ * −1) and are sorted by the base weight's address like the model's own;
+ * A and B live in mem. */
+struct whale_adapter {
+    const whale_model *model; /* the base it was loaded for */
+    int index;                /* in model->adapters */
+    whale_lora_target *t;
+    int n;
+    int rank;
+    float *mem;
+    size_t bytes;             /* of A and B */
+};
+
+/* A run of consecutive rows of a product that belong to sequences bound
+ * to one adapter (whale_lora_rows_*). */
+typedef struct {
+    const struct whale_adapter *ad;
+    int row0, n;
+} whale_lora_run;
+
+/* The rows of the products being run, grouped by adapter: runs sorted by
+ * adapter, then row; rows is the products' row count. */
+typedef struct {
+    whale_lora_run *runs;
+    int n_runs, rows;
+} whale_lora_rows;
+
 typedef struct whale_family_desc whale_family_desc;
 
 struct whale_model {
@@ -131,6 +161,8 @@ struct whale_model {
     int n_lora;
     float *lora_mem;
     void *lora_cfg;         /* whale_lora_config + its strings (lora.c) */
+    struct whale_adapter **adapters; /* loaded beside the model (whale_adapter_load), in load order */
+    int n_adapters;
     int vocab_size, max_positions;
     int n_eos;
     int32_t eos_ids[8];
@@ -234,7 +266,14 @@ struct whale_session {
     int training;            /* a training session: LoRA dropout applies */
     uint64_t lora_calls;     /* training steps so far: the dropout masks' counter */
     int64_t eval_hits;       /* evaluation passes (loss_scale 0): scored targets whose logit was the largest */
-    float *lora_work;        /* [T, 2 · max rank]: LoRA's low-rank intermediates */
+    float *lora_work;        /* [T, lora_work_floats]: LoRA's low-rank intermediates */
+    size_t lora_work_floats; /* per token (whale_lora_work_floats when the session was made) */
+    /* adapters per sequence (inference sessions; NULL until one is bound) */
+    const struct whale_adapter **seq_adapter; /* [n_seq] */
+    int n_bound;                              /* sequences bound to an adapter */
+    whale_lora_run *run_mem;                  /* [2 · n_seq]: the micro-batch's runs, then gathered rows' */
+    whale_lora_rows ub_rows;                  /* the micro-batch's rows */
+    whale_lora_rows lora_rows;                /* the rows of the products being run: ub_rows or gathered */
     /* training sessions only */
     float *grads;          /* one buffer laid out like the parameters */
     size_t *grad_offsets;  /* [n_params] */
@@ -429,6 +468,22 @@ void whale_lora_free(whale_model *m);
 void whale_lora_rekey(whale_model *m);
 /* The adapter on W (W may point at a row inside the weight), or NULL. */
 const whale_lora_target *whale_lora_find(const whale_model *m, const float *W);
+/* The same among n targets sorted by address. */
+const whale_lora_target *whale_lora_find_in(const whale_lora_target *t, int n, const float *W);
+/* Free the adapters loaded beside the model. */
+void whale_adapters_free(whale_model *m);
+
+/* Adapters per sequence in a forward (runtime.c). The runtime groups the
+ * micro-batch's rows by their sequences' adapters before the family's
+ * forward runs (whale_lora_rows_of_ubatch), and whale_linear applies each
+ * adapter's term to its runs of rows only. A family whose product runs on
+ * rows gathered from the micro-batch (an MoE expert's tokens) names them
+ * first: whale_lora_rows_gather(s, n, tok) with tok[0 .. n − 1] ascending
+ * rows of the micro-batch, then whale_lora_rows_reset(s) back to the
+ * micro-batch's rows. Both cost one test when no sequence is bound. */
+void whale_lora_rows_of_ubatch(whale_session *s, const whale_ubatch *ub);
+void whale_lora_rows_gather(whale_session *s, int n, const int32_t *tok);
+void whale_lora_rows_reset(whale_session *s);
 
 /* Make the compute copies of every product weight in dt (BF16, F16, I8):
  * from the checkpoint entries src[i] (indexed like the parameters; an entry

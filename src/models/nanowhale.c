@@ -477,6 +477,7 @@ static whale_code nw_session_create(whale_model *m, int max_batch, int max_seq, 
          (s->hn = sess_alloc(s, T * c->D, 4, &tot)) && (s->ex_in = sess_alloc(s, T * c->D, 4, &tot)) &&
          (s->last = sess_alloc(s, (size_t)max_batch * c->D, 4, &tot));
     size_t work = 0, kv = 0, none = 0, lora_floats = whale_lora_work_floats(m);
+    s->base.lora_work_floats = lora_floats;
     ok = ok && (!lora_floats || (s->base.lora_work = sess_alloc(s, T * lora_floats, 4, &work))) &&
          (s->att_work = sess_alloc(s, OP(attention_work_floats, max_seq, c->H, 1, c->Dh), 4, &work)) &&
          (training ? (s->base.train_spans = sess_alloc(s, (size_t)max_batch, sizeof(whale_span), &none)) != NULL
@@ -678,9 +679,11 @@ static whale_code moe(nw_session *s, const nw_config *c, const nw_layer *ly, nw_
         OP(gather_rows, s->ex_in, yn, c->D, a->ex_tok + r0, NULL, ne, c->D);
         size_t fo = (size_t)r0 * c->F;
         float *out = a->ex_out + (size_t)r0 * c->D;
-        if ((e = swiglu_expert(s, c, ne, s->ex_in, ly->w1[ex], ly->w2[ex], ly->w3[ex], c->swiglu_limit, a->ex_g + fo,
-                               a->ex_u + fo, a->ex_h + fo, out, err)))
-            return e;
+        whale_lora_rows_gather(&s->base, ne, a->ex_tok + r0); /* the expert's rows: its tokens' adapters */
+        e = swiglu_expert(s, c, ne, s->ex_in, ly->w1[ex], ly->w2[ex], ly->w3[ex], c->swiglu_limit, a->ex_g + fo,
+                          a->ex_u + fo, a->ex_h + fo, out, err);
+        whale_lora_rows_reset(&s->base);
+        if (e) return e;
         OP(scatter_add_rows, a->f, c->D, out, c->D, a->ex_tok + r0, a->ex_w + r0, ne, c->D);
     }
     TRACE(WHALE_F32, a->ex_h, 2, DIMS(a->ex_off[c->E], c->F), "layers.%d.ffn.expert_hidden", l);

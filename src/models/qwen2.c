@@ -629,6 +629,7 @@ static whale_code session_create(whale_model *m, int max_batch, int max_seq, int
              (s->dyn_idx = sess_alloc(s, T, 4, &work));
         for (size_t t = 0; ok && !count_only && t < T; t++) s->dyn_idx[t] = (int32_t)t;
     }
+    s->base.lora_work_floats = lora_floats;
     ok = ok && (!lora_floats || (s->base.lora_work = sess_alloc(s, T * lora_floats, 4, &work))) &&
          (s->att_work = sess_alloc(s, OP(attention_work_floats, max_seq, c->H, c->Hkv, c->Dh), 4, &work)) &&
          (training ? (s->base.train_spans = sess_alloc(s, (size_t)max_batch, sizeof(whale_span), &none)) != NULL

@@ -1,9 +1,11 @@
 /*
  * Sessions and the batch API: the KV cache's cells, batches of tokens that
- * each carry a position and a sequence id, and their translation into the
+ * each carry a position and a sequence id, their translation into the
  * micro-batch (whale_ubatch: spans of rows per sequence) a family's
- * forward runs. Everything here is family-independent; a family only
- * appends its K/V rows (whale_kv_append) and reads a sequence's cells.
+ * forward runs, and the adapter each sequence is bound to, turned into
+ * runs of rows per adapter for the products. Everything here is
+ * family-independent; a family only appends its K/V rows (whale_kv_append),
+ * reads a sequence's cells and names the rows an expert gathers.
  */
 #include "models/model.h"
 
@@ -52,6 +54,10 @@ whale_code whale_kv_seq_copy(whale_session *s, int src, int dst, int n, whale_er
     if (n < 0 || n > kv->len[src])
         return whale_errf(err, WHALE_ERR_RANGE, "cannot copy %d cells of sequence %d, which holds %d", n, src,
                           kv->len[src]);
+    if (n > 0 && whale_kv_seq_adapter(s, src) != whale_kv_seq_adapter(s, dst))
+        return whale_errf(err, WHALE_ERR_ARG,
+                          "sequences %d and %d are bound to different adapters: cells made with one do not serve "
+                          "the other", src, dst);
     if (src != dst)
         for (int l = 0; l < kv->n_layer; l++) {
             size_t bytes = sizeof(float) * (size_t)n * kv->width;
@@ -63,6 +69,90 @@ whale_code whale_kv_seq_copy(whale_session *s, int src, int dst, int n, whale_er
 }
 
 size_t whale_kv_bytes(const whale_session *s) { return s->kv_bytes; }
+
+/* ------------------------------------------------------------------ adapters per sequence */
+
+const whale_adapter *whale_kv_seq_adapter(const whale_session *s, int seq) {
+    return s->seq_adapter && seq >= 0 && seq < s->kv.n_seq ? s->seq_adapter[seq] : NULL;
+}
+
+whale_code whale_kv_seq_set_adapter(whale_session *s, int seq, const whale_adapter *a, whale_err *err) {
+    whale_kv *kv = &s->kv;
+    if (!kv->k) return whale_errf(err, WHALE_ERR_ARG, "a training session has no sequences to bind adapters to");
+    if (seq < 0 || seq >= kv->n_seq)
+        return whale_errf(err, WHALE_ERR_ARG, "sequence %d outside the session's 0..%d", seq, kv->n_seq - 1);
+    if (a == whale_kv_seq_adapter(s, seq)) return WHALE_OK;
+    if (a && a->model != s->model)
+        return whale_errf(err, WHALE_ERR_ARG, "sequence %d: the adapter was loaded for another model", seq);
+    if (a && s->model->n_lora)
+        return whale_errf(err, WHALE_ERR_UNSUPPORTED,
+                          "the model has LoRA adapters attached to every row (whale_lora_load): bind adapters per "
+                          "sequence over a base without them");
+    if (a && (size_t)2 * a->rank > s->lora_work_floats)
+        return whale_errf(err, WHALE_ERR_ARG,
+                          "an adapter of rank %d was loaded after the session was made (its scratch holds rank %zu): "
+                          "load the adapters before creating sessions", a->rank, s->lora_work_floats / 2);
+    if (kv->len[seq])
+        return whale_errf(err, WHALE_ERR_ARG,
+                          "sequence %d holds %d cells made with another adapter: empty it first (keep 0 cells)", seq,
+                          kv->len[seq]);
+    if (!s->seq_adapter) {
+        s->seq_adapter = calloc((size_t)kv->n_seq, sizeof *s->seq_adapter);
+        s->run_mem = calloc((size_t)2 * kv->n_seq, sizeof *s->run_mem);
+        if (!s->seq_adapter || !s->run_mem) {
+            free(s->seq_adapter), free(s->run_mem);
+            s->seq_adapter = NULL, s->run_mem = NULL;
+            return whale_errf(err, WHALE_ERR_NOMEM, "out of memory for the adapters of %d sequences", kv->n_seq);
+        }
+    }
+    s->n_bound += (a != NULL) - (s->seq_adapter[seq] != NULL);
+    s->seq_adapter[seq] = a;
+    return WHALE_OK;
+}
+
+/* Runs by adapter (its load order), then row. */
+static int run_cmp(const void *x, const void *y) {
+    const whale_lora_run *a = x, *b = y;
+    if (a->ad->index != b->ad->index) return a->ad->index < b->ad->index ? -1 : 1;
+    return a->row0 < b->row0 ? -1 : a->row0 > b->row0;
+}
+
+/* Append rows row0 .. row0 + n − 1 of adapter ad (NULL: the base, no run). */
+static void add_run(whale_lora_rows *rw, const whale_adapter *ad, int row0, int n) {
+    if (!ad || !n) return;
+    whale_lora_run *last = rw->n_runs ? &rw->runs[rw->n_runs - 1] : NULL;
+    if (last && last->ad == ad && last->row0 + last->n == row0) last->n += n;
+    else rw->runs[rw->n_runs++] = (whale_lora_run){ad, row0, n};
+}
+
+void whale_lora_rows_of_ubatch(whale_session *s, const whale_ubatch *ub) {
+    s->ub_rows = (whale_lora_rows){s->run_mem, 0, ub->T};
+    if (s->n_bound)
+        for (int i = 0; i < ub->n_spans; i++) {
+            assert(s->ub_rows.n_runs < s->kv.n_seq);
+            add_run(&s->ub_rows, s->seq_adapter[ub->spans[i].seq], ub->spans[i].row0, ub->spans[i].n);
+        }
+    if (s->ub_rows.n_runs > 1) qsort(s->ub_rows.runs, (size_t)s->ub_rows.n_runs, sizeof *s->ub_rows.runs, run_cmp);
+    s->lora_rows = s->ub_rows;
+}
+
+void whale_lora_rows_gather(whale_session *s, int n, const int32_t *tok) {
+    if (!s->ub_rows.n_runs) return;
+    const whale_ubatch *ub = s->ub;
+    assert(ub && n <= ub->T);
+    whale_lora_rows rw = {s->run_mem + s->kv.n_seq, 0, n};
+    int sp = 0; /* the span of tok[i]: tok ascending, so each span is passed once */
+    for (int i = 0; i < n; i++) {
+        assert(tok[i] >= 0 && tok[i] < ub->T && (i == 0 || tok[i] > tok[i - 1]));
+        while (tok[i] >= ub->spans[sp].row0 + ub->spans[sp].n) sp++;
+        add_run(&rw, s->seq_adapter[ub->spans[sp].seq], i, 1);
+        assert(rw.n_runs <= s->kv.n_seq); /* a run changes adapter only where a span ends */
+    }
+    if (rw.n_runs > 1) qsort(rw.runs, (size_t)rw.n_runs, sizeof *rw.runs, run_cmp);
+    s->lora_rows = rw;
+}
+
+void whale_lora_rows_reset(whale_session *s) { s->lora_rows = s->ub_rows; }
 
 /* ------------------------------------------------------------------ micro-batches */
 
@@ -257,7 +347,9 @@ static whale_code batch_spans(const whale_session *s, const whale_dbatch *b, wha
 
 /* Run ub and, on success, record the appended cells. */
 static whale_code run(whale_session *s, const whale_ubatch *ub, float *logits, whale_err *err) {
+    whale_lora_rows_of_ubatch(s, ub);
     whale_code c = s->forward_fn(s, ub, logits, err);
+    s->ub_rows.n_runs = s->lora_rows.n_runs = 0; /* no stale rows for products outside a forward */
     for (int i = 0; c == WHALE_OK && s->kv.k && i < ub->n_spans; i++)
         s->kv.len[ub->spans[i].seq] = ub->spans[i].p0 + ub->spans[i].n;
     return c;

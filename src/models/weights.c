@@ -302,18 +302,6 @@ static void round_rows_f16(float *C, int M, int N, int ldc) {
     for (int i = 0; i < M; i++) whale_round_f16_inplace(C + (size_t)i * ldc, (size_t)N);
 }
 
-const whale_lora_target *whale_lora_find(const whale_model *m, const float *W) {
-    int lo = 0, hi = m->n_lora - 1;
-    while (lo <= hi) {
-        int mid = (lo + hi) / 2;
-        const whale_lora_target *t = &m->lora[mid];
-        if (W < t->start) hi = mid - 1;
-        else if (W >= t->end) lo = mid + 1;
-        else return t;
-    }
-    return NULL;
-}
-
 /* LoRA dropout: whether element i of the adapter input is kept, from a
  * counter-based hash of (seed, training step, adapter, row offset, i), so
  * the backward pass regenerates the forward's mask without storing it. */
@@ -393,11 +381,53 @@ static whale_code lora_input(whale_session *s, lora_call *lc, int M, int K, cons
     return f32_nt(s, M, t->rank, K, X, ldx, t->A, (int)t->cols, lc->xa, t->rank, 0, err);
 }
 
+/* Whether an adapter bound to some of the rows being run adapts W. */
+static int rows_adapted(const whale_session *s, const float *W) {
+    const whale_adapter *ad = NULL;
+    for (int i = 0; i < s->lora_rows.n_runs; i++) {
+        if (s->lora_rows.runs[i].ad == ad) continue;
+        ad = s->lora_rows.runs[i].ad;
+        if (whale_lora_find_in(ad->t, ad->n, W)) return 1;
+    }
+    return 0;
+}
+
+/* C += s·(X·Aᵀ)·B[rows]ᵀ on each run of rows whose adapter adapts W: the
+ * arithmetic of an attached adapter's forward below, restricted to the
+ * rows of the sequences bound to that adapter (one lookup per adapter,
+ * two products per run). */
+static whale_code rows_forward(whale_session *s, int M, int N, int K, const float *X, int lda, const float *W,
+                               float *C, int ldc, whale_err *err) {
+    const whale_lora_rows *rw = &s->lora_rows;
+    const whale_adapter *ad = NULL;
+    const whale_lora_target *t = NULL;
+    for (int i = 0; i < rw->n_runs; i++) {
+        const whale_lora_run *r = &rw->runs[i];
+        if (r->ad != ad) {
+            ad = r->ad;
+            t = whale_lora_find_in(ad->t, ad->n, W);
+        }
+        if (!t) continue;
+        assert(M == rw->rows && r->row0 >= 0 && r->row0 + r->n <= M && 2 * (size_t)t->rank <= s->lora_work_floats);
+        int rk = t->rank;
+        int64_t row0 = (int64_t)(W - t->start) / t->cols;
+        float *xa = s->lora_work;
+        whale_code e = f32_nt(s, r->n, rk, K, X + (size_t)r->row0 * lda, lda, t->A, (int)t->cols, xa, rk, 0, err);
+        if (e) return e;
+        for (size_t k = 0; k < (size_t)r->n * rk; k++) xa[k] *= t->scale;
+        if ((e = f32_nt(s, r->n, N, rk, xa, rk, t->B + row0 * rk, rk, C + (size_t)r->row0 * ldc, ldc, 1, err)))
+            return e;
+    }
+    (void)M;
+    return WHALE_OK;
+}
+
 whale_code whale_linear(whale_session *s, int M, int N, int K, const float *A, int lda, const float *W, int ldw,
                         float *C, int ldc, whale_err *err) {
     whale_wref w = whale_model_wref(s->model, W, ldw);
     whale_code e = s->be->matmul_nt(s->be, M, N, K, A, lda, w, C, ldc, 0, err);
     if (!e && w.format == WHALE_F16) round_rows_f16(C, M, N, ldc);
+    if (!e && s->lora_rows.n_runs) e = rows_forward(s, M, N, K, A, lda, W, C, ldc, err);
     lora_call lc;
     if (e || !lora_begin(s, W, M, K, &lc)) return e;
     /* C += s · (drop(A)·Aᵀ) · B[rows]ᵀ */
@@ -416,7 +446,7 @@ whale_code whale_linear_parts(whale_session *s, int K, int n, const whale_linear
         const whale_linear_part *p = &parts[i];
         whale_wref w = whale_model_wref(m, p->W, p->ldw);
         if (!i) dt = w.format;
-        joint = w.format == dt && !(m->n_lora && whale_lora_find(m, p->W));
+        joint = w.format == dt && !(m->n_lora && whale_lora_find(m, p->W)) && !rows_adapted(s, p->W);
         np[i] = (whale_mm_part){p->M, p->N, p->A, p->lda, w.data, p->ldw, w.scale, p->C, p->ldc};
     }
     if (!joint) {

@@ -86,17 +86,22 @@ static int get_bool(const cJSON *o, const char *key, int *out, serve_error *e) {
     return 1;
 }
 
-static int check_model(const serve_text *tx, const cJSON *root, int required, serve_error *e) {
+/* "model": the base's id or an adapter's; *which (may be NULL) gets its
+ * index in tx->model_ids (0, the base, when absent and not required). */
+static int check_model(const serve_text *tx, const cJSON *root, int required, int *which, serve_error *e) {
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (which) *which = 0;
     if (!m || cJSON_IsNull(m)) return required ? BAD(e, "model", "'model' is required") : 0;
     if (!cJSON_IsString(m)) return BAD(e, "model", "'model' must be a string");
-    if (strcmp(m->valuestring, tx->model_name)) {
-        serve_error_set(e, 404, "invalid_request_error", "model", "model_not_found",
-                        "The model '%.200s' does not exist (this server has '%.200s')", m->valuestring,
-                        tx->model_name);
-        return -1;
-    }
-    return 0;
+    for (int k = 0; k < tx->n_models; k++)
+        if (!strcmp(m->valuestring, tx->model_ids[k])) {
+            if (which) *which = k;
+            return 0;
+        }
+    serve_error_set(e, 404, "invalid_request_error", "model", "model_not_found",
+                    "The model '%.200s' does not exist (this server has '%.200s'%s)", m->valuestring, tx->model_name,
+                    tx->n_models > 1 ? " and its adapters: GET /v1/models lists them" : "");
+    return -1;
 }
 
 /* stop: a string or up to SERVE_MAX_STOP non-empty strings. */
@@ -431,7 +436,8 @@ int serve_parse_generation(const serve_text *tx, int chat, const char *body, siz
     memset(req, 0, sizeof *req);
     req->chat = chat;
     if (parse_body(body, len, &root, e)) return -1;
-    int r = check_model(tx, root, 1, e);
+    int r = check_model(tx, root, 1, &req->model, e);
+    j->model = req->model;
     if (!r) r = parse_options(root, chat, j, req, e);
     if (!r) r = parse_sampling(tx, root, j, e);
     if (!r) r = parse_stop(root, j, e);
@@ -461,7 +467,7 @@ static cJSON *response_head(const serve_text *tx, const serve_gen_request *req, 
     cJSON_AddStringToObject(o, "object", req->chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
                                                    : "text_completion");
     cJSON_AddNumberToObject(o, "created", (double)created);
-    cJSON_AddStringToObject(o, "model", tx->model_name);
+    cJSON_AddStringToObject(o, "model", tx->model_ids[req->model]);
     cJSON_AddNullToObject(o, "system_fingerprint");
     return o;
 }
@@ -582,19 +588,29 @@ char *serve_chunk_event(const serve_text *tx, const serve_gen_request *req, cons
 
 /* ------------------------------------------------------------ other endpoints */
 
+/* The base, then each adapter with its base as "parent" (vLLM's field). */
 char *serve_models_json(const serve_text *tx, long created) {
-    cJSON *o = cJSON_CreateObject(), *data = cJSON_AddArrayToObject(o, "data"), *m = cJSON_CreateObject();
-    if (!o || !data || !m || !cJSON_AddItemToArray(data, m)) {
-        cJSON_Delete(m);
+    cJSON *o = cJSON_CreateObject(), *data = cJSON_AddArrayToObject(o, "data");
+    if (!o || !data) {
         cJSON_Delete(o);
         return NULL;
     }
     cJSON_AddStringToObject(o, "object", "list");
-    cJSON_AddStringToObject(m, "id", tx->model_name);
-    cJSON_AddStringToObject(m, "object", "model");
-    cJSON_AddNumberToObject(m, "created", (double)created);
-    cJSON_AddStringToObject(m, "owned_by", "whale");
-    cJSON_AddNumberToObject(m, "max_model_len", tx->ctx);
+    for (int k = 0; k < tx->n_models; k++) {
+        cJSON *m = cJSON_CreateObject();
+        if (!m || !cJSON_AddItemToArray(data, m)) {
+            cJSON_Delete(m);
+            cJSON_Delete(o);
+            return NULL;
+        }
+        cJSON_AddStringToObject(m, "id", tx->model_ids[k]);
+        cJSON_AddStringToObject(m, "object", "model");
+        cJSON_AddNumberToObject(m, "created", (double)created);
+        cJSON_AddStringToObject(m, "owned_by", "whale");
+        if (k) cJSON_AddStringToObject(m, "parent", tx->model_name);
+        else cJSON_AddNullToObject(m, "parent");
+        cJSON_AddNumberToObject(m, "max_model_len", tx->ctx);
+    }
     return print_free(o);
 }
 
@@ -607,7 +623,7 @@ int serve_tokenize(const serve_text *tx, const char *body, size_t len, char **ou
         cJSON_Delete(root);
         return serve_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1;
     }
-    int add = 1, r = check_model(tx, root, 0, e);
+    int add = 1, r = check_model(tx, root, 0, NULL, e);
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
     if (!p) p = cJSON_GetObjectItemCaseSensitive(root, "content");
     if (!r && get_bool(root, "add_special_tokens", &add, e) < 0) r = -1;
@@ -628,7 +644,7 @@ int serve_detokenize(const serve_text *tx, const char *body, size_t len, char **
     cJSON *root;
     if (parse_body(body, len, &root, e)) return -1;
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "tokens");
-    int n = cJSON_GetArraySize(t), r = check_model(tx, root, 0, e), k = 0;
+    int n = cJSON_GetArraySize(t), r = check_model(tx, root, 0, NULL, e), k = 0;
     int32_t *ids = r ? NULL : malloc(sizeof(int32_t) * (size_t)(n + 1));
     if (!r && !cJSON_IsArray(t)) r = BAD(e, "tokens", "'tokens' must be an array of token ids");
     for (const cJSON *v = cJSON_IsArray(t) ? t->child : NULL; !r && ids && v; v = v->next, k++) {

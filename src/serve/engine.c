@@ -6,15 +6,18 @@
  * starts with the same tokens (a system prompt, a continued conversation)
  * reuses them: the queued job goes to the free slot whose cached tokens
  * share the longest prefix with its prompt, and when another slot (busy or
- * not) shares a longer one, that slot's cells are copied over.
+ * not) shares a longer one, that slot's cells are copied over. Cells are
+ * made with an adapter (or none): a slot is bound to its job's adapter,
+ * and only slots of the same adapter share cells.
  *
  * One step of the loop: every decoding slot's last sampled token (one
  * logits row each), then chunks of prompts still being prefilled up to the
  * batch's token budget, all in one whale_session_decode; then each slot
  * that got a logits row samples its next token. A prompt's last token
  * carries the logits flag, so its first token is sampled in the step that
- * finishes its prefill. Jobs cancelled by their client release their slot
- * at the next step, with its cells emptied.
+ * finishes its prefill. Decoding slots go in adapter by adapter, so each
+ * adapter's rows form one run of the batch. Jobs cancelled by their client
+ * release their slot at the next step, with its cells emptied.
  */
 #include "serve/serve_impl.h"
 
@@ -30,6 +33,7 @@ typedef struct {
     serve_job *job;
     int32_t *toks; /* prompt + generated; toks[0..n_cells) have cells */
     int n_toks, n_cells;
+    int model;     /* the adapter the cells were made with (serve_job.model) */
     whale_sampler *sm;
     whale_detokenizer *detok;
     int32_t *counts;   /* [V] generated-token counts (frequency/presence penalties) */
@@ -41,6 +45,8 @@ struct serve_engine {
     whale_model *m;
     const whale_tokenizer *tok;
     whale_session *s;
+    whale_adapter **ad; /* [n_models]: ad[0] NULL (the base), ad[k] the job model k's */
+    int n_models;
     int n_seq, n_ctx, n_batch, V, qmax;
     int32_t stop_ids[32];
     int n_stop_ids;
@@ -185,6 +191,10 @@ static void slot_finish(serve_engine *e, int i, const char *finish) {
     if (dropped) e->metrics->cancelled++;
     else if (j->t_first) serve_hist_add(&e->metrics->ttft, j->t_first - j->t_submit);
     if (!dropped) serve_hist_add(&e->metrics->latency, now - j->t_submit);
+    if (j->model < e->metrics->n_models) {
+        e->metrics->model_requests[j->model]++;
+        e->metrics->model_generated[j->model] += (uint64_t)j->n_gen;
+    }
     pthread_mutex_unlock(&e->metrics->mu);
     j->finish = !strcmp(finish, "stop_string") ? "stop" : finish;
     j->ready = j->len;
@@ -203,37 +213,58 @@ static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
     return n;
 }
 
-/* Put job j on a free slot, reusing the longest cached prefix; returns the
- * slot or -1 when none is free. */
-static int slot_pick(serve_engine *e, const serve_job *j, int *reuse) {
-    int best = -1, best_n = -1, src = -1, src_n = 0;
+/* Slot i for a job of model: its cells emptied when they were made with
+ * another adapter, and the sequence bound to this one. */
+static whale_code slot_bind(serve_engine *e, int i, int model, whale_err *err) {
+    slot_t *sl = &e->slots[i];
+    if (sl->model == model) return WHALE_OK;
+    whale_kv_seq_keep(e->s, i, 0);
+    sl->n_cells = sl->n_toks = 0;
+    whale_code c = whale_kv_seq_set_adapter(e->s, i, e->ad[model], err);
+    if (!c) sl->model = model;
+    return c;
+}
+
+/* Put job j on a free slot (*slot; there is one), reusing the longest
+ * cached prefix among the slots of its adapter; a free slot holding another
+ * adapter's cells is taken only when no empty one or one of its own is
+ * free, and bound to it. */
+static whale_code slot_pick(serve_engine *e, const serve_job *j, int *slot, int *reuse, whale_err *err) {
+    int best = -1, best_n = -2, src = -1, src_n = 0;
     for (int i = 0; i < e->n_seq; i++) {
         const slot_t *sl = &e->slots[i];
-        int n = common_prefix(sl->toks, sl->n_cells, j->prompt, j->n_prompt);
+        int n = sl->model == j->model ? common_prefix(sl->toks, sl->n_cells, j->prompt, j->n_prompt)
+                : sl->n_cells ? -1 /* another adapter's cache, taken last */
+                              : 0;
         if (!sl->job && n > best_n) best = i, best_n = n;
         if (n > src_n) src = i, src_n = n;
     }
-    if (best < 0) return -1;
+    assert(best >= 0);
+    *slot = best;
     int limit = j->n_prompt - 1; /* the last prompt token is always fed: its logits */
-    *reuse = best_n < limit ? best_n : limit;
+    *reuse = best_n < 0 ? 0 : best_n < limit ? best_n : limit;
+    whale_code c = slot_bind(e, best, j->model, err);
+    if (c) return c;
     if (src != best && src_n > best_n) {
         int n = src_n < limit ? src_n : limit;
-        whale_err err;
-        if (!whale_kv_seq_copy(e->s, src, best, n, &err)) {
+        whale_err cerr;
+        if (!whale_kv_seq_copy(e->s, src, best, n, &cerr)) {
             memcpy(e->slots[best].toks, j->prompt, sizeof(int32_t) * (size_t)n);
             e->slots[best].n_cells = n;
             *reuse = n;
         }
     }
-    return best;
+    return WHALE_OK;
 }
 
 static whale_code slot_start(serve_engine *e, serve_job *j, whale_err *err) {
-    int reuse = 0, i = slot_pick(e, j, &reuse);
+    int reuse = 0, i = -1;
+    whale_code c = slot_pick(e, j, &i, &reuse, err);
     slot_t *sl = &e->slots[i];
-    whale_code c = whale_sampler_new(&j->sp, e->V, &sl->sm, err);
-    if (!c) c = whale_detokenizer_new(e->tok, j->skip_special, &sl->detok, err);
     sl->job = j;
+    if (c) return c;
+    c = whale_sampler_new(&j->sp, e->V, &sl->sm, err);
+    if (!c) c = whale_detokenizer_new(e->tok, j->skip_special, &sl->detok, err);
     if (c) return c;
     whale_kv_seq_keep(e->s, i, reuse);
     memcpy(sl->toks, j->prompt, sizeof(int32_t) * (size_t)j->n_prompt);
@@ -254,13 +285,14 @@ static whale_code slot_start(serve_engine *e, serve_job *j, whale_err *err) {
 static whale_code step_build(serve_engine *e, int *n_out, int *n_prefill, whale_err *err) {
     whale_dbatch_clear(&e->batch);
     *n_out = *n_prefill = 0;
-    for (int i = 0; i < e->n_seq; i++) {
-        slot_t *sl = &e->slots[i];
-        if (!sl->job || sl->n_toks <= sl->job->n_prompt) continue;
-        whale_code c = whale_dbatch_add(&e->batch, sl->toks[sl->n_toks - 1], sl->n_cells, i, 1, err);
-        if (c) return c;
-        e->out_slot[(*n_out)++] = i;
-    }
+    for (int a = 0; a < e->n_models; a++) /* adapter by adapter: one run of rows each */
+        for (int i = 0; i < e->n_seq; i++) {
+            slot_t *sl = &e->slots[i];
+            if (!sl->job || sl->model != a || sl->n_toks <= sl->job->n_prompt) continue;
+            whale_code c = whale_dbatch_add(&e->batch, sl->toks[sl->n_toks - 1], sl->n_cells, i, 1, err);
+            if (c) return c;
+            e->out_slot[(*n_out)++] = i;
+        }
     int budget = e->n_batch - e->batch.n_tokens, first = e->prefill_next;
     for (int k = 0; k < e->n_seq && budget > 0; k++) {
         int i = (first + k) % e->n_seq;
@@ -458,10 +490,16 @@ static whale_code engine_alloc(serve_engine *e, whale_err *err) {
 }
 
 whale_code serve_engine_new(whale_model *m, const whale_tokenizer *tok, const int32_t *stop_ids, int n_stop,
-                            const serve_config *cfg, serve_metrics *metrics, serve_engine **out, whale_err *err) {
+                            whale_adapter *const *adapters, int n_adapters, const serve_config *cfg,
+                            serve_metrics *metrics, serve_engine **out, whale_err *err) {
     *out = NULL;
     serve_engine *e = calloc(1, sizeof *e);
-    if (!e) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    if (!e || !(e->ad = calloc((size_t)n_adapters + 1, sizeof *e->ad))) {
+        free(e);
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    }
+    e->n_models = n_adapters + 1;
+    for (int k = 0; k < n_adapters; k++) e->ad[k + 1] = adapters[k];
     e->m = m;
     e->tok = tok;
     e->metrics = metrics;
@@ -509,6 +547,7 @@ void serve_engine_free(serve_engine *e) {
         whale_detokenizer_free(e->slots[i].detok);
     }
     free(e->slots);
+    free(e->ad);
     free(e->out_slot);
     free(e->logits);
     free(e->raw);

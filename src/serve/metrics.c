@@ -18,7 +18,20 @@ void serve_metrics_init(serve_metrics *m) {
     m->batch_seqs.n = 9;
 }
 
-void serve_metrics_destroy(serve_metrics *m) { pthread_mutex_destroy(&m->mu); }
+int serve_metrics_set_models(serve_metrics *m, int n, const char *const *ids) {
+    m->model_requests = calloc((size_t)n, sizeof *m->model_requests);
+    m->model_generated = calloc((size_t)n, sizeof *m->model_generated);
+    if (!m->model_requests || !m->model_generated) return -1;
+    m->n_models = n;
+    m->model_ids = ids;
+    return 0;
+}
+
+void serve_metrics_destroy(serve_metrics *m) {
+    free(m->model_requests);
+    free(m->model_generated);
+    pthread_mutex_destroy(&m->mu);
+}
 
 void serve_hist_add(serve_hist *h, double v) {
     int b = 0;
@@ -76,6 +89,25 @@ static void put_one(sbuf *s, const char *name, const char *type, const char *hel
     put(s, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
 }
 
+/* A label value as the text format escapes it (backslash, quote, newline). */
+static void put_label(sbuf *s, const char *v) {
+    for (; *v; v++) {
+        if (*v == '\\' || *v == '"') put(s, "\\%c", *v);
+        else if (*v == '\n') put(s, "\\n");
+        else put(s, "%c", *v);
+    }
+}
+
+/* counter name{model="id"} for every model id */
+static void put_per_model(sbuf *s, const serve_metrics *m, const char *name, const char *help, const uint64_t *v) {
+    put(s, "# HELP %s %s\n# TYPE %s counter\n", name, help, name);
+    for (int k = 0; k < m->n_models; k++) {
+        put(s, "%s{model=\"", name);
+        put_label(s, m->model_ids[k]);
+        put(s, "\"} %llu\n", (unsigned long long)v[k]);
+    }
+}
+
 char *serve_metrics_text(serve_metrics *m, size_t kv_bytes, int parallel, int ctx) {
     static const char *eps[] = {"chat_completions", "completions", "models", "health",
                                 "metrics", "tokenize", "detokenize", "page"};
@@ -108,6 +140,10 @@ char *serve_metrics_text(serve_metrics *m, size_t kv_bytes, int parallel, int ct
     put_hist(&s, "whale_step_seconds", "time of one batched forward and its sampling", &m->step);
     put_hist(&s, "whale_time_to_first_token_seconds", "from submission to the first generated token", &m->ttft);
     put_hist(&s, "whale_request_seconds", "from submission to the end of generation", &m->latency);
+    put_per_model(&s, m, "whale_model_requests_total", "finished generations by model (the base or an adapter)",
+                  m->model_requests);
+    put_per_model(&s, m, "whale_model_generated_tokens_total", "tokens sampled by model (the base or an adapter)",
+                  m->model_generated);
     pthread_mutex_unlock(&m->mu);
     if (s.failed) {
         free(s.buf);

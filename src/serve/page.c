@@ -1,7 +1,8 @@
 /* GET /: the chat page, embedded in the binary (no file is served from disk and the
  * page loads nothing from elsewhere): a conversation streamed from
- * /v1/chat/completions, system prompt, temperature, top-p, max tokens, the API
- * key (kept in the browser's localStorage), tokens/s, a stop button. */
+ * /v1/chat/completions, the model or adapter to use, system prompt, temperature,
+ * top-p, max tokens, the API key (kept in the browser's localStorage), tokens/s,
+ * a stop button. */
 #include "serve/serve_impl.h"
 
 const char serve_page_html[] =
@@ -11,13 +12,14 @@ const char serve_page_html[] =
     "<style>\n"
     "body{font:15px/1.45 system-ui,sans-serif;margin:0;display:flex;height:100vh;color:#1b2733;background:#f4f6f8}\n"
     "aside{width:260px;padding:14px;background:#e6ebf0;overflow:auto}aside label{display:block;margin:10px 0 2px;font-size:13px}\n"
-    "aside input,aside textarea{width:100%;box-sizing:border-box;font:inherit}main{flex:1;display:flex;flex-direction:column}\n"
+    "aside input,aside textarea,aside select{width:100%;box-sizing:border-box;font:inherit}main{flex:1;display:flex;flex-direction:column}\n"
     "#log{flex:1;overflow:auto;padding:16px}.m{max-width:760px;margin:0 auto 12px;white-space:pre-wrap;padding:8px 12px;border-radius:8px}\n"
     ".user{background:#d7e7fb}.assistant{background:#fff}.err{background:#fbdada}\n"
     "form{display:flex;gap:8px;padding:12px;background:#e6ebf0}form textarea{flex:1;font:inherit;height:3em}\n"
     "#stat{font-size:12px;color:#55606b;text-align:center;min-height:1.2em}\n"
     "</style></head><body>\n"
     "<aside><b>whale</b> <span id=\"model\"></span>\n"
+    "<label>Model or adapter <select id=\"pick\"></select></label>\n"
     "<label>System prompt<textarea id=\"system\" rows=\"4\"></textarea></label>\n"
     "<label>Temperature <input id=\"temperature\" type=\"number\" step=\"0.1\" min=\"0\" max=\"2\" value=\"0.7\"></label>\n"
     "<label>Top p <input id=\"top_p\" type=\"number\" step=\"0.05\" min=\"0.01\" max=\"1\" value=\"0.9\"></label>\n"
@@ -38,8 +40,13 @@ const char serve_page_html[] =
     "}\n"
     "async function models() {\n"
     "  const r = await fetch('/v1/models', {headers: headers()});\n"
-    "  if (r.ok) { model = (await r.json()).data[0].id; $('model').textContent = model; }\n"
+    "  if (!r.ok) return;\n"
+    "  const ids = (await r.json()).data.map((m) => m.id), keep = ids.includes(model) ? model : ids[0];\n"
+    "  $('pick').textContent = '';\n"
+    "  for (const id of ids) { const o = document.createElement('option'); o.value = o.textContent = id; $('pick').appendChild(o); }\n"
+    "  $('pick').value = model = keep; $('model').textContent = model;\n"
     "}\n"
+    "$('pick').onchange = () => { model = $('pick').value; $('model').textContent = model; };\n"
     "$('key').onchange = () => { localStorage.setItem('whale-key', $('key').value); models(); };\n"
     "$('clear').onclick = () => { convo = []; $('log').textContent = ''; $('stat').textContent = ''; };\n"
     "$('stop').onclick = () => ctl && ctl.abort();\n"

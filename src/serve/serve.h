@@ -6,17 +6,29 @@
  * validate requests, render and tokenize prompts, and hand jobs to the
  * engine through a mutex/condvar queue. One engine thread owns the session
  * and runs continuous batching: every active request's next token goes
- * into one whale_session_decode, next to chunks of new prompts.
+ * into one whale_session_decode, next to chunks of new prompts. With
+ * --adapters, each sequence is bound to its request's adapter (or none),
+ * so requests for different adapters share the same forward.
  */
 #ifndef WHALE_SERVE_H
 #define WHALE_SERVE_H
 
 #include "whale.h"
 
+/* A LoRA adapter over the model that requests may name as their "model"
+ * (--adapters NAME=DIR): a PEFT folder, such as a whale sft checkpoint. */
+typedef struct {
+    const char *name, *dir;
+} serve_adapter;
+#define SERVE_MAX_ADAPTERS 64
+#define SERVE_MAX_ADAPTER_NAME 128
+
 typedef struct {
     const char *model_dir;     /* -m DIR */
     const char *model_name;    /* the id requests name (NULL: DIR's last component) */
     const char *chat_template; /* NULL: the folder's own (whale_chat_template_load) */
+    const serve_adapter *adapters; /* loaded once beside the model; each request picks one or the base */
+    int n_adapters;
     const char *host;          /* numeric address or name to bind (NULL: 127.0.0.1) */
     int port;                  /* 0: any free port (serve_port tells which) */
     const char *api_key;       /* NULL: no authentication */

@@ -29,6 +29,7 @@ typedef struct {
 
 typedef struct serve_job {
     /* request: read-only once submitted */
+    int model; /* 0: the base; k: adapter k − 1 of serve_config.adapters */
     int32_t *prompt;
     int n_prompt;
     int max_tokens;
@@ -74,9 +75,15 @@ typedef struct {
     uint64_t prompt_tokens, reused_tokens, generated_tokens, cancelled, decode_steps;
     int queue_depth, slots_busy, batch_seqs_last, batch_seqs_max;
     serve_hist ttft, latency, step, batch_seqs;
+    /* per model id (the base, then each adapter): finished requests, generated tokens */
+    int n_models;
+    const char *const *model_ids;
+    uint64_t *model_requests, *model_generated;
 } serve_metrics;
 
 void serve_metrics_init(serve_metrics *m);
+/* The model ids counted per model (n of them, kept by the caller). */
+int serve_metrics_set_models(serve_metrics *m, int n, const char *const *ids);
 void serve_metrics_destroy(serve_metrics *m);
 void serve_hist_add(serve_hist *h, double v);
 /* Prometheus text exposition; malloc'd. */
@@ -85,8 +92,10 @@ char *serve_metrics_text(serve_metrics *m, size_t kv_bytes, int parallel, int ct
 /* ------------------------------------------------------------ engine */
 typedef struct serve_engine serve_engine;
 
+/* adapters[k] is what a job of model k + 1 runs with (model 0: the base). */
 whale_code serve_engine_new(whale_model *m, const whale_tokenizer *tok, const int32_t *stop_ids, int n_stop,
-                            const serve_config *cfg, serve_metrics *metrics, serve_engine **out, whale_err *err);
+                            whale_adapter *const *adapters, int n_adapters, const serve_config *cfg,
+                            serve_metrics *metrics, serve_engine **out, whale_err *err);
 /* Stop the thread: what runs or waits is cancelled (its jobs end as done);
  * the engine still answers wait/take/cancel until freed. */
 void serve_engine_stop(serve_engine *e);
@@ -182,7 +191,9 @@ char *serve_error_json(const serve_error *e);
 
 /* What the model and text side of the server share with the API code. */
 typedef struct serve_text {
-    const char *model_name;
+    const char *model_name;      /* the base's id: model_ids[0] */
+    const char *const *model_ids; /* the base, then each adapter's name: what "model" may say */
+    int n_models;
     whale_tokenizer *tok; /* encode only under text_mu */
     pthread_mutex_t *text_mu;
     const whale_chat_template *tpl;
@@ -202,6 +213,7 @@ int serve_check_head(const serve_config *cfg, const char *method, const char *ur
 /* A parsed generation request. */
 typedef struct {
     int chat;   /* /v1/chat/completions (else /v1/completions) */
+    int model;  /* the id the request named: tx->model_ids[model] */
     int stream, include_usage;
     int echo;   /* completions: prompt text first */
     int tools;  /* chat with tools: tool calls are parsed from the reply */
@@ -266,6 +278,8 @@ struct serve_server {
     serve_text tx;
     serve_metrics metrics;
     serve_engine *eng;
+    whale_adapter **adapters; /* [cfg.n_adapters], owned by the model */
+    const char **ids;         /* the base's name, then the adapters' */
     struct MHD_Daemon *d;
     serve_deadlines *deadlines;
     int port;

@@ -3,6 +3,7 @@
 
 #include "core/core.h"
 #include "whale_chat.h"
+#include "whale_lora.h"
 
 #include <microhttpd.h>
 #include <netdb.h>
@@ -34,6 +35,8 @@ static whale_code check_config(const serve_config *c, whale_err *err) {
     if (c->batch < 1 || c->queue < 0 || c->max_body < 1 || c->upload_seconds < 1 || c->max_connections < 1)
         return whale_errf(err, WHALE_ERR_ARG, "serve: --batch, --queue, --max-body, --timeout, --max-connections out of range");
     if (c->port < 0 || c->port > 65535) return whale_errf(err, WHALE_ERR_ARG, "serve: --port must be in [0, 65535]");
+    if (c->n_adapters < 0 || c->n_adapters > SERVE_MAX_ADAPTERS || (c->n_adapters && !c->adapters))
+        return whale_errf(err, WHALE_ERR_ARG, "serve: --adapters takes at most %d adapters", SERVE_MAX_ADAPTERS);
     return WHALE_OK;
 }
 
@@ -63,6 +66,42 @@ static whale_code load_text(serve_server *s, whale_err *err) {
     s->tx.tpl = s->tpl;
     s->tx.vocab = mv;
     s->tx.defaults = c->sampling;
+    return WHALE_OK;
+}
+
+/* A name requests can give: 1..SERVE_MAX_ADAPTER_NAME of letters, digits and ._-:/@+ */
+static int good_name(const char *n) {
+    size_t len = strlen(n);
+    return len >= 1 && len <= SERVE_MAX_ADAPTER_NAME &&
+           strspn(n, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-:/@+") == len;
+}
+
+/* --adapters: each folder loaded once beside the model, under a name of
+ * its own; the ids requests may give are the base's, then these. */
+static whale_code load_adapters(serve_server *s, whale_err *err) {
+    const serve_config *c = &s->cfg;
+    int n = c->n_adapters;
+    s->adapters = calloc((size_t)n + 1, sizeof *s->adapters);
+    s->ids = calloc((size_t)n + 1, sizeof *s->ids);
+    if (!s->adapters || !s->ids) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    s->ids[0] = s->name;
+    for (int k = 0; k < n; k++) {
+        const serve_adapter *a = &c->adapters[k];
+        if (!good_name(a->name))
+            return whale_errf(err, WHALE_ERR_ARG, "serve: --adapters: the name \"%.200s\" must be 1 to %d letters, "
+                              "digits or ._-:/@+", a->name, SERVE_MAX_ADAPTER_NAME);
+        for (int i = 0; i <= k; i++)
+            if (!strcmp(a->name, s->ids[i]))
+                return whale_errf(err, WHALE_ERR_ARG, "serve: --adapters: the name \"%s\" is given twice%s", a->name,
+                                  i ? "" : " (it is the base model's)");
+        whale_code rc = whale_adapter_load(s->m, a->dir, &s->adapters[k], err);
+        if (rc) return rc;
+        s->ids[k + 1] = a->name;
+    }
+    s->tx.model_ids = s->ids;
+    s->tx.n_models = n + 1;
+    if (serve_metrics_set_models(&s->metrics, n + 1, s->ids))
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
     return WHALE_OK;
 }
 
@@ -119,6 +158,7 @@ whale_code serve_open(const serve_config *cfg, serve_server **out, whale_err *er
     if (!s->name) rc = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
     if (!rc) rc = whale_model_load_as(cfg->model_dir, cfg->dtype, &s->m, err);
     if (!rc) rc = load_text(s, err);
+    if (!rc) rc = load_adapters(s, err); /* before the session: its scratch fits their ranks */
     if (!rc) {
         int maxpos = whale_model_max_positions(s->m);
         s->cfg.ctx_size = cfg->ctx_size > 0 ? cfg->ctx_size : (maxpos < 4096 ? maxpos : 4096);
@@ -129,7 +169,9 @@ whale_code serve_open(const serve_config *cfg, serve_server **out, whale_err *er
         s->tx.ctx = s->cfg.ctx_size;
     }
     int32_t ids[32];
-    if (!rc) rc = serve_engine_new(s->m, s->tok, ids, stop_ids(s, ids), &s->cfg, &s->metrics, &s->eng, err);
+    if (!rc)
+        rc = serve_engine_new(s->m, s->tok, ids, stop_ids(s, ids), s->adapters, s->cfg.n_adapters, &s->cfg, &s->metrics,
+                              &s->eng, err);
     if (!rc) rc = start_daemon(s, err);
     if (rc) {
         serve_close(s);
@@ -142,6 +184,10 @@ whale_code serve_open(const serve_config *cfg, serve_server **out, whale_err *er
 int serve_port(const serve_server *s) { return s->port; }
 
 void serve_describe(const serve_server *s, FILE *f) {
+    for (int k = 0; k < s->cfg.n_adapters; k++)
+        fprintf(f, "whale serve: adapter \"%s\": %d weights, rank %d, %lld parameters\n", s->ids[k + 1],
+                whale_adapter_count(s->adapters[k]), whale_adapter_rank(s->adapters[k]),
+                (long long)whale_adapter_num_params(s->adapters[k]));
     fprintf(f, "whale serve: model \"%s\" (%s template), %d slots x %d cells, KV cache %.1f MiB, on http://%s%s%s:%d/\n",
             s->name, whale_chat_template_name(s->tpl), s->cfg.parallel, s->cfg.ctx_size,
             serve_engine_kv_bytes(s->eng) / 1048576.0, strchr(s->cfg.host, ':') ? "[" : "", s->cfg.host,
@@ -164,8 +210,10 @@ void serve_close(serve_server *s) {
     whale_chat_template_free(s->tpl);
     whale_tokenizer_free(s->tok);
     if (s->tx.text_mu) pthread_mutex_destroy(&s->text_mu);
-    whale_model_free(s->m);
+    whale_model_free(s->m); /* and the adapters it holds */
     serve_metrics_destroy(&s->metrics);
+    free(s->adapters);
+    free(s->ids);
     free(s->name);
     free(s);
 }

@@ -30,15 +30,21 @@ whale_lora_config whale_lora_defaults(void) {
                                .target_modules = "all-linear", .seed = 42};
 }
 
-/* Adapters with zero-filled storage on every target; A and B are params
- * "<name minus .weight>.lora_A.weight" / ".lora_B.weight". */
-static whale_code add_adapters(whale_model *m, const whale_lora_config *cfg, whale_err *err) {
-    if (m->n_lora) return whale_errf(err, WHALE_ERR_ARG, "the model already has LoRA adapters");
+static whale_code check_config(const whale_lora_config *cfg, whale_err *err) {
     if (cfg->rank < 1 || cfg->rank > WHALE_MAX_LORA_RANK)
         return whale_errf(err, WHALE_ERR_ARG, "LoRA rank must be in [1, %d], got %d", WHALE_MAX_LORA_RANK, cfg->rank);
     if (!(cfg->alpha > 0)) return whale_errf(err, WHALE_ERR_ARG, "lora_alpha must be > 0, got %g", cfg->alpha);
     if (!(cfg->dropout >= 0 && cfg->dropout < 1))
         return whale_errf(err, WHALE_ERR_ARG, "lora_dropout must be in [0, 1), got %g", cfg->dropout);
+    return WHALE_OK;
+}
+
+/* The targets of cfg among m's base parameters, in parameter order, each
+ * with zero-filled A and B in one block (*mem); a and b are −1. */
+static whale_code make_targets(const whale_model *m, const whale_lora_config *cfg, whale_lora_target **out, int *n_out,
+                               float **mem_out, size_t *floats_out, whale_err *err) {
+    whale_code c = check_config(cfg, err);
+    if (c) return c;
     const char *targets = cfg->target_modules ? cfg->target_modules : "all-linear";
     int nb = m->n_base_params ? m->n_base_params : m->n_params, n = 0;
     size_t floats = 0;
@@ -48,12 +54,48 @@ static whale_code add_adapters(whale_model *m, const whale_lora_config *cfg, wha
             floats += (size_t)cfg->rank * (size_t)(m->params[i].shape[0] + m->params[i].shape[1]);
         }
     if (!n) return whale_errf(err, WHALE_ERR_ARG, "target_modules \"%s\" matches no Linear layer of the model", targets);
-    lora_cfg_store *store = calloc(1, sizeof *store + strlen(targets) + 1);
     whale_lora_target *lt = calloc((size_t)n, sizeof *lt);
     float *mem = whale_calloc(floats * sizeof(float));
+    if (!lt || !mem) {
+        free(lt);
+        free(mem);
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory for LoRA adapters");
+    }
+    float scale = whale_lora_scale(cfg);
+    size_t off = 0;
+    for (int i = 0, k = 0; i < nb; i++) {
+        const whale_param *base = &m->params[i];
+        if (!whale_lora_is_target(base, targets)) continue;
+        int64_t rows = base->shape[0], cols = base->shape[1];
+        lt[k++] = (whale_lora_target){.base = i, .a = -1, .b = -1, .start = base->data, .end = base->data + rows * cols,
+                                      .rows = rows, .cols = cols, .rank = cfg->rank, .scale = scale,
+                                      .A = mem + off, .B = mem + off + (size_t)cfg->rank * (size_t)cols};
+        off += (size_t)cfg->rank * (size_t)(rows + cols);
+    }
+    *out = lt;
+    *n_out = n;
+    *mem_out = mem;
+    *floats_out = floats;
+    return WHALE_OK;
+}
+
+/* Adapters with zero-filled storage on every target, attached to the
+ * model: A and B are params "<name minus .weight>.lora_A.weight" /
+ * ".lora_B.weight". */
+static whale_code add_adapters(whale_model *m, const whale_lora_config *cfg, whale_err *err) {
+    if (m->n_lora) return whale_errf(err, WHALE_ERR_ARG, "the model already has LoRA adapters");
+    whale_lora_target *lt;
+    float *mem;
+    size_t floats;
+    int n;
+    whale_code c = make_targets(m, cfg, &lt, &n, &mem, &floats, err);
+    if (c) return c;
+    const char *targets = cfg->target_modules ? cfg->target_modules : "all-linear";
+    int nb = m->n_base_params ? m->n_base_params : m->n_params;
+    lora_cfg_store *store = calloc(1, sizeof *store + strlen(targets) + 1);
     whale_param *grown = realloc(m->params, sizeof *m->params * (size_t)(nb + 2 * n));
     if (grown) m->params = grown;
-    if (!store || !lt || !mem || !grown) {
+    if (!store || !grown) {
         free(store);
         free(lt);
         free(mem);
@@ -64,27 +106,18 @@ static whale_code add_adapters(whale_model *m, const whale_lora_config *cfg, wha
     store->cfg.target_modules = store->targets;
     m->n_base_params = nb;
     m->n_params = nb;
-    float scale = whale_lora_scale(cfg);
-    size_t off = 0;
-    int k = 0;
-    for (int i = 0; i < nb; i++) {
-        whale_param *base = &m->params[i];
-        if (!whale_lora_is_target(base, targets)) continue;
-        whale_lora_target *t = &lt[k++];
-        int64_t rows = base->shape[0], cols = base->shape[1];
-        *t = (whale_lora_target){.base = i, .start = base->data, .end = base->data + rows * cols, .rows = rows,
-                                 .cols = cols, .rank = cfg->rank, .scale = scale};
+    for (int k = 0; k < n; k++) { /* in parameter order, as PEFT writes them */
+        whale_lora_target *t = &lt[k];
+        const char *bname = m->params[t->base].name;
         char stem[96];
-        snprintf(stem, sizeof stem, "%.*s", (int)(strlen(base->name) - 7), base->name);
-        const int64_t sa[2] = {cfg->rank, cols}, sb[2] = {rows, cfg->rank};
+        snprintf(stem, sizeof stem, "%.*s", (int)(strlen(bname) - 7), bname);
+        const int64_t sa[2] = {cfg->rank, t->cols}, sb[2] = {t->rows, cfg->rank};
         t->a = m->n_params;
         whale_param *pa = whale_model_add_param(m, nb + 2 * n, &t->A, WHALE_ROLE_ADAPTER, 1, 1, 2, sa, "%s.lora_A.weight", stem);
         t->b = m->n_params;
         whale_param *pb = whale_model_add_param(m, nb + 2 * n, &t->B, WHALE_ROLE_ADAPTER, 1, 1, 2, sb, "%s.lora_B.weight", stem);
-        pa->data = t->A = mem + off;
-        off += (size_t)cfg->rank * (size_t)cols;
-        pb->data = t->B = mem + off;
-        off += (size_t)cfg->rank * (size_t)rows;
+        pa->data = t->A;
+        pb->data = t->B;
     }
     for (int i = 0; i < nb; i++) m->params[i].frozen = 1; /* PEFT freezes the whole base */
     /* slots point into lt, which is sorted now: re-aim them after sorting */
@@ -298,6 +331,31 @@ whale_code whale_lora_open_tensors(const char *dir, int rank, whale_st **st, wha
     return c;
 }
 
+/* Tensor PEFT_PREFIX name of st (the file path) into dst [rows, cols] as fp32. */
+static whale_code read_tensor(const whale_st *st, const char *path, const char *pname, float *dst, int64_t rows,
+                              int64_t cols, whale_err *err) {
+    char name[200];
+    snprintf(name, sizeof name, PEFT_PREFIX "%s", pname);
+    const whale_st_entry *e = whale_st_find(st, name);
+    if (!e) return whale_errf(err, WHALE_ERR_FORMAT, "%s: missing %s", path, name);
+    if (e->ndim != 2 || e->shape[0] != rows || e->shape[1] != cols)
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: %s is [%lld, %lld], expected [%lld, %lld]", path, name,
+                          (long long)e->shape[0], (long long)(e->ndim > 1 ? e->shape[1] : 0), (long long)rows,
+                          (long long)cols);
+    if (e->dtype == WHALE_F32) memcpy(dst, e->data, e->nbytes);
+    else if (e->dtype == WHALE_BF16) whale_bf16_to_f32(dst, e->data, (size_t)(rows * cols));
+    else if (e->dtype == WHALE_F16) whale_f16_to_f32(dst, e->data, (size_t)(rows * cols));
+    else return whale_errf(err, WHALE_ERR_FORMAT, "%s: %s is %s, not a float dtype", path, name, whale_dtype_name(e->dtype));
+    return WHALE_OK;
+}
+
+/* Every tensor of the file was read (found of them). */
+static whale_code check_all_read(const whale_st *st, const char *path, int found, const char *targets, whale_err *err) {
+    if (found == whale_st_count(st)) return WHALE_OK;
+    return whale_errf(err, WHALE_ERR_FORMAT, "%s: %d tensors do not belong to an adapter of this model's %s modules",
+                      path, whale_st_count(st) - found, targets);
+}
+
 whale_code whale_lora_load(whale_model *m, const char *dir, whale_err *err) {
     char path[4200], *targets;
     whale_lora_config cfg;
@@ -312,34 +370,64 @@ whale_code whale_lora_load(whale_model *m, const char *dir, whale_err *err) {
         return c;
     }
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
-    int found = 0;
     for (int i = m->n_base_params; i < m->n_params && !c; i++) {
         whale_param *p = &m->params[i];
-        char name[200];
-        snprintf(name, sizeof name, PEFT_PREFIX "%s", p->name);
-        const whale_st_entry *e = whale_st_find(st, name);
-        if (!e) {
-            c = whale_errf(err, WHALE_ERR_FORMAT, "%s: missing %s", path, name);
-            break;
-        }
-        if (e->ndim != 2 || e->shape[0] != p->shape[0] || e->shape[1] != p->shape[1])
-            c = whale_errf(err, WHALE_ERR_FORMAT, "%s: %s is [%lld, %lld], expected [%lld, %lld]", path, name,
-                           (long long)e->shape[0], (long long)(e->ndim > 1 ? e->shape[1] : 0), (long long)p->shape[0],
-                           (long long)p->shape[1]);
-        else if (e->dtype == WHALE_F32) memcpy(p->data, e->data, e->nbytes);
-        else if (e->dtype == WHALE_BF16) whale_bf16_to_f32(p->data, e->data, (size_t)(p->shape[0] * p->shape[1]));
-        else if (e->dtype == WHALE_F16) whale_f16_to_f32(p->data, e->data, (size_t)(p->shape[0] * p->shape[1]));
-        else c = whale_errf(err, WHALE_ERR_FORMAT, "%s: %s is %s, not a float dtype", path, name, whale_dtype_name(e->dtype));
-        found++;
+        c = read_tensor(st, path, p->name, p->data, p->shape[0], p->shape[1], err);
     }
-    if (!c && found != whale_st_count(st))
-        c = whale_errf(err, WHALE_ERR_FORMAT, "%s: %d tensors do not belong to an adapter of this model's %s modules",
-                       path, whale_st_count(st) - found, targets);
+    if (!c) c = check_all_read(st, path, m->n_params - m->n_base_params, targets, err);
     whale_st_close(st);
     free(targets); /* add_adapters keeps its own copy */
     if (c) whale_lora_free(m);
     return c;
 }
+
+/* ------------------------------------------------------------ adapters beside the model */
+
+whale_code whale_adapter_load(whale_model *m, const char *dir, whale_adapter **out, whale_err *err) {
+    char path[4200], *targets;
+    whale_lora_config cfg;
+    *out = NULL;
+    whale_code c = whale_lora_read_config(dir, &cfg, &targets, err);
+    if (c) return c;
+    whale_st *st = NULL;
+    whale_adapter *a = calloc(1, sizeof *a);
+    whale_adapter **list = realloc(m->adapters, sizeof *list * (size_t)(m->n_adapters + 1));
+    if (list) m->adapters = list;
+    size_t floats = 0;
+    if (!a || !list) c = whale_errf(err, WHALE_ERR_NOMEM, "%s: out of memory for an adapter", dir);
+    if (!c) c = whale_lora_open_tensors(dir, cfg.rank, &st, err);
+    if (!c) c = make_targets(m, &cfg, &a->t, &a->n, &a->mem, &floats, err);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    for (int k = 0; !c && k < a->n; k++) { /* parameter order: the first missing tensor is the one named */
+        const whale_lora_target *t = &a->t[k];
+        const char *bname = m->params[t->base].name;
+        char name[160];
+        snprintf(name, sizeof name, "%.*s.lora_A.weight", (int)(strlen(bname) - 7), bname);
+        c = read_tensor(st, path, name, t->A, t->rank, t->cols, err);
+        snprintf(name, sizeof name, "%.*s.lora_B.weight", (int)(strlen(bname) - 7), bname);
+        if (!c) c = read_tensor(st, path, name, t->B, t->rows, t->rank, err);
+    }
+    if (!c) c = check_all_read(st, path, 2 * a->n, targets, err);
+    whale_st_close(st);
+    free(targets);
+    if (c) {
+        if (a) free(a->t), free(a->mem);
+        free(a);
+        return c;
+    }
+    whale_lora_sort_targets(a->t, a->n);
+    a->model = m;
+    a->index = m->n_adapters;
+    a->rank = cfg.rank;
+    a->bytes = floats * sizeof(float);
+    m->adapters[m->n_adapters++] = a;
+    *out = a;
+    return WHALE_OK;
+}
+
+int whale_adapter_rank(const whale_adapter *a) { return a->rank; }
+int whale_adapter_count(const whale_adapter *a) { return a->n; }
+int64_t whale_adapter_num_params(const whale_adapter *a) { return (int64_t)(a->bytes / sizeof(float)); }
 
 /* ------------------------------------------------------------ merging */
 

@@ -3,9 +3,10 @@
 # `openai`, installed by scripts/setup.sh into tests/serve) and by raw
 # requests: chat and completions whole and streamed, greedy replies equal to
 # whale generate's, logprobs against whale score's logits, tool calls from a
-# model fine-tuned here to make one, concurrent streams batched, bad, slow
-# and hostile input, a full queue, SIGTERM draining, and the chat page in
-# headless Chromium (playwright-core).
+# model fine-tuned here to make one, concurrent streams on the base and two
+# LoRA adapters (made by whale sft) batched, bad, slow and hostile input, a
+# full queue, SIGTERM draining, and the chat page in headless Chromium
+# (playwright-core).
 # usage: serve.sh WHALE_BIN TEST_DATA_DIR
 set -u
 WHALE=$1
@@ -28,6 +29,22 @@ cat >"$TMP/cfg.json" <<JSON
 JSON
 "$WHALE" init --preset "$TMP/cfg.json" --out "$TMP/m" --tokenizer "$TOK" 2>/dev/null
 check "init the model" test -s "$TMP/m/model.safetensors"
+
+# two LoRA adapters trained by whale sft (a few steps at a high rate, so
+# that they change the replies): every Linear at rank 4, and q/v/down_proj
+# at rank 8
+SC=$DATA/../../data/self_cognition.jsonl
+sft_adapter() { # sft_adapter OUT ARGS...
+    local out=$1
+    shift
+    "$WHALE" sft -m "$TMP/m" --data "$SC#16" --model-name 小鲸 "Little Whale" --model-author 鲸鱼工坊 "Whale Works" \
+        --lora-dropout 0 --max-steps 3 --batch-size 4 --grad-accum 1 --lr 0.05 --save-steps 3 --out "$TMP/$out" \
+        "$@" >/dev/null 2>&1
+    ls -d "$TMP/$out"/v0-*/checkpoint-3
+}
+A1=$(sft_adapter sft1 --lora-rank 4 --lora-alpha 16)
+A2=$(sft_adapter sft2 --lora-rank 8 --lora-alpha 32 --target-modules q_proj v_proj down_proj --seed 7)
+check "whale sft made two adapters" test -s "$A1/adapter_model.safetensors" -a -s "$A2/adapter_model.safetensors"
 
 # a model that makes a tool call: a 400-id tokenizer trained on the record and
 # Qwen2.5's template (its <tool_call> tags added tokens that are not special,
@@ -58,6 +75,12 @@ mv "$(ls -d "$TMP"/tools-run/v0-*/checkpoint-40)" "$TMP/tools"
 check "fine-tune the tool-call model" test -s "$TMP/tools/model.safetensors"
 
 expect_status 2 'unknown option' -- "$WHALE" serve -m "$TMP/m" --bogus 1
+expect_status 2 'expects NAME=DIR' -- "$WHALE" serve -m "$TMP/m" --adapters "$A1"
+expect_status 2 'needs at least one value' -- "$WHALE" serve -m "$TMP/m" --adapters --port 0
+expect_status 2 'given twice.*base' -- "$WHALE" serve -m "$TMP/m" --port 0 --adapters "m=$A1"
+expect_status 2 'given twice' -- "$WHALE" serve -m "$TMP/m" --port 0 --adapters "a=$A1" "a=$A2"
+expect_status 2 'must be 1 to' -- "$WHALE" serve -m "$TMP/m" --port 0 --adapters "a b=$A1"
+expect_status 3 'adapter_config.json' -- "$WHALE" serve -m "$TMP/m" --port 0 --adapters "a=$TMP/nowhere"
 expect_status 2 '--parallel expects an integer' -- "$WHALE" serve -m "$TMP/m" --parallel 0
 expect_status 5 'exceeds the model' -- "$WHALE" serve -m "$TMP/m" --ctx-size 100000 --port 0
 printf '' >"$TMP/empty-key"
@@ -86,7 +109,7 @@ start_server() {
 
 printf 'sekret-key\n' >"$TMP/key"
 start_server "$TMP/serve.log" -m "$TMP/m" --parallel 8 --ctx-size 256 --batch 64 --api-key-file "$TMP/key" --max-body 1048576 \
-    --threads 2 || exit 1
+    --threads 2 --adapters "sql=$A1" --lora-modules "poet=$A2" || exit 1
 PID1=$PID URL1=$URL
 start_server "$TMP/serve2.log" -m "$TMP/m" --parallel 1 --queue 1 --ctx-size 256 --api-key sekret-key --timeout 3 --threads 1 ||
     exit 1
@@ -97,7 +120,7 @@ start_server "$TMP/serve4.log" -m "$TMP/m" --parallel 2 --ctx-size 2048 --api-ke
 PID4=$PID URL4=$URL
 
 export SERVE_URL=$URL1 SERVE_KEY=sekret-key SERVE_MODEL=m SERVE_DIR=$TMP/m WHALE TMP SERVE_PID=$PID1
-export SERVE_URL2=$URL2 SERVE_PID2=$PID2 SERVE_TOOLS_URL=$URL3 SERVE_TOOLS_DIR=$TMP/tools SERVE_PAGE_URL=$URL4
+export SERVE_URL2=$URL2 SERVE_PID2=$PID2 SERVE_TOOLS_URL=$URL3 SERVE_TOOLS_DIR=$TMP/tools SERVE_PAGE_URL=$URL4 SERVE_ADAPTERS="sql=$A1,poet=$A2"
 scripts=(client.mjs logprobs.mjs tools.mjs "concurrent.mjs 12" hostile.mjs)
 # the page in headless Chromium: scripts/setup.sh installs Debian's chromium and
 # playwright-core; without both (and setup.sh not run) the page test is skipped,

@@ -23,8 +23,9 @@ const greedy = { temperature: 0, ignore_eos: true, skip_special_tokens: false };
 
 // models
 const models = await client.models.list();
-check('models: one model, the served name', models.data.length === 1 && models.data[0].id === env.model,
-      JSON.stringify(models.data));
+check('models: the served name, then its adapters', models.data.length === 1 + env.adapters.length &&
+      models.data[0].id === env.model && env.adapters.every((a, k) => models.data[k + 1].id === a.name &&
+      models.data[k + 1].parent === env.model), JSON.stringify(models.data));
 
 // chat, whole: the reply equals whale generate's on the rendered prompt
 const messages = [{ role: 'system', content: 'You are a test.' }, { role: 'user', content: 'Hello there' }];

@@ -1,47 +1,81 @@
-// N concurrent streaming clients with different prompts and lengths each get
-// exactly the greedy continuation they get alone, while the server batches
-// them (the metrics show more than one sequence per forward). With more
-// clients than slots the rest wait in the queue; prompts sharing a prefix
-// ("Request 1", "Request 10") reuse cached cells, copied between slots.
-import { env, check, finish, call, metric } from './lib.mjs';
+// N concurrent streaming clients with different prompts, lengths and models
+// (the base and each LoRA adapter of --adapters, in turn) each get exactly
+// the greedy continuation `whale generate` gives alone (with --adapters for
+// an adapter's), while the server batches them (the metrics show more than
+// one sequence per forward) and counts each model's requests. With more
+// clients than slots the rest wait in the queue; prompts of one model
+// sharing a prefix (the template's system turn, "Request 1" and
+// "Request 10") reuse cached cells, copied between slots.
+import { env, check, finish, call, metric, whale } from './lib.mjs';
 
 const N = Number(process.argv[2] ?? 8);
+const models = [{ name: env.model, dir: null }, ...env.adapters];
 const prompts = Array.from({ length: N }, (_, i) =>
   `Request ${i}: ` + 'tell me about whales and the sea '.repeat(1 + (i % 4)).slice(0, 20 + 13 * i));
 const lengths = prompts.map((_, i) => 12 + 3 * (i % 5));
+const modelOf = (i) => models[i % models.length];
+const messagesOf = (i) => [{ role: 'user', content: prompts[i] }];
 
 async function streamOne(i) {
   const r = await fetch(env.url + '/v1/chat/completions', {
     method: 'POST',
     headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${env.key}` },
-    body: JSON.stringify({ model: env.model, messages: [{ role: 'user', content: prompts[i] }], stream: true,
-      max_tokens: lengths[i], temperature: 0, ignore_eos: true }),
+    body: JSON.stringify({ model: modelOf(i).name, messages: messagesOf(i), stream: true, max_tokens: lengths[i],
+      temperature: 0, ignore_eos: true, skip_special_tokens: false }),
   });
   const text = await r.text();
-  let out = '', done = false;
+  let out = '', done = false, model = '';
   for (const ev of text.split('\n\n')) {
     if (!ev.startsWith('data: ')) continue;
     if (ev === 'data: [DONE]') { done = true; continue; }
     const c = JSON.parse(ev.slice(6));
     out += c.choices[0]?.delta?.content ?? '';
+    model = c.model;
   }
-  return { status: r.status, out, done };
+  return { status: r.status, out, done, model };
 }
 
-const alone = [];
-for (let i = 0; i < N; i++) alone.push(await streamOne(i));
-check('alone: every stream ends with [DONE]', alone.every((a) => a.status === 200 && a.done));
-const distinct = new Set(alone.map((a) => a.out)).size;
+// What whale generate continues stream i's rendered prompt with, alone,
+// greedy, with the stream's adapter.
+async function generateAlone(i) {
+  const ids = (await call('/tokenize', { messages: messagesOf(i) })).json.tokens;
+  const m = modelOf(i);
+  const args = ['generate', '-m', env.dir, ...(m.dir ? ['--adapters', m.dir] : []), '--ids', ids.join(','),
+                '-n', String(lengths[i]), '--temperature', '0', '--ignore-eos'];
+  const out = whale(...args).trim().split(',').map(Number);
+  return (await call('/detokenize', { tokens: out })).json.prompt;
+}
+
+const listed = (await call('/v1/models')).json.data.map((m) => m.id);
+check('/v1/models lists the base, then each adapter', JSON.stringify(listed) === JSON.stringify(models.map((m) => m.name)),
+      JSON.stringify(listed));
+const want = [];
+for (let i = 0; i < N; i++) want.push(await generateAlone(i));
+const distinct = new Set(want).size;
 check('alone: the prompts give different replies', distinct > N / 2, distinct);
+if (models.length > 1) { // the same prompt under each model: every adapter changes the reply
+  const ids = (await call('/tokenize', { messages: messagesOf(0) })).json.tokens;
+  const replies = models.map((m) => whale('generate', '-m', env.dir, ...(m.dir ? ['--adapters', m.dir] : []),
+                                          '--ids', ids.join(','), '-n', '8', '--temperature', '0', '--ignore-eos'));
+  check('alone: every adapter changes the greedy reply', new Set(replies).size === models.length,
+        JSON.stringify(replies));
+}
 
 const maxBefore = await metric('whale_batch_sequences_max');
+const reqBefore = await Promise.all(models.map((m) => metric(`whale_model_requests_total\\{model="${m.name}"\\}`)));
 const together = await Promise.all(prompts.map((_, i) => streamOne(i)));
 for (let i = 0; i < N; i++)
-  check(`together: stream ${i} equals its reply alone`, together[i].out === alone[i].out && together[i].done,
-        JSON.stringify([together[i].out, alone[i].out]));
+  check(`together: stream ${i} (${modelOf(i).name}) equals whale generate's reply alone`,
+        together[i].out === want[i] && together[i].done && together[i].model === modelOf(i).name,
+        JSON.stringify([together[i].out, want[i], together[i].model]));
 const maxAfter = await metric('whale_batch_sequences_max');
 check('the server batched them (more than one sequence per forward)', maxAfter > 1, `${maxBefore} -> ${maxAfter}`);
 check('cached prompt prefixes were reused', (await metric('whale_prompt_tokens_reused_total')) > 0);
+for (let k = 0; k < models.length; k++) {
+  const n = await metric(`whale_model_requests_total\\{model="${models[k].name}"\\}`);
+  const expect = prompts.filter((_, i) => i % models.length === k).length;
+  check(`/metrics counts ${models[k].name}'s requests`, n - reqBefore[k] === expect, `${reqBefore[k]} -> ${n}`);
+}
 const busy = await metric('whale_slots_busy');
 check('every slot is free again', busy === 0, busy);
 const h = await call('/health', undefined, { headers: {} });

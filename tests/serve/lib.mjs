@@ -12,6 +12,9 @@ export const env = {
   tmp: process.env.TMP,
   pid: Number(process.env.SERVE_PID),
   sanitized: process.env.WHALE_SANITIZED === '1' || process.env.WHALE_SANITIZED === 'TRUE',
+  // the server's --adapters, "NAME=DIR,NAME=DIR": [{name, dir}]
+  adapters: (process.env.SERVE_ADAPTERS ?? '').split(',').filter(Boolean)
+    .map((a) => ({ name: a.slice(0, a.indexOf('=')), dir: a.slice(a.indexOf('=') + 1) })),
 };
 const port = Number(new URL(env.url).port);
 
