@@ -27,7 +27,8 @@ static const char serve_help[] =
     "  --model-name NAME      the id requests give as \"model\" (the folder's name)\n"
     "  --chat-template deepseek|chatml|raw|FILE.jinja   (the folder's own)\n"
     "  --max-body BYTES       largest request body (8388608)\n"
-    "  --timeout S            a request must arrive within S seconds; idle connections close (30)\n"
+    "  --timeout S            a request's headers and body must arrive within S seconds, however slowly sent;\n"
+    "                         idle connections close (30)\n"
     "  --max-connections N    (256)   --threads N (all cores)   --verbose\n"
     "  sampling defaults for requests that leave them out: generation_config.json, else OpenAI's\n"
     "endpoints: POST /v1/chat/completions /v1/completions /tokenize /detokenize, GET /v1/models /health /metrics /";
