@@ -1427,7 +1427,7 @@ static void test_tier_dispatch(whale_gemm *g) {
                        : t >= WHALE_ISA_AVX2      ? "whale:skinny_nt_bf16_fma"
                                                   : "whale:nt_bf16_c";
     const char *f16 = t >= WHALE_ISA_AVX2 ? "whale:skinny_nt_f16" : "whale:nt_f16_c";
-    const char *q8 = t >= WHALE_ISA_AVX512_BF16 ? "whale:skinny_nt_q8"
+    const char *q8 = t >= WHALE_ISA_AVX512_BF16 && __builtin_cpu_supports("avx512vbmi") ? "whale:skinny_nt_q8"
                      : t >= WHALE_ISA_AVX2      ? "whale:skinny_nt_q8_fma"
                                                 : "whale:nt_q8_c";
     whale_err err;
@@ -1441,7 +1441,7 @@ static void test_tier_dispatch(whale_gemm *g) {
     const int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                        __builtin_cpu_supports("avx512cd");
-    const int bf16t = avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi");
+    const int bf16t = avx512 && __builtin_cpu_supports("avx512bf16");
     const whale_isa want = bf16t ? WHALE_ISA_AVX512_BF16 : avx512 ? WHALE_ISA_AVX512 : avx2 ? WHALE_ISA_AVX2 : WHALE_ISA_BASE;
     const whale_isa got = whale_isa_detected() == WHALE_ISA_AMX ? WHALE_ISA_AVX512_BF16 : whale_isa_detected();
     CHECK(got == want, "detected tier %s, the compiler's feature checks say %s", whale_isa_name(whale_isa_detected()),

@@ -1,9 +1,8 @@
 /* kernels/vmath: exp accuracy against double exp (max ulp over a dense sample
  * of every binade, or over every float with WHALE_VMATH_EXHAUSTIVE=1), special
  * values, the AVX-512 and scalar paths giving the same bits, the fused sum
- * against a double sum, k_max, k_dot_f64's lane order and error, and
- * (printed, not asserted) the speed of k_exp against a libm expf loop on 132M
- * elements. */
+ * against a double sum, k_max, and k_dot_f64's lane order and error. (Its
+ * speed against libm's expf: bench/bench_vmath.c.) */
 #include "testutil.h"
 
 #include "core/core.h"
@@ -212,39 +211,6 @@ static void test_dot(whale_rng *rng) {
 }
 
 /* 1024 rows of a 129,280-entry vocabulary: one training step's logits. */
-static void bench(void) {
-#if defined(__SANITIZE_ADDRESS__)
-    const long n = 1L << 22; /* sanitized builds: keep it short */
-#else
-    const long n = 1024L * 129280;
-#endif
-    float *x = malloc(sizeof(float) * n);
-    if (!x) return;
-    double t_lib = 1e30, t_vec = 1e30, t_sum = 1e30;
-    volatile double sink = 0; /* keeps the timed results live */
-    for (int rep = 0; rep < 2; rep++) {
-        for (long i = 0; i < n; i++) x[i] = -(float)(i % 4093) * (20.0f / 4093);
-        double t0 = whale_now();
-        for (long i = 0; i < n; i++) x[i] = expf(x[i]);
-        double t1 = whale_now();
-        sink += x[n / 2];
-        for (long i = 0; i < n; i++) x[i] = -(float)(i % 4093) * (20.0f / 4093);
-        double t2 = whale_now();
-        k_exp(x, x, n);
-        double t3 = whale_now();
-        sink += x[n / 2];
-        for (long i = 0; i < n; i++) x[i] = -(float)(i % 4093) * (20.0f / 4093);
-        double t4 = whale_now();
-        sink += k_exp_sum(x, x, 0.0f, 1.0f, n);
-        double t5 = whale_now();
-        t_lib = fmin(t_lib, t1 - t0), t_vec = fmin(t_vec, t3 - t2), t_sum = fmin(t_sum, t5 - t4);
-    }
-    printf("timing, %ld elements in place, one thread: expf loop %.3f s, k_exp %.3f s (%.1fx), "
-           "k_exp_sum %.3f s (%.1fx)\n",
-           n, t_lib, t_vec, t_lib / t_vec, t_sum, t_lib / t_sum);
-    free(x);
-}
-
 int main(void) {
     whale_rng rng;
     whale_rng_seed(&rng, 1234);
@@ -253,6 +219,5 @@ int main(void) {
     test_sum(&rng);
     test_dot(&rng);
     test_accuracy();
-    bench();
     return test_finish("test_vmath");
 }

@@ -130,16 +130,42 @@ static int take_value(const char *cmd, int argc, char **argv, int *i, const cli_
     return st;
 }
 
+/* The table's CLI_ARGS entry (its array made), or NULL. */
+static cli_args *positional(const cli_opt *opts, int argc, int *nomem) {
+    for (const cli_opt *o = opts; o->names; o++)
+        if (o->kind == CLI_ARGS) {
+            cli_args *args = o->dst;
+            args->n = 0;
+            if (!args->v && !(args->v = calloc((size_t)(argc > 0 ? argc : 1), sizeof *args->v))) *nomem = 1;
+            return args;
+        }
+    return NULL;
+}
+
 int cli_parse(const char *cmd, const char *help, int argc, char **argv, const cli_opt *opts,
               whale_sampler_params *sp, unsigned *given) {
+    int nomem = 0;
+    cli_args *args = positional(opts, argc, &nomem);
+    if (nomem) {
+        fprintf(stderr, "whale: out of memory\n");
+        return 7;
+    }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             puts(help);
             return -1;
         }
+        if (args && (a[0] != '-' || !a[1])) {
+            args->v[args->n++] = a;
+            continue;
+        }
+        if (args && !strcmp(a, "--")) { /* the rest are arguments, whatever they look like */
+            while (++i < argc) args->v[args->n++] = argv[i];
+            break;
+        }
         const cli_opt *o = opts;
-        while (o->names && !names_match(a, o->names)) o++;
+        while (o->names && (o->kind == CLI_ARGS || !names_match(a, o->names))) o++;
         if (o->names) {
             int st = take_value(cmd, argc, argv, &i, o);
             if (st) return st;

@@ -34,13 +34,21 @@ int cli_bool_option(int argc, char **argv, int *i, const char *opt, int *flag);
  *   CLI_LIST    cli_list *: one or more values, up to the next option; the
  *               option may be repeated, each adding to the list
  *   CLI_NOTE    takes a value that changes nothing here: note says why
- *               (printed once as "CMD: note: ...") */
-typedef enum { CLI_FLAG, CLI_STR, CLI_LONG, CLI_DOUBLE, CLI_DTYPE, CLI_PAIR, CLI_LIST, CLI_NOTE } cli_kind;
+ *               (printed once as "CMD: note: ...")
+ *   CLI_ARGS    cli_args *: the arguments that are not options, in order
+ *               (names is what they are, e.g. "FILE"; without such an
+ *               entry an argument that is not an option is refused; with
+ *               one, everything after "--" is an argument) */
+typedef enum { CLI_FLAG, CLI_STR, CLI_LONG, CLI_DOUBLE, CLI_DTYPE, CLI_PAIR, CLI_LIST, CLI_NOTE, CLI_ARGS } cli_kind;
 #define CLI_LIST_MAX 64
 typedef struct {
     const char *v[CLI_LIST_MAX];
     int n;
 } cli_list;
+typedef struct {
+    const char **v; /* malloc'd by cli_parse (room for every argument): free it */
+    int n;
+} cli_args;
 typedef struct {
     const char *names;
     cli_kind kind;

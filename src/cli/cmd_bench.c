@@ -34,51 +34,42 @@ static void random_ids(int32_t *ids, size_t n, int vocab, whale_rng *r) {
     for (size_t i = 0; i < n; i++) ids[i] = (int32_t)(whale_rng_u64(r) % (uint64_t)vocab);
 }
 
+static const char bench_help[] =
+    "usage: whale bench (-m DIR | --preset NAME) --what forward|prefill|decode|train [options]\n"
+    "  --batch B --seq-len T   forward/train shape (default 4 × 256; prefill: 1 × 512);\n"
+    "                          decode: B streams decoded together (default 1)\n"
+    "  --context C             decode: tokens already in the KV cache (default 128)\n"
+    "  --tokens N              decode: tokens to generate (default 32)\n"
+    "  --reps R                repetitions, best reported (default 3); decode also\n"
+    "                          reports the median run's share of the memory read\n"
+    "                          rate measured around it (pct_of_bound)\n"
+    "  --threads N             (default: all cores)\n"
+    "  --recompute             train: recompute activations in the backward pass\n"
+    "  --profile               time per op group (one more run), as a table on stderr and JSON\n"
+    "prints one JSON line per measurement";
+
 int cmd_bench(int argc, char **argv) {
     const char *dir = NULL, *preset = NULL, *what = "forward";
     long batch = -1, seq = -1, context = 128, threads = 0, reps = 3, tokens = 32;
     int profile = 0, recompute = 0;
     whale_dtype dtype = WHALE_F32;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        if (!strcmp(a, "--profile")) {
-            profile = 1;
-            continue;
-        }
-        if (!strcmp(a, "--recompute")) {
-            recompute = 1;
-            continue;
-        }
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            puts("usage: whale bench (-m DIR | --preset NAME) --what forward|prefill|decode|train [options]\n"
-                 "  --batch B --seq-len T   forward/train shape (default 4 × 256; prefill: 1 × 512);\n"
-                 "                          decode: B streams decoded together (default 1)\n"
-                 "  --context C             decode: tokens already in the KV cache (default 128)\n"
-                 "  --tokens N              decode: tokens to generate (default 32)\n"
-                 "  --reps R                repetitions, best reported (default 3); decode also\n"
-                 "                          reports the median run's share of the memory read\n"
-                 "                          rate measured around it (pct_of_bound)\n"
-                 "  --threads N             (default: all cores)\n"
-                 "  --recompute             train: recompute activations in the backward pass\n"
-                 "  --profile               time per op group (one more run), as a table on stderr and JSON\n"
-                 "prints one JSON line per measurement");
-            return 0;
-        }
-        if (!(v = cli_value(argc, argv, &i))) return cli_usage("bench", "%s needs a value", a);
-        int bad = 0;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
-        else if (!strcmp(a, "--preset")) preset = v;
-        else if (!strcmp(a, "--dtype")) bad = cli_dtype("bench", v, &dtype);
-        else if (!strcmp(a, "--what")) what = v;
-        else if (!strcmp(a, "--batch")) bad = cli_int("bench", a, v, 1, 4096, &batch);
-        else if (!strcmp(a, "--seq-len")) bad = cli_int("bench", a, v, 1, 1 << 20, &seq);
-        else if (!strcmp(a, "--context")) bad = cli_int("bench", a, v, 1, 1 << 20, &context);
-        else if (!strcmp(a, "--tokens")) bad = cli_int("bench", a, v, 1, 1 << 20, &tokens);
-        else if (!strcmp(a, "--reps")) bad = cli_int("bench", a, v, 1, 1000, &reps);
-        else if (!strcmp(a, "--threads")) bad = cli_int("bench", a, v, 1, 1024, &threads);
-        else return cli_usage("bench", "unknown option \"%s\"", a);
-        if (bad) return bad;
-    }
+    const cli_opt table[] = {
+        {"-m|--model", CLI_STR, &dir, 0, 0, NULL},
+        {"--preset", CLI_STR, &preset, 0, 0, NULL},
+        {"--dtype", CLI_DTYPE, &dtype, 0, 0, NULL},
+        {"--what", CLI_STR, &what, 0, 0, NULL},
+        {"--batch", CLI_LONG, &batch, 1, 4096, NULL},
+        {"--seq-len", CLI_LONG, &seq, 1, 1 << 20, NULL},
+        {"--context", CLI_LONG, &context, 1, 1 << 20, NULL},
+        {"--tokens", CLI_LONG, &tokens, 1, 1 << 20, NULL},
+        {"--reps", CLI_LONG, &reps, 1, 1000, NULL},
+        {"--threads", CLI_LONG, &threads, 1, 1024, NULL},
+        {"--profile", CLI_FLAG, &profile, 0, 0, NULL},
+        {"--recompute", CLI_FLAG, &recompute, 0, 0, NULL},
+        {NULL, 0, NULL, 0, 0, NULL},
+    };
+    int st = cli_parse("bench", bench_help, argc, argv, table, NULL, NULL);
+    if (st) return st < 0 ? 0 : st;
     if (!dir == !preset) return cli_usage("bench", "give exactly one of -m DIR or --preset NAME");
     int mode = !strcmp(what, "forward") ? 0 : !strcmp(what, "prefill") ? 1 : !strcmp(what, "decode") ? 2
              : !strcmp(what, "train") ? 3 : -1;

@@ -40,12 +40,6 @@ static const char info_help[] =
     "  prints their token and document counts; --seq S also prints the number\n"
     "  of training windows of S tokens.";
 
-static int wants_help(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
-    return 0;
-}
-
 /* A count with an optional k/M/G suffix (decimal: 100M = 100,000,000). */
 static int parse_count(const char *cmd, const char *opt, const char *val, int64_t lo, int64_t *out) {
     char *end;
@@ -74,64 +68,59 @@ static void on_progress(void *user, const whale_data_progress *p) {
     ps->printed = 1;
 }
 
+/* --seed N (an unsigned 64-bit integer) and --doc-split file|line|blank. */
+static int prepare_values(const char *cmd, const char *seed, const char *split, whale_data_prepare_opts *o) {
+    if (seed) {
+        char *end;
+        errno = 0;
+        o->seed = strtoull(seed, &end, 10);
+        if (errno || end == seed || *end || seed[0] == '-')
+            return cli_usage(cmd, "--seed expects a non-negative integer, got \"%s\"", seed);
+    }
+    if (!split) return 0;
+    if (!strcmp(split, "file")) o->doc_split = WHALE_DOC_FILE;
+    else if (!strcmp(split, "line")) o->doc_split = WHALE_DOC_LINE;
+    else if (!strcmp(split, "blank")) o->doc_split = WHALE_DOC_BLANK;
+    else return cli_usage(cmd, "--doc-split expects file, line or blank, got \"%s\"", split);
+    return 0;
+}
+
 static int data_prepare(int argc, char **argv) {
     const char *cmd = "data prepare";
-    if (wants_help(argc, argv)) {
-        puts(prepare_help);
-        return 0;
-    }
     whale_data_prepare_opts o = whale_data_prepare_defaults();
-    const char **inputs = calloc((size_t)argc, sizeof *inputs);
-    if (!inputs) {
-        fprintf(stderr, "whale: out of memory\n");
-        return 7;
-    }
-    int n_in = 0, quiet = 0, status = 0, options_done = 0;
-    for (int i = 1; i < argc && !status; i++) {
-        const char *a = argv[i];
-        if (options_done || a[0] != '-' || !a[1]) {
-            inputs[n_in++] = a;
-        } else if (!strcmp(a, "--")) {
-            options_done = 1;
-        } else if (!strcmp(a, "--skip-bad-records")) {
-            o.skip_bad_records = 1;
-        } else if (!strcmp(a, "--overwrite")) {
-            o.overwrite = 1;
-        } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
-            quiet = 1;
-        } else if (!strcmp(a, "--tokenizer") || !strcmp(a, "--out") || !strcmp(a, "--val-fraction") ||
-                   !strcmp(a, "--val-docs") || !strcmp(a, "--shard-tokens") || !strcmp(a, "--seed") ||
-                   !strcmp(a, "--text-field") || !strcmp(a, "--doc-split") || !strcmp(a, "--threads")) {
-            const char *v = cli_value(argc, argv, &i);
-            long l;
-            if (!v) status = cli_usage(cmd, "%s needs a value", a);
-            else if (!strcmp(a, "--tokenizer")) o.tokenizer = v;
-            else if (!strcmp(a, "--out")) o.out_dir = v;
-            else if (!strcmp(a, "--text-field")) o.text_field = v;
-            else if (!strcmp(a, "--val-fraction")) status = cli_float(cmd, a, v, 0, 1, &o.val_fraction);
-            else if (!strcmp(a, "--val-docs")) status = parse_count(cmd, a, v, 0, &o.val_docs);
-            else if (!strcmp(a, "--shard-tokens")) status = parse_count(cmd, a, v, 1, &o.shard_tokens);
-            else if (!strcmp(a, "--threads")) status = cli_int(cmd, a, v, 1, 1024, &l), o.threads = (int)l;
-            else if (!strcmp(a, "--seed")) {
-                char *end;
-                errno = 0;
-                o.seed = strtoull(v, &end, 10);
-                if (errno || end == v || *end || v[0] == '-')
-                    status = cli_usage(cmd, "--seed expects a non-negative integer, got \"%s\"", v);
-            } else if (!strcmp(v, "file")) o.doc_split = WHALE_DOC_FILE;
-            else if (!strcmp(v, "line")) o.doc_split = WHALE_DOC_LINE;
-            else if (!strcmp(v, "blank")) o.doc_split = WHALE_DOC_BLANK;
-            else status = cli_usage(cmd, "--doc-split expects file, line or blank, got \"%s\"", v);
-        } else {
-            status = cli_usage(cmd, "unknown option \"%s\"", a);
-        }
-    }
+    const char *val_docs = NULL, *shard_tokens = NULL, *seed = NULL, *split = NULL;
+    long threads = o.threads;
+    int quiet = 0;
+    cli_args in = {0};
+    const cli_opt table[] = {
+        {"--tokenizer", CLI_STR, &o.tokenizer, 0, 0, NULL},
+        {"--out", CLI_STR, &o.out_dir, 0, 0, NULL},
+        {"--text-field", CLI_STR, &o.text_field, 0, 0, NULL},
+        {"--val-fraction", CLI_DOUBLE, &o.val_fraction, 0, 1, NULL},
+        {"--val-docs", CLI_STR, &val_docs, 0, 0, NULL},
+        {"--shard-tokens", CLI_STR, &shard_tokens, 0, 0, NULL},
+        {"--threads", CLI_LONG, &threads, 1, 1024, NULL},
+        {"--seed", CLI_STR, &seed, 0, 0, NULL},
+        {"--doc-split", CLI_STR, &split, 0, 0, NULL},
+        {"--skip-bad-records", CLI_FLAG, &o.skip_bad_records, 0, 0, NULL},
+        {"--overwrite", CLI_FLAG, &o.overwrite, 0, 0, NULL},
+        {"-q|--quiet", CLI_FLAG, &quiet, 0, 0, NULL},
+        {"FILE", CLI_ARGS, &in, 0, 0, NULL},
+        {NULL, 0, NULL, 0, 0, NULL},
+    };
+    int status = cli_parse(cmd, prepare_help, argc, argv, table, NULL, NULL);
+    if (!status && val_docs) status = parse_count(cmd, "--val-docs", val_docs, 0, &o.val_docs);
+    if (!status && shard_tokens) status = parse_count(cmd, "--shard-tokens", shard_tokens, 1, &o.shard_tokens);
+    if (!status) status = prepare_values(cmd, seed, split, &o);
     if (!status && (!o.tokenizer || !o.out_dir)) status = cli_usage(cmd, "--tokenizer DIR and --out DIR are required");
-    if (!status && n_in == 0) status = cli_usage(cmd, "give at least one input file");
+    if (!status && in.n == 0) status = cli_usage(cmd, "give at least one input file");
     if (status) {
-        free(inputs);
-        return status;
+        free(in.v);
+        return status < 0 ? 0 : status;
     }
+    o.threads = (int)threads;
+    const char **inputs = in.v;
+    const int n_in = in.n;
     o.inputs = inputs;
     o.n_inputs = n_in;
     progress_state ps = {isatty(2), 0};
@@ -160,25 +149,17 @@ static int data_prepare(int argc, char **argv) {
 static int data_info(int argc, char **argv) {
     const char *cmd = "data info", *dir = NULL;
     long seq = 0;
-    if (wants_help(argc, argv)) {
-        puts(info_help);
-        return 0;
-    }
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--seq")) {
-            const char *v = cli_value(argc, argv, &i);
-            if (!v) return cli_usage(cmd, "--seq needs a value");
-            int s = cli_int(cmd, "--seq", v, 1, 1 << 24, &seq);
-            if (s) return s;
-        } else if (argv[i][0] == '-') {
-            return cli_usage(cmd, "unknown option \"%s\"", argv[i]);
-        } else if (dir) {
-            return cli_usage(cmd, "give one data directory");
-        } else {
-            dir = argv[i];
-        }
-    }
-    if (!dir) return cli_usage(cmd, "give the data directory");
+    cli_args dirs = {0};
+    const cli_opt table[] = {
+        {"--seq", CLI_LONG, &seq, 1, 1 << 24, NULL},
+        {"DIR", CLI_ARGS, &dirs, 0, 0, NULL},
+        {NULL, 0, NULL, 0, 0, NULL},
+    };
+    int status = cli_parse(cmd, info_help, argc, argv, table, NULL, NULL);
+    if (!status && dirs.n != 1) status = cli_usage(cmd, dirs.n ? "give one data directory" : "give the data directory");
+    dir = dirs.n ? dirs.v[0] : NULL;
+    free(dirs.v);
+    if (status) return status < 0 ? 0 : status;
     static const char *const splits[] = {"train", "val"};
     for (int k = 0; k < 2; k++) {
         whale_dataset *d;

@@ -113,39 +113,24 @@ int cmd_diagnose(int argc, char **argv) {
     const char *dir = NULL, *ids_path = NULL, *text = NULL, *text_file = NULL, *json = NULL;
     whale_dtype dtype = WHALE_F32;
     long threads = 0;
-    int backward = 0, scale_given = 0;
-    double loss_scale = 1;
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            puts(help_text);
-            return 0;
-        }
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        if (!strcmp(a, "--backward")) {
-            backward = 1;
-            continue;
-        }
-        static const char *const with_value[] = {"-m",        "--model",   "--ids",   "--text",      "--text-file",
-                                                 "--json",    "--threads", "--dtype", "--loss-scale"};
-        int known = 0;
-        for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++) known |= !strcmp(a, with_value[k]);
-        if (!known) return cli_usage("diagnose", "unknown option \"%s\"", a);
-        if (!(v = cli_value(argc, argv, &i))) return cli_usage("diagnose", "%s needs a value", a);
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
-        else if (!strcmp(a, "--ids")) ids_path = v;
-        else if (!strcmp(a, "--text")) text = v;
-        else if (!strcmp(a, "--text-file")) text_file = v;
-        else if (!strcmp(a, "--json")) json = v;
-        else if (!strcmp(a, "--threads")) {
-            if (cli_int("diagnose", a, v, 1, 1024, &threads)) return 2;
-        } else if (!strcmp(a, "--dtype")) {
-            if (cli_dtype("diagnose", v, &dtype)) return 2;
-        } else if (!strcmp(a, "--loss-scale")) {
-            if (cli_float("diagnose", a, v, 1e-30, 1e30, &loss_scale)) return 2;
-            scale_given = 1;
-        }
-    }
+    int backward = 0;
+    double loss_scale = 0; /* 0: not given (the option's range excludes it) */
+    const cli_opt table[] = {
+        {"-m|--model", CLI_STR, &dir, 0, 0, NULL},
+        {"--ids", CLI_STR, &ids_path, 0, 0, NULL},
+        {"--text", CLI_STR, &text, 0, 0, NULL},
+        {"--text-file", CLI_STR, &text_file, 0, 0, NULL},
+        {"--json", CLI_STR, &json, 0, 0, NULL},
+        {"--threads", CLI_LONG, &threads, 1, 1024, NULL},
+        {"--dtype", CLI_DTYPE, &dtype, 0, 0, NULL},
+        {"--loss-scale", CLI_DOUBLE, &loss_scale, 1e-30, 1e30, NULL},
+        {"--backward", CLI_FLAG, &backward, 0, 0, NULL},
+        {NULL, 0, NULL, 0, 0, NULL},
+    };
+    int st = cli_parse("diagnose", help_text, argc, argv, table, NULL, NULL);
+    if (st) return st < 0 ? 0 : st;
+    const int scale_given = loss_scale != 0;
+    if (!scale_given) loss_scale = 1;
     if (!dir || (!!ids_path + !!text + !!text_file) != 1)
         return cli_usage("diagnose", "-m DIR and exactly one of --ids FILE, --text TEXT or --text-file F are required");
     if (backward && dtype == WHALE_I8)

@@ -24,54 +24,30 @@ static const char plot_help[] =
 int cmd_plot(int argc, char **argv) {
     whale_plot_opts opts = {0};
     const char *out = NULL;
-    const char **inputs = malloc(sizeof(char *) * (size_t)(argc > 0 ? argc : 1));
-    if (!inputs) {
-        whale_err err;
-        whale_errf(&err, WHALE_ERR_NOMEM, "plot: out of memory");
-        return cli_fail(&err);
-    }
-    int n = 0, status = 0;
-    for (int i = 1; i < argc && !status; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            puts(plot_help);
-            free(inputs);
-            return 0;
-        }
-        if (!strcmp(a, "--out") || !strcmp(a, "-o") || !strcmp(a, "--title") || !strcmp(a, "--metric") ||
-            !strcmp(a, "--smooth") || !strcmp(a, "--width") || !strcmp(a, "--height")) {
-            const char *v = cli_value(argc, argv, &i);
-            long num = 0;
-            if (!v) status = cli_usage("plot", "%s needs a value", a);
-            else if (!strcmp(a, "--out") || !strcmp(a, "-o")) out = v;
-            else if (!strcmp(a, "--title")) opts.title = v;
-            else if (!strcmp(a, "--metric")) opts.metric = v;
-            else if (!strcmp(a, "--smooth")) {
-                if (!(status = cli_int("plot", a, v, 1, 1000000, &num))) opts.smooth = (int)num;
-            } else if (!(status = cli_int("plot", a, v, !strcmp(a, "--width") ? 200 : 150, 20000, &num))) {
-                if (!strcmp(a, "--width")) opts.width = (int)num;
-                else opts.height = (int)num;
-            }
-        } else if (!strcmp(a, "--log-y")) {
-            opts.log_y = 1;
-        } else if (a[0] == '-' && a[1]) {
-            status = cli_usage("plot", "unknown option \"%s\"", a);
-        } else {
-            inputs[n++] = a;
-        }
-    }
-    if (!status && n == 0) status = cli_usage("plot", "give at least one run folder or .jsonl file");
+    long smooth = 0, width = 0, height = 0;
+    cli_args runs = {0};
+    const cli_opt table[] = {
+        {"-o|--out", CLI_STR, &out, 0, 0, NULL},
+        {"--title", CLI_STR, &opts.title, 0, 0, NULL},
+        {"--metric", CLI_STR, &opts.metric, 0, 0, NULL},
+        {"--smooth", CLI_LONG, &smooth, 1, 1000000, NULL},
+        {"--width", CLI_LONG, &width, 200, 20000, NULL},
+        {"--height", CLI_LONG, &height, 150, 20000, NULL},
+        {"--log-y", CLI_FLAG, &opts.log_y, 0, 0, NULL},
+        {"RUN_OR_JSONL", CLI_ARGS, &runs, 0, 0, NULL},
+        {NULL, 0, NULL, 0, 0, NULL},
+    };
+    int status = cli_parse("plot", plot_help, argc, argv, table, NULL, NULL);
+    if (!status && runs.n == 0) status = cli_usage("plot", "give at least one run folder or .jsonl file");
     if (!status && !out) status = cli_usage("plot", "--out FILE.svg is required");
     if (!status && opts.metric && !opts.metric[0]) status = cli_usage("plot", "--metric needs a key name");
     if (status) {
-        free(inputs);
-        return status;
+        free(runs.v);
+        return status < 0 ? 0 : status;
     }
+    opts.smooth = (int)smooth, opts.width = (int)width, opts.height = (int)height;
     whale_err err;
-    if (whale_plot_svg(inputs, n, &opts, out, &err)) {
-        free(inputs);
-        return cli_fail(&err);
-    }
-    free(inputs);
-    return 0;
+    status = whale_plot_svg(runs.v, runs.n, &opts, out, &err) ? cli_fail(&err) : 0;
+    free(runs.v);
+    return status;
 }

@@ -49,6 +49,8 @@ whale_code whale_read_file(const char *path, char **data, size_t *n, whale_err *
  * *out with cJSON_Delete. */
 struct cJSON;
 whale_code whale_read_json_object(const char *path, struct cJSON **out, whale_err *err);
+/* out = "dir/name"; a path that does not fit cap is an error (never cut). */
+whale_code whale_path_join(char *out, size_t cap, const char *dir, const char *name, whale_err *err);
 /* mkdir -p for one level (the directory itself); ok if it exists. */
 whale_code whale_mkdir(const char *dir, whale_err *err);
 

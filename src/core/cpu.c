@@ -24,7 +24,8 @@ static struct {
     char bad_env[64]; /* a WHALE_ISA value that names no tier, or "" */
     char model[64];
     char extras[64];
-} cpu = {PTHREAD_ONCE_INIT, WHALE_ISA_BASE, WHALE_ISA_BASE, "", "", ""};
+    int vbmi;
+} cpu = {PTHREAD_ONCE_INIT, WHALE_ISA_BASE, WHALE_ISA_BASE, "", "", "", 0};
 
 const char *whale_isa_name(whale_isa t) {
     return (unsigned)t < WHALE_ISA_COUNT ? isa_names[t] : "unknown";
@@ -87,7 +88,8 @@ static whale_isa detect(void) {
                      BIT(l7.b, 3) && BIT(l7.b, 8); /* AVX FMA F16C AVX2 BMI1 BMI2 */
     const int avx512 = zmm && BIT(l7.b, 16) && BIT(l7.b, 30) && BIT(l7.b, 31) && BIT(l7.b, 17) &&
                        BIT(l7.b, 28); /* F BW VL DQ CD */
-    const int bf16 = BIT(l71.a, 5) && BIT(l7.c, 1); /* AVX512_BF16, VBMI */
+    const int bf16 = BIT(l71.a, 5); /* AVX512_BF16 */
+    cpu.vbmi = avx512 && BIT(l7.c, 1);
     const int fp16 = zmm && BIT(l7.d, 23);
     const int amx_bf16 = BIT(l7.d, 22), amx_tile = BIT(l7.d, 24), amx_int8 = BIT(l7.d, 25);
     const int amx = tiles && amx_tile && amx_bf16 && amx_int8 && amx_permitted();
@@ -142,6 +144,11 @@ whale_isa whale_isa_detected(void) {
 const char *whale_cpu_model(void) {
     pthread_once(&cpu.once, init_once);
     return cpu.model[0] ? cpu.model : "unknown processor";
+}
+
+int whale_cpu_has_vbmi(void) {
+    (void)whale_isa_active();
+    return cpu.vbmi;
 }
 
 const char *whale_cpu_extras(void) {

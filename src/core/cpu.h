@@ -24,7 +24,10 @@
 /* The features of the tiers' regions (GCC target strings). */
 #define WHALE_FEATURES_AVX2 "avx2,fma,f16c,bmi,bmi2,popcnt"
 #define WHALE_FEATURES_AVX512 WHALE_FEATURES_AVX2 ",avx512f,avx512bw,avx512vl,avx512dq,avx512cd"
-#define WHALE_FEATURES_AVX512_BF16 WHALE_FEATURES_AVX512 ",avx512bf16,avx512vbmi"
+#define WHALE_FEATURES_AVX512_BF16 WHALE_FEATURES_AVX512 ",avx512bf16"
+/* VBMI (vpermi2b) is not part of a tier: Cooper Lake has AVX512_BF16
+ * without it. The one kernel that needs it checks whale_cpu_has_vbmi(). */
+#define WHALE_FEATURES_AVX512_BF16_VBMI WHALE_FEATURES_AVX512_BF16 ",avx512vbmi"
 
 #define WHALE_PRAGMA_(x) _Pragma(#x)
 #if WHALE_X86 && defined(__clang__)
@@ -47,5 +50,9 @@ static inline int whale_isa_at_least(whale_isa t) {
     if (level < 0) level = (int)whale_isa_active();
     return level >= (int)t;
 }
+
+/* Does the processor have AVX512_VBMI (with AVX-512 usable)? Detected
+ * with the tier; not capped by WHALE_ISA, so callers also check the tier. */
+int whale_cpu_has_vbmi(void);
 
 #endif

@@ -256,3 +256,10 @@ whale_code whale_read_json_object(const char *path, cJSON **out, whale_err *err)
     *out = j;
     return WHALE_OK;
 }
+
+whale_code whale_path_join(char *out, size_t cap, const char *dir, const char *name, whale_err *err) {
+    const int n = snprintf(out, cap, "%s/%s", dir, name);
+    if (n < 0 || (size_t)n >= cap)
+        return whale_errf(err, WHALE_ERR_ARG, "%.200s/%s: path longer than %zu bytes", dir, name, cap - 1);
+    return WHALE_OK;
+}

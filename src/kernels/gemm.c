@@ -1000,6 +1000,9 @@ static void a_to_bf16_hw(int M, int K, const float *A, size_t lda, uint16_t *dst
             _mm512_store_si512(dst + m * ld16 + k, (__m512i)v);
         }
 }
+WHALE_TARGET_END
+
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512_BF16_VBMI)
 /* int8 weights into vdpbf16ps, 64 at a time, without widening to fp32: the
  * bf16 pattern of |q| (exact) is looked up byte plane by byte plane with
  * vpermi2b over 128-entry tables, the sign put back, and the planes
@@ -1363,7 +1366,7 @@ static int sk_choose(const whale_gemm *g, int kind, int M, sk_kind *k, int *port
     case KIND_NT: *k = SK_F32; *portable = 0; return auto_own || own_path(path);
     case KIND_NT_BF16: *k = have_bf16() || *portable || !have_avx2() ? SK_BF16 : SK_BF16_FMA; break;
     case KIND_NT_F16: *k = SK_F16; break;
-    case KIND_NT_Q8: *k = have_bf16() && !*portable ? SK_Q8 : SK_I8; break;
+    case KIND_NT_Q8: *k = have_bf16() && whale_cpu_has_vbmi() && !*portable ? SK_Q8 : SK_I8; break;
     default: return 0;
     }
     if ((*k == SK_F16 || *k == SK_I8)) *portable |= !have_avx2();
@@ -1986,6 +1989,8 @@ whale_code whale_gemm_nn_q8(whale_gemm *g, int M, int N, int K, const float *A, 
 /* ------------------------------------------------------------ int8 weights */
 
 void whale_quantize_q8_rows(int8_t *q, float *scale, const float *W, int rows, int cols) {
+    if (rows <= 0 || cols <= 0) return;
+    const size_t row_bytes = (size_t)cols;
     const int par = (double)rows * cols >= OWN_PARALLEL_MIN_WORK;
 #pragma omp parallel for schedule(static) if (par)
     for (int r = 0; r < rows; r++) {
@@ -2000,7 +2005,7 @@ void whale_quantize_q8_rows(int8_t *q, float *scale, const float *W, int rows, i
         }
         const float s = amax / 127.0f;
         if (!finite || s == 0) { /* see gemm.h: NaN scale, or an (all but) zero row */
-            memset(qr, 0, (size_t)cols);
+            memset(qr, 0, row_bytes);
             scale[r] = finite ? 0.0f : NAN;
             continue;
         }

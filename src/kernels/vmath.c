@@ -5,6 +5,8 @@
 #include "core/cpu.h"
 
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 #if WHALE_X86
 #include <immintrin.h>
@@ -39,6 +41,14 @@ enum { SUM_BLOCK = 256, LANES = 16 };
  * hardware FMAs (an fmaf call without them is a slow exact emulation). */
 #define INLINE static inline __attribute__((always_inline))
 
+/* 2^e for a normal exponent e (−126 ≤ e ≤ 127). */
+INLINE float pow2(int e) {
+    const uint32_t bits = (uint32_t)(e + 127) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 INLINE float exp1(float x) {
     if (x != x) return x + x;
     x = fminf(fmaxf(x, EXP_LO), EXP_HI);
@@ -51,7 +61,8 @@ INLINE float exp1(float x) {
     q = fmaf(q, r, C3);
     q = fmaf(q, r, C2);
     float p = fmaf(q, r2, r) + 1.0f;
-    return ldexpf(p, (int)k); /* one rounding, also into the subnormals */
+    const int ki = (int)k, k1 = ki >> 1; /* p·2^k with one rounding, as in exp8 below */
+    return p * pow2(k1) * pow2(ki - k1);
 }
 
 float k_exp1(float x) { return exp1(x); }
@@ -117,9 +128,98 @@ INLINE float k_max_c(const float *x, long n) {
     static void k_scale_##SUFFIX(float *x, float a, long n) { k_scale_c(x, a, n); }              \
     static float k_max_##SUFFIX(const float *x, long n) { return k_max_c(x, n); }
 PORTABLE_COPIES(base)
+
 #if WHALE_X86
 WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX2)
-PORTABLE_COPIES(avx2)
+static double k_dot_f64_avx2(const float *a, const float *b, long n) { return k_dot_f64_c(a, b, n); }
+static void k_scale_avx2(float *x, float a, long n) { k_scale_c(x, a, n); }
+
+/* k_exp1 on 8 lanes, operation for operation. AVX2 has no scalef: p·2^k is
+ * p·2^(k>>1)·2^(k−(k>>1)), two powers of two that are normal floats for
+ * every k the clamp allows (−150..128). The first product is exact (p is
+ * in [0.7, 1.42]), so the second rounds once, as ldexpf and scalef do,
+ * into the subnormals and to +inf alike. max(lo, x) and min(hi, x) return
+ * x when it is NaN, which then passes through. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_set1_ps(EXP_HI), _mm256_max_ps(_mm256_set1_ps(EXP_LO), x));
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(LN2_HI), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(LN2_LO), r);
+    __m256 r2 = _mm256_mul_ps(r, r);
+    __m256 q = _mm256_fmadd_ps(_mm256_set1_ps(C6), r, _mm256_set1_ps(C5));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(C4));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(C3));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(C2));
+    __m256 p = _mm256_add_ps(_mm256_fmadd_ps(q, r2, r), _mm256_set1_ps(1.0f));
+    const __m256i ki = _mm256_cvtps_epi32(k), k1 = _mm256_srai_epi32(ki, 1), k2 = _mm256_sub_epi32(ki, k1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, bias), 23));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+
+/* Lanes 0..m−1 set (m ≤ 8), for maskload/maskstore. */
+static inline __m256i mask8(long m) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+static void k_exp_avx2(float *dst, const float *x, long n) {
+    long i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, exp8(_mm256_loadu_ps(x + i)));
+    if (i < n) {
+        const __m256i m = mask8(n - i);
+        _mm256_maskstore_ps(dst + i, m, exp8(_mm256_maskload_ps(x + i, m)));
+    }
+}
+
+/* Eight of exp_sum_c's 16 lanes: exps of x[i..i+7] (the first `left` of
+ * them; the others count 0) added to acc, stored to dst when it is set. */
+static inline __m256 exp_sum8(__m256 acc, float *dst, const float *x, long left, __m256 vsub, __m256 vscale) {
+    if (left <= 0) return acc;
+    const __m256i m = mask8(left < 8 ? left : 8);
+    __m256 y = exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_maskload_ps(x, m), vsub), vscale));
+    y = _mm256_and_ps(y, _mm256_castsi256_ps(m));
+    if (dst) _mm256_maskstore_ps(dst, m, y);
+    return _mm256_add_ps(acc, y);
+}
+
+/* exp_sum_c's sums in its order: lane l of the 16 adds the elements
+ * i ≡ l (mod 16) of each block in fp32, then goes into its double total. */
+static double k_exp_sum_avx2(float *dst, const float *x, float sub, float scale, long n) {
+    const __m256 vsub = _mm256_set1_ps(sub), vscale = _mm256_set1_ps(scale);
+    __m256d t[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+    for (long b = 0; b < n; b += SUM_BLOCK) {
+        const long e = n - b < SUM_BLOCK ? n : b + SUM_BLOCK;
+        __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+        for (long i = b; i < e; i += LANES) {
+            lo = exp_sum8(lo, dst ? dst + i : NULL, x + i, e - i, vsub, vscale);
+            hi = exp_sum8(hi, dst ? dst + i + 8 : NULL, x + i + 8, e - i - 8, vsub, vscale);
+        }
+        t[0] = _mm256_add_pd(t[0], _mm256_cvtps_pd(_mm256_castps256_ps128(lo)));
+        t[1] = _mm256_add_pd(t[1], _mm256_cvtps_pd(_mm256_extractf128_ps(lo, 1)));
+        t[2] = _mm256_add_pd(t[2], _mm256_cvtps_pd(_mm256_castps256_ps128(hi)));
+        t[3] = _mm256_add_pd(t[3], _mm256_cvtps_pd(_mm256_extractf128_ps(hi, 1)));
+    }
+    double total[LANES];
+    for (int j = 0; j < 4; j++) _mm256_storeu_pd(total + 4 * j, t[j]);
+    double s = 0;
+    for (int l = 0; l < LANES; l++) s += total[l];
+    return s;
+}
+
+/* max(v, acc) returns acc when v is NaN: NaNs are skipped, as in k_max_c. */
+static float k_max_avx2(const float *x, long n) {
+    __m256 a0 = _mm256_set1_ps(-INFINITY), a1 = a0;
+    long i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_max_ps(_mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_max_ps(_mm256_loadu_ps(x + i + 8), a1);
+    }
+    float m[8];
+    _mm256_storeu_ps(m, _mm256_max_ps(a0, a1));
+    float best = k_max_c(m, 8), rest = k_max_c(x + i, n - i);
+    return rest > best ? rest : best;
+}
 WHALE_TARGET_END
 #endif
 

@@ -173,9 +173,9 @@ static double json_num(const cJSON *o, const char *k, double def) {
 /* Restore moments, step and data cursor; refuse a checkpoint of another run. */
 static whale_code load_trainer_state(run_t *r, const char *dir, whale_err *err) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
     cJSON *j;
-    whale_code c = whale_read_json_object(path, &j, err);
+    whale_code c = whale_path_join(path, sizeof path, dir, "trainer_state.json", err);
+    if (!c) c = whale_read_json_object(path, &j, err);
     if (c) return c;
     const cJSON *cur = cJSON_GetObjectItemCaseSensitive(j, "data_cursor"), *run = cJSON_GetObjectItemCaseSensitive(j, "run");
     if (!cJSON_IsObject(cur) || !cJSON_IsObject(run) || !json_str(cur, "seed")) {
@@ -218,8 +218,9 @@ static whale_code load_trainer_state(run_t *r, const char *dir, whale_err *err) 
     cJSON_Delete(j);
 
     whale_st *st;
-    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
-    if ((c = whale_st_open(path, &st, err))) return c;
+    if ((c = whale_path_join(path, sizeof path, dir, "optimizer.safetensors", err)) ||
+        (c = whale_st_open(path, &st, err)))
+        return c;
     for (int i = 0; i < whale_model_num_params(r->m) && !c; i++)
         for (int which = 0; which < 2 && !c; which++) {
             char name[160];
