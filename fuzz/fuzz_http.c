@@ -73,11 +73,13 @@ static void check_json(char *json) {
 /* What a generation's responses are made of, with the body's first bytes
  * as the generated text (tool calls are parsed from it when tools were
  * given). */
-static void responses(const serve_gen_request *req, const char *text, size_t len) {
+static void responses(const serve_gen_request *req, const serve_job *j, const char *text, size_t len) {
     serve_usage u = {3, 2, 1};
-    check_json(serve_completion_json(&tx, req, "id-1", 1, text, len, "stop", &u));
+    check_json(serve_completion_json(&tx, req, "id-1", 1, text, len, "stop", &u, j, 0));
     for (int k = 0; k < 3; k++) {
-        char *ev = serve_chunk_event(&tx, req, "id-1", 1, text, len, k == 0, k == 1 ? "length" : NULL, k == 2 ? &u : NULL);
+        long offset = 0;
+        serve_chunk ch = {text, len, k == 0, k == 1 ? "length" : NULL, k == 2 ? &u : NULL, j, 0, 0, &offset, NULL};
+        char *ev = serve_chunk_event(&tx, req, "id-1", 1, &ch);
         if (ev && (strncmp(ev, "data: ", 6) || strlen(ev) < 8 || strcmp(ev + strlen(ev) - 2, "\n\n"))) abort();
         free(ev);
     }
@@ -98,7 +100,7 @@ static void body(serve_endpoint ep, const char *b, size_t n) {
                 abort();
             for (int i = 0; i < j->n_prompt; i++)
                 if (j->prompt[i] < 0 || j->prompt[i] >= tx.vocab) abort();
-            responses(&req, b, n < 256 ? n : 256);
+            responses(&req, j, b, n < 256 ? n : 256);
         }
         free(req.prompt_text);
         serve_job_release(NULL, j);
