@@ -8,6 +8,10 @@
  *   OMP_NUM_THREADS=2 bench_gemm --sweep    also every path over small and
  *                                           medium M (how the shape rules
  *                                           in gemm.h were chosen)
+ *   OMP_NUM_THREADS=2 bench_gemm --shape KIND M N K [cold]
+ *                                           one product, every path (e.g.
+ *                                           nt_q8 512 4864 896: a Qwen2.5-0.5B
+ *                                           prefill's gate projection)
  *
  * Fields: kind, M, N, K, path (auto = the normal choice; own / exact /
  * runtime forced), impl (what ran), ms and gflops (best of repeated calls),
@@ -350,6 +354,19 @@ int main(int argc, char **argv) {
     const int sweep = argc > 1 && !strcmp(argv[1], "--sweep");
     const int bf16_only = argc > 1 && !strcmp(argv[1], "--sweep-bf16");
     const int moe_only = argc > 1 && !strcmp(argv[1], "--moe"); /* the expert pattern alone */
+    const int shape = argc > 1 && !strcmp(argv[1], "--shape");
+    int kind = -1, sM = 0, sN = 0, sK = 0;
+    if (shape) {
+        for (int k = 0; argc > 2 && k < (int)(sizeof kinds / sizeof *kinds); k++)
+            if (!strcmp(argv[2], kinds[k])) kind = k;
+        if (argc < 6 || kind < 0 || (sM = atoi(argv[3])) < 1 || (sN = atoi(argv[4])) < 1 || (sK = atoi(argv[5])) < 1 ||
+            (size_t)sN * sK > B_FLOATS || (size_t)sM * (sK > sN ? sK : sN) > (size_t)1024 * 129280 ||
+            (sK < 64 && kind == NT_Q8)) {
+            fprintf(stderr, "bench_gemm: --shape KIND M N K [cold]: a kind of this file's list, B at most %zu values, "
+                            "A and C at most 1024 x 129280\n", (size_t)B_FLOATS);
+            return 1;
+        }
+    }
     whale_err err;
     whale_gemm *g;
     if (whale_gemm_new(&g, &err)) {
@@ -381,11 +398,12 @@ int main(int argc, char **argv) {
     double bw = whale_measure_read_bandwidth((size_t)256 << 20, 5);
     printf("{\"read_bandwidth_gbs\":%.1f,\"bytes\":%zu}\n", bw, (size_t)256 << 20);
 
-    if (moe_only) bench_moe_all(&b);
+    if (shape) bench_paths(g, kind, sM, sN, sK, argc > 6 && !strcmp(argv[6], "cold"), &b);
+    else if (moe_only) bench_moe_all(&b);
     else if (!bf16_only) bench_standard(g, &b);
     if (sweep) bench_sweep(g, &b);
     if (sweep || bf16_only) bench_sweep_bf16(g, &b);
-    if (!bf16_only && !moe_only) bench_ceilings(g);
+    if (!bf16_only && !moe_only && !shape) bench_ceilings(g);
 
     whale_gemm_free(g);
     free(b.A);
