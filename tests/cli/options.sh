@@ -86,4 +86,14 @@ expect_status 7 'with 512 positions needs an estimated .* smaller --ctx-size' --
     --grad-accum 1 --out "$TMP/sft16" >/dev/null 2>"$TMP/err"
 check "sft on a BF16 checkpoint trains in bf16" grep -q "^sft: bfloat16, the checkpoint's dtype" "$TMP/err"
 check "... recorded in args.json" grep -q '"torch_dtype":.*"bfloat16"' "$(ls -d "$TMP"/sft16/v0-*)/args.json"
+
+# "--" ends the options: what follows is an argument, even a name like an option
+printf '{"step":1,"loss":3.0}\n{"step":2,"loss":2.5}\n' >"$TMP/-run.jsonl"
+cd "$TMP" || exit 1
+"$WHALE" plot --out dash.svg -- -run.jsonl >/dev/null 2>&1
+check "plot -- -run.jsonl: a file named like an option, after --" grep -q '<svg' dash.svg
+expect_status 2 'unknown option "-run.jsonl"' -- "$WHALE" plot --out dash2.svg -run.jsonl
+check "... and without --, an unknown option writes nothing" test ! -e dash2.svg
+cd - >/dev/null || exit 1
+expect_status 2 'unknown option "--"' -- "$WHALE" generate -m "$TMP/m" --ids 1,2 -- --out
 finish options
