@@ -153,61 +153,46 @@ static whale_code measure(const char *config, const whale_memory_plan *p, double
     return c;
 }
 
+static const char memory_help[] =
+    "usage: whale memory --config PRESET|CONFIG.json|MODEL_DIR [options]\n"
+    "  --dtype fp32|bf16|fp16|int8   precision of the products (default fp32)\n"
+    "  --train none|full|lora        inference (default), full training, or LoRA on a frozen base\n"
+    "  --lora-rank R (8)  --batch B (1)  --seq-len T (512)  --recompute\n"
+    "  --grad-accum A (1)  --ranks N (1)  --zero 0|1 (0)   training on N ranks, per rank; --zero 1\n"
+    "              shards the AdamW moments over them (as mpirun -np N whale train --zero 1)\n"
+    "  --measure   also run it (random weights, one step) and print the peak resident memory\n"
+    "  --json      one JSON object instead of the table";
+
 int cmd_memory(int argc, char **argv) {
-    const char *config = NULL;
+    const char *config = NULL, *train = NULL;
     whale_memory_plan p = {.dtype = WHALE_F32, .train = WHALE_TRAIN_NONE, .lora_rank = 8, .batch = 1, .seq_len = 512};
     int json = 0, do_measure = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            puts("usage: whale memory --config PRESET|CONFIG.json|MODEL_DIR [options]\n"
-                 "  --dtype fp32|bf16|fp16|int8   precision of the products (default fp32)\n"
-                 "  --train none|full|lora        inference (default), full training, or LoRA on a frozen base\n"
-                 "  --lora-rank R (8)  --batch B (1)  --seq-len T (512)  --recompute\n"
-                 "  --grad-accum A (1)  --ranks N (1)  --zero 0|1 (0)   training on N ranks, per rank; --zero 1\n"
-                 "              shards the AdamW moments over them (as mpirun -np N whale train --zero 1)\n"
-                 "  --measure   also run it (random weights, one step) and print the peak resident memory\n"
-                 "  --json      one JSON object instead of the table");
-            return 0;
-        }
-        if (!strcmp(a, "--json")) {
-            json = 1;
-            continue;
-        }
-        if (!strcmp(a, "--measure")) {
-            do_measure = 1;
-            continue;
-        }
-        if (!strcmp(a, "--recompute")) {
-            p.recompute = 1;
-            continue;
-        }
-        if (!(v = cli_value(argc, argv, &i))) return cli_usage("memory", "%s needs a value", a);
-        long n;
-        int bad = 0;
-        if (!strcmp(a, "--config") || !strcmp(a, "--preset") || !strcmp(a, "-m")) config = v;
-        else if (!strcmp(a, "--dtype")) bad = cli_dtype("memory", v, &p.dtype);
-        else if (!strcmp(a, "--train") || !strcmp(a, "--train-type")) {
-            if (!strcmp(v, "none")) p.train = WHALE_TRAIN_NONE;
-            else if (!strcmp(v, "full")) p.train = WHALE_TRAIN_FULL;
-            else if (!strcmp(v, "lora")) p.train = WHALE_TRAIN_LORA;
-            else return cli_usage("memory", "--train must be none, full or lora, got \"%s\"", v);
-        } else if (!strcmp(a, "--lora-rank")) {
-            if (!(bad = cli_int("memory", a, v, 1, 1 << 16, &n))) p.lora_rank = (int)n;
-        } else if (!strcmp(a, "--batch")) {
-            if (!(bad = cli_int("memory", a, v, 1, 1 << 20, &n))) p.batch = (int)n;
-        } else if (!strcmp(a, "--seq-len")) {
-            if (!(bad = cli_int("memory", a, v, 2, 1 << 24, &n))) p.seq_len = (int)n;
-        } else if (!strcmp(a, "--grad-accum")) {
-            if (!(bad = cli_int("memory", a, v, 1, 65536, &n))) p.grad_accum = (int)n;
-        } else if (!strcmp(a, "--ranks")) {
-            if (!(bad = cli_int("memory", a, v, 1, 1 << 20, &n))) p.ranks = (int)n;
-        } else if (!strcmp(a, "--zero")) {
-            if (!(bad = cli_int("memory", a, v, 0, 1, &n))) p.zero = (int)n;
-        } else
-            return cli_usage("memory", "unknown option \"%s\"", a);
-        if (bad) return bad;
+    long rank = 8, batch = 1, seq_len = 512, grad_accum = 0, ranks = 0, zero = 0;
+    const cli_opt table[] = {
+        {"-m|--config|--preset", CLI_STR, &config, 0, 0, NULL},
+        {"--dtype", CLI_DTYPE, &p.dtype, 0, 0, NULL},
+        {"--train|--train-type", CLI_STR, &train, 0, 0, NULL},
+        {"--lora-rank", CLI_LONG, &rank, 1, 1 << 16, NULL},
+        {"--batch", CLI_LONG, &batch, 1, 1 << 20, NULL},
+        {"--seq-len", CLI_LONG, &seq_len, 2, 1 << 24, NULL},
+        {"--grad-accum", CLI_LONG, &grad_accum, 1, 65536, NULL},
+        {"--ranks", CLI_LONG, &ranks, 1, 1 << 20, NULL},
+        {"--zero", CLI_LONG, &zero, 0, 1, NULL},
+        {"--recompute", CLI_FLAG, &p.recompute, 0, 0, NULL},
+        {"--measure", CLI_FLAG, &do_measure, 0, 0, NULL},
+        {"--json", CLI_FLAG, &json, 0, 0, NULL},
+        {NULL, 0, NULL, 0, 0, NULL},
+    };
+    int status = cli_parse("memory", memory_help, argc, argv, table, NULL, NULL);
+    if (status) return status < 0 ? 0 : status;
+    if (train) {
+        if (!strcmp(train, "none")) p.train = WHALE_TRAIN_NONE;
+        else if (!strcmp(train, "full")) p.train = WHALE_TRAIN_FULL;
+        else if (!strcmp(train, "lora")) p.train = WHALE_TRAIN_LORA;
+        else return cli_usage("memory", "--train must be none, full or lora, got \"%s\"", train);
     }
+    p.lora_rank = (int)rank, p.batch = (int)batch, p.seq_len = (int)seq_len;
+    p.grad_accum = (int)grad_accum, p.ranks = (int)ranks, p.zero = (int)zero;
     if (!config) return cli_usage("memory", "--config is required");
     if (do_measure && (p.ranks > 1 || p.grad_accum > 1))
         return cli_usage("memory", "--measure runs one step of one micro-batch in one process: leave out --ranks and --grad-accum");
