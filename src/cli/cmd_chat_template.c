@@ -25,25 +25,21 @@ typedef struct {
     int agp, ids;
 } ct_opts;
 
+/* 0, -1 after --help, or a usage status */
 static int parse_opts(int argc, char **argv, ct_opts *o) {
     memset(o, 0, sizeof *o);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--add-generation-prompt")) o->agp = 1;
-        else if (!strcmp(a, "--ids")) o->ids = 1;
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--messages") || !strcmp(a, "--tools") ||
-                 !strcmp(a, "--kwargs") || !strcmp(a, "--chat-template")) {
-            const char *v = cli_value(argc, argv, &i);
-            if (!v) return cli_usage("chat-template", "%s needs a value", a);
-            if (!strcmp(a, "--messages")) o->messages = v;
-            else if (!strcmp(a, "--tools")) o->tools = v;
-            else if (!strcmp(a, "--kwargs")) o->kwargs = v;
-            else if (!strcmp(a, "--chat-template")) o->tmpl = v;
-            else o->model = v;
-        } else {
-            return cli_usage("chat-template", "unknown option \"%s\"", a);
-        }
-    }
+    const cli_opt table[] = {
+        {"-m|--model", CLI_STR, &o->model, 0, 0, NULL},
+        {"--messages", CLI_STR, &o->messages, 0, 0, NULL},
+        {"--tools", CLI_STR, &o->tools, 0, 0, NULL},
+        {"--kwargs", CLI_STR, &o->kwargs, 0, 0, NULL},
+        {"--chat-template", CLI_STR, &o->tmpl, 0, 0, NULL},
+        {"--add-generation-prompt", CLI_FLAG, &o->agp, 0, 0, NULL},
+        {"--ids", CLI_FLAG, &o->ids, 0, 0, NULL},
+        {NULL, 0, NULL, 0, 0, NULL},
+    };
+    int status = cli_parse("chat-template", help, argc, argv, table, NULL, NULL);
+    if (status) return status;
     if (!o->model) return cli_usage("chat-template", "-m DIR is required");
     if (!o->messages) return cli_usage("chat-template", "--messages FILE.json is required");
     return 0;
@@ -103,14 +99,9 @@ static whale_code print_ids(const char *model, const char *text, size_t len, wha
 }
 
 int cmd_chat_template(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            puts(help);
-            return 0;
-        }
     ct_opts o;
-    int bad = parse_opts(argc, argv, &o);
-    if (bad) return bad;
+    int status = parse_opts(argc, argv, &o);
+    if (status) return status < 0 ? 0 : status;
     whale_err err;
     cJSON *root = NULL, *tools_root = NULL, *kwargs = NULL;
     const cJSON *messages = NULL, *tools = NULL;
