@@ -9,27 +9,25 @@
 #include <stdlib.h>
 #include <string.h>
 
+static const char grad_help[] =
+    "usage: whale grad -m DIR --ids FILE --out GRADS.safetensors [--threads N]\n"
+    "  FILE: JSON array of equal-length arrays of token ids (labels = the ids, shifted).\n"
+    "  writes the gradient of the mean loss for every parameter, F32, under its\n"
+    "  Hugging Face name (zeros where no gradient flows: attn_sink, gate.bias);\n"
+    "  prints {\"loss\": …, \"tokens\": …, \"grad_norm\": …}";
+
 int cmd_grad(int argc, char **argv) {
     const char *dir = NULL, *ids_path = NULL, *out = NULL;
     long threads = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            puts("usage: whale grad -m DIR --ids FILE --out GRADS.safetensors [--threads N]\n"
-                 "  FILE: JSON array of equal-length arrays of token ids (labels = the ids, shifted).\n"
-                 "  writes the gradient of the mean loss for every parameter, F32, under its\n"
-                 "  Hugging Face name (zeros where no gradient flows: attn_sink, gate.bias);\n"
-                 "  prints {\"loss\": …, \"tokens\": …, \"grad_norm\": …}");
-            return 0;
-        }
-        if (!(v = cli_value(argc, argv, &i))) return cli_usage("grad", "%s needs a value", a);
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
-        else if (!strcmp(a, "--ids")) ids_path = v;
-        else if (!strcmp(a, "--out")) out = v;
-        else if (!strcmp(a, "--threads")) {
-            if (cli_int("grad", a, v, 1, 1024, &threads)) return 2;
-        } else return cli_usage("grad", "unknown option \"%s\"", a);
-    }
+    const cli_opt table[] = {
+        {"-m|--model", CLI_STR, &dir, 0, 0, NULL},
+        {"--ids", CLI_STR, &ids_path, 0, 0, NULL},
+        {"--out", CLI_STR, &out, 0, 0, NULL},
+        {"--threads", CLI_LONG, &threads, 1, 1024, NULL},
+        {NULL, 0, NULL, 0, 0, NULL},
+    };
+    int parsed = cli_parse("grad", grad_help, argc, argv, table, NULL, NULL);
+    if (parsed) return parsed < 0 ? 0 : parsed;
     if (!dir || !ids_path || !out) return cli_usage("grad", "-m DIR, --ids FILE and --out FILE are required");
     whale_set_threads((int)threads);
     whale_err err;
@@ -81,113 +79,92 @@ out:
 
 #include "whale_train.h"
 
+static const char train_help[] =
+    "usage: whale train --init PRESET|CONFIG.json|MODEL_DIR --data DATA_DIR --out RUN_DIR [options]\n"
+    "  --max-steps N (1000)        --batch-size B (8)     --grad-accum N (1)    --seq-len T (256)\n"
+    "  --lr LR (3e-4)              --lr-scheduler constant|linear|cosine (cosine)\n"
+    "  --warmup-ratio R (0.03)     --warmup-steps N       --weight-decay W (0.1)\n"
+    "  --adam-beta1 B (0.9)        --adam-beta2 B (0.95)  --adam-epsilon E (1e-8)\n"
+    "  --max-grad-norm G (1.0; 0 = no clipping)\n"
+    "  --eval-every N (0 = at the end)   --eval-batches N (0 = the whole validation split)\n"
+    "  --save-every N (0 = at the end)   --save-total-limit N (0 = keep all)   --log-every N (10)\n"
+    "  --seed S (42)   --tokenizer DIR   --resume latest|CHECKPOINT_DIR   --threads N\n"
+    "  --cross-doc-attention   attend across packed documents (the original run's packing)\n"
+    "  --hf-accum-compat       sum micro-batch mean losses like HF Trainer did for this model\n"
+    "  --recompute             recompute each layer's activations in the backward pass (less memory)\n"
+    "  --dtype fp32|bf16|fp16  precision of the weight products (fp32 master weights, gradients, moments)\n"
+    "  --pure-bf16 nearest|stochastic  store the weights themselves in bf16 (no fp32 master)\n"
+    "  --loss-scale S (65536)  --loss-scale-interval N (2000)   fp16 dynamic loss scaling\n"
+    "  --nan-check             stop at the first NaN/inf in any forward or backward tensor, naming it\n"
+    "  --zero 0|1 (0)          on several ranks (mpirun): 1 shards the AdamW moments over them (ZeRO-1)\n"
+    "  --quiet\n"
+    "writes RUN_DIR/metrics.jsonl, RUN_DIR/checkpoint-STEP/ and the final model into RUN_DIR";
+
+/* --pure-bf16 and --lr-scheduler, by name; 0 or a usage status */
+static int train_names(const char *pure, const char *sched, whale_train_opts *o) {
+    if (pure && !strcmp(pure, "nearest")) o->weights = WHALE_WEIGHTS_BF16_NEAREST;
+    else if (pure && !strcmp(pure, "stochastic")) o->weights = WHALE_WEIGHTS_BF16_STOCHASTIC;
+    else if (pure) return cli_usage("train", "--pure-bf16 must be nearest or stochastic, got \"%s\"", pure);
+    if (sched && !strcmp(sched, "constant")) o->schedule = WHALE_LR_CONSTANT;
+    else if (sched && !strcmp(sched, "linear")) o->schedule = WHALE_LR_LINEAR;
+    else if (sched && !strcmp(sched, "cosine")) o->schedule = WHALE_LR_COSINE;
+    else if (sched) return cli_usage("train", "--lr-scheduler must be constant, linear or cosine, got \"%s\"", sched);
+    if (o->dtype == WHALE_I8) return cli_usage("train", "int8 is an inference format; train in fp32, bf16 or fp16");
+    return 0;
+}
+
 int cmd_train_model(int argc, char **argv) {
     whale_train_opts o = whale_train_defaults();
-    long threads = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            puts("usage: whale train --init PRESET|CONFIG.json|MODEL_DIR --data DATA_DIR --out RUN_DIR [options]\n"
-                 "  --max-steps N (1000)        --batch-size B (8)     --grad-accum N (1)    --seq-len T (256)\n"
-                 "  --lr LR (3e-4)              --lr-scheduler constant|linear|cosine (cosine)\n"
-                 "  --warmup-ratio R (0.03)     --warmup-steps N       --weight-decay W (0.1)\n"
-                 "  --adam-beta1 B (0.9)        --adam-beta2 B (0.95)  --adam-epsilon E (1e-8)\n"
-                 "  --max-grad-norm G (1.0; 0 = no clipping)\n"
-                 "  --eval-every N (0 = at the end)   --eval-batches N (0 = the whole validation split)\n"
-                 "  --save-every N (0 = at the end)   --save-total-limit N (0 = keep all)   --log-every N (10)\n"
-                 "  --seed S (42)   --tokenizer DIR   --resume latest|CHECKPOINT_DIR   --threads N\n"
-                 "  --cross-doc-attention   attend across packed documents (the original run's packing)\n"
-                 "  --hf-accum-compat       sum micro-batch mean losses like HF Trainer did for this model\n"
-                 "  --recompute             recompute each layer's activations in the backward pass (less memory)\n"
-                 "  --dtype fp32|bf16|fp16  precision of the weight products (fp32 master weights, gradients, moments)\n"
-                 "  --pure-bf16 nearest|stochastic  store the weights themselves in bf16 (no fp32 master)\n"
-                 "  --loss-scale S (65536)  --loss-scale-interval N (2000)   fp16 dynamic loss scaling\n"
-                 "  --nan-check             stop at the first NaN/inf in any forward or backward tensor, naming it\n"
-                 "  --zero 0|1 (0)          on several ranks (mpirun): 1 shards the AdamW moments over them (ZeRO-1)\n"
-                 "  --quiet\n"
-                 "writes RUN_DIR/metrics.jsonl, RUN_DIR/checkpoint-STEP/ and the final model into RUN_DIR");
-            return 0;
-        }
-        if (!strcmp(a, "--cross-doc-attention")) {
-            o.cross_doc_attention = 1;
-            continue;
-        }
-        if (!strcmp(a, "--hf-accum-compat")) {
-            o.hf_accum_compat = 1;
-            continue;
-        }
-        if (!strcmp(a, "--quiet")) {
-            o.quiet = 1;
-            continue;
-        }
-        if (!strcmp(a, "--recompute")) {
-            o.recompute = 1;
-            continue;
-        }
-        if (!strcmp(a, "--nan-check")) {
-            o.nan_check = 1;
-            continue;
-        }
-        if (!(v = cli_value(argc, argv, &i))) return cli_usage("train", "%s needs a value", a);
-        long n = 0;
-        double d = 0;
-        int bad = 0;
-#define INT_OPT(name, lo, hi, dst)                                                   \
-    else if (!strcmp(a, name)) {                                                     \
-        bad = cli_int("train", a, v, lo, hi, &n);                                    \
-        dst = n;                                                                     \
-    }
-#define FLT_OPT(name, lo, hi, dst)                                                   \
-    else if (!strcmp(a, name)) {                                                     \
-        bad = cli_float("train", a, v, lo, hi, &d);                                  \
-        dst = d;                                                                     \
-    }
-        if (!strcmp(a, "--init")) o.init = v;
-        else if (!strcmp(a, "--data")) o.data = v;
-        else if (!strcmp(a, "--out") || !strcmp(a, "--output-dir")) o.out = v;
-        else if (!strcmp(a, "--tokenizer")) o.tokenizer = v;
-        else if (!strcmp(a, "--resume")) o.resume = v;
-        else if (!strcmp(a, "--dtype")) {
-            bad = cli_dtype("train", v, &o.dtype);
-            if (!bad && o.dtype == WHALE_I8) return cli_usage("train", "int8 is an inference format; train in fp32, bf16 or fp16");
-        } else if (!strcmp(a, "--pure-bf16")) {
-            if (!strcmp(v, "nearest")) o.weights = WHALE_WEIGHTS_BF16_NEAREST;
-            else if (!strcmp(v, "stochastic")) o.weights = WHALE_WEIGHTS_BF16_STOCHASTIC;
-            else return cli_usage("train", "--pure-bf16 must be nearest or stochastic, got \"%s\"", v);
-        }
-        else if (!strcmp(a, "--lr-scheduler")) {
-            if (!strcmp(v, "constant")) o.schedule = WHALE_LR_CONSTANT;
-            else if (!strcmp(v, "linear")) o.schedule = WHALE_LR_LINEAR;
-            else if (!strcmp(v, "cosine")) o.schedule = WHALE_LR_COSINE;
-            else return cli_usage("train", "--lr-scheduler must be constant, linear or cosine, got \"%s\"", v);
-        }
-        INT_OPT("--max-steps", 1, 1L << 40, o.max_steps)
-        INT_OPT("--batch-size", 1, 65536, o.batch_size)
-        INT_OPT("--grad-accum", 1, 65536, o.grad_accum)
-        INT_OPT("--seq-len", 2, 1 << 20, o.seq_len)
-        INT_OPT("--warmup-steps", 0, 1L << 40, o.warmup_steps)
-        INT_OPT("--eval-every", 0, 1L << 40, o.eval_every)
-        INT_OPT("--eval-batches", 0, 1L << 40, o.eval_batches)
-        INT_OPT("--save-every", 0, 1L << 40, o.save_every)
-        INT_OPT("--save-total-limit", 0, 1 << 20, o.save_total_limit)
-        INT_OPT("--log-every", 1, 1L << 40, o.log_every)
-        INT_OPT("--seed", 0, 0x7fffffffffffffffL, o.seed)
-        INT_OPT("--threads", 1, 1024, threads)
-        INT_OPT("--zero", 0, 1, o.zero)
-        FLT_OPT("--lr", 1e-12, 10, o.lr)
-        FLT_OPT("--warmup-ratio", 0, 1, o.warmup_ratio)
-        FLT_OPT("--weight-decay", 0, 10, o.weight_decay)
-        FLT_OPT("--adam-beta1", 0, 0.999999, o.beta1)
-        FLT_OPT("--adam-beta2", 0, 0.999999, o.beta2)
-        FLT_OPT("--adam-epsilon", 1e-30, 1, o.adam_eps)
-        FLT_OPT("--max-grad-norm", 0, 1e9, o.max_grad_norm)
-        FLT_OPT("--loss-scale", 1e-30, 1e30, o.loss_scale)
-        INT_OPT("--loss-scale-interval", 1, 1 << 30, o.loss_scale_interval)
-        else return cli_usage("train", "unknown option \"%s\"", a);
-#undef INT_OPT
-#undef FLT_OPT
-        if (bad) return bad;
-    }
+    const char *pure = NULL, *sched = NULL;
+    long threads = 0, max_steps = o.max_steps, batch = o.batch_size, accum = o.grad_accum, seq = o.seq_len;
+    long warmup = o.warmup_steps, eval_every = o.eval_every, eval_batches = o.eval_batches;
+    long save_every = o.save_every, save_limit = o.save_total_limit, log_every = o.log_every, seed = (long)o.seed;
+    long zero = o.zero, ls_interval = o.loss_scale_interval;
+    const cli_opt table[] = {
+        {"--init", CLI_STR, &o.init, 0, 0, NULL},
+        {"--data", CLI_STR, &o.data, 0, 0, NULL},
+        {"--out|--output-dir", CLI_STR, &o.out, 0, 0, NULL},
+        {"--tokenizer", CLI_STR, &o.tokenizer, 0, 0, NULL},
+        {"--resume", CLI_STR, &o.resume, 0, 0, NULL},
+        {"--dtype", CLI_DTYPE, &o.dtype, 0, 0, NULL},
+        {"--pure-bf16", CLI_STR, &pure, 0, 0, NULL},
+        {"--lr-scheduler", CLI_STR, &sched, 0, 0, NULL},
+        {"--max-steps", CLI_LONG, &max_steps, 1, (double)(1L << 40), NULL},
+        {"--batch-size", CLI_LONG, &batch, 1, 65536, NULL},
+        {"--grad-accum", CLI_LONG, &accum, 1, 65536, NULL},
+        {"--seq-len", CLI_LONG, &seq, 2, 1 << 20, NULL},
+        {"--warmup-steps", CLI_LONG, &warmup, 0, (double)(1L << 40), NULL},
+        {"--eval-every", CLI_LONG, &eval_every, 0, (double)(1L << 40), NULL},
+        {"--eval-batches", CLI_LONG, &eval_batches, 0, (double)(1L << 40), NULL},
+        {"--save-every", CLI_LONG, &save_every, 0, (double)(1L << 40), NULL},
+        {"--save-total-limit", CLI_LONG, &save_limit, 0, 1 << 20, NULL},
+        {"--log-every", CLI_LONG, &log_every, 1, (double)(1L << 40), NULL},
+        {"--seed", CLI_LONG, &seed, 0, 9.2e18, NULL},
+        {"--threads", CLI_LONG, &threads, 1, 1024, NULL},
+        {"--zero", CLI_LONG, &zero, 0, 1, NULL},
+        {"--lr", CLI_DOUBLE, &o.lr, 1e-12, 10, NULL},
+        {"--warmup-ratio", CLI_DOUBLE, &o.warmup_ratio, 0, 1, NULL},
+        {"--weight-decay", CLI_DOUBLE, &o.weight_decay, 0, 10, NULL},
+        {"--adam-beta1", CLI_DOUBLE, &o.beta1, 0, 0.999999, NULL},
+        {"--adam-beta2", CLI_DOUBLE, &o.beta2, 0, 0.999999, NULL},
+        {"--adam-epsilon", CLI_DOUBLE, &o.adam_eps, 1e-30, 1, NULL},
+        {"--max-grad-norm", CLI_DOUBLE, &o.max_grad_norm, 0, 1e9, NULL},
+        {"--loss-scale", CLI_DOUBLE, &o.loss_scale, 1e-30, 1e30, NULL},
+        {"--loss-scale-interval", CLI_LONG, &ls_interval, 1, 1 << 30, NULL},
+        {"--cross-doc-attention", CLI_FLAG, &o.cross_doc_attention, 0, 0, NULL},
+        {"--hf-accum-compat", CLI_FLAG, &o.hf_accum_compat, 0, 0, NULL},
+        {"--recompute", CLI_FLAG, &o.recompute, 0, 0, NULL},
+        {"--nan-check", CLI_FLAG, &o.nan_check, 0, 0, NULL},
+        {"--quiet", CLI_FLAG, &o.quiet, 0, 0, NULL},
+        {NULL, 0, NULL, 0, 0, NULL},
+    };
+    int status = cli_parse("train", train_help, argc, argv, table, NULL, NULL);
+    if (!status) status = train_names(pure, sched, &o);
+    if (status) return status < 0 ? 0 : status;
+    o.max_steps = max_steps, o.batch_size = (int)batch, o.grad_accum = (int)accum, o.seq_len = (int)seq;
+    o.warmup_steps = warmup, o.eval_every = eval_every, o.eval_batches = eval_batches, o.save_every = save_every;
+    o.save_total_limit = (int)save_limit, o.log_every = log_every, o.seed = (uint64_t)seed, o.zero = (int)zero;
+    o.loss_scale_interval = (int)ls_interval;
     if (!o.init || !o.data || !o.out) return cli_usage("train", "--init, --data and --out are required");
     whale_set_threads((int)threads);
     whale_err err;
@@ -246,35 +223,30 @@ done:
     return c;
 }
 
+static const char eval_help[] =
+    "usage: whale eval -m DIR (--data DATA_DIR [--split val|train] | --text FILE) [--seq-len T]\n"
+    "                  [--batch-size B] [--max-windows N] [--cross-doc-attention] [--threads N]\n"
+    "  prints {\"loss\": …, \"tokens\": …, \"ppl\": …} over the split's windows, or over a text\n"
+    "  file tokenized with the model folder's tokenizer in consecutive windows of T tokens";
+
 int cmd_eval(int argc, char **argv) {
     const char *dir = NULL, *data = NULL, *split = "val", *text = NULL;
-    long seq = 256, threads = 0, batch = 4, cross = 0, max_windows = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            puts("usage: whale eval -m DIR (--data DATA_DIR [--split val|train] | --text FILE) [--seq-len T]\n"
-                 "                  [--batch-size B] [--max-windows N] [--cross-doc-attention] [--threads N]\n"
-                 "  prints {\"loss\": …, \"tokens\": …, \"ppl\": …} over the split's windows, or over a text\n"
-                 "  file tokenized with the model folder's tokenizer in consecutive windows of T tokens");
-            return 0;
-        }
-        if (!strcmp(a, "--cross-doc-attention")) {
-            cross = 1;
-            continue;
-        }
-        if (!(v = cli_value(argc, argv, &i))) return cli_usage("eval", "%s needs a value", a);
-        int bad = 0;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
-        else if (!strcmp(a, "--data")) data = v;
-        else if (!strcmp(a, "--text")) text = v;
-        else if (!strcmp(a, "--split")) split = v;
-        else if (!strcmp(a, "--seq-len")) bad = cli_int("eval", a, v, 2, 1 << 20, &seq);
-        else if (!strcmp(a, "--batch-size")) bad = cli_int("eval", a, v, 1, 4096, &batch);
-        else if (!strcmp(a, "--max-windows")) bad = cli_int("eval", a, v, 0, 1L << 40, &max_windows);
-        else if (!strcmp(a, "--threads")) bad = cli_int("eval", a, v, 1, 1024, &threads);
-        else return cli_usage("eval", "unknown option \"%s\"", a);
-        if (bad) return bad;
-    }
+    long seq = 256, threads = 0, batch = 4, max_windows = 0;
+    int cross = 0;
+    const cli_opt table[] = {
+        {"-m|--model", CLI_STR, &dir, 0, 0, NULL},
+        {"--data", CLI_STR, &data, 0, 0, NULL},
+        {"--text", CLI_STR, &text, 0, 0, NULL},
+        {"--split", CLI_STR, &split, 0, 0, NULL},
+        {"--seq-len", CLI_LONG, &seq, 2, 1 << 20, NULL},
+        {"--batch-size", CLI_LONG, &batch, 1, 4096, NULL},
+        {"--max-windows", CLI_LONG, &max_windows, 0, (double)(1L << 40), NULL},
+        {"--threads", CLI_LONG, &threads, 1, 1024, NULL},
+        {"--cross-doc-attention", CLI_FLAG, &cross, 0, 0, NULL},
+        {NULL, 0, NULL, 0, 0, NULL},
+    };
+    int parsed = cli_parse("eval", eval_help, argc, argv, table, NULL, NULL);
+    if (parsed) return parsed < 0 ? 0 : parsed;
     if (!dir || !data == !text) return cli_usage("eval", "-m DIR and one of --data DIR or --text FILE are required");
     if (strcmp(split, "val") && strcmp(split, "train")) return cli_usage("eval", "--split must be val or train");
     whale_set_threads((int)threads);
@@ -284,7 +256,7 @@ int cmd_eval(int argc, char **argv) {
     double loss;
     int64_t tokens;
     whale_code c = text ? eval_text(m, dir, text, (int)seq, &loss, &tokens, &err)
-                        : whale_eval_dataset(m, data, split, (int)seq, max_windows, (int)batch, (int)cross, &loss,
+                        : whale_eval_dataset(m, data, split, (int)seq, max_windows, (int)batch, cross, &loss,
                                              &tokens, &err);
     whale_model_free(m);
     if (c) return cli_fail(&err);
