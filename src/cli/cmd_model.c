@@ -16,12 +16,6 @@
 #include <string.h>
 #include <time.h>
 
-static int wants_help(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
-    return 0;
-}
-
 /* ------------------------------------------------------------------ info */
 
 /* The checkpoint as stored: tensors and bytes by dtype, and the config's
@@ -56,15 +50,10 @@ static void print_stored(const char *dir) {
 
 int cmd_info(int argc, char **argv) {
     const char *dir = NULL;
-    if (wants_help(argc, argv)) {
-        puts("usage: whale info -m DIR\n  architecture, parameter counts by group, memory by dtype, unused tensors");
-        return 0;
-    }
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
-            if (!(dir = cli_value(argc, argv, &i))) return cli_usage("info", "%s needs a value", argv[i]);
-        } else return cli_usage("info", "unknown option \"%s\"", argv[i]);
-    }
+    const cli_opt table[] = {{"-m|--model", CLI_STR, &dir, 0, 0, NULL}, {NULL, 0, NULL, 0, 0, NULL}};
+    int st = cli_parse("info", "usage: whale info -m DIR\n  architecture, parameter counts by group, memory by dtype, unused tensors",
+                       argc, argv, table, NULL, NULL);
+    if (st) return st < 0 ? 0 : st;
     if (!dir) return cli_usage("info", "-m DIR is required");
     whale_err err;
     whale_model *m;
@@ -92,33 +81,29 @@ static void init_progress(void *user, int64_t done, int64_t total) {
     fflush(stderr);
 }
 
+static const char init_help[] =
+    "usage: whale init --preset NAME|FILE.json --out DIR [--seed N] [--dtype fp32|bf16|fp16] [--tokenizer DIR]\n"
+    "  presets: nanowhale-100m, small, debug, tiny (nanowhale); qwen2.5-0.5b, qwen2.5-7b, qwen2-tiny (Qwen2);\n"
+    "  smollm2-135m, llama-3.2-1b, llama-tiny (Llama); qwen3-0.6b, qwen3-tiny (Qwen3)\n"
+    "  writes config.json + model.safetensors with the family's reference initialisation, one tensor at\n"
+    "  a time (a 7B model in bf16 needs no more memory than its largest tensor);\n"
+    "  --tokenizer copies tokenizer.json (+ tokenizer_config.json, chat_template.jinja) into DIR";
+
 int cmd_init(int argc, char **argv) {
     const char *preset = NULL, *out = NULL, *tokenizer = NULL;
     long seed = 0;
     whale_dtype dt = WHALE_F32;
-    if (wants_help(argc, argv)) {
-        puts("usage: whale init --preset NAME|FILE.json --out DIR [--seed N] [--dtype fp32|bf16|fp16] [--tokenizer DIR]\n"
-             "  presets: nanowhale-100m, small, debug, tiny (nanowhale); qwen2.5-0.5b, qwen2.5-7b, qwen2-tiny (Qwen2);\n"
-             "  smollm2-135m, llama-3.2-1b, llama-tiny (Llama); qwen3-0.6b, qwen3-tiny (Qwen3)\n"
-             "  writes config.json + model.safetensors with the family's reference initialisation, one tensor at\n"
-             "  a time (a 7B model in bf16 needs no more memory than its largest tensor);\n"
-             "  --tokenizer copies tokenizer.json (+ tokenizer_config.json, chat_template.jinja) into DIR");
-        return 0;
-    }
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        if (!strcmp(a, "--preset") || !strcmp(a, "--out") || !strcmp(a, "--seed") || !strcmp(a, "--tokenizer") ||
-            !strcmp(a, "--dtype")) {
-            if (!(v = cli_value(argc, argv, &i))) return cli_usage("init", "%s needs a value", a);
-            if (!strcmp(a, "--preset")) preset = v;
-            else if (!strcmp(a, "--tokenizer")) tokenizer = v;
-            else if (!strcmp(a, "--out")) out = v;
-            else if (!strcmp(a, "--dtype")) {
-                if (cli_dtype("init", v, &dt)) return 2;
-                if (dt == WHALE_I8) return cli_usage("init", "checkpoints are fp32, bf16 or fp16 (int8 is made at load time)");
-            } else if (cli_int("init", a, v, 0, 0x7fffffffffffffffL, &seed)) return 2;
-        } else return cli_usage("init", "unknown option \"%s\"", a);
-    }
+    const cli_opt table[] = {
+        {"--preset", CLI_STR, &preset, 0, 0, NULL},
+        {"--out", CLI_STR, &out, 0, 0, NULL},
+        {"--tokenizer", CLI_STR, &tokenizer, 0, 0, NULL},
+        {"--dtype", CLI_DTYPE, &dt, 0, 0, NULL},
+        {"--seed", CLI_LONG, &seed, 0, 9.2e18, NULL},
+        {NULL, 0, NULL, 0, 0, NULL},
+    };
+    int st = cli_parse("init", init_help, argc, argv, table, NULL, NULL);
+    if (st) return st < 0 ? 0 : st;
+    if (dt == WHALE_I8) return cli_usage("init", "checkpoints are fp32, bf16 or fp16 (int8 is made at load time)");
     if (!preset || !out) return cli_usage("init", "--preset and --out are required");
     whale_err err;
     int64_t n_params = 0;
@@ -142,34 +127,29 @@ int cmd_init(int argc, char **argv) {
 
 /* ------------------------------------------------------------------ score */
 
+static const char score_help[] =
+    "usage: whale score -m DIR --ids FILE [--logits-out FILE.safetensors] [--dtype fp32|bf16] [--threads N]\n"
+    "                   [--nan-check]\n"
+    "  --nan-check: fail at the first NaN or inf, naming the tensor it appeared in\n"
+    "  FILE: JSON array of equal-length arrays of token ids.\n"
+    "  prints {\"loss\": mean shifted cross-entropy, \"tokens\": scored targets, \"ppl\": exp(loss)}";
+
 int cmd_score(int argc, char **argv) {
     const char *dir = NULL, *ids_path = NULL, *logits_out = NULL;
     long threads = 0;
     int nan_check = 0;
     whale_dtype dtype = WHALE_F32;
-    if (wants_help(argc, argv)) {
-        puts("usage: whale score -m DIR --ids FILE [--logits-out FILE.safetensors] [--dtype fp32|bf16] [--threads N]\n"
-             "                   [--nan-check]\n"
-             "  --nan-check: fail at the first NaN or inf, naming the tensor it appeared in\n"
-             "  FILE: JSON array of equal-length arrays of token ids.\n"
-             "  prints {\"loss\": mean shifted cross-entropy, \"tokens\": scored targets, \"ppl\": exp(loss)}");
-        return 0;
-    }
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        if (!strcmp(a, "--nan-check")) nan_check = 1;
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--ids") || !strcmp(a, "--logits-out") ||
-            !strcmp(a, "--threads") || !strcmp(a, "--dtype")) {
-            if (!(v = cli_value(argc, argv, &i))) return cli_usage("score", "%s needs a value", a);
-            if (!strcmp(a, "--dtype")) {
-                if (cli_dtype("score", v, &dtype)) return 2;
-            } else if (!strcmp(a, "--ids")) ids_path = v;
-            else if (!strcmp(a, "--logits-out")) logits_out = v;
-            else if (!strcmp(a, "--threads")) {
-                if (cli_int("score", a, v, 1, 1024, &threads)) return 2;
-            } else dir = v;
-        } else return cli_usage("score", "unknown option \"%s\"", a);
-    }
+    const cli_opt table[] = {
+        {"-m|--model", CLI_STR, &dir, 0, 0, NULL},
+        {"--ids", CLI_STR, &ids_path, 0, 0, NULL},
+        {"--logits-out", CLI_STR, &logits_out, 0, 0, NULL},
+        {"--dtype", CLI_DTYPE, &dtype, 0, 0, NULL},
+        {"--threads", CLI_LONG, &threads, 1, 1024, NULL},
+        {"--nan-check", CLI_FLAG, &nan_check, 0, 0, NULL},
+        {NULL, 0, NULL, 0, 0, NULL},
+    };
+    int parsed = cli_parse("score", score_help, argc, argv, table, NULL, NULL);
+    if (parsed) return parsed < 0 ? 0 : parsed;
     if (!dir || !ids_path) return cli_usage("score", "-m DIR and --ids FILE are required");
     whale_set_threads((int)threads);
     whale_err err;
