@@ -30,8 +30,8 @@
 enum { NSEQ = 8, STEPS = 10, CTX = 48, NBATCH = 96 };
 static const int prompt_len[NSEQ] = {1, 3, 5, 8, 13, 2, 21, 7};
 
-static int32_t token_at(int seq, int i, int V) { return (int32_t)((seq * 7919 + i * 104729 + 13) % V); }
 static int steps_of(int seq) { return STEPS - seq; }
+static const test_decode_plan plan = {NSEQ, NBATCH, prompt_len, steps_of};
 
 /* logits after the prompt and after each step: [1 + STEPS, V] per sequence */
 typedef struct {
@@ -42,34 +42,17 @@ static void free_run(run_logits *r) {
     for (int i = 0; i < NSEQ; i++) free(r->l[i]);
 }
 
-static void add_prompt(whale_dbatch *b, int seq, int V, whale_err *err) {
-    for (int i = 0; i < prompt_len[seq]; i++)
-        CHECK(whale_dbatch_add(b, token_at(seq, i, V), i, seq, i == prompt_len[seq] - 1, err) == WHALE_OK, "%s",
-              err->msg);
-}
-
 static void run_alone(whale_model *m, run_logits *r) {
     int V = whale_model_vocab_size(m);
     whale_err err;
-    whale_dbatch b;
-    CHECK(whale_dbatch_init(&b, NBATCH, &err) == WHALE_OK, "%s", err.msg);
     for (int q = 0; q < NSEQ; q++) {
         whale_session *s;
         const whale_session_params p = {1, CTX, NBATCH};
         CHECK(whale_session_new_batched(m, &p, &s, &err) == WHALE_OK, "%s", err.msg);
         r->l[q] = calloc((size_t)(1 + STEPS) * V, sizeof(float));
-        whale_dbatch_clear(&b);
-        for (int i = 0; i < prompt_len[q]; i++)
-            whale_dbatch_add(&b, token_at(q, i, V), i, 0, i == prompt_len[q] - 1, &err);
-        CHECK(whale_session_decode(s, &b, r->l[q], &err) == WHALE_OK, "%s", err.msg);
-        for (int k = 0; k < steps_of(q); k++) {
-            whale_dbatch_clear(&b);
-            whale_dbatch_add(&b, token_at(q, prompt_len[q] + k, V), prompt_len[q] + k, 0, 1, &err);
-            CHECK(whale_session_decode(s, &b, r->l[q] + (size_t)(1 + k) * V, &err) == WHALE_OK, "%s", err.msg);
-        }
+        test_decode_alone(s, &plan, q, V, r->l[q]);
         whale_session_free(s);
     }
-    whale_dbatch_free(&b);
 }
 
 /* mixed: every prompt in the first batch; else one prefill batch each */
@@ -79,35 +62,11 @@ static void run_together(whale_model *m, int mixed, run_logits *r) {
     whale_session *s;
     const whale_session_params p = {NSEQ, CTX, NBATCH};
     CHECK(whale_session_new_batched(m, &p, &s, &err) == WHALE_OK, "%s", err.msg);
-    whale_dbatch b;
-    CHECK(whale_dbatch_init(&b, NBATCH, &err) == WHALE_OK, "%s", err.msg);
-    float *out = malloc(sizeof(float) * (size_t)NSEQ * V);
     for (int q = 0; q < NSEQ; q++) r->l[q] = calloc((size_t)(1 + STEPS) * V, sizeof(float));
-    if (mixed) {
-        for (int q = 0; q < NSEQ; q++) add_prompt(&b, q, V, &err);
-        CHECK(whale_session_decode(s, &b, out, &err) == WHALE_OK, "%s", err.msg);
-        for (int q = 0; q < NSEQ; q++) memcpy(r->l[q], out + (size_t)q * V, sizeof(float) * V);
-    } else
-        for (int q = 0; q < NSEQ; q++) {
-            whale_dbatch_clear(&b);
-            add_prompt(&b, q, V, &err);
-            CHECK(whale_session_decode(s, &b, r->l[q], &err) == WHALE_OK, "%s", err.msg);
-        }
-    for (int k = 0; k < STEPS; k++) {
-        whale_dbatch_clear(&b);
-        for (int q = 0; q < NSEQ; q++) {
-            int pos = whale_kv_seq_len(s, q);
-            if (k < steps_of(q)) whale_dbatch_add(&b, token_at(q, pos, V), pos, q, 1, &err);
-        }
-        CHECK(whale_session_decode(s, &b, out, &err) == WHALE_OK, "%s", err.msg);
-        for (int q = 0, row = 0; q < NSEQ; q++)
-            if (k < steps_of(q)) memcpy(r->l[q] + (size_t)(1 + k) * V, out + (size_t)row++ * V, sizeof(float) * V);
-    }
+    test_decode_together(s, &plan, mixed, V, r->l);
     for (int q = 0; q < NSEQ; q++)
         CHECK(whale_kv_seq_len(s, q) == prompt_len[q] + steps_of(q), "sequence %d holds %d cells", q,
               whale_kv_seq_len(s, q));
-    free(out);
-    whale_dbatch_free(&b);
     whale_session_free(s);
 }
 
@@ -133,19 +92,19 @@ static void check_cells(whale_model *m) {
     whale_dbatch_init(&b, NBATCH, &err);
     float *l0 = malloc(sizeof(float) * V), *l1 = malloc(sizeof(float) * V);
     /* sequence 0: 13 tokens; sequence 2 gets a copy of its first 9 cells */
-    for (int i = 0; i < 13; i++) whale_dbatch_add(&b, token_at(4, i, V), i, 0, 0, &err);
+    for (int i = 0; i < 13; i++) whale_dbatch_add(&b, test_token_at(4, i, V), i, 0, 0, &err);
     CHECK(whale_session_decode(s, &b, NULL, &err) == WHALE_OK, "%s", err.msg);
     CHECK(whale_kv_seq_copy(s, 0, 2, 9, &err) == WHALE_OK, "%s", err.msg);
     CHECK(whale_kv_seq_len(s, 2) == 9, "copy holds %d cells", whale_kv_seq_len(s, 2));
     CHECK(whale_kv_seq_copy(s, 0, 1, 14, &err) == WHALE_ERR_RANGE, "copied more cells than held");
     /* the copy continued with token 9 = sequence 0 cut to 9 and continued */
     whale_dbatch_clear(&b);
-    whale_dbatch_add(&b, token_at(4, 9, V), 9, 2, 1, &err);
+    whale_dbatch_add(&b, test_token_at(4, 9, V), 9, 2, 1, &err);
     CHECK(whale_session_decode(s, &b, l1, &err) == WHALE_OK, "%s", err.msg);
     whale_kv_seq_keep(s, 0, 9);
     CHECK(whale_kv_seq_len(s, 0) == 9, "cut to %d", whale_kv_seq_len(s, 0));
     whale_dbatch_clear(&b);
-    whale_dbatch_add(&b, token_at(4, 9, V), 9, 0, 1, &err);
+    whale_dbatch_add(&b, test_token_at(4, 9, V), 9, 0, 1, &err);
     CHECK(whale_session_decode(s, &b, l0, &err) == WHALE_OK, "%s", err.msg);
     CHECK(memcmp(l0, l1, sizeof(float) * V) == 0, "a copied prefix continues differently (max |diff| %g)",
           test_max_abs_diff(l0, l1, V));
@@ -207,7 +166,7 @@ static void check_abort(whale_model *m) {
     CHECK(whale_session_new_batched(m, &p, &s, &err) == WHALE_OK, "%s", err.msg);
     whale_dbatch b;
     whale_dbatch_init(&b, NBATCH, &err);
-    for (int i = 0; i < 5; i++) whale_dbatch_add(&b, token_at(1, i, V), i, 1, i == 4, &err);
+    for (int i = 0; i < 5; i++) whale_dbatch_add(&b, test_token_at(1, i, V), i, 1, i == 4, &err);
     float *l0 = malloc(sizeof(float) * V), *l1 = malloc(sizeof(float) * V);
     calls_left = 1; /* the first layer runs, the second is refused */
     whale_session_set_abort(s, stop_after, NULL);

@@ -49,8 +49,8 @@ typedef struct {
     char ad[NAD][600];
 } model_case;
 
-static int32_t token_at(int seq, int i, int V) { return (int32_t)((seq * 7919 + i * 104729 + 13) % V); }
 static int steps_of(int seq) { return STEPS - seq; }
+static const test_decode_plan plan = {NSEQ, NBATCH, prompt_len, steps_of};
 
 typedef struct {
     float *l[NSEQ]; /* [1 + STEPS, V]: after the prompt, then after each step */
@@ -89,11 +89,6 @@ static void make_adapter(const char *base, const char *targets, int rank, int rs
     whale_model_free(m);
 }
 
-static void prompt_batch(whale_dbatch *b, int q, int seq, int V, whale_err *err) {
-    for (int i = 0; i < prompt_len[q]; i++)
-        CHECK(whale_dbatch_add(b, token_at(q, i, V), i, seq, i == prompt_len[q] - 1, err) == WHALE_OK, "%s", err->msg);
-}
-
 /* Sequence q alone: its adapter loaded into a fresh model (adapter NULL: the base). */
 static float *run_alone(const model_case *mc, whale_dtype dt, int q, const char *adapter) {
     whale_err err;
@@ -104,17 +99,8 @@ static float *run_alone(const model_case *mc, whale_dtype dt, int q, const char 
     float *l = calloc((size_t)(1 + STEPS) * V, sizeof(float));
     whale_session *s;
     const whale_session_params p = {1, CTX, NBATCH};
-    whale_dbatch b;
     CHECK(whale_session_new_batched(m, &p, &s, &err) == WHALE_OK, "%s", err.msg);
-    CHECK(whale_dbatch_init(&b, NBATCH, &err) == WHALE_OK, "%s", err.msg);
-    prompt_batch(&b, q, 0, V, &err);
-    CHECK(whale_session_decode(s, &b, l, &err) == WHALE_OK, "%s", err.msg);
-    for (int k = 0; k < steps_of(q); k++) {
-        whale_dbatch_clear(&b);
-        whale_dbatch_add(&b, token_at(q, prompt_len[q] + k, V), prompt_len[q] + k, 0, 1, &err);
-        CHECK(whale_session_decode(s, &b, l + (size_t)(1 + k) * V, &err) == WHALE_OK, "%s", err.msg);
-    }
-    whale_dbatch_free(&b);
+    test_decode_alone(s, &plan, q, V, l);
     whale_session_free(s);
     whale_model_free(m);
     return l;
@@ -145,32 +131,8 @@ static void run_together(const model_case *mc, whale_dtype dt, int mixed, run_lo
     const whale_session_params p = {NSEQ, CTX, NBATCH};
     CHECK(whale_session_new_batched(m, &p, &s, &err) == WHALE_OK, "%s", err.msg);
     bind_all(s, ad);
-    whale_dbatch b;
-    CHECK(whale_dbatch_init(&b, NBATCH, &err) == WHALE_OK, "%s", err.msg);
-    float *out = malloc(sizeof(float) * (size_t)NSEQ * V);
     for (int q = 0; q < NSEQ; q++) r->l[q] = calloc((size_t)(1 + STEPS) * V, sizeof(float));
-    if (mixed) {
-        for (int q = 0; q < NSEQ; q++) prompt_batch(&b, q, q, V, &err);
-        CHECK(whale_session_decode(s, &b, out, &err) == WHALE_OK, "%s", err.msg);
-        for (int q = 0; q < NSEQ; q++) memcpy(r->l[q], out + (size_t)q * V, sizeof(float) * V);
-    } else
-        for (int q = 0; q < NSEQ; q++) {
-            whale_dbatch_clear(&b);
-            prompt_batch(&b, q, q, V, &err);
-            CHECK(whale_session_decode(s, &b, r->l[q], &err) == WHALE_OK, "%s", err.msg);
-        }
-    for (int k = 0; k < STEPS; k++) {
-        whale_dbatch_clear(&b);
-        for (int q = 0; q < NSEQ; q++) {
-            int pos = whale_kv_seq_len(s, q);
-            if (k < steps_of(q)) whale_dbatch_add(&b, token_at(q, pos, V), pos, q, 1, &err);
-        }
-        CHECK(whale_session_decode(s, &b, out, &err) == WHALE_OK, "%s", err.msg);
-        for (int q = 0, row = 0; q < NSEQ; q++)
-            if (k < steps_of(q)) memcpy(r->l[q] + (size_t)(1 + k) * V, out + (size_t)row++ * V, sizeof(float) * V);
-    }
-    free(out);
-    whale_dbatch_free(&b);
+    test_decode_together(s, &plan, mixed, V, r->l);
     whale_session_free(s);
     whale_model_free(m);
 }
@@ -238,7 +200,7 @@ static void check_cells(const model_case *mc, const char *tmp) {
     whale_dbatch_init(&b, NBATCH, &err);
     CHECK(whale_kv_seq_set_adapter(s, 0, ad[0], &err) == WHALE_OK, "%s", err.msg);
     CHECK(whale_kv_seq_adapter(s, 0) == ad[0] && whale_kv_seq_adapter(s, 1) == NULL, "bindings read back wrong");
-    for (int i = 0; i < 11; i++) whale_dbatch_add(&b, token_at(2, i, V), i, 0, 0, &err);
+    for (int i = 0; i < 11; i++) whale_dbatch_add(&b, test_token_at(2, i, V), i, 0, 0, &err);
     CHECK(whale_session_decode(s, &b, NULL, &err) == WHALE_OK, "%s", err.msg);
     CHECK(whale_kv_seq_set_adapter(s, 0, ad[1], &err) == WHALE_ERR_ARG && strstr(err.msg, "holds 11 cells"),
           "rebinding a sequence with cells: %s", err.msg);
@@ -250,11 +212,11 @@ static void check_cells(const model_case *mc, const char *tmp) {
     CHECK(whale_kv_seq_copy(s, 0, 2, 7, &err) == WHALE_OK, "%s", err.msg);
     float *l0 = malloc(sizeof(float) * V), *l2 = malloc(sizeof(float) * V);
     whale_dbatch_clear(&b);
-    whale_dbatch_add(&b, token_at(2, 7, V), 7, 2, 1, &err);
+    whale_dbatch_add(&b, test_token_at(2, 7, V), 7, 2, 1, &err);
     CHECK(whale_session_decode(s, &b, l2, &err) == WHALE_OK, "%s", err.msg);
     whale_kv_seq_keep(s, 0, 7);
     whale_dbatch_clear(&b);
-    whale_dbatch_add(&b, token_at(2, 7, V), 7, 0, 1, &err);
+    whale_dbatch_add(&b, test_token_at(2, 7, V), 7, 0, 1, &err);
     CHECK(whale_session_decode(s, &b, l0, &err) == WHALE_OK, "%s", err.msg);
     CHECK(memcmp(l0, l2, sizeof(float) * V) == 0, "a prefix copied under one adapter continues differently (%g)",
           test_max_abs_diff(l0, l2, V));

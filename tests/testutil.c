@@ -160,3 +160,63 @@ size_t test_total_params(const whale_model *m) {
     for (int i = 0; i < whale_model_num_params(m); i++) n += (size_t)test_param_numel(m, i);
     return n;
 }
+
+int32_t test_token_at(int seq, int i, int V) { return (int32_t)((seq * 7919 + i * 104729 + 13) % V); }
+
+void test_add_prompt(const test_decode_plan *p, whale_dbatch *b, int q, int seq, int V) {
+    whale_err err;
+    for (int i = 0; i < p->prompt_len[q]; i++)
+        CHECK(whale_dbatch_add(b, test_token_at(q, i, V), i, seq, i == p->prompt_len[q] - 1, &err) == WHALE_OK, "%s",
+              err.msg);
+}
+
+void test_decode_alone(whale_session *s, const test_decode_plan *p, int q, int V, float *l) {
+    whale_err err;
+    whale_dbatch b;
+    CHECK(whale_dbatch_init(&b, p->nbatch, &err) == WHALE_OK, "%s", err.msg);
+    test_add_prompt(p, &b, q, 0, V);
+    CHECK(whale_session_decode(s, &b, l, &err) == WHALE_OK, "%s", err.msg);
+    for (int k = 0, pos = p->prompt_len[q]; k < p->steps_of(q); k++, pos++) {
+        whale_dbatch_clear(&b);
+        whale_dbatch_add(&b, test_token_at(q, pos, V), pos, 0, 1, &err);
+        CHECK(whale_session_decode(s, &b, l + (size_t)(1 + k) * V, &err) == WHALE_OK, "%s", err.msg);
+    }
+    whale_dbatch_free(&b);
+}
+
+/* One step: the next token of every sequence with steps left, the logits
+ * of each into its row k + 1; 0 when none has. */
+static int decode_step(whale_session *s, const test_decode_plan *p, int k, int V, whale_dbatch *b, float *out,
+                       float **l) {
+    whale_err err;
+    whale_dbatch_clear(b);
+    for (int q = 0; q < p->nseq; q++) {
+        int pos = whale_kv_seq_len(s, q);
+        if (k < p->steps_of(q)) whale_dbatch_add(b, test_token_at(q, pos, V), pos, q, 1, &err);
+    }
+    if (!b->n_tokens) return 0;
+    CHECK(whale_session_decode(s, b, out, &err) == WHALE_OK, "%s", err.msg);
+    for (int q = 0, row = 0; q < p->nseq; q++)
+        if (k < p->steps_of(q)) memcpy(l[q] + (size_t)(1 + k) * V, out + (size_t)row++ * V, sizeof(float) * V);
+    return 1;
+}
+
+void test_decode_together(whale_session *s, const test_decode_plan *p, int mixed, int V, float **l) {
+    whale_err err;
+    whale_dbatch b;
+    CHECK(whale_dbatch_init(&b, p->nbatch, &err) == WHALE_OK, "%s", err.msg);
+    float *out = malloc(sizeof(float) * (size_t)p->nseq * V);
+    if (mixed) {
+        for (int q = 0; q < p->nseq; q++) test_add_prompt(p, &b, q, q, V);
+        CHECK(whale_session_decode(s, &b, out, &err) == WHALE_OK, "%s", err.msg);
+        for (int q = 0; q < p->nseq; q++) memcpy(l[q], out + (size_t)q * V, sizeof(float) * V);
+    } else
+        for (int q = 0; q < p->nseq; q++) {
+            whale_dbatch_clear(&b);
+            test_add_prompt(p, &b, q, q, V);
+            CHECK(whale_session_decode(s, &b, l[q], &err) == WHALE_OK, "%s", err.msg);
+        }
+    for (int k = 0; decode_step(s, p, k, V, &b, out, l); k++) {}
+    free(out);
+    whale_dbatch_free(&b);
+}

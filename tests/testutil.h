@@ -3,9 +3,11 @@
 #ifndef WHALE_TESTUTIL_H
 #define WHALE_TESTUTIL_H
 
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
+#include "whale.h"
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 extern int test_failures;
@@ -48,6 +50,25 @@ const whale_st_entry *test_need_tensor(const whale_st *g, const char *name);
 /* Elements of parameter i of m, and of all its parameters. */
 long test_param_numel(const struct whale_model *m, int i);
 size_t test_total_params(const struct whale_model *m);
+/* Sequences decoded step by step through the batch API (test_batch,
+ * test_multilora): sequence q has prompt_len[q] prompt tokens, then
+ * steps_of(q) one-token steps; its token i is test_token_at(q, i, V). The
+ * logits of sequence q go to l[q]: [1 + steps_of(q), V], after the prompt
+ * and after each step. */
+typedef struct {
+    int nseq, nbatch;
+    const int *prompt_len;
+    int (*steps_of)(int seq);
+} test_decode_plan;
+int32_t test_token_at(int seq, int i, int V);
+/* The prompt of sequence q as sequence id seq, logits for its last token. */
+void test_add_prompt(const test_decode_plan *p, whale_dbatch *b, int q, int seq, int V);
+/* Sequence q alone in s (sequence id 0). */
+void test_decode_alone(whale_session *s, const test_decode_plan *p, int q, int V, float *l);
+/* Every sequence in s (sequence q as id q): mixed puts all prompts in one
+ * batch, else one prefill batch each; then each step one batch of the
+ * sequences with steps left, at their different positions. */
+void test_decode_together(whale_session *s, const test_decode_plan *p, int mixed, int V, float **l);
 int test_finish(const char *name);
 
 #endif

@@ -3,6 +3,7 @@
 #define WHALE_CLI_H
 
 #include "whale.h"
+#include "whale_data.h" /* whale_read_ids_file */
 
 /* Report an error (one line on stderr, "whale: <message>") and return the
  * exit status for it. */
@@ -27,20 +28,37 @@ int cli_bool_option(int argc, char **argv, int *i, const char *opt, int *flag);
  * ("-n|--max-new-tokens|--max-tokens"; after "--", "-" and "_" are alike,
  * so ms-swift's --max_new_tokens matches) and where its value goes:
  *   CLI_FLAG    int *: 1, or the true/false/1/0 that follows
+ *   CLI_SWITCH  int *: 1 (takes no value: what follows is never consumed)
  *   CLI_STR     const char **
  *   CLI_LONG    long *, in [lo, hi]        CLI_DOUBLE  double *, in [lo, hi]
  *   CLI_DTYPE   whale_dtype * (fp32|bf16|fp16|int8 and their spellings)
  *   CLI_PAIR    const char *[2]: one or two values (Chinese, English)
  *   CLI_LIST    cli_list *: one or more values, up to the next option; the
  *               option may be repeated, each adding to the list
+ *   CLI_EACH    cli_list *: one value; repeated, each adds one to the list
+ *   CLI_COUNT   long *, in [lo, hi]: the value that follows unless the next
+ *               argument is an option (or there is none); then note's number
  *   CLI_NOTE    takes a value that changes nothing here: note says why
  *               (printed once as "CMD: note: ...")
  *   CLI_ARGS    cli_args *: the arguments that are not options, in order
  *               (names is what they are, e.g. "FILE"; without such an
  *               entry an argument that is not an option is refused; with
  *               one, everything after "--" is an argument) */
-typedef enum { CLI_FLAG, CLI_STR, CLI_LONG, CLI_DOUBLE, CLI_DTYPE, CLI_PAIR, CLI_LIST, CLI_NOTE, CLI_ARGS } cli_kind;
-#define CLI_LIST_MAX 64
+typedef enum {
+    CLI_FLAG,
+    CLI_SWITCH,
+    CLI_STR,
+    CLI_LONG,
+    CLI_DOUBLE,
+    CLI_DTYPE,
+    CLI_PAIR,
+    CLI_LIST,
+    CLI_EACH,
+    CLI_COUNT,
+    CLI_NOTE,
+    CLI_ARGS
+} cli_kind;
+#define CLI_LIST_MAX 256
 typedef struct {
     const char *v[CLI_LIST_MAX];
     int n;
@@ -123,9 +141,6 @@ typedef struct {
  * NULL to skip) what the fine-tuning used. */
 whale_code cli_load_model(const char *dir, const char *adapters, cli_run *run, whale_model **m, char **base_dir,
                           char **tmpl, char **system, whale_err *err);
-
-/* A JSON array of equal-length arrays of token ids, checked against vocab. */
-#include "io/ids.h" /* whale_read_ids_file */
 
 int cmd_info(int argc, char **argv);
 int cmd_memory(int argc, char **argv);
