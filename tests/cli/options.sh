@@ -81,6 +81,10 @@ expect_status 7 'needs an estimated .* GiB .* but --memory-limit is' -- "$WHALE"
     --memory-limit 0.01
 expect_status 7 'with 512 positions needs an estimated .* smaller --ctx-size' -- "$WHALE" chat -m "$TMP/m" \
     --memory-limit 0.0001
+expect_status 7 'with 4 slots of 512 positions needs an estimated .* fewer --parallel slots' -- "$WHALE" serve \
+    -m "$TMP/m" --port 0 --memory-limit 0.0001
+expect_status 7 'with 3 slots of 64 positions needs an estimated' -- "$WHALE" serve -m "$TMP/m" --port 0 \
+    --parallel 3 --ctx-size 64 --memory-limit 0.0001
 "$WHALE" export -m "$TMP/m" --dtype bf16 --out "$TMP/m16" 2>/dev/null
 "$WHALE" sft -m "$TMP/m16" --data "$ROOT/data/self_cognition.jsonl#4" --model-name a b --model-author c d --max-steps 1 \
     --grad-accum 1 --out "$TMP/sft16" >/dev/null 2>"$TMP/err"
