@@ -54,8 +54,7 @@ expect_status 2 '--zero expects an integer in \[0, 1\]' -- "$WHALE" memory --con
 # export --merge-lora reads, merges and writes one tensor at a time: on a BF16
 # Qwen2 whose embedding (151,669 × 1024, 296 MiB) is most of the model, the
 # peak resident memory of the merge stays under twice that tensor plus the
-# adapters (the bound docs/cli.md gives for 7B shapes), and the merged model
-# is BF16 like its base
+# adapters (docs/cli.md), and the merged model is BF16 like its base
 need_tokenizer qwen3
 cat >"$TMP/q.json" <<JSON
 {"model_type": "qwen2", "vocab_size": 151669, "hidden_size": 1024, "num_hidden_layers": 2,
