@@ -36,6 +36,8 @@ check "... but 'generate: seed'" grep -q '^generate: seed ' "$TMP/err"
     --repetition_penalty 1.0 --stream false --infer_backend vllm >"$TMP/g2" 2>"$TMP/err"
 check "generate takes --max_new_tokens, --top_k, --top_p, --repetition_penalty, --stream false" test $? = 0
 check "... the same text as streamed" cmp -s "$TMP/g1" "$TMP/g2"
+"$WHALE" generate -m "$TMP/m" -p "Hello" -n 4 --temperature 0 --stream 0 --nan-check 1 >"$TMP/g3" 2>/dev/null
+check "booleans take 1 / 0 too (--stream 0 --nan-check 1)" cmp -s "$TMP/g1" "$TMP/g3"
 check "... --infer_backend: a one-line note" grep -q '^generate: note: --infer_backend vllm: whale runs its own engine' "$TMP/err"
 "$WHALE" generate -m "$TMP/m" --ids 1,2,3 -n 2 --ignore-eos true --nan-check false --temperature 0 >/dev/null 2>&1
 check "booleans take true / false" test $? = 0
