@@ -10,12 +10,12 @@
  * "<module>.lora_A.weight" / "<module>.lora_B.weight" in the parameter table.
  *
  * Qwen2's all-linear targets are q_proj, k_proj, v_proj, o_proj, gate_proj,
- * up_proj and down_proj (every Linear but lm_head). nanowhale's are wq_a, wq_b, wkv, wo_a, wo_b and the
+ * up_proj and down_proj (every Linear but lm_head). nanowhale's are wq_a, wq_b, wkv, wo_b and the
  * routed and shared experts' w1, w2, w3 (not lm_head, not the gate, whose
- * weight is a raw parameter). wo_a is used block-diagonally by the model
- * (each group of o_groups multiplies its slice of the attention output), so
- * its adapter acts through the effective weight W + s·B·A on every group:
- * group g adds s · B[g rows] · A · x_g. Merging is therefore exact.
+ * weight is a raw parameter): the Linears the reference modeling code
+ * calls. Not wo_a: the reference reads its weight inside an einsum, so a
+ * PEFT adapter on it never acts (PeftModel unmerged). Attaching one is
+ * refused; loading skips a wo_a pair in the file, as PeftModel does.
  *
  * Attach adapters before creating sessions.
  */

@@ -1,5 +1,7 @@
-/* LoRA against the PyTorch reference with a hand-written LoRA
- * (tests/reference/gen_lora.py): the PEFT adapter folder loads, logits and
+/* LoRA against the PyTorch reference with PEFT's semantics written by hand
+ * (tests/reference/gen_lora.py: adapters act only where a Linear is called,
+ * so PEFT's all-linear adapter on nanowhale's wo_a, which the reference reads
+ * as a weight, changes nothing): the PEFT adapter folder loads, logits and
  * loss match, the adapters' gradients match with the base frozen, merging
  * gives the adapted logits, a training step changes only the adapters (the
  * base bit for bit), save → load round-trips, PEFT's initialisation leaves
@@ -53,7 +55,11 @@ int main(void) {
     whale_model *m = load_tiny();
     int n_base = whale_model_num_params(m), V = whale_model_vocab_size(m);
     CHECK(whale_lora_load(m, adir, &err) == WHALE_OK, "%s", err.msg);
-    CHECK(whale_lora_count(m) == 40, "40 adapters on tiny's all-linear modules, got %d", whale_lora_count(m));
+    /* the file has PEFT's all-linear (wo_a too); the model never calls wo_a, so PeftModel ignores its pair */
+    CHECK(whale_lora_count(m) == 38, "38 adapters on tiny's called Linear modules, got %d", whale_lora_count(m));
+    for (int i = n_base; i < whale_model_num_params(m); i++)
+        CHECK(!strstr(whale_model_param_name(m, i), "wo_a"), "wo_a's adapter must not act: %s",
+              whale_model_param_name(m, i));
 
     /* forward */
     size_t nl = (size_t)B * S * V;
@@ -63,7 +69,7 @@ int main(void) {
     CHECK(whale_session_forward(s, ids, B, S, logits, 1, &err) == WHALE_OK, "%s", err.msg);
     whale_session_free(s);
     double dl = test_rel_norm(logits, elog->data, (long)nl);
-    printf("adapted logits vs reference: relative %.3g\n", dl);
+    printf("adapted logits vs the PEFT-semantics reference: relative %.3g\n", dl);
     CHECK(dl <= 1e-5, "adapted logits differ from the reference by %g", dl);
 
     /* backward: the adapters' gradients, the base frozen */
@@ -165,9 +171,17 @@ int main(void) {
     CHECK(whale_memory_estimate(tdir, &plan, &est, &err) == WHALE_OK, "%s", err.msg);
     CHECK(est.trainable == whale_lora_num_params(m3), "LoRA estimate %lld trainable, attached %lld",
           (long long)est.trainable, (long long)whale_lora_num_params(m3));
+    for (int i = n_base; i < whale_model_num_params(m3); i++)
+        CHECK(!strstr(whale_model_param_name(m3, i), "wo_a"), "all-linear attaches to wo_a: %s",
+              whale_model_param_name(m3, i));
+    CHECK(whale_lora_count(m3) == 38, "all-linear: %d adapters, 38 wanted", whale_lora_count(m3));
     cfg.target_modules = "no_such_module";
     whale_model *m4 = load_tiny();
     CHECK(whale_lora_attach(m4, &cfg, &err) == WHALE_ERR_ARG, "a target that matches nothing is refused");
+    cfg.target_modules = "wq_a,wo_a";
+    CHECK(whale_lora_attach(m4, &cfg, &err) == WHALE_ERR_ARG && strstr(err.msg, "model.layers.0.attn.wo_a") &&
+              strstr(err.msg, "PEFT would never apply it") && whale_lora_count(m4) == 0,
+          "an adapter on wo_a (never called by the reference) is refused: %s", err.msg);
     whale_model_free(m4);
 
     whale_model_free(m3);
@@ -189,7 +203,7 @@ int main(void) {
           err.msg);
     CHECK(fabs(lother - l0) > 1e-6, "dropout must change the loss (eval %g vs train %g)", lother, l0);
     const char *probe[] = {"model.layers.0.attn.wq_a.lora_A.weight", "model.layers.1.ffn.experts.0.w2.lora_B.weight",
-                           "model.layers.0.attn.wo_a.lora_B.weight"};
+                           "model.layers.0.attn.wo_b.lora_B.weight"};
     for (int k = 0; k < 3; k++) {
         ts->lora_calls = step - 1; /* a fresh gradient of the step (the buffer accumulates) */
         whale_session_zero_grad(ts);

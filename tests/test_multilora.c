@@ -8,7 +8,7 @@
  * qwen2-lora and its rsLoRA twin) and ones made here with other ranks and
  * target modules (PEFT init, then random nonzero B) — so the rows of one
  * product see adapters on some of them and not others, of different ranks
- * and scales, in attention, the MLP, nanowhale's grouped wo_a and its
+ * and scales, in attention, the MLP and nanowhale's
  * experts (rows gathered per expert). Six sequences, bound
  * {A, B, none, A, C, B}, prompts of different lengths and a fixed
  * continuation (the same tokens fed both ways):
@@ -289,7 +289,7 @@ int main(void) {
     snprintf(cases[0].ad[0], sizeof cases[0].ad[0], "%s/lora-tiny", WHALE_TEST_DATA);
     snprintf(cases[0].ad[1], sizeof cases[0].ad[1], "%s/nw-a", tmp);
     snprintf(cases[0].ad[2], sizeof cases[0].ad[2], "%s/nw-b", tmp);
-    make_adapter(cases[0].base, "wq_b,wkv,wo_a,w2", 2, 0, 11, cases[0].ad[1]);
+    make_adapter(cases[0].base, "wq_b,wkv,w2", 2, 0, 11, cases[0].ad[1]);
     make_adapter(cases[0].base, "wq_a,wo_b,w1,w3", 6, 1, 12, cases[0].ad[2]);
     snprintf(cases[1].base, sizeof cases[1].base, "%s/qwen2-gqa2", WHALE_TEST_DATA);
     snprintf(cases[1].ad[0], sizeof cases[1].ad[0], "%s/qwen2-lora", WHALE_TEST_DATA);

@@ -81,6 +81,9 @@ static void check_draws(const env *e) {
     CHECK(open_sel(e, "ten.jsonl#4", NULL, 0, 42, &tr, &va, &err) == WHALE_OK, "%s", err.msg);
     CHECK(tr && lines_of(tr, line2, seen, 10) == 4 && !memcmp(line, line2, 4 * sizeof *line), "the same seed, the same draw");
     whale_sft_dataset_free(tr);
+    CHECK(open_sel(e, "ten.jsonl#4", NULL, 0, 43, &tr, &va, &err) == WHALE_OK, "%s", err.msg);
+    CHECK(tr && lines_of(tr, line2, seen, 10) == 4 && memcmp(line, line2, 4 * sizeof *line), "another seed, another draw");
+    whale_sft_dataset_free(tr);
     CHECK(open_sel(e, "ten.jsonl#25", NULL, 0, 7, &tr, &va, &err) == WHALE_OK, "%s", err.msg);
     n = tr ? lines_of(tr, line, seen, 10) : 0;
     int ok = n == 25;

@@ -403,28 +403,35 @@ static double physical_memory(void) {
     return pages > 0 && size > 0 ? (double)pages * (double)size : 0;
 }
 
-/* The estimate whale memory makes for this run, against the machine's
- * memory (or run->memory_limit), before anything is loaded. */
-static whale_code check_memory(const char *dir, cli_run *run, whale_err *err) {
+whale_code cli_check_memory(const char *dir, cli_run *run, int slots, int work_tokens, whale_err *err) {
     whale_model *skel;
     whale_code c = whale_model_skeleton(dir, &skel, err);
     if (c) return c;
     int maxpos = whale_model_max_positions(skel);
     whale_model_free(skel);
-    whale_memory_plan plan = {.dtype = run->dtype, .batch = 1, .seq_len = run->seq > 0 && run->seq < maxpos ? run->seq : maxpos};
-    whale_memory est;
+    int ctx = run->seq > 0 && run->seq < maxpos ? run->seq : maxpos;
+    int work = work_tokens > 0 && work_tokens < ctx ? work_tokens : ctx;
+    /* the weights and one forward's workspace, then every slot's KV cells */
+    whale_memory_plan plan = {.dtype = run->dtype, .batch = 1, .seq_len = work};
+    whale_memory est, kv;
     if ((c = whale_memory_estimate(dir, &plan, &est, err))) return c;
+    plan.seq_len = ctx;
+    if (work != ctx && (c = whale_memory_estimate(dir, &plan, &kv, err))) return c;
+    size_t kv_bytes = (size_t)slots * (work != ctx ? kv.kv_cache : est.kv_cache);
+    est.total += kv_bytes - est.kv_cache;
     run->estimate = est.total;
     double limit = run->memory_limit > 0 ? run->memory_limit : physical_memory(), gib = 1073741824.0;
     if (limit <= 0 || (double)est.total <= limit) return WHALE_OK;
+    char slot_text[48] = "";
+    if (slots > 1) snprintf(slot_text, sizeof slot_text, "%d slots of ", slots);
     return whale_errf(err, WHALE_ERR_NOMEM,
-                      "%s: running it in %s with %d positions needs an estimated %.2f GiB (weights %.2f, KV cache %.2f) "
+                      "%s: running it in %s with %s%d positions needs an estimated %.2f GiB (weights %.2f, KV cache %.2f) "
                       "but %s is %.2f GiB; try %s%s",
-                      dir, cli_dtype_name(run->dtype), plan.seq_len, est.total / gib,
-                      (est.weights_f32 + est.weights_lowp + est.weights_mapped) / gib, est.kv_cache / gib,
+                      dir, cli_dtype_name(run->dtype), slot_text, ctx, est.total / gib,
+                      (est.weights_f32 + est.weights_lowp + est.weights_mapped) / gib, kv_bytes / gib,
                       run->memory_limit > 0 ? "--memory-limit" : "the machine's memory", limit / gib,
                       run->dtype == WHALE_F32 ? "--dtype bf16 or int8" : run->dtype == WHALE_I8 ? "a smaller model" : "--dtype int8",
-                      run->ctx_option ? " or a smaller --ctx-size" : "");
+                      run->ctx_option ? slots > 1 ? ", a smaller --ctx-size or fewer --parallel slots" : " or a smaller --ctx-size" : "");
 }
 
 whale_code cli_load_model(const char *dir, const char *adapters, cli_run *run, whale_model **m, char **base_dir,
@@ -442,7 +449,7 @@ whale_code cli_load_model(const char *dir, const char *adapters, cli_run *run, w
     const char *from = dir ? dir : base;
     if (run->dtype == CLI_DTYPE_AUTO && (run->dtype = cli_checkpoint_dtype(from)) != WHALE_F32 && run->cmd)
         fprintf(stderr, "%s: %s, the checkpoint's dtype (--dtype to change)\n", run->cmd, cli_dtype_name(run->dtype));
-    if ((c = check_memory(from, run, err)) || (c = whale_model_load_as(from, run->dtype, m, err)) ||
+    if ((c = cli_check_memory(from, run, 1, 0, err)) || (c = whale_model_load_as(from, run->dtype, m, err)) ||
         (adapters && (c = whale_lora_load(*m, adapters, err)))) {
         whale_model_free(*m);
         *m = NULL;

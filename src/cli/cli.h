@@ -134,6 +134,12 @@ typedef struct {
     size_t estimate; /* set: the estimate's total */
 } cli_run;
 
+/* The estimate whale memory makes for running dir as run says (run->seq
+ * positions, 0: the model's) with slots KV slots of that many cells and a
+ * forward of work_tokens tokens (0: the positions), against run's memory
+ * limit or the machine's memory, before anything is loaded. */
+whale_code cli_check_memory(const char *dir, cli_run *run, int slots, int work_tokens, whale_err *err);
+
 /* A model to run: dir with a LoRA checkpoint's adapters applied when
  * adapters is not NULL (dir may then be NULL: the checkpoint's args.json
  * names the base). *base_dir (malloc'd) is the folder the model came from

@@ -30,6 +30,8 @@ static const char serve_help[] =
     "  --timeout S            a request's headers and body must arrive within S seconds, however slowly sent;\n"
     "                         idle connections close (30)\n"
     "  --max-connections N    (256)   --threads N (all cores)   --verbose\n"
+    "  --memory-limit GIB     refuse, before loading, a server whose estimate (weights, every slot's KV cells,\n"
+    "                         one batch's workspace) is larger (the machine's memory)\n"
     "  sampling defaults for requests that leave them out: generation_config.json, else OpenAI's\n"
     "endpoints: POST /v1/chat/completions /v1/completions /tokenize /detokenize, GET /v1/models /health /metrics /";
 
@@ -41,6 +43,7 @@ typedef struct {
     serve_adapter parsed[CLI_LIST_MAX]; /* the same, split */
     char names[CLI_LIST_MAX][SERVE_MAX_ADAPTER_NAME + 1];
     long port, parallel, ctx, batch, queue, max_body, timeout, max_conn, threads;
+    double memory_limit; /* GiB; 0: the machine's memory */
     whale_dtype dtype;
     int verbose;
 } serve_opts;
@@ -64,6 +67,7 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
         {"--timeout", CLI_LONG, &o->timeout, 1, 86400, NULL},
         {"--max-connections", CLI_LONG, &o->max_conn, 1, 65536, NULL},
         {"--threads", CLI_LONG, &o->threads, 1, 1024, NULL},
+        {"--memory-limit", CLI_DOUBLE, &o->memory_limit, 1e-6, 1e6, NULL},
         {"--verbose", CLI_FLAG, &o->verbose, 0, 0, NULL},
         {NULL, 0, NULL, 0, 0, NULL}};
     int st = cli_parse("serve", serve_help, argc, argv, opts, NULL, NULL);
@@ -131,7 +135,18 @@ int cmd_serve(int argc, char **argv) {
     }
     if (key) o.key = key;
     serve_config c = serve_config_from(&o);
-    if (cli_generation_config(c.model_dir, &c.sampling, 0, "serve", &err)) {
+    /* whale memory's estimate, checked before loading: the weights, every
+     * slot's KV cells (the server's default --ctx-size: the model's
+     * positions, at most 4096) and one batch's workspace */
+    cli_run run = {.dtype = c.dtype, .seq = c.ctx_size, .ctx_option = 1, .memory_limit = o.memory_limit * 1073741824.0};
+    whale_model *skel = NULL;
+    whale_code rc = run.seq ? WHALE_OK : whale_model_skeleton(c.model_dir, &skel, &err);
+    if (skel) {
+        run.seq = whale_model_max_positions(skel) < 4096 ? whale_model_max_positions(skel) : 4096;
+        whale_model_free(skel);
+    }
+    if (rc || cli_check_memory(c.model_dir, &run, c.parallel, c.batch, &err) ||
+        cli_generation_config(c.model_dir, &c.sampling, 0, "serve", &err)) {
         free(key);
         return cli_fail(&err);
     }
@@ -150,10 +165,10 @@ int cmd_serve(int argc, char **argv) {
     serve_describe(s, stderr);
     int sig = 0;
     sigwait(&set, &sig);
-    fprintf(stderr, "whale serve: %s: draining\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    fprintf(stderr, "serve: %s: draining\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     serve_drain(s, 60);
     serve_close(s);
     free(key);
-    fprintf(stderr, "whale serve: stopped\n");
+    fprintf(stderr, "serve: stopped\n");
     return 0;
 }

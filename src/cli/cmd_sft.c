@@ -30,7 +30,8 @@ static const char sft_usage[] =
     "  --val-dataset FILE...  --split-dataset-ratio R (0): validation files, or a held-out share of each file\n"
     "  --eval-steps N (--save-steps): eval_loss and eval_token_acc; the best checkpoint in trainer_state.json\n"
     "  --save-only-model: checkpoints without optimizer state (cannot be resumed)\n"
-    "  --gradient-checkpointing (alias --recompute)  --nan-check  --memory-limit GIB  --threads N  --quiet\n"
+    "  --gradient-checkpointing true|false (true, as ms-swift; alias --recompute): recompute each layer in the\n"
+    "      backward pass instead of keeping its activations   --nan-check  --memory-limit GIB  --threads N  --quiet\n"
     "  --zero 0|1 (0): on several ranks (mpirun), 1 shards the AdamW moments over them (ZeRO stage 1)\n"
     "  booleans are flags or take true|false|1|0; FILE#N draws N samples of FILE (seeded, as ms-swift)\n"
     "  --out DIR (output; alias --output-dir)   --dry-run [N]: show N samples (3) with the trained text in [[ ]]\n"
@@ -226,6 +227,7 @@ int cmd_sft(int argc, char **argv) {
     whale_sft_run_opts o = whale_sft_run_defaults();
     o.data_opts.bad_records = WHALE_SFT_BAD_SKIP; /* ms-swift drops malformed rows unless --strict */
     o.dtype = CLI_DTYPE_AUTO;                     /* the checkpoint's, as ms-swift's torch_dtype */
+    o.recompute = 1; /* gradient checkpointing on, as ms-swift's default */
     o.out = "output";
     sft_cli c = {.lora_rank = o.lora.rank, .max_steps = o.max_steps, .batch_size = o.batch_size,
                  .grad_accum = o.grad_accum, .max_length = o.data_opts.max_length, .seed = (long)o.seed,

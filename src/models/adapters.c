@@ -19,11 +19,14 @@ static void module_name(const char *param, char *out, size_t cap) {
     out[len] = 0;
 }
 
-/* all-linear: every weight of role LINEAR (not the embedding, the lm_head,
- * a router); else the modules the comma list names. */
-int whale_lora_is_target(const whale_param *p, const char *targets) {
-    if (p->role != WHALE_ROLE_LINEAR) return 0; /* nor the embedding, the lm_head, the gate */
-    if (!strcmp(targets, "all-linear")) return 1;
+int whale_lora_peft_inert(const char *model_type, const char *name) {
+    static const char wo_a[] = ".attn.wo_a.weight";
+    size_t n = strlen(name), k = sizeof wo_a - 1;
+    return model_type && !strcmp(model_type, "deepseek_v4") && n > k && !strcmp(name + n - k, wo_a);
+}
+
+/* Whether the comma list targets names p's module. */
+static int names_module(const whale_param *p, const char *targets) {
     char mod[64];
     module_name(p->name, mod, sizeof mod);
     const char *s = targets;
@@ -36,6 +39,23 @@ int whale_lora_is_target(const whale_param *p, const char *targets) {
         s = e + 1;
     }
     return 0;
+}
+
+/* all-linear: every weight of role LINEAR (not the embedding, the lm_head,
+ * a router) that PEFT's wrappers act on; else the modules the comma list
+ * names, among those. */
+int whale_lora_is_target(const whale_param *p, const char *targets) {
+    if (p->role != WHALE_ROLE_LINEAR) return 0; /* nor the embedding, the lm_head, the gate */
+    if (p->peft_inert) return 0;                /* PEFT never calls it: an adapter would act in whale only */
+    return !strcmp(targets, "all-linear") || names_module(p, targets);
+}
+
+const whale_param *whale_lora_inert_named(const whale_model *m, const char *targets) {
+    int nb = m->n_base_params ? m->n_base_params : m->n_params;
+    for (int i = 0; i < nb; i++)
+        if (m->params[i].peft_inert && strcmp(targets, "all-linear") && names_module(&m->params[i], targets))
+            return &m->params[i];
+    return NULL;
 }
 
 static int lora_cmp(const void *a, const void *b) {

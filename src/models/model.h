@@ -40,6 +40,8 @@ typedef struct {
     int used;         /* 0 for tensors the forward pass never reads (attn_sink) */
     int no_grad;      /* 1 where no gradient can flow (unused, or selection-only like gate.bias) */
     int frozen;       /* 1 for base parameters under LoRA: no gradient buffer, never updated */
+    int peft_inert;   /* 1 for a Linear whose weight the reference reads without calling the module
+                         (nanowhale's wo_a): PEFT's LoRA never acts on it, so neither does whale's */
 } whale_param;
 
 /* Bytes of a session's buffers by kind. */
@@ -456,8 +458,15 @@ whale_code whale_linear_dw(whale_session *s, int M, int N, int K, const float *d
                            const float *W, float *dW, int lddw, whale_err *err);
 /* Whether LoRA's target_modules ("all-linear" or a comma list of module
  * names) select p: all-linear is every product weight but the embedding
- * and lm_head. */
+ * and lm_head. A PEFT-inert weight is never a target. */
 int whale_lora_is_target(const whale_param *p, const char *targets);
+/* Whether the weight `name` of a model_type family is PEFT-inert: the
+ * reference modeling code reads it without calling its nn.Linear, so a
+ * PEFT adapter on it changes nothing until merged (deepseek_v4's
+ * attn.wo_a, used inside an einsum). */
+int whale_lora_peft_inert(const char *model_type, const char *name);
+/* The first PEFT-inert base weight whose module a comma list names, or NULL. */
+const whale_param *whale_lora_inert_named(const whale_model *m, const char *targets);
 /* Sort adapters by their base weight's address, as whale_lora_find
  * expects. */
 void whale_lora_sort_targets(whale_lora_target *t, int n);

@@ -199,7 +199,9 @@ static whale_code register_params(whale_model *m, nw_model *nw, whale_err *err) 
         P(&ly->wq_b, LINEAR, 1, 1, 2, SHAPE((int64_t)c->H * c->Dh, c->Q), "%s.%d.attn.wq_b.weight", pre, l);
         P(&ly->wkv, LINEAR, 1, 1, 2, SHAPE(c->Dh, D), "%s.%d.attn.wkv.weight", pre, l);
         P(&ly->kv_norm, NORM, 0, 1, 1, SHAPE(c->Dh), "%s.%d.attn.kv_norm.weight", pre, l);
-        P(&ly->wo_a, LINEAR, 1, 1, 2, SHAPE((int64_t)c->G * c->Ro, (int64_t)c->H * c->Dh / c->G), "%s.%d.attn.wo_a.weight", pre, l);
+        whale_param *wo_a = P(&ly->wo_a, LINEAR, 1, 1, 2, SHAPE((int64_t)c->G * c->Ro, (int64_t)c->H * c->Dh / c->G),
+                              "%s.%d.attn.wo_a.weight", pre, l);
+        if (wo_a) wo_a->peft_inert = whale_lora_peft_inert("deepseek_v4", wo_a->name); /* read in an einsum */
         P(&ly->wo_b, LINEAR, 1, 1, 2, SHAPE(D, (int64_t)c->G * c->Ro), "%s.%d.attn.wo_b.weight", pre, l);
         P(&ly->gate_w, ROUTER, 1, 1, 2, SHAPE(c->E, D), "%s.%d.ffn.gate.weight", pre, l);
         if (l >= c->num_hash_layers) {

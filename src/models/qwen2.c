@@ -409,6 +409,10 @@ static void qw_print_info(const whale_model *m, FILE *f) {
     else fprintf(f, "  lm_head         %s\n", whale_fmt_count(nb, g_head));
     fprintf(f, "weights memory    fp32 %.1f MiB, bf16/fp16 %.1f MiB, int8 %.1f MiB\n", total * 4 / 1048576.0,
             total * 2 / 1048576.0, total / 1048576.0);
+    fprintf(f, "inert config      %suse_cache, initializer_range (init only): accepted, ignored\n",
+            variants[c->variant].sliding ? "sliding_window, max_window_layers (read only with use_sliding_window, "
+                                           "which must be false),\n                  "
+                                         : "pretraining_tp (sliced products of the same values), ");
 }
 
 /* ------------------------------------------------------------------ sessions */

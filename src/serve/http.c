@@ -471,7 +471,7 @@ void serve_on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enu
     if (!cc) return;
     if (s->cfg.verbose) {
         const char *how = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection closed)";
-        fprintf(stderr, "whale serve: %s -> %d in %.1f ms%s\n", cc->line, last_status, (whale_now() - cc->t0) * 1e3,
+        fprintf(stderr, "serve: %s -> %d in %.1f ms%s\n", cc->line, last_status, (whale_now() - cc->t0) * 1e3,
                 how);
     }
     free(cc->body);

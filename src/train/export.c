@@ -41,8 +41,8 @@ static const whale_st_entry *adapter_of(const whale_st *ad, const char *name, ch
 
 /* Every adapter tensor must belong to a base tensor: a pair that names a
  * module the base lacks would otherwise be dropped silently. */
-static whale_code check_unmatched(const exporter *x, int matched, whale_err *err) {
-    if (2 * matched == whale_st_count(x->ad)) return WHALE_OK;
+static whale_code check_unmatched(const exporter *x, int paired, whale_err *err) {
+    if (paired == whale_st_count(x->ad)) return WHALE_OK;
     for (int i = 0; i < whale_st_count(x->ad); i++) {
         const char *nm = whale_st_at(x->ad, i)->name;
         size_t pl = strlen(WHALE_PEFT_PREFIX), n = strlen(nm);
@@ -54,14 +54,16 @@ static whale_code check_unmatched(const exporter *x, int matched, whale_err *err
                               x->o->adapters, nm, stem, x->o->base);
     }
     return whale_errf(err, WHALE_ERR_FORMAT, "%s/adapter_model.safetensors: %d tensors are not lora_A / lora_B pairs "
-                      "of %s's tensors", x->o->adapters, whale_st_count(x->ad) - 2 * matched, x->o->base);
+                      "of %s's tensors", x->o->adapters, whale_st_count(x->ad) - paired, x->o->base);
 }
 
 /* The adapters of tensor t, checked against its shape. */
-static whale_code match_adapters(exporter *x, ex_tensor *t, whale_err *err) {
+static whale_code match_adapters(exporter *x, ex_tensor *t, int *paired, whale_err *err) {
     const whale_st_entry *e = t->e;
     t->a = adapter_of(x->ad, e->name, 'A');
     t->b = adapter_of(x->ad, e->name, 'B');
+    *paired += (t->a != NULL) + (t->b != NULL);
+    if (whale_lora_peft_inert(x->model_type, e->name)) t->a = t->b = NULL; /* PeftModel never applies them */
     if (!t->a && !t->b) return WHALE_OK;
     const char *path = x->o->adapters;
     if (!t->a || !t->b)
@@ -80,6 +82,19 @@ static whale_code match_adapters(exporter *x, ex_tensor *t, whale_err *err) {
     return WHALE_OK;
 }
 
+/* The base's config.json model_type (which weights are PEFT-inert). */
+static whale_code read_model_type(const char *base, char *out, size_t cap, whale_err *err) {
+    char path[4200];
+    cJSON *cfg;
+    snprintf(path, sizeof path, "%s/config.json", base);
+    whale_code c = whale_read_json_object(path, &cfg, err);
+    if (c) return c;
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(cfg, "model_type");
+    snprintf(out, cap, "%s", cJSON_IsString(mt) ? mt->valuestring : "");
+    cJSON_Delete(cfg);
+    return WHALE_OK;
+}
+
 whale_code export_open(const whale_export_opts *o, exporter *x, whale_err *err) {
     memset(x, 0, sizeof *x);
     x->o = o;
@@ -92,21 +107,21 @@ whale_code export_open(const whale_export_opts *o, exporter *x, whale_err *err) 
         x->scale = whale_lora_scale(&x->cfg);
         c = whale_lora_open_tensors(o->adapters, x->cfg.rank, &x->ad, err);
     }
+    if (!c && o->adapters) c = read_model_type(o->base, x->model_type, sizeof x->model_type, err);
     if (c) return c;
     x->n = whale_st_count(x->base);
     if (!(x->t = calloc((size_t)(x->n ? x->n : 1), sizeof *x->t)))
         return whale_errf(err, WHALE_ERR_NOMEM, "%s: out of memory", o->base);
-    int matched = 0;
+    int paired = 0;
     for (int i = 0; i < x->n; i++) {
         ex_tensor *t = &x->t[i];
         t->e = whale_st_at(x->base, i);
-        if (x->ad && (c = match_adapters(x, t, err))) return c;
-        matched += t->a != NULL;
+        if (x->ad && (c = match_adapters(x, t, &paired, err))) return c;
         t->out = o->convert && is_float(t->e->dtype) ? o->dtype : t->e->dtype;
         t->out_bytes = t->e->nbytes / whale_dtype_size(t->e->dtype) * whale_dtype_size(t->out);
         t->buffered = t->a || t->out != t->e->dtype;
     }
-    return x->ad ? check_unmatched(x, matched, err) : WHALE_OK;
+    return x->ad ? check_unmatched(x, paired, err) : WHALE_OK;
 }
 
 /* Bytes resident while tensor t is written: its mapped pages, the output

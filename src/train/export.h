@@ -26,6 +26,7 @@ typedef struct {
     whale_st *base, *ad;
     whale_lora_config cfg;
     char *targets;
+    char model_type[32]; /* the base's, when merging (PEFT-inert weights) */
     float scale;
     ex_tensor *t;
     int n, nthreads;

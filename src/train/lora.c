@@ -134,6 +134,11 @@ static whale_code add_adapters(whale_model *m, const whale_lora_config *cfg, wha
 }
 
 whale_code whale_lora_attach(whale_model *m, const whale_lora_config *cfg, whale_err *err) {
+    const whale_param *inert = whale_lora_inert_named(m, cfg->target_modules ? cfg->target_modules : "all-linear");
+    if (inert)
+        return whale_errf(err, WHALE_ERR_ARG, "target_modules: %.*s cannot take a LoRA adapter: the reference "
+                          "modeling code reads its weight without calling the Linear, so PEFT would never apply it",
+                          (int)strlen(inert->name) - 7, inert->name);
     whale_code c = add_adapters(m, cfg, err);
     if (c) return c;
     /* PEFT: A ~ kaiming_uniform(a=√5) = U(−1/√in, 1/√in); B = 0 */
@@ -349,8 +354,26 @@ static whale_code read_tensor(const whale_st *st, const char *path, const char *
     return WHALE_OK;
 }
 
-/* Every tensor of the file was read (found of them). */
-static whale_code check_all_read(const whale_st *st, const char *path, int found, const char *targets, whale_err *err) {
+/* The tensors of st on PEFT-inert weights of m (nanowhale's wo_a, which
+ * PEFT's all-linear wraps but the model never calls): PeftModel computes
+ * nothing with them, so they are read past. */
+static int inert_tensors(const whale_model *m, const whale_st *st) {
+    int n = 0, nb = m->n_base_params ? m->n_base_params : m->n_params;
+    for (int i = 0; i < nb; i++) {
+        const char *bn = m->params[i].name;
+        for (int ab = 0; m->params[i].peft_inert && ab < 2; ab++) {
+            char key[200];
+            snprintf(key, sizeof key, PEFT_PREFIX "%.*s.lora_%c.weight", (int)strlen(bn) - 7, bn, "AB"[ab]);
+            n += whale_st_find(st, key) != NULL;
+        }
+    }
+    return n;
+}
+
+/* Every tensor of the file was read (found of them) or is inert. */
+static whale_code check_all_read(const whale_model *m, const whale_st *st, const char *path, int found,
+                                 const char *targets, whale_err *err) {
+    found += inert_tensors(m, st);
     if (found == whale_st_count(st)) return WHALE_OK;
     return whale_errf(err, WHALE_ERR_FORMAT, "%s: %d tensors do not belong to an adapter of this model's %s modules",
                       path, whale_st_count(st) - found, targets);
@@ -374,7 +397,7 @@ whale_code whale_lora_load(whale_model *m, const char *dir, whale_err *err) {
         whale_param *p = &m->params[i];
         c = read_tensor(st, path, p->name, p->data, p->shape[0], p->shape[1], err);
     }
-    if (!c) c = check_all_read(st, path, m->n_params - m->n_base_params, targets, err);
+    if (!c) c = check_all_read(m, st, path, m->n_params - m->n_base_params, targets, err);
     whale_st_close(st);
     free(targets); /* add_adapters keeps its own copy */
     if (c) whale_lora_free(m);
@@ -407,7 +430,7 @@ whale_code whale_adapter_load(whale_model *m, const char *dir, whale_adapter **o
         snprintf(name, sizeof name, "%.*s.lora_B.weight", (int)(strlen(bname) - 7), bname);
         if (!c) c = read_tensor(st, path, name, t->B, t->rows, t->rank, err);
     }
-    if (!c) c = check_all_read(st, path, 2 * a->n, targets, err);
+    if (!c) c = check_all_read(m, st, path, 2 * a->n, targets, err);
     whale_st_close(st);
     free(targets);
     if (c) {

@@ -604,12 +604,11 @@ static whale_code sft_check_memory(const sft_run *r, whale_err *err) {
     double gib = 1073741824.0;
     return whale_errf(err, WHALE_ERR_NOMEM,
                       "%s: this run needs an estimated %.2f GiB (weights %.2f, gradients %.2f, AdamW moments %.2f, "
-                      "activations %.2f) but %s is %.2f GiB; %s",
+                      "activations %.2f) but %s is %.2f GiB; try %s%sa smaller --batch-size or --max-length",
                       o->model, est.total / gib, (est.weights_f32 + est.weights_lowp + est.weights_mapped) / gib,
                       est.grads / gib, est.moments / gib, est.activations / gib,
                       o->memory_limit > 0 ? "--memory-limit" : "the machine's memory", limit / gib,
-                      o->dtype == WHALE_F32 ? "try --dtype bf16, --gradient-checkpointing or a smaller --max-length"
-                                            : "try --gradient-checkpointing, a smaller --batch-size or --max-length");
+                      o->dtype == WHALE_F32 ? "--dtype bf16, " : "", o->recompute ? "" : "--gradient-checkpointing true, ");
 }
 
 /* The model: a LoRA base is held in the run's precision only; resuming,

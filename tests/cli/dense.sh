@@ -33,6 +33,8 @@ run_variant() { # run_variant NAME TITLE TEMPLATE_MARK [SFT_OPTIONS...]
     check "$name: init" test -s "$m/model.safetensors"
     "$WHALE" info -m "$m" >"$TMP/info" 2>&1
     check "$name: info names the variant" grep -q "architecture      $title" "$TMP/info"
+    check "$name: info names the config fields it ignores" grep -q "^inert config .*use_cache" <(tr -s '\n ' ' ' <"$TMP/info" | sed 's/inert config/\ninert config/')
+    check "$name: info shows what is stored" grep -q "^stored            F32: [0-9]* tensors" "$TMP/info"
     printf '[{"role": "user", "content": "Hi"}]' >"$TMP/msgs.json"
     "$WHALE" chat-template -m "$m" --messages "$TMP/msgs.json" --add-generation-prompt >"$TMP/tpl" 2>/dev/null
     check "$name: the folder's chat template renders" grep -qF "$mark" "$TMP/tpl"
@@ -73,4 +75,10 @@ check "qwen3: dtype written, no torch_dtype added" \
 sed 's/"default"/"longrope"/' "$TMP/qwen3/config.json" >"$TMP/bad.json"
 expect_status 6 'bad.json: rope_parameters: rope_type "longrope" is not supported' -- \
     "$WHALE" init --preset "$TMP/bad.json" --out "$TMP/bad"
+# info on a Qwen2 (sliding_window and max_window_layers in its config, as Qwen2.5's):
+# what is stored, and the fields it accepts and ignores
+"$WHALE" info -m "$DATA/qwen2-gqa2" >"$TMP/info" 2>&1
+check "qwen2: info shows the stored dtype" grep -q '^stored            F32: [0-9]* tensors' "$TMP/info"
+check "qwen2: info names sliding_window and max_window_layers as ignored" \
+    grep -q '^inert config      sliding_window, max_window_layers (read only with use_sliding_window' "$TMP/info"
 finish dense

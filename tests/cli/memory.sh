@@ -2,10 +2,13 @@
 # whale memory: the estimate from a config sizes what the run allocates, so
 # it lands within 10 % of the peak resident memory measured by running it
 # (each run in its own process), for training and inference in each format;
-# fp32 training of Qwen-size shapes does not fit where bf16 inference does.
+# fp32 training of Qwen-size shapes does not fit where bf16 inference does;
+# and export --merge-lora streams: its peak stays under twice the largest
+# tensor plus the adapters.
 # usage: memory.sh WHALE_BIN TEST_DATA_DIR
 set -u
 WHALE=$1
+DATA=$2
 . "$(dirname "$0")/lib.bash"
 if [ "${WHALE_SANITIZED:-0}" = 1 ]; then
     echo "memory: skipped: resident memory under the sanitizers' shadow memory measures the sanitizer"
@@ -47,4 +50,28 @@ check "4 ranks --zero 1: each holds a quarter of the moments" \
 check "4 ranks: the gradients and a quarter of them more (the sum's shard)" \
     awk -v a="$(field grads r1)" -v b="$(field grads r4)" 'BEGIN { exit !(b >= 1.25 * a && b < 1.25 * a + 64 * 2^20) }'
 expect_status 2 '--zero expects an integer in \[0, 1\]' -- "$WHALE" memory --config tiny --train full --zero 2
+
+# export --merge-lora reads, merges and writes one tensor at a time: on a BF16
+# Qwen2 whose embedding (151,669 × 1024, 296 MiB) is most of the model, the
+# peak resident memory of the merge stays under twice that tensor plus the
+# adapters (docs/cli.md), and the merged model is BF16 like its base
+need_tokenizer qwen3
+cat >"$TMP/q.json" <<JSON
+{"model_type": "qwen2", "vocab_size": 151669, "hidden_size": 1024, "num_hidden_layers": 2,
+ "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 2048, "max_position_embeddings": 512,
+ "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": false, "eos_token_id": 151645}
+JSON
+"$WHALE" init --preset "$TMP/q.json" --dtype bf16 --out "$TMP/q" --tokenizer "$TOK" 2>/dev/null
+"$WHALE" sft -m "$TMP/q" --data "$DATA/../../data/self_cognition.jsonl#2" --model-name a b --model-author c d \
+    --max-steps 1 --batch-size 2 --grad-accum 1 --lora-rank 8 --save-only-model --out "$TMP/qrun" --quiet >/dev/null 2>&1
+CK=$(ls -d "$TMP"/qrun/v0-*/checkpoint-1)
+check "a LoRA checkpoint on the Qwen2" test -s "$CK/adapter_model.safetensors"
+"$WHALE" export --adapters "$CK" --merge-lora --out "$TMP/qm" 2>"$TMP/e"
+peak=$(sed -nE 's/.*peak RSS ([0-9.]+) MiB.*/\1/p' "$TMP/e")
+largest=$(( 151669 * 1024 * 2 ))
+adapters=$(stat -c %s "$CK/adapter_model.safetensors")
+echo "memory: merge peak RSS $peak MiB; largest tensor $((largest >> 20)) MiB, adapters $((adapters >> 20)) MiB"
+check "merge: peak RSS ${peak:-none} MiB < 2 × the largest tensor + the adapters ($(cat "$TMP/e"))" \
+    awk -v p="${peak:-1e9}" -v l="$largest" -v a="$adapters" 'BEGIN { exit !(p * 1048576 < 2 * l + a) }'
+check "merge: BF16 in, BF16 out" grep -q '"bfloat16"' "$TMP/qm/config.json"
 finish memory

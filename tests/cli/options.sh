@@ -36,6 +36,8 @@ check "... but 'generate: seed'" grep -q '^generate: seed ' "$TMP/err"
     --repetition_penalty 1.0 --stream false --infer_backend vllm >"$TMP/g2" 2>"$TMP/err"
 check "generate takes --max_new_tokens, --top_k, --top_p, --repetition_penalty, --stream false" test $? = 0
 check "... the same text as streamed" cmp -s "$TMP/g1" "$TMP/g2"
+"$WHALE" generate -m "$TMP/m" -p "Hello" -n 4 --temperature 0 --stream 0 --nan-check 1 >"$TMP/g3" 2>/dev/null
+check "booleans take 1 / 0 too (--stream 0 --nan-check 1)" cmp -s "$TMP/g1" "$TMP/g3"
 check "... --infer_backend: a one-line note" grep -q '^generate: note: --infer_backend vllm: whale runs its own engine' "$TMP/err"
 "$WHALE" generate -m "$TMP/m" --ids 1,2,3 -n 2 --ignore-eos true --nan-check false --temperature 0 >/dev/null 2>&1
 check "booleans take true / false" test $? = 0
@@ -81,6 +83,10 @@ expect_status 7 'needs an estimated .* GiB .* but --memory-limit is' -- "$WHALE"
     --memory-limit 0.01
 expect_status 7 'with 512 positions needs an estimated .* smaller --ctx-size' -- "$WHALE" chat -m "$TMP/m" \
     --memory-limit 0.0001
+expect_status 7 'with 4 slots of 512 positions needs an estimated .* fewer --parallel slots' -- "$WHALE" serve \
+    -m "$TMP/m" --port 0 --memory-limit 0.0001
+expect_status 7 'with 3 slots of 64 positions needs an estimated' -- "$WHALE" serve -m "$TMP/m" --port 0 \
+    --parallel 3 --ctx-size 64 --memory-limit 0.0001
 "$WHALE" export -m "$TMP/m" --dtype bf16 --out "$TMP/m16" 2>/dev/null
 "$WHALE" sft -m "$TMP/m16" --data "$ROOT/data/self_cognition.jsonl#4" --model-name a b --model-author c d --max-steps 1 \
     --grad-accum 1 --out "$TMP/sft16" >/dev/null 2>"$TMP/err"

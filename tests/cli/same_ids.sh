@@ -54,6 +54,8 @@ for _ in $(seq 1 200); do
     sleep 0.1
 done
 check "the server starts" test -n "$URL"
+check "its informational lines start with 'serve:', not the errors' 'whale:'" \
+    test "$(grep -c '^serve: model ' "$TMP/serve.log")" = 1 -a "$(grep -c '^whale' "$TMP/serve.log")" = 0
 
 # ids_equal A B: two JSON arrays of ids are equal
 ids_equal() { python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1])) != json.load(open(sys.argv[2])))' "$1" "$2"; }

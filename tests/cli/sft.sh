@@ -72,6 +72,7 @@ check "adapter_config records the recipe" grep -q '"lora_alpha":.8' "$CK/adapter
 check "args.json's command_line keeps 'sft' and the quoting" \
     grep -qF '"command_line":	"whale sft --model ' "$RUN/args.json"
 check "... 'Little Whale' quoted" grep -qF "'Little Whale'" "$RUN/args.json"
+check "gradient checkpointing is on by default, as in ms-swift" grep -q '"gradient_checkpointing":.true' "$RUN/args.json"
 
 # validation: a held-out share, eval lines, the best checkpoint, --save_only_model, ms-swift's booleans
 "$WHALE" sft -m "$TMP/base" --dataset "$SC" "${NAMES[@]}" --split_dataset_ratio 0.1 --eval_steps 2 --save_steps 2 \
@@ -110,8 +111,10 @@ expect_status 3 'not downloaded' -- "$WHALE" sft -m "$TMP/base" --data "AI-Model
 
 # Hugging Face's step count: 88 records at a total batch of 16 are 6 steps per epoch, the last of 8 rows
 "$WHALE" sft -m "$TMP/base" --data "$SC" "${NAMES[@]}" --num_train_epochs 1 --batch-size 4 --grad-accum 4 \
-    --logging-steps 1 --out "$TMP/hf-steps" >"$TMP/res" 2>"$TMP/err"
+    --logging-steps 1 --gradient_checkpointing false --out "$TMP/hf-steps" >"$TMP/res" 2>"$TMP/err"
 check "88 records, batch 4 x 4: 6 steps for one epoch" grep -q '6 steps of 4 × 4 rows (1 epochs)' "$TMP/err"
+check "--gradient_checkpointing false turns it off" \
+    grep -q '"gradient_checkpointing":.false' "$(ls -d "$TMP"/hf-steps/v0-*)/args.json"
 check "... step 5 ends at 80/88 of the epoch, step 6 at its end" \
     grep -q '"epoch": 0.9091, "global_step/max_steps": "5/6"' "$(ls -d "$TMP"/hf-steps/v0-*)/logging.jsonl"
 check "... (epoch 1.0 at step 6)" grep -q '"epoch": 1.0000, "global_step/max_steps": "6/6"' \
