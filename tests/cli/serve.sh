@@ -121,7 +121,7 @@ PID4=$PID URL4=$URL
 
 export SERVE_URL=$URL1 SERVE_KEY=sekret-key SERVE_MODEL=m SERVE_DIR=$TMP/m WHALE TMP SERVE_PID=$PID1
 export SERVE_URL2=$URL2 SERVE_PID2=$PID2 SERVE_TOOLS_URL=$URL3 SERVE_TOOLS_DIR=$TMP/tools SERVE_PAGE_URL=$URL4 SERVE_ADAPTERS="sql=$A1,poet=$A2"
-scripts=(client.mjs logprobs.mjs tools.mjs "concurrent.mjs 12" hostile.mjs)
+scripts=(client.mjs logprobs.mjs tools.mjs "concurrent.mjs 16" hostile.mjs)
 # the page in headless Chromium: scripts/setup.sh installs Debian's chromium and
 # playwright-core; without both (and setup.sh not run) the page test is skipped,
 # never in CI and never after setup.sh

@@ -2,7 +2,7 @@
 // completions, models, errors; greedy replies equal `whale generate`'s.
 import fs from 'node:fs';
 import OpenAI from 'openai';
-import { env, check, finish, whale } from './lib.mjs';
+import { env, check, finish, whale, call } from './lib.mjs';
 
 const client = new OpenAI({ baseURL: env.url + '/v1', apiKey: env.key, maxRetries: 0 });
 
@@ -61,6 +61,12 @@ check('stream: the second request reused the prompt\'s cells', usage.prompt_toke
 // completions: a string prompt and an id prompt
 const prompt = 'Once upon a time';
 const pids = whale('tokenize', '-m', env.dir, prompt).trim().split(',').map(Number);
+const tk = await call('/tokenize', { prompt });
+check('/tokenize: whale tokenize\'s ids, their count and the context', tk.status === 200 &&
+      JSON.stringify(tk.json.tokens) === JSON.stringify(pids) && tk.json.count === pids.length &&
+      tk.json.max_model_len > 0, tk.text);
+const dt = await call('/detokenize', { tokens: pids });
+check('/detokenize: the prompt again', dt.status === 200 && dt.json.prompt === prompt, dt.text);
 const c1 = await client.completions.create({ model: env.model, prompt, max_tokens: 10, ...greedy });
 check('completions: greedy text equals whale generate', c1.choices[0].text === generateText(pids, 10),
       JSON.stringify(c1.choices[0].text));
