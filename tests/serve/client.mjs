@@ -100,6 +100,11 @@ const sampled = { model: env.model, messages, max_tokens: 8, temperature: 0.9, t
 const s1 = await client.chat.completions.create(sampled), s2 = await client.chat.completions.create(sampled);
 check('seed: equal replies', s1.choices[0].message.content === s2.choices[0].message.content);
 
+// max_completion_tokens, the newer name of max_tokens
+const mc = await client.chat.completions.create({ model: env.model, messages, max_completion_tokens: 3, ...greedy });
+check('max_completion_tokens: 3 tokens, finish_reason length', mc.usage.completion_tokens === 3 &&
+      mc.choices[0].finish_reason === 'length', JSON.stringify(mc.usage));
+
 // errors come back as OpenAI's error objects, which the client raises
 async function rejects(what, fn, status, param) {
   try {
