@@ -159,7 +159,8 @@ static const char memory_help[] =
     "  --train none|full|lora        inference (default), full training, or LoRA on a frozen base\n"
     "  --lora-rank R (8)  --batch B (1)  --seq-len T (512)  --recompute\n"
     "  --grad-accum A (1)  --ranks N (1)  --zero 0|1 (0)   training on N ranks, per rank; --zero 1\n"
-    "              shards the AdamW moments over them (as mpirun -np N whale train --zero 1)\n"
+    "              shards the AdamW moments over them, and in bf16/fp16 the product weights' fp32\n"
+    "              masters (as mpirun -np N whale train --zero 1)\n"
     "  --measure   also run it (random weights, one step) and print the peak resident memory\n"
     "  --json      one JSON object instead of the table";
 

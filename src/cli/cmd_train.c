@@ -96,7 +96,8 @@ static const char train_help[] =
     "  --pure-bf16 nearest|stochastic  store the weights themselves in bf16 (no fp32 master)\n"
     "  --loss-scale S (65536)  --loss-scale-interval N (2000)   fp16 dynamic loss scaling\n"
     "  --nan-check             stop at the first NaN/inf in any forward or backward tensor, naming it\n"
-    "  --zero 0|1 (0)          on several ranks (mpirun): 1 shards the AdamW moments over them (ZeRO-1)\n"
+    "  --zero 0|1 (0)          on several ranks (mpirun): 1 shards the AdamW moments over them, and\n"
+    "                          in bf16/fp16 the fp32 master weights (ZeRO-1)\n"
     "  --quiet\n"
     "writes RUN_DIR/metrics.jsonl, RUN_DIR/checkpoint-STEP/ and the final model into RUN_DIR";
 

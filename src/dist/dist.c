@@ -187,6 +187,14 @@ whale_code whale_dist_allgatherv_f32(const float *send, int n, float *recv, cons
     return e != MPI_SUCCESS ? mpi_fail(err, e, what) : wait_for(&rq, 1, NULL, what, step, WAIT_MOVE, err);
 }
 
+whale_code whale_dist_allgatherv_bytes(const void *send, int n, void *recv, const int *cnt, const int *dsp,
+                                       const char *what, int64_t step, whale_err *err) {
+    MPI_Request rq;
+    int e = MPI_Iallgatherv(send, n, MPI_BYTE, recv, cnt, dsp, MPI_BYTE, MPI_COMM_WORLD, &rq);
+    world.bytes += (double)n * (world.size - 1);
+    return e != MPI_SUCCESS ? mpi_fail(err, e, what) : wait_for(&rq, 1, NULL, what, step, WAIT_MOVE, err);
+}
+
 whale_code whale_dist_gatherv_f32(const float *send, int n, float *recv, const int *cnt, const int *dsp,
                                   const char *what, int64_t step, whale_err *err) {
     if (world.size == 1) {
@@ -262,6 +270,13 @@ whale_code whale_dist_allgatherv_f32(const float *send, int n, float *recv, cons
                                      const char *what, int64_t step, whale_err *err) {
     (void)cnt, (void)what, (void)step, (void)err;
     memcpy(recv + dsp[0], send, sizeof(float) * (size_t)n);
+    return WHALE_OK;
+}
+
+whale_code whale_dist_allgatherv_bytes(const void *send, int n, void *recv, const int *cnt, const int *dsp,
+                                       const char *what, int64_t step, whale_err *err) {
+    (void)cnt, (void)what, (void)step, (void)err;
+    memcpy((char *)recv + dsp[0], send, (size_t)n);
     return WHALE_OK;
 }
 

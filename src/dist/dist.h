@@ -45,17 +45,20 @@ whale_code whale_grad_sum_finish(whale_grad_sum *g, float *grad, int64_t step, w
  * grad[lo, hi) (the rest of grad is left as it was). No exchange. */
 whale_code whale_grad_sum_shard(whale_grad_sum *g, float *grad);
 
-/* A vector made of pieces of memory, one after the other (the trainable
- * parameters' weights, each in its own allocation). */
+/* Elements [at, at + n) of the vector held in memory at data, each of
+ * the size a gather names (4: fp32 weights; 2: the bf16/fp16 compute copy
+ * of a weight whose fp32 master is sharded). */
 typedef struct {
-    float *data;
-    size_t n;
-} whale_f32_span;
-/* With shards: every rank's shard of the vector sp[0..ns) makes (n floats
- * in all) sent to every other rank, so that all hold the whole vector —
- * the all-gather of the weights after each rank updated its shard. Through
- * the exchange buffers, 16 MiB at a time. */
-whale_code whale_grad_sum_gather_spans(whale_grad_sum *g, const whale_f32_span *sp, int ns, int64_t step,
+    void *data;
+    size_t at, n;
+} whale_wspan;
+/* With shards: the vector's elements that spans sp[0..ns) hold (sorted by
+ * at, not overlapping; every rank the same spans), each rank's part of
+ * them — those in its shard — sent to every other rank, so that all hold
+ * every span whole: the all-gather of the weights after each rank updated
+ * its shard. size: bytes per element. Through the exchange buffers, 16
+ * MiB at a time. */
+whale_code whale_grad_sum_gather_spans(whale_grad_sum *g, const whale_wspan *sp, int ns, size_t size, int64_t step,
                                        whale_err *err);
 /* With shards: elements [a, a + len) of a vector of which each rank holds
  * its own shard (mine: hi − lo floats, element lo first) gathered into out
@@ -63,6 +66,11 @@ whale_code whale_grad_sum_gather_spans(whale_grad_sum *g, const whale_f32_span *
  * it with the same a and len (a checkpoint's moments, tensor by tensor). */
 whale_code whale_grad_sum_collect(whale_grad_sum *g, const float *mine, size_t a, size_t len, float *out, int64_t step,
                                   whale_err *err);
+/* The same for a vector every rank holds at the same layout, its own shard
+ * valid (the fp32 master weights of --zero 1 in mixed precision): data is
+ * element a of it. */
+whale_code whale_grad_sum_collect_at(whale_grad_sum *g, const float *data, size_t a, size_t len, float *out,
+                                     int64_t step, whale_err *err);
 
 /* Wait for every rank (what and step name it in messages) for at most the
  * exchange timeout (WHALE_DIST_TIMEOUT seconds, 120 by default): past it,
@@ -79,6 +87,9 @@ whale_code whale_dist_alltoallv_f32(const float *send, const int *sc, const int 
                                     const int *rd, const char *what, int64_t step, whale_err *err);
 whale_code whale_dist_allgatherv_f32(const float *send, int n, float *recv, const int *cnt, const int *dsp,
                                      const char *what, int64_t step, whale_err *err);
+/* The same of bytes (counts and displacements in bytes). */
+whale_code whale_dist_allgatherv_bytes(const void *send, int n, void *recv, const int *cnt, const int *dsp,
+                                       const char *what, int64_t step, whale_err *err);
 /* MPI_Gatherv of floats to rank 0 (recv, cnt and dsp are used there only). */
 whale_code whale_dist_gatherv_f32(const float *send, int n, float *recv, const int *cnt, const int *dsp,
                                   const char *what, int64_t step, whale_err *err);

@@ -172,40 +172,58 @@ whale_code whale_grad_sum_shard(whale_grad_sum *g, float *grad) {
     return WHALE_OK;
 }
 
-/* Copy len elements at `at` of the vector that spans sp[0..ns) make, into
- * buf (to_spans 0) or from buf into the spans (to_spans 1). */
-static void spans_copy(const whale_f32_span *sp, int ns, size_t at, float *buf, size_t len, int to_spans) {
+/* Elements of the spans' vector (sp[0..ns), their elements one after the
+ * other) that come before element x of the whole vector. */
+static size_t spans_before(const whale_wspan *sp, int ns, size_t x) {
+    size_t k = 0;
+    for (int i = 0; i < ns && sp[i].at < x; i++) k += x - sp[i].at < sp[i].n ? x - sp[i].at : sp[i].n;
+    return k;
+}
+
+/* Copy len elements (size bytes each) at position pos of the spans' vector
+ * into buf (to_spans 0) or from buf into the spans (to_spans 1). */
+static void spans_copy(const whale_wspan *sp, int ns, size_t size, size_t pos, char *buf, size_t len, int to_spans) {
     size_t base = 0;
     int i = 0;
-    while (i < ns && base + sp[i].n <= at) base += sp[i++].n;
+    while (i < ns && base + sp[i].n <= pos) base += sp[i++].n;
     for (size_t done = 0; done < len; i++) {
         assert(i < ns);
-        size_t from = at + done - base, k = sp[i].n - from < len - done ? sp[i].n - from : len - done;
-        if (to_spans) memcpy(sp[i].data + from, buf + done, sizeof(float) * k);
-        else memcpy(buf + done, sp[i].data + from, sizeof(float) * k);
+        size_t from = pos + done - base, k = sp[i].n - from < len - done ? sp[i].n - from : len - done;
+        char *d = (char *)sp[i].data + from * size;
+        if (to_spans) memcpy(d, buf + done * size, size * k);
+        else memcpy(buf + done * size, d, size * k);
         done += k, base += sp[i].n;
     }
 }
 
-whale_code whale_grad_sum_gather_spans(whale_grad_sum *g, const whale_f32_span *sp, int ns, int64_t step,
+whale_code whale_grad_sum_gather_spans(whale_grad_sum *g, const whale_wspan *sp, int ns, size_t size, int64_t step,
                                        whale_err *err) {
     if (g->size == 1) return WHALE_OK;
-    assert(g->piece);
+    assert(g->piece && (size == 2 || size == 4));
     int P = g->size, cnt[P], dsp[P];
-    for (size_t at = 0, m = max_shard(g); at < m; at += g->chunk) {
-        int mine = piece_len(g, g->rank, at);
-        spans_copy(sp, ns, g->off[g->rank] + at, g->piece, (size_t)mine, 0);
-        for (int r = 0; r < P; r++) cnt[r] = piece_len(g, r, at), dsp[r] = r * (int)g->chunk;
-        whale_code c = whale_dist_allgatherv_f32(g->piece, mine, g->recv, cnt, dsp, "weight all-gather", step, err);
+    size_t lo[P], len[P], most = 0, per = g->chunk * sizeof(float) / size; /* elements per rank and round */
+    for (int r = 0; r < P; r++) {
+        lo[r] = spans_before(sp, ns, g->off[r]), len[r] = spans_before(sp, ns, g->off[r + 1]) - lo[r];
+        most = len[r] > most ? len[r] : most;
+    }
+    char *piece = (char *)g->piece, *recv = (char *)g->recv;
+    for (size_t at = 0; at < most; at += per) {
+        for (int r = 0; r < P; r++)
+            cnt[r] = (int)(size * (at < len[r] ? (len[r] - at < per ? len[r] - at : per) : 0)),
+            dsp[r] = r * (int)(g->chunk * sizeof(float));
+        spans_copy(sp, ns, size, lo[g->rank] + at, piece, (size_t)cnt[g->rank] / size, 0);
+        whale_code c = whale_dist_allgatherv_bytes(piece, cnt[g->rank], recv, cnt, dsp, "weight all-gather", step, err);
         if (c) return c;
         for (int r = 0; r < P; r++)
-            if (r != g->rank) spans_copy(sp, ns, g->off[r] + at, g->recv + (size_t)dsp[r], (size_t)cnt[r], 1);
+            if (r != g->rank) spans_copy(sp, ns, size, lo[r] + at, recv + dsp[r], (size_t)cnt[r] / size, 1);
     }
     return WHALE_OK;
 }
 
-whale_code whale_grad_sum_collect(whale_grad_sum *g, const float *mine, size_t a, size_t len, float *out, int64_t step,
-                                  whale_err *err) {
+/* Rank 0 gathers elements [a, a + len) of a vector of which each rank
+ * sends its shard's part; mine is element mine_at of the vector. */
+static whale_code collect(whale_grad_sum *g, const float *mine, size_t mine_at, size_t a, size_t len, float *out,
+                          int64_t step, whale_err *err) {
     int P = g->size, cnt[P], dsp[P];
     if (!len) return WHALE_OK; /* the file has no bytes to write for it either */
     if (len > (size_t)INT_MAX)
@@ -214,6 +232,16 @@ whale_code whale_grad_sum_collect(whale_grad_sum *g, const float *mine, size_t a
         size_t lo = a > g->off[r] ? a : g->off[r], hi = a + len < g->off[r + 1] ? a + len : g->off[r + 1];
         cnt[r] = hi > lo ? (int)(hi - lo) : 0, dsp[r] = hi > lo ? (int)(lo - a) : 0;
     }
-    const float *send = mine + (cnt[g->rank] ? a + (size_t)dsp[g->rank] - g->off[g->rank] : 0);
-    return whale_dist_gatherv_f32(send, cnt[g->rank], out, cnt, dsp, "gather of the moments", step, err);
+    const float *send = mine + (cnt[g->rank] ? a + (size_t)dsp[g->rank] - mine_at : 0);
+    return whale_dist_gatherv_f32(send, cnt[g->rank], out, cnt, dsp, "gather of a checkpoint", step, err);
+}
+
+whale_code whale_grad_sum_collect(whale_grad_sum *g, const float *mine, size_t a, size_t len, float *out, int64_t step,
+                                  whale_err *err) {
+    return collect(g, mine, g->off[g->rank], a, len, out, step, err);
+}
+
+whale_code whale_grad_sum_collect_at(whale_grad_sum *g, const float *data, size_t a, size_t len, float *out,
+                                     int64_t step, whale_err *err) {
+    return collect(g, data, a, a, len, out, step, err);
 }

@@ -108,6 +108,9 @@ whale_code whale_memory_estimate(const char *config, const whale_memory_plan *pl
     mm->dtype = dt;
     mm->runtime = RUNTIME_BYTES;
     int full = plan->train == WHALE_TRAIN_FULL;
+    /* --zero 1 in mixed precision: each rank keeps the masters of its shard
+     * of the product weights only (the pages wholly outside it given back) */
+    size_t shards = full && plan->zero && plan->ranks > 1 && dt != WHALE_F32 ? (size_t)plan->ranks : 1;
     for (int i = 0; i < m->n_params; i++) {
         const whale_param *p = &m->params[i];
         int64_t n = whale_shape_numel(p->ndim, p->shape);
@@ -115,7 +118,7 @@ whale_code whale_memory_estimate(const char *config, const whale_memory_plan *pl
         int product = whale_param_is_product_weight(p);
         /* fp32 values: every parameter of an fp32 run or of full training
          * (master weights); otherwise only those without a copy */
-        if (dt == WHALE_F32 || full || !product) mm->weights_f32 += pad_f32(n);
+        if (dt == WHALE_F32 || full || !product) mm->weights_f32 += product ? pad_f32(n) / shards : pad_f32(n);
         if (dt != WHALE_F32 && product) mm->weights_lowp += whale_copy_bytes(dt, p->shape[0], p->shape[1]);
         if (plan->train == WHALE_TRAIN_LORA && whale_lora_is_target(p, plan->lora_targets ? plan->lora_targets : "all-linear"))
             mm->trainable += (int64_t)plan->lora_rank * (p->shape[0] + p->shape[1]);
@@ -168,9 +171,11 @@ void whale_memory_print(const whale_memory *mm, FILE *f) {
     else
         snprintf(buf, sizeof buf, "%lld parameters, %lld trainable", (long long)mm->params, (long long)mm->trainable);
     fprintf(f, "memory (%s products; %s)%s:\n", dn, buf, mm->ranks > 1 ? ", per rank" : "");
+    int sharded = mm->zero && mm->ranks > 1 && mm->weights_lowp && mm->trainable && !mm->adapters;
+    snprintf(buf, sizeof buf, "master weights: of the product weights 1/%d, this rank's shard (--zero 1)", mm->ranks);
     line(f, "weights fp32", mm->weights_f32,
          mm->weights_lowp || mm->weights_mapped
-             ? (mm->trainable && !mm->adapters ? "master weights" : "norms, biases and other small tensors")
+             ? (sharded ? buf : mm->trainable && !mm->adapters ? "master weights" : "norms, biases and other small tensors")
              : NULL);
     if (mm->weights_lowp) {
         snprintf(buf, sizeof buf, "%s copies of the product weights", dn);

@@ -660,6 +660,11 @@ static whale_code write_config(const whale_model *m, const char *dir, whale_dtyp
 }
 
 whale_code whale_model_save(const whale_model *m, const char *dir, whale_err *err) {
+    return whale_model_save_stream(m, dir, NULL, NULL, err);
+}
+
+whale_code whale_model_save_stream(const whale_model *m, const char *dir, whale_st_producer produce, void *user,
+                                   whale_err *err) {
     whale_code c = whale_mkdir(dir, err);
     if (c) return c;
     whale_dtype dt = WHALE_F32; /* the dtype the product weights are stored in */
@@ -684,7 +689,8 @@ whale_code whale_model_save(const whale_model *m, const char *dir, whale_err *er
         items[i] = (whale_st_item){m->params[i].name, t.dtype, t.ndim, m->params[i].shape, t.data};
     }
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    c = whale_st_write(path, items, n_save, NULL, err);
+    c = produce ? whale_st_write_stream(path, items, n_save, NULL, produce, user, err)
+                : whale_st_write(path, items, n_save, NULL, err);
     free(items);
     return c;
 }

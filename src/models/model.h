@@ -520,6 +520,10 @@ const whale_format *whale_format_of(whale_dtype dt);
 /* Bytes the compute copy of a rows × cols weight takes in dt (int8: with
  * its scales), as allocated. */
 size_t whale_copy_bytes(whale_dtype dt, int64_t rows, int64_t cols);
+/* whale_model_save with tensor i's bytes from produce(user, i, err)
+ * (whale_st_write_stream) instead of the parameter's own (NULL: those). */
+whale_code whale_model_save_stream(const whale_model *m, const char *dir, whale_st_producer produce, void *user,
+                                   whale_err *err);
 /* Rebuild the compute copies from the fp32 master weights (after an
  * optimiser step). */
 void whale_model_refresh_copies(whale_model *m);

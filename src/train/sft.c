@@ -337,8 +337,8 @@ static void prune_checkpoints(const sft_run *r) {
     free(steps);
 }
 
-/* Every rank calls it: with --zero 1 the moments are gathered from the
- * ranks first; rank 0 writes the files. */
+/* Every rank calls it: with --zero 1 the moments (and in mixed precision
+ * the masters) are gathered from the ranks first; rank 0 writes the files. */
 static whale_code save_checkpoint(sft_run *r, int64_t step, char *out_path, size_t cap, whale_err *err) {
     char dir[4200], tmp[4300], path[4400];
     snprintf(dir, sizeof dir, "%s/checkpoint-%lld", r->run_dir, (long long)step);
@@ -358,12 +358,11 @@ static whale_code save_checkpoint(sft_run *r, int64_t step, char *out_path, size
     }
     if (!c && !r->o->save_only_model) /* the moments of the trainable parameters */
         c = whale_step_save_moments(r->leader ? path : NULL, r->m, r->opt, r->sum, r->zero, step, err);
+    int lora = r->o->tuner == WHALE_TUNE_LORA;
+    if (!c && !lora) /* with --zero 1 in mixed precision the ranks hold parts of the masters */
+        c = whale_step_save_model(r->leader ? tmp : NULL, r->m, r->sum, r->zero, step, err);
     if (!r->leader) return c;
-    if (!c) {
-        if (r->o->tuner == WHALE_TUNE_LORA) c = whale_lora_save(r->m, tmp, r->model_dir, err);
-        else if (!(c = whale_model_save(r->m, tmp, err)))
-            c = whale_tokenizer_copy_files(r->model_dir, tmp, err);
-    }
+    if (!c) c = lora ? whale_lora_save(r->m, tmp, r->model_dir, err) : whale_tokenizer_copy_files(r->model_dir, tmp, err);
     if (!c) c = write_json(tmp, "args.json", r->args, err);
     if (!c) c = write_trainer_state(r, tmp, step, err);
     if (c) {
@@ -648,6 +647,7 @@ static whale_code sft_build(sft_run *r, whale_err *err) {
         if (!o->quiet) fprintf(stderr, "sft: resuming from %s at step %lld\n", o->resume, (long long)r->start);
     }
     if ((c = whale_step_check_start(r->s, r->opt, &r->cur, r->start, err))) return c;
+    whale_zero_drop_masters(r->zero, r->s);
     if (o->nan_check) {
         if (!(r->nan = whale_diag_new(1))) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
         if ((c = whale_diag_set_model(r->nan, r->m, err))) return c;
@@ -680,6 +680,7 @@ static whale_code sft_open_run_dir(sft_run *r, whale_err *err) {
     whale_memory_add_session(&mm, r->s);
     whale_memory_add_optimizer(&mm, whale_optimizer_bytes(r->opt));
     if (r->sum) mm.grads += whale_grad_sum_bytes(r->sum), mm.total += whale_grad_sum_bytes(r->sum);
+    mm.weights_f32 -= whale_zero_dropped_bytes(r->zero), mm.total -= whale_zero_dropped_bytes(r->zero);
     mm.ranks = whale_dist_size(), mm.zero = r->zero != NULL;
     fprintf(stderr, "sft: ");
     whale_memory_print(&mm, stderr);

@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -23,8 +24,17 @@ struct whale_zero {
     int *first;            /* [N + 1]: rank r's chunks are [first[r], first[r + 1]) */
     int kmax;              /* the most chunks a rank has */
     double *part, *all;    /* [kmax], [N × kmax]: partial sums of squares */
-    whale_f32_span *spans; /* the trainable weights in order, [n_spans] */
-    int n_spans;
+    /* The trainable weights in order, all-gathered after each step: as fp32
+     * (those without a compute copy, and all of an fp32 run), or as their
+     * bf16/fp16 copy (mixed precision: each rank keeps the fp32 masters of
+     * its shard only, whale_zero_drop_masters). */
+    whale_wspan *f32, *half;
+    int n_f32, n_half;
+    int *half_param;              /* [n_half]: the parameter of each half span */
+    const whale_format *fmt;      /* of the copies */
+    struct { void *p; size_t n; } *dropped; /* [n_half × 2]: master pages given back */
+    int n_dropped;
+    size_t dropped_bytes;
 };
 
 /* Name the first parameter whose gradient is not finite (with zero: in
@@ -146,6 +156,27 @@ static whale_code step_norm(whale_session *s, whale_zero *z, double max_norm, do
     return c;
 }
 
+/* Every rank updated its shard of the fp32 weights: its part of the
+ * sharded masters into their compute copies, then every rank's part of
+ * the fp32 weights and of those copies to all. */
+static whale_code zero_gather(whale_zero *z, const whale_model *m, whale_grad_sum *sum, int64_t step, whale_err *err) {
+    for (int k = 0; k < z->n_half; k++) {
+        const whale_wspan *h = &z->half[k];
+        size_t k0 = h->at < z->lo ? z->lo - h->at : 0, k1 = h->at + h->n <= z->hi ? h->n : z->hi > h->at ? z->hi - h->at : 0;
+        const float *w = m->params[z->half_param[k]].data;
+        char *dst = h->data;
+        long nb = k1 > k0 ? (long)((k1 - k0 + WHALE_GRAD_CHUNK - 1) / WHALE_GRAD_CHUNK) : 0;
+#pragma omp parallel for schedule(static) if (nb > 1)
+        for (long b = 0; b < nb; b++) { /* element by element, as whale_model_refresh_copies converts */
+            size_t e0 = k0 + (size_t)b * WHALE_GRAD_CHUNK, e1 = e0 + WHALE_GRAD_CHUNK < k1 ? e0 + WHALE_GRAD_CHUNK : k1;
+            z->fmt->from_f32(dst + 2 * e0, NULL, w + e0, 1, (int64_t)(e1 - e0));
+        }
+    }
+    whale_code c = whale_grad_sum_gather_spans(sum, z->f32, z->n_f32, sizeof(float), step, err);
+    if (!c) c = whale_grad_sum_gather_spans(sum, z->half, z->n_half, 2, step, err);
+    return c;
+}
+
 whale_code whale_train_one_step(whale_session *s, whale_optimizer *opt, whale_loss_scaler *scaler,
                                 struct whale_diag *nan, whale_grad_sum *sum, whale_zero *zero, whale_batch *micro,
                                 int n, int hf_compat, double max_grad_norm, double lr, int64_t step,
@@ -175,10 +206,7 @@ whale_code whale_train_one_step(whale_session *s, whale_optimizer *opt, whale_lo
                           zero ? " in this rank's shard" : "", bad ? bad : "none");
     }
     if (taken) whale_adamw_step(opt, s, lr);
-    if (taken && zero) { /* every rank updated its shard: gather the weights */
-        if ((c = whale_grad_sum_gather_spans(sum, zero->spans, zero->n_spans, step, err))) return c;
-        whale_model_refresh_copies(s->model);
-    }
+    if (taken && zero && (c = zero_gather(zero, s->model, sum, step, err))) return c;
     out->loss = loss;
     out->grad_norm = norm;
     out->targets = total;
@@ -323,9 +351,40 @@ whale_code whale_step_sum_new(whale_session *s, int n_micro, whale_grad_sum **ou
 
 void whale_zero_free(whale_zero *z) {
     if (!z) return;
-    free(z->start), free(z->len), free(z->first), free(z->part), free(z->all), free(z->spans);
+    for (int k = 0; k < z->n_dropped; k++) /* the allocation they are in is the model's to free */
+        mprotect(z->dropped[k].p, z->dropped[k].n, PROT_READ | PROT_WRITE);
+    free(z->start), free(z->len), free(z->first), free(z->part), free(z->all);
+    free(z->f32), free(z->half), free(z->half_param), free(z->dropped);
     free(z);
 }
+
+/* Give back the pages of [p, p + n) bytes that lie wholly inside it. */
+static void drop_range(whale_zero *z, char *p, size_t n) {
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)p + pg - 1) & ~(uintptr_t)(pg - 1), b = ((uintptr_t)p + n) & ~(uintptr_t)(pg - 1);
+    if (b <= a) return;
+    /* an access would be a bug (a read of a master this rank does not
+     * hold): make it fault rather than read zeros */
+    if (madvise((void *)a, b - a, MADV_DONTNEED) || mprotect((void *)a, b - a, PROT_NONE)) return;
+    z->dropped[z->n_dropped].p = (void *)a, z->dropped[z->n_dropped++].n = b - a;
+    z->dropped_bytes += b - a;
+}
+
+void whale_zero_drop_masters(whale_zero *z, whale_session *s) {
+    if (!z) return;
+    const whale_model *m = s->model;
+    for (int k = 0; k < z->n_half; k++) {
+        const whale_wspan *h = &z->half[k];
+        size_t k0 = h->at < z->lo ? z->lo - h->at : 0, k1 = h->at + h->n <= z->hi ? h->n : z->hi > h->at ? z->hi - h->at : 0;
+        if (k0 > h->n) k0 = h->n; /* the shard is wholly past this weight */
+        if (k1 < k0) k1 = k0;
+        float *w = m->params[z->half_param[k]].data;
+        drop_range(z, (char *)w, sizeof(float) * k0);
+        drop_range(z, (char *)(w + k1), sizeof(float) * (h->n - k1));
+    }
+}
+
+size_t whale_zero_dropped_bytes(const whale_zero *z) { return z ? z->dropped_bytes : 0; }
 
 /* Shard boundaries on chunk boundaries: rank r's shard starts at the first
  * chunk at or past r/N of the vector. */
@@ -354,9 +413,12 @@ whale_code whale_zero_new(whale_session *s, whale_optimizer *opt, int n_micro, w
     if (z) {
         z->start = malloc(sizeof(size_t) * (nch ? nch : 1)), z->len = malloc(sizeof(size_t) * (nch ? nch : 1));
         z->first = malloc(sizeof(int) * (size_t)(N + 1));
-        z->spans = malloc(sizeof(whale_f32_span) * (size_t)(m->n_params ? m->n_params : 1));
+        z->f32 = malloc(sizeof(whale_wspan) * (size_t)(m->n_params ? m->n_params : 1));
+        z->half = malloc(sizeof(whale_wspan) * (size_t)(m->n_params ? m->n_params : 1));
+        z->half_param = malloc(sizeof(int) * (size_t)(m->n_params ? m->n_params : 1));
+        z->dropped = malloc(sizeof *z->dropped * 2 * (size_t)(m->n_params ? m->n_params : 1));
     }
-    if (!shards || !z || !z->start || !z->len || !z->first || !z->spans) {
+    if (!shards || !z || !z->start || !z->len || !z->first || !z->f32 || !z->half || !z->half_param || !z->dropped) {
         free(shards);
         whale_zero_free(z);
         return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
@@ -365,8 +427,17 @@ whale_code whale_zero_new(whale_session *s, whale_optimizer *opt, int n_micro, w
     for (int i = 0; i < m->n_params; i++) { /* the trainable vector: gradients, moments and weights alike */
         if (m->params[i].frozen) continue;
         assert(whale_optimizer_offset(opt, i) == s->grad_offsets[i]);
-        size_t len = (size_t)whale_shape_numel(m->params[i].ndim, m->params[i].shape);
-        z->spans[z->n_spans++] = (whale_f32_span){m->params[i].data, len};
+        size_t len = (size_t)whale_shape_numel(m->params[i].ndim, m->params[i].shape), at = s->grad_offsets[i];
+        const whale_wcopy *w = NULL; /* its bf16/fp16 compute copy, if it has one */
+        for (int k = 0; k < m->n_copies && !w; k++)
+            if (m->copies[k].param == i && (m->copies[k].dtype == WHALE_BF16 || m->copies[k].dtype == WHALE_F16))
+                w = &m->copies[k];
+        if (w) {
+            z->fmt = whale_format_of(w->dtype);
+            z->half_param[z->n_half] = i;
+            z->half[z->n_half++] = (whale_wspan){(void *)w->data, at, len};
+        } else
+            z->f32[z->n_f32++] = (whale_wspan){m->params[i].data, at, len};
     }
     zero_shards(z, nch, n, N, shards);
     z->part = calloc((size_t)(z->kmax ? z->kmax : 1), sizeof(double));
@@ -460,6 +531,50 @@ whale_code whale_step_save_moments(const char *path, const whale_model *m, whale
     free(names);
     free(shapes);
     free(param);
+    return c;
+}
+
+/* ---------------------------------------------------------------- sharded masters in checkpoints */
+
+typedef struct {
+    const whale_model *m;
+    const whale_zero *z;
+    whale_grad_sum *sum;
+    float *buf; /* the largest sharded master */
+    int64_t step;
+} masters_out;
+
+/* Parameter i's half span, or −1. */
+static int half_of(const whale_zero *z, int i) {
+    for (int k = 0; k < z->n_half; k++)
+        if (z->half_param[k] == i) return k;
+    return -1;
+}
+
+static const void *master_bytes(void *user, int i, whale_err *err) {
+    masters_out *w = user;
+    int k = half_of(w->z, i);
+    if (k < 0) return whale_model_param(w->m, i).data;
+    const whale_wspan *h = &w->z->half[k];
+    return whale_grad_sum_collect_at(w->sum, w->m->params[i].data, h->at, h->n, w->buf, w->step, err) ? NULL : w->buf;
+}
+
+whale_code whale_step_save_model(const char *dir, const whale_model *m, whale_grad_sum *sum, const whale_zero *zero,
+                                 int64_t step, whale_err *err) {
+    if (!zero || !zero->n_half) return dir ? whale_model_save(m, dir, err) : WHALE_OK;
+    whale_code c = WHALE_OK;
+    if (!dir) { /* send this rank's parts, in the order rank 0 writes the tensors */
+        for (int k = 0; !c && k < zero->n_half; k++)
+            c = whale_grad_sum_collect_at(sum, m->params[zero->half_param[k]].data, zero->half[k].at, zero->half[k].n,
+                                          NULL, step, err);
+        return c;
+    }
+    size_t most = 1;
+    for (int k = 0; k < zero->n_half; k++) most = zero->half[k].n > most ? zero->half[k].n : most;
+    masters_out w = {m, zero, sum, whale_alloc(sizeof(float) * most), step};
+    if (!w.buf) return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB to gather weights", most * 4.0 / 1048576.0);
+    c = whale_model_save_stream(m, dir, master_bytes, &w, err);
+    free(w.buf);
     return c;
 }
 

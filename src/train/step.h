@@ -68,6 +68,20 @@ whale_code whale_step_check_start(whale_session *s, whale_optimizer *opt, const 
 whale_code whale_zero_new(whale_session *s, whale_optimizer *opt, int n_micro, whale_grad_sum **sum, whale_zero **out,
                           whale_err *err);
 void whale_zero_free(whale_zero *z);
+/* In mixed precision (bf16/fp16 products), once every rank checked that
+ * it starts from the same weights: give back the fp32 masters of the
+ * product weights outside this rank's shard (their pages, made
+ * inaccessible). Each step then converts the shard's masters into the
+ * compute copies and all-gathers the copies; whale_step_save_model
+ * gathers the masters for a checkpoint. Nothing to do in an fp32 run. */
+void whale_zero_drop_masters(whale_zero *z, whale_session *s);
+/* Bytes of fp32 masters given back (for the memory line). */
+size_t whale_zero_dropped_bytes(const whale_zero *z);
+/* whale_model_save into dir by rank 0 (dir NULL on the other ranks); with
+ * zero every rank must call it, and rank 0 gathers the masters the ranks
+ * hold, one tensor at a time. */
+whale_code whale_step_save_model(const char *dir, const whale_model *m, whale_grad_sum *sum, const whale_zero *zero,
+                                 int64_t step, whale_err *err);
 
 /* The AdamW moments of a checkpoint, optimizer.safetensors: exp_avg.NAME
  * and exp_avg_sq.NAME for every trainable parameter, whatever the number

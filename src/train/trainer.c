@@ -122,8 +122,8 @@ static whale_code write_trainer_state(run_t *r, const char *dir, whale_err *err)
 
 /* checkpoint-STEP: written as checkpoint-STEP.tmp, every file fsynced, then
  * renamed; an interrupted save leaves the previous checkpoints intact. Every
- * rank calls it: with --zero 1 the moments are gathered from the ranks
- * first; rank 0 writes the files. */
+ * rank calls it: with --zero 1 the moments (and in mixed precision the
+ * masters) are gathered from the ranks first; rank 0 writes the files. */
 static whale_code save_checkpoint(run_t *r, whale_err *err) {
     char dir[4096], tmp[4200], path[4400];
     snprintf(dir, sizeof dir, "%s/checkpoint-%lld", r->o->out, (long long)r->step);
@@ -135,8 +135,9 @@ static whale_code save_checkpoint(run_t *r, whale_err *err) {
         c = whale_mkdir(tmp, err);
     }
     if (!c) c = whale_step_save_moments(r->leader ? path : NULL, r->m, r->opt, r->sum, r->zero, r->step, err);
+    if (!c) c = whale_step_save_model(r->leader ? tmp : NULL, r->m, r->sum, r->zero, r->step, err);
     if (!r->leader) return c;
-    if (c || (c = whale_model_save(r->m, tmp, err)) || (c = write_trainer_state(r, tmp, err)) ||
+    if (c || (c = write_trainer_state(r, tmp, err)) ||
         (c = copy_tokenizer_files(r->tokenizer_dir, tmp, err))) {
         whale_remove_flat_dir(tmp);
         return c;
@@ -438,6 +439,7 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
         goto done;
     if (resume_dir[0] && (c = load_trainer_state(&r, resume_dir, err))) goto done;
     if ((c = whale_step_check_start(r.s, r.opt, &r.cursor, r.step, err))) goto done;
+    whale_zero_drop_masters(r.zero, r.s);
     r.micro = calloc((size_t)o->grad_accum, sizeof *r.micro);
     if (!r.micro) {
         c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
@@ -460,6 +462,7 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
         whale_memory_add_session(&mm, r.s);
         whale_memory_add_optimizer(&mm, whale_optimizer_bytes(r.opt));
         if (r.sum) mm.grads += whale_grad_sum_bytes(r.sum), mm.total += whale_grad_sum_bytes(r.sum);
+        mm.weights_f32 -= whale_zero_dropped_bytes(r.zero), mm.total -= whale_zero_dropped_bytes(r.zero);
         mm.ranks = whale_dist_size(), mm.zero = r.zero != NULL;
         fprintf(stderr, "train: ");
         whale_memory_print(&mm, stderr);
@@ -545,8 +548,8 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
         }
     }
     /* the final model in the run folder, like save_model(output_dir) */
-    if (r.leader &&
-        ((c = whale_model_save(r.m, o->out, err)) || (c = copy_tokenizer_files(r.tokenizer_dir, o->out, err))))
+    if ((c = whale_step_save_model(r.leader ? o->out : NULL, r.m, r.sum, r.zero, r.step, err)) ||
+        (r.leader && (c = copy_tokenizer_files(r.tokenizer_dir, o->out, err))))
         goto done;
     if (!o->quiet) fprintf(stderr, "train: peak resident memory %.1f MiB\n", whale_peak_rss() / 1048576.0);
     if (res) {

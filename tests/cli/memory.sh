@@ -49,6 +49,14 @@ check "4 ranks --zero 1: each holds a quarter of the moments" \
     awk -v a="$(field moments r1)" -v b="$(field moments r4--zero1)" 'BEGIN { exit !(4 * b >= a && 4 * b < a + 32) }'
 check "4 ranks: the gradients and a quarter of them more (the sum's shard)" \
     awk -v a="$(field grads r1)" -v b="$(field grads r4)" 'BEGIN { exit !(b >= 1.25 * a && b < 1.25 * a + 64 * 2^20) }'
+# in bf16 --zero 1 also shards the product weights' fp32 masters (the small tensors without a copy stay whole);
+# in fp32 the weights are what the products read: whole on every rank
+for r in "4" "4 --zero 1"; do
+    "$WHALE" memory --config nanowhale-100m --train full --dtype bf16 --seq-len 256 --ranks $r --json >"$TMP/b${r// /}.json"
+done
+check "fp32, 4 ranks --zero 1: each holds every weight" test "$(field weights_f32 r4--zero1)" = "$(field weights_f32 r1)"
+check "bf16, 4 ranks --zero 1: each holds a quarter of the fp32 masters" \
+    awk -v a="$(field weights_f32 b4)" -v b="$(field weights_f32 b4--zero1)" 'BEGIN { exit !(4 * b >= a && 4 * b < a + 16 * 2^20) }'
 expect_status 2 '--zero expects an integer in \[0, 1\]' -- "$WHALE" memory --config tiny --train full --zero 2
 
 # export --merge-lora reads, merges and writes one tensor at a time: on a BF16

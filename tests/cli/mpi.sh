@@ -7,7 +7,8 @@
 # a rank killed with SIGKILL or stopped ends the job non-zero within the
 # bound with a message naming the rank and leaves the last checkpoint
 # intact, from which the run resumes on the same curve (sharded); a
-# checkpoint resumes on another number of ranks, sharded or not. A build
+# checkpoint resumes on another number of ranks, sharded or not; in bf16
+# and fp16 --zero 1 shards the fp32 master weights too. A build
 # without MPI refuses a launch of several ranks in one line. Skipped (77)
 # without mpirun.
 # usage: mpi.sh WHALE_BIN TEST_DATA_DIR
@@ -86,6 +87,24 @@ check "the memory line counts one shard of the moments" grep -q 'AdamW moments .
 "$WHALE" train "${ARGS[@]}" --grad-accum 4 --out "$TMP/resz21" --resume "$TMP/zero4/checkpoint-3" >/dev/null 2>&1
 check "a 2-rank --zero 1 checkpoint resumed in one process ends as the uninterrupted run" \
     cmp -s "$TMP/one4/model.safetensors" "$TMP/resz21/model.safetensors"
+# --zero 1 in mixed precision: each rank keeps the fp32 masters of its shard only and the bf16 copies are
+# all-gathered; the checkpoints still hold whole fp32 masters and moments, and re-shard either way
+B16=("${ARGS[@]:0:${#ARGS[@]}-1}" --dtype bf16 --grad-accum 2)
+"$WHALE" train "${B16[@]}" --quiet --out "$TMP/b16one" >/dev/null 2>"$TMP/err"
+check "bf16, one process: $(tail -1 "$TMP/err")" test -s "$TMP/b16one/model.safetensors"
+run2 "$WHALE" train "${B16[@]}" --zero 1 --out "$TMP/b16zero" >/dev/null 2>"$TMP/err"
+check "bf16, 2 ranks --zero 1: $(tail -1 "$TMP/err")" test -s "$TMP/b16zero/model.safetensors"
+same_run "train bf16, 2 ranks --zero 1" "$TMP/b16one" "$TMP/b16zero"
+check "train bf16, 2 ranks --zero 1: the gathered fp32 masters of a checkpoint are bit-identical" \
+    cmp -s "$TMP/b16one/checkpoint-3/model.safetensors" "$TMP/b16zero/checkpoint-3/model.safetensors"
+check "bf16 --zero 1: the memory line counts one shard of the masters" \
+    grep -q 'weights fp32 .*master weights: of the product weights 1/2' "$TMP/err"
+run2 "$WHALE" train "${B16[@]}" --quiet --zero 1 --out "$TMP/b16r12" --resume "$TMP/b16one/checkpoint-3" >/dev/null 2>&1
+check "bf16: a one-process checkpoint resumed on 2 ranks with --zero 1 ends as the uninterrupted run" \
+    cmp -s "$TMP/b16one/model.safetensors" "$TMP/b16r12/model.safetensors"
+"$WHALE" train "${B16[@]}" --quiet --out "$TMP/b16r21" --resume "$TMP/b16zero/checkpoint-3" >/dev/null 2>&1
+check "bf16: a 2-rank --zero 1 checkpoint resumed in one process ends as the uninterrupted run" \
+    cmp -s "$TMP/b16one/model.safetensors" "$TMP/b16r21/model.safetensors"
 check "only rank 0 prints the summary" test "$(grep -c '"steps"' "$TMP/two.json")" = 1
 check "metrics carry the world size and each rank's tokens/s" \
     grep -q '"world_size": 2, "rank_tokens_per_s": \[[0-9.]*, [0-9.]*\], "comm_s"' "$TMP/two4/metrics.jsonl"
@@ -126,6 +145,16 @@ for tt in lora full; do
             "$TMP"/sft2-$tt$z/v0-*/checkpoint-3/optimizer.safetensors
     done
 done
+# full fine-tuning in fp16 (loss scaling) with the masters sharded
+"$WHALE" sft "${SFT[@]}" --train-type full --dtype fp16 --out "$TMP/sft1-f16" >/dev/null 2>"$TMP/err"
+check "sft full fp16, one process: $(tail -1 "$TMP/err")" test -s "$(ls "$TMP"/sft1-f16/v0-*/checkpoint-3/model.safetensors)"
+run2 "$WHALE" sft "${SFT[@]}" --train-type full --dtype fp16 --zero 1 --out "$TMP/sft2-f16" >/dev/null 2>"$TMP/err"
+check "sft full fp16, 2 ranks --zero 1: $(tail -1 "$TMP/err")" test -s "$(ls "$TMP"/sft2-f16/v0-*/checkpoint-3/model.safetensors)"
+check "sft full fp16, 2 ranks --zero 1: the loss and gradient-norm curves are bit-identical" \
+    cmp -s <(sft_curve "$TMP/sft1-f16") <(sft_curve "$TMP/sft2-f16")
+check "sft full fp16, 2 ranks --zero 1: the weights and moments are bit-identical" \
+    cmp -s <(cat "$TMP"/sft1-f16/v0-*/checkpoint-3/{model,optimizer}.safetensors) \
+    <(cat "$TMP"/sft2-f16/v0-*/checkpoint-3/{model,optimizer}.safetensors)
 check "sft: validation ran (2 evaluations)" test "$(sft_eval "$TMP/sft1-lora" | wc -l)" = 2
 T=$(sed -E 's/.*"trainable_params": ([0-9]+).*/\1/' "$TMP/one-lora.json")
 for z in 0 1; do # the frozen norms' gradient buffers stay home; --zero 1 adds the norm's partial sums

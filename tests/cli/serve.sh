@@ -116,12 +116,13 @@ start_server "$TMP/serve2.log" -m "$TMP/m" --parallel 1 --queue 1 --ctx-size 256
 PID2=$PID URL2=$URL
 start_server "$TMP/serve3.log" -m "$TMP/tools" --parallel 2 --ctx-size 512 --api-key sekret-key --threads 2 || exit 1
 PID3=$PID URL3=$URL
-start_server "$TMP/serve4.log" -m "$TMP/m" --parallel 2 --ctx-size 2048 --api-key sekret-key --threads 2 || exit 1
+start_server "$TMP/serve4.log" -m "$TMP/m" --parallel 2 --ctx-size 2048 --api-key sekret-key --threads 2 \
+    --adapters "sql=$A1" || exit 1
 PID4=$PID URL4=$URL
 
 export SERVE_URL=$URL1 SERVE_KEY=sekret-key SERVE_MODEL=m SERVE_DIR=$TMP/m WHALE TMP SERVE_PID=$PID1
-export SERVE_URL2=$URL2 SERVE_PID2=$PID2 SERVE_TOOLS_URL=$URL3 SERVE_TOOLS_DIR=$TMP/tools SERVE_PAGE_URL=$URL4 SERVE_ADAPTERS="sql=$A1,poet=$A2"
-scripts=(client.mjs logprobs.mjs tools.mjs "concurrent.mjs 12" hostile.mjs)
+export SERVE_URL2=$URL2 SERVE_PID2=$PID2 SERVE_TOOLS_URL=$URL3 SERVE_TOOLS_DIR=$TMP/tools SERVE_PAGE_URL=$URL4 SERVE_PAGE_ADAPTERS=1 SERVE_ADAPTERS="sql=$A1,poet=$A2"
+scripts=(client.mjs logprobs.mjs tools.mjs "concurrent.mjs 16" hostile.mjs)
 # the page in headless Chromium: scripts/setup.sh installs Debian's chromium and
 # playwright-core; without both (and setup.sh not run) the page test is skipped,
 # never in CI and never after setup.sh

@@ -2,7 +2,7 @@
 // completions, models, errors; greedy replies equal `whale generate`'s.
 import fs from 'node:fs';
 import OpenAI from 'openai';
-import { env, check, finish, whale } from './lib.mjs';
+import { env, check, finish, whale, call } from './lib.mjs';
 
 const client = new OpenAI({ baseURL: env.url + '/v1', apiKey: env.key, maxRetries: 0 });
 
@@ -61,6 +61,12 @@ check('stream: the second request reused the prompt\'s cells', usage.prompt_toke
 // completions: a string prompt and an id prompt
 const prompt = 'Once upon a time';
 const pids = whale('tokenize', '-m', env.dir, prompt).trim().split(',').map(Number);
+const tk = await call('/tokenize', { prompt });
+check('/tokenize: whale tokenize\'s ids, their count and the context', tk.status === 200 &&
+      JSON.stringify(tk.json.tokens) === JSON.stringify(pids) && tk.json.count === pids.length &&
+      tk.json.max_model_len > 0, tk.text);
+const dt = await call('/detokenize', { tokens: pids });
+check('/detokenize: the prompt again', dt.status === 200 && dt.json.prompt === prompt, dt.text);
 const c1 = await client.completions.create({ model: env.model, prompt, max_tokens: 10, ...greedy });
 check('completions: greedy text equals whale generate', c1.choices[0].text === generateText(pids, 10),
       JSON.stringify(c1.choices[0].text));
@@ -93,6 +99,11 @@ const sampled = { model: env.model, messages, max_tokens: 8, temperature: 0.9, t
   seed: 7, frequency_penalty: 0.5, presence_penalty: 0.3, repetition_penalty: 1.1 };
 const s1 = await client.chat.completions.create(sampled), s2 = await client.chat.completions.create(sampled);
 check('seed: equal replies', s1.choices[0].message.content === s2.choices[0].message.content);
+
+// max_completion_tokens, the newer name of max_tokens
+const mc = await client.chat.completions.create({ model: env.model, messages, max_completion_tokens: 3, ...greedy });
+check('max_completion_tokens: 3 tokens, finish_reason length', mc.usage.completion_tokens === 3 &&
+      mc.choices[0].finish_reason === 'length', JSON.stringify(mc.usage));
 
 // errors come back as OpenAI's error objects, which the client raises
 async function rejects(what, fn, status, param) {

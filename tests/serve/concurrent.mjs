@@ -62,6 +62,11 @@ if (models.length > 1) { // the same prompt under each model: every adapter chan
 }
 
 const maxBefore = await metric('whale_batch_sequences_max');
+// the /metrics families the streams must move: requests, tokens, latencies, forwards
+const counted = ['whale_requests_total\\{endpoint="chat_completions"\\}', 'whale_generated_tokens_total',
+  'whale_time_to_first_token_seconds_count', 'whale_request_seconds_count', 'whale_batch_sequences_per_step_count',
+  'whale_decode_steps_total'];
+const countedBefore = await Promise.all(counted.map((n) => metric(n)));
 const reqBefore = await Promise.all(models.map((m) => metric(`whale_model_requests_total\\{model="${m.name}"\\}`)));
 const together = await Promise.all(prompts.map((_, i) => streamOne(i)));
 for (let i = 0; i < N; i++)
@@ -71,6 +76,15 @@ for (let i = 0; i < N; i++)
 const maxAfter = await metric('whale_batch_sequences_max');
 check('the server batched them (more than one sequence per forward)', maxAfter > 1, `${maxBefore} -> ${maxAfter}`);
 check('cached prompt prefixes were reused', (await metric('whale_prompt_tokens_reused_total')) > 0);
+const countedAfter = await Promise.all(counted.map((n) => metric(n)));
+const delta = countedAfter.map((v, k) => v - countedBefore[k]);
+check('/metrics: N more chat requests, their tokens, times to first token and request times',
+      delta[0] === N && delta[1] === lengths.reduce((a, b) => a + b, 0) && delta[2] === N && delta[3] === N,
+      JSON.stringify(delta));
+check('/metrics: one batch-size observation per forward, fewer forwards than tokens (batched)',
+      delta[4] === delta[5] && delta[5] > 0 && delta[5] < delta[1], JSON.stringify(delta));
+check('/metrics: the queue depth and busy slots are gauges, 0 when idle',
+      (await metric('whale_queue_depth')) === 0 && /^# TYPE whale_queue_depth gauge$/m.test((await call('/metrics')).text));
 for (let k = 0; k < models.length; k++) {
   const n = await metric(`whale_model_requests_total\\{model="${models[k].name}"\\}`);
   const expect = prompts.filter((_, i) => i % models.length === k).length;

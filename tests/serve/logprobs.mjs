@@ -33,6 +33,16 @@ function referenceLogprobs(ids) {
   }
   return rows;
 }
+// the logits predicting the token after ids
+function lastLogits(ids) {
+  const f = `${env.tmp}/lp-ids.json`, out = `${env.tmp}/lp-logits.safetensors`;
+  fs.writeFileSync(f, JSON.stringify([ids]));
+  whale('score', '-m', env.dir, '--ids', f, '--logits-out', out);
+  const buf = fs.readFileSync(out), n = Number(buf.readBigUInt64LE(0));
+  const meta = JSON.parse(buf.subarray(8, 8 + n).toString()).logits;
+  const [, S, V] = meta.shape, base = 8 + n + meta.data_offsets[0] + (S - 1) * V * 4;
+  return new Float32Array(buf.buffer.slice(buf.byteOffset + base, buf.byteOffset + base + V * 4));
+}
 const topValues = (row, k) => Array.from(row).sort((a, b) => b - a).slice(0, k);
 const close = (a, b) => a.length === b.length && a.every((x, i) => Math.abs(x - b[i]) < TOL);
 
@@ -122,6 +132,61 @@ if (cut.length && full.indexOf(cut) > 0) {
   const toks = st.choices[0].logprobs.content.map((t) => t.token).join('');
   check('stop string: the logprobs cover the returned text', toks.startsWith(st.choices[0].message.content) &&
         toks.length < full.length + 1 && st.choices[0].finish_reason === 'stop', JSON.stringify([toks, full, cut]));
+}
+
+// Let the client see the connections the server closed while a computation here blocked the event loop.
+const idle = () => new Promise((r) => setTimeout(r, 100));
+
+// OpenAI's frequency and presence penalties, greedy: each reply token is the argmax of the model's row less
+// frequency × its count in the reply so far + presence × (count > 0) — replayed here from whale score's rows
+// of the growing sequence
+// (negative penalties, which favour repeats, change this random model's choices within a few tokens)
+for (const [fp, pp] of [[2.0, 0.5], [-1.5, -0.5]]) {
+  const M = 8, ids = [...pids], counts = new Map();
+  let changed = 0;
+  for (let i = 0; i < M; i++) {
+    const row = lastLogits(ids);
+    let best = -1, bestV = -Infinity, raw = -1, rawV = -Infinity;
+    for (let v = 0; v < row.length; v++) {
+      const c = counts.get(v) ?? 0, x = row[v] - fp * c - (c > 0 ? pp : 0);
+      if (x > bestV) best = v, bestV = x;
+      if (row[v] > rawV) raw = v, rawV = row[v];
+    }
+    changed += best !== raw;
+    counts.set(best, (counts.get(best) ?? 0) + 1);
+    ids.push(best);
+  }
+  const want = whale('detokenize', '-m', env.dir, '--ids', ids.slice(pids.length).join(','));
+  await idle(); // the replay blocked the event loop for longer than the server keeps an idle connection
+  const got = await client.completions.create({ model: env.model, prompt: pids, max_tokens: M, frequency_penalty: fp,
+    presence_penalty: pp, ...greedy });
+  check(`penalties ${fp}, ${pp}: the greedy reply is the penalised argmax at every token`, got.choices[0].text === want,
+        JSON.stringify([got.choices[0].text, want]));
+  if (fp < 0) check('negative penalties changed the choice at some token (the test sees them)', changed > 0, changed);
+}
+
+// the extensions reach the sampler: top_k 1 and min_p 0.999 leave only the most probable token, so a hot sampled
+// request gives the greedy reply; repetition_penalty gives whale generate's reply with the same penalty (below 1,
+// which favours the tokens seen, so that it changes this model's reply)
+{
+  const M = 10, hot = { temperature: 1.8, seed: 11, ignore_eos: true, skip_special_tokens: false };
+  const greedyText = whale('detokenize', '-m', env.dir, '--ids', generate(pids, M).join(','));
+  const rp = whale('generate', '-m', env.dir, '--ids', pids.join(','), '-n', String(M), '--temperature', '0',
+    '--ignore-eos', '--repeat-penalty', '0.4').trim();
+  const want = whale('detokenize', '-m', env.dir, '--ids', rp);
+  await idle();
+  for (const f of [{ top_k: 1 }, { min_p: 0.999 }]) {
+    const got = await client.completions.create({ model: env.model, prompt: pids, max_tokens: M, ...hot, ...f });
+    check(`${JSON.stringify(f)}: a sampled reply is the greedy one`, got.choices[0].text === greedyText,
+          JSON.stringify([got.choices[0].text, greedyText]));
+  }
+  const free = await client.completions.create({ model: env.model, prompt: pids, max_tokens: M, ...hot });
+  check('without them the same sampled request differs (the test sees the filters)',
+        free.choices[0].text !== greedyText, JSON.stringify(free.choices[0].text));
+  const got = await client.completions.create({ model: env.model, prompt: pids, max_tokens: M, repetition_penalty: 0.4,
+    ...greedy });
+  check('repetition_penalty: whale generate\'s greedy reply with --repeat-penalty', got.choices[0].text === want &&
+        want !== greedyText, JSON.stringify([got.choices[0].text, want]));
 }
 
 // validation: 400 naming the field

@@ -95,6 +95,31 @@ try {
   check('page: the stopped reply no longer grows',
         (await page.$$eval('.m.assistant', (a) => a[1].textContent)).length === stopped);
   check('page: stop disabled, send enabled again', await page.isDisabled('#stop') && !(await page.isDisabled('#send')));
+
+  // a server with adapters (SERVE_PAGE_ADAPTERS=1: the test's has one): the picker lists them, and a reply
+  // picked from an adapter is that adapter's
+  const picks = await page.$$eval('#pick option', (o) => o.map((x) => x.value));
+  if (process.env.SERVE_PAGE_ADAPTERS === '1' && picks.length < 2) check('page: the picker lists the adapters', false, picks);
+  if (picks.length > 1) {
+    await page.reload(); // a new conversation (the key stays in the browser)
+    await page.waitForFunction(() => document.querySelectorAll('#pick option').length > 1, null, { timeout: 10000 });
+    await page.selectOption('#pick', picks[1]);
+    await page.fill('#system', '');
+    await page.fill('#temperature', '0');
+    await page.fill('#max_tokens', '16');
+    await page.fill('#msg', question);
+    await page.press('#msg', 'Enter');
+    await page.waitForFunction(() => !document.getElementById('send').disabled &&
+      document.querySelectorAll('.m.assistant').length === 1, null, { timeout: 30000 });
+    const ask = async (model) => (await (await fetch(url + '/v1/chat/completions', { method: 'POST',
+      headers: { 'Content-Type': 'application/json', ...auth }, body: JSON.stringify({ model,
+        messages: [{ role: 'user', content: question }], temperature: 0, top_p: 0.9, max_tokens: 16 }) })).json())
+      .choices[0].message.content;
+    const [mine, base] = [await ask(picks[1]), await ask(picks[0])];
+    check(`page: the picker lists the adapters (${picks.join(', ')}); a reply from ${picks[1]} is its API reply`,
+          picks[0] === env.model && (await page.textContent('.m.assistant')) === mine && mine !== base,
+          JSON.stringify([await page.textContent('.m.assistant'), mine, base]));
+  }
   check('page: no script errors', errors.length === 0, JSON.stringify(errors));
 } finally {
   await browser.close();
