@@ -42,7 +42,6 @@ done
 OUT=$(mktemp)
 trap 'rm -f "$OUT"' EXIT
 field() { sed -n "s/.*\"$1\": \"*\([^,\"}]*\).*/\1/p"; }
-echo "processor: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $THREADS threads, $REPS reps per run"
 for round in $(seq "$ROUNDS"); do
     for what in $WHATS; do
         if [ "$what" = decode ]; then wargs=(--context 128 --tokens 64) largs=(128 64); else wargs=() largs=(512); fi
@@ -58,6 +57,7 @@ for round in $(seq "$ROUNDS"); do
         done
     done
 done
+echo "processor: $(field cpu <<<"$w"), $THREADS threads, best of $REPS reps per run"
 awk '
 function median(a, n,    i, j, t) {
     for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
