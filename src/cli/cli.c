@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -89,6 +90,11 @@ static int names_match(const char *a, const char *names) {
     return 0;
 }
 
+/* A table bound as a long; LONG_MAX's double (2^63) saturates. */
+static long bound(double x) {
+    return x >= 9223372036854775807.0 ? LONG_MAX : x <= -9223372036854775807.0 ? LONG_MIN : (long)x;
+}
+
 /* The value of opt o (argv[*i] is its name). */
 static int take_value(const char *cmd, int argc, char **argv, int *i, const cli_opt *o) {
     const char *a = argv[*i], *v;
@@ -97,6 +103,15 @@ static int take_value(const char *cmd, int argc, char **argv, int *i, const cli_
     int st = 0;
     if (o->kind == CLI_FLAG) {
         cli_bool_option(argc, argv, i, a, (int *)o->dst);
+        return 0;
+    }
+    if (o->kind == CLI_SWITCH) {
+        *(int *)o->dst = 1;
+        return 0;
+    }
+    if (o->kind == CLI_COUNT) {
+        *(long *)o->dst = strtol(o->note, NULL, 10);
+        if (*i + 1 < argc && argv[*i + 1][0] != '-') return cli_int(cmd, a, argv[++*i], bound(o->lo), bound(o->hi), o->dst);
         return 0;
     }
     if (o->kind == CLI_PAIR) {
@@ -118,8 +133,14 @@ static int take_value(const char *cmd, int argc, char **argv, int *i, const cli_
     if (!(v = cli_value(argc, argv, i))) return cli_usage(cmd, "%s needs a value", a);
     switch (o->kind) {
     case CLI_STR: *(const char **)o->dst = v; break;
+    case CLI_EACH: {
+        cli_list *l = o->dst;
+        if (l->n == CLI_LIST_MAX) return cli_usage(cmd, "%s is given at most %d times", a, CLI_LIST_MAX);
+        l->v[l->n++] = v;
+        break;
+    }
     case CLI_LONG:
-        if (!(st = cli_int(cmd, a, v, (long)o->lo, (long)o->hi, &n))) *(long *)o->dst = n;
+        if (!(st = cli_int(cmd, a, v, bound(o->lo), bound(o->hi), &n))) *(long *)o->dst = n;
         break;
     case CLI_DOUBLE:
         if (!(st = cli_float(cmd, a, v, o->lo, o->hi, &d))) *(double *)o->dst = d;

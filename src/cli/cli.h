@@ -27,20 +27,37 @@ int cli_bool_option(int argc, char **argv, int *i, const char *opt, int *flag);
  * ("-n|--max-new-tokens|--max-tokens"; after "--", "-" and "_" are alike,
  * so ms-swift's --max_new_tokens matches) and where its value goes:
  *   CLI_FLAG    int *: 1, or the true/false/1/0 that follows
+ *   CLI_SWITCH  int *: 1 (takes no value: what follows is never consumed)
  *   CLI_STR     const char **
  *   CLI_LONG    long *, in [lo, hi]        CLI_DOUBLE  double *, in [lo, hi]
  *   CLI_DTYPE   whale_dtype * (fp32|bf16|fp16|int8 and their spellings)
  *   CLI_PAIR    const char *[2]: one or two values (Chinese, English)
  *   CLI_LIST    cli_list *: one or more values, up to the next option; the
  *               option may be repeated, each adding to the list
+ *   CLI_EACH    cli_list *: one value; repeated, each adds one to the list
+ *   CLI_COUNT   long *, in [lo, hi]: the value that follows unless the next
+ *               argument is an option (or there is none); then note's number
  *   CLI_NOTE    takes a value that changes nothing here: note says why
  *               (printed once as "CMD: note: ...")
  *   CLI_ARGS    cli_args *: the arguments that are not options, in order
  *               (names is what they are, e.g. "FILE"; without such an
  *               entry an argument that is not an option is refused; with
  *               one, everything after "--" is an argument) */
-typedef enum { CLI_FLAG, CLI_STR, CLI_LONG, CLI_DOUBLE, CLI_DTYPE, CLI_PAIR, CLI_LIST, CLI_NOTE, CLI_ARGS } cli_kind;
-#define CLI_LIST_MAX 64
+typedef enum {
+    CLI_FLAG,
+    CLI_SWITCH,
+    CLI_STR,
+    CLI_LONG,
+    CLI_DOUBLE,
+    CLI_DTYPE,
+    CLI_PAIR,
+    CLI_LIST,
+    CLI_EACH,
+    CLI_COUNT,
+    CLI_NOTE,
+    CLI_ARGS
+} cli_kind;
+#define CLI_LIST_MAX 256
 typedef struct {
     const char *v[CLI_LIST_MAX];
     int n;

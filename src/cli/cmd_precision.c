@@ -674,43 +674,31 @@ static whale_code write_json(const opts_t *o, const batch_t *b, const model_info
 
 /* ---------------------------------------------------------------- command */
 
+/* The options, from one table; 0, -1 after --help, or the usage status. */
 static int parse_opts(int argc, char **argv, opts_t *o) {
-    *o = (opts_t){.batch = 4, .reps = 2, .lr = whale_train_defaults().lr, .seed = whale_train_defaults().seed};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        long n;
-        double x;
-        static const char *const known[] = {"-m",        "--model", "--ids",  "--data",  "--json", "--out",
-                                            "--svg",     "--batch", "--batch-size", "--seq-len", "--steps",
-                                            "--reps",    "--threads", "--seed", "--lr"};
-        int is_known = 0;
-        for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= !strcmp(a, known[k]);
-        if (!is_known) return cli_usage("precision-report", "unknown option \"%s\"", a);
-        if (!(v = cli_value(argc, argv, &i))) return cli_usage("precision-report", "%s needs a value", a);
-        int bad = 0;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->dir = v;
-        else if (!strcmp(a, "--ids")) o->ids_path = v;
-        else if (!strcmp(a, "--data")) o->data = v;
-        else if (!strcmp(a, "--json")) o->json = v;
-        else if (!strcmp(a, "--out")) o->out = v;
-        else if (!strcmp(a, "--svg")) o->svg = v;
-        else if (!strcmp(a, "--batch") || !strcmp(a, "--batch-size")) {
-            if (!(bad = cli_int("precision-report", a, v, 1, 4096, &n))) o->batch = (int)n, o->batch_given = 1;
-        } else if (!strcmp(a, "--seq-len")) {
-            if (!(bad = cli_int("precision-report", a, v, 2, 1 << 20, &n))) o->seq_len = (int)n, o->seq_given = 1;
-        } else if (!strcmp(a, "--steps")) {
-            if (!(bad = cli_int("precision-report", a, v, 1, 1000000, &n))) o->steps = (int)n;
-        } else if (!strcmp(a, "--reps")) {
-            if (!(bad = cli_int("precision-report", a, v, 1, 100, &n))) o->reps = (int)n;
-        } else if (!strcmp(a, "--threads")) {
-            if (!(bad = cli_int("precision-report", a, v, 1, 1024, &n))) o->threads = (int)n;
-        } else if (!strcmp(a, "--seed")) {
-            if (!(bad = cli_int("precision-report", a, v, 0, 2147483647L, &n))) o->seed = (uint64_t)n;
-        } else if (!strcmp(a, "--lr")) {
-            if (!(bad = cli_float("precision-report", a, v, 1e-12, 10, &x))) o->lr = x;
-        }
-        if (bad) return bad;
-    }
+    *o = (opts_t){.lr = whale_train_defaults().lr, .seed = whale_train_defaults().seed};
+    long batch = 0, seq_len = 0, steps = 0, reps = 2, threads = 0, seed = (long)o->seed; /* 0: not given */
+    const cli_opt table[] = {
+        {"-m|--model", CLI_STR, &o->dir, 0, 0, NULL},
+        {"--ids", CLI_STR, &o->ids_path, 0, 0, NULL},
+        {"--data", CLI_STR, &o->data, 0, 0, NULL},
+        {"--json", CLI_STR, &o->json, 0, 0, NULL},
+        {"--out", CLI_STR, &o->out, 0, 0, NULL},
+        {"--svg", CLI_STR, &o->svg, 0, 0, NULL},
+        {"--batch|--batch-size", CLI_LONG, &batch, 1, 4096, NULL},
+        {"--seq-len", CLI_LONG, &seq_len, 2, 1 << 20, NULL},
+        {"--steps", CLI_LONG, &steps, 1, 1000000, NULL},
+        {"--reps", CLI_LONG, &reps, 1, 100, NULL},
+        {"--threads", CLI_LONG, &threads, 1, 1024, NULL},
+        {"--seed", CLI_LONG, &seed, 0, 2147483647L, NULL},
+        {"--lr", CLI_DOUBLE, &o->lr, 1e-12, 10, NULL},
+        {NULL, 0, NULL, 0, 0, NULL},
+    };
+    int parsed = cli_parse("precision-report", help_text, argc, argv, table, NULL, NULL);
+    if (parsed) return parsed;
+    o->batch = batch ? (int)batch : 4, o->batch_given = batch != 0;
+    o->seq_len = (int)seq_len, o->seq_given = seq_len != 0;
+    o->steps = (int)steps, o->reps = (int)reps, o->threads = (int)threads, o->seed = (uint64_t)seed;
     if (!o->dir || !!o->ids_path + !!o->data != 1)
         return cli_usage("precision-report", "-m DIR and exactly one of --ids FILE or --data DIR are required");
     if (o->ids_path && (o->batch_given || o->seq_given))
@@ -721,14 +709,9 @@ static int parse_opts(int argc, char **argv, opts_t *o) {
 }
 
 int cmd_precision_report(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            puts(help_text);
-            return 0;
-        }
     opts_t o;
     int status = parse_opts(argc, argv, &o);
-    if (status) return status;
+    if (status) return status < 0 ? 0 : status;
     whale_set_threads(o.threads);
 
     whale_err err;

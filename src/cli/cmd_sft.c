@@ -38,21 +38,6 @@ static const char sft_usage[] =
     "      into a new run folder (the steps after it are those the run would have taken)\n"
     "writes DIR/vN-YYYYMMDD-HHMMSS/{args.json,logging.jsonl,checkpoint-STEP/}; prints a JSON summary";
 
-/* "--lora_rank" → "--lora-rank": ms-swift's spelling is accepted too. */
-static void canonical_option(const char *a, char *out, size_t cap) {
-    snprintf(out, cap, "%s", a);
-    for (char *p = out + 2; *p; p++)
-        if (*p == '_') *p = '-';
-}
-
-/* The values after option i up to the next option (at least one). */
-static int multi_values(int argc, char **argv, int *i, const char **vals, int cap) {
-    int n = 0;
-    while (*i + 1 < argc && (argv[*i + 1][0] != '-' || !argv[*i + 1][1]) && n < cap)
-        vals[n++] = argv[++*i];
-    return n;
-}
-
 /* Print a sample's text with the trained bytes inside [[ ]]. */
 static whale_code show_sample(whale_sft_dataset *ds, int64_t i, whale_err *err) {
     char *text;
@@ -122,174 +107,152 @@ out:
     return status;
 }
 
+/* The options as cli_parse leaves them; sft_options turns them into the run's. */
+typedef struct {
+    const char *tuner, *schedule, *loss_scope, *truncation, *bad_records;
+    const char *names[2], *authors[2];
+    cli_list data, val, targets;
+    long lora_rank, max_steps, batch_size, grad_accum, max_length, seed, save_steps, eval_steps, save_total_limit;
+    long logging_steps, threads, zero, eval_batch, workers, n_show;
+    int strict;
+    char target_list[2048];
+} sft_cli;
+
+/* Parse argv into c and o (0, -1 after --help, or the usage status). */
+static int sft_parse(int argc, char **argv, sft_cli *c, whale_sft_run_opts *o) {
+    const cli_opt table[] = {
+        {"-m|--model", CLI_STR, &o->model, 0, 0, NULL},
+        {"--data|--dataset", CLI_LIST, &c->data, 0, 0, NULL},
+        {"--val-dataset", CLI_LIST, &c->val, 0, 0, NULL},
+        {"--out|--output-dir", CLI_STR, &o->out, 0, 0, NULL},
+        {"--train-type|--tuner-type", CLI_STR, &c->tuner, 0, 0, NULL},
+        {"--dtype|--torch-dtype", CLI_DTYPE, &o->dtype, 0, 0, NULL},
+        {"--chat-template|--template", CLI_STR, &o->chat_template, 0, 0, NULL},
+        {"--system", CLI_STR, &o->data_opts.system, 0, 0, NULL},
+        {"--resume|--resume-from-checkpoint", CLI_STR, &o->resume, 0, 0, NULL},
+        {"--loss-scope", CLI_STR, &c->loss_scope, 0, 0, NULL},
+        {"--truncation-strategy", CLI_STR, &c->truncation, 0, 0, NULL},
+        {"--bad-records|--on-bad-record", CLI_STR, &c->bad_records, 0, 0, NULL},
+        {"--strict", CLI_FLAG, &c->strict, 0, 0, NULL},
+        {"--lr-scheduler|--lr-scheduler-type", CLI_STR, &c->schedule, 0, 0, NULL},
+        {"--model-name", CLI_PAIR, c->names, 0, 0, NULL},
+        {"--model-author", CLI_PAIR, c->authors, 0, 0, NULL},
+        {"--target-modules", CLI_LIST, &c->targets, 0, 0, NULL},
+        {"--packing", CLI_FLAG, &o->data_opts.packing, 0, 0, NULL},
+        {"--gradient-checkpointing|--recompute", CLI_FLAG, &o->recompute, 0, 0, NULL},
+        {"--nan-check", CLI_FLAG, &o->nan_check, 0, 0, NULL},
+        {"--quiet", CLI_FLAG, &o->quiet, 0, 0, NULL},
+        {"--use-rslora", CLI_FLAG, &o->lora.use_rslora, 0, 0, NULL},
+        {"--save-only-model", CLI_FLAG, &o->save_only_model, 0, 0, NULL},
+        {"--dry-run", CLI_COUNT, &c->n_show, 0, 1L << 30, "3"},
+        {"--lora-rank", CLI_LONG, &c->lora_rank, 1, 1 << 16, NULL},
+        {"--lora-alpha", CLI_DOUBLE, &o->lora.alpha, 1e-6, 1e6, NULL},
+        {"--lora-dropout", CLI_DOUBLE, &o->lora.dropout, 0, 0.99, NULL},
+        {"--lr|--learning-rate", CLI_DOUBLE, &o->lr, 1e-12, 10, NULL},
+        {"--epochs|--num-train-epochs", CLI_DOUBLE, &o->epochs, 1e-6, 1e6, NULL},
+        {"--max-steps", CLI_LONG, &c->max_steps, 1, 1L << 40, NULL},
+        {"--batch-size|--per-device-train-batch-size", CLI_LONG, &c->batch_size, 1, 65536, NULL},
+        {"--grad-accum|--gradient-accumulation-steps", CLI_LONG, &c->grad_accum, 1, 65536, NULL},
+        {"--max-length", CLI_LONG, &c->max_length, 2, 1 << 24, NULL},
+        {"--warmup-ratio", CLI_DOUBLE, &o->warmup_ratio, 0, 1, NULL},
+        {"--weight-decay", CLI_DOUBLE, &o->weight_decay, 0, 10, NULL},
+        {"--max-grad-norm", CLI_DOUBLE, &o->max_grad_norm, 0, 1e9, NULL},
+        {"--seed", CLI_LONG, &c->seed, 0, 0x7fffffffffffffffL, NULL},
+        {"--save-steps", CLI_LONG, &c->save_steps, 1, 1L << 40, NULL},
+        {"--eval-steps", CLI_LONG, &c->eval_steps, 1, 1L << 40, NULL},
+        {"--split-dataset-ratio", CLI_DOUBLE, &o->split_ratio, 0, 0.999999, NULL},
+        {"--save-total-limit", CLI_LONG, &c->save_total_limit, 0, 1 << 20, NULL},
+        {"--logging-steps", CLI_LONG, &c->logging_steps, 1, 1L << 40, NULL},
+        {"--threads", CLI_LONG, &c->threads, 1, 1024, NULL},
+        {"--zero", CLI_LONG, &c->zero, 0, 1, NULL},
+        {"--per-device-eval-batch-size", CLI_LONG, &c->eval_batch, 1, 65536, NULL},
+        {"--dataloader-num-workers", CLI_LONG, &c->workers, 0, 1024, NULL},
+        {"--memory-limit", CLI_DOUBLE, &o->memory_limit, 1e-3, 1e6, NULL},
+        {NULL, 0, NULL, 0, 0, NULL},
+    };
+    return cli_parse("sft", sft_usage, argc, argv, table, NULL, NULL);
+}
+
+/* The named values and the integers of c into o; 0 or the usage status. */
+static int sft_options(sft_cli *c, whale_sft_run_opts *o) {
+    whale_err err;
+    if (c->tuner && !strcmp(c->tuner, "lora")) o->tuner = WHALE_TUNE_LORA;
+    else if (c->tuner && !strcmp(c->tuner, "full")) o->tuner = WHALE_TUNE_FULL;
+    else if (c->tuner) return cli_usage("sft", "--train-type must be lora or full, got \"%s\"", c->tuner);
+    if (c->schedule && !strcmp(c->schedule, "constant")) o->schedule = WHALE_LR_CONSTANT;
+    else if (c->schedule && !strcmp(c->schedule, "linear")) o->schedule = WHALE_LR_LINEAR;
+    else if (c->schedule && !strcmp(c->schedule, "cosine")) o->schedule = WHALE_LR_COSINE;
+    else if (c->schedule)
+        return cli_usage("sft", "--lr-scheduler must be constant, linear or cosine, got \"%s\"", c->schedule);
+    if ((c->loss_scope && whale_sft_loss_scope_from_name(c->loss_scope, &o->data_opts.loss_scope, &err)) ||
+        (c->truncation && whale_sft_truncation_from_name(c->truncation, &o->data_opts.truncation, &err)) ||
+        (c->bad_records && whale_sft_bad_policy_from_name(c->bad_records, &o->data_opts.bad_records, &err)))
+        return cli_usage("sft", "%s", err.msg);
+    if (c->strict >= 0) o->data_opts.bad_records = c->strict ? WHALE_SFT_BAD_FAIL : WHALE_SFT_BAD_SKIP;
+    for (int t = 0; t < c->targets.n; t++) { /* all-linear, or module names joined by commas */
+        if (strlen(c->target_list) + strlen(c->targets.v[t]) + 2 > sizeof c->target_list)
+            return cli_usage("sft", "--target-modules: too many names");
+        if (t) strcat(c->target_list, ",");
+        strcat(c->target_list, c->targets.v[t]);
+    }
+    if (c->targets.n) o->lora.target_modules = c->target_list;
+    o->lora.rank = (int)c->lora_rank, o->max_steps = c->max_steps, o->batch_size = (int)c->batch_size;
+    o->grad_accum = (int)c->grad_accum, o->data_opts.max_length = (int)c->max_length, o->seed = (uint64_t)c->seed;
+    o->save_steps = c->save_steps, o->eval_steps = c->eval_steps, o->save_total_limit = (int)c->save_total_limit;
+    o->logging_steps = c->logging_steps, o->zero = (int)c->zero;
+    o->data = c->data.v, o->n_data = c->data.n, o->val_data = c->val.v, o->n_val_data = c->val.n;
+    o->data_opts.model_name[0] = c->names[0], o->data_opts.model_name[1] = c->names[1];
+    o->data_opts.model_author[0] = c->authors[0], o->data_opts.model_author[1] = c->authors[1];
+    o->memory_limit *= 1073741824.0; /* GiB */
+    return 0;
+}
+
+/* The run's summary, one JSON line (and the records it passed over). */
+static void print_result(const whale_sft_result *res) {
+    if (res->skipped_records)
+        fprintf(stderr, "sft: skipped %lld bad record%s (--bad-records error to stop at the first); the first: %s\n",
+                (long long)res->skipped_records, res->skipped_records == 1 ? "" : "s", res->first_bad);
+    printf("{\"steps\": %lld, \"loss\": %.6f, \"seconds\": %.1f, \"tokens_per_s\": %.1f, \"trainable_params\": %lld, "
+           "\"run_dir\": \"%s\", \"last_checkpoint\": \"%s\"",
+           (long long)res->steps, res->last_loss, res->seconds, res->tokens_per_s, (long long)res->trainable_params,
+           res->run_dir, res->last_checkpoint);
+    if (res->best_checkpoint[0])
+        printf(", \"eval_loss\": %.6f, \"eval_token_acc\": %.6f, \"best_model_checkpoint\": \"%s\", \"best_metric\": %.6f",
+               res->eval_loss, res->eval_token_acc, res->best_checkpoint, res->best_metric);
+    printf("}\n");
+}
+
 int cmd_sft(int argc, char **argv) {
     whale_sft_run_opts o = whale_sft_run_defaults();
     o.data_opts.bad_records = WHALE_SFT_BAD_SKIP; /* ms-swift drops malformed rows unless --strict */
-    int strict = -1;
-    o.dtype = CLI_DTYPE_AUTO; /* the checkpoint's, as ms-swift's torch_dtype */
+    o.dtype = CLI_DTYPE_AUTO;                     /* the checkpoint's, as ms-swift's torch_dtype */
     o.out = "output";
-    const char *data[256], *val[64], *names[2] = {0}, *authors[2] = {0}, *targets[64];
-    char target_list[2048] = "";
-    long threads = 0, n_show = -1, eval_batch = 0, workers = -1;
-    int n_data = 0, n_val = 0;
+    sft_cli c = {.lora_rank = o.lora.rank, .max_steps = o.max_steps, .batch_size = o.batch_size,
+                 .grad_accum = o.grad_accum, .max_length = o.data_opts.max_length, .seed = (long)o.seed,
+                 .save_steps = o.save_steps, .eval_steps = o.eval_steps, .save_total_limit = o.save_total_limit,
+                 .logging_steps = o.logging_steps, .zero = o.zero, .workers = -1, .n_show = -1, .strict = -1};
     char cmdline[8192];
     cli_command_line(argc, argv, cmdline, sizeof cmdline); /* recorded in args.json */
     o.command_line = cmdline;
-    for (int i = 1; i < argc; i++) {
-        char a[64];
-        const char *v;
-        canonical_option(argv[i], a, sizeof a);
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            puts(sft_usage);
-            return 0;
-        }
-        int bad = 0;
-        long n = 0;
-        double d = 0;
-        /* booleans (a flag, or followed by true/false/1/0) and options with several values */
-        if (cli_bool_option(argc, argv, &i, "--packing", &o.data_opts.packing) ||
-            cli_bool_option(argc, argv, &i, "--gradient-checkpointing", &o.recompute) ||
-            cli_bool_option(argc, argv, &i, "--recompute", &o.recompute) ||
-            cli_bool_option(argc, argv, &i, "--nan-check", &o.nan_check) ||
-            cli_bool_option(argc, argv, &i, "--quiet", &o.quiet) ||
-            cli_bool_option(argc, argv, &i, "--use-rslora", &o.lora.use_rslora) ||
-            cli_bool_option(argc, argv, &i, "--save-only-model", &o.save_only_model))
-            continue;
-        if (cli_bool_option(argc, argv, &i, "--strict", &strict)) { /* ms-swift's spelling */
-            o.data_opts.bad_records = strict ? WHALE_SFT_BAD_FAIL : WHALE_SFT_BAD_SKIP;
-            continue;
-        }
-        if (!strcmp(a, "--dry-run")) {
-            n_show = 3;
-            if (i + 1 < argc && argv[i + 1][0] != '-' && cli_int("sft", a, argv[++i], 0, 1L << 30, &n_show)) return 2;
-            continue;
-        }
-        if (!strcmp(a, "--data") || !strcmp(a, "--dataset")) {
-            int k = multi_values(argc, argv, &i, data + n_data, 256 - n_data);
-            if (!k) return cli_usage("sft", "%s needs one or more files", argv[i]);
-            n_data += k;
-            continue;
-        }
-        if (!strcmp(a, "--val-dataset")) {
-            int k = multi_values(argc, argv, &i, val + n_val, 64 - n_val);
-            if (!k) return cli_usage("sft", "%s needs one or more files", argv[i]);
-            n_val += k;
-            continue;
-        }
-        if (!strcmp(a, "--model-name") || !strcmp(a, "--model-author")) {
-            const char **dst = a[8] == 'n' ? names : authors;
-            int k = multi_values(argc, argv, &i, dst, 2);
-            if (!k) return cli_usage("sft", "%s needs one or two values (Chinese, English)", argv[i]);
-            if (i + 1 < argc && argv[i + 1][0] != '-') return cli_usage("sft", "%s takes at most two values", a);
-            continue;
-        }
-        if (!strcmp(a, "--target-modules")) {
-            int k = multi_values(argc, argv, &i, targets, 64);
-            if (!k) return cli_usage("sft", "--target-modules needs all-linear or module names");
-            target_list[0] = 0;
-            for (int t = 0; t < k; t++) {
-                if (strlen(target_list) + strlen(targets[t]) + 2 > sizeof target_list)
-                    return cli_usage("sft", "--target-modules: too many names");
-                if (t) strcat(target_list, ",");
-                strcat(target_list, targets[t]);
-            }
-            o.lora.target_modules = target_list;
-            continue;
-        }
-        if (!(v = cli_value(argc, argv, &i))) return cli_usage("sft", "%s needs a value", argv[i]);
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) o.model = v;
-        else if (!strcmp(a, "--out") || !strcmp(a, "--output-dir")) o.out = v;
-        else if (!strcmp(a, "--train-type") || !strcmp(a, "--tuner-type")) {
-            if (!strcmp(v, "lora")) o.tuner = WHALE_TUNE_LORA;
-            else if (!strcmp(v, "full")) o.tuner = WHALE_TUNE_FULL;
-            else return cli_usage("sft", "%s must be lora or full, got \"%s\"", argv[i - 1], v);
-        } else if (!strcmp(a, "--dtype") || !strcmp(a, "--torch-dtype")) {
-            if ((bad = cli_dtype("sft", v, &o.dtype))) return bad;
-        } else if (!strcmp(a, "--chat-template") || !strcmp(a, "--template")) o.chat_template = v;
-        else if (!strcmp(a, "--system")) o.data_opts.system = v;
-        else if (!strcmp(a, "--resume") || !strcmp(a, "--resume-from-checkpoint")) o.resume = v;
-        else if (!strcmp(a, "--loss-scope")) {
-            whale_err err;
-            if (whale_sft_loss_scope_from_name(v, &o.data_opts.loss_scope, &err)) return cli_usage("sft", "%s", err.msg);
-        } else if (!strcmp(a, "--truncation-strategy")) {
-            whale_err err;
-            if (whale_sft_truncation_from_name(v, &o.data_opts.truncation, &err)) return cli_usage("sft", "%s", err.msg);
-        } else if (!strcmp(a, "--bad-records") || !strcmp(a, "--on-bad-record")) {
-            whale_err err;
-            if (whale_sft_bad_policy_from_name(v, &o.data_opts.bad_records, &err)) return cli_usage("sft", "%s", err.msg);
-        } else if (!strcmp(a, "--lr-scheduler") || !strcmp(a, "--lr-scheduler-type")) {
-            if (!strcmp(v, "constant")) o.schedule = WHALE_LR_CONSTANT;
-            else if (!strcmp(v, "linear")) o.schedule = WHALE_LR_LINEAR;
-            else if (!strcmp(v, "cosine")) o.schedule = WHALE_LR_COSINE;
-            else return cli_usage("sft", "%s must be constant, linear or cosine, got \"%s\"", argv[i - 1], v);
-        }
-#define INT_OPT(name, lo, hi, dst) else if (!strcmp(a, name)) { if (!(bad = cli_int("sft", argv[i - 1], v, lo, hi, &n))) dst = n; }
-#define FLT_OPT(name, lo, hi, dst) else if (!strcmp(a, name)) { if (!(bad = cli_float("sft", argv[i - 1], v, lo, hi, &d))) dst = d; }
-        INT_OPT("--lora-rank", 1, 1 << 16, o.lora.rank)
-        FLT_OPT("--lora-alpha", 1e-6, 1e6, o.lora.alpha)
-        FLT_OPT("--lora-dropout", 0, 0.99, o.lora.dropout)
-        FLT_OPT("--lr", 1e-12, 10, o.lr)
-        FLT_OPT("--learning-rate", 1e-12, 10, o.lr)
-        FLT_OPT("--epochs", 1e-6, 1e6, o.epochs)
-        FLT_OPT("--num-train-epochs", 1e-6, 1e6, o.epochs)
-        INT_OPT("--max-steps", 1, 1L << 40, o.max_steps)
-        INT_OPT("--batch-size", 1, 65536, o.batch_size)
-        INT_OPT("--per-device-train-batch-size", 1, 65536, o.batch_size)
-        INT_OPT("--grad-accum", 1, 65536, o.grad_accum)
-        INT_OPT("--gradient-accumulation-steps", 1, 65536, o.grad_accum)
-        INT_OPT("--max-length", 2, 1 << 24, o.data_opts.max_length)
-        FLT_OPT("--warmup-ratio", 0, 1, o.warmup_ratio)
-        FLT_OPT("--weight-decay", 0, 10, o.weight_decay)
-        FLT_OPT("--max-grad-norm", 0, 1e9, o.max_grad_norm)
-        INT_OPT("--seed", 0, 0x7fffffffffffffffL, o.seed)
-        INT_OPT("--save-steps", 1, 1L << 40, o.save_steps)
-        INT_OPT("--eval-steps", 1, 1L << 40, o.eval_steps)
-        FLT_OPT("--split-dataset-ratio", 0, 0.999999, o.split_ratio)
-        INT_OPT("--save-total-limit", 0, 1 << 20, o.save_total_limit)
-        INT_OPT("--logging-steps", 1, 1L << 40, o.logging_steps)
-        INT_OPT("--threads", 1, 1024, threads)
-        INT_OPT("--zero", 0, 1, o.zero)
-        INT_OPT("--per-device-eval-batch-size", 1, 65536, eval_batch)
-        INT_OPT("--dataloader-num-workers", 0, 1024, workers)
-        FLT_OPT("--memory-limit", 1e-3, 1e6, o.memory_limit)
-        else return cli_usage("sft", "unknown option \"%s\"", argv[i - 1]);
-#undef INT_OPT
-#undef FLT_OPT
-        if (bad) return bad;
-    }
-    if (!o.model || !n_data) return cli_usage("sft", "-m BASE_DIR and --data FILE.jsonl are required");
-    if (o.dtype == CLI_DTYPE_AUTO && (o.dtype = cli_checkpoint_dtype(o.model)) != WHALE_F32 && !o.quiet && n_show < 0)
+    int st = sft_parse(argc, argv, &c, &o);
+    if (st) return st < 0 ? 0 : st;
+    if ((st = sft_options(&c, &o))) return st;
+    if (!o.model || !o.n_data) return cli_usage("sft", "-m BASE_DIR and --data FILE.jsonl are required");
+    if (o.dtype == CLI_DTYPE_AUTO && (o.dtype = cli_checkpoint_dtype(o.model)) != WHALE_F32 && !o.quiet && c.n_show < 0)
         fprintf(stderr, "sft: %s, the checkpoint's dtype (--torch_dtype to change)\n", whale_dtype_torch_name(o.dtype));
     if (o.dtype == WHALE_I8 && o.tuner != WHALE_TUNE_LORA)
         return cli_usage("sft", "int8 is an inference format: full fine-tuning runs in fp32, bf16 or fp16; "
                                 "--dtype int8 takes --train-type lora (adapters on a frozen int8 base)");
-    o.memory_limit *= 1073741824.0; /* GiB */
-    o.data = data;
-    o.n_data = n_data;
-    o.val_data = val;
-    o.n_val_data = n_val;
-    o.data_opts.model_name[0] = names[0], o.data_opts.model_name[1] = names[1];
-    o.data_opts.model_author[0] = authors[0], o.data_opts.model_author[1] = authors[1];
-    if (n_show >= 0) return dry_run(&o, n_show);
-    if (!o.quiet && workers >= 0)
+    if (c.n_show >= 0) return dry_run(&o, c.n_show);
+    if (!o.quiet && c.workers >= 0)
         fprintf(stderr, "sft: note: --dataloader_num_workers has no effect (the data is tokenized once, up front)\n");
-    if (!o.quiet && eval_batch && eval_batch != o.batch_size)
+    if (!o.quiet && c.eval_batch && c.eval_batch != o.batch_size)
         fprintf(stderr, "sft: note: evaluation runs --per_device_train_batch_size (%d) rows at a time, not %ld\n",
-                o.batch_size, eval_batch);
-    whale_set_threads((int)threads);
+                o.batch_size, c.eval_batch);
+    whale_set_threads((int)c.threads);
     whale_err err;
     whale_sft_result res;
     if (whale_sft_run(&o, &res, &err)) return cli_fail(&err);
-    if (res.skipped_records)
-        fprintf(stderr, "sft: skipped %lld bad record%s (--bad-records error to stop at the first); the first: %s\n",
-                (long long)res.skipped_records, res.skipped_records == 1 ? "" : "s", res.first_bad);
-    printf("{\"steps\": %lld, \"loss\": %.6f, \"seconds\": %.1f, \"tokens_per_s\": %.1f, \"trainable_params\": %lld, "
-           "\"run_dir\": \"%s\", \"last_checkpoint\": \"%s\"",
-           (long long)res.steps, res.last_loss, res.seconds, res.tokens_per_s, (long long)res.trainable_params,
-           res.run_dir, res.last_checkpoint);
-    if (res.best_checkpoint[0])
-        printf(", \"eval_loss\": %.6f, \"eval_token_acc\": %.6f, \"best_model_checkpoint\": \"%s\", \"best_metric\": %.6f",
-               res.eval_loss, res.eval_token_acc, res.best_checkpoint, res.best_metric);
-    printf("}\n");
+    print_result(&res);
     return 0;
 }

@@ -8,12 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int wants_help(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
-    return 0;
-}
-
 /* Print token bytes readably: printable text as is, the usual escapes for
  * control characters, \xNN for the rest and for bytes that are not whole
  * UTF-8 (a token may hold part of a character). */
@@ -54,36 +48,30 @@ static void print_piece(const unsigned char *s, size_t n) {
     putchar('"');
 }
 
+static const char tokenize_help[] =
+    "usage: whale tokenize -m DIR (TEXT | --file FILE) [--show] [--add-special]\n"
+    "  prints the token ids, comma-separated; --show prints one token per line:\n"
+    "  its id and its text (escapes for control characters and partial UTF-8).\n"
+    "  DIR holds tokenizer.json (and tokenizer_config.json); --add-special adds\n"
+    "  the BOS/EOS the tokenizer is configured to add.";
+
 int cmd_tokenize(int argc, char **argv) {
     const char *dir = NULL, *file = NULL, *text = NULL;
     int show = 0, add_special = 0;
-    if (wants_help(argc, argv)) {
-        puts("usage: whale tokenize -m DIR (TEXT | --file FILE) [--show] [--add-special]\n"
-             "  prints the token ids, comma-separated; --show prints one token per line:\n"
-             "  its id and its text (escapes for control characters and partial UTF-8).\n"
-             "  DIR holds tokenizer.json (and tokenizer_config.json); --add-special adds\n"
-             "  the BOS/EOS the tokenizer is configured to add.");
-        return 0;
-    }
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--file")) {
-            const char *v = cli_value(argc, argv, &i);
-            if (!v) return cli_usage("tokenize", "%s needs a value", a);
-            if (!strcmp(a, "--file")) file = v;
-            else dir = v;
-        } else if (!strcmp(a, "--show")) {
-            show = 1;
-        } else if (!strcmp(a, "--add-special")) {
-            add_special = 1;
-        } else if (a[0] == '-' && a[1]) {
-            return cli_usage("tokenize", "unknown option \"%s\"", a);
-        } else if (text) {
-            return cli_usage("tokenize", "give the text as one argument (quote it)");
-        } else {
-            text = a;
-        }
-    }
+    cli_args args = {0};
+    const cli_opt table[] = {
+        {"-m|--model", CLI_STR, &dir, 0, 0, NULL},
+        {"--file", CLI_STR, &file, 0, 0, NULL},
+        {"--show", CLI_SWITCH, &show, 0, 0, NULL},
+        {"--add-special", CLI_SWITCH, &add_special, 0, 0, NULL},
+        {"TEXT", CLI_ARGS, &args, 0, 0, NULL},
+        {NULL, 0, NULL, 0, 0, NULL},
+    };
+    int parsed = cli_parse("tokenize", tokenize_help, argc, argv, table, NULL, NULL);
+    if (args.n == 1) text = args.v[0];
+    free(args.v);
+    if (parsed) return parsed < 0 ? 0 : parsed;
+    if (args.n > 1) return cli_usage("tokenize", "give the text as one argument (quote it)");
     if (!dir) return cli_usage("tokenize", "-m DIR is required");
     if (!text == !file) return cli_usage("tokenize", "give either TEXT or --file FILE");
     whale_err err;
@@ -125,28 +113,22 @@ int cmd_tokenize(int argc, char **argv) {
     return 0;
 }
 
+static const char detokenize_help[] =
+    "usage: whale detokenize -m DIR --ids 1,2,3 [--skip-special]\n"
+    "  prints the decoded text exactly (no newline is added); --skip-special\n"
+    "  leaves out the tokens marked special (BOS, EOS, ...)";
+
 int cmd_detokenize(int argc, char **argv) {
     const char *dir = NULL, *list = NULL;
     int skip = 0;
-    if (wants_help(argc, argv)) {
-        puts("usage: whale detokenize -m DIR --ids 1,2,3 [--skip-special]\n"
-             "  prints the decoded text exactly (no newline is added); --skip-special\n"
-             "  leaves out the tokens marked special (BOS, EOS, ...)");
-        return 0;
-    }
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--ids")) {
-            const char *v = cli_value(argc, argv, &i);
-            if (!v) return cli_usage("detokenize", "%s needs a value", a);
-            if (!strcmp(a, "--ids")) list = v;
-            else dir = v;
-        } else if (!strcmp(a, "--skip-special")) {
-            skip = 1;
-        } else {
-            return cli_usage("detokenize", "unknown option \"%s\"", a);
-        }
-    }
+    const cli_opt table[] = {
+        {"-m|--model", CLI_STR, &dir, 0, 0, NULL},
+        {"--ids", CLI_STR, &list, 0, 0, NULL},
+        {"--skip-special", CLI_SWITCH, &skip, 0, 0, NULL},
+        {NULL, 0, NULL, 0, 0, NULL},
+    };
+    int parsed = cli_parse("detokenize", detokenize_help, argc, argv, table, NULL, NULL);
+    if (parsed) return parsed < 0 ? 0 : parsed;
     if (!dir || !list) return cli_usage("detokenize", "-m DIR and --ids are required");
     int32_t *ids;
     int n, status = cli_parse_id_list("detokenize", list, &ids, &n);

@@ -25,7 +25,7 @@ static const char train_help[] =
     "\n"
     "  ids: 0 <｜begin▁of▁sentence｜>, 1 <｜end▁of▁sentence｜>, 2 <｜▁pad▁｜>, 3-258 bytes,\n"
     "  then merges, then <｜User｜>, <｜Assistant｜> and the --special tokens.\n"
-    "  See docs/tokenizer-training.md.\n";
+    "  See docs/tokenizer-training.md.";
 
 typedef struct {
     int tty; /* stderr is a terminal: progress overwrites itself */
@@ -42,101 +42,65 @@ static void on_progress(void *user, const char *stage, int64_t done, int64_t tot
     fflush(stderr);
 }
 
-static int cmd_train(int argc, char **argv) {
-    whale_bpe_train_opts opts;
-    whale_bpe_train_defaults(&opts);
-    const char *out = NULL;
-    int have_vocab = 0, quiet = 0, n_files = 0, n_special = 0, status;
-    const char **files = calloc((size_t)argc, sizeof *files);
-    const char **special = calloc((size_t)argc, sizeof *special);
-    if (!files || !special) {
-        free(files);
-        free(special);
-        fprintf(stderr, "whale: out of memory\n");
-        return 7;
-    }
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        long v;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(train_help, stdout);
-            status = 0;
-            goto done;
-        }
-        if (!strcmp(a, "--quiet")) {
-            quiet = 1;
-            continue;
-        }
-        if (a[0] == '-' && a[1] == '-' && !a[2]) { /* "--": the rest are files */
-            while (++i < argc) files[n_files++] = argv[i];
-            break;
-        }
-        if (a[0] != '-' || !a[1]) {
-            files[n_files++] = a;
-            continue;
-        }
-        const char *val = cli_value(argc, argv, &i);
-        if (strcmp(a, "--vocab-size") && strcmp(a, "--out") && strcmp(a, "--special") && strcmp(a, "--min-frequency") &&
-            strcmp(a, "--model-max-length")) {
-            status = cli_usage("tokenizer train", "unknown option \"%s\"", a);
-            goto done;
-        }
-        if (!val) {
-            status = cli_usage("tokenizer train", "%s needs a value", a);
-            goto done;
-        }
-        if (!strcmp(a, "--out")) {
-            out = val;
-        } else if (!strcmp(a, "--special")) {
-            special[n_special++] = val;
-        } else {
-            if ((status = cli_int("tokenizer train", a, val, 1, 1L << 30, &v))) goto done;
-            if (!strcmp(a, "--vocab-size")) opts.vocab_size = (int)v, have_vocab = 1;
-            else if (!strcmp(a, "--min-frequency")) opts.min_frequency = (int)v;
-            else opts.model_max_length = (int)v;
-        }
-    }
-    if (!have_vocab || !out) {
-        status = cli_usage("tokenizer train", "--vocab-size N and --out DIR are required");
-        goto done;
-    }
-    if (!n_files) {
-        status = cli_usage("tokenizer train", "no input files");
-        goto done;
-    }
+/* Train on the files into out and print what was made. */
+static int train_files(whale_bpe_train_opts *opts, const cli_args *files, const char *out, int quiet) {
     progress_state ps = {isatty(2)};
-    opts.extra_special = special;
-    opts.n_extra_special = n_special;
     if (!quiet) {
-        opts.progress = on_progress;
-        opts.progress_user = &ps;
+        opts->progress = on_progress;
+        opts->progress_user = &ps;
     }
     whale_bpe_train_stats st;
     whale_err err;
-    if (whale_bpe_train(&opts, files, n_files, out, &st, &err)) {
+    if (whale_bpe_train(opts, files->v, files->n, out, &st, &err)) {
         if (!quiet && ps.tty) fputc('\n', stderr);
-        status = cli_fail(&err);
-        goto done;
+        return cli_fail(&err);
     }
-    if (st.vocab_size < opts.vocab_size)
+    if (st.vocab_size < opts->vocab_size)
         fprintf(stderr,
                 "whale tokenizer train: warning: the text ran out of pairs seen %d+ times: vocab is %d, not %d\n",
-                opts.min_frequency, st.vocab_size, opts.vocab_size);
+                opts->min_frequency, st.vocab_size, opts->vocab_size);
     printf("wrote %s/tokenizer.json: vocab %d (%d merges), %.1f MB of text, %lld pre-tokens (%lld distinct); "
            "counting %.2f s, merging %.2f s\n",
            out, st.vocab_size, st.n_merges, (double)st.n_bytes / 1e6, (long long)st.n_words,
            (long long)st.n_unique_words, st.seconds_count, st.seconds_merge);
-    status = 0;
-done:
-    free(files);
-    free(special);
+    return 0;
+}
+
+static int cmd_train(int argc, char **argv) {
+    whale_bpe_train_opts opts;
+    whale_bpe_train_defaults(&opts);
+    const char *out = NULL;
+    long vocab = 0, min_freq = opts.min_frequency, max_len = opts.model_max_length;
+    int quiet = 0;
+    cli_list special = {0};
+    cli_args files = {0};
+    const cli_opt table[] = {
+        {"--vocab-size", CLI_LONG, &vocab, 1, 1L << 30, NULL},
+        {"--out", CLI_STR, &out, 0, 0, NULL},
+        {"--special", CLI_EACH, &special, 0, 0, NULL},
+        {"--min-frequency", CLI_LONG, &min_freq, 1, 1L << 30, NULL},
+        {"--model-max-length", CLI_LONG, &max_len, 1, 1L << 30, NULL},
+        {"--quiet", CLI_SWITCH, &quiet, 0, 0, NULL},
+        {"FILE", CLI_ARGS, &files, 0, 0, NULL},
+        {NULL, 0, NULL, 0, 0, NULL},
+    };
+    int status = cli_parse("tokenizer train", train_help, argc, argv, table, NULL, NULL);
+    if (status) status = status < 0 ? 0 : status;
+    else if (!vocab || !out) status = cli_usage("tokenizer train", "--vocab-size N and --out DIR are required");
+    else if (!files.n) status = cli_usage("tokenizer train", "no input files");
+    else {
+        opts.vocab_size = (int)vocab, opts.min_frequency = (int)min_freq, opts.model_max_length = (int)max_len;
+        opts.extra_special = special.v, opts.n_extra_special = special.n;
+        status = train_files(&opts, &files, out, quiet);
+    }
+    free(files.v);
     return status;
 }
 
 int cmd_tokenizer(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "train")) return cmd_train(argc - 1, argv + 1);
     if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
-        fputs(train_help, stdout);
+        puts(train_help);
         return 0;
     }
     if (argc < 2) return cli_usage("tokenizer", "expected a subcommand: train");
