@@ -14,7 +14,7 @@
  *      build/libwhale.a -lpcre2-8 -lcjson -ldnnl -fopenmp -lm -o build/bench_bpe_train
  */
 #include "core/core.h"
-#include "io/bpe_train.h"
+#include "whale_bpe.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -34,6 +34,7 @@
 #include "core/core.h"
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
+#include "whale_bench.h"
 
 #include <omp.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* Token-id files (whale score / grad / diagnose --ids). */
 #include "fuzz_util.h"
-#include "io/ids.h"
+#include "whale_data.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char path[512];

@@ -1,7 +1,7 @@
 /* safetensors: one file (first byte even) or a sharded index (odd) whose
  * shards are two fixed small files. */
 #include "fuzz_util.h"
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
 
 static void write_shard(const char *name, const char *tensor) {
     char path[512], header[256];

@@ -202,6 +202,9 @@ whale_code whale_model_config_json(const whale_model *m, char **json, whale_err 
  * are written to a temporary name, fsynced and renamed. */
 whale_code whale_model_save(const whale_model *m, const char *dir, whale_err *err);
 
+/* The parameter table and config of a preset, config .json or model
+ * directory, with no parameter storage (sizes only: whale memory). */
+whale_code whale_model_skeleton(const char *src, whale_model **out, whale_err *err);
 void whale_model_free(whale_model *m);
 
 const char *whale_model_family(const whale_model *m);

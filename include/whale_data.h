@@ -211,4 +211,10 @@ whale_code whale_dataset_next_batch(const whale_dataset *d, whale_data_cursor *c
 #ifdef __cplusplus
 }
 #endif
+/* Token-id files (JSON arrays of equal-length arrays of ids): */
+/* ids [B*S] from path; every id in [0, vocab). At most WHALE_MAX_BATCH rows
+ * and WHALE_MAX_BATCH_TOKENS ids (WHALE_ERR_RANGE beyond). Free *ids. */
+whale_code whale_read_ids_file(const char *path, int vocab, int32_t **ids, int *B, int *S, whale_err *err);
+
+
 #endif

@@ -214,4 +214,13 @@ whale_code whale_sft_next_batch(whale_sft_dataset *ds, whale_data_cursor *cur, i
 #ifdef __cplusplus
 }
 #endif
+/* Open data files given as FILE or FILE#N and select from them (ratio as
+ * whale_sft_select). Without any #N and with ratio 0 (1) the whole data is
+ * *train (*val) in file order. A file that does not exist is named with
+ * the note that dataset ids are not downloaded. */
+whale_code whale_sft_open_data(const char *const *args, int n, whale_tokenizer *tok, const whale_chat_template *tpl,
+                               const whale_sft_opts *opts, double ratio, uint64_t seed, whale_sft_dataset **train,
+                               whale_sft_dataset **val, whale_err *err);
+
+
 #endif

@@ -5,7 +5,7 @@
  * renders, compares the merges with a naive trainer written here from the
  * definition (counts recomputed from scratch every step), and the error
  * cases. */
-#include "io/bpe_train.h"
+#include "whale_bpe.h"
 #include "whale_chat.h"
 #include "whale_tokenizer.h"
 

@@ -12,7 +12,7 @@
  * configs written back as read; the real shapes' parameter counts. */
 #include "testutil.h"
 
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
 #include "models/model.h"
 #include "models/rope.h"
 #include "whale.h"

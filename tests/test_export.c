@@ -6,7 +6,7 @@
  * memory limit and an output folder that is the base are refused. */
 #include "testutil.h"
 
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
 #include "kernels/convert.h"
 #include "whale.h"
 #include "whale_lora.h"

@@ -18,6 +18,7 @@
 #include "core/core.h"
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
+#include "whale_bench.h"
 #include "testutil.h"
 
 #include <math.h>

@@ -6,7 +6,7 @@
  * sampled entries and the embedding rows of the batch's tokens. */
 #include "testutil.h"
 
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
 #include "whale.h"
 
 #include <math.h>

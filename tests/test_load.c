@@ -3,7 +3,7 @@
 #include "testutil.h"
 
 #include "core/core.h"
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
 #include "kernels/convert.h"
 #include "whale.h"
 

@@ -8,7 +8,7 @@
 #include "testutil.h"
 
 #include "core/core.h"
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
 #include "models/model.h"
 #include "whale.h"
 #include "whale_lora.h"

@@ -11,7 +11,7 @@
 
 #include "backend/backend.h"
 
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
 #include "models/model.h"

@@ -3,7 +3,7 @@
  * parameters without gradient staying untouched. */
 #include "testutil.h"
 
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
 #include "whale.h"
 
 #include <math.h>

@@ -4,7 +4,7 @@
  * coordinates; then the error cases (empty file, malformed line, ...). */
 #include "testutil.h"
 
-#include "train/plot.h"
+#include "whale_plot.h"
 #include "whale.h"
 
 #include <ctype.h>

@@ -13,7 +13,7 @@
  * counts of the real Qwen2.5-0.5B and 7B shapes. */
 #include "testutil.h"
 
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
 #include "models/model.h"
 #include "whale.h"
 #include "whale_lora.h"

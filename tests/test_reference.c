@@ -4,7 +4,7 @@
  * KV cache. */
 #include "testutil.h"
 
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
 #include "whale.h"
 
 #include <math.h>

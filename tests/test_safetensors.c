@@ -1,6 +1,6 @@
 /* safetensors reader and writer: round trips, sharded directories, and one
  * hand-crafted bad file for every validation rule. */
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
 #include "testutil.h"
 
 #include <fcntl.h>

@@ -3,7 +3,7 @@
 #ifndef WHALE_TESTUTIL_H
 #define WHALE_TESTUTIL_H
 
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
 #include "whale.h"
 
 #include <stddef.h>

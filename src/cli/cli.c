@@ -1,9 +1,8 @@
 /* Helpers shared by the commands: errors, option values, the option-table
  * parser, dtypes, sampling options and generation_config.json. */
-#include "cli/cli.h"
+#include "cli.h"
 
-#include "core/core.h"
-#include "models/model.h" /* whale_model_skeleton */
+#include "whale_util.h"
 #include "whale_lora.h"
 #include "whale_train.h"
 

@@ -3,6 +3,7 @@
 #define WHALE_CLI_H
 
 #include "whale.h"
+#include "whale_data.h" /* whale_read_ids_file */
 
 /* Report an error (one line on stderr, "whale: <message>") and return the
  * exit status for it. */
@@ -140,9 +141,6 @@ typedef struct {
  * NULL to skip) what the fine-tuning used. */
 whale_code cli_load_model(const char *dir, const char *adapters, cli_run *run, whale_model **m, char **base_dir,
                           char **tmpl, char **system, whale_err *err);
-
-/* A JSON array of equal-length arrays of token ids, checked against vocab. */
-#include "io/ids.h" /* whale_read_ids_file */
 
 int cmd_info(int argc, char **argv);
 int cmd_memory(int argc, char **argv);

@@ -1,10 +1,10 @@
 /* whale bench: tokens/s and GFLOP/s of forward, prefill and decode, printed
  * next to the ceiling this machine reaches (oneDNN f32 GEMM rate measured on
  * the spot; for decode the weight bytes per token over the read bandwidth). */
-#include "cli/cli.h"
+#include "cli.h"
 
-#include "core/core.h"
-#include "kernels/gemm.h"
+#include "whale_bench.h"
+#include "whale_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,11 +22,8 @@ static void print_machine(void) {
 
 /* The best GEMM rate of the dtype's products at the model's typical shapes. */
 static double gemm_ceiling(whale_dtype dt, whale_err *err) {
-    whale_gemm *g;
-    if (whale_gemm_new(&g, err)) return 0;
-    double a = whale_gemm_measure_gflops_dtype(g, dt, 1024, 1280, 320, 5);
-    double b = whale_gemm_measure_gflops_dtype(g, dt, 1024, 320, 1280, 5);
-    whale_gemm_free(g);
+    double a = whale_measure_gemm_gflops(dt, 1024, 1280, 320, 5, err);
+    double b = a ? whale_measure_gemm_gflops(dt, 1024, 320, 1280, 5, err) : 0;
     return a > b ? a : b;
 }
 

@@ -1,9 +1,9 @@
 /* whale chat: an interactive conversation (like `swift infer`), or one
  * message per line from a pipe. The KV cache is kept between turns: only
  * the part of the re-rendered conversation the model has not seen is fed. */
-#include "cli/cli.h"
+#include "cli.h"
 
-#include "core/core.h"
+#include "whale_util.h"
 #include "whale_chat.h"
 #include "whale_sft.h"
 

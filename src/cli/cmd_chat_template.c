@@ -1,7 +1,7 @@
 /* whale chat-template: apply_chat_template from the command line. */
-#include "cli/cli.h"
+#include "cli.h"
 
-#include "core/core.h"
+#include "whale_util.h"
 #include "whale_chat.h"
 #include "whale_tokenizer.h"
 

@@ -1,7 +1,7 @@
 /* whale data prepare | info: text to token shards, and a look at them. */
-#include "cli/cli.h"
+#include "cli.h"
 
-#include "core/core.h"
+#include "whale_util.h"
 #include "whale_data.h"
 
 #include <errno.h>

@@ -1,7 +1,7 @@
 /* whale diagnose, and the --nan-check helper of score and generate */
-#include "cli/cli.h"
+#include "cli.h"
 
-#include "core/core.h"
+#include "whale_util.h"
 #include "whale_diag.h"
 
 #include <cjson/cJSON.h>

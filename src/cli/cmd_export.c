@@ -1,7 +1,7 @@
 /* whale export: a checkpoint in another dtype, or with a LoRA checkpoint
  * merged in, written one tensor at a time (whale_export_checkpoint): as a
  * Hugging Face folder or as one GGUF file for llama.cpp and Ollama. */
-#include "cli/cli.h"
+#include "cli.h"
 
 #include "whale_lora.h"
 #include "whale_train.h"

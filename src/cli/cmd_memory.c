@@ -2,9 +2,9 @@
  * without allocating anything; with --measure, the run is then made (random
  * weights, one step, in a child process) and its peak resident memory
  * printed next to the estimate. */
-#include "cli/cli.h"
+#include "cli.h"
 
-#include "core/core.h"
+#include "whale_util.h"
 #include "whale_lora.h"
 
 #include <stdio.h>

@@ -1,12 +1,11 @@
 /* whale info / init / score / generate */
-#include "cli/cli.h"
+#include "cli.h"
 
 #include "whale_lora.h"
 #include "whale_train.h"
 
-#include "core/core.h"
-#include "io/safetensors.h"
-#include "models/model.h"
+#include "whale_util.h"
+#include "whale_safetensors.h"
 #include "whale_diag.h"
 
 #include <cjson/cJSON.h>

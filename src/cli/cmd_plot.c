@@ -1,7 +1,7 @@
 /* whale plot: training curves of one or more runs as an SVG chart */
-#include "cli/cli.h"
+#include "cli.h"
 
-#include "train/plot.h"
+#include "whale_plot.h"
 
 #include <stdio.h>
 #include <stdlib.h>

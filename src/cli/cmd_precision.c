@@ -8,10 +8,10 @@
  * with whale_model_load_as, so its peak RSS is that format's alone: the
  * parent loads no weights before the last child has exited. Children hand
  * their logits and expert choices back through files in a temporary folder. */
-#include "cli/cli.h"
+#include "cli.h"
 
-#include "core/core.h"
-#include "train/plot.h"
+#include "whale_util.h"
+#include "whale_plot.h"
 #include "whale_data.h"
 #include "whale_diag.h"
 #include "whale_train.h"

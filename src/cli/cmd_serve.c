@@ -1,10 +1,10 @@
 /* whale serve: an OpenAI-compatible HTTP server (src/serve, docs/serving.md).
  * Runs until SIGTERM or SIGINT, then drains: running requests finish, new
  * ones get 503, and it exits 0. */
-#include "cli/cli.h"
+#include "cli.h"
 
-#include "core/core.h"
-#include "serve/serve.h"
+#include "whale_util.h"
+#include "whale_serve.h"
 
 #include <pthread.h>
 #include <signal.h>

@@ -1,8 +1,8 @@
 /* whale sft: supervised fine-tuning (LoRA or full) on chat data, with
  * ms-swift's option names (dashes or underscores) and run layout. */
-#include "cli/cli.h"
+#include "cli.h"
 
-#include "train/sft_select.h"
+#include "whale_sft.h"
 #include "whale_train.h"
 
 #include <stdio.h>

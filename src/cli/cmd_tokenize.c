@@ -1,7 +1,7 @@
 /* whale tokenize / detokenize */
-#include "cli/cli.h"
+#include "cli.h"
 
-#include "core/core.h"
+#include "whale_util.h"
 #include "whale_tokenizer.h"
 
 #include <stdio.h>

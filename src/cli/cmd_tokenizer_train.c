@@ -1,7 +1,7 @@
 /* whale tokenizer train: byte-level BPE training (src/io/bpe_train.h). */
-#include "cli/cli.h"
+#include "cli.h"
 
-#include "io/bpe_train.h"
+#include "whale_bpe.h"
 
 #include <stdio.h>
 #include <stdlib.h>

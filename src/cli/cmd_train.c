@@ -1,8 +1,8 @@
 /* whale grad: the gradient of the mean loss for every parameter. */
-#include "cli/cli.h"
+#include "cli.h"
 
-#include "core/core.h"
-#include "io/safetensors.h"
+#include "whale_util.h"
+#include "whale_safetensors.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -2,7 +2,7 @@
  * feature macros for the build's -march, as a mask of cli/isa_check.h's
  * bits. Compiled with the build's flags (the function is one constant, so
  * it runs on any x86-64). */
-#include "cli/isa_check.h"
+#include "isa_check.h"
 
 unsigned whale_build_isa(void) {
     unsigned m = 0;

@@ -1,6 +1,6 @@
 /* cli/isa_check.h. This file is compiled for plain x86-64 (see
  * CMakeLists.txt), so the check itself runs on any x86-64 processor. */
-#include "cli/isa_check.h"
+#include "isa_check.h"
 
 #include <string.h>
 #include <unistd.h>

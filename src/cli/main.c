@@ -1,7 +1,7 @@
 /* whale: the nanowhale.c command-line program. */
-#include "cli/cli.h"
+#include "cli.h"
 
-#include "core/core.h"
+#include "whale_util.h"
 #include "whale_dist.h"
 
 #include <stdio.h>

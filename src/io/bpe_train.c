@@ -1,6 +1,6 @@
 /* Byte-level BPE training (see bpe_train.h for the design and the output
  * format, docs/tokenizer-training.md for usage). */
-#include "io/bpe_train.h"
+#include "whale_bpe.h"
 
 #include "core/core.h"
 #include "io/tokenizer.h" /* tok_buf, UTF-8 helpers, PCRE2 */

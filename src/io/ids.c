@@ -1,7 +1,7 @@
 /* Token-id files: a JSON array of equal-length arrays of ids (whale score,
  * grad, diagnose, precision-report), bounded by WHALE_MAX_BATCH rows and
  * WHALE_MAX_BATCH_TOKENS ids. */
-#include "io/ids.h"
+#include "whale_data.h"
 
 #include "core/core.h"
 

@@ -1,6 +1,6 @@
 /* safetensors reader (mmap, strict validation) and streaming writer. */
 #define _POSIX_C_SOURCE 200809L
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
 
 #include "core/core.h"
 

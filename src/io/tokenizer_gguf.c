@@ -1,6 +1,6 @@
 /* What a GGUF file says of a tokenizer (tokenizer.h): llama.cpp's name for
  * its pre-tokenizer, the merges in rank order, the added tokens. */
-#include "io/bpe_train.h" /* whale_deepseek_v3_splits */
+#include "whale_bpe.h" /* whale_deepseek_v3_splits */
 #include "io/tokenizer.h"
 
 #include <stdlib.h>

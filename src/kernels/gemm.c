@@ -22,6 +22,7 @@
  *  call always produces the same bits.
  */
 #include "kernels/gemm.h"
+#include "whale_bench.h"
 
 #include "core/core.h"
 #include "core/cpu.h"
@@ -2224,6 +2225,15 @@ static float read_pass_avx512(const float *buf, long lo, long hi) {
 }
 WHALE_TARGET_END
 #endif
+
+double whale_measure_gemm_gflops(whale_dtype w, int M, int N, int K, int reps, whale_err *err) {
+    whale_gemm *g;
+    if (whale_gemm_new(&g, err)) return 0;
+    double r = whale_gemm_measure_gflops_dtype(g, w, M, N, K, reps);
+    whale_gemm_free(g);
+    if (!r) whale_errf(err, WHALE_ERR_ARG, "cannot measure a %s product of %d x %d x %d", whale_dtype_name(w), M, N, K);
+    return r;
+}
 
 double whale_measure_read_bandwidth(size_t bytes, int reps) {
     const size_t per_block = READ_BLOCK; /* floats per inner step: four 64-byte vectors */

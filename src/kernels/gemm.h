@@ -224,11 +224,6 @@ double whale_gemm_measure_gflops_bf16(whale_gemm *g, int M, int N, int K, int re
  * (nt_bf16), WHALE_F16 (nt_f16) or WHALE_I8 (nt_q8); 0 for other types. */
 double whale_gemm_measure_gflops_dtype(whale_gemm *g, whale_dtype w, int M, int N, int K,
                                        int reps);
-/* Streaming read bandwidth in GB/s over a buffer of `bytes`, read by the
- * current OpenMP threads, each walking four distant parts of its share side
- * by side (the decode kernels' pattern); best of reps. Returns 0 on
- * failure. */
-double whale_measure_read_bandwidth(size_t bytes, int reps);
 
 /* ---- introspection and tuning (benchmarks and tests) ---- */
 

@@ -3,7 +3,7 @@
 #include "models/model.h"
 
 #include "core/core.h"
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"

@@ -8,7 +8,7 @@
 
 #include "backend/backend.h"
 #include "core/core.h"
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
 
 #include <cjson/cJSON.h>
 
@@ -522,9 +522,6 @@ whale_code whale_convert_checkpoint(void *dst, whale_dtype dt, const void *src, 
 whale_code whale_model_reserve_handles(whale_model *m, size_t bytes, whale_err *err);
 void whale_model_release_handles(whale_model *m);
 
-/* The parameter table and config of a preset, config .json or model
- * directory, with no parameter storage (sizes only: whale memory). */
-whale_code whale_model_skeleton(const char *src, whale_model **out, whale_err *err);
 
 /* The dense decoder's hyperparameters as its config sets them, defaults
  * applied (qwen2.c): what a GGUF file records. WHALE_ERR_UNSUPPORTED when m

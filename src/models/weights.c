@@ -13,7 +13,7 @@
 #include "backend/backend.h"
 
 #include "core/core.h"
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
 #include "whale_lora.h"

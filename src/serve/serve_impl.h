@@ -2,7 +2,7 @@
 #ifndef WHALE_SERVE_IMPL_H
 #define WHALE_SERVE_IMPL_H
 
-#include "serve/serve.h"
+#include "whale_serve.h"
 #include "whale_chat.h"
 
 #include <microhttpd.h>

@@ -3,7 +3,7 @@
 #include "whale_lora.h"
 
 #include "core/core.h"
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
 #include "kernels/convert.h"
 #include "models/model.h" /* whale_config_set_dtype */
 #include "io/gguf.h" /* whale_q8_0_quantize */

@@ -7,7 +7,7 @@
 
 #include "whale_lora.h"
 
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
 
 #define EXPORT_RUNTIME_BYTES ((size_t)16 << 20) /* code, libraries, headers, thread pools */
 

@@ -6,7 +6,7 @@
 #include "train/lora_files.h"
 
 #include "core/core.h"
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
 #include "kernels/convert.h"
 #include "models/model.h"
 

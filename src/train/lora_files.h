@@ -4,7 +4,7 @@
 #ifndef WHALE_LORA_FILES_H
 #define WHALE_LORA_FILES_H
 
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
 #include "whale_lora.h"
 
 #define WHALE_PEFT_PREFIX "base_model.model."

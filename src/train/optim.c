@@ -4,7 +4,7 @@
 #include "whale.h"
 
 #include "core/core.h"
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
 #include "kernels/convert.h"
 #include "models/model.h"
 #include "train/step.h"

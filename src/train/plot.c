@@ -6,7 +6,7 @@
  * four points per pixel column (first, min, max, last), which draws the same
  * picture as the full series at a fraction of the size. */
 #define _POSIX_C_SOURCE 200809L
-#include "train/plot.h"
+#include "whale_plot.h"
 
 #include "core/core.h"
 

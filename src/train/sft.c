@@ -8,7 +8,7 @@
 #include "core/core.h"
 #include "dist/dist.h"
 #include "models/model.h"
-#include "train/plot.h"
+#include "whale_plot.h"
 #include "train/sft_select.h"
 #include "train/step.h"
 #include "whale_diag.h"

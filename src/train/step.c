@@ -3,7 +3,7 @@
 #include "train/step.h"
 
 #include "dist/dist.h"
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
 #include "models/model.h"
 #include "whale_diag.h"
 

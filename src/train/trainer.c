@@ -12,7 +12,7 @@
 
 #include "core/core.h"
 #include "dist/dist.h"
-#include "io/safetensors.h"
+#include "whale_safetensors.h"
 #include "kernels/convert.h"
 #include "models/model.h"
 #include "train/step.h"

@@ -1,7 +1,7 @@
 /* Training curves as SVG line charts (whale plot): one or more runs'
  * metrics.jsonl overlaid in one chart, written without a plotting library. */
-#ifndef WHALE_TRAIN_PLOT_H
-#define WHALE_TRAIN_PLOT_H
+#ifndef WHALE_PLOT_H
+#define WHALE_PLOT_H
 
 #include "whale.h"
 

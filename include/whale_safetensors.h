@@ -1,5 +1,5 @@
 /*
- * safetensors.h — read and write Hugging Face .safetensors files.
+ * whale_safetensors.h — read and write Hugging Face .safetensors files.
  *
  * Reading maps each file read-only and hands out pointers into the mapping
  * (zero-copy). Every header is validated strictly: the JSON must be an

@@ -53,8 +53,8 @@
  * Input text with invalid UTF-8 has every maximal invalid subsequence
  * replaced by U+FFFD first, which is what the tokenizer does before encoding.
  */
-#ifndef WHALE_IO_BPE_TRAIN_H
-#define WHALE_IO_BPE_TRAIN_H
+#ifndef WHALE_BPE_H
+#define WHALE_BPE_H
 
 #include "whale.h"
 

@@ -1,5 +1,5 @@
 /*
- * serve.h — `whale serve`: an OpenAI-compatible HTTP server over one model
+ * whale_serve.h — `whale serve`: an OpenAI-compatible HTTP server over one model
  * and one batched session (docs/serving.md).
  *
  * Threads: libmicrohttpd runs one thread per connection; they parse and

@@ -1,0 +1,20 @@
+/* whale_bench.h — the machine's ceilings, measured the way whale bench puts
+ * them beside its speeds. */
+#ifndef WHALE_BENCH_H
+#define WHALE_BENCH_H
+
+#include "whale.h"
+
+#include <stddef.h>
+
+/* Best GFLOP/s over reps of the product [M,K] x [N,K]^T with weights of
+ * type w (fp32, bf16, fp16 or int8), on buffers of its own after one
+ * untimed call; 0 with err set when it cannot run. */
+double whale_measure_gemm_gflops(whale_dtype w, int M, int N, int K, int reps, whale_err *err);
+/* Streaming read bandwidth in GB/s over a buffer of `bytes`, read by the
+ * current OpenMP threads, each walking four distant parts of its share side
+ * by side (the decode kernels' pattern); best of reps. Returns 0 on
+ * failure. */
+double whale_measure_read_bandwidth(size_t bytes, int reps);
+
+#endif
