@@ -192,6 +192,24 @@ typedef struct {
     double best_metric; /* the lowest eval_loss at a saved checkpoint, NaN before one */
     int64_t best_step;
     char best_ckpt[4200];
+    /* whale_sft_run's phases: what they open (freed by sft_free) */
+    whale_tokenizer *tok;
+    whale_chat_template *tpl;
+    whale_sft_dataset *ds;
+    whale_model *skel; /* the model's sizes, before it is loaded */
+    whale_batch *micro; /* [grad_accum] */
+    whale_diag *nan;    /* --nan-check */
+    FILE *log;          /* logging.jsonl (rank 0) */
+    /* and what they decide */
+    char model_dir_buf[PATH_MAX], ckpt[4200];
+    whale_sft_stats st, vst; /* training and validation data */
+    int B, S, grad_accum, lora;
+    int64_t rows, steps_per_epoch, start;
+    double lr;
+    /* the meters of the training loop */
+    int64_t tokens, rank_tokens, loss_n;
+    double t_start, t_train, int_loss, int_norm, last_loss, loss_sum;
+    int int_n, int_steps;
 } sft_run;
 
 /* Hugging Face's trainer_state.json fields: the step, the best checkpoint
@@ -492,6 +510,350 @@ static whale_code open_data(sft_run *r, whale_tokenizer *tok, const whale_chat_t
     return c;
 }
 
+/* Before loading anything: the model folder, the checkpoint to resume
+ * and the output folder (an unwritable one fails now, not after loading). */
+static whale_code sft_check_paths(sft_run *r, whale_err *err) {
+    const whale_sft_run_opts *o = r->o;
+    if (!realpath(o->model, r->model_dir_buf) || !whale_is_dir(r->model_dir_buf))
+        return whale_errf(err, WHALE_ERR_IO, "%s: not a model directory", o->model);
+    r->model_dir = r->model_dir_buf;
+    if (o->resume) {
+        char state[4200];
+        snprintf(state, sizeof state, "%s/trainer_state.json", o->resume);
+        if (access(state, R_OK) != 0)
+            return whale_errf(err, WHALE_ERR_IO, "%s: not a whale sft checkpoint (no readable trainer_state.json)",
+                              o->resume);
+    }
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s/.write-test", o->out);
+    if (r->leader) {
+        whale_code c;
+        if ((c = whale_mkdir(o->out, err)) || (c = whale_write_file_atomic(probe, "", 0, err))) return c;
+        unlink(probe);
+    }
+    return WHALE_OK;
+}
+
+/* What the data says of the run: its longest row sizes it (S), its rows
+ * count the steps. */
+static void sft_print_data(const sft_run *r) {
+    const whale_sft_run_opts *o = r->o;
+    const whale_sft_stats *st = &r->st, *vst = &r->vst;
+    if (o->quiet) return;
+    fprintf(stderr, "sft: %lld records → %lld samples (%lld tokens, %lld trained; longest %d)%s%s; %lld rows of %d tokens%s\n",
+            (long long)st->records, (long long)st->samples, (long long)st->tokens, (long long)st->trained_tokens,
+            st->max_sample_tokens, st->skipped ? "; skipped malformed: " : "", st->skipped ? st->first_bad : "",
+            (long long)r->rows, r->S, o->data_opts.packing ? " (packed)" : "");
+    if (r->val)
+        fprintf(stderr, "sft: validation: %lld samples (%lld tokens, %lld trained)%s\n", (long long)vst->samples,
+                (long long)vst->tokens, (long long)vst->trained_tokens, o->n_val_data ? "" : " held out of the training data");
+    if (st->deleted || st->truncated || st->untrained)
+        fprintf(stderr, "sft: longer than --max-length %d: %lld deleted, %lld truncated; %lld left with nothing to train\n",
+                o->data_opts.max_length, (long long)st->deleted, (long long)st->truncated, (long long)st->untrained);
+}
+
+static whale_code sft_open_data(sft_run *r, whale_err *err) {
+    const whale_sft_run_opts *o = r->o;
+    whale_code c;
+    if ((c = whale_tokenizer_load(r->model_dir, &r->tok, err)) ||
+        (c = whale_chat_template_load(r->model_dir, o->chat_template, &r->tpl, err)) ||
+        (c = open_data(r, r->tok, r->tpl, &r->ds, err)) || (c = whale_model_skeleton(r->model_dir, &r->skel, err)))
+        return c;
+    if (!o->quiet && whale_chat_template_notice(r->tpl)) fprintf(stderr, "sft: %s\n", whale_chat_template_notice(r->tpl));
+    whale_sft_dataset_stats(r->ds, &r->st);
+    whale_sft_dataset_stats(r->val, &r->vst);
+    r->S = o->data_opts.packing                                ? o->data_opts.max_length
+           : r->vst.max_sample_tokens > r->st.max_sample_tokens ? r->vst.max_sample_tokens
+                                                                : r->st.max_sample_tokens;
+    if (r->S > r->skel->max_positions)
+        return whale_errf(err, WHALE_ERR_RANGE,
+                          "%s: rows of %d tokens exceed the model's %d positions; set --max-length %d or less",
+                          o->data[0], r->S, r->skel->max_positions, r->skel->max_positions);
+    if (whale_tokenizer_vocab_size(r->tok) > r->skel->vocab_size)
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s: the tokenizer has %d tokens but the model's vocabulary %d",
+                          r->model_dir, whale_tokenizer_vocab_size(r->tok), r->skel->vocab_size);
+    if ((c = whale_sft_dataset_num_rows(r->ds, r->S, &r->rows, err))) return c;
+    int B = r->B = o->batch_size;
+    r->grad_accum = o->grad_accum > 0 ? o->grad_accum : (16 + B - 1) / B; /* ms-swift: a total batch >= 16 */
+    /* Hugging Face's count: an epoch's last micro-batch and its last step may be partial */
+    r->steps_per_epoch = ((r->rows + B - 1) / B + r->grad_accum - 1) / r->grad_accum;
+    r->max_steps = o->max_steps > 0 ? o->max_steps : (int64_t)ceil(o->epochs * (double)r->steps_per_epoch);
+    if (r->max_steps < 1) r->max_steps = 1;
+    r->lora = o->tuner == WHALE_TUNE_LORA;
+    r->lr = o->lr > 0 ? o->lr : r->lora ? 1e-4 : 1e-5;
+    sft_print_data(r);
+    return WHALE_OK;
+}
+
+/* Refuse up front what cannot fit. */
+static whale_code sft_check_memory(const sft_run *r, whale_err *err) {
+    const whale_sft_run_opts *o = r->o;
+    whale_memory_plan plan = {.dtype = o->dtype, .train = r->lora ? WHALE_TRAIN_LORA : WHALE_TRAIN_FULL,
+                              .lora_rank = o->lora.rank, .lora_targets = o->lora.target_modules, .batch = r->B,
+                              .seq_len = r->S, .recompute = o->recompute, .grad_accum = r->grad_accum,
+                              .ranks = whale_dist_size(), .zero = o->zero};
+    whale_memory est;
+    whale_code c = whale_memory_estimate(r->model_dir, &plan, &est, err);
+    if (c) return c;
+    double limit = o->memory_limit > 0 ? o->memory_limit : physical_memory();
+    if (limit <= 0 || (double)est.total <= limit) return WHALE_OK;
+    if (!o->quiet) {
+        fprintf(stderr, "sft: estimated ");
+        whale_memory_print(&est, stderr);
+    }
+    double gib = 1073741824.0;
+    return whale_errf(err, WHALE_ERR_NOMEM,
+                      "%s: this run needs an estimated %.2f GiB (weights %.2f, gradients %.2f, AdamW moments %.2f, "
+                      "activations %.2f) but %s is %.2f GiB; %s",
+                      o->model, est.total / gib, (est.weights_f32 + est.weights_lowp + est.weights_mapped) / gib,
+                      est.grads / gib, est.moments / gib, est.activations / gib,
+                      o->memory_limit > 0 ? "--memory-limit" : "the machine's memory", limit / gib,
+                      o->dtype == WHALE_F32 ? "try --dtype bf16, --gradient-checkpointing or a smaller --max-length"
+                                            : "try --gradient-checkpointing, a smaller --batch-size or --max-length");
+}
+
+/* The model: a LoRA base is held in the run's precision only; resuming,
+ * the adapters (or the fully trained weights) come from the checkpoint.
+ * Then its session, optimizer, gradient sum and micro-batches. */
+static whale_code sft_build(sft_run *r, whale_err *err) {
+    const whale_sft_run_opts *o = r->o;
+    whale_code c;
+    if (r->lora) {
+        if ((c = whale_model_load_as(r->model_dir, o->dtype, &r->m, err))) return c;
+        whale_lora_config lc = o->lora;
+        if ((c = o->resume ? whale_lora_load(r->m, o->resume, err) : whale_lora_attach(r->m, &lc, err))) return c;
+        ((whale_lora_config *)r->m->lora_cfg)->seed = o->lora.seed; /* the dropout masks' seed */
+    } else if ((c = whale_model_load(o->resume ? o->resume : r->model_dir, &r->m, err)) ||
+               (c = whale_model_set_dtype(r->m, o->dtype, err))) {
+        return c;
+    }
+    whale_adamw_config ac = {.beta1 = o->beta1, .beta2 = o->beta2, .eps = o->adam_eps, .weight_decay = o->weight_decay,
+                             .seed = o->seed};
+    if ((c = whale_train_session_new(r->m, r->B, r->S, o->recompute, &r->s, err)) ||
+        (c = whale_adamw_new(r->m, &ac, &r->opt, err)))
+        return c;
+    r->cur.seed = o->seed;
+    whale_loss_scaler_init(&r->scaler);
+    if (!(r->history = cJSON_CreateArray())) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    if ((c = o->zero ? whale_zero_new(r->s, r->opt, r->grad_accum, &r->sum, &r->zero, err)
+                     : whale_step_sum_new(r->s, r->grad_accum, &r->sum, err)))
+        return c;
+    snprintf(r->fingerprint, sizeof r->fingerprint, "%s %s, %lld rows of %d tokens (%lld trained), batch %d x %d",
+             r->lora ? "lora" : "full", whale_dtype_torch_name(o->dtype), (long long)r->rows, r->S,
+             (long long)r->st.trained_tokens, r->B, r->grad_accum);
+    if (o->resume) { /* before creating the run folder: a refused resume leaves nothing behind */
+        if ((c = read_trainer_state(r, o->resume, &r->start, err))) return c;
+        if (r->start >= r->max_steps)
+            return whale_errf(err, WHALE_ERR_ARG, "%s: the checkpoint is at step %lld of %lld: nothing left to train",
+                              o->resume, (long long)r->start, (long long)r->max_steps);
+        if (!o->quiet) fprintf(stderr, "sft: resuming from %s at step %lld\n", o->resume, (long long)r->start);
+    }
+    if ((c = whale_step_check_start(r->s, r->opt, &r->cur, r->start, err))) return c;
+    if (o->nan_check) {
+        if (!(r->nan = whale_diag_new(1))) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+        if ((c = whale_diag_set_model(r->nan, r->m, err))) return c;
+        whale_session_set_trace(r->s, whale_diag_trace, r->nan);
+    }
+    if (!(r->micro = calloc((size_t)r->grad_accum, sizeof *r->micro)))
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < r->grad_accum; i++)
+        if ((c = whale_batch_alloc(r->B, r->S, &r->micro[i], err))) return c;
+    return WHALE_OK;
+}
+
+/* The run folder: args.json and logging.jsonl; the memory the run holds. */
+static whale_code sft_open_run_dir(sft_run *r, whale_err *err) {
+    const whale_sft_run_opts *o = r->o;
+    whale_code c;
+    version_dir(o->out, r->run_dir, sizeof r->run_dir);
+    if (r->leader && (c = whale_mkdir(r->run_dir, err))) return c;
+    r->args = make_args(o, r->model_dir, r->run_dir, whale_chat_template_name(r->tpl), r->grad_accum, r->lr,
+                        r->max_steps, r->S);
+    if (!r->args) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    if (r->leader && (c = write_json(r->run_dir, "args.json", r->args, err))) return c;
+    char path[4400];
+    snprintf(path, sizeof path, "%s/logging.jsonl", r->run_dir);
+    if (r->leader && !(r->log = fopen(path, "w")))
+        return whale_errf(err, WHALE_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    if (o->quiet) return WHALE_OK;
+    whale_memory mm;
+    whale_memory_of_model(r->m, &mm);
+    whale_memory_add_session(&mm, r->s);
+    whale_memory_add_optimizer(&mm, whale_optimizer_bytes(r->opt));
+    if (r->sum) mm.grads += whale_grad_sum_bytes(r->sum), mm.total += whale_grad_sum_bytes(r->sum);
+    mm.ranks = whale_dist_size(), mm.zero = r->zero != NULL;
+    fprintf(stderr, "sft: ");
+    whale_memory_print(&mm, stderr);
+    fprintf(stderr, "sft: %s, %s; %lld steps of %d × %d rows (%.3g epochs), lr %.3g; run folder %s\n",
+            r->lora ? "LoRA" : "full fine-tuning", whale_dtype_torch_name(o->dtype), (long long)r->max_steps, r->B,
+            r->grad_accum, (double)r->max_steps / (double)r->steps_per_epoch, r->lr, r->run_dir);
+    return WHALE_OK;
+}
+
+static double sft_epoch(const sft_run *r) {
+    const whale_data_cursor *cur = &r->cur;
+    return (double)cur->epoch + (double)cur->index / (double)(cur->windows ? cur->windows : 1);
+}
+
+/* The micro-batches of one step into r->micro; *n_micro how many. */
+static whale_code sft_next_micro(sft_run *r, int *n_micro, whale_err *err) {
+    whale_data_cursor *cur = &r->cur;
+    int B = r->B;
+    *n_micro = 0;
+    for (int i = 0; i < r->grad_accum; i++, ++*n_micro) {
+        int64_t left = cur->windows ? cur->windows - cur->index : r->rows;
+        /* the epoch's last step ends with it, as Hugging Face counts; on N
+         * ranks only where its micro-batches divide among them (else the
+         * step goes on into the next epoch) */
+        if (left == 0 && i > 0 && i % whale_dist_size() == 0) break;
+        int nb = left > 0 && left < B ? (int)left : B;
+        whale_code c = whale_sft_next_batch(r->ds, cur, nb, r->S, &r->micro[i], err);
+        if (c) return c;
+        whale_batch_trim(&r->micro[i]);
+        r->tokens += (int64_t)r->micro[i].B * r->micro[i].S;
+        if (i % whale_dist_size() == whale_dist_rank()) r->rank_tokens += (int64_t)r->micro[i].B * r->micro[i].S;
+    }
+    return WHALE_OK;
+}
+
+/* The logged step: one line of logging.jsonl (ms-swift's keys), the
+ * history, the progress line; the interval's meters start again. */
+static whale_code sft_log_step(sft_run *r, int64_t step, double lr_now, whale_err *err) {
+    const whale_sft_run_opts *o = r->o;
+    double elapsed = whale_now() - r->t_start, spi = r->t_train / (double)(step - r->start), epoch = sft_epoch(r);
+    char e1[32], e2[32], jl[32], jn[32];
+    whale_fmt_duration(e1, sizeof e1, elapsed);
+    whale_fmt_duration(e2, sizeof e2, spi * (double)(r->max_steps - step));
+    double mean_loss = r->int_loss / r->int_n, mean_norm = r->int_steps ? r->int_norm / r->int_steps : NAN;
+    FILE *log = r->log;
+    if (log)
+        fprintf(log,
+                "{\"loss\": %s, \"grad_norm\": %s, \"learning_rate\": %.6g, \"epoch\": %.4f, "
+                "\"global_step/max_steps\": \"%lld/%lld\", \"percentage\": \"%.2f%%\", \"elapsed_time\": \"%s\", "
+                "\"remaining_time\": \"%s\", \"memory(GiB)\": %.2f, \"train_speed(s/it)\": %.4f, "
+                "\"tokens_per_s\": %.1f",
+                whale_json_double(jl, sizeof jl, "%.6f", mean_loss), whale_json_double(jn, sizeof jn, "%.6g", mean_norm),
+                lr_now, epoch, (long long)step, (long long)r->max_steps, 100.0 * (double)step / (double)r->max_steps,
+                e1, e2, whale_peak_rss() / 1073741824.0, spi, (double)r->tokens / r->t_train);
+    if (o->dtype == WHALE_F16 && log)
+        fprintf(log, ", \"loss_scale\": %.0f, \"skipped_steps\": %lld", r->scaler.scale, (long long)r->scaler.skipped);
+    whale_code c = whale_step_dist_metrics(log, (double)r->rank_tokens, r->t_train, err);
+    if (c) return c;
+    if (log) {
+        fprintf(log, "}\n");
+        fflush(log);
+    }
+    history_train(r, step, epoch, mean_loss, mean_norm, lr_now);
+    if (!o->quiet)
+        fprintf(stderr, "step %5lld/%lld  loss %.4f  lr %.2e  grad-norm %.3f  %.0f tok/s  %.2f s/it  elapsed %s  ETA %s\n",
+                (long long)step, (long long)r->max_steps, mean_loss, lr_now, mean_norm, (double)r->tokens / r->t_train,
+                spi, e1, e2);
+    r->int_loss = r->int_norm = 0;
+    r->int_n = r->int_steps = 0;
+    return WHALE_OK;
+}
+
+/* The steps from r->start to r->max_steps: log, evaluate and save as asked. */
+static whale_code sft_train(sft_run *r, whale_err *err) {
+    const whale_sft_run_opts *o = r->o;
+    int64_t warmup = (int64_t)ceil(o->warmup_ratio * (double)r->max_steps), max_steps = r->max_steps;
+    int64_t log_every = o->logging_steps > 0 ? o->logging_steps : 1;
+    int64_t eval_every = o->eval_steps > 0 ? o->eval_steps : o->save_steps > 0 ? o->save_steps : max_steps;
+    whale_code c;
+    r->t_start = whale_now();
+    r->last_loss = NAN;
+    for (int64_t step = r->start; step < max_steps;) {
+        double t0 = whale_now();
+        double lr_now = r->lr * whale_lr_multiplier(o->schedule, step, warmup, max_steps);
+        int n_micro;
+        whale_step_result sr;
+        if ((c = sft_next_micro(r, &n_micro, err)) ||
+            (c = whale_train_one_step(r->s, r->opt, o->dtype == WHALE_F16 ? &r->scaler : NULL, r->nan, r->sum, r->zero,
+                                      r->micro, n_micro, 0, o->max_grad_norm, lr_now, step + 1, &sr, err)))
+            return c;
+        step++;
+        r->t_train += whale_now() - t0;
+        r->last_loss = sr.loss;
+        r->int_loss += sr.loss, r->int_n++, r->loss_sum += sr.loss, r->loss_n++;
+        if (sr.taken) r->int_norm += sr.grad_norm, r->int_steps++;
+        int last = step == max_steps;
+        if ((step % log_every == 0 || last || step == r->start + 1) && (c = sft_log_step(r, step, lr_now, err)))
+            return c;
+        if (r->val && (step % eval_every == 0 || last)) {
+            double secs, epoch = sft_epoch(r);
+            if ((c = evaluate(r, &r->micro[0], r->B, r->S, &secs, err))) return c;
+            r->eval_step = step;
+            if (r->log) log_eval(r, r->log, step, epoch, secs, r->B);
+        }
+        if ((o->save_steps > 0 && step % o->save_steps == 0) || last) {
+            if ((c = save_checkpoint(r, step, r->ckpt, sizeof r->ckpt, err)) ||
+                (c = whale_dist_wait_leader("end of the checkpoint", step, err)))
+                return c;
+            if (!o->quiet) fprintf(stderr, "sft: saved %s\n", r->ckpt);
+        }
+    }
+    return WHALE_OK;
+}
+
+/* The run's last line of logging.jsonl, its images and its result. */
+static void sft_finish(sft_run *r, whale_sft_result *res) {
+    const whale_sft_run_opts *o = r->o;
+    double seconds = whale_now() - r->t_start;
+    int64_t max_steps = r->max_steps, done = max_steps - r->start;
+    char jl[32], jb[32];
+    if (r->log)
+        fprintf(r->log,
+                "{\"train_runtime\": %.2f, \"train_samples_per_second\": %.3f, \"train_steps_per_second\": %.3f, "
+                "\"train_loss\": %s, \"epoch\": %.4f, \"global_step/max_steps\": \"%lld/%lld\", "
+                "\"last_model_checkpoint\": \"%s\", \"best_model_checkpoint\": %s%s%s, \"best_metric\": %s, "
+                "\"memory(GiB)\": %.2f}\n",
+                seconds, (double)done * (double)r->B * r->grad_accum / seconds, (double)done / seconds,
+                whale_json_double(jl, sizeof jl, "%.6f", r->loss_sum / (double)r->loss_n), sft_epoch(r),
+                (long long)max_steps, (long long)max_steps, r->ckpt, r->best_ckpt[0] ? "\"" : "",
+                r->best_ckpt[0] ? r->best_ckpt : "null", r->best_ckpt[0] ? "\"" : "",
+                whale_json_double(jb, sizeof jb, "%.6f", r->best_metric), whale_peak_rss() / 1073741824.0);
+    if (r->log) fflush(r->log);
+    write_images(r);
+    if (!o->quiet) fprintf(stderr, "sft: peak resident memory %.1f MiB\n", whale_peak_rss() / 1048576.0);
+    if (!res) return;
+    res->steps = max_steps;
+    res->last_loss = r->last_loss;
+    res->seconds = seconds;
+    res->tokens_per_s = r->t_train > 0 ? (double)r->tokens / r->t_train : 0;
+    res->trainable_params = r->lora ? whale_lora_num_params(r->m) : whale_model_param_count(r->m);
+    snprintf(res->run_dir, sizeof res->run_dir, "%s", r->run_dir);
+    snprintf(res->last_checkpoint, sizeof res->last_checkpoint, "%s", r->ckpt);
+    res->eval_loss = r->eval_loss;
+    res->eval_token_acc = r->eval_acc;
+    res->best_metric = r->best_metric;
+    snprintf(res->best_checkpoint, sizeof res->best_checkpoint, "%s", r->best_ckpt);
+    res->skipped_records = r->st.skipped;
+    snprintf(res->first_bad, sizeof res->first_bad, "%s", r->st.first_bad);
+}
+
+/* Close logging.jsonl (c, or a write error) and free what the phases opened. */
+static whale_code sft_free(sft_run *r, whale_code c, whale_err *err) {
+    if (r->log && fclose(r->log) != 0 && !c)
+        c = whale_errf(err, WHALE_ERR_IO, "%s/logging.jsonl: write failed", r->run_dir);
+    if (r->micro)
+        for (int i = 0; i < r->grad_accum; i++) whale_batch_free(&r->micro[i]);
+    free(r->micro);
+    whale_grad_sum_free(r->sum);
+    whale_zero_free(r->zero);
+    cJSON_Delete(r->args);
+    cJSON_Delete(r->history);
+    whale_sft_dataset_free(r->val);
+    whale_optimizer_free(r->opt);
+    whale_session_free(r->s);
+    whale_diag_free(r->nan);
+    whale_model_free(r->m);
+    whale_model_free(r->skel);
+    whale_sft_dataset_free(r->ds);
+    whale_chat_template_free(r->tpl);
+    whale_tokenizer_free(r->tok);
+    return c;
+}
+
 whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, whale_err *err) {
     whale_sft_run_opts quiet_opts;
     if (whale_dist_rank() != 0) { /* only rank 0 speaks */
@@ -499,321 +861,17 @@ whale_code whale_sft_run(const whale_sft_run_opts *o, whale_sft_result *res, wha
         quiet_opts.quiet = 1;
         o = &quiet_opts;
     }
-    sft_run r = {.o = o, .leader = whale_dist_rank() == 0, .best_metric = NAN, .eval_loss = NAN, .eval_acc = NAN};
     whale_code c = check_opts(o, err);
     if (c) return c;
-    whale_tokenizer *tok = NULL;
-    whale_sft_dataset *ds = NULL;
-    whale_model *skel = NULL;
-    whale_batch *micro = NULL;
-    whale_diag *nan = NULL;
-    FILE *log = NULL;
-    char model_dir[PATH_MAX], ckpt[4200] = "";
-    int grad_accum = 0;
-    whale_chat_template *tpl = NULL;
-    if (!realpath(o->model, model_dir) || !whale_is_dir(model_dir))
-        return whale_errf(err, WHALE_ERR_IO, "%s: not a model directory", o->model);
-    r.model_dir = model_dir;
-    if (o->resume) { /* before loading anything */
-        char state[4200];
-        snprintf(state, sizeof state, "%s/trainer_state.json", o->resume);
-        if (access(state, R_OK) != 0)
-            return whale_errf(err, WHALE_ERR_IO, "%s: not a whale sft checkpoint (no readable trainer_state.json)",
-                              o->resume);
-    }
-    /* an unwritable output folder fails now, not after loading the model */
-    char probe[4200];
-    snprintf(probe, sizeof probe, "%s/.write-test", o->out);
-    if (r.leader) {
-        if ((c = whale_mkdir(o->out, err)) || (c = whale_write_file_atomic(probe, "", 0, err))) return c;
-        unlink(probe);
-    }
-
-    /* data first: its longest row sizes the run */
-    if ((c = whale_tokenizer_load(model_dir, &tok, err)) ||
-        (c = whale_chat_template_load(model_dir, o->chat_template, &tpl, err)) ||
-        (c = open_data(&r, tok, tpl, &ds, err)) || (c = whale_model_skeleton(model_dir, &skel, err)))
-        goto done;
-    if (!o->quiet && whale_chat_template_notice(tpl)) fprintf(stderr, "sft: %s\n", whale_chat_template_notice(tpl));
-    whale_sft_stats st;
-    whale_sft_dataset_stats(ds, &st);
-    whale_sft_stats vst = {0};
-    whale_sft_dataset_stats(r.val, &vst);
-    int S = o->data_opts.packing                     ? o->data_opts.max_length
-            : vst.max_sample_tokens > st.max_sample_tokens ? vst.max_sample_tokens
-                                                           : st.max_sample_tokens;
-    if (S > skel->max_positions) {
-        c = whale_errf(err, WHALE_ERR_RANGE,
-                       "%s: rows of %d tokens exceed the model's %d positions; set --max-length %d or less",
-                       o->data[0], S, skel->max_positions, skel->max_positions);
-        goto done;
-    }
-    if (whale_tokenizer_vocab_size(tok) > skel->vocab_size) {
-        c = whale_errf(err, WHALE_ERR_FORMAT, "%s: the tokenizer has %d tokens but the model's vocabulary %d",
-                       model_dir, whale_tokenizer_vocab_size(tok), skel->vocab_size);
-        goto done;
-    }
-    int64_t rows;
-    if ((c = whale_sft_dataset_num_rows(ds, S, &rows, err))) goto done;
-    int B = o->batch_size;
-    grad_accum = o->grad_accum > 0 ? o->grad_accum : (16 + B - 1) / B; /* ms-swift: a total batch >= 16 */
-    int64_t per_step = (int64_t)B * grad_accum;
-    /* Hugging Face's count: an epoch's last micro-batch and its last step may be partial */
-    int64_t steps_per_epoch = ((rows + B - 1) / B + grad_accum - 1) / grad_accum;
-    int64_t max_steps = o->max_steps > 0 ? o->max_steps : (int64_t)ceil(o->epochs * (double)steps_per_epoch);
-    if (max_steps < 1) max_steps = 1;
-    r.max_steps = max_steps;
-    double lr = o->lr > 0 ? o->lr : o->tuner == WHALE_TUNE_LORA ? 1e-4 : 1e-5;
-    int lora = o->tuner == WHALE_TUNE_LORA;
-    if (!o->quiet)
-        fprintf(stderr,
-                "sft: %lld records → %lld samples (%lld tokens, %lld trained; longest %d)%s%s; %lld rows of %d tokens%s\n",
-                (long long)st.records, (long long)st.samples, (long long)st.tokens, (long long)st.trained_tokens,
-                st.max_sample_tokens, st.skipped ? "; skipped malformed: " : "", st.skipped ? st.first_bad : "",
-                (long long)rows, S, o->data_opts.packing ? " (packed)" : "");
-    if (!o->quiet && r.val)
-        fprintf(stderr, "sft: validation: %lld samples (%lld tokens, %lld trained)%s\n", (long long)vst.samples,
-                (long long)vst.tokens, (long long)vst.trained_tokens, o->n_val_data ? "" : " held out of the training data");
-    if (!o->quiet && (st.deleted || st.truncated || st.untrained))
-        fprintf(stderr, "sft: longer than --max-length %d: %lld deleted, %lld truncated; %lld left with nothing to train\n",
-                o->data_opts.max_length, (long long)st.deleted, (long long)st.truncated, (long long)st.untrained);
-
-    /* refuse up front what cannot fit */
-    whale_memory_plan plan = {.dtype = o->dtype, .train = lora ? WHALE_TRAIN_LORA : WHALE_TRAIN_FULL,
-                              .lora_rank = o->lora.rank, .lora_targets = o->lora.target_modules, .batch = B,
-                              .seq_len = S, .recompute = o->recompute, .grad_accum = grad_accum,
-                              .ranks = whale_dist_size(), .zero = o->zero};
-    whale_memory est;
-    if ((c = whale_memory_estimate(model_dir, &plan, &est, err))) goto done;
-    double limit = o->memory_limit > 0 ? o->memory_limit : physical_memory();
-    if (limit > 0 && (double)est.total > limit) {
-        if (!o->quiet) {
-            fprintf(stderr, "sft: estimated ");
-            whale_memory_print(&est, stderr);
-        }
-        double gib = 1073741824.0;
-        c = whale_errf(err, WHALE_ERR_NOMEM,
-                       "%s: this run needs an estimated %.2f GiB (weights %.2f, gradients %.2f, AdamW moments %.2f, "
-                       "activations %.2f) but %s is %.2f GiB; %s",
-                       o->model, est.total / gib, (est.weights_f32 + est.weights_lowp + est.weights_mapped) / gib,
-                       est.grads / gib, est.moments / gib, est.activations / gib,
-                       o->memory_limit > 0 ? "--memory-limit" : "the machine's memory", limit / gib,
-                       o->dtype == WHALE_F32 ? "try --dtype bf16, --gradient-checkpointing or a smaller --max-length"
-                                             : "try --gradient-checkpointing, a smaller --batch-size or --max-length");
-        goto done;
-    }
-
-    /* the model: a LoRA base is held in the run's precision only; resuming,
-     * the adapters (or the fully trained weights) come from the checkpoint */
-    if (lora) {
-        if ((c = whale_model_load_as(model_dir, o->dtype, &r.m, err))) goto done;
-        whale_lora_config lc = o->lora;
-        if ((c = o->resume ? whale_lora_load(r.m, o->resume, err) : whale_lora_attach(r.m, &lc, err))) goto done;
-        ((whale_lora_config *)r.m->lora_cfg)->seed = o->lora.seed; /* the dropout masks' seed */
-    } else if ((c = whale_model_load(o->resume ? o->resume : model_dir, &r.m, err)) ||
-               (c = whale_model_set_dtype(r.m, o->dtype, err))) {
-        goto done;
-    }
-    whale_adamw_config ac = {.beta1 = o->beta1, .beta2 = o->beta2, .eps = o->adam_eps, .weight_decay = o->weight_decay,
-                             .seed = o->seed};
-    if ((c = whale_train_session_new(r.m, B, S, o->recompute, &r.s, err)) || (c = whale_adamw_new(r.m, &ac, &r.opt, err)))
-        goto done;
-    r.cur.seed = o->seed;
-    whale_loss_scaler_init(&r.scaler);
-    if (!(r.history = cJSON_CreateArray())) {
-        c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if ((c = o->zero ? whale_zero_new(r.s, r.opt, grad_accum, &r.sum, &r.zero, err)
-                     : whale_step_sum_new(r.s, grad_accum, &r.sum, err)))
-        goto done;
-    snprintf(r.fingerprint, sizeof r.fingerprint, "%s %s, %lld rows of %d tokens (%lld trained), batch %d x %d",
-             lora ? "lora" : "full", whale_dtype_torch_name(o->dtype), (long long)rows, S, (long long)st.trained_tokens, B,
-             grad_accum);
-    int64_t start = 0; /* before creating the run folder: a refused resume leaves nothing behind */
-    if (o->resume) {
-        if ((c = read_trainer_state(&r, o->resume, &start, err))) goto done;
-        if (start >= max_steps) {
-            c = whale_errf(err, WHALE_ERR_ARG, "%s: the checkpoint is at step %lld of %lld: nothing left to train",
-                           o->resume, (long long)start, (long long)max_steps);
-            goto done;
-        }
-        if (!o->quiet) fprintf(stderr, "sft: resuming from %s at step %lld\n", o->resume, (long long)start);
-    }
-    if ((c = whale_step_check_start(r.s, r.opt, &r.cur, start, err))) goto done;
-    if (o->nan_check) {
-        if (!(nan = whale_diag_new(1))) {
-            c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
-            goto done;
-        }
-        if ((c = whale_diag_set_model(nan, r.m, err))) goto done;
-        whale_session_set_trace(r.s, whale_diag_trace, nan);
-    }
-    if (!(micro = calloc((size_t)grad_accum, sizeof *micro))) {
-        c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    for (int i = 0; i < grad_accum && !c; i++) c = whale_batch_alloc(B, S, &micro[i], err);
-    if (c) goto done;
-
-    /* the run folder */
-    version_dir(o->out, r.run_dir, sizeof r.run_dir);
-    if (r.leader && (c = whale_mkdir(r.run_dir, err))) goto done;
-    r.args = make_args(o, model_dir, r.run_dir, whale_chat_template_name(tpl), grad_accum, lr, max_steps, S);
-    if (!r.args) {
-        c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if (r.leader && (c = write_json(r.run_dir, "args.json", r.args, err))) goto done;
-    char path[4400];
-    snprintf(path, sizeof path, "%s/logging.jsonl", r.run_dir);
-    if (r.leader && !(log = fopen(path, "w"))) {
-        c = whale_errf(err, WHALE_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-        goto done;
-    }
-    if (!o->quiet) {
-        whale_memory mm;
-        whale_memory_of_model(r.m, &mm);
-        whale_memory_add_session(&mm, r.s);
-        whale_memory_add_optimizer(&mm, whale_optimizer_bytes(r.opt));
-        if (r.sum) mm.grads += whale_grad_sum_bytes(r.sum), mm.total += whale_grad_sum_bytes(r.sum);
-        mm.ranks = whale_dist_size(), mm.zero = r.zero != NULL;
-        fprintf(stderr, "sft: ");
-        whale_memory_print(&mm, stderr);
-        fprintf(stderr, "sft: %s, %s; %lld steps of %d × %d rows (%.3g epochs), lr %.3g; run folder %s\n",
-                lora ? "LoRA" : "full fine-tuning", whale_dtype_torch_name(o->dtype), (long long)max_steps, B, grad_accum,
-                (double)max_steps / (double)steps_per_epoch, lr, r.run_dir);
-    }
-
-    int fp16 = o->dtype == WHALE_F16;
-    int64_t warmup = (int64_t)ceil(o->warmup_ratio * (double)max_steps), tokens = 0, rank_tokens = 0;
-    whale_data_cursor *cur = &r.cur;
-    double t_start = whale_now(), t_train = 0, int_loss = 0, int_norm = 0, last_loss = NAN, loss_sum = 0;
-    int int_n = 0, int_steps = 0;
-    int64_t log_every = o->logging_steps > 0 ? o->logging_steps : 1, loss_n = 0;
-    int64_t eval_every = o->eval_steps > 0 ? o->eval_steps : o->save_steps > 0 ? o->save_steps : max_steps;
-    for (int64_t step = start; step < max_steps;) {
-        double t0 = whale_now();
-        double lr_now = lr * whale_lr_multiplier(o->schedule, step, warmup, max_steps);
-        int n_micro = 0;
-        for (int i = 0; i < grad_accum && !c; i++, n_micro++) {
-            int64_t left = cur->windows ? cur->windows - cur->index : rows;
-            /* the epoch's last step ends with it, as Hugging Face counts; on N
-             * ranks only where its micro-batches divide among them (else the
-             * step goes on into the next epoch) */
-            if (left == 0 && i > 0 && i % whale_dist_size() == 0) break;
-            int nb = left > 0 && left < B ? (int)left : B;
-            if (!(c = whale_sft_next_batch(ds, cur, nb, S, &micro[i], err))) {
-                whale_batch_trim(&micro[i]);
-                tokens += (int64_t)micro[i].B * micro[i].S;
-                if (i % whale_dist_size() == whale_dist_rank()) rank_tokens += (int64_t)micro[i].B * micro[i].S;
-            }
-        }
-        if (c) goto done;
-        whale_step_result sr;
-        if ((c = whale_train_one_step(r.s, r.opt, fp16 ? &r.scaler : NULL, nan, r.sum, r.zero, micro, n_micro, 0, o->max_grad_norm,
-                                      lr_now, step + 1, &sr, err)))
-            goto done;
-        step++;
-        t_train += whale_now() - t0;
-        last_loss = sr.loss;
-        int_loss += sr.loss, int_n++, loss_sum += sr.loss, loss_n++;
-        if (sr.taken) int_norm += sr.grad_norm, int_steps++;
-        int last = step == max_steps;
-        if (step % log_every == 0 || last || step == start + 1) {
-            double elapsed = whale_now() - t_start, spi = t_train / (double)(step - start);
-            double epoch = (double)cur->epoch + (double)cur->index / (double)(cur->windows ? cur->windows : 1);
-            char e1[32], e2[32], jl[32], jn[32];
-            whale_fmt_duration(e1, sizeof e1, elapsed);
-            whale_fmt_duration(e2, sizeof e2, spi * (double)(max_steps - step));
-            double mean_loss = int_loss / int_n, mean_norm = int_steps ? int_norm / int_steps : NAN;
-            if (log)
-                fprintf(log,
-                    "{\"loss\": %s, \"grad_norm\": %s, \"learning_rate\": %.6g, \"epoch\": %.4f, "
-                    "\"global_step/max_steps\": \"%lld/%lld\", \"percentage\": \"%.2f%%\", \"elapsed_time\": \"%s\", "
-                    "\"remaining_time\": \"%s\", \"memory(GiB)\": %.2f, \"train_speed(s/it)\": %.4f, "
-                    "\"tokens_per_s\": %.1f",
-                    whale_json_double(jl, sizeof jl, "%.6f", mean_loss),
-                    whale_json_double(jn, sizeof jn, "%.6g", mean_norm), lr_now, epoch, (long long)step,
-                    (long long)max_steps, 100.0 * (double)step / (double)max_steps, e1, e2,
-                    whale_peak_rss() / 1073741824.0, spi, (double)tokens / t_train);
-            if (fp16 && log)
-                fprintf(log, ", \"loss_scale\": %.0f, \"skipped_steps\": %lld", r.scaler.scale, (long long)r.scaler.skipped);
-            if ((c = whale_step_dist_metrics(log, (double)rank_tokens, t_train, err))) goto done;
-            if (log) {
-                fprintf(log, "}\n");
-                fflush(log);
-            }
-            history_train(&r, step, epoch, mean_loss, mean_norm, lr_now);
-            if (!o->quiet)
-                fprintf(stderr, "step %5lld/%lld  loss %.4f  lr %.2e  grad-norm %.3f  %.0f tok/s  %.2f s/it  elapsed %s  ETA %s\n",
-                        (long long)step, (long long)max_steps, mean_loss, lr_now, mean_norm,
-                        (double)tokens / t_train, spi, e1, e2);
-            int_loss = int_norm = 0;
-            int_n = int_steps = 0;
-        }
-        if (r.val && (step % eval_every == 0 || last)) {
-            double secs, epoch = (double)cur->epoch + (double)cur->index / (double)(cur->windows ? cur->windows : 1);
-            if ((c = evaluate(&r, &micro[0], B, S, &secs, err))) goto done;
-            r.eval_step = step;
-            if (log) log_eval(&r, log, step, epoch, secs, B);
-        }
-        if ((o->save_steps > 0 && step % o->save_steps == 0) || last) {
-            if ((c = save_checkpoint(&r, step, ckpt, sizeof ckpt, err))) goto done;
-            if ((c = whale_dist_wait_leader("end of the checkpoint", step, err))) goto done;
-            if (!o->quiet) fprintf(stderr, "sft: saved %s\n", ckpt);
-        }
-    }
-    double seconds = whale_now() - t_start;
-    char jl[32], jb[32];
-    if (log)
-        fprintf(log,
-            "{\"train_runtime\": %.2f, \"train_samples_per_second\": %.3f, \"train_steps_per_second\": %.3f, "
-            "\"train_loss\": %s, \"epoch\": %.4f, \"global_step/max_steps\": \"%lld/%lld\", "
-            "\"last_model_checkpoint\": \"%s\", \"best_model_checkpoint\": %s%s%s, \"best_metric\": %s, "
-            "\"memory(GiB)\": %.2f}\n",
-            seconds, (double)(max_steps - start) * (double)per_step / seconds, (double)(max_steps - start) / seconds,
-            whale_json_double(jl, sizeof jl, "%.6f", loss_sum / (double)loss_n),
-            (double)cur->epoch + (double)cur->index / (double)(cur->windows ? cur->windows : 1), (long long)max_steps,
-            (long long)max_steps, ckpt, r.best_ckpt[0] ? "\"" : "", r.best_ckpt[0] ? r.best_ckpt : "null",
-            r.best_ckpt[0] ? "\"" : "", whale_json_double(jb, sizeof jb, "%.6f", r.best_metric),
-            whale_peak_rss() / 1073741824.0);
-    fflush(log);
-    write_images(&r);
-    if (!o->quiet) fprintf(stderr, "sft: peak resident memory %.1f MiB\n", whale_peak_rss() / 1048576.0);
-    if (res) {
-        res->steps = max_steps;
-        res->last_loss = last_loss;
-        res->seconds = seconds;
-        res->tokens_per_s = t_train > 0 ? (double)tokens / t_train : 0;
-        res->trainable_params = lora ? whale_lora_num_params(r.m) : whale_model_param_count(r.m);
-        snprintf(res->run_dir, sizeof res->run_dir, "%s", r.run_dir);
-        snprintf(res->last_checkpoint, sizeof res->last_checkpoint, "%s", ckpt);
-        res->eval_loss = r.eval_loss;
-        res->eval_token_acc = r.eval_acc;
-        res->best_metric = r.best_metric;
-        snprintf(res->best_checkpoint, sizeof res->best_checkpoint, "%s", r.best_ckpt);
-        res->skipped_records = st.skipped;
-        snprintf(res->first_bad, sizeof res->first_bad, "%s", st.first_bad);
-    }
-done:
-    if (log && fclose(log) != 0 && !c) c = whale_errf(err, WHALE_ERR_IO, "%s/logging.jsonl: write failed", r.run_dir);
-    if (micro)
-        for (int i = 0; i < grad_accum; i++) whale_batch_free(&micro[i]);
-    free(micro);
-    whale_grad_sum_free(r.sum);
-    whale_zero_free(r.zero);
-    cJSON_Delete(r.args);
-    cJSON_Delete(r.history);
-    whale_sft_dataset_free(r.val);
-    whale_optimizer_free(r.opt);
-    whale_session_free(r.s);
-    whale_diag_free(nan);
-    whale_model_free(r.m);
-    whale_model_free(skel);
-    whale_sft_dataset_free(ds);
-    whale_chat_template_free(tpl);
-    whale_tokenizer_free(tok);
+    sft_run *r = calloc(1, sizeof *r);
+    if (!r) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    r->o = o, r->leader = whale_dist_rank() == 0;
+    r->best_metric = r->eval_loss = r->eval_acc = NAN;
+    if (!(c = sft_check_paths(r, err)) && !(c = sft_open_data(r, err)) && !(c = sft_check_memory(r, err)) &&
+        !(c = sft_build(r, err)) && !(c = sft_open_run_dir(r, err)) && !(c = sft_train(r, err)))
+        sft_finish(r, res);
+    c = sft_free(r, c, err);
+    free(r);
     return c;
 }
 
