@@ -45,181 +45,236 @@ static const char bench_help[] =
     "  --profile               time per op group (one more run), as a table on stderr and JSON\n"
     "prints one JSON line per measurement";
 
-int cmd_bench(int argc, char **argv) {
-    const char *dir = NULL, *preset = NULL, *what = "forward";
-    long batch = -1, seq = -1, context = 128, threads = 0, reps = 3, tokens = 32;
-    int profile = 0, recompute = 0;
-    whale_dtype dtype = WHALE_F32;
+enum { BENCH_FORWARD, BENCH_PREFILL, BENCH_DECODE, BENCH_TRAIN };
+
+/* A benchmark: its options, its model and session, and the timings. */
+typedef struct {
+    const char *dir, *preset, *what, *label;
+    long batch, seq, context, threads, reps, tokens;
+    int profile, recompute, mode;
+    whale_dtype dtype;
+    whale_model *m;
+    whale_session *s;
+    int32_t *ids;
+    float *logits;
+    double best;                         /* the best run's seconds */
+    double bw_of[1001], dt_of[1001];     /* decode: each run's read rate (GB/s) and seconds */
+} bench_t;
+
+/* 0, -1 after --help, or the usage status. */
+static int bench_parse(int argc, char **argv, bench_t *b) {
     const cli_opt table[] = {
-        {"-m|--model", CLI_STR, &dir, 0, 0, NULL},
-        {"--preset", CLI_STR, &preset, 0, 0, NULL},
-        {"--dtype", CLI_DTYPE, &dtype, 0, 0, NULL},
-        {"--what", CLI_STR, &what, 0, 0, NULL},
-        {"--batch", CLI_LONG, &batch, 1, 4096, NULL},
-        {"--seq-len", CLI_LONG, &seq, 1, 1 << 20, NULL},
-        {"--context", CLI_LONG, &context, 1, 1 << 20, NULL},
-        {"--tokens", CLI_LONG, &tokens, 1, 1 << 20, NULL},
-        {"--reps", CLI_LONG, &reps, 1, 1000, NULL},
-        {"--threads", CLI_LONG, &threads, 1, 1024, NULL},
-        {"--profile", CLI_FLAG, &profile, 0, 0, NULL},
-        {"--recompute", CLI_FLAG, &recompute, 0, 0, NULL},
+        {"-m|--model", CLI_STR, &b->dir, 0, 0, NULL},
+        {"--preset", CLI_STR, &b->preset, 0, 0, NULL},
+        {"--dtype", CLI_DTYPE, &b->dtype, 0, 0, NULL},
+        {"--what", CLI_STR, &b->what, 0, 0, NULL},
+        {"--batch", CLI_LONG, &b->batch, 1, 4096, NULL},
+        {"--seq-len", CLI_LONG, &b->seq, 1, 1 << 20, NULL},
+        {"--context", CLI_LONG, &b->context, 1, 1 << 20, NULL},
+        {"--tokens", CLI_LONG, &b->tokens, 1, 1 << 20, NULL},
+        {"--reps", CLI_LONG, &b->reps, 1, 1000, NULL},
+        {"--threads", CLI_LONG, &b->threads, 1, 1024, NULL},
+        {"--profile", CLI_FLAG, &b->profile, 0, 0, NULL},
+        {"--recompute", CLI_FLAG, &b->recompute, 0, 0, NULL},
         {NULL, 0, NULL, 0, 0, NULL},
     };
     int st = cli_parse("bench", bench_help, argc, argv, table, NULL, NULL);
-    if (st) return st < 0 ? 0 : st;
-    if (!dir == !preset) return cli_usage("bench", "give exactly one of -m DIR or --preset NAME");
-    int mode = !strcmp(what, "forward") ? 0 : !strcmp(what, "prefill") ? 1 : !strcmp(what, "decode") ? 2
-             : !strcmp(what, "train") ? 3 : -1;
-    if (mode < 0) return cli_usage("bench", "--what must be forward, prefill, decode or train, got \"%s\"", what);
-    if (batch < 0) batch = mode == 0 || mode == 3 ? 4 : 1;
-    if (seq < 0) seq = mode == 0 || mode == 3 ? 256 : 512;
-    if (mode == 1 && batch != 1) return cli_usage("bench", "--batch applies to --what forward, decode and train only");
-    whale_set_threads((int)threads);
+    if (st) return st;
+    if (!b->dir == !b->preset) return cli_usage("bench", "give exactly one of -m DIR or --preset NAME");
+    const char *what = b->what;
+    b->mode = !strcmp(what, "forward")   ? BENCH_FORWARD
+              : !strcmp(what, "prefill") ? BENCH_PREFILL
+              : !strcmp(what, "decode")  ? BENCH_DECODE
+              : !strcmp(what, "train")   ? BENCH_TRAIN
+                                         : -1;
+    if (b->mode < 0) return cli_usage("bench", "--what must be forward, prefill, decode or train, got \"%s\"", what);
+    int wide = b->mode == BENCH_FORWARD || b->mode == BENCH_TRAIN;
+    if (b->batch < 0) b->batch = wide ? 4 : 1;
+    if (b->seq < 0) b->seq = wide ? 256 : 512;
+    if (b->mode == BENCH_PREFILL && b->batch != 1)
+        return cli_usage("bench", "--batch applies to --what forward, decode and train only");
+    return 0;
+}
 
-    whale_err err;
-    whale_model *m;
-    /* inference runs hold only the dtype's weights (a checkpoint already in
-     * that dtype is used in place); training keeps fp32 masters */
-    if (dir ? (mode == 3 ? whale_model_load(dir, &m, &err) : whale_model_load_as(dir, dtype, &m, &err))
-            : whale_model_init(preset, 0, &m, &err))
-        return cli_fail(&err);
-    if (whale_model_set_dtype(m, dtype, &err) || (mode != 3 && whale_model_drop_master(m, &err))) {
-        whale_model_free(m);
-        return cli_fail(&err);
-    }
-    const char *dtname = cli_dtype_name(dtype);
-    int V = whale_model_vocab_size(m);
-    int ctx_total = mode == 2 ? (int)(context + tokens) : (int)seq;
-    whale_session *s = NULL;
-    int32_t *ids = NULL;
-    float *logits = NULL;
-    int status = 0;
-    size_t rows = mode == 0 ? (size_t)batch * seq : mode == 3 ? 1 : (size_t)batch;
-    ids = malloc(sizeof(int32_t) * (size_t)batch * (mode == 2 ? ctx_total : seq));
-    logits = whale_alloc(sizeof(float) * rows * V);
-    if (!ids || !logits) {
-        whale_errf(&err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of logits", rows * V * 4 / 1048576.0);
-        status = cli_fail(&err);
-        goto out;
-    }
-    if (mode == 3 ? whale_train_session_new(m, (int)batch, (int)seq, recompute, &s, &err)
-                  : whale_session_new(m, (int)batch, ctx_total, &s, &err)) {
-        status = cli_fail(&err);
-        goto out;
-    }
+/* The model (inference runs hold only the dtype's weights, a checkpoint
+ * already in that dtype used in place; training keeps fp32 masters), its
+ * session and random token ids. */
+static whale_code bench_load(bench_t *b, whale_err *err) {
+    int train = b->mode == BENCH_TRAIN, decode = b->mode == BENCH_DECODE;
+    whale_code c = b->dir ? (train ? whale_model_load(b->dir, &b->m, err) : whale_model_load_as(b->dir, b->dtype, &b->m, err))
+                          : whale_model_init(b->preset, 0, &b->m, err);
+    if (c || (c = whale_model_set_dtype(b->m, b->dtype, err)) || (!train && (c = whale_model_drop_master(b->m, err))))
+        return c;
+    int V = whale_model_vocab_size(b->m);
+    int ctx_total = decode ? (int)(b->context + b->tokens) : (int)b->seq;
+    size_t rows = b->mode == BENCH_FORWARD ? (size_t)b->batch * b->seq : train ? 1 : (size_t)b->batch;
+    size_t n_ids = (size_t)b->batch * (decode ? ctx_total : b->seq);
+    b->ids = malloc(sizeof(int32_t) * n_ids);
+    b->logits = whale_alloc(sizeof(float) * rows * V);
+    if (!b->ids || !b->logits)
+        return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of logits", rows * V * 4 / 1048576.0);
+    if ((c = train ? whale_train_session_new(b->m, (int)b->batch, (int)b->seq, b->recompute, &b->s, err)
+                   : whale_session_new(b->m, (int)b->batch, ctx_total, &b->s, err)))
+        return c;
     whale_rng rng;
     whale_rng_seed(&rng, 1);
-    random_ids(ids, (size_t)batch * (mode == 2 ? ctx_total : seq), V, &rng);
-
+    random_ids(b->ids, n_ids, V, &rng);
     whale_memory mm;
-    whale_memory_of_model(m, &mm);
-    whale_memory_add_session(&mm, s);
+    whale_memory_of_model(b->m, &mm);
+    whale_memory_add_session(&mm, b->s);
     whale_memory_print(&mm, stderr);
-    double ceiling = gemm_ceiling(dtype, &err);
-    const char *label = dir ? dir : preset;
-    double best = 1e30;
-    /* decode's bound: the memory read rate around each timed run (this
-     * machine's rate drifts by 2x within minutes and comes in bursts): one
-     * pass over 512 MB right before the run and one right after, averaged,
-     * so each run is compared with the rate of its own moment (a best of
-     * several passes would compare a 0.1 s run with the peak of a burst);
-     * the median run is reported */
-    double bw_of[1001] = {0}, dt_of[1001] = {0}, bw_before = 0;
+    return WHALE_OK;
+}
+
+/* One run of what is measured; *dt its seconds. */
+static whale_code bench_run(bench_t *b, double *dt, whale_err *err) {
+    whale_session *s = b->s;
+    int B = (int)b->batch, S = (int)b->seq;
+    double t0 = whale_now();
+    whale_code c = WHALE_OK;
+    if (b->mode == BENCH_TRAIN) {
+        double loss;
+        int64_t count;
+        whale_session_zero_grad(s);
+        c = whale_session_train_step(s, b->ids, NULL, NULL, NULL, B, S, 1.0, &loss, &count, err);
+    } else if (b->mode == BENCH_DECODE) { /* batch streams at the same context, one token each per step */
+        c = whale_session_forward(s, b->ids, B, (int)b->context, b->logits, 0, err);
+        t0 = whale_now();
+        for (int k = 0; k < b->tokens && !c; k++)
+            c = whale_session_forward(s, b->ids + b->batch * (b->context + k), B, 1, b->logits, 0, err);
+    } else
+        c = whale_session_forward(s, b->ids, B, S, b->logits, b->mode == BENCH_FORWARD, err);
+    *dt = whale_now() - t0;
+    return c;
+}
+
+/* The first run warms caches and oneDNN primitives; reps timed runs;
+ * --profile one more, not in the timings. Decode's bound: the memory read
+ * rate around each timed run (this machine's rate drifts by 2x within
+ * minutes and comes in bursts): one pass over 512 MB right before the run
+ * and one right after, averaged, so each run is compared with the rate of
+ * its own moment (a best of several passes would compare a 0.1 s run with
+ * the peak of a burst); the median run is reported. */
+static whale_code bench_time(bench_t *b, whale_err *err) {
     const size_t probe_bytes = (size_t)512 << 20;
-    for (int r = 0; r < reps + 1 + profile; r++) { /* first run warms caches and oneDNN primitives */
-        if (profile && r == reps + 1) whale_session_set_profile(s, 1); /* an extra run, not in the timings */
-        whale_session_reset(s);
-        if (mode == 2 && r > 0 && r <= reps) bw_before = whale_measure_read_bandwidth(probe_bytes, 1);
-        double t0 = whale_now(), dt;
-        if (mode == 3) {
-            double loss;
-            int64_t count;
-            whale_session_zero_grad(s);
-            if (whale_session_train_step(s, ids, NULL, NULL, NULL, (int)batch, (int)seq, 1.0, &loss, &count, &err))
-                goto fail;
-        } else if (mode == 2) {
-            /* batch streams at the same context, one token each per step */
-            if (whale_session_forward(s, ids, (int)batch, (int)context, logits, 0, &err)) goto fail;
-            t0 = whale_now();
-            for (int k = 0; k < tokens; k++)
-                if (whale_session_forward(s, ids + batch * (context + k), (int)batch, 1, logits, 0, &err)) goto fail;
-        } else if (whale_session_forward(s, ids, (int)batch, (int)seq, logits, mode == 0, &err))
-            goto fail;
-        dt = whale_now() - t0;
-        if (r > 0 && r <= reps && dt < best) best = dt;
-        if (mode == 2 && r > 0 && r <= reps)
-            dt_of[r] = dt, bw_of[r] = (bw_before + whale_measure_read_bandwidth(probe_bytes, 1)) / 2;
+    int decode = b->mode == BENCH_DECODE;
+    b->best = 1e30;
+    for (int r = 0; r < b->reps + 1 + b->profile; r++) {
+        int timed = r > 0 && r <= b->reps;
+        if (b->profile && r == b->reps + 1) whale_session_set_profile(b->s, 1);
+        whale_session_reset(b->s);
+        double bw_before = decode && timed ? whale_measure_read_bandwidth(probe_bytes, 1) : 0, dt;
+        whale_code c = bench_run(b, &dt, err);
+        if (c) return c;
+        if (timed && dt < b->best) b->best = dt;
+        if (decode && timed) b->dt_of[r] = dt, b->bw_of[r] = (bw_before + whale_measure_read_bandwidth(probe_bytes, 1)) / 2;
     }
-    if (profile) {
-        const char *names[32];
-        double secs[32], sum = 0;
-        int n = whale_session_profile(s, names, secs, 32);
-        for (int i = 0; i < n; i++) sum += secs[i];
-        fprintf(stderr, "%-28s %10s %7s\n", "op group", "ms", "share");
-        print_machine();
-        printf("\"profile\": \"%s\", \"ms\": {", what);
-        for (int i = 0, first = 1; i < n; i++) {
-            if (secs[i] == 0) continue;
-            fprintf(stderr, "%-28s %10.2f %6.1f%%\n", names[i], secs[i] * 1e3, 100 * secs[i] / sum);
-            printf("%s\"%s\": %.3f", first ? "" : ", ", names[i], secs[i] * 1e3);
-            first = 0;
-        }
-        printf("}}\n");
-        fprintf(stderr, "%-28s %10.2f\n", "total (timed groups)", sum * 1e3);
+    return WHALE_OK;
+}
+
+static void print_profile(const bench_t *b) {
+    const char *names[32];
+    double secs[32], sum = 0;
+    int n = whale_session_profile(b->s, names, secs, 32);
+    for (int i = 0; i < n; i++) sum += secs[i];
+    fprintf(stderr, "%-28s %10s %7s\n", "op group", "ms", "share");
+    print_machine();
+    printf("\"profile\": \"%s\", \"ms\": {", b->what);
+    for (int i = 0, first = 1; i < n; i++) {
+        if (secs[i] == 0) continue;
+        fprintf(stderr, "%-28s %10.2f %6.1f%%\n", names[i], secs[i] * 1e3, 100 * secs[i] / sum);
+        printf("%s\"%s\": %.3f", first ? "" : ", ", names[i], secs[i] * 1e3);
+        first = 0;
     }
-    if (mode == 2) {
-        double flops = 0;
-        for (int k = 0; k < tokens; k++)
-            flops += whale_model_forward_flops(m, (int)batch, 1, (int)context + k, (int)batch);
-        /* bytes of the product weights in the dtype; the fp32 islands (HC, gate) are under 1 % */
-        double bytes = whale_model_decode_weight_bytes(m) * (double)whale_dtype_size(dtype) / 4.0;
-        double share[1001];
-        int med = 1; /* reps >= 1 */
-        for (int r = 1; r <= reps; r++) share[r] = bytes * tokens / dt_of[r] / (bw_of[r] * 1e9);
-        for (int r = 1; r <= reps; r++) { /* the run of median share */
-            int below = 0;
-            for (int o = 1; o <= reps; o++) below += share[o] < share[r] || (share[o] == share[r] && o < r);
-            if (below == (reps - 1) / 2) med = r;
-        }
-        /* a step reads the weights once for all its streams */
-        double tps = (double)batch * tokens / best, bw = bw_of[med], bound = batch * bw * 1e9 / bytes;
-        print_machine();
-        printf("\"what\": \"decode\", \"model\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"streams\": %ld, "
-               "\"context\": %ld, "
-               "\"tokens\": %ld, \"tokens_per_s\": %.2f, \"gflops\": %.2f, \"weight_mb_per_token\": %.1f, "
-               "\"weights_gb_s\": %.1f, \"read_gb_s\": %.1f, \"bound_tokens_per_s\": %.1f, \"pct_of_bound\": %.1f}\n",
-               label, dtname, whale_get_threads(), batch, context, tokens, tps, flops / best / 1e9, bytes / 1e6,
-               bytes * tps / batch / 1e9, bw, bound, 100 * share[med]);
-    } else if (mode == 3) {
+    printf("}}\n");
+    fprintf(stderr, "%-28s %10.2f\n", "total (timed groups)", sum * 1e3);
+}
+
+static void print_decode(const bench_t *b) {
+    long batch = b->batch, tokens = b->tokens, reps = b->reps;
+    double flops = 0;
+    for (int k = 0; k < tokens; k++)
+        flops += whale_model_forward_flops(b->m, (int)batch, 1, (int)b->context + k, (int)batch);
+    /* bytes of the product weights in the dtype; the fp32 islands (HC, gate) are under 1 % */
+    double bytes = whale_model_decode_weight_bytes(b->m) * (double)whale_dtype_size(b->dtype) / 4.0;
+    double share[1001];
+    int med = 1; /* reps >= 1 */
+    for (int r = 1; r <= reps; r++) share[r] = bytes * tokens / b->dt_of[r] / (b->bw_of[r] * 1e9);
+    for (int r = 1; r <= reps; r++) { /* the run of median share */
+        int below = 0;
+        for (int o = 1; o <= reps; o++) below += share[o] < share[r] || (share[o] == share[r] && o < r);
+        if (below == (reps - 1) / 2) med = r;
+    }
+    /* a step reads the weights once for all its streams */
+    double tps = (double)batch * tokens / b->best, bw = b->bw_of[med], bound = batch * bw * 1e9 / bytes;
+    print_machine();
+    printf("\"what\": \"decode\", \"model\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"streams\": %ld, "
+           "\"context\": %ld, "
+           "\"tokens\": %ld, \"tokens_per_s\": %.2f, \"gflops\": %.2f, \"weight_mb_per_token\": %.1f, "
+           "\"weights_gb_s\": %.1f, \"read_gb_s\": %.1f, \"bound_tokens_per_s\": %.1f, \"pct_of_bound\": %.1f}\n",
+           b->label, cli_dtype_name(b->dtype), whale_get_threads(), batch, b->context, tokens, tps,
+           flops / b->best / 1e9, bytes / 1e6, bytes * tps / batch / 1e9, bw, bound, 100 * share[med]);
+}
+
+static void print_rate(const bench_t *b, double ceiling) {
+    long batch = b->batch, seq = b->seq;
+    double best = b->best;
+    const char *label = b->label, *dtname = cli_dtype_name(b->dtype);
+    if (b->mode == BENCH_TRAIN) {
         /* forward + backward ≈ 3 × the forward's FLOPs (6 × active parameters per token + attention) */
-        double flops = 3.0 * whale_model_forward_flops(m, (int)batch, (int)seq, 0, (int)(batch * seq));
+        double flops = 3.0 * whale_model_forward_flops(b->m, (int)batch, (int)seq, 0, (int)(batch * seq));
         double gf = flops / best / 1e9;
-        size_t saves, acts = whale_session_activation_bytes(s, &saves);
+        size_t saves, acts = whale_session_activation_bytes(b->s, &saves);
         print_machine();
         printf("\"what\": \"train\", \"model\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"batch\": %ld, "
                "\"seq_len\": %ld, \"recompute\": %s, \"tokens_per_s\": %.1f, \"seconds_per_step\": %.4f, "
                "\"gflops\": %.1f, \"ceiling_gflops\": %.1f, \"mfu_pct\": %.1f, \"activation_mib\": %.1f, "
                "\"recompute_saves_mib\": %.1f}\n",
-               label, dtname, whale_get_threads(), batch, seq, recompute ? "true" : "false", batch * seq / best, best, gf,
-               ceiling, 100 * gf / ceiling, acts / 1048576.0, saves / 1048576.0);
-    } else {
-        double flops = whale_model_forward_flops(m, (int)batch, (int)seq, 0, mode == 0 ? (int)(batch * seq) : (int)batch);
-        double gf = flops / best / 1e9;
-        print_machine();
-        printf("\"what\": \"%s\", \"model\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"batch\": %ld, "
-               "\"seq_len\": %ld, \"tokens_per_s\": %.1f, \"seconds\": %.4f, \"gflops\": %.1f, "
-               "\"ceiling_gflops\": %.1f, \"pct_of_ceiling\": %.1f}\n",
-               what, label, dtname, whale_get_threads(), batch, seq, batch * seq / best, best, gf, ceiling,
-               100 * gf / ceiling);
+               label, dtname, whale_get_threads(), batch, seq, b->recompute ? "true" : "false", batch * seq / best,
+               best, gf, ceiling, 100 * gf / ceiling, acts / 1048576.0, saves / 1048576.0);
+        return;
     }
+    int rows = b->mode == BENCH_FORWARD ? (int)(batch * seq) : (int)batch;
+    double gf = whale_model_forward_flops(b->m, (int)batch, (int)seq, 0, rows) / best / 1e9;
+    print_machine();
+    printf("\"what\": \"%s\", \"model\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"batch\": %ld, "
+           "\"seq_len\": %ld, \"tokens_per_s\": %.1f, \"seconds\": %.4f, \"gflops\": %.1f, "
+           "\"ceiling_gflops\": %.1f, \"pct_of_ceiling\": %.1f}\n",
+           b->what, label, dtname, whale_get_threads(), batch, seq, batch * seq / best, best, gf, ceiling,
+           100 * gf / ceiling);
+}
+
+int cmd_bench(int argc, char **argv) {
+    bench_t *b = calloc(1, sizeof *b);
+    if (!b) {
+        fprintf(stderr, "whale: out of memory\n");
+        return 7;
+    }
+    *b = (bench_t){.what = "forward", .batch = -1, .seq = -1, .context = 128, .reps = 3, .tokens = 32,
+                   .dtype = WHALE_F32};
+    int status = bench_parse(argc, argv, b);
+    if (status) {
+        free(b);
+        return status < 0 ? 0 : status;
+    }
+    whale_set_threads((int)b->threads);
+    b->label = b->dir ? b->dir : b->preset;
+    whale_err err;
+    if (bench_load(b, &err)) goto fail;
+    double ceiling = gemm_ceiling(b->dtype, &err);
+    if (bench_time(b, &err)) goto fail;
+    if (b->profile) print_profile(b);
+    if (b->mode == BENCH_DECODE) print_decode(b);
+    else print_rate(b, ceiling);
     fprintf(stderr, "peak resident memory %.1f MiB\n", whale_peak_rss() / 1048576.0);
     goto out;
 fail:
     status = cli_fail(&err);
 out:
-    free(ids);
-    free(logits);
-    whale_session_free(s);
-    whale_model_free(m);
+    free(b->ids);
+    free(b->logits);
+    whale_session_free(b->s);
+    whale_model_free(b->m);
+    free(b);
     return status;
 }

@@ -279,6 +279,43 @@ static const char generate_help[] =
     "  --infer_backend is ignored\n"
     "output on stdout as it is produced, ending with a newline; prompt and generation speed on stderr";
 
+/* -p TEXT as ids (with the tokenizer's BOS), and the detokenizer that
+ * prints the continuation. */
+static whale_code encode_prompt(const char *dir, const whale_model *m, const char *text, whale_tokenizer **tok,
+                                whale_detokenizer **detok, int32_t **prompt, int *n_prompt, whale_err *err) {
+    if (!*text) return whale_errf(err, WHALE_ERR_ARG, "-p: the prompt is empty");
+    whale_code c;
+    if ((c = cli_load_tokenizer(dir, m, tok, err)) ||
+        (c = whale_tokenizer_encode(*tok, text, strlen(text), 1, prompt, n_prompt, err)) ||
+        (c = whale_detokenizer_new(*tok, 1, detok, err)))
+        return c;
+    if (*n_prompt == 0) return whale_errf(err, WHALE_ERR_ARG, "-p: the prompt is empty (it encodes to no tokens)");
+    return WHALE_OK;
+}
+
+static whale_code check_ids(const int32_t *ids, int n, int V, whale_err *err) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= V)
+            return whale_errf(err, WHALE_ERR_RANGE, "--ids: token id %d at position %d is outside the vocabulary [0, %d)",
+                              ids[i], i, V);
+    return WHALE_OK;
+}
+
+/* The timing line, the memory line and the peak on stderr. */
+static void print_gen_stats(const whale_gen_stats *st, uint64_t seed, const whale_model *m, const whale_session *s) {
+    fprintf(stderr,
+            "generate: seed %llu; prompt %d tokens in %.1f ms (%.1f tokens/s); generated %d tokens in %.1f ms (%.1f tokens/s)\n",
+            (unsigned long long)seed, st->prompt_tokens, st->prompt_seconds * 1e3,
+            st->prompt_tokens / (st->prompt_seconds > 0 ? st->prompt_seconds : 1e-9), st->generated,
+            st->gen_seconds * 1e3, st->generated > 1 ? (st->generated - 1) / st->gen_seconds : 0.0);
+    whale_memory mm;
+    whale_memory_of_model(m, &mm);
+    whale_memory_add_session(&mm, s);
+    fprintf(stderr, "generate: ");
+    whale_memory_print_line(&mm, stderr);
+    fprintf(stderr, "generate: peak resident memory %.1f MiB\n", whale_peak_rss() / 1048576.0);
+}
+
 int cmd_generate(int argc, char **argv) {
     const char *dir = NULL, *ids_text = NULL, *prompt_text = NULL, *adapters = NULL;
     char *base = NULL;
@@ -328,26 +365,8 @@ int cmd_generate(int argc, char **argv) {
     int V = whale_model_vocab_size(m), maxpos = whale_model_max_positions(m);
     const char *bound = "max_position_embeddings";
     if (ctx > 0 && ctx < maxpos) maxpos = (int)ctx, bound = "--ctx-size";
-    if (prompt_text && !*prompt_text) {
-        whale_errf(&err, WHALE_ERR_ARG, "-p: the prompt is empty");
-        goto fail;
-    }
-    if (prompt_text) {
-        if (cli_load_tokenizer(dir, m, &tok, &err) ||
-            whale_tokenizer_encode(tok, prompt_text, strlen(prompt_text), 1, &prompt, &n_prompt, &err) ||
-            whale_detokenizer_new(tok, 1, &detok, &err))
-            goto fail;
-        if (n_prompt == 0) {
-            whale_errf(&err, WHALE_ERR_ARG, "-p: the prompt is empty (it encodes to no tokens)");
-            goto fail;
-        }
-    }
-    for (int i = 0; i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= V) {
-            whale_errf(&err, WHALE_ERR_RANGE, "--ids: token id %d at position %d is outside the vocabulary [0, %d)",
-                       prompt[i], i, V);
-            goto fail;
-        }
+    if (prompt_text && encode_prompt(dir, m, prompt_text, &tok, &detok, &prompt, &n_prompt, &err)) goto fail;
+    if (check_ids(prompt, n_prompt, V, &err)) goto fail;
     if (n_prompt + n_new > maxpos) {
         whale_errf(&err, WHALE_ERR_RANGE, "prompt (%d tokens) + -n (%ld) exceeds %s %d", n_prompt, n_new, bound, maxpos);
         goto fail;
@@ -381,16 +400,7 @@ int cmd_generate(int argc, char **argv) {
     }
     printf("\n"); /* the text ends its line before the timing line */
     fflush(stdout);
-    fprintf(stderr,
-            "generate: seed %llu; prompt %d tokens in %.1f ms (%.1f tokens/s); generated %d tokens in %.1f ms (%.1f tokens/s)\n",
-            (unsigned long long)sp.seed, st.prompt_tokens, st.prompt_seconds * 1e3, st.prompt_tokens / (st.prompt_seconds > 0 ? st.prompt_seconds : 1e-9),
-            st.generated, st.gen_seconds * 1e3, st.generated > 1 ? (st.generated - 1) / st.gen_seconds : 0.0);
-    whale_memory mm;
-    whale_memory_of_model(m, &mm);
-    whale_memory_add_session(&mm, s);
-    fprintf(stderr, "generate: ");
-    whale_memory_print_line(&mm, stderr);
-    fprintf(stderr, "generate: peak resident memory %.1f MiB\n", whale_peak_rss() / 1048576.0);
+    print_gen_stats(&st, sp.seed, m, s);
     goto out;
 fail:
     status = cli_fail(&err);

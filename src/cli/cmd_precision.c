@@ -708,123 +708,144 @@ static int parse_opts(int argc, char **argv, opts_t *o) {
     return 0;
 }
 
+/* The tokens: --ids as given (labels the ids), or --data's windows. */
+static whale_code read_tokens(opts_t *o, const model_info *mi, batch_t *b, whale_err *err) {
+    if (!o->ids_path) {
+        if (!o->seq_given) o->seq_len = mi->max_pos < 256 ? mi->max_pos : 256;
+        if (o->seq_len > mi->max_pos)
+            return whale_errf(err, WHALE_ERR_RANGE, "--seq-len %d exceeds the model's max_position_embeddings %d",
+                              o->seq_len, mi->max_pos);
+        b->B = o->batch;
+        b->S = o->seq_len;
+        return read_windows(o, mi, b, err);
+    }
+    whale_code c = whale_read_ids_file(o->ids_path, mi->vocab, &b->ids, &b->B, &b->S, err);
+    if (c) return c;
+    if (b->S > mi->max_pos)
+        return whale_errf(err, WHALE_ERR_RANGE, "%s: %d tokens per row exceed the model's max_position_embeddings %d",
+                          o->ids_path, b->S, mi->max_pos);
+    if (!(b->labels = malloc(sizeof(int32_t) * (size_t)b->B * b->S))) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    memcpy(b->labels, b->ids, sizeof(int32_t) * (size_t)b->B * b->S);
+    return WHALE_OK;
+}
+
+/* A report's state: the formats' rows, their children's results and the
+ * training runs (report_free frees them). */
+typedef struct {
+    model_info mi;
+    batch_t b;
+    row_t rows[N_FORMATS];
+    result_t res[N_FORMATS];
+    train_row train[N_TRAIN];
+    char tmp[4096], paths[N_FORMATS][4200], dirs[N_TRAIN][4200];
+    char out_default[4096], svg_default[4200];
+} report_t;
+
+/* Every format in a process of its own, one after the other, each then
+ * compared with fp32 (the first). */
+static whale_code run_formats(const opts_t *o, report_t *r, whale_err *err) {
+    const char *tmpdir = getenv("TMPDIR");
+    snprintf(r->tmp, sizeof r->tmp, "%s/whale-precision-XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
+    if (!mkdtemp(r->tmp)) {
+        whale_code c = whale_errf(err, WHALE_ERR_IO, "%s: cannot create a temporary folder: %s", r->tmp, strerror(errno));
+        r->tmp[0] = 0;
+        return c;
+    }
+    const model_info *mi = &r->mi;
+    int T = r->b.B * r->b.S;
+    size_t n_logits = (size_t)T * mi->vocab, n_topk = (size_t)mi->layers * T * mi->topk;
+    whale_code c;
+    for (int k = 0; k < N_FORMATS; k++) {
+        r->rows[k].dt = formats[k];
+        r->rows[k].name = cli_dtype_name(formats[k]);
+        snprintf(r->paths[k], sizeof r->paths[k], "%s/%s.bin", r->tmp, r->rows[k].name);
+        if ((c = run_format(o, mi, &r->b, formats[k], r->paths[k], &r->rows[k].peak_rss, err))) return c;
+    }
+    for (int k = 0; k < N_FORMATS; k++) {
+        row_t *w = &r->rows[k];
+        if ((c = result_map(r->paths[k], w->name, n_logits, n_topk, mi->layers, &r->res[k], err))) return c;
+        w->tokens_per_s = r->res[k].h->tokens_per_s;
+        w->weight_bytes = r->res[k].h->weight_bytes;
+        w->disagree = calloc((size_t)mi->layers, sizeof(double));
+        w->min_margin = calloc((size_t)mi->layers, sizeof(double));
+        if (!w->disagree || !w->min_margin) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+        compare_logits(r->res[0].logits, r->res[k].logits, &r->b, mi->vocab, w);
+        compare_routing(&r->res[0], &r->res[k], mi->layers, T, mi->topk, w);
+    }
+    return WHALE_OK;
+}
+
+/* --steps: the training runs (after the children: the parent may load
+ * models now), their curves in *svg. */
+static whale_code run_training(opts_t *o, report_t *r, const char **svg, whale_err *err) {
+    if (!o->out) {
+        char jpath[4000] = "./x"; /* dirname may modify its argument and return static storage */
+        if (o->json) snprintf(jpath, sizeof jpath, "%s", o->json);
+        snprintf(r->out_default, sizeof r->out_default, "%s/precision-report-runs", dirname(jpath));
+        o->out = r->out_default;
+    }
+    snprintf(r->svg_default, sizeof r->svg_default, "%s/loss.svg", o->out);
+    *svg = o->svg ? o->svg : r->svg_default;
+    whale_code c = train_all(o, r->train, r->dirs, err);
+    if (c) return c;
+    const char *inputs[N_TRAIN];
+    for (int k = 0; k < N_TRAIN; k++) inputs[k] = r->dirs[k];
+    char title[256];
+    snprintf(title, sizeof title, "%d steps of %d × %d tokens in each precision", o->steps, o->batch, o->seq_len);
+    whale_plot_opts po = {.title = title, .smooth = 1};
+    if ((c = whale_plot_svg(inputs, N_TRAIN, &po, *svg, err))) return c;
+    print_training(o, r->train, *svg);
+    return WHALE_OK;
+}
+
+static void report_free(report_t *r) {
+    for (int k = 0; k < N_FORMATS; k++) {
+        result_unmap(&r->res[k]);
+        free(r->rows[k].disagree);
+        free(r->rows[k].min_margin);
+        if (r->paths[k][0]) unlink(r->paths[k]);
+    }
+    for (int k = 0; k < N_TRAIN; k++) {
+        free(r->train[k].loss);
+        free(r->train[k].step);
+    }
+    if (r->tmp[0]) rmdir(r->tmp);
+    free(r->b.ids);
+    free(r->b.labels);
+    free(r);
+}
+
 int cmd_precision_report(int argc, char **argv) {
     opts_t o;
     int status = parse_opts(argc, argv, &o);
     if (status) return status < 0 ? 0 : status;
     whale_set_threads(o.threads);
-
     whale_err err;
-    model_info mi;
-    batch_t b = {0};
-    row_t rows[N_FORMATS];
-    result_t res[N_FORMATS];
-    train_row train[N_TRAIN] = {
+    report_t *r = calloc(1, sizeof *r);
+    if (!r) {
+        whale_errf(&err, WHALE_ERR_NOMEM, "out of memory");
+        return cli_fail(&err);
+    }
+    const train_row train[N_TRAIN] = {
         {.name = "fp32", .dt = WHALE_F32, .weights = WHALE_WEIGHTS_F32},
         {.name = "bf16", .dt = WHALE_BF16, .weights = WHALE_WEIGHTS_F32},
         {.name = "fp16", .dt = WHALE_F16, .weights = WHALE_WEIGHTS_F32},
         {.name = "bf16-pure-nearest", .dt = WHALE_BF16, .weights = WHALE_WEIGHTS_BF16_NEAREST},
         {.name = "bf16-pure-stochastic", .dt = WHALE_BF16, .weights = WHALE_WEIGHTS_BF16_STOCHASTIC}};
-    char tmp[4096] = "", paths[N_FORMATS][4200], out_default[4096], svg_default[4200], dirs[N_TRAIN][4200];
-    memset(rows, 0, sizeof rows);
-    memset(res, 0, sizeof res);
-    memset(paths, 0, sizeof paths);
-    if (read_model_info(o.dir, &mi, &err)) goto fail;
-    if (o.ids_path) {
-        if (whale_read_ids_file(o.ids_path, mi.vocab, &b.ids, &b.B, &b.S, &err)) goto fail;
-        if (b.S > mi.max_pos) {
-            whale_errf(&err, WHALE_ERR_RANGE, "%s: %d tokens per row exceed the model's max_position_embeddings %d",
-                       o.ids_path, b.S, mi.max_pos);
-            goto fail;
-        }
-        if (!(b.labels = malloc(sizeof(int32_t) * (size_t)b.B * b.S))) {
-            whale_errf(&err, WHALE_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-        memcpy(b.labels, b.ids, sizeof(int32_t) * (size_t)b.B * b.S);
-    } else {
-        if (!o.seq_given) o.seq_len = mi.max_pos < 256 ? mi.max_pos : 256;
-        if (o.seq_len > mi.max_pos) {
-            whale_errf(&err, WHALE_ERR_RANGE, "--seq-len %d exceeds the model's max_position_embeddings %d", o.seq_len,
-                       mi.max_pos);
-            goto fail;
-        }
-        b.B = o.batch;
-        b.S = o.seq_len;
-        if (read_windows(&o, &mi, &b, &err)) goto fail;
-    }
-    const char *tmpdir = getenv("TMPDIR");
-    snprintf(tmp, sizeof tmp, "%s/whale-precision-XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
-    if (!mkdtemp(tmp)) {
-        whale_errf(&err, WHALE_ERR_IO, "%s: cannot create a temporary folder: %s", tmp, strerror(errno));
-        tmp[0] = 0;
-        goto fail;
-    }
-
-    /* every format in a process of its own, one after the other */
-    int T = b.B * b.S;
-    size_t n_logits = (size_t)T * mi.vocab, n_topk = (size_t)mi.layers * T * mi.topk;
-    for (int k = 0; k < N_FORMATS; k++) {
-        rows[k].dt = formats[k];
-        rows[k].name = cli_dtype_name(formats[k]);
-        snprintf(paths[k], sizeof paths[k], "%s/%s.bin", tmp, rows[k].name);
-        if (run_format(&o, &mi, &b, formats[k], paths[k], &rows[k].peak_rss, &err)) goto fail;
-    }
-    for (int k = 0; k < N_FORMATS; k++) {
-        row_t *r = &rows[k];
-        if (result_map(paths[k], r->name, n_logits, n_topk, mi.layers, &res[k], &err)) goto fail;
-        r->tokens_per_s = res[k].h->tokens_per_s;
-        r->weight_bytes = res[k].h->weight_bytes;
-        r->disagree = calloc((size_t)mi.layers, sizeof(double));
-        r->min_margin = calloc((size_t)mi.layers, sizeof(double));
-        if (!r->disagree || !r->min_margin) {
-            whale_errf(&err, WHALE_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-        compare_logits(res[0].logits, res[k].logits, &b, mi.vocab, r);
-        compare_routing(&res[0], &res[k], mi.layers, T, mi.topk, r);
-    }
-    if (o.data) printf("%s: %d windows of %d tokens from the %s split of %s\n\n", o.dir, b.B, b.S, b.split, o.data);
-    else printf("%s: %d × %d tokens from %s\n\n", o.dir, b.B, b.S, o.ids_path);
-    print_tables(&b, &mi, rows);
-    fflush(stdout);
-
+    memcpy(r->train, train, sizeof train);
     const char *svg = NULL;
-    if (o.steps) { /* after the children: the parent may load models now */
-        if (!o.out) {
-            char jpath[4000] = "./x"; /* dirname may modify its argument and return static storage */
-            if (o.json) snprintf(jpath, sizeof jpath, "%s", o.json);
-            snprintf(out_default, sizeof out_default, "%s/precision-report-runs", dirname(jpath));
-            o.out = out_default;
-        }
-        snprintf(svg_default, sizeof svg_default, "%s/loss.svg", o.out);
-        svg = o.svg ? o.svg : svg_default;
-        if (train_all(&o, train, dirs, &err)) goto fail;
-        const char *inputs[N_TRAIN];
-        for (int k = 0; k < N_TRAIN; k++) inputs[k] = dirs[k];
-        char title[256];
-        snprintf(title, sizeof title, "%d steps of %d × %d tokens in each precision", o.steps, o.batch, o.seq_len);
-        whale_plot_opts po = {.title = title, .smooth = 1};
-        if (whale_plot_svg(inputs, N_TRAIN, &po, svg, &err)) goto fail;
-        print_training(&o, train, svg);
-    }
-    if (o.json && write_json(&o, &b, &mi, rows, o.steps ? train : NULL, svg, &err)) goto fail;
+    if (read_model_info(o.dir, &r->mi, &err) || read_tokens(&o, &r->mi, &r->b, &err) || run_formats(&o, r, &err))
+        goto fail;
+    if (o.data) printf("%s: %d windows of %d tokens from the %s split of %s\n\n", o.dir, r->b.B, r->b.S, r->b.split, o.data);
+    else printf("%s: %d × %d tokens from %s\n\n", o.dir, r->b.B, r->b.S, o.ids_path);
+    print_tables(&r->b, &r->mi, r->rows);
+    fflush(stdout);
+    if (o.steps && run_training(&o, r, &svg, &err)) goto fail;
+    if (o.json && write_json(&o, &r->b, &r->mi, r->rows, o.steps ? r->train : NULL, svg, &err)) goto fail;
     goto out;
 fail:
     status = cli_fail(&err);
 out:
-    for (int k = 0; k < N_FORMATS; k++) {
-        result_unmap(&res[k]);
-        free(rows[k].disagree);
-        free(rows[k].min_margin);
-        if (paths[k][0]) unlink(paths[k]);
-    }
-    for (int k = 0; k < N_TRAIN; k++) {
-        free(train[k].loss);
-        free(train[k].step);
-    }
-    if (tmp[0]) rmdir(tmp);
-    free(b.ids);
-    free(b.labels);
+    report_free(r);
     return status;
 }
