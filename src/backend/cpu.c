@@ -9,6 +9,7 @@
 #include "kernels/hc.h"
 #include "kernels/ops.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,6 +34,7 @@ static whale_code cpu_sync(whale_backend *be, whale_err *err) { return (void)be,
 
 static whale_code cpu_matmul_nt(whale_backend *be, int M, int N, int K, const float *A, int lda, whale_wref W,
                                 float *C, int ldc, int acc, whale_err *err) {
+    assert(M >= 0 && N >= 0 && K >= 0 && (M <= 1 || ldc >= N)); /* C[M,N] = A[M,K] · W[N,K]ᵀ */
     switch (W.format) {
     case WHALE_F32: return whale_gemm_nt(GEMM(be), M, N, K, A, lda, W.data, W.ld, C, ldc, acc, err);
     case WHALE_BF16: return whale_gemm_nt_bf16(GEMM(be), M, N, K, A, lda, W.data, W.ld, C, ldc, acc, err);
@@ -44,6 +46,7 @@ static whale_code cpu_matmul_nt(whale_backend *be, int M, int N, int K, const fl
 
 static whale_code cpu_matmul_nn(whale_backend *be, int M, int N, int K, const float *A, int lda, whale_wref B,
                                 float *C, int ldc, int acc, whale_err *err) {
+    assert(M >= 0 && N >= 0 && K >= 0 && (M <= 1 || ldc >= N)); /* C[M,N] = A[M,K] · B[K,N] */
     switch (B.format) {
     case WHALE_F32: return whale_gemm_nn(GEMM(be), M, N, K, A, lda, B.data, B.ld, C, ldc, acc, err);
     case WHALE_BF16: return whale_gemm_nn_bf16(GEMM(be), M, N, K, A, lda, B.data, B.ld, C, ldc, acc, err);
@@ -55,6 +58,7 @@ static whale_code cpu_matmul_nn(whale_backend *be, int M, int N, int K, const fl
 
 static whale_code cpu_matmul_tn(whale_backend *be, whale_dtype products, int M, int N, int K, const float *A,
                                 int lda, const float *B, int ldb, float *C, int ldc, int acc, whale_err *err) {
+    assert(M >= 0 && N >= 0 && K >= 0);
     switch (products) {
     case WHALE_F32: return whale_gemm_tn(GEMM(be), M, N, K, A, lda, B, ldb, C, ldc, acc, err);
     case WHALE_BF16: return whale_gemm_tn_bf16(GEMM(be), M, N, K, A, lda, B, ldb, C, ldc, acc, err);
@@ -110,7 +114,10 @@ static void row_to_f32(whale_wref W, int32_t r, int cols, float *out) {
 }
 static void cpu_get_rows(whale_backend *be, float *dst, int ldd, whale_wref W, const int32_t *ids, long n, int cols) {
     (void)be;
-    for (long i = 0; i < n; i++) row_to_f32(W, ids[i], cols, dst + (size_t)i * ldd);
+    for (long i = 0; i < n; i++) {
+        assert(ids[i] >= 0); /* the session checked every token against the vocabulary */
+        row_to_f32(W, ids[i], cols, dst + (size_t)i * ldd);
+    }
 }
 static void cpu_gather_rows(whale_backend *be, float *dst, const float *src, int ld, const int32_t *idx,
                             const float *w, long n, int cols) {
@@ -218,12 +225,14 @@ static size_t cpu_att_bwork(whale_backend *be, int max_ctx, int Hq, int Hkv, int
 static whale_code cpu_attention(whale_backend *be, float *out, const float *q, const float *k, const float *v,
                                 int ldkv, const int32_t *seg, int S, int p0, int Hq, int Hkv, int Dh, float scale,
                                 whale_dtype products, float *work, whale_err *err) {
+    assert(S >= 0 && p0 >= 0 && Hkv > 0 && Hq % Hkv == 0 && ldkv >= Hkv * Dh);
     return k_attention(GEMM(be), out, q, k, v, ldkv, seg, S, p0, Hq, Hkv, Dh, scale, products, work, err);
 }
 static whale_code cpu_attention_backward(whale_backend *be, float *dq, float *dk, float *dv, const float *dout,
                                          const float *q, const float *k, const float *v, int ldkv, const int32_t *seg,
                                          int S, int p0, int Hq, int Hkv, int Dh, float scale, whale_dtype products,
                                          float *work, whale_err *err) {
+    assert(S >= 0 && p0 >= 0 && Hkv > 0 && Hq % Hkv == 0 && ldkv >= Hkv * Dh);
     return k_attention_backward(GEMM(be), dq, dk, dv, dout, q, k, v, ldkv, seg, S, p0, Hq, Hkv, Dh, scale, products,
                                 work, err);
 }
