@@ -79,6 +79,11 @@ typedef struct {
     int64_t step;
     whale_loss_scaler scaler; /* fp16 only */
     whale_diag *nan;          /* --nan-check */
+    char resume_dir[4096];    /* the checkpoint resumed ("" for none) */
+    int64_t start, warmup, tokens_per_step;
+    /* the meters of the training loop */
+    double t_start, t_train, interval_loss, interval_norm, last_loss, val_loss;
+    int interval_n, interval_steps;
 } run_t;
 
 /* trainer_state.json: the step, the data cursor, the loss scaler and what
@@ -337,18 +342,10 @@ static whale_code setup_model(run_t *r, const char *resume_dir, whale_err *err) 
     return whale_model_init_config(o->init, overrides, o->seed, &r->m, err);
 }
 
-whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, whale_err *err) {
-    run_t r = {0};
-    whale_train_opts quiet_opts;
-    if (whale_dist_rank() != 0) { /* only rank 0 speaks */
-        quiet_opts = *o;
-        quiet_opts.quiet = 1;
-        o = &quiet_opts;
-    }
-    r.o = o;
-    r.leader = whale_dist_rank() == 0;
-    whale_code c = WHALE_OK;
-    char path[4200], resume_dir[4096] = "";
+/* The options that cannot run, and an output folder that cannot be
+ * written (now, not after loading). */
+static whale_code check_run(const run_t *r, whale_err *err) {
+    const whale_train_opts *o = r->o;
     if (o->batch_size < 1 || o->grad_accum < 1 || o->seq_len < 2 || o->max_steps < 1)
         return whale_errf(err, WHALE_ERR_ARG, "--batch-size, --grad-accum, --max-steps must be >= 1 and --seq-len >= 2");
     if (!(o->lr > 0)) return whale_errf(err, WHALE_ERR_ARG, "--lr must be > 0");
@@ -357,221 +354,265 @@ whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, w
                           "--grad-accum %d is not a multiple of the %d ranks: each rank takes grad-accum / ranks of "
                           "every step's micro-batches",
                           o->grad_accum, whale_dist_size());
-    if (r.leader) {
-        if ((c = whale_mkdir(o->out, err))) return c;
-        snprintf(path, sizeof path, "%s/.write-test", o->out);
-        if ((c = whale_write_file_atomic(path, "", 0, err))) return c;
-        unlink(path);
-    }
+    if (!r->leader) return WHALE_OK;
+    char path[4200];
+    whale_code c = whale_mkdir(o->out, err);
+    if (c) return c;
+    snprintf(path, sizeof path, "%s/.write-test", o->out);
+    if ((c = whale_write_file_atomic(path, "", 0, err))) return c;
+    unlink(path);
+    return WHALE_OK;
+}
 
-    if ((c = whale_dataset_open(o->data, "train", &r.train, err))) goto done;
-    whale_dataset_set_cross_doc(r.train, o->cross_doc_attention);
-    if (whale_dataset_num_windows(r.train, o->seq_len) < o->batch_size) {
-        c = whale_errf(err, WHALE_ERR_ARG, "%s: %lld training tokens make fewer than --batch-size %d windows of %d",
-                       o->data, (long long)whale_dataset_tokens(r.train), o->batch_size, o->seq_len);
-        goto done;
-    }
-    if (whale_dataset_open(o->data, "val", &r.val, err) == WHALE_OK) {
-        whale_dataset_set_cross_doc(r.val, o->cross_doc_attention);
-        if (whale_dataset_num_windows(r.val, o->seq_len) < 1) { /* too small to evaluate */
-            whale_dataset_free(r.val);
-            r.val = NULL;
+/* The train split, the val split when it holds a window, and the
+ * checkpoint to resume ("latest": the last in the output folder). */
+static whale_code open_data(run_t *r, whale_err *err) {
+    const whale_train_opts *o = r->o;
+    whale_code c = whale_dataset_open(o->data, "train", &r->train, err);
+    if (c) return c;
+    whale_dataset_set_cross_doc(r->train, o->cross_doc_attention);
+    if (whale_dataset_num_windows(r->train, o->seq_len) < o->batch_size)
+        return whale_errf(err, WHALE_ERR_ARG, "%s: %lld training tokens make fewer than --batch-size %d windows of %d",
+                          o->data, (long long)whale_dataset_tokens(r->train), o->batch_size, o->seq_len);
+    if (whale_dataset_open(o->data, "val", &r->val, err) == WHALE_OK) {
+        whale_dataset_set_cross_doc(r->val, o->cross_doc_attention);
+        if (whale_dataset_num_windows(r->val, o->seq_len) < 1) { /* too small to evaluate */
+            whale_dataset_free(r->val);
+            r->val = NULL;
         }
     }
-
-    if (o->resume) {
-        if (!strcmp(o->resume, "latest")) {
-            int64_t *steps;
-            int n = whale_list_checkpoints(o->out, &steps);
-            if (n == 0) {
-                free(steps);
-                c = whale_errf(err, WHALE_ERR_IO, "%s: --resume latest: no checkpoint-N folder to resume from", o->out);
-                goto done;
-            }
-            snprintf(resume_dir, sizeof resume_dir, "%s/checkpoint-%lld", o->out, (long long)steps[n - 1]);
-            free(steps);
-        } else {
-            snprintf(resume_dir, sizeof resume_dir, "%s", o->resume);
-        }
+    if (!o->resume) return WHALE_OK;
+    if (strcmp(o->resume, "latest")) {
+        snprintf(r->resume_dir, sizeof r->resume_dir, "%s", o->resume);
+        return WHALE_OK;
     }
-    if ((c = setup_model(&r, resume_dir[0] ? resume_dir : NULL, err))) goto done;
-    const char *tok = o->tokenizer ? o->tokenizer : resume_dir[0] ? resume_dir : whale_is_dir(o->init) ? o->init : NULL;
+    int64_t *steps;
+    int n = whale_list_checkpoints(o->out, &steps);
+    if (n) snprintf(r->resume_dir, sizeof r->resume_dir, "%s/checkpoint-%lld", o->out, (long long)steps[n - 1]);
+    free(steps);
+    return n ? WHALE_OK
+             : whale_errf(err, WHALE_ERR_IO, "%s: --resume latest: no checkpoint-N folder to resume from", o->out);
+}
+
+/* The model (from the checkpoint resumed, a model folder, or a preset sized
+ * by the data) in the run's precision, and the tokenizer it carries along. */
+static whale_code load_model(run_t *r, whale_err *err) {
+    const whale_train_opts *o = r->o;
+    const char *resume_dir = r->resume_dir[0] ? r->resume_dir : NULL;
+    whale_code c = setup_model(r, resume_dir, err);
+    if (c) return c;
+    const char *tok = o->tokenizer ? o->tokenizer : resume_dir ? resume_dir : whale_is_dir(o->init) ? o->init : NULL;
     char tok_json[4200];
     snprintf(tok_json, sizeof tok_json, "%s/tokenizer.json", tok ? tok : "");
-    r.tokenizer_dir = tok && access(tok_json, R_OK) == 0 ? strdup(tok) : NULL;
-    if ((c = whale_dataset_check(r.train, whale_model_vocab_size(r.m), r.tokenizer_dir, err))) goto done;
-    if (o->seq_len > whale_model_max_positions(r.m)) {
-        c = whale_errf(err, WHALE_ERR_RANGE, "--seq-len %d exceeds the model's max_position_embeddings %d", o->seq_len,
-                       whale_model_max_positions(r.m));
-        goto done;
-    }
+    r->tokenizer_dir = tok && access(tok_json, R_OK) == 0 ? strdup(tok) : NULL;
+    if ((c = whale_dataset_check(r->train, whale_model_vocab_size(r->m), r->tokenizer_dir, err))) return c;
+    if (o->seq_len > whale_model_max_positions(r->m))
+        return whale_errf(err, WHALE_ERR_RANGE, "--seq-len %d exceeds the model's max_position_embeddings %d",
+                          o->seq_len, whale_model_max_positions(r->m));
+    if (o->weights != WHALE_WEIGHTS_F32 && o->dtype != WHALE_BF16)
+        return whale_errf(err, WHALE_ERR_ARG, "pure bf16 weights need --dtype bf16");
+    return whale_model_set_dtype(r->m, o->dtype, err);
+}
+
+/* The session, the optimizer (pure bf16 starts from bf16 weights), the
+ * gradient sum, the state resumed and the micro-batches. */
+static whale_code build_training(run_t *r, whale_err *err) {
+    const whale_train_opts *o = r->o;
     whale_adamw_config ac = {.beta1 = o->beta1, .beta2 = o->beta2, .eps = o->adam_eps, .weight_decay = o->weight_decay,
                              .weight_rounding = o->weights, .seed = o->seed};
-    if (o->weights != WHALE_WEIGHTS_F32 && o->dtype != WHALE_BF16) {
-        c = whale_errf(err, WHALE_ERR_ARG, "pure bf16 weights need --dtype bf16");
-        goto done;
-    }
-    whale_loss_scaler_init(&r.scaler);
-    if (o->loss_scale > 0) r.scaler.scale = o->loss_scale;
-    if (o->loss_scale_interval > 0) r.scaler.growth_interval = o->loss_scale_interval;
-    if ((c = whale_model_set_dtype(r.m, o->dtype, err))) goto done;
-    if ((c = whale_train_session_new(r.m, o->batch_size, o->seq_len, o->recompute, &r.s, err)) ||
-        (c = whale_adamw_new(r.m, &ac, &r.opt, err)))
-        goto done;
-    if (o->weights != WHALE_WEIGHTS_F32) { /* pure bf16 starts from bf16 weights */
-        for (int i = 0; i < whale_model_num_params(r.m); i++) {
-            whale_tensor t = whale_model_param(r.m, i);
+    whale_loss_scaler_init(&r->scaler);
+    if (o->loss_scale > 0) r->scaler.scale = o->loss_scale;
+    if (o->loss_scale_interval > 0) r->scaler.growth_interval = o->loss_scale_interval;
+    whale_code c;
+    if ((c = whale_train_session_new(r->m, o->batch_size, o->seq_len, o->recompute, &r->s, err)) ||
+        (c = whale_adamw_new(r->m, &ac, &r->opt, err)))
+        return c;
+    if (o->weights != WHALE_WEIGHTS_F32) {
+        for (int i = 0; i < whale_model_num_params(r->m); i++) {
+            whale_tensor t = whale_model_param(r->m, i);
             if (t.dtype == WHALE_F32) whale_round_bf16_inplace(t.data, (size_t)whale_shape_numel(t.ndim, t.shape));
         }
-        whale_model_refresh_copies(r.m);
+        whale_model_refresh_copies(r->m);
     }
     if (o->nan_check) {
-        if (!(r.nan = whale_diag_new(1))) {
-            c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
-            goto done;
-        }
-        if ((c = whale_diag_set_model(r.nan, r.m, err))) goto done;
-        whale_session_set_trace(r.s, whale_diag_trace, r.nan);
+        if (!(r->nan = whale_diag_new(1))) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+        if ((c = whale_diag_set_model(r->nan, r->m, err))) return c;
+        whale_session_set_trace(r->s, whale_diag_trace, r->nan);
     }
-    r.cursor.seed = o->seed;
-    if ((c = o->zero ? whale_zero_new(r.s, r.opt, o->grad_accum, &r.sum, &r.zero, err)
-                     : whale_step_sum_new(r.s, o->grad_accum, &r.sum, err)))
-        goto done;
-    if (resume_dir[0] && (c = load_trainer_state(&r, resume_dir, err))) goto done;
-    if ((c = whale_step_check_start(r.s, r.opt, &r.cursor, r.step, err))) goto done;
-    whale_zero_drop_masters(r.zero, r.s);
-    r.micro = calloc((size_t)o->grad_accum, sizeof *r.micro);
-    if (!r.micro) {
-        c = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    for (int i = 0; i < o->grad_accum && !c; i++) c = whale_batch_alloc(o->batch_size, o->seq_len, &r.micro[i], err);
-    if (c) goto done;
+    r->cursor.seed = o->seed;
+    if ((c = o->zero ? whale_zero_new(r->s, r->opt, o->grad_accum, &r->sum, &r->zero, err)
+                     : whale_step_sum_new(r->s, o->grad_accum, &r->sum, err)) ||
+        (r->resume_dir[0] && (c = load_trainer_state(r, r->resume_dir, err))) ||
+        (c = whale_step_check_start(r->s, r->opt, &r->cursor, r->step, err)))
+        return c;
+    whale_zero_drop_masters(r->zero, r->s);
+    if (!(r->micro = calloc((size_t)o->grad_accum, sizeof *r->micro)))
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < o->grad_accum; i++)
+        if ((c = whale_batch_alloc(o->batch_size, o->seq_len, &r->micro[i], err))) return c;
+    return WHALE_OK;
+}
 
+/* metrics.jsonl (cut back to the step resumed), and the run's start lines. */
+static whale_code open_metrics(run_t *r, whale_err *err) {
+    const whale_train_opts *o = r->o;
+    char path[4200];
     snprintf(path, sizeof path, "%s/metrics.jsonl", o->out);
-    if (r.leader && (c = trim_metrics(path, resume_dir[0] ? r.step : -1, err))) goto done;
-    if (r.leader && !(r.metrics = fopen(path, "a"))) {
-        c = whale_errf(err, WHALE_ERR_IO, "%s: cannot open for appending: %s", path, strerror(errno));
-        goto done;
-    }
-    int64_t warmup = o->warmup_steps >= 0 ? o->warmup_steps : (int64_t)ceil(o->warmup_ratio * (double)o->max_steps);
-    int64_t tokens_per_step = (int64_t)o->batch_size * o->seq_len * o->grad_accum, start = r.step;
-    if (!o->quiet) {
-        whale_memory mm;
-        whale_memory_of_model(r.m, &mm);
-        whale_memory_add_session(&mm, r.s);
-        whale_memory_add_optimizer(&mm, whale_optimizer_bytes(r.opt));
-        if (r.sum) mm.grads += whale_grad_sum_bytes(r.sum), mm.total += whale_grad_sum_bytes(r.sum);
-        mm.weights_f32 -= whale_zero_dropped_bytes(r.zero), mm.total -= whale_zero_dropped_bytes(r.zero);
-        mm.ranks = whale_dist_size(), mm.zero = r.zero != NULL;
-        fprintf(stderr, "train: ");
-        whale_memory_print(&mm, stderr);
-    }
-    if (!o->quiet)
-        fprintf(stderr,
-                "train: %lld parameters; %lld tokens per step (%d × %d × %d); %lld steps from %lld; "
-                "data %lld train tokens (%lld windows)%s%s\n",
-                (long long)whale_model_param_count(r.m), (long long)tokens_per_step, o->batch_size, o->seq_len,
-                o->grad_accum, (long long)o->max_steps, (long long)start, (long long)whale_dataset_tokens(r.train),
-                (long long)whale_dataset_num_windows(r.train, o->seq_len), resume_dir[0] ? "; resumed" : "",
-                dist_note(o->grad_accum, r.zero != NULL));
-    double t_start = whale_now(), t_train = 0, interval_loss = 0, interval_norm = 0, last_loss = NAN, val = NAN;
-    int interval_n = 0, interval_steps = 0, fp16 = o->dtype == WHALE_F16;
-    while (r.step < o->max_steps) {
-        double t0 = whale_now();
-        double lr = o->lr * whale_lr_multiplier(o->schedule, r.step, warmup, o->max_steps);
-        for (int i = 0; i < o->grad_accum && !c; i++)
-            c = whale_dataset_next_batch(r.train, &r.cursor, o->batch_size, o->seq_len, &r.micro[i], err);
-        if (c) goto done;
-        double loss_scale = fp16 ? r.scaler.scale : 1.0;
-        whale_step_result sr;
-        if ((c = whale_train_one_step(r.s, r.opt, fp16 ? &r.scaler : NULL, r.nan, r.sum, r.zero, r.micro, o->grad_accum,
-                                      o->hf_accum_compat, o->max_grad_norm, lr, r.step + 1, &sr, err)))
-            goto done;
-        double step_loss = sr.loss, norm = sr.grad_norm;
-        int take_step = sr.taken;
-        r.step++;
-        t_train += whale_now() - t0;
-        last_loss = step_loss;
-        if (isfinite(step_loss)) {
-            interval_loss += step_loss;
-            interval_n++;
-        }
-        if (take_step) {
-            interval_norm += norm;
-            interval_steps++;
-        }
+    whale_code c;
+    if (r->leader && (c = trim_metrics(path, r->resume_dir[0] ? r->step : -1, err))) return c;
+    if (r->leader && !(r->metrics = fopen(path, "a")))
+        return whale_errf(err, WHALE_ERR_IO, "%s: cannot open for appending: %s", path, strerror(errno));
+    r->warmup = o->warmup_steps >= 0 ? o->warmup_steps : (int64_t)ceil(o->warmup_ratio * (double)o->max_steps);
+    r->tokens_per_step = (int64_t)o->batch_size * o->seq_len * o->grad_accum, r->start = r->step;
+    if (o->quiet) return WHALE_OK;
+    whale_memory mm;
+    whale_memory_of_model(r->m, &mm);
+    whale_memory_add_session(&mm, r->s);
+    whale_memory_add_optimizer(&mm, whale_optimizer_bytes(r->opt));
+    if (r->sum) mm.grads += whale_grad_sum_bytes(r->sum), mm.total += whale_grad_sum_bytes(r->sum);
+    mm.weights_f32 -= whale_zero_dropped_bytes(r->zero), mm.total -= whale_zero_dropped_bytes(r->zero);
+    mm.ranks = whale_dist_size(), mm.zero = r->zero != NULL;
+    fprintf(stderr, "train: ");
+    whale_memory_print(&mm, stderr);
+    fprintf(stderr,
+            "train: %lld parameters; %lld tokens per step (%d × %d × %d); %lld steps from %lld; "
+            "data %lld train tokens (%lld windows)%s%s\n",
+            (long long)whale_model_param_count(r->m), (long long)r->tokens_per_step, o->batch_size, o->seq_len,
+            o->grad_accum, (long long)o->max_steps, (long long)r->start, (long long)whale_dataset_tokens(r->train),
+            (long long)whale_dataset_num_windows(r->train, o->seq_len), r->resume_dir[0] ? "; resumed" : "",
+            dist_note(o->grad_accum, r->zero != NULL));
+    return WHALE_OK;
+}
 
-        int last = r.step == o->max_steps;
-        if (r.step % (o->log_every > 0 ? o->log_every : 1) == 0 || last || r.step == start + 1) {
-            double tps = (double)(r.step - start) * tokens_per_step / t_train;
-            char jl[32], jn[32];
-            double eta = t_train / (double)(r.step - start) * (double)(o->max_steps - r.step);
-            double mean_loss = interval_n ? interval_loss / interval_n : NAN;
-            double mean_norm = interval_steps ? interval_norm / interval_steps : NAN;
-            FILE *mf = r.metrics; /* NULL but on rank 0 */
-            if (mf)
-                fprintf(mf,
-                    "{\"step\": %lld, \"loss\": %s, \"lr\": %.6g, \"grad_norm\": %s, \"tokens\": %lld, "
-                    "\"tokens_per_s\": %.1f, \"elapsed_s\": %.2f, \"epoch\": %.4f",
-                    (long long)r.step, whale_json_double(jl, sizeof jl, "%.6f", mean_loss), lr, whale_json_double(jn, sizeof jn, "%.6g", mean_norm),
-                    (long long)(r.step * tokens_per_step), tps, whale_now() - t_start,
-                    r.cursor.epoch + (double)r.cursor.index / (double)(r.cursor.windows ? r.cursor.windows : 1));
-            if (fp16 && mf)
-                fprintf(mf, ", \"loss_scale\": %.0f, \"skipped_steps\": %lld, \"step_skipped\": %s",
-                        loss_scale, (long long)r.scaler.skipped, take_step ? "false" : "true");
-            double rank_tokens = (double)(r.step - start) * tokens_per_step / whale_dist_size();
-            if ((c = whale_step_dist_metrics(mf, rank_tokens, t_train, err))) goto done;
-            if (mf) {
-                fprintf(mf, "}\n");
-                fflush(mf);
-            }
-            if (!o->quiet) {
-                char e1[32], e2[32];
-                whale_fmt_duration(e1, sizeof e1, whale_now() - t_start);
-                whale_fmt_duration(e2, sizeof e2, eta);
-                char sc[64] = "";
-                if (fp16)
-                    snprintf(sc, sizeof sc, "  scale %.0f%s", r.scaler.scale, take_step ? "" : " (skipped)");
-                fprintf(stderr, "step %6lld/%lld  loss %.4f  lr %.2e  grad-norm %.3f%s  %.0f tok/s  elapsed %s  ETA %s\n",
-                        (long long)r.step, (long long)o->max_steps, mean_loss, lr, mean_norm, sc, tps, e1, e2);
-            }
-            interval_loss = interval_norm = 0;
-            interval_n = interval_steps = 0;
-        }
-        if (r.val && ((o->eval_every > 0 && r.step % o->eval_every == 0) || last) && (c = log_eval(&r, &val, err)))
-            goto done;
-        if ((o->save_every > 0 && r.step % o->save_every == 0) || last) {
-            if ((c = save_checkpoint(&r, err))) goto done;
-            if (r.metrics) fflush(r.metrics);
-            if ((c = whale_dist_wait_leader("end of the checkpoint", r.step, err))) goto done;
+/* A logged step: one line of metrics.jsonl and the progress line; the
+ * interval's meters start again. */
+static whale_code log_step(run_t *r, double lr, double loss_scale, int take_step, whale_err *err) {
+    const whale_train_opts *o = r->o;
+    int fp16 = o->dtype == WHALE_F16;
+    int64_t done = r->step - r->start;
+    double tps = (double)done * r->tokens_per_step / r->t_train;
+    char jl[32], jn[32];
+    double eta = r->t_train / (double)done * (double)(o->max_steps - r->step);
+    double mean_loss = r->interval_n ? r->interval_loss / r->interval_n : NAN;
+    double mean_norm = r->interval_steps ? r->interval_norm / r->interval_steps : NAN;
+    FILE *mf = r->metrics; /* NULL but on rank 0 */
+    if (mf)
+        fprintf(mf,
+                "{\"step\": %lld, \"loss\": %s, \"lr\": %.6g, \"grad_norm\": %s, \"tokens\": %lld, "
+                "\"tokens_per_s\": %.1f, \"elapsed_s\": %.2f, \"epoch\": %.4f",
+                (long long)r->step, whale_json_double(jl, sizeof jl, "%.6f", mean_loss), lr,
+                whale_json_double(jn, sizeof jn, "%.6g", mean_norm), (long long)(r->step * r->tokens_per_step), tps,
+                whale_now() - r->t_start,
+                r->cursor.epoch + (double)r->cursor.index / (double)(r->cursor.windows ? r->cursor.windows : 1));
+    if (fp16 && mf)
+        fprintf(mf, ", \"loss_scale\": %.0f, \"skipped_steps\": %lld, \"step_skipped\": %s", loss_scale,
+                (long long)r->scaler.skipped, take_step ? "false" : "true");
+    double rank_tokens = (double)done * r->tokens_per_step / whale_dist_size();
+    whale_code c = whale_step_dist_metrics(mf, rank_tokens, r->t_train, err);
+    if (c) return c;
+    if (mf) {
+        fprintf(mf, "}\n");
+        fflush(mf);
+    }
+    if (!o->quiet) {
+        char e1[32], e2[32];
+        whale_fmt_duration(e1, sizeof e1, whale_now() - r->t_start);
+        whale_fmt_duration(e2, sizeof e2, eta);
+        char sc[64] = "";
+        if (fp16) snprintf(sc, sizeof sc, "  scale %.0f%s", r->scaler.scale, take_step ? "" : " (skipped)");
+        fprintf(stderr, "step %6lld/%lld  loss %.4f  lr %.2e  grad-norm %.3f%s  %.0f tok/s  elapsed %s  ETA %s\n",
+                (long long)r->step, (long long)o->max_steps, mean_loss, lr, mean_norm, sc, tps, e1, e2);
+    }
+    r->interval_loss = r->interval_norm = 0;
+    r->interval_n = r->interval_steps = 0;
+    return WHALE_OK;
+}
+
+/* The steps up to --max-steps: log, evaluate and save as asked. */
+static whale_code train_steps(run_t *r, whale_err *err) {
+    const whale_train_opts *o = r->o;
+    int fp16 = o->dtype == WHALE_F16;
+    whale_code c = WHALE_OK;
+    r->t_start = whale_now();
+    r->last_loss = r->val_loss = NAN;
+    while (r->step < o->max_steps) {
+        double t0 = whale_now();
+        double lr = o->lr * whale_lr_multiplier(o->schedule, r->step, r->warmup, o->max_steps);
+        for (int i = 0; i < o->grad_accum && !c; i++)
+            c = whale_dataset_next_batch(r->train, &r->cursor, o->batch_size, o->seq_len, &r->micro[i], err);
+        if (c) return c;
+        double loss_scale = fp16 ? r->scaler.scale : 1.0;
+        whale_step_result sr;
+        if ((c = whale_train_one_step(r->s, r->opt, fp16 ? &r->scaler : NULL, r->nan, r->sum, r->zero, r->micro,
+                                      o->grad_accum, o->hf_accum_compat, o->max_grad_norm, lr, r->step + 1, &sr, err)))
+            return c;
+        r->step++;
+        r->t_train += whale_now() - t0;
+        r->last_loss = sr.loss;
+        if (isfinite(sr.loss)) r->interval_loss += sr.loss, r->interval_n++;
+        if (sr.taken) r->interval_norm += sr.grad_norm, r->interval_steps++;
+        int last = r->step == o->max_steps;
+        if ((r->step % (o->log_every > 0 ? o->log_every : 1) == 0 || last || r->step == r->start + 1) &&
+            (c = log_step(r, lr, loss_scale, sr.taken, err)))
+            return c;
+        if (r->val && ((o->eval_every > 0 && r->step % o->eval_every == 0) || last) && (c = log_eval(r, &r->val_loss, err)))
+            return c;
+        if ((o->save_every > 0 && r->step % o->save_every == 0) || last) {
+            if ((c = save_checkpoint(r, err))) return c;
+            if (r->metrics) fflush(r->metrics);
+            if ((c = whale_dist_wait_leader("end of the checkpoint", r->step, err))) return c;
         }
     }
-    /* the final model in the run folder, like save_model(output_dir) */
-    if ((c = whale_step_save_model(r.leader ? o->out : NULL, r.m, r.sum, r.zero, r.step, err)) ||
-        (r.leader && (c = copy_tokenizer_files(r.tokenizer_dir, o->out, err))))
-        goto done;
-    if (!o->quiet) fprintf(stderr, "train: peak resident memory %.1f MiB\n", whale_peak_rss() / 1048576.0);
-    if (res) {
-        res->steps = r.step;
-        res->last_loss = last_loss;
-        res->val_loss = val;
-        res->seconds = whale_now() - t_start;
-        res->tokens_per_s = t_train > 0 ? (double)(r.step - start) * tokens_per_step / t_train : 0;
+    return WHALE_OK;
+}
+
+static void free_run(run_t *r) {
+    if (r->metrics) fclose(r->metrics);
+    if (r->micro)
+        for (int i = 0; i < r->o->grad_accum; i++) whale_batch_free(&r->micro[i]);
+    free(r->micro);
+    whale_grad_sum_free(r->sum);
+    whale_zero_free(r->zero);
+    free(r->tokenizer_dir);
+    whale_optimizer_free(r->opt);
+    whale_session_free(r->s);
+    whale_diag_free(r->nan);
+    whale_model_free(r->m);
+    whale_dataset_free(r->train);
+    whale_dataset_free(r->val);
+}
+
+whale_code whale_train_run(const whale_train_opts *o, whale_train_result *res, whale_err *err) {
+    whale_train_opts quiet_opts;
+    if (whale_dist_rank() != 0) { /* only rank 0 speaks */
+        quiet_opts = *o;
+        quiet_opts.quiet = 1;
+        o = &quiet_opts;
     }
-done:
-    if (r.metrics) fclose(r.metrics);
-    if (r.micro)
-        for (int i = 0; i < o->grad_accum; i++) whale_batch_free(&r.micro[i]);
-    free(r.micro);
-    whale_grad_sum_free(r.sum);
-    whale_zero_free(r.zero);
-    free(r.tokenizer_dir);
-    whale_optimizer_free(r.opt);
-    whale_session_free(r.s);
-    whale_diag_free(r.nan);
-    whale_model_free(r.m);
-    whale_dataset_free(r.train);
-    whale_dataset_free(r.val);
+    run_t *r = calloc(1, sizeof *r);
+    if (!r) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    r->o = o;
+    r->leader = whale_dist_rank() == 0;
+    whale_code c = check_run(r, err);
+    if (c) {
+        free(r);
+        return c;
+    }
+    /* the final model in the run folder, like save_model(output_dir); with
+     * --zero 1 in mixed precision every rank holds part of the masters */
+    if (!(c = open_data(r, err)) && !(c = load_model(r, err)) && !(c = build_training(r, err)) &&
+        !(c = open_metrics(r, err)) && !(c = train_steps(r, err)) &&
+        !(c = whale_step_save_model(r->leader ? o->out : NULL, r->m, r->sum, r->zero, r->step, err)) && r->leader)
+        c = copy_tokenizer_files(r->tokenizer_dir, o->out, err);
+    if (!c && !o->quiet) fprintf(stderr, "train: peak resident memory %.1f MiB\n", whale_peak_rss() / 1048576.0);
+    if (!c && res) {
+        res->steps = r->step;
+        res->last_loss = r->last_loss;
+        res->val_loss = r->val_loss;
+        res->seconds = whale_now() - r->t_start;
+        res->tokens_per_s = r->t_train > 0 ? (double)(r->step - r->start) * r->tokens_per_step / r->t_train : 0;
+    }
+    free_run(r);
+    free(r);
     return c;
 }
