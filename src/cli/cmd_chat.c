@@ -162,7 +162,7 @@ static const char chat_help[] =
     "  the template and system prompt it was trained with (flags override them)\n"
     "  type a message and press enter; \"\"\" on a line starts and ends a multi-line message;\n"
     "  'clear' forgets the conversation, 'exit' (or end of input) quits. From a pipe, each line\n"
-    "  is one message and each reply is printed on its own line.\n"
+    "  is one message, answered on its own line in a fresh conversation (--multi-turn true keeps one)\n"
     "  --tools FILE.json: tool definitions for the template; tool calls in a reply are printed\n"
     "  as a line 'tool_calls: [...]' (OpenAI's form), and a message '/tool TEXT' answers them\n"
     "  as a tool result.\n"
@@ -170,7 +170,8 @@ static const char chat_help[] =
     "  'whale generate' (--temperature 0.7 --top-k 50 --top-p 0.9 --min-p 0 --repeat-penalty 1\n"
     "  --seed S; generation_config.json's values replace the defaults, not what is given);\n"
     "  --ctx-size N (alias -c, --max-model-len): positions of the session (default: the model's)\n"
-    "  --multi-turn [true|false] (true): false answers each message in a fresh conversation\n"
+    "  --multi-turn [true|false] (true on a terminal, false from a pipe): false answers each message\n"
+    "  in a fresh conversation (the system prompt stays), true keeps one growing conversation\n"
     "  --stream [true|false] (true): false prints each reply when it is complete\n"
     "  --verbose-prompt: print each turn's prompt ids (the rendered conversation) to stderr\n"
     "  --dtype fp32|bf16|fp16|int8 (compute precision; default: the checkpoint's torch_dtype),\n"
@@ -212,7 +213,7 @@ static whale_code read_tools(const char *path, cJSON **out, whale_err *err) {
 }
 
 int cmd_chat(int argc, char **argv) {
-    chat_opts o = {.dtype = CLI_DTYPE_AUTO, .n_new = 512, .stream = 1, .multi_turn = 1, .sp = cli_sampling_defaults()};
+    chat_opts o = {.dtype = CLI_DTYPE_AUTO, .n_new = 512, .stream = 1, .multi_turn = -1, .sp = cli_sampling_defaults()};
     int bad = chat_parse(argc, argv, &o);
     if (bad) return bad < 0 ? 0 : bad;
     whale_set_threads((int)o.threads);
@@ -231,6 +232,7 @@ int cmd_chat(int argc, char **argv) {
     convo cv = {cJSON_CreateArray(), NULL, 0};
     int status = 0, interactive = isatty(0) && isatty(1);
     int32_t *ctx = NULL, *ids = NULL, stop[16];
+    if (o.multi_turn < 0) o.multi_turn = isatty(0); /* from a pipe, each line on its own */
     if (!cv.msgs) {
         whale_errf(&err, WHALE_ERR_NOMEM, "out of memory");
         goto fail;

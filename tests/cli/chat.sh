@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# whale chat driven through a pipe: replies per message, 'clear', multi-line
-# input, template detection and its errors.
+# whale chat driven through a pipe: replies per message, each piped line its
+# own conversation unless --multi-turn true (a terminal keeps one), 'clear',
+# multi-line input, template detection and its errors.
 # usage: chat.sh WHALE_BIN TEST_DATA_DIR
 set -u
 WHALE=$1
@@ -13,7 +14,7 @@ printf 'Hello there\n你是谁？\nclear\n"""\nline one\nline two\n"""\nexit\nno
     "$WHALE" chat -m "$TMP/m" -n 6 --seed 3 --ignore-case 2>/dev/null
 check "unknown options are refused" test $? = 2
 printf 'Hello there\n你是谁？\nclear\n"""\nline one\nline two\n"""\nexit\nnot read\n' |
-    "$WHALE" chat -m "$TMP/m" -n 6 --seed 3 >"$TMP/out" 2>"$TMP/err"
+    "$WHALE" chat -m "$TMP/m" -n 6 --seed 3 --multi-turn true >"$TMP/out" 2>"$TMP/err"
 check "chat exits cleanly" test $? = 0
 check "three replies (clear is a command, exit stops reading)" test "$(grep -c 'tokens/s' "$TMP/err")" = 3
 check "the second turn reuses the cached conversation" grep -q 'prompt [0-9] new tokens' <(sed -n 2p "$TMP/err")
@@ -21,6 +22,41 @@ check "replies are valid UTF-8" iconv -f UTF-8 -t UTF-8 "$TMP/out" -o /dev/null
 printf 'Hello\n' | "$WHALE" chat -m "$TMP/m" -n 6 --seed 3 --temperature 0 >"$TMP/g1" 2>/dev/null
 printf 'Hello\n' | "$WHALE" chat -m "$TMP/m" -n 6 --seed 9 --temperature 0 >"$TMP/g2" 2>/dev/null
 check "greedy replies do not depend on the seed" cmp -s "$TMP/g1" "$TMP/g2"
+
+# prompts PREFIX FILE: the turns' prompt ids (--verbose-prompt) in FILE, one per line, as PREFIX.1, PREFIX.2
+prompts() {
+    grep -ao 'prompt ids: \[[0-9, ]*\]' "$2" | sed 's/^prompt ids: \[//; s/\]$//' >"$1"
+    sed -n 1p "$1" >"$1.1"
+    sed -n 2p "$1" >"$1.2"
+}
+# grows A B: B is A followed by more ids (the first turn is kept in the second)
+grows() { test -s "$1" -a "$(wc -c <"$2")" -gt "$(wc -c <"$1")" -a "$(head -c "$(($(wc -c <"$1") - 1))" "$2")" = "$(cat "$1")"; }
+# from a pipe, each line is a conversation of its own
+printf 'Hello\nHello\n' | "$WHALE" chat -m "$TMP/m" -n 3 --temperature 0 --verbose-prompt >"$TMP/o1" 2>"$TMP/e1"
+prompts "$TMP/p1" "$TMP/e1"
+check "piped: a reply per line" test "$(wc -l <"$TMP/o1")" = 2 -a "$(wc -l <"$TMP/p1")" = 2
+check "piped: each line in a fresh conversation (the same prompt twice)" cmp -s "$TMP/p1.1" "$TMP/p1.2"
+check "piped: the same message, the same reply" test "$(sed -n 1p "$TMP/o1")" = "$(sed -n 2p "$TMP/o1")"
+# ... unless --multi-turn true: one growing conversation
+printf 'Hello\nHello\n' | "$WHALE" chat -m "$TMP/m" -n 3 --temperature 0 --verbose-prompt --multi-turn true \
+    >/dev/null 2>"$TMP/e2"
+prompts "$TMP/p2" "$TMP/e2"
+check "piped --multi-turn true: the first prompt is the same" cmp -s "$TMP/p1.1" "$TMP/p2.1"
+check "piped --multi-turn true: the second prompt holds the first turn" grows "$TMP/p2.1" "$TMP/p2.2"
+# a terminal keeps one conversation, and --multi-turn false there answers each message on its own
+if command -v script >/dev/null; then
+    printf 'Hello\nHello\nexit\n' | script -qec "'$WHALE' chat -m '$TMP/m' -n 3 --temperature 0 --verbose-prompt" \
+        /dev/null >"$TMP/t3" 2>&1
+    tr -d '\r' <"$TMP/t3" >"$TMP/e3"
+    prompts "$TMP/p3" "$TMP/e3"
+    check "terminal: one conversation (the second prompt holds the first turn)" grows "$TMP/p3.1" "$TMP/p3.2"
+    printf 'Hello\nHello\nexit\n' |
+        script -qec "'$WHALE' chat -m '$TMP/m' -n 3 --temperature 0 --verbose-prompt --multi-turn false" \
+            /dev/null >"$TMP/t4" 2>&1
+    tr -d '\r' <"$TMP/t4" >"$TMP/e4"
+    prompts "$TMP/p4" "$TMP/e4"
+    check "terminal --multi-turn false: the same prompt twice" test -s "$TMP/p4.1" -a "$(cat "$TMP/p4.1")" = "$(cat "$TMP/p4.2")"
+fi
 
 # --tools: the tool definitions reach the template, '/tool TEXT' is a tool result
 printf '[{"type": "function", "function": {"name": "get_time", "parameters": {}}}]' >"$TMP/tools.json"

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # whale chat-template: the rendered text and ids equal the goldens of
 # @huggingface/jinja / @huggingface/tokenizers (tests/data/chat), extra
-# template variables, the fallback of a folder without a template, errors;
+# template variables, the fallback of a folder without a template (also with
+# nanowhale-100m's published tokenizer_config.json), errors;
 # and whale sft --dry-run trains on the same rendering.
 # usage: chat_template.sh WHALE_BIN TEST_DATA_DIR
 set -u
 WHALE=$1
 DATA=$2
 . "$(dirname "$0")/lib.bash"
+need_tokenizer deepseek_v3
+DSV3=$TOK
 need_tokenizer qwen3
 
 # a Qwen2.5 folder with only tokenizer files: no weights needed
@@ -73,6 +76,29 @@ cp "$TOK/tokenizer.json" "$TMP/none/"
 check "no template: the raw format" test "$(cat "$TMP/got.txt")" = "$(printf 'user: Hi\nassistant:')"
 check "no template: one notice line naming the fallback" \
     test "$(wc -l <"$TMP/err")" = 1 -a "$(grep -c "chat.py fallback" "$TMP/err")" = 1
+
+# nanowhale-100m's published tokenizer_config.json (tests/data/real) has no
+# chat_template: chat-template and sft --dry-run fall back to the named raw
+# format, with one notice line, and render the same ids
+mkdir "$TMP/nw"
+cp "$DSV3/tokenizer.json" "$TMP/nw/"
+cp "$DATA/real/nanowhale-100m-tokenizer_config.json" "$TMP/nw/tokenizer_config.json"
+"$WHALE" chat-template -m "$TMP/nw" --messages "$TMP/hi.json" --add-generation-prompt >"$TMP/got.txt" 2>"$TMP/err"
+check "nanowhale's real files: exit 0" test $? = 0
+check "nanowhale's real files: the raw format" test "$(cat "$TMP/got.txt")" = "$(printf 'user: Hi\nassistant:')"
+check "nanowhale's real files: one notice line naming the fallback" \
+    test "$(wc -l <"$TMP/err")" = 1 -a "$(grep -c "^chat-template: .*nw has no chat template: using nanowhale's chat.py fallback" "$TMP/err")" = 1
+printf '{"messages": [{"role": "user", "content": "Who are you?"}, {"role": "assistant", "content": "I am Whale."}]}\n' \
+    >"$TMP/nw.jsonl"
+"$WHALE" sft -m "$TMP/nw" --data "$TMP/nw.jsonl" --dry-run 1 >"$TMP/dry.txt" 2>"$TMP/err"
+check "nanowhale's real files: sft --dry-run exits 0" test $? = 0
+check "... with the same one notice line" \
+    test "$(wc -l <"$TMP/err")" = 1 -a "$(grep -c "^sft: .*nw has no chat template: using nanowhale's chat.py fallback" "$TMP/err")" = 1
+check "... names the raw format" grep -q '"template": "raw"' "$TMP/dry.txt"
+check "... trains on the reply, after \"assistant:\"" grep -qxF 'assistant:[[ I am Whale.]]' "$TMP/dry.txt"
+printf '[{"role": "user", "content": "Who are you?"}, {"role": "assistant", "content": "I am Whale."}]' >"$TMP/nw.json"
+"$WHALE" chat-template -m "$TMP/nw" --messages "$TMP/nw.json" --ids >"$TMP/nw-ids.json" 2>/dev/null
+check "... the ids chat-template gives" grep -qxF "input_ids: $(cat "$TMP/nw-ids.json")" "$TMP/dry.txt"
 
 # errors: one line, the project's exit statuses
 printf '{{ messages | wordwrap }}' >"$TMP/bad.jinja"
