@@ -73,6 +73,19 @@ cp "$TEMPLATE" "$TMP/tools-base/chat_template.jinja"
     --threads 2 --quiet >/dev/null 2>&1
 mv "$(ls -d "$TMP"/tools-run/v0-*/checkpoint-40)" "$TMP/tools"
 check "fine-tune the tool-call model" test -s "$TMP/tools/model.safetensors"
+# whale chat parses the same model's reply into OpenAI's tool_calls (one JSON line)
+node -e 'const fs = require("fs");
+fs.writeFileSync(process.argv[2], JSON.stringify(JSON.parse(fs.readFileSync(process.argv[1], "utf8")).tools));' \
+    "$TMP/tools.jsonl" "$TMP/tools-defs.json"
+echo 'What is the weather in Paris?' | "$WHALE" chat -m "$TMP/tools" --tools "$TMP/tools-defs.json" --temperature 0 \
+    -n 64 --threads 2 >"$TMP/chat-tools.out" 2>"$TMP/chat-tools.err"
+check "whale chat --tools prints the reply's tool call as OpenAI's tool_calls ($(head -c 300 "$TMP/chat-tools.out"))" \
+    node -e 'const fs = require("fs");
+const line = fs.readFileSync(process.argv[1], "utf8").split("\n").find((l) => l.startsWith("tool_calls: "));
+const calls = JSON.parse(line.slice(12));
+const ok = calls.length === 1 && calls[0].type === "function" && calls[0].function.name === "get_weather" &&
+  JSON.stringify(JSON.parse(calls[0].function.arguments)) === JSON.stringify({city: "Paris"}) && /^call_/.test(calls[0].id);
+process.exit(ok ? 0 : 1);' "$TMP/chat-tools.out"
 
 expect_status 2 'unknown option' -- "$WHALE" serve -m "$TMP/m" --bogus 1
 expect_status 2 'expects NAME=DIR' -- "$WHALE" serve -m "$TMP/m" --adapters "$A1"
