@@ -47,7 +47,9 @@ check('the running stream started', a.status === 200 && aChunks() >= 2, aText.sl
 
 const before = await counts();
 const aAtSubmit = aChunks();
-const long = 'Lighthouse log of the keeper at Cape Zanzibar: ' + 'the keeper counts waves, gulls and passing ships. '.repeat(30);
+// it starts with this run's own number: no slot has its cells cached
+const long = `Log ${process.pid}.${Date.now()} of the keeper at Cape Zanzibar: ` +
+  'the keeper counts waves, gulls and passing ships. '.repeat(30);
 const b = await post({ prompt: long, max_tokens: 1, stream: false });
 const bj = await b.json();
 const aAtReply = aChunks(), aStillRunning = !aEnded();
