@@ -378,9 +378,9 @@ static char *health_json(serve_server *s) {
     char *out = malloc(512);
     if (out)
         snprintf(out, 512,
-                 "{\"status\":\"%s\",\"model\":\"%s\",\"parallel\":%d,\"ctx_size\":%d,\"kv_cache_bytes\":%zu,"
+                 "{\"status\":\"%s\",\"model\":\"%s\",\"dtype\":\"%s\",\"parallel\":%d,\"ctx_size\":%d,\"kv_cache_bytes\":%zu,"
                  "\"slots_busy\":%d,\"queue_depth\":%d}",
-                 serve_engine_draining(s->eng) ? "draining" : "ok", s->tx.model_name, s->cfg.parallel, s->tx.ctx,
+                 serve_engine_draining(s->eng) ? "draining" : "ok", s->tx.model_name, whale_dtype_name(s->cfg.dtype), s->cfg.parallel, s->tx.ctx,
                  serve_engine_kv_bytes(s->eng), busy, queued);
     return out;
 }

@@ -188,8 +188,8 @@ void serve_describe(const serve_server *s, FILE *f) {
         fprintf(f, "serve: adapter \"%s\": %d weights, rank %d, %lld parameters\n", s->ids[k + 1],
                 whale_adapter_count(s->adapters[k]), whale_adapter_rank(s->adapters[k]),
                 (long long)whale_adapter_num_params(s->adapters[k]));
-    fprintf(f, "serve: model \"%s\" (%s template), %d slots x %d cells, KV cache %.1f MiB, on http://%s%s%s:%d/\n",
-            s->name, whale_chat_template_name(s->tpl), s->cfg.parallel, s->cfg.ctx_size,
+    fprintf(f, "serve: model \"%s\" (%s, %s template), %d slots x %d cells, KV cache %.1f MiB, on http://%s%s%s:%d/\n",
+            s->name, whale_dtype_name(s->cfg.dtype), whale_chat_template_name(s->tpl), s->cfg.parallel, s->cfg.ctx_size,
             serve_engine_kv_bytes(s->eng) / 1048576.0, strchr(s->cfg.host, ':') ? "[" : "", s->cfg.host,
             strchr(s->cfg.host, ':') ? "]" : "", s->port);
 }

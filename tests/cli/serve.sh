@@ -4,9 +4,10 @@
 # requests: chat and completions whole and streamed, greedy replies equal to
 # whale generate's, logprobs against whale score's logits, tool calls from a
 # model fine-tuned here to make one, concurrent streams on the base and two
-# LoRA adapters (made by whale sft) batched, bad, slow and hostile input, a
-# full queue, SIGTERM draining, and the chat page in headless Chromium
-# (playwright-core).
+# LoRA adapters (made by whale sft) batched, a long prompt prefilled in chunks
+# next to a running stream, --dtype, --chat-template and --host other than the
+# defaults, bad, slow and hostile input, a full queue, SIGTERM draining, and
+# the chat page in headless Chromium (playwright-core).
 # usage: serve.sh WHALE_BIN TEST_DATA_DIR
 set -u
 WHALE=$1
@@ -98,6 +99,7 @@ expect_status 2 '--parallel expects an integer' -- "$WHALE" serve -m "$TMP/m" --
 expect_status 5 'exceeds the model' -- "$WHALE" serve -m "$TMP/m" --ctx-size 100000 --port 0
 printf '' >"$TMP/empty-key"
 expect_status 4 'API key file is empty' -- "$WHALE" serve -m "$TMP/m" --api-key-file "$TMP/empty-key"
+expect_status 2 '--host 127\.0\.0\.256' -- "$WHALE" serve -m "$TMP/m" --host 127.0.0.256 --port 0
 
 PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$TMP"' EXIT
@@ -132,10 +134,17 @@ PID3=$PID URL3=$URL
 start_server "$TMP/serve4.log" -m "$TMP/m" --parallel 2 --ctx-size 2048 --api-key sekret-key --threads 2 \
     --adapters "sql=$A1" || exit 1
 PID4=$PID URL4=$URL
+# another precision and template than the folder's, the address given, a
+# small batch: a long prompt takes several chunks
+start_server "$TMP/serve5.log" -m "$TMP/m" --host 127.0.0.1 --dtype bf16 --chat-template "$TEMPLATE" --parallel 2 \
+    --ctx-size 1024 --batch 32 --api-key sekret-key --threads 2 || exit 1
+PID5=$PID URL5=$URL
+check "the log names --dtype and --chat-template" grep -q '^serve: model "m" (BF16, .*/qwen2_5.jinja template)' "$TMP/serve5.log"
 
 export SERVE_URL=$URL1 SERVE_KEY=sekret-key SERVE_MODEL=m SERVE_DIR=$TMP/m WHALE TMP SERVE_PID=$PID1
 export SERVE_URL2=$URL2 SERVE_PID2=$PID2 SERVE_TOOLS_URL=$URL3 SERVE_TOOLS_DIR=$TMP/tools SERVE_PAGE_URL=$URL4 SERVE_PAGE_ADAPTERS=1 SERVE_ADAPTERS="sql=$A1,poet=$A2"
-scripts=(client.mjs logprobs.mjs tools.mjs "concurrent.mjs 16" hostile.mjs)
+export SERVE_OPT_URL=$URL5 SERVE_OPT_BATCH=32 SERVE_OPT_DTYPE=bf16 SERVE_OPT_TEMPLATE=$TEMPLATE
+scripts=(client.mjs logprobs.mjs tools.mjs "concurrent.mjs 16" prefill.mjs options.mjs hostile.mjs)
 # the page in headless Chromium: scripts/setup.sh installs Debian's chromium and
 # playwright-core; without both (and setup.sh not run) the page test is skipped,
 # never in CI and never after setup.sh
@@ -164,9 +173,9 @@ check "SIGTERM: it says it drained" grep -q 'draining' "$TMP/serve2.log"
 kill -TERM "$PID1"
 wait "$PID1"
 check "SIGTERM: exit 0" test $? = 0
-kill -TERM "$PID3" "$PID4"
-wait "$PID3" "$PID4"
-check "the server printed no error" test "$(grep -c -i 'error\|sanitizer' "$TMP/serve.log")" = 0
+kill -TERM "$PID3" "$PID4" "$PID5"
+wait "$PID3" "$PID4" "$PID5"
+check "the servers printed no error" test "$(cat "$TMP/serve.log" "$TMP/serve5.log" | grep -c -i 'error\|sanitizer')" = 0
 if [ "$fails" != 0 ]; then
     echo "--- server log:" && tail -n 40 "$TMP/serve.log"
     echo "--- second server's log:" && tail -n 20 "$TMP/serve2.log"

@@ -33,9 +33,9 @@ export function finish(name) {
 
 export const auth = { Authorization: `Bearer ${env.key}` };
 
-// fetch with the key; returns {status, headers, json|text}
-export async function call(path, body, { headers = auth, method } = {}) {
-  const r = await fetch(env.url + path, {
+// fetch with the key (from the server at `url`); returns {status, headers, json|text}
+export async function call(path, body, { headers = auth, method, url = env.url } = {}) {
+  const r = await fetch(url + path, {
     method: method ?? (body === undefined ? 'GET' : 'POST'),
     headers: { 'Content-Type': 'application/json', ...headers },
     body: body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body),
@@ -73,8 +73,8 @@ export function whale(...args) {
   return execFileSync(env.whale, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] });
 }
 
-export async function metric(name) {
-  const r = await call('/metrics');
+export async function metric(name, url = env.url) {
+  const r = await call('/metrics', undefined, { url });
   const m = r.text.match(new RegExp(`^${name} (\\S+)$`, 'm'));
   return m ? Number(m[1]) : NaN;
 }
