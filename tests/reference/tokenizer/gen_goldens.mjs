@@ -106,7 +106,7 @@ async function run(name) {
 const withSpecial = ["empty", "hello", "prose", "chinese", "code_python"];
 // node gen_goldens.mjs [NAME...]: only these real tokenizers (default: all, then the synthetic ones)
 const names = process.argv.slice(2);
-for (const name of names.length ? names : ["deepseek_v3", "qwen3", "llama3"]) await run(name);
+for (const name of names.length ? names : ["deepseek_v3", "qwen3", "llama3", "gemma3"]) await run(name);
 if (names.length) process.exit(0);
 
 // small tokenizers for the features the real files do not use
