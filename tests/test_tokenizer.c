@@ -253,6 +253,23 @@ static void check_golden(const char *tokdir, const char *name, int has_normalize
         if (rc == WHALE_OK) free(ids);
         free(text);
     }
+    /* ByteFallback: runs of <0xNN> tokens that are not valid UTF-8 */
+    const cJSON *runs = cJSON_GetObjectItem(golden, "byte_runs");
+    for (const cJSON *r = runs ? runs->child : NULL; r; r = r->next) {
+        const cJSON *rids = cJSON_GetObjectItem(r, "ids");
+        const char *want = cJSON_GetObjectItem(r, "decoded")->valuestring;
+        int32_t rv[16];
+        int rn = 0;
+        for (const cJSON *c = rids->child; c && rn < 16; c = c->next) rv[rn++] = (int32_t)c->valuedouble;
+        char *out;
+        size_t on;
+        rc = whale_tokenizer_decode(t, rv, rn, 0, &out, &on, &err);
+        CHECK(rc == WHALE_OK && on == strlen(want) && !memcmp(out, want, on),
+              "%s: byte run %d ids: decode differs from Hugging Face", name, rn);
+        if (rc == WHALE_OK) check_stream(t, "byte_runs", rv, rn, 0, out, on);
+        if (rc == WHALE_OK) free(out);
+    }
+    if (!strcmp(name, "gemma3")) CHECK(cJSON_GetArraySize(runs) == 6, "gemma3: %d byte runs in the golden", cJSON_GetArraySize(runs));
     cJSON_Delete(golden);
     free(corpus);
     whale_tokenizer_free(t);

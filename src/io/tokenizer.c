@@ -817,8 +817,9 @@ static int hex_digit(char c) {
 /* The bytes a token decodes to under the SentencePiece-style decoder:
  * the Replace steps, then <0xNN> is the byte NN. Returns the length
  * written to dst (NULL: only measured). */
-static size_t decode_piece(const whale_tokenizer *t, const char *s, size_t n, char *dst, tok_buf *tmp) {
+static size_t decode_piece(const whale_tokenizer *t, const char *s, size_t n, char *dst, tok_buf *tmp, uint8_t *is_byte) {
     tmp->len = 0;
+    *is_byte = 0;
     if (!tok_buf_append(tmp, s, n)) return SIZE_MAX;
     for (int r = 0; r < t->n_dec_repl; r++) {
         const tok_replace *rp = &t->dec_repl[r];
@@ -839,6 +840,7 @@ static size_t decode_piece(const whale_tokenizer *t, const char *s, size_t n, ch
     int hi = tmp->len == 6 ? hex_digit(d[3]) : -1, lo = tmp->len == 6 ? hex_digit(d[4]) : -1;
     if (t->dec_byte_fallback && hi >= 0 && lo >= 0 && !memcmp(d, "<0x", 3) && d[5] == '>') {
         if (dst) dst[0] = (char)(hi << 4 | lo);
+        *is_byte = 1;
         return 1;
     }
     if (dst && tmp->len) memcpy(dst, tmp->data, tmp->len);
@@ -852,9 +854,13 @@ static whale_code build_decoded(loader *L) {
     whale_tokenizer *t = L->t;
     tok_buf tmp = {0};
     size_t total = 1, used = 0;
+    uint8_t is_byte;
+    t->byte_tok = calloc((size_t)t->n_ids, 1);
+    if (!t->byte_tok) goto oom;
     for (int32_t id = 0; id < t->n_ids; id++) {
         if (!t->tok[id]) continue;
-        size_t k = t->dec_byte_level ? t->tok_len[id] : decode_piece(t, t->tok[id], t->tok_len[id], NULL, &tmp);
+        size_t k = t->dec_byte_level ? t->tok_len[id]
+                                     : decode_piece(t, t->tok[id], t->tok_len[id], NULL, &tmp, &is_byte);
         if (k == SIZE_MAX) goto oom;
         total += k;
     }
@@ -866,7 +872,7 @@ static whale_code build_decoded(loader *L) {
         size_t n = t->tok_len[id], k = 0, j = 0;
         char *dst = t->dec + used;
         if (!t->dec_byte_level) {
-            if ((k = decode_piece(t, t->tok[id], n, dst, &tmp)) == SIZE_MAX) goto oom;
+            if ((k = decode_piece(t, t->tok[id], n, dst, &tmp, &t->byte_tok[id])) == SIZE_MAX) goto oom;
         } else {
             while (j < n) {
                 uint32_t cp;
@@ -1130,6 +1136,7 @@ void whale_tokenizer_free(whale_tokenizer *t) {
     free(t->tok_len);
     free(t->dec_off);
     free(t->dec_len);
+    free(t->byte_tok);
     free(t->special);
     free(t->arena);
     free(t->dec);
@@ -1219,10 +1226,24 @@ done:
 
 /* ------------------------------------------------------------ decode */
 
-/* Append the bytes of one id; -1 for a negative id. */
-static int append_id(const whale_tokenizer *t, tok_buf *b, int32_t id, int skip_special) {
+/* A run of ByteFallback tokens ends: its bytes if they are valid UTF-8,
+ * else one U+FFFD per byte, as Hugging Face's ByteFallback decoder. */
+static int end_byte_run(tok_buf *b, tok_buf *run) {
+    int ok = 1;
+    if (tok_utf8_check((const unsigned char *)run->data, run->len) == run->len) ok = tok_buf_append(b, run->data, run->len);
+    else
+        for (size_t i = 0; ok && i < run->len; i++) ok = tok_buf_append(b, "\xEF\xBF\xBD", 3);
+    run->len = 0;
+    return ok;
+}
+
+/* Append the bytes of one id (a ByteFallback token's to run); -1 for a
+ * negative id. */
+static int append_id(const whale_tokenizer *t, tok_buf *b, tok_buf *run, int32_t id, int skip_special) {
     if (id < 0) return -1;
     if (id >= t->n_ids || !t->tok[id] || (skip_special && t->special[id])) return 1;
+    if (t->byte_tok[id]) return tok_buf_append(run, t->dec + t->dec_off[id], 1);
+    if (run->len && !end_byte_run(b, run)) return 0;
     return tok_buf_append(b, t->dec + t->dec_off[id], t->dec_len[id]);
 }
 
@@ -1260,17 +1281,21 @@ static size_t clean_up_safe(const char *s, size_t n) {
 
 whale_code whale_tokenizer_decode(const whale_tokenizer *t, const int32_t *ids, int n, int skip_special,
                                   char **text, size_t *len, whale_err *err) {
-    tok_buf raw = {0}, out = {0};
+    tok_buf raw = {0}, out = {0}, run = {0};
     *text = NULL;
     if (len) *len = 0;
     for (int i = 0; i < n; i++) {
-        int r = append_id(t, &raw, ids[i], skip_special);
+        int r = append_id(t, &raw, &run, ids[i], skip_special);
         if (r < 0) {
             free(raw.data);
+            free(run.data);
             return whale_errf(err, WHALE_ERR_RANGE, "tokenizer decode: ids[%d] = %d is negative", i, (int)ids[i]);
         }
         if (!r) goto oom;
     }
+    if (run.len && !end_byte_run(&raw, &run)) goto oom;
+    free(run.data);
+    run.data = NULL;
     int nomem;
     tok_utf8_lossy(&out, (const unsigned char *)(raw.data ? raw.data : ""), raw.len, 1, &nomem);
     if (nomem || !tok_buf_reserve(&out, 0)) goto oom;
@@ -1282,6 +1307,7 @@ whale_code whale_tokenizer_decode(const whale_tokenizer *t, const int32_t *ids, 
     return WHALE_OK;
 oom:
     free(raw.data);
+    free(run.data);
     free(out.data);
     return whale_errf(err, WHALE_ERR_NOMEM, "tokenizer decode: out of memory");
 }
@@ -1292,6 +1318,7 @@ struct whale_detokenizer {
     tok_buf pending; /* bytes of an unfinished character */
     tok_buf out;
     tok_buf held;    /* clean_up: decoded text a later token may still change */
+    tok_buf run;     /* ByteFallback tokens not yet followed by another token */
 };
 
 whale_code whale_detokenizer_new(const whale_tokenizer *t, int skip_special, whale_detokenizer **out,
@@ -1308,6 +1335,7 @@ void whale_detokenizer_free(whale_detokenizer *d) {
     free(d->pending.data);
     free(d->out.data);
     free(d->held.data);
+    free(d->run.data);
     free(d);
 }
 
@@ -1341,12 +1369,14 @@ static whale_code detok_emit(whale_detokenizer *d, int final, const char **text,
 
 whale_code whale_detokenizer_push(whale_detokenizer *d, int32_t id, const char **text, size_t *len,
                                   whale_err *err) {
-    int r = append_id(d->t, &d->pending, id, d->skip_special);
+    int r = append_id(d->t, &d->pending, &d->run, id, d->skip_special);
     if (r < 0) return whale_errf(err, WHALE_ERR_RANGE, "detokenizer: id %d is negative", (int)id);
     if (!r) return whale_errf(err, WHALE_ERR_NOMEM, "detokenizer: out of memory");
     return detok_emit(d, 0, text, len, err);
 }
 
 whale_code whale_detokenizer_flush(whale_detokenizer *d, const char **text, size_t *len, whale_err *err) {
+    if (d->run.len && !end_byte_run(&d->pending, &d->run))
+        return whale_errf(err, WHALE_ERR_NOMEM, "detokenizer: out of memory");
     return detok_emit(d, 1, text, len, err);
 }

@@ -126,6 +126,7 @@ struct whale_tokenizer {
     char *dec;               /* decoded bytes of every id */
     size_t *dec_off;         /* id -> decoded bytes: dec + dec_off[id], dec_len[id] */
     uint32_t *dec_len;
+    uint8_t *byte_tok;       /* id -> 1 if the ByteFallback decoder turns it into one byte */
     uint8_t *special;        /* id -> 1 if a special added token */
     int32_t model_vocab;     /* number of entries in model.vocab */
     tok_strmap vocab;        /* model.vocab */
