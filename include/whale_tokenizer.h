@@ -1,5 +1,6 @@
 /*
- * whale_tokenizer.h — Hugging Face byte-level BPE tokenizers (tokenizer.json).
+ * whale_tokenizer.h — Hugging Face BPE tokenizers (tokenizer.json), byte-level
+ * or SentencePiece-style.
  *
  * Encodes and decodes exactly as Hugging Face's `tokenizers` library does for
  * the files it accepts (tests/test_tokenizer.c compares both directions with
@@ -7,8 +8,10 @@
  * load time with WHALE_ERR_UNSUPPORTED and a message naming the JSON path:
  *
  *   model           BPE: merges as "a b" strings or ["a","b"] pairs,
- *                   ignore_merges, no dropout, no unk_token, no byte_fallback
- *   normalizer      null, NFC, Sequence of those
+ *                   ignore_merges, unk_token (in model.vocab) with fuse_unk,
+ *                   byte_fallback (<0xNN> tokens); no dropout
+ *   normalizer      null, NFC, Replace (String pattern), Sequence of those
+ *                   (NFC alone, or Replace steps only)
  *   pre_tokenizer   null, Split (Regex or String pattern; Isolated, Removed,
  *                   MergedWithPrevious, MergedWithNext, Contiguous; invert),
  *                   ByteLevel (add_prefix_space, use_regex; last step only),
@@ -17,7 +20,8 @@
  *                   match at the leftmost position), with special, lstrip,
  *                   rstrip, single_word and normalized
  *   post_processor  null, ByteLevel, TemplateProcessing (single), Sequence
- *   decoder         ByteLevel
+ *   decoder         ByteLevel, or Replace (String pattern)..., ByteFallback,
+ *                   Fuse in that order (each optional), alone or in a Sequence
  *
  * Regexes are written for Oniguruma (Hugging Face's engine) and run with
  * PCRE2; the differences that matter (\s, \d, \w, \h, ^, $, and the

@@ -1,7 +1,7 @@
 /* Tokenizer tests: encodings and decodings identical to Hugging Face's
  * tokenizers (goldens in tests/data/tokenizer, made by
- * tests/reference/tokenizer/gen_goldens.mjs) for the DeepSeek-V3, Qwen and
- * Llama 3 tokenizers (Llama 3's decode with transformers' clean-up of
+ * tests/reference/tokenizer/gen_goldens.mjs) for the DeepSeek-V3, Qwen,
+ * Llama 3 and Gemma 3 tokenizers (Llama 3's decode with transformers' clean-up of
  * spaces, as its tokenizer_config.json asks), streaming decode, invalid UTF-8, special tokens, speed on a
  * 100 KB word, and load errors on small synthetic files.
  *
@@ -253,6 +253,23 @@ static void check_golden(const char *tokdir, const char *name, int has_normalize
         if (rc == WHALE_OK) free(ids);
         free(text);
     }
+    /* ByteFallback: runs of <0xNN> tokens that are not valid UTF-8 */
+    const cJSON *runs = cJSON_GetObjectItem(golden, "byte_runs");
+    for (const cJSON *r = runs ? runs->child : NULL; r; r = r->next) {
+        const cJSON *rids = cJSON_GetObjectItem(r, "ids");
+        const char *want = cJSON_GetObjectItem(r, "decoded")->valuestring;
+        int32_t rv[16];
+        int rn = 0;
+        for (const cJSON *c = rids->child; c && rn < 16; c = c->next) rv[rn++] = (int32_t)c->valuedouble;
+        char *out;
+        size_t on;
+        rc = whale_tokenizer_decode(t, rv, rn, 0, &out, &on, &err);
+        CHECK(rc == WHALE_OK && on == strlen(want) && !memcmp(out, want, on),
+              "%s: byte run %d ids: decode differs from Hugging Face", name, rn);
+        if (rc == WHALE_OK) check_stream(t, "byte_runs", rv, rn, 0, out, on);
+        if (rc == WHALE_OK) free(out);
+    }
+    if (!strcmp(name, "gemma3")) CHECK(cJSON_GetArraySize(runs) == 6, "gemma3: %d byte runs in the golden", cJSON_GetArraySize(runs));
     cJSON_Delete(golden);
     free(corpus);
     whale_tokenizer_free(t);
@@ -541,8 +558,20 @@ static void check_errors(void) {
                  WHALE_ERR_UNSUPPORTED, "pre_tokenizer.pretokenizers[1]", "ByteLevel");
     expect_error(tmp, "dropout", tiny_json("null", "null", "[]", ",\"dropout\":0.1"), WHALE_ERR_UNSUPPORTED,
                  "model.dropout", NULL);
-    expect_error(tmp, "byte_fallback", tiny_json("null", "null", "[]", ",\"byte_fallback\":true"),
-                 WHALE_ERR_UNSUPPORTED, "model.byte_fallback", NULL);
+    expect_error(tmp, "unk_missing", "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[],\"unk_token\":\"<unk>\"},"
+                                     "\"decoder\":{\"type\":\"ByteLevel\"}}",
+                 WHALE_ERR_FORMAT, "model.unk_token", "<unk>");
+    expect_error(tmp, "replace_regex", "{\"normalizer\":{\"type\":\"Replace\",\"pattern\":{\"Regex\":\" +\"},\"content\":\"_\"},"
+                                       "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},\"decoder\":{\"type\":\"Fuse\"}}",
+                 WHALE_ERR_UNSUPPORTED, "normalizer.pattern", "Regex");
+    expect_error(tmp, "decoder_strip", "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},"
+                                       "\"decoder\":{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"ByteFallback\"},"
+                                       "{\"type\":\"Strip\",\"content\":\" \",\"start\":1,\"stop\":0}]}}",
+                 WHALE_ERR_UNSUPPORTED, "decoder.decoders[1]", "Strip");
+    expect_error(tmp, "decoder_order", "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},"
+                                       "\"decoder\":{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"ByteFallback\"},"
+                                       "{\"type\":\"Replace\",\"pattern\":{\"String\":\"_\"},\"content\":\" \"}]}}",
+                 WHALE_ERR_UNSUPPORTED, "decoder.decoders[1]", "Replace");
     expect_error(tmp, "wordpiece", "{\"model\":{\"type\":\"WordPiece\",\"vocab\":{\"a\":0}},\"decoder\":{\"type\":\"ByteLevel\"}}",
                  WHALE_ERR_UNSUPPORTED, "model.type", "WordPiece");
     expect_error(tmp, "bad_id", "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":-1},\"merges\":[]},\"decoder\":{\"type\":\"ByteLevel\"}}",
@@ -700,12 +729,15 @@ int main(void) {
     have = have && stat(probe, &st) == 0;
     snprintf(probe, sizeof probe, "%s/llama3/tokenizer.json", tokdir);
     have = have && stat(probe, &st) == 0;
+    snprintf(probe, sizeof probe, "%s/gemma3/tokenizer.json", tokdir);
+    have = have && stat(probe, &st) == 0;
     CHECK(have, "the real tokenizer files are missing from %s: run scripts/fetch-tokenizers.sh "
                 "(or set WHALE_TOKENIZERS to where they are)", tokdir);
     if (have) {
         check_golden(tokdir, "deepseek_v3", 0);
         check_golden(tokdir, "qwen3", 1);
         check_golden(tokdir, "llama3", 1); /* decode cleans up spaces (clean_up_tokenization_spaces): not the input */
+        check_golden(tokdir, "gemma3", 1); /* decode turns a U+2581 of the input into a space */
         check_deepseek_specials(tokdir);
         check_qwen_specials(tokdir);
     }

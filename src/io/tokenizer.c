@@ -362,11 +362,38 @@ static whale_code compile_regex(loader *L, const char *path, const char *pattern
 
 /* ------------------------------------------------------------ sections */
 
+/* A Replace whose pattern is a literal {"String": ...}; a Regex pattern is refused. */
+static whale_code parse_replace(loader *L, const cJSON *n, const char *path, tok_replace *list, int *count) {
+    const cJSON *pat = field(n, "pattern"), *content = field(n, "content");
+    const cJSON *lit = cJSON_IsObject(pat) ? field(pat, "String") : NULL;
+    if (cJSON_IsObject(pat) && field(pat, "Regex"))
+        return FAIL(L, WHALE_ERR_UNSUPPORTED, "%s.pattern: a Regex pattern is not supported (only String)", path);
+    if (!cJSON_IsString(lit) || !lit->valuestring[0])
+        return FAIL(L, WHALE_ERR_FORMAT, "%s.pattern: expected {\"String\": a non-empty string}", path);
+    if (!cJSON_IsString(content)) return FAIL(L, WHALE_ERR_FORMAT, "%s.content: expected a string", path);
+    if (*count == TOK_MAX_REPLACE)
+        return FAIL(L, WHALE_ERR_UNSUPPORTED, "%s: more than %d Replace steps are not supported", path, TOK_MAX_REPLACE);
+    tok_replace *r = &list[*count];
+    r->pat = strdup(lit->valuestring);
+    r->with = strdup(content->valuestring);
+    if (!r->pat || !r->with) {
+        free(r->pat), free(r->with);
+        return FAIL(L, WHALE_ERR_NOMEM, "%s: out of memory", path);
+    }
+    r->plen = strlen(r->pat);
+    r->wlen = strlen(r->with);
+    (*count)++;
+    return WHALE_OK;
+}
+
 static whale_code parse_normalizer(loader *L, const cJSON *n, const char *path) {
     if (is_null(n)) return WHALE_OK;
     const char *ty = cJSON_IsObject(n) ? type_of(n) : NULL;
     if (!ty) return FAIL(L, WHALE_ERR_FORMAT, "%s: expected an object with a \"type\"", path);
-    if (!strcmp(ty, "NFC")) {
+    if (!strcmp(ty, "NFC") || !strcmp(ty, "Replace")) {
+        if (L->t->nfc || (L->t->n_norm_repl && !strcmp(ty, "NFC")))
+            return FAIL(L, WHALE_ERR_UNSUPPORTED, "%s: NFC together with another normalizer is not supported", path);
+        if (!strcmp(ty, "Replace")) return parse_replace(L, n, path, L->t->norm_repl, &L->t->n_norm_repl);
         L->t->nfc = 1;
         return WHALE_OK;
     }
@@ -383,7 +410,7 @@ static whale_code parse_normalizer(loader *L, const cJSON *n, const char *path) 
         return WHALE_OK;
     }
     char b[64];
-    return FAIL(L, WHALE_ERR_UNSUPPORTED, "%s: normalizer type \"%s\" is not supported (only NFC, Sequence)",
+    return FAIL(L, WHALE_ERR_UNSUPPORTED, "%s: normalizer type \"%s\" is not supported (only NFC, Replace, Sequence)",
                 path, shown(ty, b, sizeof b));
 }
 
@@ -538,14 +565,48 @@ static whale_code parse_post(loader *L, const cJSON *n, const char *path) {
                 path, shown(ty, b, sizeof b));
 }
 
-static whale_code parse_decoder(loader *L, const cJSON *n) {
+/* The decoders: ByteLevel alone, or the SentencePiece-style chain
+ * Replace..., ByteFallback, Fuse (each optional, in that order). */
+static whale_code parse_decoder_step(loader *L, const cJSON *n, const char *path, int *stage) {
+    whale_tokenizer *t = L->t;
     const char *ty = cJSON_IsObject(n) ? type_of(n) : NULL;
     char b[64];
-    if (is_null(n)) return FAIL(L, WHALE_ERR_UNSUPPORTED, "decoder: null is not supported (only ByteLevel)");
+    if (!ty) return FAIL(L, WHALE_ERR_FORMAT, "%s: expected an object with a \"type\"", path);
+    static const char *const order[] = {"Replace", "ByteFallback", "Fuse"};
+    int k = 0;
+    while (k < 3 && strcmp(ty, order[k]) != 0) k++;
+    if (k == 3)
+        return FAIL(L, WHALE_ERR_UNSUPPORTED,
+                    "%s: decoder type \"%s\" is not supported (only ByteLevel, Replace, ByteFallback, Fuse, Sequence)",
+                    path, shown(ty, b, sizeof b));
+    if (k < *stage || (k == *stage && k > 0))
+        return FAIL(L, WHALE_ERR_UNSUPPORTED, "%s: %s here is not supported (only Replace..., ByteFallback, Fuse in order)",
+                    path, ty);
+    *stage = k;
+    if (k == 0) return parse_replace(L, n, path, t->dec_repl, &t->n_dec_repl);
+    if (k == 1) t->dec_byte_fallback = 1;
+    return WHALE_OK; /* Fuse: the decoded pieces are concatenated anyway */
+}
+
+static whale_code parse_decoder(loader *L, const cJSON *n) {
+    const char *ty = cJSON_IsObject(n) ? type_of(n) : NULL;
+    if (is_null(n)) return FAIL(L, WHALE_ERR_UNSUPPORTED, "decoder: null is not supported");
     if (!ty) return FAIL(L, WHALE_ERR_FORMAT, "decoder: expected an object with a \"type\"");
-    if (strcmp(ty, "ByteLevel") != 0)
-        return FAIL(L, WHALE_ERR_UNSUPPORTED, "decoder: type \"%s\" is not supported (only ByteLevel)",
-                    shown(ty, b, sizeof b));
+    if (!strcmp(ty, "ByteLevel")) {
+        L->t->dec_byte_level = 1;
+        return WHALE_OK;
+    }
+    int stage = 0;
+    if (strcmp(ty, "Sequence") != 0) return parse_decoder_step(L, n, "decoder", &stage);
+    const cJSON *list = field(n, "decoders");
+    if (!cJSON_IsArray(list)) return FAIL(L, WHALE_ERR_FORMAT, "decoder.decoders: expected an array");
+    int i = 0;
+    for (const cJSON *c = list->child; c; c = c->next, i++) {
+        char sub[64];
+        snprintf(sub, sizeof sub, "decoder.decoders[%d]", i);
+        whale_code rc = parse_decoder_step(L, c, sub, &stage);
+        if (rc) return rc;
+    }
     return WHALE_OK;
 }
 
@@ -559,8 +620,9 @@ static whale_code check_model_options(loader *L, const cJSON *m) {
     const cJSON *v = field(m, "dropout");
     if (!is_null(v) && !(cJSON_IsNumber(v) && v->valuedouble == 0))
         return FAIL(L, WHALE_ERR_UNSUPPORTED, "model.dropout: BPE dropout is not supported");
-    if (!is_null(field(m, "unk_token")))
-        return FAIL(L, WHALE_ERR_UNSUPPORTED, "model.unk_token: an unknown token is not supported");
+    const cJSON *unk = field(m, "unk_token");
+    if (!is_null(unk) && (!cJSON_IsString(unk) || !unk->valuestring[0]))
+        return FAIL(L, WHALE_ERR_FORMAT, "model.unk_token: expected a non-empty string or null");
     static const char *const affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
     for (int k = 0; k < 2; k++) {
         v = field(m, affixes[k]);
@@ -570,7 +632,8 @@ static whale_code check_model_options(loader *L, const cJSON *m) {
     int fallback = 0;
     whale_code rc = get_bool(L, m, "model", "byte_fallback", 0, &fallback);
     if (rc) return rc;
-    if (fallback) return FAIL(L, WHALE_ERR_UNSUPPORTED, "model.byte_fallback: true is not supported");
+    L->t->byte_fallback = fallback;
+    if ((rc = get_bool(L, m, "model", "fuse_unk", 0, &L->t->fuse_unk))) return rc;
     return get_bool(L, m, "model", "ignore_merges", 0, &L->t->ignore_merges);
 }
 
@@ -674,38 +737,14 @@ static whale_code load_vocab(loader *L, const cJSON *vocab, const cJSON *added) 
             a->owned = 1;
             tok_strmap_put(&t->added_map, a->content, a->len, a->id);
         }
+        for (int r = 0; a->normalized && r < t->n_norm_repl; r++)
+            if (memmem(a->content, a->len, t->norm_repl[r].pat, t->norm_repl[r].plen))
+                return FAIL(L, WHALE_ERR_UNSUPPORTED,
+                            "added_tokens[%d]: a normalized token that the Replace normalizer changes is not supported", i);
         /* the added token's string wins for id_to_token, as in Hugging Face */
         t->tok[a->id] = a->content;
         t->tok_len[a->id] = a->len;
         if (a->special) t->special[a->id] = 1;
-    }
-    /* decoded bytes (ByteLevel decoder): a token whose characters all stand
-     * for bytes decodes to those bytes, any other token to its own text;
-     * either way never longer than the token string */
-    size_t total = 1;
-    for (int32_t id = 0; id < t->n_ids; id++) total += t->tok_len[id];
-    t->dec = malloc(total);
-    if (!t->dec) return FAIL(L, WHALE_ERR_NOMEM, "out of memory for %d tokens", t->n_ids);
-    used = 0;
-    for (int32_t id = 0; id < t->n_ids; id++) {
-        const unsigned char *s = (const unsigned char *)t->tok[id];
-        if (!s) continue;
-        size_t n = t->tok_len[id], k = 0, j = 0;
-        char *dst = t->dec + used;
-        while (j < n) {
-            uint32_t cp;
-            j += (size_t)tok_utf8_decode(s + j, &cp);
-            int byte = byte_of_char(cp);
-            if (byte < 0) break;
-            dst[k++] = (char)byte;
-        }
-        if (j < n || k == 0) {
-            memcpy(dst, s, n);
-            k = n;
-        }
-        t->dec_off[id] = used;
-        t->dec_len[id] = (uint32_t)k;
-        used += k;
     }
     return WHALE_OK;
 }
@@ -769,6 +808,93 @@ static whale_code load_merges(loader *L, const cJSON *merges) {
     }
     free(joined.data);
     return rc;
+}
+
+static int hex_digit(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* The bytes a token decodes to under the SentencePiece-style decoder:
+ * the Replace steps, then <0xNN> is the byte NN. Returns the length
+ * written to dst (NULL: only measured). */
+static size_t decode_piece(const whale_tokenizer *t, const char *s, size_t n, char *dst, tok_buf *tmp, uint8_t *is_byte) {
+    tmp->len = 0;
+    *is_byte = 0;
+    if (!tok_buf_append(tmp, s, n)) return SIZE_MAX;
+    for (int r = 0; r < t->n_dec_repl; r++) {
+        const tok_replace *rp = &t->dec_repl[r];
+        tok_buf o = {0};
+        if (!tok_buf_reserve(&o, 0)) return SIZE_MAX;
+        for (size_t i = 0; i < tmp->len;) {
+            int hit = i + rp->plen <= tmp->len && !memcmp(tmp->data + i, rp->pat, rp->plen);
+            if (!(hit ? tok_buf_append(&o, rp->with, rp->wlen) : tok_buf_append(&o, tmp->data + i, 1))) {
+                free(o.data);
+                return SIZE_MAX;
+            }
+            i += hit ? rp->plen : 1;
+        }
+        free(tmp->data);
+        *tmp = o;
+    }
+    const char *d = tmp->data;
+    int hi = tmp->len == 6 ? hex_digit(d[3]) : -1, lo = tmp->len == 6 ? hex_digit(d[4]) : -1;
+    if (t->dec_byte_fallback && hi >= 0 && lo >= 0 && !memcmp(d, "<0x", 3) && d[5] == '>') {
+        if (dst) dst[0] = (char)(hi << 4 | lo);
+        *is_byte = 1;
+        return 1;
+    }
+    if (dst && tmp->len) memcpy(dst, tmp->data, tmp->len);
+    return tmp->len;
+}
+
+/* Decoded bytes of every id. ByteLevel: a token whose characters all
+ * stand for bytes decodes to those bytes, any other token to its own
+ * text. Otherwise the Replace / ByteFallback chain (decode_piece). */
+static whale_code build_decoded(loader *L) {
+    whale_tokenizer *t = L->t;
+    tok_buf tmp = {0};
+    size_t total = 1, used = 0;
+    uint8_t is_byte;
+    t->byte_tok = calloc((size_t)t->n_ids, 1);
+    if (!t->byte_tok) goto oom;
+    for (int32_t id = 0; id < t->n_ids; id++) {
+        if (!t->tok[id]) continue;
+        size_t k = t->dec_byte_level ? t->tok_len[id]
+                                     : decode_piece(t, t->tok[id], t->tok_len[id], NULL, &tmp, &is_byte);
+        if (k == SIZE_MAX) goto oom;
+        total += k;
+    }
+    t->dec = malloc(total);
+    if (!t->dec) goto oom;
+    for (int32_t id = 0; id < t->n_ids; id++) {
+        const unsigned char *s = (const unsigned char *)t->tok[id];
+        if (!s) continue;
+        size_t n = t->tok_len[id], k = 0, j = 0;
+        char *dst = t->dec + used;
+        if (!t->dec_byte_level) {
+            if ((k = decode_piece(t, t->tok[id], n, dst, &tmp, &t->byte_tok[id])) == SIZE_MAX) goto oom;
+        } else {
+            while (j < n) {
+                uint32_t cp;
+                j += (size_t)tok_utf8_decode(s + j, &cp);
+                int byte = byte_of_char(cp);
+                if (byte < 0) break;
+                dst[k++] = (char)byte;
+            }
+            if (j < n || k == 0) {
+                memcpy(dst, s, n);
+                k = n;
+            }
+        }
+        t->dec_off[id] = used;
+        t->dec_len[id] = (uint32_t)k;
+        used += k;
+    }
+    free(tmp.data);
+    return WHALE_OK;
+oom:
+    free(tmp.data);
+    return FAIL(L, WHALE_ERR_NOMEM, "out of memory for %d tokens", t->n_ids);
 }
 
 /* ------------------------------------------------------------ added-token sets */
@@ -883,6 +1009,22 @@ static whale_code parse_json_file(const char *path, cJSON **out, int optional, w
     return WHALE_OK;
 }
 
+/* unk_token's id and, for byte_fallback, the ids of <0x00>..<0xFF>. */
+static whale_code resolve_unknowns(loader *L, const cJSON *unk) {
+    whale_tokenizer *t = L->t;
+    char b[64];
+    t->unk_id = -1;
+    if (cJSON_IsString(unk) && (t->unk_id = tok_strmap_get(&t->vocab, unk->valuestring, strlen(unk->valuestring))) < 0)
+        return FAIL(L, WHALE_ERR_FORMAT, "model.unk_token: \"%s\" is not in model.vocab",
+                    shown(unk->valuestring, b, sizeof b));
+    for (int k = 0; k < 256; k++) {
+        char name[8];
+        snprintf(name, sizeof name, "<0x%02X>", k);
+        t->byte_id[k] = t->byte_fallback ? tok_strmap_get(&t->vocab, name, 6) : -1;
+    }
+    return WHALE_OK;
+}
+
 static whale_code load_all(loader *L, const cJSON *root) {
     whale_tokenizer *t = L->t;
     whale_code rc;
@@ -897,9 +1039,11 @@ static whale_code load_all(loader *L, const cJSON *root) {
     if ((rc = parse_normalizer(L, field(root, "normalizer"), "normalizer"))) return rc;
     if ((rc = load_vocab(L, field(model, "vocab"), field(root, "added_tokens")))) return rc;
     if ((rc = load_merges(L, field(model, "merges")))) return rc;
+    if ((rc = resolve_unknowns(L, field(model, "unk_token")))) return rc;
     if ((rc = parse_pretok(L, field(root, "pre_tokenizer"), "pre_tokenizer"))) return rc;
     if ((rc = parse_post(L, field(root, "post_processor"), "post_processor"))) return rc;
     if ((rc = parse_decoder(L, field(root, "decoder")))) return rc;
+    if ((rc = build_decoded(L))) return rc;
     if (t->byte_level) {
         uint32_t map[256];
         byte_level_map(map);
@@ -977,6 +1121,8 @@ void whale_tokenizer_free(whale_tokenizer *t) {
     if (!t) return;
     for (int i = 0; i < t->n_steps; i++) pcre2_code_free(t->steps[i].re), free(t->steps[i].source);
     free(t->steps);
+    for (int r = 0; r < t->n_norm_repl; r++) free(t->norm_repl[r].pat), free(t->norm_repl[r].with);
+    for (int r = 0; r < t->n_dec_repl; r++) free(t->dec_repl[r].pat), free(t->dec_repl[r].with);
     pcre2_code_free(t->word_re);
     for (int i = 0; i < t->n_added; i++)
         if (t->added[i].owned) free((char *)t->added[i].content);
@@ -990,6 +1136,7 @@ void whale_tokenizer_free(whale_tokenizer *t) {
     free(t->tok_len);
     free(t->dec_off);
     free(t->dec_len);
+    free(t->byte_tok);
     free(t->special);
     free(t->arena);
     free(t->dec);
@@ -1079,10 +1226,24 @@ done:
 
 /* ------------------------------------------------------------ decode */
 
-/* Append the bytes of one id; -1 for a negative id. */
-static int append_id(const whale_tokenizer *t, tok_buf *b, int32_t id, int skip_special) {
+/* A run of ByteFallback tokens ends: its bytes if they are valid UTF-8,
+ * else one U+FFFD per byte, as Hugging Face's ByteFallback decoder. */
+static int end_byte_run(tok_buf *b, tok_buf *run) {
+    int ok = 1;
+    if (tok_utf8_check((const unsigned char *)run->data, run->len) == run->len) ok = tok_buf_append(b, run->data, run->len);
+    else
+        for (size_t i = 0; ok && i < run->len; i++) ok = tok_buf_append(b, "\xEF\xBF\xBD", 3);
+    run->len = 0;
+    return ok;
+}
+
+/* Append the bytes of one id (a ByteFallback token's to run); -1 for a
+ * negative id. */
+static int append_id(const whale_tokenizer *t, tok_buf *b, tok_buf *run, int32_t id, int skip_special) {
     if (id < 0) return -1;
     if (id >= t->n_ids || !t->tok[id] || (skip_special && t->special[id])) return 1;
+    if (t->byte_tok[id]) return tok_buf_append(run, t->dec + t->dec_off[id], 1);
+    if (run->len && !end_byte_run(b, run)) return 0;
     return tok_buf_append(b, t->dec + t->dec_off[id], t->dec_len[id]);
 }
 
@@ -1120,17 +1281,21 @@ static size_t clean_up_safe(const char *s, size_t n) {
 
 whale_code whale_tokenizer_decode(const whale_tokenizer *t, const int32_t *ids, int n, int skip_special,
                                   char **text, size_t *len, whale_err *err) {
-    tok_buf raw = {0}, out = {0};
+    tok_buf raw = {0}, out = {0}, run = {0};
     *text = NULL;
     if (len) *len = 0;
     for (int i = 0; i < n; i++) {
-        int r = append_id(t, &raw, ids[i], skip_special);
+        int r = append_id(t, &raw, &run, ids[i], skip_special);
         if (r < 0) {
             free(raw.data);
+            free(run.data);
             return whale_errf(err, WHALE_ERR_RANGE, "tokenizer decode: ids[%d] = %d is negative", i, (int)ids[i]);
         }
         if (!r) goto oom;
     }
+    if (run.len && !end_byte_run(&raw, &run)) goto oom;
+    free(run.data);
+    run.data = NULL;
     int nomem;
     tok_utf8_lossy(&out, (const unsigned char *)(raw.data ? raw.data : ""), raw.len, 1, &nomem);
     if (nomem || !tok_buf_reserve(&out, 0)) goto oom;
@@ -1142,6 +1307,7 @@ whale_code whale_tokenizer_decode(const whale_tokenizer *t, const int32_t *ids, 
     return WHALE_OK;
 oom:
     free(raw.data);
+    free(run.data);
     free(out.data);
     return whale_errf(err, WHALE_ERR_NOMEM, "tokenizer decode: out of memory");
 }
@@ -1152,6 +1318,7 @@ struct whale_detokenizer {
     tok_buf pending; /* bytes of an unfinished character */
     tok_buf out;
     tok_buf held;    /* clean_up: decoded text a later token may still change */
+    tok_buf run;     /* ByteFallback tokens not yet followed by another token */
 };
 
 whale_code whale_detokenizer_new(const whale_tokenizer *t, int skip_special, whale_detokenizer **out,
@@ -1168,6 +1335,7 @@ void whale_detokenizer_free(whale_detokenizer *d) {
     free(d->pending.data);
     free(d->out.data);
     free(d->held.data);
+    free(d->run.data);
     free(d);
 }
 
@@ -1201,12 +1369,14 @@ static whale_code detok_emit(whale_detokenizer *d, int final, const char **text,
 
 whale_code whale_detokenizer_push(whale_detokenizer *d, int32_t id, const char **text, size_t *len,
                                   whale_err *err) {
-    int r = append_id(d->t, &d->pending, id, d->skip_special);
+    int r = append_id(d->t, &d->pending, &d->run, id, d->skip_special);
     if (r < 0) return whale_errf(err, WHALE_ERR_RANGE, "detokenizer: id %d is negative", (int)id);
     if (!r) return whale_errf(err, WHALE_ERR_NOMEM, "detokenizer: out of memory");
     return detok_emit(d, 0, text, len, err);
 }
 
 whale_code whale_detokenizer_flush(whale_detokenizer *d, const char **text, size_t *len, whale_err *err) {
+    if (d->run.len && !end_byte_run(&d->pending, &d->run))
+        return whale_errf(err, WHALE_ERR_NOMEM, "detokenizer: out of memory");
     return detok_emit(d, 1, text, len, err);
 }

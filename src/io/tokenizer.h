@@ -111,6 +111,13 @@ typedef struct {
     int32_t ids[TOK_CACHE_MAX_IDS];
 } tok_cache_slot;
 
+/* A literal Replace (normalizer or decoder): every pat becomes with. */
+#define TOK_MAX_REPLACE 4
+typedef struct {
+    char *pat, *with;
+    size_t plen, wlen;
+} tok_replace;
+
 struct whale_tokenizer {
     char *arena;             /* the token strings of tokenizer.json */
     int32_t n_ids;           /* 1 + highest id */
@@ -119,6 +126,7 @@ struct whale_tokenizer {
     char *dec;               /* decoded bytes of every id */
     size_t *dec_off;         /* id -> decoded bytes: dec + dec_off[id], dec_len[id] */
     uint32_t *dec_len;
+    uint8_t *byte_tok;       /* id -> 1 if the ByteFallback decoder turns it into one byte */
     uint8_t *special;        /* id -> 1 if a special added token */
     int32_t model_vocab;     /* number of entries in model.vocab */
     tok_strmap vocab;        /* model.vocab */
@@ -127,6 +135,10 @@ struct whale_tokenizer {
     int ignore_merges;
     int byte_level;          /* the pre-tokenizer ends with ByteLevel: BPE units are bytes */
     int32_t unit_id[256];    /* byte_level: id of each byte's one-character token, -1 if none */
+    int byte_fallback;       /* model.byte_fallback: a character outside the vocabulary becomes <0xNN> tokens */
+    int32_t byte_id[256];    /* byte_fallback: id of <0xNN>, -1 if none */
+    int32_t unk_id;          /* model.unk_token, -1 if none */
+    int fuse_unk;            /* model.fuse_unk: consecutive unknown characters give one unk_id */
 
     tok_added *added;        /* in tokenizer.json order */
     int n_added;
@@ -135,7 +147,13 @@ struct whale_tokenizer {
     int clean_up;            /* tokenizer_config clean_up_tokenization_spaces: decode removes " ." etc. */
     pcre2_code *word_re;     /* \w-like class for single_word tokens (NULL if none) */
 
-    int nfc;                 /* normalizer */
+    int nfc;                 /* normalizer: NFC ... */
+    tok_replace norm_repl[TOK_MAX_REPLACE]; /* ... or literal Replace steps, in order */
+    int n_norm_repl;
+    tok_replace dec_repl[TOK_MAX_REPLACE];  /* decoder Replace steps, before ByteFallback */
+    int n_dec_repl;
+    int dec_byte_level;      /* decoder ByteLevel */
+    int dec_byte_fallback;   /* decoder ByteFallback: <0xNN> decodes to the byte NN */
     tok_step *steps;
     int n_steps;
 

@@ -87,6 +87,14 @@ static int append_ids(tok_buf *ids, const int32_t *v, size_t n) {
     return tok_buf_append(ids, v, n * sizeof *v);
 }
 
+static void push_sym(bpe_sym *sym, int32_t *ns, int32_t id) {
+    sym[*ns].id = id;
+    sym[*ns].prev = *ns - 1;
+    sym[*ns].next = *ns + 1;
+    sym[*ns].alive = 1;
+    (*ns)++;
+}
+
 /* BPE of one pre-token. */
 static whale_code bpe_piece(whale_tokenizer *t, const char *s, size_t n, tok_buf *ids, whale_err *err) {
     if (!n) return WHALE_OK;
@@ -135,8 +143,10 @@ static whale_code bpe_piece(whale_tokenizer *t, const char *s, size_t n, tok_buf
     bpe_sym *sym = (bpe_sym *)(heap + 3 * t->bpe_cap);
     int32_t ns = 0;
     const unsigned char *u = (const unsigned char *)s;
+    int last_unk = 0;
     for (size_t i = 0; i < n;) {
         int32_t id;
+        size_t start = i;
         if (t->byte_level) {
             id = t->unit_id[u[i++]];
         } else {
@@ -145,12 +155,26 @@ static whale_code bpe_piece(whale_tokenizer *t, const char *s, size_t n, tok_buf
             id = tok_strmap_get(&t->vocab, s + i, (size_t)k);
             i += (size_t)k;
         }
-        if (id < 0) continue; /* a character outside the vocabulary is dropped, as without unk_token */
-        sym[ns].id = id;
-        sym[ns].prev = ns - 1;
-        sym[ns].next = ns + 1;
-        sym[ns].alive = 1;
-        ns++;
+        if (id >= 0) {
+            push_sym(sym, &ns, id);
+            last_unk = 0;
+            continue;
+        }
+        if (t->byte_fallback && !t->byte_level) {
+            /* each byte of the character as <0xNN>, if the vocabulary has them all */
+            int ok = 1;
+            for (size_t j = start; j < i; j++) ok &= t->byte_id[u[j]] >= 0;
+            for (size_t j = start; ok && j < i; j++) push_sym(sym, &ns, t->byte_id[u[j]]);
+            if (ok) {
+                last_unk = 0;
+                continue;
+            }
+        }
+        /* unk_token (one for a run with fuse_unk); without it the character
+         * is dropped, as in Hugging Face */
+        if (t->unk_id < 0 || (t->fuse_unk && last_unk)) continue;
+        push_sym(sym, &ns, t->unk_id);
+        last_unk = 1;
     }
     if (!ns) return WHALE_OK;
     sym[ns - 1].next = -1;
@@ -472,7 +496,40 @@ static whale_code pretok_segment(whale_tokenizer *t, const char *s, size_t n, to
 
 /* Text between non-normalized added tokens: normalize, then match the
  * normalized added tokens in it. */
+/* The Replace normalizers, one after another, into t->norm. */
+static int replace_all(whale_tokenizer *t, const char *s, size_t n) {
+    tok_buf cur = {0};
+    for (int r = 0; r < t->n_norm_repl; r++) {
+        const tok_replace *rp = &t->norm_repl[r];
+        tok_buf o = {0};
+        if (!tok_buf_reserve(&o, n)) goto oom;
+        for (size_t i = 0; i < n;) {
+            int hit = i + rp->plen <= n && !memcmp(s + i, rp->pat, rp->plen);
+            if (!(hit ? tok_buf_append(&o, rp->with, rp->wlen) : tok_buf_append(&o, s + i, 1))) {
+                free(o.data);
+                goto oom;
+            }
+            i += hit ? rp->plen : 1;
+        }
+        free(cur.data);
+        cur = o;
+        s = cur.data;
+        n = cur.len;
+    }
+    free(t->norm.data);
+    t->norm = cur;
+    return 1;
+oom:
+    free(cur.data);
+    return 0;
+}
+
 static whale_code normalized_segment(whale_tokenizer *t, const char *s, size_t n, tok_buf *ids, whale_err *err) {
+    if (t->n_norm_repl) {
+        if (!replace_all(t, s, n)) return whale_errf(err, WHALE_ERR_NOMEM, "tokenizer: out of memory");
+        s = t->norm.data ? t->norm.data : "";
+        n = t->norm.len;
+    }
     if (t->nfc && !tok_nfc_quick(s, n)) {
         t->norm.len = 0;
         if (!tok_nfc(&t->norm, s, n)) return whale_errf(err, WHALE_ERR_NOMEM, "tokenizer: out of memory");

@@ -88,6 +88,20 @@ async function run(name) {
     generated.push(g);
   }
 
+  // ByteFallback decoding of byte-token runs that are not valid UTF-8
+  // (one U+FFFD per byte of such a run), for tokenizers that have <0xNN>
+  const byteId = (h) => rust.tokenToId(`<0x${h}>`);
+  const byteRuns = [];
+  if (byteId("E2") !== undefined && byteId("E2") !== null) {
+    const word = rust.tokenToId("H");
+    const runs = [["E2", "82"], ["E2", "82", "AC", "E2"], ["E2", word, "82"], ["F0", "9F", "90", "8B"], ["F0", "9F"],
+                  ["E2", "82", "AC", word, "FF"]];
+    for (const r of runs) {
+      const ids = r.map((x) => (typeof x === "string" ? byteId(x) : x));
+      byteRuns.push({ ids, decoded: await rust.decode(ids, false) });
+    }
+  }
+
   const out = {
     tokenizer: name,
     reference: "tokenizers 0.23.2 (Rust, Node binding); cross-checked with @huggingface/tokenizers 0.2.0",
@@ -96,6 +110,7 @@ async function run(name) {
     vocab_size_with_added: rust.getVocabSize(true),
     entries,
     generated,
+    ...(byteRuns.length ? { byte_runs: byteRuns } : {}),
   };
   const file = path.join(dataDir, `golden-${name}.json`);
   fs.writeFileSync(file, JSON.stringify(out) + "\n");
@@ -106,7 +121,7 @@ async function run(name) {
 const withSpecial = ["empty", "hello", "prose", "chinese", "code_python"];
 // node gen_goldens.mjs [NAME...]: only these real tokenizers (default: all, then the synthetic ones)
 const names = process.argv.slice(2);
-for (const name of names.length ? names : ["deepseek_v3", "qwen3", "llama3"]) await run(name);
+for (const name of names.length ? names : ["deepseek_v3", "qwen3", "llama3", "gemma3"]) await run(name);
 if (names.length) process.exit(0);
 
 // small tokenizers for the features the real files do not use
