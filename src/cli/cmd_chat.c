@@ -389,162 +389,204 @@ static whale_code reply_to(whale_session *s, whale_sampler *sm, whale_tokenizer 
     return whale_tokenizer_decode(tok, buf + n_ids, n_ctx - n_ids - (st.stopped ? 1 : 0), 1, reply, &len, err);
 }
 
-int cmd_chat_eval(int argc, char **argv) {
-    const char *dir = NULL, *adapters = NULL, *data = NULL, *system = NULL, *tmpl = NULL, *answers = NULL;
-    const char *names[2] = {0}, *authors[2] = {0};
-    char *base = NULL, *run_tmpl = NULL, *run_system = NULL;
-    whale_dtype dtype = CLI_DTYPE_AUTO;
-    long n_new = 64, threads = 0, ctx = 0;
-    int show = 0;
-    static const char help[] =
-        "usage: whale chat-eval (-m DIR | --adapters CKPT | both) --data EVAL.jsonl --model-name ZH [EN]\n"
-        "                       --model-author ZH [EN] [--show] [--answers OUT.jsonl] [-n N (64)]\n"
-        "  asks each {\"query\", \"tag\", \"expect\": [\"name\", \"author\"]} record's question in a fresh\n"
-        "  conversation (greedy), and counts the replies that contain the expected name / author\n"
-        "  (either language's value); {{NAME}} / {{AUTHOR}} in queries are filled as in whale sft.\n"
-        "  --system, --chat-template, --dtype, --ctx-size, --threads as in whale chat; ms-swift's spellings\n"
-        "  (--model_name, --max_new_tokens, ...) work too; prints a JSON summary";
+/* An evaluation: its options, the model it asks, the files and the counts. */
+typedef struct {
+    const char *dir, *adapters, *data, *system, *tmpl, *answers;
+    const char *names[2], *authors[2];
+    whale_dtype dtype;
+    long n_new, threads, ctx;
+    int show;
+    char *base, *run_tmpl, *run_system;
+    whale_sft_opts fo; /* the name and author, for {{NAME}} / {{AUTHOR}} */
+    whale_model *m;
+    whale_tokenizer *tok;
+    whale_session *s;
+    whale_sampler *sm;
+    whale_chat_template *tpl;
+    int32_t *buf, stop[16];
+    int n_stop, maxpos;
+    FILE *in, *out;
+    long asked[2], right[2], questions, correct, lineno;
+} eval_t;
+
+static const char eval_help[] =
+    "usage: whale chat-eval (-m DIR | --adapters CKPT | both) --data EVAL.jsonl --model-name ZH [EN]\n"
+    "                       --model-author ZH [EN] [--show] [--answers OUT.jsonl] [-n N (64)]\n"
+    "  asks each {\"query\", \"tag\", \"expect\": [\"name\", \"author\"]} record's question in a fresh\n"
+    "  conversation (greedy), and counts the replies that contain the expected name / author\n"
+    "  (either language's value); {{NAME}} / {{AUTHOR}} in queries are filled as in whale sft.\n"
+    "  --system, --chat-template, --dtype, --ctx-size, --threads as in whale chat; ms-swift's spellings\n"
+    "  (--model_name, --max_new_tokens, ...) work too; prints a JSON summary";
+
+/* 0, -1 after --help, or the usage status. */
+static int eval_parse(int argc, char **argv, eval_t *e) {
     const cli_opt opts[] = {
-        {"-m|--model", CLI_STR, &dir, 0, 0, NULL},
-        {"--adapters", CLI_STR, &adapters, 0, 0, NULL},
-        {"--data|--val-dataset", CLI_STR, &data, 0, 0, NULL},
-        {"--answers", CLI_STR, &answers, 0, 0, NULL},
-        {"--system", CLI_STR, &system, 0, 0, NULL},
-        {"--chat-template|--template", CLI_STR, &tmpl, 0, 0, NULL},
-        {"--dtype|--torch-dtype", CLI_DTYPE, &dtype, 0, 0, NULL},
-        {"-n|--max-new-tokens", CLI_LONG, &n_new, 1, 1 << 20, NULL},
-        {"--threads", CLI_LONG, &threads, 1, 1024, NULL},
-        {"-c|--ctx-size|--max-model-len", CLI_LONG, &ctx, 16, 1 << 24, NULL},
-        {"--show", CLI_FLAG, &show, 0, 0, NULL},
-        {"--model-name", CLI_PAIR, names, 0, 0, NULL},
-        {"--model-author", CLI_PAIR, authors, 0, 0, NULL},
+        {"-m|--model", CLI_STR, &e->dir, 0, 0, NULL},
+        {"--adapters", CLI_STR, &e->adapters, 0, 0, NULL},
+        {"--data|--val-dataset", CLI_STR, &e->data, 0, 0, NULL},
+        {"--answers", CLI_STR, &e->answers, 0, 0, NULL},
+        {"--system", CLI_STR, &e->system, 0, 0, NULL},
+        {"--chat-template|--template", CLI_STR, &e->tmpl, 0, 0, NULL},
+        {"--dtype|--torch-dtype", CLI_DTYPE, &e->dtype, 0, 0, NULL},
+        {"-n|--max-new-tokens", CLI_LONG, &e->n_new, 1, 1 << 20, NULL},
+        {"--threads", CLI_LONG, &e->threads, 1, 1024, NULL},
+        {"-c|--ctx-size|--max-model-len", CLI_LONG, &e->ctx, 16, 1 << 24, NULL},
+        {"--show", CLI_FLAG, &e->show, 0, 0, NULL},
+        {"--model-name", CLI_PAIR, e->names, 0, 0, NULL},
+        {"--model-author", CLI_PAIR, e->authors, 0, 0, NULL},
         {"--infer-backend", CLI_NOTE, NULL, 0, 0, "whale runs its own engine; the option is ignored"},
         {NULL, 0, NULL, 0, 0, NULL}};
-    int st = cli_parse("chat-eval", help, argc, argv, opts, NULL, NULL);
-    if (st) return st < 0 ? 0 : st;
-    if ((!dir && !adapters) || !data || !names[0] || !authors[0])
+    int st = cli_parse("chat-eval", eval_help, argc, argv, opts, NULL, NULL);
+    if (st) return st;
+    if ((!e->dir && !e->adapters) || !e->data || !e->names[0] || !e->authors[0])
         return cli_usage("chat-eval", "-m DIR (or --adapters), --data, --model-name and --model-author are required");
-    whale_set_threads((int)threads);
-    whale_err err;
-    whale_model *m = NULL;
-    whale_tokenizer *tok = NULL;
-    whale_session *s = NULL;
-    whale_sampler *sm = NULL;
-    FILE *in = NULL, *out = NULL;
-    int32_t *buf = NULL, stop[16];
-    char *line = NULL;
-    size_t lcap = 0;
-    int status = 0;
-    long asked[2] = {0}, right[2] = {0}, questions = 0, correct = 0, lineno = 0;
-    whale_chat_template *tpl = NULL;
-    whale_sft_opts fo = whale_sft_defaults();
-    fo.model_name[0] = names[0], fo.model_name[1] = names[1];
-    fo.model_author[0] = authors[0], fo.model_author[1] = authors[1];
-    cli_run run = {NULL, dtype, (int)ctx, 1, 0, 0};
-    if (cli_load_model(dir, adapters, &run, &m, &base, &run_tmpl, &run_system, &err)) goto fail;
-    if (!tmpl) tmpl = run_tmpl;
-    if (!system) system = run_system;
+    return 0;
+}
+
+/* The model, tokenizer, template, a greedy sampler and a session; the data
+ * opened and the answers file created. */
+static whale_code eval_load(eval_t *e, whale_err *err) {
+    e->fo = whale_sft_defaults();
+    e->fo.model_name[0] = e->names[0], e->fo.model_name[1] = e->names[1];
+    e->fo.model_author[0] = e->authors[0], e->fo.model_author[1] = e->authors[1];
+    cli_run run = {NULL, e->dtype, (int)e->ctx, 1, 0, 0};
+    whale_code c = cli_load_model(e->dir, e->adapters, &run, &e->m, &e->base, &e->run_tmpl, &e->run_system, err);
+    if (c) return c;
+    if (!e->tmpl) e->tmpl = e->run_tmpl;
+    if (!e->system) e->system = e->run_system;
     whale_sampler_params sp = whale_sampler_defaults();
     sp.temperature = 0;
-    int maxpos = whale_model_max_positions(m);
-    if (ctx > 0 && ctx < maxpos) maxpos = (int)ctx;
-    if (cli_load_tokenizer(base, m, &tok, &err) ||
-        whale_chat_template_load(base, tmpl, &tpl, &err) || whale_sampler_new(&sp, whale_model_vocab_size(m), &sm, &err) || whale_session_new(m, 1, maxpos, &s, &err))
-        goto fail;
-    int n_stop = whale_chat_template_stop_ids(tok, tpl, stop, 8);
-    if (n_stop > 8) n_stop = 8;
-    n_stop += whale_model_eos_ids(m, stop + n_stop, 8);
-    if (!(buf = malloc(sizeof(int32_t) * (size_t)(maxpos + 1)))) {
-        whale_errf(&err, WHALE_ERR_NOMEM, "out of memory");
-        goto fail;
+    e->maxpos = whale_model_max_positions(e->m);
+    if (e->ctx > 0 && e->ctx < e->maxpos) e->maxpos = (int)e->ctx;
+    if ((c = cli_load_tokenizer(e->base, e->m, &e->tok, err)) ||
+        (c = whale_chat_template_load(e->base, e->tmpl, &e->tpl, err)) ||
+        (c = whale_sampler_new(&sp, whale_model_vocab_size(e->m), &e->sm, err)) ||
+        (c = whale_session_new(e->m, 1, e->maxpos, &e->s, err)))
+        return c;
+    e->n_stop = whale_chat_template_stop_ids(e->tok, e->tpl, e->stop, 8);
+    if (e->n_stop > 8) e->n_stop = 8;
+    e->n_stop += whale_model_eos_ids(e->m, e->stop + e->n_stop, 8);
+    if (!(e->buf = malloc(sizeof(int32_t) * (size_t)(e->maxpos + 1))))
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    if ((c = whale_fopen_regular(e->data, &e->in, NULL, err))) return c;
+    if (e->answers && !(e->out = fopen(e->answers, "w")))
+        return whale_errf(err, WHALE_ERR_IO, "%s: cannot create: %s", e->answers, strerror(errno));
+    return WHALE_OK;
+}
+
+/* The record's query and which of name / author its reply must contain. */
+static whale_code eval_record_shape(const eval_t *e, const cJSON *j, int want[2], whale_err *err) {
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(j, "query");
+    const cJSON *ex = cJSON_GetObjectItemCaseSensitive(j, "expect"), *x;
+    int ok_shape = cJSON_IsString(q) && (!ex || cJSON_IsArray(ex));
+    want[0] = want[1] = 0;
+    cJSON_ArrayForEach(x, ex) {
+        if (cJSON_IsString(x) && !strcmp(x->valuestring, "name")) want[0] = 1;
+        else if (cJSON_IsString(x) && !strcmp(x->valuestring, "author")) want[1] = 1;
+        else ok_shape = 0;
     }
-    if (whale_fopen_regular(data, &in, NULL, &err)) goto fail;
-    if (answers && !(out = fopen(answers, "w"))) {
-        whale_errf(&err, WHALE_ERR_IO, "%s: cannot create: %s", answers, strerror(errno));
-        goto fail;
+    if (!ex) want[0] = 1;
+    if (!ok_shape)
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s:%ld: want {\"query\": string, \"tag\"?, \"expect\"?: [\"name\"|\"author\"]}",
+                          e->data, e->lineno);
+    return WHALE_OK;
+}
+
+/* The reply scored, shown with --show and written with --answers. */
+static void eval_score(eval_t *e, const int want[2], const char *query, const char *reply) {
+    int hit[2] = {mentions(reply, e->fo.model_name), mentions(reply, e->fo.model_author)}, ok = 1;
+    for (int k = 0; k < 2; k++)
+        if (want[k]) {
+            e->asked[k]++;
+            e->right[k] += hit[k];
+            ok &= hit[k];
+        }
+    e->questions++;
+    e->correct += ok;
+    if (e->show) fprintf(stderr, "%s %s\n    → %s\n", ok ? "[ok]  " : "[miss]", query, reply);
+    if (e->out) {
+        cJSON *a = cJSON_CreateObject();
+        cJSON_AddStringToObject(a, "query", query);
+        cJSON_AddStringToObject(a, "response", reply);
+        cJSON_AddBoolToObject(a, "correct", ok);
+        char *t = cJSON_PrintUnformatted(a);
+        if (t) fprintf(e->out, "%s\n", t);
+        free(t);
+        cJSON_Delete(a);
     }
-    ssize_t got;
-    while ((got = getline(&line, &lcap, in)) >= 0) {
-        lineno++;
-        while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) line[--got] = 0;
-        if (!got) continue;
-        cJSON *j = cJSON_Parse(line);
+}
+
+/* One line of the data: its question asked and the reply scored. */
+static whale_code eval_line(eval_t *e, const char *line, whale_err *err) {
+    cJSON *j = cJSON_Parse(line);
+    int want[2];
+    char *query = NULL, *reply = NULL;
+    whale_code c = eval_record_shape(e, j, want, err);
+    if (!c) {
         const cJSON *q = cJSON_GetObjectItemCaseSensitive(j, "query"), *tag = cJSON_GetObjectItemCaseSensitive(j, "tag");
-        const cJSON *ex = cJSON_GetObjectItemCaseSensitive(j, "expect"), *e;
-        int want[2] = {0, 0}, ok_shape = cJSON_IsString(q) && (!ex || cJSON_IsArray(ex));
-        cJSON_ArrayForEach(e, ex) {
-            if (cJSON_IsString(e) && !strcmp(e->valuestring, "name")) want[0] = 1;
-            else if (cJSON_IsString(e) && !strcmp(e->valuestring, "author")) want[1] = 1;
-            else ok_shape = 0;
-        }
-        if (!ex) want[0] = 1;
-        if (!ok_shape) {
-            cJSON_Delete(j);
-            whale_errf(&err, WHALE_ERR_FORMAT, "%s:%ld: want {\"query\": string, \"tag\"?, \"expect\"?: [\"name\"|\"author\"]}",
-                       data, lineno);
-            goto fail;
-        }
-        char *query = NULL, *reply = NULL;
-        whale_code c = whale_sft_fill_placeholders(q->valuestring, cJSON_IsString(tag) ? tag->valuestring : NULL, &fo,
-                                                   &query, &err);
-        if (!c) c = reply_to(s, sm, tok, tpl, system, query, buf, maxpos, (int)n_new, stop, n_stop, &reply, &err);
-        if (c) {
-            free(query);
-            cJSON_Delete(j);
-            goto fail;
-        }
-        int hit[2] = {mentions(reply, fo.model_name), mentions(reply, fo.model_author)}, ok = 1;
-        for (int k = 0; k < 2; k++)
-            if (want[k]) {
-                asked[k]++;
-                right[k] += hit[k];
-                ok &= hit[k];
-            }
-        questions++;
-        correct += ok;
-        if (show) fprintf(stderr, "%s %s\n    → %s\n", ok ? "[ok]  " : "[miss]", query, reply);
-        if (out) {
-            cJSON *a = cJSON_CreateObject();
-            cJSON_AddStringToObject(a, "query", query);
-            cJSON_AddStringToObject(a, "response", reply);
-            cJSON_AddBoolToObject(a, "correct", ok);
-            char *t = cJSON_PrintUnformatted(a);
-            if (t) fprintf(out, "%s\n", t);
-            free(t);
-            cJSON_Delete(a);
-        }
-        free(query);
-        free(reply);
-        cJSON_Delete(j);
+        c = whale_sft_fill_placeholders(q->valuestring, cJSON_IsString(tag) ? tag->valuestring : NULL, &e->fo, &query,
+                                        err);
     }
-    if (!questions) {
-        whale_errf(&err, WHALE_ERR_FORMAT, "%s: no questions", data);
-        goto fail;
+    if (!c)
+        c = reply_to(e->s, e->sm, e->tok, e->tpl, e->system, query, e->buf, e->maxpos, (int)e->n_new, e->stop,
+                     e->n_stop, &reply, err);
+    if (!c) eval_score(e, want, query, reply);
+    free(query);
+    free(reply);
+    cJSON_Delete(j);
+    return c;
+}
+
+/* Every question of the data asked; the answers file closed. */
+static whale_code eval_run(eval_t *e, whale_err *err) {
+    char *line = NULL;
+    size_t lcap = 0;
+    ssize_t got;
+    whale_code c = WHALE_OK;
+    while (!c && (got = getline(&line, &lcap, e->in)) >= 0) {
+        e->lineno++;
+        while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) line[--got] = 0;
+        if (got) c = eval_line(e, line, err);
     }
-    if (out && fclose(out) != 0) {
-        out = NULL;
-        whale_errf(&err, WHALE_ERR_IO, "%s: write failed", answers);
-        goto fail;
-    }
-    out = NULL;
+    free(line);
+    if (c) return c;
+    if (!e->questions) return whale_errf(err, WHALE_ERR_FORMAT, "%s: no questions", e->data);
+    FILE *out = e->out;
+    e->out = NULL;
+    if (out && fclose(out) != 0) return whale_errf(err, WHALE_ERR_IO, "%s: write failed", e->answers);
+    return WHALE_OK;
+}
+
+static void eval_print(const eval_t *e) {
     printf("{\"questions\": %ld, \"correct\": %ld, \"score\": %.4f, \"name\": {\"asked\": %ld, \"correct\": %ld}, "
            "\"author\": {\"asked\": %ld, \"correct\": %ld}}\n",
-           questions, correct, (double)correct / (double)questions, asked[0], right[0], asked[1], right[1]);
-    goto done;
-fail:
-    status = cli_fail(&err);
-done:
-    if (in) fclose(in);
-    if (out) fclose(out);
-    free(line);
-    free(buf);
-    whale_sampler_free(sm);
-    whale_session_free(s);
-    whale_chat_template_free(tpl);
-    whale_tokenizer_free(tok);
-    whale_model_free(m);
-    free(base);
-    free(run_tmpl);
-    free(run_system);
+           e->questions, e->correct, (double)e->correct / (double)e->questions, e->asked[0], e->right[0], e->asked[1],
+           e->right[1]);
+}
+
+static void eval_free(eval_t *e) {
+    if (e->in) fclose(e->in);
+    if (e->out) fclose(e->out);
+    free(e->buf);
+    whale_sampler_free(e->sm);
+    whale_session_free(e->s);
+    whale_chat_template_free(e->tpl);
+    whale_tokenizer_free(e->tok);
+    whale_model_free(e->m);
+    free(e->base);
+    free(e->run_tmpl);
+    free(e->run_system);
+}
+
+int cmd_chat_eval(int argc, char **argv) {
+    eval_t e = {.dtype = CLI_DTYPE_AUTO, .n_new = 64};
+    int st = eval_parse(argc, argv, &e);
+    if (st) return st < 0 ? 0 : st;
+    whale_set_threads((int)e.threads);
+    whale_err err;
+    int status = 0;
+    if (eval_load(&e, &err) || eval_run(&e, &err)) status = cli_fail(&err);
+    else eval_print(&e);
+    eval_free(&e);
     return status;
 }
