@@ -211,146 +211,183 @@ static whale_code read_tools(const char *path, cJSON **out, whale_err *err) {
     return WHALE_OK;
 }
 
-int cmd_chat(int argc, char **argv) {
-    chat_opts o = {.dtype = CLI_DTYPE_AUTO, .n_new = 512, .stream = 1, .multi_turn = 1, .sp = cli_sampling_defaults()};
-    int bad = chat_parse(argc, argv, &o);
-    if (bad) return bad < 0 ? 0 : bad;
-    whale_set_threads((int)o.threads);
-    const char *dir = o.dir, *system = o.system, *tmpl = o.tmpl;
-    char *base = NULL, *run_tmpl = NULL, *run_system = NULL;
-    whale_sampler_params sp = o.sp;
+/* A conversation: its options, the model and session it runs, and the ids
+ * the KV cache holds. */
+typedef struct {
+    chat_opts o;
+    const char *dir, *system, *tmpl; /* the base model's directory and what is in use */
+    char *base, *run_tmpl, *run_system;
+    whale_sampler_params sp;
+    whale_model *m;
+    whale_tokenizer *tok;
+    whale_detokenizer *detok;
+    whale_session *s;
+    whale_sampler *sm;
+    whale_chat_template *tpl;
+    cJSON *tools;
+    convo cv;
+    int interactive, maxpos, n_stop;
+    int n_ctx; /* ids the cache holds (plus the last sampled one) */
+    int32_t *ctx, *ids, stop[16];
+} chat_t;
 
-    whale_err err;
-    whale_model *m = NULL;
-    whale_tokenizer *tok = NULL;
-    whale_detokenizer *detok = NULL;
-    whale_session *s = NULL;
-    whale_sampler *sm = NULL;
-    whale_chat_template *tpl = NULL;
-    cJSON *tools = NULL;
-    convo cv = {cJSON_CreateArray(), NULL, 0};
-    int status = 0, interactive = isatty(0) && isatty(1);
-    int32_t *ctx = NULL, *ids = NULL, stop[16];
-    if (!cv.msgs) {
-        whale_errf(&err, WHALE_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    if (o.tools && read_tools(o.tools, &tools, &err)) goto fail;
-    cv.tools = tools;
-    cli_run run = {"chat", o.dtype, (int)o.ctx, 1, o.memory_limit * 1073741824.0, 0};
-    if (cli_load_model(dir, o.adapters, &run, &m, &base, &run_tmpl, &run_system, &err)) goto fail;
-    dir = base;
-    if (cli_generation_config(dir, &sp, o.given, interactive ? "chat" : NULL, &err)) goto fail;
-    if (!tmpl) tmpl = run_tmpl;
-    if (!system) system = run_system;
-    if (cli_load_tokenizer(dir, m, &tok, &err) ||
-        whale_chat_template_load(dir, tmpl, &tpl, &err) || whale_detokenizer_new(tok, 1, &detok, &err))
-        goto fail;
-    if (whale_chat_template_notice(tpl)) fprintf(stderr, "chat: %s\n", whale_chat_template_notice(tpl));
-    int maxpos = whale_model_max_positions(m), n_stop = whale_chat_template_stop_ids(tok, tpl, stop, 8);
-    if (o.ctx > maxpos) fprintf(stderr, "chat: note: --ctx-size %ld is beyond the model's %d positions\n", o.ctx, maxpos);
-    else if (o.ctx) maxpos = (int)o.ctx;
-    if (n_stop > 8) n_stop = 8;
-    n_stop += whale_model_eos_ids(m, stop + n_stop, 8);
-    ctx = malloc(sizeof(int32_t) * (size_t)(maxpos + 1));
-    if (!ctx) {
-        whale_errf(&err, WHALE_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    if (whale_sampler_new(&sp, whale_model_vocab_size(m), &sm, &err) || whale_session_new(m, 1, maxpos, &s, &err))
-        goto fail;
-    if (system && convo_push(&cv, "system", system, &err)) goto fail;
-    cv.keep = cJSON_GetArraySize(cv.msgs);
-    if (interactive) {
+/* The tools, the model (with its adapters), its generation config,
+ * tokenizer and template. */
+static whale_code chat_load(chat_t *c, whale_err *err) {
+    whale_code rc;
+    if (!(c->cv.msgs = cJSON_CreateArray())) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    if (c->o.tools && (rc = read_tools(c->o.tools, &c->tools, err))) return rc;
+    c->cv.tools = c->tools;
+    cli_run run = {"chat", c->o.dtype, (int)c->o.ctx, 1, c->o.memory_limit * 1073741824.0, 0};
+    if ((rc = cli_load_model(c->o.dir, c->o.adapters, &run, &c->m, &c->base, &c->run_tmpl, &c->run_system, err)))
+        return rc;
+    c->dir = c->base;
+    if ((rc = cli_generation_config(c->dir, &c->sp, c->o.given, c->interactive ? "chat" : NULL, err))) return rc;
+    if (!c->tmpl) c->tmpl = c->run_tmpl;
+    if (!c->system) c->system = c->run_system;
+    if ((rc = cli_load_tokenizer(c->dir, c->m, &c->tok, err)) ||
+        (rc = whale_chat_template_load(c->dir, c->tmpl, &c->tpl, err)) ||
+        (rc = whale_detokenizer_new(c->tok, 1, &c->detok, err)))
+        return rc;
+    if (whale_chat_template_notice(c->tpl)) fprintf(stderr, "chat: %s\n", whale_chat_template_notice(c->tpl));
+    return WHALE_OK;
+}
+
+/* The positions and stop ids, the sampler and session, the system prompt. */
+static whale_code chat_prepare(chat_t *c, whale_err *err) {
+    whale_code rc;
+    c->maxpos = whale_model_max_positions(c->m);
+    c->n_stop = whale_chat_template_stop_ids(c->tok, c->tpl, c->stop, 8);
+    if (c->o.ctx > c->maxpos)
+        fprintf(stderr, "chat: note: --ctx-size %ld is beyond the model's %d positions\n", c->o.ctx, c->maxpos);
+    else if (c->o.ctx) c->maxpos = (int)c->o.ctx;
+    if (c->n_stop > 8) c->n_stop = 8;
+    c->n_stop += whale_model_eos_ids(c->m, c->stop + c->n_stop, 8);
+    if (!(c->ctx = malloc(sizeof(int32_t) * (size_t)(c->maxpos + 1))))
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    if ((rc = whale_sampler_new(&c->sp, whale_model_vocab_size(c->m), &c->sm, err)) ||
+        (rc = whale_session_new(c->m, 1, c->maxpos, &c->s, err)))
+        return rc;
+    if (c->system && (rc = convo_push(&c->cv, "system", c->system, err))) return rc;
+    c->cv.keep = cJSON_GetArraySize(c->cv.msgs);
+    if (c->interactive) {
         whale_memory mm;
-        whale_memory_of_model(m, &mm);
-        whale_memory_add_session(&mm, s);
+        whale_memory_of_model(c->m, &mm);
+        whale_memory_add_session(&mm, c->s);
         whale_memory_print_line(&mm, stderr);
         fprintf(stderr, "chat: %s template, %d positions (--ctx-size N to change); 'clear' to forget, 'exit' to quit, "
-                "\"\"\" for multi-line\n", whale_chat_template_name(tpl), maxpos);
+                "\"\"\" for multi-line\n", whale_chat_template_name(c->tpl), c->maxpos);
     }
-    int n_ctx = 0; /* ids the cache holds (plus the last sampled one) */
+    return WHALE_OK;
+}
+
+/* The message joins the conversation, rendered as c->ids; *skip when it
+ * does not fit (the message is dropped again). */
+static whale_code chat_prompt(chat_t *c, const char *text, int *n_ids, int *skip, whale_err *err) {
+    int is_tool = c->tools && !strncmp(text, "/tool ", 6);
+    if (!c->o.multi_turn && !is_tool) convo_clear(&c->cv); /* each message on its own */
+    whale_code rc = convo_push(&c->cv, is_tool ? "tool" : "user", is_tool ? text + 6 : text, err);
+    if (rc) return rc;
+    free(c->ids);
+    c->ids = NULL;
+    if ((rc = convo_ids(&c->cv, c->tok, c->tpl, &c->ids, n_ids, err))) return rc;
+    if (c->o.verbose_prompt) print_ids(stderr, c->ids, *n_ids);
+    *skip = *n_ids + 1 >= c->maxpos;
+    if (*skip) {
+        fprintf(stderr, "chat: the conversation (%d tokens) fills the model's %d positions; type clear\n", *n_ids,
+                c->maxpos);
+        convo_drop_last(&c->cv);
+    }
+    return WHALE_OK;
+}
+
+/* The reply to the rendered conversation of n_ids ids: generated (the cache
+ * kept for the prefix it shares with what it holds), printed, and added to
+ * the conversation. */
+static whale_code chat_reply(chat_t *c, int n_ids, whale_err *err) {
+    int common = 0;
+    while (common < c->n_ctx && common < n_ids && c->ctx[common] == c->ids[common]) common++;
+    whale_session_truncate(c->s, common < n_ids ? common : n_ids - 1);
+    memcpy(c->ctx, c->ids, sizeof(int32_t) * (size_t)n_ids);
+    c->n_ctx = n_ids;
+    chat_printer pr = {c->detok, err, 0, 0, c->stop, c->n_stop, c->o.stream};
+    whale_gen_stats st;
+    int budget = (int)(c->o.n_new < c->maxpos - c->n_ctx ? c->o.n_new : c->maxpos - c->n_ctx);
+    whale_code rc = whale_generate(c->s, c->sm, c->ctx, &c->n_ctx, c->maxpos, budget, c->stop, c->n_stop, print_piece,
+                                   &pr, &st, err);
+    if (rc || pr.failed) return rc ? rc : err->code;
+    const char *tail;
+    size_t tl;
+    if ((rc = whale_detokenizer_flush(c->detok, &tail, &tl, err))) return rc;
+    /* the reply as text, for the next rendering */
+    int n_reply = c->n_ctx - n_ids - (st.stopped ? 1 : 0);
+    char *reply;
+    size_t rl;
+    if ((rc = whale_tokenizer_decode(c->tok, c->ctx + n_ids, n_reply, 1, &reply, &rl, err))) return rc;
+    if (c->o.stream) fwrite(tail, 1, tl, stdout);
+    else fwrite(reply, 1, rl, stdout);
+    fputc('\n', stdout);
+    rc = convo_reply(&c->cv, reply, err);
+    free(reply);
+    fflush(stdout);
+    if (rc) return rc;
+    fprintf(stderr, "[%d tokens in %.2f s, %.1f tokens/s; prompt %d new tokens]\n", st.generated, st.gen_seconds,
+            st.generated > 1 ? (st.generated - 1) / st.gen_seconds : 0.0, st.prompt_tokens);
+    return WHALE_OK;
+}
+
+/* Messages read and answered until 'exit' or the end of input. */
+static whale_code chat_loop(chat_t *c, whale_err *err) {
     for (;;) {
-        int eof;
-        char *text = read_message(stdin, interactive, &eof);
+        int eof, n_ids = 0, skip = 0;
+        char *text = read_message(stdin, c->interactive, &eof);
         if (!text || eof || !strcmp(text, "exit") || !strcmp(text, "quit")) {
             free(text);
-            break;
+            return WHALE_OK;
         }
         if (!strcmp(text, "clear")) {
-            free(text);
-            convo_clear(&cv);
-            whale_session_reset(s);
-            n_ctx = 0;
-            if (interactive) fprintf(stderr, "(conversation cleared)\n");
-            continue;
+            convo_clear(&c->cv);
+            whale_session_reset(c->s);
+            c->n_ctx = 0;
+            if (c->interactive) fprintf(stderr, "(conversation cleared)\n");
         }
-        if (!*text) {
-            free(text);
-            continue;
+        whale_code rc = WHALE_OK;
+        if (*text && strcmp(text, "clear")) {
+            rc = chat_prompt(c, text, &n_ids, &skip, err);
+            if (!rc && !skip) rc = chat_reply(c, n_ids, err);
         }
-        int is_tool = tools && !strncmp(text, "/tool ", 6);
-        if (!o.multi_turn && !is_tool) convo_clear(&cv); /* each message on its own */
-        whale_code pushed = convo_push(&cv, is_tool ? "tool" : "user", is_tool ? text + 6 : text, &err);
         free(text);
-        if (pushed) goto fail;
-        int n_ids;
-        free(ids);
-        ids = NULL;
-        if (convo_ids(&cv, tok, tpl, &ids, &n_ids, &err)) goto fail;
-        if (o.verbose_prompt) print_ids(stderr, ids, n_ids);
-        if (n_ids + 1 >= maxpos) {
-            fprintf(stderr, "chat: the conversation (%d tokens) fills the model's %d positions; type clear\n", n_ids,
-                    maxpos);
-            convo_drop_last(&cv);
-            continue;
-        }
-        /* keep the cache for the common prefix of what it holds and the new rendering */
-        int common = 0;
-        while (common < n_ctx && common < n_ids && ctx[common] == ids[common]) common++;
-        whale_session_truncate(s, common < n_ids ? common : n_ids - 1);
-        memcpy(ctx, ids, sizeof(int32_t) * (size_t)n_ids);
-        n_ctx = n_ids;
-        chat_printer pr = {detok, &err, 0, 0, stop, n_stop, o.stream};
-        whale_gen_stats st;
-        int budget = (int)(o.n_new < maxpos - n_ctx ? o.n_new : maxpos - n_ctx);
-        if (whale_generate(s, sm, ctx, &n_ctx, maxpos, budget, stop, n_stop, print_piece, &pr, &st, &err) || pr.failed)
-            goto fail;
-        const char *tail;
-        size_t tl;
-        if (whale_detokenizer_flush(detok, &tail, &tl, &err)) goto fail;
-        /* the reply as text, for the next rendering */
-        int n_reply = n_ctx - n_ids - (st.stopped ? 1 : 0);
-        char *reply;
-        size_t rl;
-        if (whale_tokenizer_decode(tok, ctx + n_ids, n_reply, 1, &reply, &rl, &err)) goto fail;
-        if (o.stream) fwrite(tail, 1, tl, stdout);
-        else fwrite(reply, 1, rl, stdout);
-        fputc('\n', stdout);
-        whale_code added = convo_reply(&cv, reply, &err);
-        free(reply);
-        fflush(stdout);
-        if (added) goto fail;
-        fprintf(stderr, "[%d tokens in %.2f s, %.1f tokens/s; prompt %d new tokens]\n", st.generated, st.gen_seconds,
-                st.generated > 1 ? (st.generated - 1) / st.gen_seconds : 0.0, st.prompt_tokens);
+        if (rc) return rc;
     }
-    goto out;
-fail:
-    status = cli_fail(&err);
-out:
-    cJSON_Delete(cv.msgs);
-    cJSON_Delete(tools);
-    free(ctx);
-    free(ids);
-    whale_sampler_free(sm);
-    whale_session_free(s);
-    whale_detokenizer_free(detok);
-    whale_chat_template_free(tpl);
-    whale_tokenizer_free(tok);
-    whale_model_free(m);
-    free(base);
-    free(run_tmpl);
-    free(run_system);
+}
+
+static void chat_free(chat_t *c) {
+    cJSON_Delete(c->cv.msgs);
+    cJSON_Delete(c->tools);
+    free(c->ctx);
+    free(c->ids);
+    whale_sampler_free(c->sm);
+    whale_session_free(c->s);
+    whale_detokenizer_free(c->detok);
+    whale_chat_template_free(c->tpl);
+    whale_tokenizer_free(c->tok);
+    whale_model_free(c->m);
+    free(c->base);
+    free(c->run_tmpl);
+    free(c->run_system);
+}
+
+int cmd_chat(int argc, char **argv) {
+    chat_t c = {.o = {.dtype = CLI_DTYPE_AUTO, .n_new = 512, .stream = 1, .multi_turn = 1, .sp = cli_sampling_defaults()}};
+    int bad = chat_parse(argc, argv, &c.o);
+    if (bad) return bad < 0 ? 0 : bad;
+    whale_set_threads((int)c.o.threads);
+    c.system = c.o.system, c.tmpl = c.o.tmpl, c.sp = c.o.sp;
+    c.interactive = isatty(0) && isatty(1);
+    whale_err err;
+    int status = 0;
+    if (chat_load(&c, &err) || chat_prepare(&c, &err) || chat_loop(&c, &err)) status = cli_fail(&err);
+    chat_free(&c);
     return status;
 }
 
