@@ -212,147 +212,184 @@ static whale_code read_tools(const char *path, cJSON **out, whale_err *err) {
     return WHALE_OK;
 }
 
-int cmd_chat(int argc, char **argv) {
-    chat_opts o = {.dtype = CLI_DTYPE_AUTO, .n_new = 512, .stream = 1, .multi_turn = -1, .sp = cli_sampling_defaults()};
-    int bad = chat_parse(argc, argv, &o);
-    if (bad) return bad < 0 ? 0 : bad;
-    whale_set_threads((int)o.threads);
-    const char *dir = o.dir, *system = o.system, *tmpl = o.tmpl;
-    char *base = NULL, *run_tmpl = NULL, *run_system = NULL;
-    whale_sampler_params sp = o.sp;
+/* A conversation: its options, the model and session it runs, and the ids
+ * the KV cache holds. */
+typedef struct {
+    chat_opts o;
+    const char *dir, *system, *tmpl; /* the base model's directory and what is in use */
+    char *base, *run_tmpl, *run_system;
+    whale_sampler_params sp;
+    whale_model *m;
+    whale_tokenizer *tok;
+    whale_detokenizer *detok;
+    whale_session *s;
+    whale_sampler *sm;
+    whale_chat_template *tpl;
+    cJSON *tools;
+    convo cv;
+    int interactive, maxpos, n_stop;
+    int n_ctx; /* ids the cache holds (plus the last sampled one) */
+    int32_t *ctx, *ids, stop[16];
+} chat_t;
 
-    whale_err err;
-    whale_model *m = NULL;
-    whale_tokenizer *tok = NULL;
-    whale_detokenizer *detok = NULL;
-    whale_session *s = NULL;
-    whale_sampler *sm = NULL;
-    whale_chat_template *tpl = NULL;
-    cJSON *tools = NULL;
-    convo cv = {cJSON_CreateArray(), NULL, 0};
-    int status = 0, interactive = isatty(0) && isatty(1);
-    int32_t *ctx = NULL, *ids = NULL, stop[16];
-    if (o.multi_turn < 0) o.multi_turn = isatty(0); /* from a pipe, each line on its own */
-    if (!cv.msgs) {
-        whale_errf(&err, WHALE_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    if (o.tools && read_tools(o.tools, &tools, &err)) goto fail;
-    cv.tools = tools;
-    cli_run run = {"chat", o.dtype, (int)o.ctx, 1, o.memory_limit * 1073741824.0, 0};
-    if (cli_load_model(dir, o.adapters, &run, &m, &base, &run_tmpl, &run_system, &err)) goto fail;
-    dir = base;
-    if (cli_generation_config(dir, &sp, o.given, interactive ? "chat" : NULL, &err)) goto fail;
-    if (!tmpl) tmpl = run_tmpl;
-    if (!system) system = run_system;
-    if (cli_load_tokenizer(dir, m, &tok, &err) ||
-        whale_chat_template_load(dir, tmpl, &tpl, &err) || whale_detokenizer_new(tok, 1, &detok, &err))
-        goto fail;
-    if (whale_chat_template_notice(tpl)) fprintf(stderr, "chat: %s\n", whale_chat_template_notice(tpl));
-    int maxpos = whale_model_max_positions(m), n_stop = whale_chat_template_stop_ids(tok, tpl, stop, 8);
-    if (o.ctx > maxpos) fprintf(stderr, "chat: note: --ctx-size %ld is beyond the model's %d positions\n", o.ctx, maxpos);
-    else if (o.ctx) maxpos = (int)o.ctx;
-    if (n_stop > 8) n_stop = 8;
-    n_stop += whale_model_eos_ids(m, stop + n_stop, 8);
-    ctx = malloc(sizeof(int32_t) * (size_t)(maxpos + 1));
-    if (!ctx) {
-        whale_errf(&err, WHALE_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    if (whale_sampler_new(&sp, whale_model_vocab_size(m), &sm, &err) || whale_session_new(m, 1, maxpos, &s, &err))
-        goto fail;
-    if (system && convo_push(&cv, "system", system, &err)) goto fail;
-    cv.keep = cJSON_GetArraySize(cv.msgs);
-    if (interactive) {
+/* The tools, the model (with its adapters), its generation config,
+ * tokenizer and template. */
+static whale_code chat_load(chat_t *c, whale_err *err) {
+    whale_code rc;
+    if (!(c->cv.msgs = cJSON_CreateArray())) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    if (c->o.tools && (rc = read_tools(c->o.tools, &c->tools, err))) return rc;
+    c->cv.tools = c->tools;
+    cli_run run = {"chat", c->o.dtype, (int)c->o.ctx, 1, c->o.memory_limit * 1073741824.0, 0};
+    if ((rc = cli_load_model(c->o.dir, c->o.adapters, &run, &c->m, &c->base, &c->run_tmpl, &c->run_system, err)))
+        return rc;
+    c->dir = c->base;
+    if ((rc = cli_generation_config(c->dir, &c->sp, c->o.given, c->interactive ? "chat" : NULL, err))) return rc;
+    if (!c->tmpl) c->tmpl = c->run_tmpl;
+    if (!c->system) c->system = c->run_system;
+    if ((rc = cli_load_tokenizer(c->dir, c->m, &c->tok, err)) ||
+        (rc = whale_chat_template_load(c->dir, c->tmpl, &c->tpl, err)) ||
+        (rc = whale_detokenizer_new(c->tok, 1, &c->detok, err)))
+        return rc;
+    if (whale_chat_template_notice(c->tpl)) fprintf(stderr, "chat: %s\n", whale_chat_template_notice(c->tpl));
+    return WHALE_OK;
+}
+
+/* The positions and stop ids, the sampler and session, the system prompt. */
+static whale_code chat_prepare(chat_t *c, whale_err *err) {
+    whale_code rc;
+    c->maxpos = whale_model_max_positions(c->m);
+    c->n_stop = whale_chat_template_stop_ids(c->tok, c->tpl, c->stop, 8);
+    if (c->o.ctx > c->maxpos)
+        fprintf(stderr, "chat: note: --ctx-size %ld is beyond the model's %d positions\n", c->o.ctx, c->maxpos);
+    else if (c->o.ctx) c->maxpos = (int)c->o.ctx;
+    if (c->n_stop > 8) c->n_stop = 8;
+    c->n_stop += whale_model_eos_ids(c->m, c->stop + c->n_stop, 8);
+    if (!(c->ctx = malloc(sizeof(int32_t) * (size_t)(c->maxpos + 1))))
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    if ((rc = whale_sampler_new(&c->sp, whale_model_vocab_size(c->m), &c->sm, err)) ||
+        (rc = whale_session_new(c->m, 1, c->maxpos, &c->s, err)))
+        return rc;
+    if (c->system && (rc = convo_push(&c->cv, "system", c->system, err))) return rc;
+    c->cv.keep = cJSON_GetArraySize(c->cv.msgs);
+    if (c->interactive) {
         whale_memory mm;
-        whale_memory_of_model(m, &mm);
-        whale_memory_add_session(&mm, s);
+        whale_memory_of_model(c->m, &mm);
+        whale_memory_add_session(&mm, c->s);
         whale_memory_print_line(&mm, stderr);
         fprintf(stderr, "chat: %s template, %d positions (--ctx-size N to change); 'clear' to forget, 'exit' to quit, "
-                "\"\"\" for multi-line\n", whale_chat_template_name(tpl), maxpos);
+                "\"\"\" for multi-line\n", whale_chat_template_name(c->tpl), c->maxpos);
     }
-    int n_ctx = 0; /* ids the cache holds (plus the last sampled one) */
+    return WHALE_OK;
+}
+
+/* The message joins the conversation, rendered as c->ids; *skip when it
+ * does not fit (the message is dropped again). */
+static whale_code chat_prompt(chat_t *c, const char *text, int *n_ids, int *skip, whale_err *err) {
+    int is_tool = c->tools && !strncmp(text, "/tool ", 6);
+    if (!c->o.multi_turn && !is_tool) convo_clear(&c->cv); /* each message on its own */
+    whale_code rc = convo_push(&c->cv, is_tool ? "tool" : "user", is_tool ? text + 6 : text, err);
+    if (rc) return rc;
+    free(c->ids);
+    c->ids = NULL;
+    if ((rc = convo_ids(&c->cv, c->tok, c->tpl, &c->ids, n_ids, err))) return rc;
+    if (c->o.verbose_prompt) print_ids(stderr, c->ids, *n_ids);
+    *skip = *n_ids + 1 >= c->maxpos;
+    if (*skip) {
+        fprintf(stderr, "chat: the conversation (%d tokens) fills the model's %d positions; type clear\n", *n_ids,
+                c->maxpos);
+        convo_drop_last(&c->cv);
+    }
+    return WHALE_OK;
+}
+
+/* The reply to the rendered conversation of n_ids ids: generated (the cache
+ * kept for the prefix it shares with what it holds), printed, and added to
+ * the conversation. */
+static whale_code chat_reply(chat_t *c, int n_ids, whale_err *err) {
+    int common = 0;
+    while (common < c->n_ctx && common < n_ids && c->ctx[common] == c->ids[common]) common++;
+    whale_session_truncate(c->s, common < n_ids ? common : n_ids - 1);
+    memcpy(c->ctx, c->ids, sizeof(int32_t) * (size_t)n_ids);
+    c->n_ctx = n_ids;
+    chat_printer pr = {c->detok, err, 0, 0, c->stop, c->n_stop, c->o.stream};
+    whale_gen_stats st;
+    int budget = (int)(c->o.n_new < c->maxpos - c->n_ctx ? c->o.n_new : c->maxpos - c->n_ctx);
+    whale_code rc = whale_generate(c->s, c->sm, c->ctx, &c->n_ctx, c->maxpos, budget, c->stop, c->n_stop, print_piece,
+                                   &pr, &st, err);
+    if (rc || pr.failed) return rc ? rc : err->code;
+    const char *tail;
+    size_t tl;
+    if ((rc = whale_detokenizer_flush(c->detok, &tail, &tl, err))) return rc;
+    /* the reply as text, for the next rendering */
+    int n_reply = c->n_ctx - n_ids - (st.stopped ? 1 : 0);
+    char *reply;
+    size_t rl;
+    if ((rc = whale_tokenizer_decode(c->tok, c->ctx + n_ids, n_reply, 1, &reply, &rl, err))) return rc;
+    if (c->o.stream) fwrite(tail, 1, tl, stdout);
+    else fwrite(reply, 1, rl, stdout);
+    fputc('\n', stdout);
+    rc = convo_reply(&c->cv, reply, err);
+    free(reply);
+    fflush(stdout);
+    if (rc) return rc;
+    fprintf(stderr, "[%d tokens in %.2f s, %.1f tokens/s; prompt %d new tokens]\n", st.generated, st.gen_seconds,
+            st.generated > 1 ? (st.generated - 1) / st.gen_seconds : 0.0, st.prompt_tokens);
+    return WHALE_OK;
+}
+
+/* Messages read and answered until 'exit' or the end of input. */
+static whale_code chat_loop(chat_t *c, whale_err *err) {
     for (;;) {
-        int eof;
-        char *text = read_message(stdin, interactive, &eof);
+        int eof, n_ids = 0, skip = 0;
+        char *text = read_message(stdin, c->interactive, &eof);
         if (!text || eof || !strcmp(text, "exit") || !strcmp(text, "quit")) {
             free(text);
-            break;
+            return WHALE_OK;
         }
         if (!strcmp(text, "clear")) {
-            free(text);
-            convo_clear(&cv);
-            whale_session_reset(s);
-            n_ctx = 0;
-            if (interactive) fprintf(stderr, "(conversation cleared)\n");
-            continue;
+            convo_clear(&c->cv);
+            whale_session_reset(c->s);
+            c->n_ctx = 0;
+            if (c->interactive) fprintf(stderr, "(conversation cleared)\n");
         }
-        if (!*text) {
-            free(text);
-            continue;
+        whale_code rc = WHALE_OK;
+        if (*text && strcmp(text, "clear")) {
+            rc = chat_prompt(c, text, &n_ids, &skip, err);
+            if (!rc && !skip) rc = chat_reply(c, n_ids, err);
         }
-        int is_tool = tools && !strncmp(text, "/tool ", 6);
-        if (!o.multi_turn && !is_tool) convo_clear(&cv); /* each message on its own */
-        whale_code pushed = convo_push(&cv, is_tool ? "tool" : "user", is_tool ? text + 6 : text, &err);
         free(text);
-        if (pushed) goto fail;
-        int n_ids;
-        free(ids);
-        ids = NULL;
-        if (convo_ids(&cv, tok, tpl, &ids, &n_ids, &err)) goto fail;
-        if (o.verbose_prompt) print_ids(stderr, ids, n_ids);
-        if (n_ids + 1 >= maxpos) {
-            fprintf(stderr, "chat: the conversation (%d tokens) fills the model's %d positions; type clear\n", n_ids,
-                    maxpos);
-            convo_drop_last(&cv);
-            continue;
-        }
-        /* keep the cache for the common prefix of what it holds and the new rendering */
-        int common = 0;
-        while (common < n_ctx && common < n_ids && ctx[common] == ids[common]) common++;
-        whale_session_truncate(s, common < n_ids ? common : n_ids - 1);
-        memcpy(ctx, ids, sizeof(int32_t) * (size_t)n_ids);
-        n_ctx = n_ids;
-        chat_printer pr = {detok, &err, 0, 0, stop, n_stop, o.stream};
-        whale_gen_stats st;
-        int budget = (int)(o.n_new < maxpos - n_ctx ? o.n_new : maxpos - n_ctx);
-        if (whale_generate(s, sm, ctx, &n_ctx, maxpos, budget, stop, n_stop, print_piece, &pr, &st, &err) || pr.failed)
-            goto fail;
-        const char *tail;
-        size_t tl;
-        if (whale_detokenizer_flush(detok, &tail, &tl, &err)) goto fail;
-        /* the reply as text, for the next rendering */
-        int n_reply = n_ctx - n_ids - (st.stopped ? 1 : 0);
-        char *reply;
-        size_t rl;
-        if (whale_tokenizer_decode(tok, ctx + n_ids, n_reply, 1, &reply, &rl, &err)) goto fail;
-        if (o.stream) fwrite(tail, 1, tl, stdout);
-        else fwrite(reply, 1, rl, stdout);
-        fputc('\n', stdout);
-        whale_code added = convo_reply(&cv, reply, &err);
-        free(reply);
-        fflush(stdout);
-        if (added) goto fail;
-        fprintf(stderr, "[%d tokens in %.2f s, %.1f tokens/s; prompt %d new tokens]\n", st.generated, st.gen_seconds,
-                st.generated > 1 ? (st.generated - 1) / st.gen_seconds : 0.0, st.prompt_tokens);
+        if (rc) return rc;
     }
-    goto out;
-fail:
-    status = cli_fail(&err);
-out:
-    cJSON_Delete(cv.msgs);
-    cJSON_Delete(tools);
-    free(ctx);
-    free(ids);
-    whale_sampler_free(sm);
-    whale_session_free(s);
-    whale_detokenizer_free(detok);
-    whale_chat_template_free(tpl);
-    whale_tokenizer_free(tok);
-    whale_model_free(m);
-    free(base);
-    free(run_tmpl);
-    free(run_system);
+}
+
+static void chat_free(chat_t *c) {
+    cJSON_Delete(c->cv.msgs);
+    cJSON_Delete(c->tools);
+    free(c->ctx);
+    free(c->ids);
+    whale_sampler_free(c->sm);
+    whale_session_free(c->s);
+    whale_detokenizer_free(c->detok);
+    whale_chat_template_free(c->tpl);
+    whale_tokenizer_free(c->tok);
+    whale_model_free(c->m);
+    free(c->base);
+    free(c->run_tmpl);
+    free(c->run_system);
+}
+
+int cmd_chat(int argc, char **argv) {
+    chat_t c = {.o = {.dtype = CLI_DTYPE_AUTO, .n_new = 512, .stream = 1, .multi_turn = -1, .sp = cli_sampling_defaults()}};
+    int bad = chat_parse(argc, argv, &c.o);
+    if (bad) return bad < 0 ? 0 : bad;
+    whale_set_threads((int)c.o.threads);
+    c.system = c.o.system, c.tmpl = c.o.tmpl, c.sp = c.o.sp;
+    c.interactive = isatty(0) && isatty(1);
+    if (c.o.multi_turn < 0) c.o.multi_turn = isatty(0); /* from a pipe, each line on its own */
+    whale_err err;
+    int status = 0;
+    if (chat_load(&c, &err) || chat_prepare(&c, &err) || chat_loop(&c, &err)) status = cli_fail(&err);
+    chat_free(&c);
     return status;
 }
 
@@ -391,162 +428,204 @@ static whale_code reply_to(whale_session *s, whale_sampler *sm, whale_tokenizer 
     return whale_tokenizer_decode(tok, buf + n_ids, n_ctx - n_ids - (st.stopped ? 1 : 0), 1, reply, &len, err);
 }
 
-int cmd_chat_eval(int argc, char **argv) {
-    const char *dir = NULL, *adapters = NULL, *data = NULL, *system = NULL, *tmpl = NULL, *answers = NULL;
-    const char *names[2] = {0}, *authors[2] = {0};
-    char *base = NULL, *run_tmpl = NULL, *run_system = NULL;
-    whale_dtype dtype = CLI_DTYPE_AUTO;
-    long n_new = 64, threads = 0, ctx = 0;
-    int show = 0;
-    static const char help[] =
-        "usage: whale chat-eval (-m DIR | --adapters CKPT | both) --data EVAL.jsonl --model-name ZH [EN]\n"
-        "                       --model-author ZH [EN] [--show] [--answers OUT.jsonl] [-n N (64)]\n"
-        "  asks each {\"query\", \"tag\", \"expect\": [\"name\", \"author\"]} record's question in a fresh\n"
-        "  conversation (greedy), and counts the replies that contain the expected name / author\n"
-        "  (either language's value); {{NAME}} / {{AUTHOR}} in queries are filled as in whale sft.\n"
-        "  --system, --chat-template, --dtype, --ctx-size, --threads as in whale chat; ms-swift's spellings\n"
-        "  (--model_name, --max_new_tokens, ...) work too; prints a JSON summary";
+/* An evaluation: its options, the model it asks, the files and the counts. */
+typedef struct {
+    const char *dir, *adapters, *data, *system, *tmpl, *answers;
+    const char *names[2], *authors[2];
+    whale_dtype dtype;
+    long n_new, threads, ctx;
+    int show;
+    char *base, *run_tmpl, *run_system;
+    whale_sft_opts fo; /* the name and author, for {{NAME}} / {{AUTHOR}} */
+    whale_model *m;
+    whale_tokenizer *tok;
+    whale_session *s;
+    whale_sampler *sm;
+    whale_chat_template *tpl;
+    int32_t *buf, stop[16];
+    int n_stop, maxpos;
+    FILE *in, *out;
+    long asked[2], right[2], questions, correct, lineno;
+} eval_t;
+
+static const char eval_help[] =
+    "usage: whale chat-eval (-m DIR | --adapters CKPT | both) --data EVAL.jsonl --model-name ZH [EN]\n"
+    "                       --model-author ZH [EN] [--show] [--answers OUT.jsonl] [-n N (64)]\n"
+    "  asks each {\"query\", \"tag\", \"expect\": [\"name\", \"author\"]} record's question in a fresh\n"
+    "  conversation (greedy), and counts the replies that contain the expected name / author\n"
+    "  (either language's value); {{NAME}} / {{AUTHOR}} in queries are filled as in whale sft.\n"
+    "  --system, --chat-template, --dtype, --ctx-size, --threads as in whale chat; ms-swift's spellings\n"
+    "  (--model_name, --max_new_tokens, ...) work too; prints a JSON summary";
+
+/* 0, -1 after --help, or the usage status. */
+static int eval_parse(int argc, char **argv, eval_t *e) {
     const cli_opt opts[] = {
-        {"-m|--model", CLI_STR, &dir, 0, 0, NULL},
-        {"--adapters", CLI_STR, &adapters, 0, 0, NULL},
-        {"--data|--val-dataset", CLI_STR, &data, 0, 0, NULL},
-        {"--answers", CLI_STR, &answers, 0, 0, NULL},
-        {"--system", CLI_STR, &system, 0, 0, NULL},
-        {"--chat-template|--template", CLI_STR, &tmpl, 0, 0, NULL},
-        {"--dtype|--torch-dtype", CLI_DTYPE, &dtype, 0, 0, NULL},
-        {"-n|--max-new-tokens", CLI_LONG, &n_new, 1, 1 << 20, NULL},
-        {"--threads", CLI_LONG, &threads, 1, 1024, NULL},
-        {"-c|--ctx-size|--max-model-len", CLI_LONG, &ctx, 16, 1 << 24, NULL},
-        {"--show", CLI_FLAG, &show, 0, 0, NULL},
-        {"--model-name", CLI_PAIR, names, 0, 0, NULL},
-        {"--model-author", CLI_PAIR, authors, 0, 0, NULL},
+        {"-m|--model", CLI_STR, &e->dir, 0, 0, NULL},
+        {"--adapters", CLI_STR, &e->adapters, 0, 0, NULL},
+        {"--data|--val-dataset", CLI_STR, &e->data, 0, 0, NULL},
+        {"--answers", CLI_STR, &e->answers, 0, 0, NULL},
+        {"--system", CLI_STR, &e->system, 0, 0, NULL},
+        {"--chat-template|--template", CLI_STR, &e->tmpl, 0, 0, NULL},
+        {"--dtype|--torch-dtype", CLI_DTYPE, &e->dtype, 0, 0, NULL},
+        {"-n|--max-new-tokens", CLI_LONG, &e->n_new, 1, 1 << 20, NULL},
+        {"--threads", CLI_LONG, &e->threads, 1, 1024, NULL},
+        {"-c|--ctx-size|--max-model-len", CLI_LONG, &e->ctx, 16, 1 << 24, NULL},
+        {"--show", CLI_FLAG, &e->show, 0, 0, NULL},
+        {"--model-name", CLI_PAIR, e->names, 0, 0, NULL},
+        {"--model-author", CLI_PAIR, e->authors, 0, 0, NULL},
         {"--infer-backend", CLI_NOTE, NULL, 0, 0, "whale runs its own engine; the option is ignored"},
         {NULL, 0, NULL, 0, 0, NULL}};
-    int st = cli_parse("chat-eval", help, argc, argv, opts, NULL, NULL);
-    if (st) return st < 0 ? 0 : st;
-    if ((!dir && !adapters) || !data || !names[0] || !authors[0])
+    int st = cli_parse("chat-eval", eval_help, argc, argv, opts, NULL, NULL);
+    if (st) return st;
+    if ((!e->dir && !e->adapters) || !e->data || !e->names[0] || !e->authors[0])
         return cli_usage("chat-eval", "-m DIR (or --adapters), --data, --model-name and --model-author are required");
-    whale_set_threads((int)threads);
-    whale_err err;
-    whale_model *m = NULL;
-    whale_tokenizer *tok = NULL;
-    whale_session *s = NULL;
-    whale_sampler *sm = NULL;
-    FILE *in = NULL, *out = NULL;
-    int32_t *buf = NULL, stop[16];
-    char *line = NULL;
-    size_t lcap = 0;
-    int status = 0;
-    long asked[2] = {0}, right[2] = {0}, questions = 0, correct = 0, lineno = 0;
-    whale_chat_template *tpl = NULL;
-    whale_sft_opts fo = whale_sft_defaults();
-    fo.model_name[0] = names[0], fo.model_name[1] = names[1];
-    fo.model_author[0] = authors[0], fo.model_author[1] = authors[1];
-    cli_run run = {NULL, dtype, (int)ctx, 1, 0, 0};
-    if (cli_load_model(dir, adapters, &run, &m, &base, &run_tmpl, &run_system, &err)) goto fail;
-    if (!tmpl) tmpl = run_tmpl;
-    if (!system) system = run_system;
+    return 0;
+}
+
+/* The model, tokenizer, template, a greedy sampler and a session; the data
+ * opened and the answers file created. */
+static whale_code eval_load(eval_t *e, whale_err *err) {
+    e->fo = whale_sft_defaults();
+    e->fo.model_name[0] = e->names[0], e->fo.model_name[1] = e->names[1];
+    e->fo.model_author[0] = e->authors[0], e->fo.model_author[1] = e->authors[1];
+    cli_run run = {NULL, e->dtype, (int)e->ctx, 1, 0, 0};
+    whale_code c = cli_load_model(e->dir, e->adapters, &run, &e->m, &e->base, &e->run_tmpl, &e->run_system, err);
+    if (c) return c;
+    if (!e->tmpl) e->tmpl = e->run_tmpl;
+    if (!e->system) e->system = e->run_system;
     whale_sampler_params sp = whale_sampler_defaults();
     sp.temperature = 0;
-    int maxpos = whale_model_max_positions(m);
-    if (ctx > 0 && ctx < maxpos) maxpos = (int)ctx;
-    if (cli_load_tokenizer(base, m, &tok, &err) ||
-        whale_chat_template_load(base, tmpl, &tpl, &err) || whale_sampler_new(&sp, whale_model_vocab_size(m), &sm, &err) || whale_session_new(m, 1, maxpos, &s, &err))
-        goto fail;
-    int n_stop = whale_chat_template_stop_ids(tok, tpl, stop, 8);
-    if (n_stop > 8) n_stop = 8;
-    n_stop += whale_model_eos_ids(m, stop + n_stop, 8);
-    if (!(buf = malloc(sizeof(int32_t) * (size_t)(maxpos + 1)))) {
-        whale_errf(&err, WHALE_ERR_NOMEM, "out of memory");
-        goto fail;
+    e->maxpos = whale_model_max_positions(e->m);
+    if (e->ctx > 0 && e->ctx < e->maxpos) e->maxpos = (int)e->ctx;
+    if ((c = cli_load_tokenizer(e->base, e->m, &e->tok, err)) ||
+        (c = whale_chat_template_load(e->base, e->tmpl, &e->tpl, err)) ||
+        (c = whale_sampler_new(&sp, whale_model_vocab_size(e->m), &e->sm, err)) ||
+        (c = whale_session_new(e->m, 1, e->maxpos, &e->s, err)))
+        return c;
+    e->n_stop = whale_chat_template_stop_ids(e->tok, e->tpl, e->stop, 8);
+    if (e->n_stop > 8) e->n_stop = 8;
+    e->n_stop += whale_model_eos_ids(e->m, e->stop + e->n_stop, 8);
+    if (!(e->buf = malloc(sizeof(int32_t) * (size_t)(e->maxpos + 1))))
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    if ((c = whale_fopen_regular(e->data, &e->in, NULL, err))) return c;
+    if (e->answers && !(e->out = fopen(e->answers, "w")))
+        return whale_errf(err, WHALE_ERR_IO, "%s: cannot create: %s", e->answers, strerror(errno));
+    return WHALE_OK;
+}
+
+/* The record's query and which of name / author its reply must contain. */
+static whale_code eval_record_shape(const eval_t *e, const cJSON *j, int want[2], whale_err *err) {
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(j, "query");
+    const cJSON *ex = cJSON_GetObjectItemCaseSensitive(j, "expect"), *x;
+    int ok_shape = cJSON_IsString(q) && (!ex || cJSON_IsArray(ex));
+    want[0] = want[1] = 0;
+    cJSON_ArrayForEach(x, ex) {
+        if (cJSON_IsString(x) && !strcmp(x->valuestring, "name")) want[0] = 1;
+        else if (cJSON_IsString(x) && !strcmp(x->valuestring, "author")) want[1] = 1;
+        else ok_shape = 0;
     }
-    if (whale_fopen_regular(data, &in, NULL, &err)) goto fail;
-    if (answers && !(out = fopen(answers, "w"))) {
-        whale_errf(&err, WHALE_ERR_IO, "%s: cannot create: %s", answers, strerror(errno));
-        goto fail;
+    if (!ex) want[0] = 1;
+    if (!ok_shape)
+        return whale_errf(err, WHALE_ERR_FORMAT, "%s:%ld: want {\"query\": string, \"tag\"?, \"expect\"?: [\"name\"|\"author\"]}",
+                          e->data, e->lineno);
+    return WHALE_OK;
+}
+
+/* The reply scored, shown with --show and written with --answers. */
+static void eval_score(eval_t *e, const int want[2], const char *query, const char *reply) {
+    int hit[2] = {mentions(reply, e->fo.model_name), mentions(reply, e->fo.model_author)}, ok = 1;
+    for (int k = 0; k < 2; k++)
+        if (want[k]) {
+            e->asked[k]++;
+            e->right[k] += hit[k];
+            ok &= hit[k];
+        }
+    e->questions++;
+    e->correct += ok;
+    if (e->show) fprintf(stderr, "%s %s\n    → %s\n", ok ? "[ok]  " : "[miss]", query, reply);
+    if (e->out) {
+        cJSON *a = cJSON_CreateObject();
+        cJSON_AddStringToObject(a, "query", query);
+        cJSON_AddStringToObject(a, "response", reply);
+        cJSON_AddBoolToObject(a, "correct", ok);
+        char *t = cJSON_PrintUnformatted(a);
+        if (t) fprintf(e->out, "%s\n", t);
+        free(t);
+        cJSON_Delete(a);
     }
-    ssize_t got;
-    while ((got = getline(&line, &lcap, in)) >= 0) {
-        lineno++;
-        while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) line[--got] = 0;
-        if (!got) continue;
-        cJSON *j = cJSON_Parse(line);
+}
+
+/* One line of the data: its question asked and the reply scored. */
+static whale_code eval_line(eval_t *e, const char *line, whale_err *err) {
+    cJSON *j = cJSON_Parse(line);
+    int want[2];
+    char *query = NULL, *reply = NULL;
+    whale_code c = eval_record_shape(e, j, want, err);
+    if (!c) {
         const cJSON *q = cJSON_GetObjectItemCaseSensitive(j, "query"), *tag = cJSON_GetObjectItemCaseSensitive(j, "tag");
-        const cJSON *ex = cJSON_GetObjectItemCaseSensitive(j, "expect"), *e;
-        int want[2] = {0, 0}, ok_shape = cJSON_IsString(q) && (!ex || cJSON_IsArray(ex));
-        cJSON_ArrayForEach(e, ex) {
-            if (cJSON_IsString(e) && !strcmp(e->valuestring, "name")) want[0] = 1;
-            else if (cJSON_IsString(e) && !strcmp(e->valuestring, "author")) want[1] = 1;
-            else ok_shape = 0;
-        }
-        if (!ex) want[0] = 1;
-        if (!ok_shape) {
-            cJSON_Delete(j);
-            whale_errf(&err, WHALE_ERR_FORMAT, "%s:%ld: want {\"query\": string, \"tag\"?, \"expect\"?: [\"name\"|\"author\"]}",
-                       data, lineno);
-            goto fail;
-        }
-        char *query = NULL, *reply = NULL;
-        whale_code c = whale_sft_fill_placeholders(q->valuestring, cJSON_IsString(tag) ? tag->valuestring : NULL, &fo,
-                                                   &query, &err);
-        if (!c) c = reply_to(s, sm, tok, tpl, system, query, buf, maxpos, (int)n_new, stop, n_stop, &reply, &err);
-        if (c) {
-            free(query);
-            cJSON_Delete(j);
-            goto fail;
-        }
-        int hit[2] = {mentions(reply, fo.model_name), mentions(reply, fo.model_author)}, ok = 1;
-        for (int k = 0; k < 2; k++)
-            if (want[k]) {
-                asked[k]++;
-                right[k] += hit[k];
-                ok &= hit[k];
-            }
-        questions++;
-        correct += ok;
-        if (show) fprintf(stderr, "%s %s\n    → %s\n", ok ? "[ok]  " : "[miss]", query, reply);
-        if (out) {
-            cJSON *a = cJSON_CreateObject();
-            cJSON_AddStringToObject(a, "query", query);
-            cJSON_AddStringToObject(a, "response", reply);
-            cJSON_AddBoolToObject(a, "correct", ok);
-            char *t = cJSON_PrintUnformatted(a);
-            if (t) fprintf(out, "%s\n", t);
-            free(t);
-            cJSON_Delete(a);
-        }
-        free(query);
-        free(reply);
-        cJSON_Delete(j);
+        c = whale_sft_fill_placeholders(q->valuestring, cJSON_IsString(tag) ? tag->valuestring : NULL, &e->fo, &query,
+                                        err);
     }
-    if (!questions) {
-        whale_errf(&err, WHALE_ERR_FORMAT, "%s: no questions", data);
-        goto fail;
+    if (!c)
+        c = reply_to(e->s, e->sm, e->tok, e->tpl, e->system, query, e->buf, e->maxpos, (int)e->n_new, e->stop,
+                     e->n_stop, &reply, err);
+    if (!c) eval_score(e, want, query, reply);
+    free(query);
+    free(reply);
+    cJSON_Delete(j);
+    return c;
+}
+
+/* Every question of the data asked; the answers file closed. */
+static whale_code eval_run(eval_t *e, whale_err *err) {
+    char *line = NULL;
+    size_t lcap = 0;
+    ssize_t got;
+    whale_code c = WHALE_OK;
+    while (!c && (got = getline(&line, &lcap, e->in)) >= 0) {
+        e->lineno++;
+        while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) line[--got] = 0;
+        if (got) c = eval_line(e, line, err);
     }
-    if (out && fclose(out) != 0) {
-        out = NULL;
-        whale_errf(&err, WHALE_ERR_IO, "%s: write failed", answers);
-        goto fail;
-    }
-    out = NULL;
+    free(line);
+    if (c) return c;
+    if (!e->questions) return whale_errf(err, WHALE_ERR_FORMAT, "%s: no questions", e->data);
+    FILE *out = e->out;
+    e->out = NULL;
+    if (out && fclose(out) != 0) return whale_errf(err, WHALE_ERR_IO, "%s: write failed", e->answers);
+    return WHALE_OK;
+}
+
+static void eval_print(const eval_t *e) {
     printf("{\"questions\": %ld, \"correct\": %ld, \"score\": %.4f, \"name\": {\"asked\": %ld, \"correct\": %ld}, "
            "\"author\": {\"asked\": %ld, \"correct\": %ld}}\n",
-           questions, correct, (double)correct / (double)questions, asked[0], right[0], asked[1], right[1]);
-    goto done;
-fail:
-    status = cli_fail(&err);
-done:
-    if (in) fclose(in);
-    if (out) fclose(out);
-    free(line);
-    free(buf);
-    whale_sampler_free(sm);
-    whale_session_free(s);
-    whale_chat_template_free(tpl);
-    whale_tokenizer_free(tok);
-    whale_model_free(m);
-    free(base);
-    free(run_tmpl);
-    free(run_system);
+           e->questions, e->correct, (double)e->correct / (double)e->questions, e->asked[0], e->right[0], e->asked[1],
+           e->right[1]);
+}
+
+static void eval_free(eval_t *e) {
+    if (e->in) fclose(e->in);
+    if (e->out) fclose(e->out);
+    free(e->buf);
+    whale_sampler_free(e->sm);
+    whale_session_free(e->s);
+    whale_chat_template_free(e->tpl);
+    whale_tokenizer_free(e->tok);
+    whale_model_free(e->m);
+    free(e->base);
+    free(e->run_tmpl);
+    free(e->run_system);
+}
+
+int cmd_chat_eval(int argc, char **argv) {
+    eval_t e = {.dtype = CLI_DTYPE_AUTO, .n_new = 64};
+    int st = eval_parse(argc, argv, &e);
+    if (st) return st < 0 ? 0 : st;
+    whale_set_threads((int)e.threads);
+    whale_err err;
+    int status = 0;
+    if (eval_load(&e, &err) || eval_run(&e, &err)) status = cli_fail(&err);
+    else eval_print(&e);
+    eval_free(&e);
     return status;
 }

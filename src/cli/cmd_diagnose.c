@@ -109,131 +109,146 @@ static whale_code run_pass(whale_model *m, whale_diag *d, const int32_t *ids, in
     return c;
 }
 
-int cmd_diagnose(int argc, char **argv) {
-    const char *dir = NULL, *ids_path = NULL, *text = NULL, *text_file = NULL, *json = NULL;
-    whale_dtype dtype = WHALE_F32;
-    long threads = 0;
-    int backward = 0;
-    double loss_scale = 0; /* 0: not given (the option's range excludes it) */
+/* A diagnosis: its options, the model and input, the collectors and losses. */
+typedef struct {
+    const char *dir, *ids_path, *text, *text_file, *json;
+    whale_dtype dtype;
+    long threads;
+    int backward;
+    double loss_scale; /* 0: not given (the option's range excludes it) */
+    whale_model *m;
+    whale_tokenizer *tok;
+    whale_diag *d, *ref;
+    int32_t *ids;
+    char *file_text, *run;
+    float *logits;
+    int B, S;
+    double loss, ref_loss;
+} diag_t;
+
+/* 0, -1 after --help, or the usage status. */
+static int diag_parse(int argc, char **argv, diag_t *g) {
     const cli_opt table[] = {
-        {"-m|--model", CLI_STR, &dir, 0, 0, NULL},
-        {"--ids", CLI_STR, &ids_path, 0, 0, NULL},
-        {"--text", CLI_STR, &text, 0, 0, NULL},
-        {"--text-file", CLI_STR, &text_file, 0, 0, NULL},
-        {"--json", CLI_STR, &json, 0, 0, NULL},
-        {"--threads", CLI_LONG, &threads, 1, 1024, NULL},
-        {"--dtype", CLI_DTYPE, &dtype, 0, 0, NULL},
-        {"--loss-scale", CLI_DOUBLE, &loss_scale, 1e-30, 1e30, NULL},
-        {"--backward", CLI_FLAG, &backward, 0, 0, NULL},
+        {"-m|--model", CLI_STR, &g->dir, 0, 0, NULL},
+        {"--ids", CLI_STR, &g->ids_path, 0, 0, NULL},
+        {"--text", CLI_STR, &g->text, 0, 0, NULL},
+        {"--text-file", CLI_STR, &g->text_file, 0, 0, NULL},
+        {"--json", CLI_STR, &g->json, 0, 0, NULL},
+        {"--threads", CLI_LONG, &g->threads, 1, 1024, NULL},
+        {"--dtype", CLI_DTYPE, &g->dtype, 0, 0, NULL},
+        {"--loss-scale", CLI_DOUBLE, &g->loss_scale, 1e-30, 1e30, NULL},
+        {"--backward", CLI_FLAG, &g->backward, 0, 0, NULL},
         {NULL, 0, NULL, 0, 0, NULL},
     };
     int st = cli_parse("diagnose", help_text, argc, argv, table, NULL, NULL);
-    if (st) return st < 0 ? 0 : st;
-    const int scale_given = loss_scale != 0;
-    if (!scale_given) loss_scale = 1;
-    if (!dir || (!!ids_path + !!text + !!text_file) != 1)
+    if (st) return st;
+    const int scale_given = g->loss_scale != 0;
+    if (!scale_given) g->loss_scale = 1;
+    if (!g->dir || (!!g->ids_path + !!g->text + !!g->text_file) != 1)
         return cli_usage("diagnose", "-m DIR and exactly one of --ids FILE, --text TEXT or --text-file F are required");
-    if (backward && dtype == WHALE_I8)
+    if (g->backward && g->dtype == WHALE_I8)
         return cli_usage("diagnose", "--backward needs --dtype fp32, bf16 or fp16 (int8 runs inference only)");
-    if (scale_given && !backward) return cli_usage("diagnose", "--loss-scale applies to --backward only");
-    whale_set_threads((int)threads);
+    if (scale_given && !g->backward) return cli_usage("diagnose", "--loss-scale applies to --backward only");
+    return 0;
+}
 
+/* The model (fp32 master weights stay loaded: the reference run needs
+ * them) and the input as ids. */
+static whale_code diag_load(diag_t *g, whale_err *err) {
+    whale_code c = whale_model_load(g->dir, &g->m, err);
+    if (c) return c;
+    if (g->ids_path) return whale_read_ids_file(g->ids_path, whale_model_vocab_size(g->m), &g->ids, &g->B, &g->S, err);
+    size_t len = 0;
+    const char *what = g->text ? "--text" : g->text_file;
+    if (g->text_file) {
+        if ((c = whale_read_file(g->text_file, &g->file_text, &len, err))) return c;
+        g->text = g->file_text;
+    } else len = strlen(g->text);
+    if ((c = cli_load_tokenizer(g->dir, g->m, &g->tok, err)) ||
+        (c = whale_tokenizer_encode(g->tok, g->text, len, 1, &g->ids, &g->S, err)))
+        return c;
+    if (g->S == 0) return whale_errf(err, WHALE_ERR_ARG, "%s: the text encodes to no tokens", what);
+    return WHALE_OK;
+}
+
+/* The input fits one forward pass (and a training step); the logits. */
+static whale_code diag_check(diag_t *g, whale_err *err) {
+    const char *src = g->ids_path ? g->ids_path : g->text_file ? g->text_file : "--text";
+    int maxpos = whale_model_max_positions(g->m);
+    if (g->S > maxpos) /* one forward pass: the whole input must fit */
+        return whale_errf(err, WHALE_ERR_RANGE, "%s: %d tokens exceed max_position_embeddings %d (use a shorter input)",
+                          src, g->S, maxpos);
+    if (g->backward && g->S < 2)
+        return whale_errf(err, WHALE_ERR_ARG, "--backward: %s has %d token per sequence; a training step needs 2 or more",
+                          src, g->S);
+    size_t n = (size_t)g->B * g->S * whale_model_vocab_size(g->m);
+    if (!(g->logits = whale_alloc(n * sizeof(float))))
+        return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of logits for %d × %d tokens",
+                          n * 4 / 1048576.0, g->B, g->S);
+    return WHALE_OK;
+}
+
+/* The traced runs: in fp32 first when --dtype is another (its copies are
+ * what the run in dtype is measured against), then in dtype. */
+static whale_code diag_measure(diag_t *g, whale_err *err) {
+    whale_code c;
+    if (g->dtype != WHALE_F32) {
+        if (!(g->ref = whale_diag_new(0))) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+        whale_diag_keep_values(g->ref, REF_MAX_BYTES);
+        if ((c = whale_diag_set_model(g->ref, g->m, err)) ||
+            (c = run_pass(g->m, g->ref, g->ids, g->B, g->S, g->logits, g->backward, g->loss_scale, &g->ref_loss, err)) ||
+            (c = whale_model_set_dtype(g->m, g->dtype, err)))
+            return c;
+    }
+    if (!(g->d = whale_diag_new(0))) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    if (g->ref) whale_diag_set_reference(g->d, g->ref, "fp32");
+    if ((c = whale_diag_set_model(g->d, g->m, err))) return c;
+    return run_pass(g->m, g->d, g->ids, g->B, g->S, g->logits, g->backward, g->loss_scale, &g->loss, err);
+}
+
+/* The summary lines and the table of every tensor. */
+static void diag_print(const diag_t *g) {
+    printf("model %s: %d × %d tokens, %s products; loss %.6f", g->dir, g->B, g->S, cli_dtype_name(g->dtype), g->loss);
+    if (g->ref) printf(" (fp32 %.6f)", g->ref_loss);
+    printf("\n");
+    if (g->ref) {
+        int64_t dropped;
+        size_t kept = whale_diag_kept_bytes(g->ref, &dropped);
+        printf("compared with an fp32 run of the same tokens (%.1f MiB of fp32 copies%s)\n", kept / 1048576.0,
+               dropped ? "; some tensors over the 1 GiB limit are not compared" : "");
+    }
+    if (g->backward) printf("with a training step: gradients of %g × the mean loss, labels = the ids\n", g->loss_scale);
+    printf("\n");
+    whale_diag_print_table(g->d, stdout);
+    fflush(stdout);
+}
+
+/* --json: the run's description and the measurements. */
+static whale_code diag_report(diag_t *g, whale_err *err) {
+    if (!(g->run = run_json(g->dir, g->B, g->S, g->dtype, g->ref != NULL, g->backward, g->loss_scale, g->loss,
+                            g->ref_loss)))
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    return write_report(g->d, g->json, g->run, err);
+}
+
+int cmd_diagnose(int argc, char **argv) {
+    diag_t g = {.dtype = WHALE_F32, .B = 1, .loss = NAN, .ref_loss = NAN};
+    int status = diag_parse(argc, argv, &g);
+    if (status) return status < 0 ? 0 : status;
+    whale_set_threads((int)g.threads);
     whale_err err;
-    whale_model *m = NULL;
-    whale_tokenizer *tok = NULL;
-    whale_diag *d = NULL, *ref = NULL;
-    int32_t *ids = NULL;
-    char *file_text = NULL, *run = NULL;
-    float *logits = NULL;
-    int B = 1, S = 0, status = 0;
-    double loss = NAN, ref_loss = NAN;
-    /* fp32 master weights stay loaded: the reference run needs them */
-    if (whale_model_load(dir, &m, &err)) goto fail;
-    int V = whale_model_vocab_size(m);
-    if (ids_path) {
-        if (whale_read_ids_file(ids_path, V, &ids, &B, &S, &err)) goto fail;
-    } else {
-        size_t len = 0;
-        const char *what = text ? "--text" : text_file;
-        if (text_file) {
-            if (whale_read_file(text_file, &file_text, &len, &err)) goto fail;
-            text = file_text;
-        } else len = strlen(text);
-        if (cli_load_tokenizer(dir, m, &tok, &err) || whale_tokenizer_encode(tok, text, len, 1, &ids, &S, &err))
-            goto fail;
-        if (S == 0) {
-            whale_errf(&err, WHALE_ERR_ARG, "%s: the text encodes to no tokens", what);
-            goto fail;
-        }
+    if (diag_load(&g, &err) || diag_check(&g, &err) || diag_measure(&g, &err)) status = cli_fail(&err);
+    else {
+        if (!g.json || strcmp(g.json, "-")) diag_print(&g);
+        if (g.json && diag_report(&g, &err)) status = cli_fail(&err);
     }
-    if (S > whale_model_max_positions(m)) { /* one forward pass: the whole input must fit */
-        whale_errf(&err, WHALE_ERR_RANGE, "%s: %d tokens exceed max_position_embeddings %d (use a shorter input)",
-                   ids_path ? ids_path : text_file ? text_file : "--text", S, whale_model_max_positions(m));
-        goto fail;
-    }
-    if (backward && S < 2) {
-        whale_errf(&err, WHALE_ERR_ARG, "--backward: %s has %d token per sequence; a training step needs 2 or more",
-                   ids_path ? ids_path : text_file ? text_file : "--text", S);
-        goto fail;
-    }
-    size_t n = (size_t)B * S * V;
-    if (!(logits = whale_alloc(n * sizeof(float)))) {
-        whale_errf(&err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of logits for %d × %d tokens",
-                   n * 4 / 1048576.0, B, S);
-        goto fail;
-    }
-    if (dtype != WHALE_F32) { /* the fp32 run first: its copies are what the run in dtype is measured against */
-        if (!(ref = whale_diag_new(0))) {
-            whale_errf(&err, WHALE_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-        whale_diag_keep_values(ref, REF_MAX_BYTES);
-        if (whale_diag_set_model(ref, m, &err) ||
-            run_pass(m, ref, ids, B, S, logits, backward, loss_scale, &ref_loss, &err) ||
-            whale_model_set_dtype(m, dtype, &err))
-            goto fail;
-    }
-    if (!(d = whale_diag_new(0))) {
-        whale_errf(&err, WHALE_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    if (ref) whale_diag_set_reference(d, ref, "fp32");
-    if (whale_diag_set_model(d, m, &err) || run_pass(m, d, ids, B, S, logits, backward, loss_scale, &loss, &err))
-        goto fail;
-
-    if (!json || strcmp(json, "-")) {
-        printf("model %s: %d × %d tokens, %s products; loss %.6f", dir, B, S, cli_dtype_name(dtype), loss);
-        if (ref) printf(" (fp32 %.6f)", ref_loss);
-        printf("\n");
-        if (ref) {
-            int64_t dropped;
-            size_t kept = whale_diag_kept_bytes(ref, &dropped);
-            printf("compared with an fp32 run of the same tokens (%.1f MiB of fp32 copies%s)\n", kept / 1048576.0,
-                   dropped ? "; some tensors over the 1 GiB limit are not compared" : "");
-        }
-        if (backward) printf("with a training step: gradients of %g × the mean loss, labels = the ids\n", loss_scale);
-        printf("\n");
-        whale_diag_print_table(d, stdout);
-        fflush(stdout);
-    }
-    if (json) {
-        if (!(run = run_json(dir, B, S, dtype, ref != NULL, backward, loss_scale, loss, ref_loss))) {
-            whale_errf(&err, WHALE_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-        if (write_report(d, json, run, &err)) goto fail;
-    }
-    goto out;
-fail:
-    status = cli_fail(&err);
-out:
-    free(run);
-    free(logits);
-    free(ids);
-    free(file_text);
-    whale_diag_free(d);
-    whale_diag_free(ref);
-    whale_tokenizer_free(tok);
-    whale_model_free(m);
+    free(g.run);
+    free(g.logits);
+    free(g.ids);
+    free(g.file_text);
+    whale_diag_free(g.d);
+    whale_diag_free(g.ref);
+    whale_tokenizer_free(g.tok);
+    whale_model_free(g.m);
     return status;
 }

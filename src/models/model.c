@@ -37,6 +37,7 @@ static int64_t param_numel(const whale_param *p) { return whale_shape_numel(p->n
 /* ------------------------------------------------------------ family helpers */
 
 void *whale_bufs_alloc(whale_bufs *b, size_t n, size_t sz, size_t *total) {
+    assert(b->n >= 0 && b->n <= b->cap);
     if (b->count_only) {
         *total += n * sz;
         return b;
@@ -81,6 +82,7 @@ whale_code whale_session_alloc_grads(whale_session *s, int count_only, whale_err
         }
         if (!pass) s->n_grad_train = s->n_grad;
     }
+    assert(s->n_grad_train <= s->n_grad); /* the trainable parameters lead the vector */
     s->n_grad_bytes = sizeof(float) * s->n_grad;
     if (!count_only && !(s->grads = whale_calloc(s->n_grad_bytes)) && s->n_grad)
         return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of gradients", s->n_grad_bytes / 1048576.0);
@@ -741,6 +743,7 @@ int64_t whale_model_param_count(const whale_model *m) {
 }
 
 whale_tensor whale_model_param(const whale_model *m, int i) {
+    assert(i >= 0 && i < m->n_params);
     const whale_param *p = &m->params[i];
     whale_tensor t = {.dtype = WHALE_F32, .ndim = p->ndim, .data = p->data};
     if (!whale_param_has_f32(m, p)) {

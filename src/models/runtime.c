@@ -347,11 +347,15 @@ static whale_code batch_spans(const whale_session *s, const whale_dbatch *b, wha
 
 /* Run ub and, on success, record the appended cells. */
 static whale_code run(whale_session *s, const whale_ubatch *ub, float *logits, whale_err *err) {
+    assert(ub->T >= 1 && ub->T <= s->n_batch && ub->n_spans >= 1 && ub->n_spans <= s->max_batch);
+    assert(ub->n_out >= 0 && ub->n_out <= ub->T && (ub->out || ub->n_out == ub->T));
     whale_lora_rows_of_ubatch(s, ub);
     whale_code c = s->forward_fn(s, ub, logits, err);
     s->ub_rows.n_runs = s->lora_rows.n_runs = 0; /* no stale rows for products outside a forward */
-    for (int i = 0; c == WHALE_OK && s->kv.k && i < ub->n_spans; i++)
+    for (int i = 0; c == WHALE_OK && s->kv.k && i < ub->n_spans; i++) {
+        assert(ub->spans[i].p0 + ub->spans[i].n <= s->kv.n_ctx); /* checked against max_seq before */
         s->kv.len[ub->spans[i].seq] = ub->spans[i].p0 + ub->spans[i].n;
+    }
     return c;
 }
 
