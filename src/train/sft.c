@@ -676,12 +676,7 @@ static whale_code sft_open_run_dir(sft_run *r, whale_err *err) {
         return whale_errf(err, WHALE_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
     if (o->quiet) return WHALE_OK;
     whale_memory mm;
-    whale_memory_of_model(r->m, &mm);
-    whale_memory_add_session(&mm, r->s);
-    whale_memory_add_optimizer(&mm, whale_optimizer_bytes(r->opt));
-    if (r->sum) mm.grads += whale_grad_sum_bytes(r->sum), mm.total += whale_grad_sum_bytes(r->sum);
-    mm.weights_f32 -= whale_zero_dropped_bytes(r->zero), mm.total -= whale_zero_dropped_bytes(r->zero);
-    mm.ranks = whale_dist_size(), mm.zero = r->zero != NULL;
+    whale_step_memory(r->m, r->s, r->opt, r->sum, r->zero, &mm);
     fprintf(stderr, "sft: ");
     whale_memory_print(&mm, stderr);
     fprintf(stderr, "sft: %s, %s; %lld steps of %d × %d rows (%.3g epochs), lr %.3g; run folder %s\n",

@@ -386,6 +386,17 @@ void whale_zero_drop_masters(whale_zero *z, whale_session *s) {
 
 size_t whale_zero_dropped_bytes(const whale_zero *z) { return z ? z->dropped_bytes : 0; }
 
+void whale_step_memory(const whale_model *m, const whale_session *s, const whale_optimizer *opt,
+                       const whale_grad_sum *sum, const whale_zero *zero, whale_memory *mm) {
+    whale_memory_of_model(m, mm);
+    whale_memory_add_session(mm, s);
+    whale_memory_add_optimizer(mm, whale_optimizer_bytes(opt));
+    size_t g = sum ? whale_grad_sum_bytes(sum) : 0, dropped = whale_zero_dropped_bytes(zero);
+    mm->grads += g, mm->total += g;
+    mm->weights_f32 -= dropped, mm->total -= dropped;
+    mm->ranks = whale_dist_size(), mm->zero = zero != NULL;
+}
+
 /* Shard boundaries on chunk boundaries: rank r's shard starts at the first
  * chunk at or past r/N of the vector. */
 static void zero_shards(whale_zero *z, size_t nch, size_t n, int N, size_t *shards) {

@@ -77,6 +77,12 @@ void whale_zero_free(whale_zero *z);
 void whale_zero_drop_masters(whale_zero *z, whale_session *s);
 /* Bytes of fp32 masters given back (for the memory line). */
 size_t whale_zero_dropped_bytes(const whale_zero *z);
+
+/* What a training run holds, as its start line prints it: the model, the
+ * session, the optimizer's moments, the gradient sum's buffers, less the
+ * masters that --zero 1 gave back; with the world size. */
+void whale_step_memory(const whale_model *m, const whale_session *s, const whale_optimizer *opt,
+                       const whale_grad_sum *sum, const whale_zero *zero, whale_memory *mm);
 /* whale_model_save into dir by rank 0 (dir NULL on the other ranks); with
  * zero every rank must call it, and rank 0 gathers the masters the ranks
  * hold, one tensor at a time. */

@@ -466,12 +466,7 @@ static whale_code open_metrics(run_t *r, whale_err *err) {
     r->tokens_per_step = (int64_t)o->batch_size * o->seq_len * o->grad_accum, r->start = r->step;
     if (o->quiet) return WHALE_OK;
     whale_memory mm;
-    whale_memory_of_model(r->m, &mm);
-    whale_memory_add_session(&mm, r->s);
-    whale_memory_add_optimizer(&mm, whale_optimizer_bytes(r->opt));
-    if (r->sum) mm.grads += whale_grad_sum_bytes(r->sum), mm.total += whale_grad_sum_bytes(r->sum);
-    mm.weights_f32 -= whale_zero_dropped_bytes(r->zero), mm.total -= whale_zero_dropped_bytes(r->zero);
-    mm.ranks = whale_dist_size(), mm.zero = r->zero != NULL;
+    whale_step_memory(r->m, r->s, r->opt, r->sum, r->zero, &mm);
     fprintf(stderr, "train: ");
     whale_memory_print(&mm, stderr);
     fprintf(stderr,
