@@ -19,48 +19,13 @@
  * usage: bench_llama BINS_DIR FILE.gguf prefill|decode THREADS REPS [SEQ|CONTEXT TOKENS]
  * Exit 0 on success, 1 when the run fails, 2 when llama.cpp cannot be loaded.
  */
-#include <dlfcn.h>
-#include <glob.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-typedef struct {
-    unsigned char bytes[2048];
-} opaque_params; /* llama_model_params / llama_context_params, held not read */
-
-typedef struct {
-    int32_t n_tokens;
-    int32_t *token;
-    float *embd;
-    int32_t *pos;
-    int32_t *n_seq_id;
-    int32_t **seq_id;
-    int8_t *logits;
-} llama_batch;
-
-static struct {
-    void (*backend_init)(void);
-    void (*log_set)(void (*)(int, const char *, void *), void *);
-    opaque_params (*model_default_params)(void);
-    void *(*model_load)(const char *, opaque_params);
-    opaque_params (*context_default_params)(void);
-    void *(*init_from_model)(void *, opaque_params);
-    void (*set_n_threads)(void *, int32_t, int32_t);
-    const void *(*model_get_vocab)(const void *);
-    int32_t (*vocab_n_tokens)(const void *);
-    llama_batch (*batch_init)(int32_t, int32_t, int32_t);
-    void (*batch_free)(llama_batch);
-    int32_t (*decode)(void *, llama_batch);
-    void (*synchronize)(void *);
-    void *(*get_memory)(const void *);
-    void (*memory_clear)(void *, _Bool);
-    void (*free_ctx)(void *);
-    void (*model_free)(void *);
-    void (*load_all_from_path)(const char *);
-} L;
+#include "llama_dl.h"
 
 /* llama.cpp's log, kept for an error message and for the CPU variant it loaded */
 static char log_all[1 << 16];
@@ -68,48 +33,6 @@ static void keep_log(int level, const char *text, void *user) {
     (void)level, (void)user;
     size_t n = strlen(log_all), k = strlen(text);
     if (n + k < sizeof log_all) memcpy(log_all + n, text, k + 1);
-}
-
-static void *open_one(const char *dir, const char *pattern) {
-    char pat[4200];
-    glob_t g;
-    snprintf(pat, sizeof pat, "%s/%s", dir, pattern);
-    void *h = NULL;
-    if (glob(pat, 0, NULL, &g) == 0 && g.gl_pathc > 0 && !(h = dlopen(g.gl_pathv[0], RTLD_NOW | RTLD_GLOBAL)))
-        fprintf(stderr, "bench_llama: %s\n", dlerror());
-    if (!h && g.gl_pathc == 0) fprintf(stderr, "bench_llama: no %s\n", pat);
-    globfree(&g);
-    return h;
-}
-
-#define SYM(h, field, name)                                                      \
-    if (!(*(void **)&L.field = dlsym(h, name))) {                                 \
-        fprintf(stderr, "bench_llama: %s has no %s\n", #h, name);                 \
-        return -1;                                                               \
-    }
-
-static int load_llama(const char *bins) {
-    void *ggml = open_one(bins, "libggml.*so"), *llama = open_one(bins, "libllama.*so");
-    if (!ggml || !llama) return -1;
-    SYM(ggml, load_all_from_path, "ggml_backend_load_all_from_path")
-    SYM(llama, backend_init, "llama_backend_init")
-    SYM(llama, log_set, "llama_log_set")
-    SYM(llama, model_default_params, "llama_model_default_params")
-    SYM(llama, model_load, "llama_model_load_from_file")
-    SYM(llama, context_default_params, "llama_context_default_params")
-    SYM(llama, init_from_model, "llama_init_from_model")
-    SYM(llama, set_n_threads, "llama_set_n_threads")
-    SYM(llama, model_get_vocab, "llama_model_get_vocab")
-    SYM(llama, vocab_n_tokens, "llama_vocab_n_tokens")
-    SYM(llama, batch_init, "llama_batch_init")
-    SYM(llama, batch_free, "llama_batch_free")
-    SYM(llama, decode, "llama_decode")
-    SYM(llama, synchronize, "llama_synchronize")
-    SYM(llama, get_memory, "llama_get_memory")
-    SYM(llama, memory_clear, "llama_memory_clear")
-    SYM(llama, free_ctx, "llama_free")
-    SYM(llama, model_free, "llama_model_free")
-    return 0;
 }
 
 static double now(void) {
@@ -158,7 +81,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_llama: THREADS and REPS must be positive, the tokens at most 512 (llama.cpp's default context)\n");
         return 2;
     }
-    if (load_llama(bins)) return 2;
+    if (llama_dl_load("bench_llama", bins)) return 2;
     L.log_set(keep_log, NULL);
     L.load_all_from_path(bins);
     L.backend_init();

@@ -23,55 +23,16 @@
  *
  * usage: gguf_llama BINS_DIR MODEL_DIR FILE.gguf TEXT N TOL [--greedy]
  * Exit 0 when everything agrees, 1 otherwise, 2 when llama.cpp cannot be
- * loaded. Only by-value structs whose layout has been stable for long are
- * spelled out (llama_batch); the parameter structs are filled by llama.cpp's
- * own default functions and passed back untouched, through a buffer larger
- * than them (the x86-64 System V ABI passes and returns such structs in
- * memory, starting at the same place whatever their size).
+ * loaded (llama_dl.h).
  */
 #include "whale.h"
 #include "whale_tokenizer.h"
+#include "llama_dl.h"
 
-#include <dlfcn.h>
-#include <glob.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-typedef struct {
-    unsigned char bytes[2048];
-} opaque_params; /* llama_model_params / llama_context_params, held not read */
-
-typedef struct {
-    int32_t n_tokens;
-    int32_t *token;
-    float *embd;
-    int32_t *pos;
-    int32_t *n_seq_id;
-    int32_t **seq_id;
-    int8_t *logits;
-} llama_batch;
-
-static struct {
-    void (*backend_init)(void);
-    void (*log_set)(void (*)(int, const char *, void *), void *);
-    opaque_params (*model_default_params)(void);
-    void *(*model_load)(const char *, opaque_params);
-    opaque_params (*context_default_params)(void);
-    void *(*init_from_model)(void *, opaque_params);
-    void (*set_n_threads)(void *, int32_t, int32_t);
-    const void *(*model_get_vocab)(const void *);
-    int32_t (*vocab_n_tokens)(const void *);
-    int32_t (*tokenize)(const void *, const char *, int32_t, int32_t *, int32_t, _Bool, _Bool);
-    llama_batch (*batch_init)(int32_t, int32_t, int32_t);
-    void (*batch_free)(llama_batch);
-    int32_t (*decode)(void *, llama_batch);
-    float *(*get_logits_ith)(void *, int32_t);
-    void (*free_ctx)(void *);
-    void (*model_free)(void *);
-    void (*load_all_from_path)(const char *);
-} L;
 
 static char log_tail[4096];
 static void quiet_log(int level, const char *text, void *user) {
@@ -79,47 +40,6 @@ static void quiet_log(int level, const char *text, void *user) {
     size_t n = strlen(log_tail), k = strlen(text);
     if (n + k >= sizeof log_tail) n = 0;
     memcpy(log_tail + n, text, k + 1 < sizeof log_tail ? k + 1 : 1);
-}
-
-static void *open_one(const char *dir, const char *pattern) {
-    char pat[4200];
-    glob_t g;
-    snprintf(pat, sizeof pat, "%s/%s", dir, pattern);
-    void *h = NULL;
-    if (glob(pat, 0, NULL, &g) == 0 && g.gl_pathc > 0 && !(h = dlopen(g.gl_pathv[0], RTLD_NOW | RTLD_GLOBAL)))
-        fprintf(stderr, "gguf_llama: %s\n", dlerror());
-    if (!h && g.gl_pathc == 0) fprintf(stderr, "gguf_llama: no %s\n", pat);
-    globfree(&g);
-    return h;
-}
-
-#define SYM(h, field, name)                                                      \
-    if (!(*(void **)&L.field = dlsym(h, name))) {                                 \
-        fprintf(stderr, "gguf_llama: %s has no %s\n", #h, name);                  \
-        return -1;                                                               \
-    }
-
-static int load_llama(const char *bins) {
-    void *ggml = open_one(bins, "libggml.*so"), *llama = open_one(bins, "libllama.*so");
-    if (!ggml || !llama) return -1;
-    SYM(ggml, load_all_from_path, "ggml_backend_load_all_from_path")
-    SYM(llama, backend_init, "llama_backend_init")
-    SYM(llama, log_set, "llama_log_set")
-    SYM(llama, model_default_params, "llama_model_default_params")
-    SYM(llama, model_load, "llama_model_load_from_file")
-    SYM(llama, context_default_params, "llama_context_default_params")
-    SYM(llama, init_from_model, "llama_init_from_model")
-    SYM(llama, set_n_threads, "llama_set_n_threads")
-    SYM(llama, model_get_vocab, "llama_model_get_vocab")
-    SYM(llama, vocab_n_tokens, "llama_vocab_n_tokens")
-    SYM(llama, tokenize, "llama_tokenize")
-    SYM(llama, batch_init, "llama_batch_init")
-    SYM(llama, batch_free, "llama_batch_free")
-    SYM(llama, decode, "llama_decode")
-    SYM(llama, get_logits_ith, "llama_get_logits_ith")
-    SYM(llama, free_ctx, "llama_free")
-    SYM(llama, model_free, "llama_model_free")
-    return 0;
 }
 
 /* llama_context_params with an f32 KV cache and no flash attention (see
@@ -173,7 +93,7 @@ int main(int argc, char **argv) {
     const char *bins = argv[1], *dir = argv[2], *file = argv[3], *text = argv[4];
     int n_gen = atoi(argv[5]), greedy = argc > 7 && !strcmp(argv[7], "--greedy"), fails = 0;
     double tol = atof(argv[6]);
-    if (load_llama(bins)) return 2;
+    if (llama_dl_load("gguf_llama", bins)) return 2;
     L.log_set(quiet_log, NULL);
     L.load_all_from_path(bins);
     L.backend_init();
