@@ -1,9 +1,12 @@
-/* The core's path and file helpers: whale_path_join never cuts a path (a
- * cut one would name a different file), and its error is one line naming
- * the folder. */
+/* The core's helpers: whale_path_join never cuts a path (a cut one would
+ * name a different file), and its error is one line naming the folder; the
+ * growing string keeps its bytes, NULs included, stays NUL-terminated, and
+ * once it fails every later append does nothing. */
 #include "core/core.h"
+#include "core/sbuf.h"
 #include "testutil.h"
 
+#include <stdint.h>
 #include <string.h>
 
 static void path_join(void) {
@@ -28,7 +31,28 @@ static void path_join(void) {
     CHECK(strlen(err.msg) < sizeof err.msg, "bounded");
 }
 
+static void sbuf(void) {
+    whale_sbuf b = {0};
+    CHECK(!strcmp(whale_sb_str(&b), "") && b.len == 0, "empty");
+    whale_sb_puts(&b, "abc");
+    whale_sb_putc(&b, 0);
+    whale_sb_put(&b, "de", 2);
+    CHECK(b.len == 6 && !memcmp(b.p, "abc\0de", 7), "len %zu", b.len);
+    for (int i = 0; i < 1000; i++) whale_sb_printf(&b, "%d,", i); /* past the first allocations */
+    CHECK(b.len == 6 + 3890 && !strcmp(b.p + b.len - 4, "999,") && b.p[b.len] == 0, "len %zu", b.len);
+    whale_sb_truncate(&b, 3);
+    CHECK(b.len == 3 && !strcmp(whale_sb_str(&b), "abc"), "truncated: %s", b.p);
+    whale_sb_put(&b, "x", SIZE_MAX / 2); /* a length no buffer can hold: failed, nothing read */
+    CHECK(b.oom && b.len == 3, "oom %d len %zu", b.oom, b.len);
+    whale_sb_puts(&b, "more");
+    whale_sb_printf(&b, "%s", "more");
+    CHECK(b.len == 3 && !strcmp(b.p, "abc"), "appends after a failure do nothing: %s", b.p);
+    whale_sb_free(&b);
+    CHECK(!b.p && !b.len && !b.cap && !b.oom, "freed");
+}
+
 int main(void) {
     path_join();
+    sbuf();
     return test_finish("util");
 }

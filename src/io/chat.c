@@ -1,6 +1,7 @@
 /* Native chat templates: DeepSeek-V3, Qwen2.5 ChatML and the raw fallback,
  * rendered exactly as their Jinja templates render plain conversations, with
  * the assistant spans an SFT loss is computed on (see whale_chat.h). */
+#include "core/sbuf.h"
 #include "whale_chat.h"
 
 #include "core/core.h"
@@ -102,36 +103,6 @@ static whale_code check_messages(const whale_chat_message *msgs, int n, msg_role
 /* ------------------------------------------------------------ rendering */
 
 typedef struct {
-    char *p;
-    size_t len, cap;
-    int oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (n >= SIZE_MAX / 2 - b->len) {
-        b->oom = 1;
-        return;
-    }
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-static void sb_puts(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-typedef struct {
     whale_chat_span *spans; /* room for one per message */
     int n;
 } span_list;
@@ -142,68 +113,68 @@ static void add_span(span_list *sl, size_t start, size_t end, int message) {
 
 /* {{bos_token}}{{ns.system_prompt}} — every system message, joined by a blank
  * line, comes first wherever it stands — then the turns back to back. */
-static void render_deepseek(sbuf *b, const whale_chat_message *m, const msg_role *roles, int n, int agp,
+static void render_deepseek(whale_sbuf *b, const whale_chat_message *m, const msg_role *roles, int n, int agp,
                             const char *bos, span_list *sl) {
-    sb_puts(b, bos);
+    whale_sb_puts(b, bos);
     int first_system = 1;
     for (int i = 0; i < n; i++)
         if (roles[i] == ROLE_SYSTEM) {
-            if (!first_system) sb_puts(b, "\n\n");
-            sb_puts(b, m[i].content);
+            if (!first_system) whale_sb_puts(b, "\n\n");
+            whale_sb_puts(b, m[i].content);
             first_system = 0;
         }
     for (int i = 0; i < n; i++) {
         if (roles[i] == ROLE_USER) {
-            sb_puts(b, DS_USER);
-            sb_puts(b, m[i].content);
+            whale_sb_puts(b, DS_USER);
+            whale_sb_puts(b, m[i].content);
         } else if (roles[i] == ROLE_ASSISTANT) {
-            sb_puts(b, DS_ASSISTANT);
+            whale_sb_puts(b, DS_ASSISTANT);
             size_t start = b->len;
-            sb_puts(b, m[i].content);
-            sb_puts(b, DS_EOS);
+            whale_sb_puts(b, m[i].content);
+            whale_sb_puts(b, DS_EOS);
             add_span(sl, start, b->len, i);
         }
     }
-    if (agp) sb_puts(b, DS_ASSISTANT);
+    if (agp) whale_sb_puts(b, DS_ASSISTANT);
 }
 
 /* Qwen2.5: the default system turn unless the first message is a system
  * message; a later system message is an ordinary turn. */
-static void render_chatml(sbuf *b, const whale_chat_message *m, const msg_role *roles, int n, int agp,
+static void render_chatml(whale_sbuf *b, const whale_chat_message *m, const msg_role *roles, int n, int agp,
                           span_list *sl) {
-    if (roles[0] != ROLE_SYSTEM) sb_puts(b, IM_START "system\n" QWEN25_SYSTEM IM_END "\n");
+    if (roles[0] != ROLE_SYSTEM) whale_sb_puts(b, IM_START "system\n" QWEN25_SYSTEM IM_END "\n");
     for (int i = 0; i < n; i++) {
-        sb_puts(b, IM_START);
-        sb_puts(b, m[i].role);
-        sb_puts(b, "\n");
+        whale_sb_puts(b, IM_START);
+        whale_sb_puts(b, m[i].role);
+        whale_sb_puts(b, "\n");
         size_t start = b->len;
-        sb_puts(b, m[i].content);
-        sb_puts(b, IM_END);
+        whale_sb_puts(b, m[i].content);
+        whale_sb_puts(b, IM_END);
         if (roles[i] == ROLE_ASSISTANT) add_span(sl, start, b->len, i);
-        sb_puts(b, "\n");
+        whale_sb_puts(b, "\n");
     }
-    if (agp) sb_puts(b, IM_START "assistant\n");
+    if (agp) whale_sb_puts(b, IM_START "assistant\n");
 }
 
 /* The original chat.py without a template:
  * "\n".join(f"{role}: {content}") + "\nassistant:". No end-of-turn token,
  * so a span is the content alone. */
-static void render_raw(sbuf *b, const whale_chat_message *m, const msg_role *roles, int n, int agp,
+static void render_raw(whale_sbuf *b, const whale_chat_message *m, const msg_role *roles, int n, int agp,
                        span_list *sl) {
     for (int i = 0; i < n; i++) {
-        if (i) sb_puts(b, "\n");
-        sb_puts(b, m[i].role);
-        sb_puts(b, ": ");
+        if (i) whale_sb_puts(b, "\n");
+        whale_sb_puts(b, m[i].role);
+        whale_sb_puts(b, ": ");
         size_t start = b->len;
-        sb_puts(b, m[i].content);
+        whale_sb_puts(b, m[i].content);
         if (roles[i] == ROLE_ASSISTANT) add_span(sl, start, b->len, i);
     }
-    if (agp) sb_puts(b, "\nassistant:");
+    if (agp) whale_sb_puts(b, "\nassistant:");
 }
 
 /* Render into b with every assistant span in sl (sl->spans has n entries). */
 static whale_code render(whale_chat_format fmt, const whale_chat_message *msgs, int n, int agp,
-                         const char *bos, sbuf *b, span_list *sl, whale_err *err) {
+                         const char *bos, whale_sbuf *b, span_list *sl, whale_err *err) {
     if (!format_ok(fmt)) return whale_errf(err, WHALE_ERR_ARG, "chat: unknown format %d", (int)fmt);
     msg_role *roles = malloc((size_t)(n > 0 ? n : 1) * sizeof *roles);
     if (!roles) return whale_errf(err, WHALE_ERR_NOMEM, "chat: out of memory");
@@ -242,7 +213,7 @@ whale_code whale_chat_render(whale_chat_format fmt, const whale_chat_message *ms
         return whale_errf(err, WHALE_ERR_ARG, "whale_chat_render: NULL output pointer");
     span_list sl = {malloc((size_t)(n > 0 ? n : 1) * sizeof(whale_chat_span)), 0};
     if (!sl.spans) return whale_errf(err, WHALE_ERR_NOMEM, "chat: out of memory");
-    sbuf b = {0};
+    whale_sbuf b = {0};
     whale_code rc = render(fmt, msgs, n, add_generation_prompt, bos_token, &b, &sl, err);
     if (rc) {
         free(sl.spans);
@@ -264,11 +235,11 @@ whale_code whale_chat_render(whale_chat_format fmt, const whale_chat_message *ms
 
 /* Append the bytes that ids decode to (added tokens as their content) and,
  * if ends is not NULL, the running end offset of each token. */
-static int token_stream(const whale_tokenizer *tok, const int32_t *ids, int n, sbuf *out, size_t *ends) {
+static int token_stream(const whale_tokenizer *tok, const int32_t *ids, int n, whale_sbuf *out, size_t *ends) {
     for (int i = 0; i < n; i++) {
         size_t tl;
         const char *tb = whale_tokenizer_token_bytes(tok, ids[i], &tl);
-        if (tb) sb_put(out, tb, tl);
+        if (tb) whale_sb_put(out, tb, tl);
         if (ends) ends[i] = out->len;
     }
     return !out->oom;
@@ -280,9 +251,9 @@ static int token_stream(const whale_tokenizer *tok, const int32_t *ids, int n, s
  * tokenized on its own to learn how long it became, and the pieces must add
  * up to exactly the bytes of the one-go tokens. */
 static whale_code normalized_spans(whale_tokenizer *tok, const char *text, size_t len,
-                                   const sbuf *whole, whale_chat_span *sp, int n_sp, whale_err *err) {
+                                   const whale_sbuf *whole, whale_chat_span *sp, int n_sp, whale_err *err) {
     if (whole->len == len && (len == 0 || !memcmp(whole->p, text, len))) return WHALE_OK;
-    sbuf pieces = {0};
+    whale_sbuf pieces = {0};
     size_t cut = 0; /* rendered offset tokenized so far */
     whale_code rc = WHALE_OK;
     for (int k = 0; k <= 2 * n_sp && !rc; k++) {
@@ -321,7 +292,7 @@ whale_code whale_chat_encode_spans(whale_tokenizer *tok, const char *text, size_
     whale_code rc = whale_tokenizer_encode(tok, text, len, 0, &out, &n_out, err);
     uint8_t *mask = NULL;
     size_t *ends = NULL;
-    sbuf whole = {0};
+    whale_sbuf whole = {0};
     if (!rc && loss_mask) {
         mask = calloc((size_t)n_out + 1, 1);
         ends = malloc(((size_t)n_out + 1) * sizeof *ends);

@@ -4,6 +4,7 @@
 #include "whale_chat.h"
 
 #include "core/core.h"
+#include "core/sbuf.h"
 #include "io/jinja.h"
 
 #include <cjson/cJSON.h>
@@ -463,23 +464,6 @@ static size_t history_end(const reply *p, const reply *next) {
     return b;
 }
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-} sbuf;
-
-static int sb_put(sbuf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = (b->n + n + 1) * 2;
-        char *q = realloc(b->p, cap);
-        if (!q) return 0;
-        b->p = q, b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->p[b->n += n] = 0;
-    return 1;
-}
-
 static int is_assistant(const cJSON *m) {
     const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
     return cJSON_IsString(role) && !strcmp(role->valuestring, "assistant");
@@ -491,7 +475,7 @@ static int is_assistant(const cJSON *m) {
  * puts between them — ms-swift's rule for thinking templates in training.
  * For a template that renders a conversation's prefixes as prefixes of the
  * whole (most do) this is the whole rendering, byte for byte. */
-static whale_code composed_spans(conv *cv, sbuf *text, whale_chat_span *sp, int *n_sp, whale_err *err) {
+static whale_code composed_spans(conv *cv, whale_sbuf *text, whale_chat_span *sp, int *n_sp, whale_err *err) {
     reply prev = {0}, cur;
     whale_code rc = WHALE_OK;
     int i = 0, k = 0;
@@ -502,15 +486,17 @@ static whale_code composed_spans(conv *cv, sbuf *text, whale_chat_span *sp, int 
         if (k && !(from = history_end(&prev, &cur)))
             rc = spans_refused(cv->t, i, "the template renders the conversation before that reply in a way whale "
                                "cannot align with the earlier replies", err);
-        if (!rc && (!sb_put(text, cur.before + from, cur.bn - from) ||
-                    !sb_put(text, cur.upto + cur.start, cur.end - cur.start)))
-            rc = whale_errf(err, WHALE_ERR_NOMEM, "chat: out of memory");
-        if (!rc) sp[k++] = (whale_chat_span){text->n - (cur.end - cur.start), text->n, i};
+        if (!rc) {
+            whale_sb_put(text, cur.before + from, cur.bn - from);
+            whale_sb_put(text, cur.upto + cur.start, cur.end - cur.start);
+            if (text->oom) rc = whale_errf(err, WHALE_ERR_NOMEM, "chat: out of memory");
+        }
+        if (!rc) sp[k++] = (whale_chat_span){text->len - (cur.end - cur.start), text->len, i};
         reply_free(&prev);
         prev = cur;
     }
-    if (!rc && !sb_put(text, prev.upto + prev.end, prev.un - prev.end))
-        rc = whale_errf(err, WHALE_ERR_NOMEM, "chat: out of memory");
+    if (!rc) whale_sb_put(text, prev.upto + prev.end, prev.un - prev.end);
+    if (!rc && text->oom) rc = whale_errf(err, WHALE_ERR_NOMEM, "chat: out of memory");
     reply_free(&prev);
     *n_sp = k;
     return rc;
@@ -549,10 +535,10 @@ static whale_code jinja_spans(conv *cv, int agp, char **text, size_t *len, whale
     whale_chat_span *sp = malloc((size_t)(n > 0 ? n : 1) * sizeof *sp);
     if (!sp) rc = whale_errf(err, WHALE_ERR_NOMEM, "chat: out of memory");
     if (!rc && sample) {
-        sbuf b = {0};
+        whale_sbuf b = {0};
         rc = composed_spans(cv, &b, sp, &k, err);
         *text = b.p;
-        *len = b.n;
+        *len = b.len;
     } else {
         for (const cJSON *m = cv->all->child; !rc && m; m = m->next, i++)
             if (is_assistant(m)) rc = assistant_span(cv, i, *text, *len, &sp[k++], err);

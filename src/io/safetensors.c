@@ -3,6 +3,7 @@
 #include "whale_safetensors.h"
 
 #include "core/core.h"
+#include "core/sbuf.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -757,55 +758,27 @@ whale_code whale_st_open_dir(const char *dir, whale_st **out, whale_err *err) {
 
 /* ------------------------------------------------------------ writing */
 
-/* Growable text buffer for the header; an allocation failure is sticky and
- * checked once at the end. */
-typedef struct {
-    char *buf;
-    size_t len, cap;
-    int failed;
-} sbuf;
-
-static void sb_put(sbuf *s, const char *p, size_t n) {
-    if (s->failed) return;
-    if (s->len + n + 1 > s->cap) {
-        size_t cap = s->cap ? s->cap : 256;
-        while (cap < s->len + n + 1) cap *= 2;
-        char *b = realloc(s->buf, cap);
-        if (!b) {
-            s->failed = 1;
-            return;
-        }
-        s->buf = b;
-        s->cap = cap;
-    }
-    memcpy(s->buf + s->len, p, n);
-    s->len += n;
-    s->buf[s->len] = 0;
-}
-
-static void sb_puts(sbuf *s, const char *p) { sb_put(s, p, strlen(p)); }
-
-static void sb_u64(sbuf *s, uint64_t v) {
+static void sb_u64(whale_sbuf *s, uint64_t v) {
     char t[24];
-    sb_put(s, t, (size_t)snprintf(t, sizeof t, "%llu", (unsigned long long)v));
+    whale_sb_put(s, t, (size_t)snprintf(t, sizeof t, "%llu", (unsigned long long)v));
 }
 
 /* A JSON string literal; the text is known to be valid UTF-8. */
-static void sb_json_str(sbuf *s, const char *str) {
-    sb_put(s, "\"", 1);
+static void sb_json_str(whale_sbuf *s, const char *str) {
+    whale_sb_put(s, "\"", 1);
     for (const char *p = str; *p; p++) {
         unsigned char c = (unsigned char)*p;
         if (c == '"' || c == '\\') {
             char t[2] = {'\\', (char)c};
-            sb_put(s, t, 2);
+            whale_sb_put(s, t, 2);
         } else if (c < 0x20) {
             char t[8];
-            sb_put(s, t, (size_t)snprintf(t, sizeof t, "\\u%04x", c));
+            whale_sb_put(s, t, (size_t)snprintf(t, sizeof t, "\\u%04x", c));
         } else {
-            sb_put(s, p, 1);
+            whale_sb_put(s, p, 1);
         }
     }
-    sb_put(s, "\"", 1);
+    whale_sb_put(s, "\"", 1);
 }
 
 static whale_code write_all(int fd, const void *data, size_t n, const char *path, whale_err *err) {
@@ -872,9 +845,9 @@ static whale_code check_items(const char *path, const whale_st_item *items, int 
 /* Build the padded JSON header. Offsets are printed as plain integers (not
  * through cJSON, which would print large ones in exponent form). */
 static whale_code build_header(const char *path, const whale_st_item *items, int n,
-                               const size_t *sizes, const char *const *meta, sbuf *sb,
+                               const size_t *sizes, const char *const *meta, whale_sbuf *sb,
                                whale_err *err) {
-    sb_puts(sb, "{\"__metadata__\":{\"format\":\"pt\"");
+    whale_sb_puts(sb, "{\"__metadata__\":{\"format\":\"pt\"");
     for (int i = 0; meta && meta[i]; i += 2) {
         const char *k = meta[i], *v = meta[i + 1];
         if (!v)
@@ -888,37 +861,37 @@ static whale_code build_header(const char *path, const whale_st_item *items, int
         for (int j = 0; j < i; j += 2)
             if (strcmp(meta[j], k) == 0)
                 return whale_errf(err, WHALE_ERR_ARG, "%s: duplicate metadata key '%s'", path, SHOWN(k));
-        sb_puts(sb, ",");
+        whale_sb_puts(sb, ",");
         sb_json_str(sb, k);
-        sb_puts(sb, ":");
+        whale_sb_puts(sb, ":");
         sb_json_str(sb, v);
     }
-    sb_puts(sb, "}");
+    whale_sb_puts(sb, "}");
 
     uint64_t off = 0;
     for (int i = 0; i < n; i++) {
         const whale_st_item *it = &items[i];
-        sb_puts(sb, ",");
+        whale_sb_puts(sb, ",");
         sb_json_str(sb, it->name);
-        sb_puts(sb, ":{\"dtype\":\"");
-        sb_puts(sb, whale_dtype_name(it->dtype));
-        sb_puts(sb, "\",\"shape\":[");
+        whale_sb_puts(sb, ":{\"dtype\":\"");
+        whale_sb_puts(sb, whale_dtype_name(it->dtype));
+        whale_sb_puts(sb, "\",\"shape\":[");
         for (int d = 0; d < it->ndim; d++) {
-            if (d) sb_puts(sb, ",");
+            if (d) whale_sb_puts(sb, ",");
             sb_u64(sb, (uint64_t)it->shape[d]);
         }
-        sb_puts(sb, "],\"data_offsets\":[");
+        whale_sb_puts(sb, "],\"data_offsets\":[");
         sb_u64(sb, off);
-        sb_puts(sb, ",");
+        whale_sb_puts(sb, ",");
         if ((double)off + (double)sizes[i] > EXACT_INT_MAX)
             return whale_errf(err, WHALE_ERR_ARG, "%s: tensor data exceeds 2^53 bytes", path);
         off += sizes[i];
         sb_u64(sb, off);
-        sb_puts(sb, "]}");
+        whale_sb_puts(sb, "]}");
     }
-    sb_puts(sb, "}");
-    while (!sb->failed && sb->len % 8 != 0) sb_puts(sb, " ");
-    if (sb->failed) return whale_errf(err, WHALE_ERR_NOMEM, "%s: out of memory for header", path);
+    whale_sb_puts(sb, "}");
+    while (!sb->oom && sb->len % 8 != 0) whale_sb_puts(sb, " ");
+    if (sb->oom) return whale_errf(err, WHALE_ERR_NOMEM, "%s: out of memory for header", path);
     if (sb->len > WHALE_ST_MAX_HEADER)
         return whale_errf(err, WHALE_ERR_ARG, "%s: header of %zu bytes exceeds the %u-byte limit", path,
                           sb->len, WHALE_ST_MAX_HEADER);
@@ -964,7 +937,7 @@ static whale_code write_file(const char *path, const whale_st_item *items, int n
         return whale_errf(err, WHALE_ERR_ARG, "%s: bad item list (n = %d)", path, n);
 
     whale_code rc;
-    sbuf sb = {0};
+    whale_sbuf sb = {0};
     char *tmp = NULL;
     int fd = -1, created = 0;
     size_t *sizes = malloc((size_t)(n ? n : 1) * sizeof *sizes);
@@ -989,7 +962,7 @@ static whale_code write_file(const char *path, const whale_st_item *items, int n
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)sb.len >> (8 * i));
     if ((rc = write_all(fd, len8, 8, path, err))) goto done;
-    if ((rc = write_all(fd, sb.buf, sb.len, path, err))) goto done;
+    if ((rc = write_all(fd, sb.p, sb.len, path, err))) goto done;
     for (int i = 0; i < n; i++) {
         const void *data = items[i].data;
         if (produce && sizes[i]) {
@@ -1023,7 +996,7 @@ done:
     if (fd >= 0) close(fd);
     if (rc && created) unlink(tmp); /* no partial file is left behind */
     free(tmp);
-    free(sb.buf);
+    free(sb.p);
     free(sizes);
     return rc;
 }

@@ -7,6 +7,7 @@
 #include "io/sft_csv.h"
 
 #include "core/core.h"
+#include "core/sbuf.h"
 
 #include <cjson/cJSON.h>
 #include <inttypes.h>
@@ -15,26 +16,9 @@
 
 #define MAX_COLUMNS 64
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-} cbuf;
-
-static int cb_put(cbuf *b, char c) {
-    if (b->n + 2 > b->cap) {
-        size_t cap = b->cap ? 2 * b->cap : 1024;
-        char *q = realloc(b->p, cap);
-        if (!q) return 0;
-        b->p = q, b->cap = cap;
-    }
-    b->p[b->n++] = c;
-    b->p[b->n] = 0;
-    return 1;
-}
-
 /* One row's fields, unquoted, each NUL-terminated in cells. */
 typedef struct {
-    cbuf cells;
+    whale_sbuf cells;
     size_t off[MAX_COLUMNS];
     int n;
     int too_many;     /* more than MAX_COLUMNS fields */
@@ -42,8 +26,14 @@ typedef struct {
     int why_field;
 } row;
 
+/* c appended to the row's cells: 0 when out of memory. */
+static int cell_put(row *r, char c) {
+    whale_sb_putc(&r->cells, c);
+    return !r->cells.oom;
+}
+
 static int end_field(row *r, size_t start) {
-    if (!cb_put(&r->cells, 0)) return 0;
+    if (!cell_put(r, 0)) return 0;
     if (r->n >= MAX_COLUMNS) r->too_many = 1;
     else r->off[r->n++] = start;
     return 1;
@@ -54,20 +44,20 @@ static int end_field(row *r, size_t start) {
  * *line counts the newlines passed. */
 static int parse_row(const char *s, size_t n, size_t *pos, int64_t *line, row *r) {
     size_t i = *pos;
-    r->cells.n = 0;
+    whale_sb_truncate(&r->cells, 0);
     r->n = 0;
     r->too_many = 0;
     r->why = NULL;
     if (i >= n) return 0;
     for (;;) {
-        size_t start = r->cells.n;
+        size_t start = r->cells.len;
         if (i < n && s[i] == '"') { /* a quoted field */
             for (i++;; i++) {
                 if (i >= n) return -2;
                 if (s[i] == '"' && i + 1 < n && s[i + 1] == '"') i++;
                 else if (s[i] == '"') break;
                 if (s[i] == '\n') ++*line;
-                if (!cb_put(&r->cells, s[i])) return -1;
+                if (!cell_put(r, s[i])) return -1;
             }
             i++;
             if (i < n && s[i] != ',' && s[i] != '\n' && !(s[i] == '\r' && i + 1 < n && s[i + 1] == '\n') && !r->why)
@@ -77,7 +67,7 @@ static int parse_row(const char *s, size_t n, size_t *pos, int64_t *line, row *r
             for (; i < n && s[i] != ',' && s[i] != '\n'; i++) {
                 if (s[i] == '\r' && i + 1 < n && s[i + 1] == '\n') continue;
                 if (s[i] == '"' && !r->why) r->why = "a quote inside an unquoted field", r->why_field = r->n;
-                if (!cb_put(&r->cells, s[i])) return -1;
+                if (!cell_put(r, s[i])) return -1;
             }
         }
         if (!end_field(r, start)) return -1;
@@ -146,7 +136,7 @@ whale_code sft_csv_read(const char *path, sft_csv_row_fn fn, void *ctx, whale_er
         at = line;
         got = parse_row(buf, size, &pos, &line, &r);
         if (got != 1 || blank_row(&r)) continue;
-        if (r.cells.n > WHALE_MAX_RECORD_BYTES) { /* as a JSONL line */
+        if (r.cells.len > WHALE_MAX_RECORD_BYTES) { /* as a JSONL line */
             rc = whale_errf(err, WHALE_ERR_RANGE, "%s:%" PRId64 ": a record of more than %zu bytes (the cap on one "
                             "record)", path, at, (size_t)WHALE_MAX_RECORD_BYTES);
             break;

@@ -1,7 +1,8 @@
 /* GET /metrics: counters, gauges and histograms in Prometheus' text format. */
 #include "serve/serve_impl.h"
 
-#include <stdarg.h>
+#include "core/sbuf.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,70 +42,37 @@ void serve_hist_add(serve_hist *h, double v) {
     h->total++;
 }
 
-typedef struct {
-    char *buf;
-    size_t len, cap;
-    int failed;
-} sbuf;
-
-static void put(sbuf *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(sbuf *s, const char *fmt, ...) {
-    if (s->failed) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(s->buf + s->len, s->cap - s->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            s->failed = 1;
-            return;
-        }
-        if (s->len + (size_t)n < s->cap) {
-            s->len += (size_t)n;
-            return;
-        }
-        size_t cap = s->cap * 2 + (size_t)n;
-        char *grown = realloc(s->buf, cap);
-        if (!grown) {
-            s->failed = 1;
-            return;
-        }
-        s->buf = grown;
-        s->cap = cap;
-    }
-}
-
-static void put_hist(sbuf *s, const char *name, const char *help, const serve_hist *h) {
-    put(s, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+static void put_hist(whale_sbuf *s, const char *name, const char *help, const serve_hist *h) {
+    whale_sb_printf(s, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     uint64_t cum = 0;
     for (int b = 0; b < h->n; b++) {
         cum += h->count[b];
-        put(s, "%s_bucket{le=\"%g\"} %llu\n", name, h->le[b], (unsigned long long)cum);
+        whale_sb_printf(s, "%s_bucket{le=\"%g\"} %llu\n", name, h->le[b], (unsigned long long)cum);
     }
-    put(s, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, (unsigned long long)h->total, name,
+    whale_sb_printf(s, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, (unsigned long long)h->total, name,
         h->sum, name, (unsigned long long)h->total);
 }
 
-static void put_one(sbuf *s, const char *name, const char *type, const char *help, double v) {
-    put(s, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+static void put_one(whale_sbuf *s, const char *name, const char *type, const char *help, double v) {
+    whale_sb_printf(s, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
 }
 
 /* A label value as the text format escapes it (backslash, quote, newline). */
-static void put_label(sbuf *s, const char *v) {
+static void put_label(whale_sbuf *s, const char *v) {
     for (; *v; v++) {
-        if (*v == '\\' || *v == '"') put(s, "\\%c", *v);
-        else if (*v == '\n') put(s, "\\n");
-        else put(s, "%c", *v);
+        if (*v == '\\' || *v == '"') whale_sb_printf(s, "\\%c", *v);
+        else if (*v == '\n') whale_sb_printf(s, "\\n");
+        else whale_sb_printf(s, "%c", *v);
     }
 }
 
 /* counter name{model="id"} for every model id */
-static void put_per_model(sbuf *s, const serve_metrics *m, const char *name, const char *help, const uint64_t *v) {
-    put(s, "# HELP %s %s\n# TYPE %s counter\n", name, help, name);
+static void put_per_model(whale_sbuf *s, const serve_metrics *m, const char *name, const char *help, const uint64_t *v) {
+    whale_sb_printf(s, "# HELP %s %s\n# TYPE %s counter\n", name, help, name);
     for (int k = 0; k < m->n_models; k++) {
-        put(s, "%s{model=\"", name);
+        whale_sb_printf(s, "%s{model=\"", name);
         put_label(s, m->model_ids[k]);
-        put(s, "\"} %llu\n", (unsigned long long)v[k]);
+        whale_sb_printf(s, "\"} %llu\n", (unsigned long long)v[k]);
     }
 }
 
@@ -112,15 +80,14 @@ char *serve_metrics_text(serve_metrics *m, size_t kv_bytes, int parallel, int ct
     static const char *eps[] = {"chat_completions", "completions", "models", "health",
                                 "metrics", "tokenize", "detokenize", "page"};
     static const char *classes[] = {"2xx", "400", "401", "404", "413", "503"};
-    sbuf s = {malloc(4096), 0, 4096, 0};
-    if (!s.buf) return NULL;
+    whale_sbuf s = {0};
     pthread_mutex_lock(&m->mu);
-    put(&s, "# HELP whale_requests_total HTTP requests by endpoint\n# TYPE whale_requests_total counter\n");
+    whale_sb_printf(&s, "# HELP whale_requests_total HTTP requests by endpoint\n# TYPE whale_requests_total counter\n");
     for (int i = 0; i < 8; i++)
-        put(&s, "whale_requests_total{endpoint=\"%s\"} %llu\n", eps[i], (unsigned long long)m->requests[i]);
-    put(&s, "# HELP whale_responses_total HTTP responses by status\n# TYPE whale_responses_total counter\n");
+        whale_sb_printf(&s, "whale_requests_total{endpoint=\"%s\"} %llu\n", eps[i], (unsigned long long)m->requests[i]);
+    whale_sb_printf(&s, "# HELP whale_responses_total HTTP responses by status\n# TYPE whale_responses_total counter\n");
     for (int i = 0; i < 6; i++)
-        put(&s, "whale_responses_total{status=\"%s\"} %llu\n", classes[i], (unsigned long long)m->responses[i]);
+        whale_sb_printf(&s, "whale_responses_total{status=\"%s\"} %llu\n", classes[i], (unsigned long long)m->responses[i]);
     put_one(&s, "whale_prompt_tokens_total", "counter", "prompt tokens of admitted requests", (double)m->prompt_tokens);
     put_one(&s, "whale_prompt_tokens_reused_total", "counter", "prompt tokens whose KV cells came from the cache",
             (double)m->reused_tokens);
@@ -145,9 +112,9 @@ char *serve_metrics_text(serve_metrics *m, size_t kv_bytes, int parallel, int ct
     put_per_model(&s, m, "whale_model_generated_tokens_total", "tokens sampled by model (the base or an adapter)",
                   m->model_generated);
     pthread_mutex_unlock(&m->mu);
-    if (s.failed) {
-        free(s.buf);
+    if (s.oom) {
+        free(s.p);
         return NULL;
     }
-    return s.buf;
+    return s.p;
 }

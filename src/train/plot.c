@@ -9,6 +9,7 @@
 #include "whale_plot.h"
 
 #include "core/core.h"
+#include "core/sbuf.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -312,43 +313,6 @@ static whale_code read_run(const char *input, const plot_spec *spec, plot_run *r
 
 /* ------------------------------------------------------------ output text */
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sbuf;
-
-static void sb_reserve(sbuf *b, size_t more) {
-    if (b->oom || b->n + more + 1 <= b->cap) return;
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->n + more + 1) cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p) {
-        b->oom = 1;
-        return;
-    }
-    b->p = p;
-    b->cap = cap;
-}
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int need = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (need < 0) {
-        b->oom = 1;
-        return;
-    }
-    sb_reserve(b, (size_t)need);
-    if (b->oom) return;
-    va_start(ap, fmt);
-    vsnprintf(b->p + b->n, (size_t)need + 1, fmt, ap);
-    va_end(ap);
-    b->n += (size_t)need;
-}
-
 /* Length in characters of a valid UTF-8 sequence starting at s, or 0. */
 static int utf8_len(const unsigned char *s, size_t left) {
     unsigned c = s[0];
@@ -364,29 +328,29 @@ static int utf8_len(const unsigned char *s, size_t left) {
 
 /* XML text of at most max_chars characters (an ellipsis marks a cut);
  * control characters and invalid UTF-8, which XML cannot hold, become '?'. */
-static void sb_text(sbuf *b, const char *s, int max_chars) {
+static void sb_text(whale_sbuf *b, const char *s, int max_chars) {
     const unsigned char *u = (const unsigned char *)s;
     size_t n = strlen(s);
     int chars = 0;
     for (size_t i = 0; i < n;) {
         if (chars == max_chars) {
-            sb_printf(b, "\xE2\x80\xA6");
+            whale_sb_printf(b, "\xE2\x80\xA6");
             return;
         }
         int len = utf8_len(u + i, n - i);
         chars++;
         if (len > 1) {
-            sb_printf(b, "%.*s", len, s + i);
+            whale_sb_printf(b, "%.*s", len, s + i);
             i += (size_t)len;
             continue;
         }
         unsigned c = u[i++];
         switch (c) {
-        case '&': sb_printf(b, "&amp;"); break;
-        case '<': sb_printf(b, "&lt;"); break;
-        case '>': sb_printf(b, "&gt;"); break;
-        case '"': sb_printf(b, "&quot;"); break;
-        default: sb_printf(b, "%c", len == 1 && c >= 0x20 && c != 0x7F ? (char)c : '?');
+        case '&': whale_sb_printf(b, "&amp;"); break;
+        case '<': whale_sb_printf(b, "&lt;"); break;
+        case '>': whale_sb_printf(b, "&gt;"); break;
+        case '"': whale_sb_printf(b, "&quot;"); break;
+        default: whale_sb_printf(b, "%c", len == 1 && c >= 0x20 && c != 0x7F ? (char)c : '?');
         }
     }
 }
@@ -695,11 +659,11 @@ static void choose_legend(const plot_chart *c, plot_layout *L) {
 }
 
 /* One path with a subpath per unbroken stretch, thinned per pixel column. */
-static void emit_path(sbuf *b, const plot_series *s, const plot_layout *L, int log_y, const char *attrs,
+static void emit_path(whale_sbuf *b, const plot_series *s, const plot_layout *L, int log_y, const char *attrs,
                       const char *name, const char *key) {
-    size_t start = b->n;
+    size_t start = b->len;
     int segs = 0;
-    sb_printf(b, "<path d=\"");
+    whale_sb_printf(b, "<path d=\"");
     for (int i = 0; i < s->n;) {
         if (!drawable(s->p[i].y, log_y)) {
             i++;
@@ -723,7 +687,7 @@ static void emit_path(sbuf *b, const plot_series *s, const plot_layout *L, int l
                 for (int q = 0; q < 4; q++) {
                     if (pick[q] <= last) continue;
                     last = pick[q];
-                    sb_printf(b, "%c%.1f %.1f", first ? 'M' : 'L', axis_px(&L->ax, s->p[last].x),
+                    whale_sb_printf(b, "%c%.1f %.1f", first ? 'M' : 'L', axis_px(&L->ax, s->p[last].x),
                               axis_px(&L->ay, s->p[last].y));
                     first = 0;
                 }
@@ -733,84 +697,84 @@ static void emit_path(sbuf *b, const plot_series *s, const plot_layout *L, int l
         i = j;
     }
     if (!segs) { /* only isolated points: the markers show them */
-        b->n = start;
+        whale_sb_truncate(b, start);
         return;
     }
-    sb_printf(b, "\" %s><title>", attrs);
+    whale_sb_printf(b, "\" %s><title>", attrs);
     sb_text(b, name, NAME_MAX_CHARS);
-    sb_printf(b, " ");
+    whale_sb_printf(b, " ");
     sb_text(b, key, 80);
-    sb_printf(b, "</title></path>\n");
+    whale_sb_printf(b, "</title></path>\n");
 }
 
 /* Circles at the points: every point (val style), or only the isolated ones
  * that a line cannot show. */
-static void emit_markers(sbuf *b, const plot_series *s, const plot_layout *L, int log_y, int all, const char *color,
+static void emit_markers(whale_sbuf *b, const plot_series *s, const plot_layout *L, int log_y, int all, const char *color,
                          double r) {
     int open = 0;
     for (int i = 0; i < s->n; i++) {
         if (!drawable(s->p[i].y, log_y)) continue;
         int alone = (i == 0 || !drawable(s->p[i - 1].y, log_y)) && (i + 1 == s->n || !drawable(s->p[i + 1].y, log_y));
         if (!all && !alone) continue;
-        if (!open) sb_printf(b, "<g fill=\"%s\" stroke=\"#fff\" stroke-width=\"1\">", color);
+        if (!open) whale_sb_printf(b, "<g fill=\"%s\" stroke=\"#fff\" stroke-width=\"1\">", color);
         open = 1;
-        sb_printf(b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%.1f\"/>", axis_px(&L->ax, s->p[i].x),
+        whale_sb_printf(b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%.1f\"/>", axis_px(&L->ax, s->p[i].x),
                   axis_px(&L->ay, s->p[i].y), r);
     }
-    if (open) sb_printf(b, "</g>\n");
+    if (open) whale_sb_printf(b, "</g>\n");
 }
 
-static void emit_svg(sbuf *b, const plot_chart *c, const plot_layout *L) {
+static void emit_svg(whale_sbuf *b, const plot_chart *c, const plot_layout *L) {
     const whale_plot_opts *o = c->o;
     int log_y = o->log_y;
-    sb_printf(b,
+    whale_sb_printf(b,
               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
               "font-family=\"%s\" font-size=\"12\">\n",
               L->W, L->H, L->W, L->H, FONT);
-    sb_printf(b, "<rect width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n", L->W, L->H);
+    whale_sb_printf(b, "<rect width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n", L->W, L->H);
     if (o->title && o->title[0]) {
-        sb_printf(b, "<text x=\"%.1f\" y=\"28\" text-anchor=\"middle\" font-size=\"16\" font-weight=\"bold\" "
+        whale_sb_printf(b, "<text x=\"%.1f\" y=\"28\" text-anchor=\"middle\" font-size=\"16\" font-weight=\"bold\" "
                      "fill=\"#222\">",
                   (L->x0 + L->x1) / 2);
         sb_text(b, o->title, (int)((L->W - 40) / 9.5)); /* about one bold 16px character in 9.5px */
-        sb_printf(b, "</text>\n");
+        whale_sb_printf(b, "</text>\n");
     }
 
     /* grid on whole pixels + 0.5 so 1px lines stay sharp */
-    sb_printf(b, "<g stroke=\"#e6e6e6\" stroke-width=\"1\" shape-rendering=\"crispEdges\">\n");
+    whale_sb_printf(b, "<g stroke=\"#e6e6e6\" stroke-width=\"1\" shape-rendering=\"crispEdges\">\n");
     for (int i = 0; i < L->ay.nticks; i++) {
         double y = floor(axis_px(&L->ay, L->ay.tick[i])) + 0.5;
-        sb_printf(b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", L->x0, y, L->x1, y);
+        whale_sb_printf(b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", L->x0, y, L->x1, y);
     }
     for (int i = 0; i < L->ax.nticks; i++) {
         double x = floor(axis_px(&L->ax, L->ax.tick[i])) + 0.5;
-        sb_printf(b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", x, L->y0, x, L->y1);
+        whale_sb_printf(b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", x, L->y0, x, L->y1);
     }
-    sb_printf(b, "</g>\n<g stroke=\"#888\" stroke-width=\"1\" shape-rendering=\"crispEdges\">\n");
+    whale_sb_printf(b, "</g>\n<g stroke=\"#888\" stroke-width=\"1\" shape-rendering=\"crispEdges\">\n");
     double bx = floor(L->x0) + 0.5, by = floor(L->y1) + 0.5;
-    sb_printf(b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", bx, L->y0, bx, by);
-    sb_printf(b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", bx, by, L->x1, by);
+    whale_sb_printf(b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", bx, L->y0, bx, by);
+    whale_sb_printf(b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", bx, by, L->x1, by);
     for (int i = 0; i < L->ay.nticks; i++) {
         double y = floor(axis_px(&L->ay, L->ay.tick[i])) + 0.5;
-        sb_printf(b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", bx - 4, y, bx, y);
+        whale_sb_printf(b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", bx - 4, y, bx, y);
     }
     for (int i = 0; i < L->ax.nticks; i++) {
         double x = floor(axis_px(&L->ax, L->ax.tick[i])) + 0.5;
-        sb_printf(b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", x, by, x, by + 4);
+        whale_sb_printf(b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", x, by, x, by + 4);
     }
-    sb_printf(b, "</g>\n<g fill=\"#555\">\n");
+    whale_sb_printf(b, "</g>\n<g fill=\"#555\">\n");
     for (int i = 0; i < L->ay.nticks; i++)
-        sb_printf(b, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", L->x0 - 8,
+        whale_sb_printf(b, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", L->x0 - 8,
                   axis_px(&L->ay, L->ay.tick[i]) + 4, L->ay.label[i]);
     for (int i = 0; i < L->ax.nticks; i++)
-        sb_printf(b, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n", axis_px(&L->ax, L->ax.tick[i]),
+        whale_sb_printf(b, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n", axis_px(&L->ax, L->ax.tick[i]),
                   L->y1 + 19, L->ax.label[i]);
-    sb_printf(b, "</g>\n<g fill=\"#333\" font-size=\"13\">\n");
-    sb_printf(b, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">step</text>\n", (L->x0 + L->x1) / 2, L->y1 + 40);
-    sb_printf(b, "<text transform=\"translate(18 %.1f) rotate(-90)\" text-anchor=\"middle\">",
+    whale_sb_printf(b, "</g>\n<g fill=\"#333\" font-size=\"13\">\n");
+    whale_sb_printf(b, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">step</text>\n", (L->x0 + L->x1) / 2, L->y1 + 40);
+    whale_sb_printf(b, "<text transform=\"translate(18 %.1f) rotate(-90)\" text-anchor=\"middle\">",
               (L->y0 + L->y1) / 2);
     sb_text(b, c->spec->ylabel, 60);
-    sb_printf(b, "%s</text>\n</g>\n", log_y ? " (log scale)" : "");
+    whale_sb_printf(b, "%s</text>\n</g>\n", log_y ? " (log scale)" : "");
 
     /* faint raw lines under their averages, val curves and markers on top */
     const char *lc = "fill=\"none\" stroke-linejoin=\"round\" stroke-linecap=\"round\"";
@@ -843,7 +807,7 @@ static void emit_svg(sbuf *b, const plot_chart *c, const plot_layout *L) {
         }
 
     /* legend: a color per run, then how train and val lines look */
-    sb_printf(b,
+    whale_sb_printf(b,
               "<g font-size=\"12\">\n<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" rx=\"4\" "
               "fill=\"#ffffff\" fill-opacity=\"0.9\" stroke=\"#cccccc\"/>\n",
               L->lx, L->ly, L->lw, L->lh);
@@ -852,27 +816,27 @@ static void emit_svg(sbuf *b, const plot_chart *c, const plot_layout *L) {
         const plot_run *run = &c->runs[r];
         int empty = 1;
         for (int k = 0; k < c->spec->nkeys; k++) empty &= finite_count(&run->s[k], log_y) == 0;
-        sb_printf(b,
+        whale_sb_printf(b,
                   "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"3\" "
                   "stroke-linecap=\"round\"/>\n",
                   L->lx + 12, row, L->lx + 34, row, palette[r % 10]);
-        sb_printf(b, "<text x=\"%.1f\" y=\"%.1f\" fill=\"#222\">", L->lx + 42, row + 4);
+        whale_sb_printf(b, "<text x=\"%.1f\" y=\"%.1f\" fill=\"#222\">", L->lx + 42, row + 4);
         sb_text(b, run->name, NAME_MAX_CHARS);
-        sb_printf(b, "%s</text>\n", empty ? " (no data)" : "");
+        whale_sb_printf(b, "%s</text>\n", empty ? " (no data)" : "");
     }
     if (c->any_train && c->any_val) {
-        sb_printf(b,
+        whale_sb_printf(b,
                   "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#777\" stroke-width=\"2\"/>\n"
                   "<text x=\"%.1f\" y=\"%.1f\" fill=\"#555\">train</text>\n",
                   L->lx + 12, row, L->lx + 34, row, L->lx + 42, row + 4);
         row += 18;
-        sb_printf(b,
+        whale_sb_printf(b,
                   "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#777\" stroke-width=\"1.6\" "
                   "stroke-dasharray=\"6 3\"/>\n<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.2\" fill=\"#777\" "
                   "stroke=\"#fff\"/>\n<text x=\"%.1f\" y=\"%.1f\" fill=\"#555\">val</text>\n",
                   L->lx + 12, row, L->lx + 34, row, L->lx + 23, row, L->lx + 42, row + 4);
     }
-    sb_printf(b, "</g>\n</svg>\n");
+    whale_sb_printf(b, "</g>\n</svg>\n");
 }
 
 /* ------------------------------------------------------------ entry points */
@@ -970,7 +934,7 @@ whale_code whale_plot_render(const char *const *inputs, int n, const whale_plot_
 
     plot_layout L;
     choose_legend(&c, &L);
-    sbuf b = {0};
+    whale_sbuf b = {0};
     emit_svg(&b, &c, &L);
     runs_free(runs, n);
     if (b.oom) {
@@ -978,7 +942,7 @@ whale_code whale_plot_render(const char *const *inputs, int n, const whale_plot_
         return whale_errf(err, WHALE_ERR_NOMEM, "plot: out of memory");
     }
     *svg = b.p;
-    if (len) *len = b.n;
+    if (len) *len = b.len;
     return WHALE_OK;
 }
 
