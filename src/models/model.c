@@ -145,6 +145,32 @@ whale_code whale_config_eos(whale_model *m, const cJSON *cfg, const char *file, 
     return WHALE_OK;
 }
 
+whale_code whale_model_new_impl(const whale_family_desc *fam, const whale_model_ops *ops, const char *model_type,
+                                size_t impl_size, whale_model **out, whale_err *err) {
+    *out = NULL;
+    whale_model *m = calloc(1, sizeof *m);
+    void *impl = calloc(1, impl_size);
+    if (!m || !impl) {
+        free(m);
+        free(impl);
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    }
+    m->family = fam;
+    m->ops = ops;
+    m->model_type = model_type;
+    m->impl = impl;
+    *out = m;
+    return WHALE_OK;
+}
+
+whale_code whale_model_config_done(whale_model *m, const cJSON *cfg, const char *file, cJSON **config_json, int vocab,
+                                   int max_positions, whale_err *err) {
+    if (!(*config_json = cJSON_Duplicate(cfg, 1))) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    m->vocab_size = vocab;
+    m->max_positions = max_positions;
+    return whale_config_eos(m, cfg, file, err); /* a number or a list */
+}
+
 whale_code whale_model_alloc_params(whale_model *m, whale_err *err) {
     size_t total = 0;
     for (int i = 0; i < m->n_params; i++) total += ((size_t)param_numel(&m->params[i]) + 15) & ~(size_t)15;

@@ -549,6 +549,16 @@ typedef struct {
 } whale_dense_hparams;
 whale_code whale_dense_hparams_of(const whale_model *m, whale_dense_hparams *out, whale_err *err);
 
+/* The frame of every family's from_config: a model with its family, ops,
+ * model_type and impl_size zeroed bytes of impl (freed by ops->free_impl);
+ * then, once the family has read its config and registered its parameters,
+ * the config kept (a copy into *config_json) with the vocabulary, the
+ * positions and the end-of-sequence ids. The caller frees m on an error. */
+whale_code whale_model_new_impl(const whale_family_desc *fam, const whale_model_ops *ops, const char *model_type,
+                                size_t impl_size, whale_model **out, whale_err *err);
+whale_code whale_model_config_done(whale_model *m, const cJSON *cfg, const char *file, cJSON **config_json, int vocab,
+                                   int max_positions, whale_err *err);
+
 /* Family entry points behind whale_family_desc.from_config. */
 whale_code nanowhale_from_config(const cJSON *cfg, const char *file, whale_model **out, whale_err *err);
 whale_code qwen2_from_config(const cJSON *cfg, const char *file, whale_model **out, whale_err *err);

@@ -1220,37 +1220,14 @@ static const whale_model_ops nw_ops = {
 };
 
 whale_code nanowhale_from_config(const cJSON *cfg, const char *file, whale_model **out, whale_err *err) {
-    *out = NULL;
-    whale_model *m = calloc(1, sizeof *m);
-    nw_model *nw = calloc(1, sizeof *nw);
-    if (!m || !nw) {
-        free(m);
-        free(nw);
-        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
-    }
-    m->family = &whale_family_nanowhale;
-    m->model_type = "deepseek_v4";
-    m->ops = &nw_ops;
-    m->impl = nw;
-    whale_code e = parse_config(cfg, file, &nw->c, err);
+    whale_model *m;
+    whale_code e = whale_model_new_impl(&whale_family_nanowhale, &nw_ops, "deepseek_v4", sizeof(nw_model), &m, err);
+    if (e) return e;
+    nw_model *nw = m->impl;
+    e = parse_config(cfg, file, &nw->c, err);
+    if (!e) e = register_params(m, nw, err); /* RoPE tables are built by the first session, for its context */
+    if (!e) e = whale_model_config_done(m, cfg, file, &nw->config_json, nw->c.vocab, nw->c.max_pos, err);
     if (e) {
-        whale_model_free(m);
-        return e;
-    }
-    const nw_config *c = &nw->c;
-    nw->config_json = cJSON_Duplicate(cfg, 1);
-    if (!nw->config_json) {
-        whale_model_free(m);
-        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
-    }
-    /* RoPE tables are built by the first session, for its context */
-    if ((e = register_params(m, nw, err))) {
-        whale_model_free(m);
-        return e;
-    }
-    m->vocab_size = c->vocab;
-    m->max_positions = c->max_pos;
-    if ((e = whale_config_eos(m, cfg, file, err))) { /* a number or a list */
         whale_model_free(m);
         return e;
     }

@@ -1034,31 +1034,20 @@ static const whale_model_ops qw_ops = {
 };
 
 whale_code qwen2_from_config(const cJSON *cfg, const char *file, whale_model **out, whale_err *err) {
-    *out = NULL;
-    whale_model *m = calloc(1, sizeof *m);
-    qw_model *qw = calloc(1, sizeof *qw);
-    if (!m || !qw) {
-        free(m);
-        free(qw);
-        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
-    }
-    m->family = &whale_family_dense;
-    m->ops = &qw_ops;
-    m->impl = qw;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(cfg, "model_type");
+    qw_variant variant = QW_QWEN2;
     for (int k = 0; k < QW_VARIANTS; k++)
-        if (cJSON_IsString(mt) && !strcmp(mt->valuestring, variants[k].model_type)) qw->c.variant = (qw_variant)k;
-    m->model_type = variants[qw->c.variant].model_type;
-    whale_code e = parse_config(cfg, file, &qw->c, err);
-    const qw_config *c = &qw->c;
-    if (!e && !(qw->config_json = cJSON_Duplicate(cfg, 1))) e = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
-    /* RoPE tables are built by the first session, for its context */
-    if (!e) e = register_params(m, qw, err);
-    if (!e) {
-        m->vocab_size = c->vocab;
-        m->max_positions = whale_rope_window(&c->rope); /* linear, dynamic, yarn: the window they extend to */
-        e = whale_config_eos(m, cfg, file, err); /* a number or a list */
-    }
+        if (cJSON_IsString(mt) && !strcmp(mt->valuestring, variants[k].model_type)) variant = (qw_variant)k;
+    whale_model *m;
+    whale_code e = whale_model_new_impl(&whale_family_dense, &qw_ops, variants[variant].model_type, sizeof(qw_model),
+                                        &m, err);
+    if (e) return e;
+    qw_model *qw = m->impl;
+    qw->c.variant = variant;
+    e = parse_config(cfg, file, &qw->c, err);
+    if (!e) e = register_params(m, qw, err); /* RoPE tables are built by the first session, for its context */
+    /* linear, dynamic, yarn: the positions are the window they extend to */
+    if (!e) e = whale_model_config_done(m, cfg, file, &qw->config_json, qw->c.vocab, whale_rope_window(&qw->c.rope), err);
     if (e) {
         whale_model_free(m);
         return e;
