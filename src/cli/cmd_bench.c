@@ -1,6 +1,7 @@
 /* whale bench: tokens/s and GFLOP/s of forward, prefill and decode, printed
- * next to the ceiling this machine reaches (oneDNN f32 GEMM rate measured on
- * the spot; for decode the weight bytes per token over the read bandwidth). */
+ * next to the ceiling this machine reaches (the best rate of the dtype's
+ * products at the model's shapes, measured on the spot; for decode the
+ * weight bytes per token over the read rate). */
 #include "cli.h"
 
 #include "whale_bench.h"
@@ -18,13 +19,6 @@ static void print_machine(void) {
     for (char *c = model; *c; c++)
         if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) *c = ' ';
     printf("{\"cpu\": \"%s\", \"isa\": \"%s\", ", model, whale_isa_name(whale_isa_active()));
-}
-
-/* The best GEMM rate of the dtype's products at the model's typical shapes. */
-static double gemm_ceiling(whale_dtype dt, whale_err *err) {
-    double a = whale_measure_gemm_gflops(dt, 1024, 1280, 320, 5, err);
-    double b = a ? whale_measure_gemm_gflops(dt, 1024, 320, 1280, 5, err) : 0;
-    return a > b ? a : b;
 }
 
 static void random_ids(int32_t *ids, size_t n, int vocab, whale_rng *r) {
@@ -60,6 +54,38 @@ typedef struct {
     double best;                         /* the best run's seconds */
     double bw_of[1001], dt_of[1001];     /* decode: each run's read rate (GB/s) and seconds */
 } bench_t;
+
+/* The ceiling of a forward, prefill or training run: the best rate of the
+ * product kind the dtype's layers run, on operands already in its format
+ * (whale_measure_gemm_ceiling), over the model's distinct weight shapes
+ * [N, K] at the run's rows. Weights above CEILING_MAX_VALUES values (a
+ * large vocabulary's embedding and head: prefill multiplies one row by
+ * them) are left out, and so are matrices under 16 × 16. */
+#define CEILING_MAX_VALUES ((int64_t)16 << 20)
+#define CEILING_SHAPES 16
+
+static double gemm_ceiling(const bench_t *b, whale_err *err) {
+    const long rows = b->mode == BENCH_PREFILL ? b->seq : b->batch * b->seq;
+    const int M = rows < 4096 ? (int)rows : 4096;
+    int64_t shape[CEILING_SHAPES][2];
+    int n = 0;
+    for (int i = 0; i < whale_model_num_params(b->m) && n < CEILING_SHAPES; i++) {
+        const whale_tensor t = whale_model_param(b->m, i);
+        if (t.ndim < 2) continue;
+        const int64_t N = t.shape[t.ndim - 2], K = t.shape[t.ndim - 1];
+        int seen = N < 16 || K < 16 || N * K > CEILING_MAX_VALUES;
+        for (int j = 0; j < n && !seen; j++) seen = shape[j][0] == N && shape[j][1] == K;
+        if (!seen) shape[n][0] = N, shape[n][1] = K, n++;
+    }
+    double best = 0;
+    for (int j = 0; j < n; j++) {
+        const double r = whale_measure_gemm_ceiling(b->dtype, M, (int)shape[j][0], (int)shape[j][1], 5, err);
+        if (!r) return 0;
+        if (r > best) best = r;
+    }
+    if (!n) whale_errf(err, WHALE_ERR_ARG, "%s: no weight matrix to measure a ceiling on", b->label);
+    return best;
+}
 
 /* 0, -1 after --help, or the usage status. */
 static int bench_parse(int argc, char **argv, bench_t *b) {
@@ -261,8 +287,8 @@ int cmd_bench(int argc, char **argv) {
     b->label = b->dir ? b->dir : b->preset;
     whale_err err;
     if (bench_load(b, &err)) goto fail;
-    double ceiling = gemm_ceiling(b->dtype, &err);
-    if (bench_time(b, &err)) goto fail;
+    double ceiling = b->mode == BENCH_DECODE ? 0 : gemm_ceiling(b, &err);
+    if ((b->mode != BENCH_DECODE && !ceiling) || bench_time(b, &err)) goto fail;
     if (b->profile) print_profile(b);
     if (b->mode == BENCH_DECODE) print_decode(b);
     else print_rate(b, ceiling);

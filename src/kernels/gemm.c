@@ -53,6 +53,7 @@ whale_code gemm_scratch_reserve(scratch *sc, size_t n, size_t size, const gemm_c
  * subnormals kept. */
 static int dnnl_bf16_ok; /* set with oneDNN's cap (whale_gemm_new): it runs at avx512_core or above */
 static int dnnl_has_bf16(void) { return dnnl_bf16_ok && whale_isa_at_least(WHALE_ISA_AVX512); }
+int gemm_dnnl_has_bf16(void) { return dnnl_has_bf16(); }
 
 /* The path of the f32 products standing in for bf16 ones: forced own
  * kernels stay forced, the rest follows the caller's choice. */
