@@ -11,6 +11,12 @@
  * type w (fp32, bf16, fp16 or int8), on buffers of its own after one
  * untimed call; 0 with err set when it cannot run. */
 double whale_measure_gemm_gflops(whale_dtype w, int M, int N, int K, int reps, whale_err *err);
+/* The ceiling of a model's products with weights of type w: best GFLOP/s
+ * over reps of the product kind its layers run, on operands already in
+ * that kind's format (bf16 and int8: oneDNN's bf16 product on bf16 A and
+ * W, as int8 products convert W to bf16 first; fp32 and fp16: the fp32
+ * product), [M,K] x [N,K]^T; 0 with err set when it cannot run. */
+double whale_measure_gemm_ceiling(whale_dtype w, int M, int N, int K, int reps, whale_err *err);
 /* Streaming read bandwidth in GB/s over a buffer of `bytes`, read by the
  * current OpenMP threads, each walking four distant parts of its share side
  * by side (the decode kernels' pattern); best of reps. Returns 0 on

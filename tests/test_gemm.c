@@ -991,6 +991,21 @@ static void test_mixed_blocks(void) {
             failed += !run_mixed(g, &u, MX_PATHS, 0, 80 + kind);
         }
     CHECK(failed == 0, "%d products on many blocks failed", failed);
+    /* nt_q8 in chunks of W's rows handed to the threads: 3 blocks of rows,
+     * 4 or more chunks (uneven with 3 threads), scales applied by oneDNN,
+     * with and without accumulate, at 1, 2 and 3 threads */
+    whale_gemm_set_block_limits(g, 16, 1 << 15);
+    const int threads = whale_get_threads();
+    for (int nthr = 1; nthr <= 3; nthr++) {
+        whale_set_threads(nthr);
+        for (int acc = 0; acc < 2; acc++) {
+            mcase t = {MX_NT_Q8, 40, 50, 150, 3, 2, 1, acc};
+            failed += !run_mixed(g, &t, MX_PATHS, 1, 90 + nthr);
+            failed += !run_mixed(g, &t, MX_PATHS, 0, 95 + nthr);
+        }
+    }
+    whale_set_threads(threads);
+    CHECK(failed == 0, "%d products in chunks failed", failed);
     whale_gemm_set_block_limits(g, 0, 0);
     whale_gemm_free(g);
 }

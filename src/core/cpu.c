@@ -7,10 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
 #if WHALE_X86
 #include <cpuid.h>
 #include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 static const char *const isa_names[WHALE_ISA_COUNT] = {"base", "avx2", "avx512", "avx512_bf16",
@@ -25,7 +26,8 @@ static struct {
     char model[64];
     char extras[64];
     int vbmi;
-} cpu = {PTHREAD_ONCE_INIT, WHALE_ISA_BASE, WHALE_ISA_BASE, "", "", "", 0};
+    size_t l2; /* bytes of one core's L2 cache */
+} cpu = {PTHREAD_ONCE_INIT, WHALE_ISA_BASE, WHALE_ISA_BASE, "", "", "", 0, 0};
 
 const char *whale_isa_name(whale_isa t) {
     return (unsigned)t < WHALE_ISA_COUNT ? isa_names[t] : "unknown";
@@ -109,7 +111,27 @@ static whale_isa detect(void) { return WHALE_ISA_BASE; }
 
 #endif
 
+/* One core's L2 cache as the C library reports it, else as Linux's sysfs
+ * does ("1024K"), else 256 KiB, the smallest of x86-64 processors with
+ * AVX2 (a block sized to it still fits a larger cache). */
+static size_t l2_bytes(void) {
+    long v = -1;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+    if (v > 0) return (size_t)v;
+    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index2/size", "r");
+    char unit = 0;
+    if (f) {
+        if (fscanf(f, "%ld%c", &v, &unit) < 1) v = -1;
+        fclose(f);
+    }
+    if (v > 0 && v < (1L << 30)) return (size_t)v << (unit == 'K' ? 10 : unit == 'M' ? 20 : 0);
+    return (size_t)256 << 10;
+}
+
 static void init_once(void) {
+    cpu.l2 = l2_bytes();
     cpu.detected = detect();
     cpu.active = cpu.detected;
     const char *env = getenv("WHALE_ISA");
@@ -149,6 +171,11 @@ const char *whale_cpu_model(void) {
 int whale_cpu_has_vbmi(void) {
     (void)whale_isa_active();
     return cpu.vbmi;
+}
+
+size_t whale_cpu_l2_bytes(void) {
+    pthread_once(&cpu.once, init_once);
+    return cpu.l2;
 }
 
 const char *whale_cpu_extras(void) {

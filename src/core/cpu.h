@@ -55,4 +55,8 @@ static inline int whale_isa_at_least(whale_isa t) {
  * with the tier; not capped by WHALE_ISA, so callers also check the tier. */
 int whale_cpu_has_vbmi(void);
 
+/* Bytes of one core's L2 cache (sysconf, else sysfs, else 256 KiB): what
+ * blocks meant to stay in cache are sized by. */
+size_t whale_cpu_l2_bytes(void);
+
 #endif

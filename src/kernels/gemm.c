@@ -53,6 +53,7 @@ whale_code gemm_scratch_reserve(scratch *sc, size_t n, size_t size, const gemm_c
  * subnormals kept. */
 static int dnnl_bf16_ok; /* set with oneDNN's cap (whale_gemm_new): it runs at avx512_core or above */
 static int dnnl_has_bf16(void) { return dnnl_bf16_ok && whale_isa_at_least(WHALE_ISA_AVX512); }
+int gemm_dnnl_has_bf16(void) { return dnnl_has_bf16(); }
 
 /* The path of the f32 products standing in for bf16 ones: forced own
  * kernels stay forced, the rest follows the caller's choice. */
@@ -128,14 +129,18 @@ static whale_code gemm_nt_f16(whale_gemm *g, const gemm_call *c, whale_err *err)
 }
 
 /* nt with int8 weights: our kernel for few rows (the vdpbf16ps one with
- * AVX512_BF16 + VBMI, else fp32 FMAs), else bf16 oneDNN on blocks of W
- * converted exactly to bf16, then the scales. */
+ * AVX512_BF16 + VBMI, else fp32 FMAs), else bf16 oneDNN on chunks of W
+ * converted exactly to bf16 by the threads (gemm_nt_q8_chunks), or on
+ * blocks of W, then the scales, when K is too deep or the path forced. */
 static whale_code gemm_nt_q8(whale_gemm *g, const gemm_call *c, whale_err *err) {
     sk_kind k;
     int portable;
     if (gemm_sk_choose(g, KIND_NT_Q8, c->s.M, &k, &portable)) return gemm_own_nt(g, c, 1, k, portable, err);
     if (!dnnl_has_bf16())
         return gemm_converted(g, c, KIND_NT, g->path, CV_F32_BF16R, CV_I8_F32, "cvt_q8", err);
+    int done = 0;
+    whale_code rc = g->path == WHALE_GEMM_AUTO ? gemm_nt_q8_chunks(g, c, &done, err) : WHALE_OK;
+    if (rc || done) return rc;
     return gemm_converted(g, c, KIND_NT_BF16, g->path, CV_F32_BF16, CV_I8_BF16, "cvt_q8", err);
 }
 
@@ -487,6 +492,8 @@ void whale_gemm_free(whale_gemm *g) {
     free(g->sa.p);
     free(g->sb.p);
     free(g->sc.p);
+    for (int i = 0; i < g->n_thread_stream; i++) dnnl_stream_destroy(g->thread_stream[i]);
+    free(g->thread_stream);
     dnnl_stream_destroy(g->stream);
     dnnl_engine_destroy(g->engine);
     free(g);

@@ -95,8 +95,11 @@ whale_code whale_gemm_nt_f16(whale_gemm *g, int M, int N, int K, const float *A,
  * WHALE_GEMM_OWN_MAX_M_NT rows our kernel: int8 converted exactly to bf16
  * in registers (|q| <= 128 needs 8 bits; a vpermi2b table lookup) for
  * vdpbf16ps, or without AVX512_BF16/VBMI widened to fp32 for FMAs. Above
- * that oneDNN bf16 matmul on blocks of W converted exactly to bf16, then
- * the scales (shape rules of whale_gemm_nt_bf16). As for nt_bf16, the
+ * that oneDNN bf16 matmul on chunks of W converted exactly to bf16, each
+ * thread converting and multiplying its own chunks (sized to its L2) with
+ * the scales applied as oneDNN writes C; a K too deep for the scratch
+ * bound, or a forced path, takes blocks of W and the scales after (shape
+ * rules of whale_gemm_nt_bf16). As for nt_bf16, the
  * AVX512_BF16 paths treat subnormal (bf16) A values as zero. A NaN or inf
  * scale poisons its column. Decoding streams half the bytes of bf16
  * weights (bench_gemm --sweep measures it). */

@@ -24,7 +24,8 @@ static dnnl_status_t make_mds(const gemm_key *k, dnnl_memory_desc_t md[3]) {
 #undef DIM
     dnnl_dims_t a_dims = {M, K}, b_dims = {K, N}, c_dims = {M, N};
     dnnl_dims_t a_str = {lda, 1}, b_str = {ldb, 1}, c_str = {ldc, 1};
-    const dnnl_data_type_t in_type = is_bf16_kind(k->kind) ? dnnl_bf16 : dnnl_f32;
+    /* KIND_NT_Q8 here: W already converted to bf16, the scales applied by oneDNN */
+    const dnnl_data_type_t in_type = is_bf16_kind(k->kind) || k->kind == KIND_NT_Q8 ? dnnl_bf16 : dnnl_f32;
     if (layout(k->kind) == KIND_TN) { /* A is stored [K, M] */
         a_str[0] = 1;
         a_str[1] = lda;
@@ -71,6 +72,10 @@ static whale_code entry_create(whale_gemm *g, const gemm_key *key, const gemm_ca
         st = dnnl_post_ops_create(&ops);
         if (st == dnnl_success) st = dnnl_post_ops_append_sum(ops, 1.0f);
         if (st == dnnl_success) st = dnnl_primitive_attr_set_post_ops(attr, ops);
+    }
+    if (st == dnnl_success && key->kind == KIND_NT_Q8) { /* per-column scales, given per call */
+        what = "output_scales";
+        st = dnnl_primitive_attr_set_output_scales(attr, 1, 1 << 1, &DNNL_RUNTIME_F32_VAL);
     }
     if (st == dnnl_success) {
         what = "primitive_desc_create";
@@ -135,47 +140,69 @@ static whale_code cache_get(whale_gemm *g, const gemm_key *key, const gemm_call 
     return WHALE_OK;
 }
 
-whale_code gemm_dnnl_run(whale_gemm *g, const gemm_call *c, int runtime, whale_err *err) {
+whale_code gemm_dnnl_entry(whale_gemm *g, const gemm_call *c, int runtime, gemm_entry **e, whale_err *err) {
     gemm_key key = c->s;
     if (runtime) key.M = key.N = key.K = key.lda = key.ldb = key.ldc = -1;
+    return cache_get(g, &key, c, e, err);
+}
+
+dnnl_status_t gemm_dnnl_exec_runtime(const gemm_entry *e, dnnl_engine_t engine, dnnl_stream_t stream,
+                                     const gemm_call *c, const char **what) {
+    void *ptr[4] = {(void *)c->A, (void *)c->B, c->C, (void *)c->scale};
+    dnnl_memory_t mem[4] = {NULL, NULL, NULL, NULL};
+    dnnl_memory_desc_t md[4];
+    const int n = c->s.kind == KIND_NT_Q8 ? 4 : 3;
+    *what = "memory_desc_init";
+    dnnl_status_t st = make_mds(&c->s, md);
+    if (st == dnnl_success && n == 4) {
+        const dnnl_dims_t dims = {c->s.N};
+        st = dnnl_memory_desc_init_by_tag(&md[3], 1, dims, dnnl_f32, dnnl_a);
+    }
+    for (int i = 0; i < n && st == dnnl_success; i++) {
+        *what = "memory_create";
+        st = dnnl_memory_create(&mem[i], &md[i], engine, ptr[i]);
+    }
+    if (st == dnnl_success) {
+        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, mem[0]},
+                                   {DNNL_ARG_WEIGHTS, mem[1]},
+                                   {DNNL_ARG_DST, mem[2]},
+                                   {DNNL_ARG_ATTR_OUTPUT_SCALES, mem[3]}};
+        *what = "primitive_execute";
+        st = dnnl_primitive_execute(e->prim, stream, n, args);
+    }
+    if (st == dnnl_success) {
+        *what = "stream_wait";
+        st = dnnl_stream_wait(stream);
+    }
+    for (int i = 0; i < n; i++)
+        if (mem[i]) dnnl_memory_destroy(mem[i]);
+    return st;
+}
+
+whale_code gemm_dnnl_run(whale_gemm *g, const gemm_call *c, int runtime, whale_err *err) {
     gemm_entry *e;
-    whale_code rc = cache_get(g, &key, c, &e, err);
+    whale_code rc = gemm_dnnl_entry(g, c, runtime, &e, err);
     if (rc) return rc;
     g->stats.calls++;
-
-    void *ptr[3] = {(void *)c->A, (void *)c->B, c->C};
-    dnnl_memory_t mem[3] = {NULL, NULL, NULL};
     const char *what = "memory_set_data_handle";
     dnnl_status_t st = dnnl_success;
-    if (runtime) { /* the shape is only known now: describe it per call */
-        dnnl_memory_desc_t md[3];
-        what = "memory_desc_init";
-        st = make_mds(&c->s, md);
-        for (int i = 0; i < 3 && st == dnnl_success; i++) {
-            what = "memory_create";
-            st = dnnl_memory_create(&mem[i], &md[i], g->engine, ptr[i]);
+    if (runtime) /* the shape is only known now: described per call */
+        st = gemm_dnnl_exec_runtime(e, g->engine, g->stream, c, &what);
+    else {
+        void *ptr[3] = {(void *)c->A, (void *)c->B, c->C};
+        for (int i = 0; i < 3 && st == dnnl_success; i++) st = dnnl_memory_set_data_handle(e->mem[i], ptr[i]);
+        if (st == dnnl_success) {
+            dnnl_exec_arg_t args[3] = {
+                {DNNL_ARG_SRC, e->mem[0]}, {DNNL_ARG_WEIGHTS, e->mem[1]}, {DNNL_ARG_DST, e->mem[2]}};
+            what = "primitive_execute";
+            st = dnnl_primitive_execute(e->prim, g->stream, 3, args);
         }
-    } else {
-        for (int i = 0; i < 3 && st == dnnl_success; i++) {
-            mem[i] = e->mem[i];
-            st = dnnl_memory_set_data_handle(mem[i], ptr[i]);
+        if (st == dnnl_success) {
+            what = "stream_wait";
+            st = dnnl_stream_wait(g->stream);
         }
     }
-    if (st == dnnl_success) {
-        dnnl_exec_arg_t args[3] = {
-            {DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]}, {DNNL_ARG_DST, mem[2]}};
-        what = "primitive_execute";
-        st = dnnl_primitive_execute(e->prim, g->stream, 3, args);
-    }
-    if (st == dnnl_success) {
-        what = "stream_wait";
-        st = dnnl_stream_wait(g->stream);
-    }
-    if (runtime)
-        for (int i = 0; i < 3; i++)
-            if (mem[i]) dnnl_memory_destroy(mem[i]);
     if (st != dnnl_success) return gemm_dnnl_fail(err, c, what, st);
     memcpy(g->last_impl, e->impl, sizeof g->last_impl);
     return WHALE_OK;
 }
-

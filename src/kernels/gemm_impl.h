@@ -93,6 +93,8 @@ struct whale_gemm {
     scratch sa, sb, sc;
     int block_mn;       /* gemm_converted block limits; 0: the defaults */
     size_t block_bytes;
+    dnnl_stream_t *thread_stream; /* one per thread of gemm_nt_q8_chunks */
+    int n_thread_stream;
 };
 
 /* One product as requested by the caller. */
@@ -141,6 +143,9 @@ static inline int own_path(whale_gemm_path p) {
 whale_code gemm_scratch_reserve(scratch *sc, size_t n, size_t size, const gemm_call *c, whale_err *err);
 whale_code gemm_f32(whale_gemm *g, const gemm_call *c, whale_gemm_path path, whale_err *err);
 whale_gemm_path gemm_bf16_auto(int kind, int M);
+/* Does oneDNN compute bf16 products at the active tier (else f32 ones on
+ * widened blocks stand in)? */
+int gemm_dnnl_has_bf16(void);
 
 /* gemm_rows.c: does our kernel compute an nt product of this kind with M
  * rows, and which one (k, portable)? The products c[0..n) (validated, one
@@ -153,6 +158,13 @@ void gemm_own_nn_tn(const gemm_call *c);
  * one-for-all-shapes entry of its kind, else an exact-shape one); an
  * entry's primitive and memories released; the error of a failed call. */
 whale_code gemm_dnnl_run(whale_gemm *g, const gemm_call *c, int runtime, whale_err *err);
+/* The cached primitive gemm_dnnl_run would use for c; c on a runtime
+ * entry's primitive with memory objects of its own: safe to call from
+ * several threads at once, each with its own stream (inside a parallel
+ * region oneDNN runs on the calling thread alone). */
+whale_code gemm_dnnl_entry(whale_gemm *g, const gemm_call *c, int runtime, gemm_entry **e, whale_err *err);
+dnnl_status_t gemm_dnnl_exec_runtime(const gemm_entry *e, dnnl_engine_t engine, dnnl_stream_t stream,
+                                     const gemm_call *c, const char **what);
 void gemm_entry_clear(gemm_entry *e);
 whale_code gemm_dnnl_fail(whale_err *err, const gemm_call *c, const char *what, dnnl_status_t st);
 
@@ -161,5 +173,9 @@ whale_code gemm_dnnl_fail(whale_err *err, const gemm_call *c, const char *what, 
  * opening comment has the details). */
 whale_code gemm_converted(whale_gemm *g, const gemm_call *c, int inner, whale_gemm_path path, conv ca, conv cb,
                           const char *tag, whale_err *err);
+/* nt_q8 on oneDNN bf16 products of chunks of W, each thread converting and
+ * multiplying its own chunks (its opening comment has the details); *done
+ * 0 when K does not fit the scratch bound whole (gemm_converted then). */
+whale_code gemm_nt_q8_chunks(whale_gemm *g, const gemm_call *c, int *done, whale_err *err);
 
 #endif

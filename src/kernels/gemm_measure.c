@@ -63,6 +63,51 @@ double whale_gemm_measure_gflops_dtype(whale_gemm *g, whale_dtype dt, int M, int
     return best;
 }
 
+/* Best GFLOP/s of the oneDNN bf16 nt product on A and W already in bf16
+ * (the auto path's primitive for M rows); 0 when it cannot run. */
+static double measure_bf16_ready(whale_gemm *g, int M, int N, int K, int reps) {
+    size_t na, nw, nc;
+    if (!whale_mul_size((size_t)M, (size_t)K, &na) || !whale_mul_size((size_t)N, (size_t)K, &nw) ||
+        !whale_mul_size((size_t)M, (size_t)N, &nc) || nc > SIZE_MAX / 4)
+        return 0;
+    uint16_t *A = whale_alloc(na * sizeof(uint16_t)), *W = whale_alloc(nw * sizeof(uint16_t));
+    float *C = whale_alloc(nc * sizeof(float));
+    double best = 0;
+    if (A && W && C) {
+        for (size_t i = 0; i < na; i++) A[i] = whale_float_to_bf16((float)((int)(i % 17) - 8) * 0.0625f);
+        for (size_t i = 0; i < nw; i++) W[i] = whale_float_to_bf16((float)((int)(i % 13) - 6) * 0.0625f);
+        const gemm_call c = {{KIND_NT_BF16, 0, M, N, K, K, K, N}, A, W, C, NULL};
+        const int runtime = gemm_bf16_auto(KIND_NT_BF16, M) == WHALE_GEMM_DNNL_RUNTIME;
+        whale_err err;
+        for (int r = -1; r < reps; r++) { /* r = -1: untimed warm-up */
+            const double t0 = whale_now();
+            if (gemm_dnnl_run(g, &c, runtime, &err)) {
+                best = 0;
+                break;
+            }
+            const double gf = 2.0 * M * N * (double)K / (whale_now() - t0) * 1e-9;
+            if (r >= 0 && gf > best) best = gf;
+        }
+    }
+    free(A);
+    free(W);
+    free(C);
+    return best;
+}
+
+double whale_measure_gemm_ceiling(whale_dtype w, int M, int N, int K, int reps, whale_err *err) {
+    whale_gemm *g;
+    if (M <= 0 || N <= 0 || K <= 0 || whale_gemm_new(&g, err)) return 0;
+    if (reps < 1) reps = 1;
+    /* bf16 and int8 layers run oneDNN bf16 products, when the tier has
+     * them; fp16 layers and the rest f32 ones */
+    const int bf16 = (w == WHALE_BF16 || w == WHALE_I8) && gemm_dnnl_has_bf16();
+    double r = bf16 ? measure_bf16_ready(g, M, N, K, reps) : whale_gemm_measure_gflops_dtype(g, WHALE_F32, M, N, K, reps);
+    whale_gemm_free(g);
+    if (!r) whale_errf(err, WHALE_ERR_ARG, "cannot measure the %s ceiling at %d x %d x %d", whale_dtype_name(w), M, N, K);
+    return r;
+}
+
 double whale_gemm_measure_gflops(whale_gemm *g, int M, int N, int K, int reps) {
     return whale_gemm_measure_gflops_dtype(g, WHALE_F32, M, N, K, reps);
 }
