@@ -89,9 +89,11 @@ void whale_dist_abort(int status) {
 /* How a rank waits for a request: moving data (polled flat out, counted as
  * exchange time), for the other ranks to arrive (sleeping between polls
  * after the first millisecond, leaving the processor to them; counted as
- * waiting), or for rank 0's own work — a checkpoint, the
- * start — (sleeping, ten times the bound, not counted). */
-typedef enum { WAIT_MOVE, WAIT_PEERS, WAIT_LEADER } wait_mode;
+ * waiting), for buckets of gradients that other ranks may still be
+ * computing (sleeping so, but counted as exchange time: the two cannot be
+ * told apart), or for rank 0's own work — a checkpoint, the start —
+ * (sleeping, ten times the bound, not counted). */
+typedef enum { WAIT_MOVE, WAIT_PEERS, WAIT_BUCKETS, WAIT_LEADER } wait_mode;
 
 /* The ranks behind requests rq[0..n) that have not completed, as "rank 1"
  * or "ranks 1, 3" (peer[i]: the rank of request i, -1 for none); "" when
@@ -133,7 +135,7 @@ static whale_code wait_for(MPI_Request *rq, int n, const int *peer, const char *
         }
         if (mode != WAIT_MOVE && waited > 1e-3) nanosleep(&(struct timespec){0, 100000}, NULL);
     }
-    if (mode == WAIT_MOVE) world.seconds += whale_now() - t0;
+    if (mode == WAIT_MOVE || mode == WAIT_BUCKETS) world.seconds += whale_now() - t0;
     if (mode == WAIT_PEERS) world.waited += whale_now() - t0;
     return WHALE_OK;
 }
@@ -296,7 +298,7 @@ whale_code whale_dist_reqs_test(whale_dist_reqs *q, int *done, const char *what,
 }
 
 whale_code whale_dist_reqs_wait(whale_dist_reqs *q, const char *what, int64_t step, whale_err *err) {
-    whale_code c = wait_for(q->rq, q->n, q->peer, what, step, WAIT_MOVE, err);
+    whale_code c = wait_for(q->rq, q->n, q->peer, what, step, WAIT_BUCKETS, err);
     if (!c) q->n = 0;
     return c;
 }

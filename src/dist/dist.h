@@ -52,8 +52,10 @@ whale_code whale_grad_sum_add(whale_grad_sum *g, const float *grad, int first, i
  * for all (for at most the exchange timeout, naming a rank whose data did
  * not arrive). The pieces of each element are added in rank order, as in
  * whale_grad_sum_add: the same bits. Two buckets at a time receive, into
- * the exchange buffer (grown to 2 × floats if smaller); sends go straight
- * from the gradient, which must not change until end. */
+ * the exchange buffer (grown to 2 × floats if smaller); the next one's
+ * receives are posted when a slot frees (the backward pass never waits for
+ * them). Sends go straight from the gradient, which must not change until
+ * end. */
 whale_code whale_grad_sum_set_buckets(whale_grad_sum *g, size_t floats, whale_err *err);
 /* Floats in mb MiB, at least one (--bucket-mb). */
 size_t whale_bucket_floats(double mb);
@@ -136,9 +138,11 @@ whale_code whale_dist_irecv_f32(whale_dist_reqs *q, float *buf, size_t n, int pe
 /* Progress the set without waiting: *done 1 when every request has
  * completed (the set is then empty again). */
 whale_code whale_dist_reqs_test(whale_dist_reqs *q, int *done, const char *what, whale_err *err);
-/* Wait for every request for at most the exchange timeout, polling; past
- * it, an error naming the ranks whose data has not arrived (dead or hung).
- * The time counts as moving data in whale_dist_stats. */
+/* Wait for every request for at most the exchange timeout, polling (and
+ * after the first millisecond sleeping between polls, leaving the
+ * processor to a rank still computing); past it, an error naming the ranks
+ * whose data has not arrived (dead or hung). The time counts as moving
+ * data in whale_dist_stats (it includes waiting for a slower rank). */
 whale_code whale_dist_reqs_wait(whale_dist_reqs *q, const char *what, int64_t step, whale_err *err);
 
 /* Every rank's k doubles, rank-major: all[r·k + j] is rank r's mine[j];

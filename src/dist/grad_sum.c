@@ -14,11 +14,12 @@
  * finished it. Its part in each rank's shard goes to that rank. */
 typedef struct {
     size_t lo, hi;         /* elements [lo, hi) of the vector */
-    int slot;              /* the receive slot holding the other ranks' pieces of its part in this rank's shard; −1: none */
+    int slot;              /* the receive slot of the other ranks' pieces of its part in this rank's shard,
+                              NO_RECV (none, or added) or RECV_LATER (waiting for a slot) */
     whale_dist_reqs *recv; /* those receives */
 } bucket;
 
-enum { SLOTS = 2, TAG_BUCKET = 7002 };
+enum { SLOTS = 2, TAG_BUCKET = 7002, NO_RECV = -1, RECV_LATER = -2 };
 
 struct whale_grad_sum {
     size_t n;           /* elements of the vector */
@@ -34,8 +35,8 @@ struct whale_grad_sum {
     size_t slot_len;        /* elements of a receive slot: (size − 1) pieces of at most min(bucket, shard) */
     float *slots;           /* [SLOTS × slot_len]: recv */
     int slot_used[SLOTS];
-    bucket *b;              /* this round's buckets in the order sent; [done, nb) may still receive */
-    int nb, cap, done;
+    bucket *b;              /* this round's buckets in the order sent: [0, done) added, [posted, nb) not received into yet */
+    int nb, cap, done, posted;
     whale_dist_reqs *sends; /* this round's sends */
     const float *grad;      /* this round's gradient */
     int first;
@@ -229,7 +230,7 @@ int whale_grad_sum_buckets(const whale_grad_sum *g) { return g->bucket != 0; }
 void whale_grad_sum_begin(whale_grad_sum *g, const float *grad, int first, int64_t step) {
     assert(g->bucket && g->done == g->nb && !whale_dist_reqs_count(g->sends));
     g->grad = grad, g->first = first, g->step = step;
-    g->nb = g->done = 0;
+    g->nb = g->done = g->posted = 0;
     g->pend_lo = g->pend_hi = g->sent = 0;
 }
 
@@ -249,33 +250,60 @@ static void add_bucket(whale_grad_sum *g, bucket *k) {
     for (int r = 0; r < P; r++) piece[r] = r == g->rank ? g->grad + a : in + (size_t)(r - (r > g->rank)) * (e - a);
     add_pieces(g->acc + (a - g->off[g->rank]), piece, P, e - a, g->first);
     g->slot_used[k->slot] = 0;
-    k->slot = -1;
+    k->slot = NO_RECV;
 }
 
 /* Past the buckets that have nothing more to receive. */
 static void advance(whale_grad_sum *g) {
-    while (g->done < g->nb && g->b[g->done].slot < 0) g->done++;
+    while (g->done < g->nb && g->b[g->done].slot == NO_RECV) g->done++;
 }
 
-/* Add the buckets whose pieces have all arrived, without waiting. */
+/* Post the receives of the buckets waiting for a slot, in the order sent
+ * (the messages from one rank match its receives in that order), while
+ * slots are free. */
+static whale_code post_receives(whale_grad_sum *g, whale_err *err) {
+    for (; g->posted < g->nb; g->posted++) {
+        bucket *k = &g->b[g->posted];
+        if (k->slot == NO_RECV) continue;
+        int slot = -1;
+        for (int q = 0; q < SLOTS && slot < 0; q++)
+            if (!g->slot_used[q]) slot = q;
+        if (slot < 0) return WHALE_OK;
+        size_t a, e;
+        part_of(g, g->rank, k->lo, k->hi, &a, &e);
+        for (int r = 0; r < g->size; r++) /* the other ranks' pieces of this rank's part, in rank order */
+            if (r != g->rank) {
+                float *in = g->slots + (size_t)slot * g->slot_len + (size_t)(r - (r > g->rank)) * (e - a);
+                whale_code c = whale_dist_irecv_f32(k->recv, in, e - a, r, TAG_BUCKET, "gradient exchange", err);
+                if (c) return c;
+            }
+        k->slot = slot;
+        g->slot_used[slot] = 1;
+    }
+    return WHALE_OK;
+}
+
+/* Add the buckets whose pieces have all arrived and post the receives of
+ * those waiting for their slots, without waiting. */
 static whale_code poll_buckets(whale_grad_sum *g, whale_err *err) {
-    for (int i = g->done; i < g->nb; i++) {
+    for (int i = g->done; i < g->posted; i++) {
         int done = 0;
         whale_code c = g->b[i].slot < 0 ? WHALE_OK : whale_dist_reqs_test(g->b[i].recv, &done, "gradient exchange", err);
         if (c) return c;
         if (done) add_bucket(g, &g->b[i]);
     }
     advance(g);
-    return WHALE_OK;
+    return post_receives(g, err);
 }
 
 /* Wait for the oldest bucket still receiving (for at most the exchange
  * timeout) and add it. */
 static whale_code finish_oldest(whale_grad_sum *g, whale_err *err) {
     advance(g);
-    assert(g->done < g->nb);
+    whale_code c = post_receives(g, err); /* the buckets before it are done: a slot is free */
+    assert(c || (g->done < g->nb && g->b[g->done].slot >= 0));
     bucket *k = &g->b[g->done];
-    whale_code c = whale_dist_reqs_wait(k->recv, "gradient exchange", g->step, err);
+    if (!c) c = whale_dist_reqs_wait(k->recv, "gradient exchange", g->step, err);
     if (!c) add_bucket(g, k);
     advance(g);
     return c;
@@ -295,26 +323,16 @@ static whale_code grow_buckets(whale_grad_sum *g, whale_err *err) {
 }
 
 /* Send bucket [lo, hi): each other rank's part of it to that rank, and
- * receive the other ranks' pieces of this rank's part into a free slot
- * (waiting for the oldest bucket to free one if both are in use). */
+ * receive the other ranks' pieces of this rank's part into a free slot —
+ * or later, when one frees: the backward pass never waits here (a sender
+ * whose receiver has not posted yet keeps its data until it does). */
 static whale_code send_bucket(whale_grad_sum *g, size_t lo, size_t hi, whale_err *err) {
     whale_code c = grow_buckets(g, err);
+    if (c) return c;
     size_t a, e;
     part_of(g, g->rank, lo, hi, &a, &e);
-    int slot = -1;
-    while (!c && a < e && slot < 0) {
-        for (int q = 0; q < SLOTS && slot < 0; q++)
-            if (!g->slot_used[q]) slot = q;
-        if (slot < 0) c = finish_oldest(g, err);
-    }
-    bucket *k = c ? NULL : &g->b[g->nb];
-    if (k) *k = (bucket){lo, hi, slot, k->recv};
-    for (int r = 0; !c && slot >= 0 && r < g->size; r++) /* the pieces of this rank's part */
-        if (r != g->rank)
-            c = whale_dist_irecv_f32(k->recv, g->slots + (size_t)slot * g->slot_len + (size_t)(r - (r > g->rank)) * (e - a),
-                                     e - a, r, TAG_BUCKET, "gradient exchange", err);
-    if (!c && slot >= 0) g->slot_used[slot] = 1;
-    if (k) g->nb++;
+    bucket *k = &g->b[g->nb++];
+    *k = (bucket){lo, hi, a < e ? RECV_LATER : NO_RECV, k->recv};
     for (int r = 0; !c && r < g->size; r++) { /* this rank's pieces of the others' parts */
         size_t ra, re;
         part_of(g, r, lo, hi, &ra, &re);
@@ -324,7 +342,7 @@ static whale_code send_bucket(whale_grad_sum *g, size_t lo, size_t hi, whale_err
         }
     }
     g->sent += hi - lo;
-    return c;
+    return c ? c : post_receives(g, err);
 }
 
 whale_code whale_grad_sum_ready(whale_grad_sum *g, size_t lo, size_t hi, whale_err *err) {

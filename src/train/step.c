@@ -640,8 +640,9 @@ whale_code whale_step_load_moments(const char *path, const whale_model *m, whale
 
 /* The metrics' fields for several ranks: each rank's tokens per second of
  * its own compute (time in and waiting for exchanges left out), and rank 0's
- * seconds moving data, seconds waiting, and bytes sent in exchanges. Every
- * rank calls it at the same steps. */
+ * seconds moving data, seconds waiting, and bytes sent in exchanges (with
+ * buckets also those sent during backward passes). Every rank calls it at
+ * the same steps. */
 whale_code whale_step_dist_metrics(FILE *f, const whale_grad_sum *sum, double rank_tokens, double t_train,
                                    whale_err *err) {
     int N = whale_dist_size();
