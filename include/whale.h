@@ -511,6 +511,9 @@ typedef struct {
 } whale_memory;
 
 typedef enum { WHALE_TRAIN_NONE = 0, WHALE_TRAIN_FULL, WHALE_TRAIN_LORA } whale_train_kind;
+/* MiB per gradient bucket sent during the backward pass on several ranks
+ * by default (--bucket-mb), as PyTorch DDP's bucket_cap_mb. */
+#define WHALE_BUCKET_MB 25.0
 typedef struct {
     whale_dtype dtype;
     whale_train_kind train;
@@ -521,6 +524,7 @@ typedef struct {
     int grad_accum;     /* training: micro-batches per step (0 or 1: one) */
     int ranks;          /* training on that many ranks (0 or 1: one process): per rank */
     int zero;           /* 1: the AdamW moments sharded over the ranks (--zero 1) */
+    double bucket_mb;   /* on ranks: MiB per gradient bucket sent during the backward pass (--bucket-mb); 0: none */
 } whale_memory_plan;
 
 /* Estimate for a preset, config .json or model directory, without

@@ -161,12 +161,14 @@ static const char memory_help[] =
     "  --grad-accum A (1)  --ranks N (1)  --zero 0|1 (0)   training on N ranks, per rank; --zero 1\n"
     "              shards the AdamW moments over them, and in bf16/fp16 the product weights' fp32\n"
     "              masters (as mpirun -np N whale train --zero 1)\n"
+    "  --bucket-mb M (25)  on N ranks: the gradient buckets sent during the backward pass (0: none)\n"
     "  --measure   also run it (random weights, one step) and print the peak resident memory\n"
     "  --json      one JSON object instead of the table";
 
 int cmd_memory(int argc, char **argv) {
     const char *config = NULL, *train = NULL;
-    whale_memory_plan p = {.dtype = WHALE_F32, .train = WHALE_TRAIN_NONE, .lora_rank = 8, .batch = 1, .seq_len = 512};
+    whale_memory_plan p = {.dtype = WHALE_F32, .train = WHALE_TRAIN_NONE, .lora_rank = 8, .batch = 1, .seq_len = 512,
+                            .bucket_mb = WHALE_BUCKET_MB};
     int json = 0, do_measure = 0;
     long rank = 8, batch = 1, seq_len = 512, grad_accum = 0, ranks = 0, zero = 0;
     const cli_opt table[] = {
@@ -179,6 +181,7 @@ int cmd_memory(int argc, char **argv) {
         {"--grad-accum", CLI_LONG, &grad_accum, 1, 65536, NULL},
         {"--ranks", CLI_LONG, &ranks, 1, 1 << 20, NULL},
         {"--zero", CLI_LONG, &zero, 0, 1, NULL},
+        {"--bucket-mb", CLI_DOUBLE, &p.bucket_mb, 0, 4096, NULL},
         {"--recompute", CLI_FLAG, &p.recompute, 0, 0, NULL},
         {"--measure", CLI_FLAG, &do_measure, 0, 0, NULL},
         {"--json", CLI_FLAG, &json, 0, 0, NULL},

@@ -34,6 +34,8 @@ static const char sft_usage[] =
     "      backward pass instead of keeping its activations   --nan-check  --memory-limit GIB  --threads N  --quiet\n"
     "  --zero 0|1 (0): on several ranks (mpirun), 1 shards the AdamW moments over them, and\n"
     "      in bf16/fp16 the fp32 master weights (ZeRO stage 1)\n"
+    "  --bucket-mb M (25): on several ranks, send the gradients in buckets of M MiB while the backward\n"
+    "      pass runs; 0 = in one exchange after it (same results)\n"
     "  booleans are flags or take true|false|1|0; FILE#N draws N samples of FILE (seeded, as ms-swift)\n"
     "  --out DIR (output; alias --output-dir)   --dry-run [N]: show N samples (3) with the trained text in [[ ]]\n"
     "  --resume CKPT (alias --resume-from-checkpoint): continue a run from its checkpoint, same settings,\n"
@@ -167,6 +169,7 @@ static int sft_parse(int argc, char **argv, sft_cli *c, whale_sft_run_opts *o) {
         {"--logging-steps", CLI_LONG, &c->logging_steps, 1, 1L << 40, NULL},
         {"--threads", CLI_LONG, &c->threads, 1, 1024, NULL},
         {"--zero", CLI_LONG, &c->zero, 0, 1, NULL},
+        {"--bucket-mb", CLI_DOUBLE, &o->bucket_mb, 0, 4096, NULL},
         {"--per-device-eval-batch-size", CLI_LONG, &c->eval_batch, 1, 65536, NULL},
         {"--dataloader-num-workers", CLI_LONG, &c->workers, 0, 1024, NULL},
         {"--memory-limit", CLI_DOUBLE, &o->memory_limit, 1e-3, 1e6, NULL},

@@ -98,6 +98,8 @@ static const char train_help[] =
     "  --nan-check             stop at the first NaN/inf in any forward or backward tensor, naming it\n"
     "  --zero 0|1 (0)          on several ranks (mpirun): 1 shards the AdamW moments over them, and\n"
     "                          in bf16/fp16 the fp32 master weights (ZeRO-1)\n"
+    "  --bucket-mb M (25)      on several ranks: send the gradients in buckets of M MiB while the\n"
+    "                          backward pass runs; 0 = in one exchange after it (same results)\n"
     "  --quiet\n"
     "writes RUN_DIR/metrics.jsonl, RUN_DIR/checkpoint-STEP/ and the final model into RUN_DIR";
 
@@ -143,6 +145,7 @@ int cmd_train_model(int argc, char **argv) {
         {"--seed", CLI_LONG, &seed, 0, 9.2e18, NULL},
         {"--threads", CLI_LONG, &threads, 1, 1024, NULL},
         {"--zero", CLI_LONG, &zero, 0, 1, NULL},
+        {"--bucket-mb", CLI_DOUBLE, &o.bucket_mb, 0, 4096, NULL},
         {"--lr", CLI_DOUBLE, &o.lr, 1e-12, 10, NULL},
         {"--warmup-ratio", CLI_DOUBLE, &o.warmup_ratio, 0, 1, NULL},
         {"--weight-decay", CLI_DOUBLE, &o.weight_decay, 0, 10, NULL},

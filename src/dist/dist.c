@@ -4,7 +4,9 @@
 
 #include "core/core.h"
 
+#include <assert.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,9 +89,11 @@ void whale_dist_abort(int status) {
 /* How a rank waits for a request: moving data (polled flat out, counted as
  * exchange time), for the other ranks to arrive (sleeping between polls
  * after the first millisecond, leaving the processor to them; counted as
- * waiting), or for rank 0's own work — a checkpoint, the
- * start — (sleeping, ten times the bound, not counted). */
-typedef enum { WAIT_MOVE, WAIT_PEERS, WAIT_LEADER } wait_mode;
+ * waiting), for buckets of gradients that other ranks may still be
+ * computing (sleeping so, but counted as exchange time: the two cannot be
+ * told apart), or for rank 0's own work — a checkpoint, the start —
+ * (sleeping, ten times the bound, not counted). */
+typedef enum { WAIT_MOVE, WAIT_PEERS, WAIT_BUCKETS, WAIT_LEADER } wait_mode;
 
 /* The ranks behind requests rq[0..n) that have not completed, as "rank 1"
  * or "ranks 1, 3" (peer[i]: the rank of request i, -1 for none); "" when
@@ -131,7 +135,7 @@ static whale_code wait_for(MPI_Request *rq, int n, const int *peer, const char *
         }
         if (mode != WAIT_MOVE && waited > 1e-3) nanosleep(&(struct timespec){0, 100000}, NULL);
     }
-    if (mode == WAIT_MOVE) world.seconds += whale_now() - t0;
+    if (mode == WAIT_MOVE || mode == WAIT_BUCKETS) world.seconds += whale_now() - t0;
     if (mode == WAIT_PEERS) world.waited += whale_now() - t0;
     return WHALE_OK;
 }
@@ -235,6 +239,70 @@ whale_code whale_dist_check_same(uint64_t value, const char *what, whale_err *er
     return WHALE_OK;
 }
 
+struct whale_dist_reqs {
+    MPI_Request *rq;
+    int *peer; /* the rank a receive waits for; −1 for a send */
+    int n, cap;
+};
+
+whale_dist_reqs *whale_dist_reqs_new(void) { return calloc(1, sizeof(whale_dist_reqs)); }
+
+void whale_dist_reqs_free(whale_dist_reqs *q) {
+    if (!q) return;
+    free(q->rq), free(q->peer), free(q);
+}
+
+int whale_dist_reqs_count(const whale_dist_reqs *q) { return q->n; }
+
+/* Room for one more request. */
+static whale_code reqs_grow(whale_dist_reqs *q, whale_err *err) {
+    if (q->n < q->cap) return WHALE_OK;
+    int cap = q->cap ? 2 * q->cap : 8;
+    MPI_Request *rq = realloc(q->rq, sizeof *rq * (size_t)cap);
+    if (rq) q->rq = rq;
+    int *peer = rq ? realloc(q->peer, sizeof *peer * (size_t)cap) : NULL;
+    if (peer) q->peer = peer;
+    if (!rq || !peer) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory for %d exchange requests", cap);
+    q->cap = cap;
+    return WHALE_OK;
+}
+
+whale_code whale_dist_isend_f32(whale_dist_reqs *q, const float *buf, size_t n, int peer, int tag, const char *what,
+                                whale_err *err) {
+    whale_code c = reqs_grow(q, err);
+    if (c) return c;
+    assert(n <= (size_t)INT_MAX);
+    int e = MPI_Isend(buf, (int)n, MPI_FLOAT, peer, tag, MPI_COMM_WORLD, &q->rq[q->n]);
+    if (e != MPI_SUCCESS) return mpi_fail(err, e, what);
+    q->peer[q->n++] = -1;
+    world.bytes += sizeof(float) * (double)n;
+    return WHALE_OK;
+}
+
+whale_code whale_dist_irecv_f32(whale_dist_reqs *q, float *buf, size_t n, int peer, int tag, const char *what,
+                                whale_err *err) {
+    whale_code c = reqs_grow(q, err);
+    if (c) return c;
+    assert(n <= (size_t)INT_MAX);
+    int e = MPI_Irecv(buf, (int)n, MPI_FLOAT, peer, tag, MPI_COMM_WORLD, &q->rq[q->n]);
+    if (e != MPI_SUCCESS) return mpi_fail(err, e, what);
+    q->peer[q->n++] = peer;
+    return WHALE_OK;
+}
+
+whale_code whale_dist_reqs_test(whale_dist_reqs *q, int *done, const char *what, whale_err *err) {
+    int rc = MPI_Testall(q->n, q->rq, done, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) return mpi_fail(err, rc, what);
+    if (*done) q->n = 0;
+    return WHALE_OK;
+}
+
+whale_code whale_dist_reqs_wait(whale_dist_reqs *q, const char *what, int64_t step, whale_err *err) {
+    whale_code c = wait_for(q->rq, q->n, q->peer, what, step, WAIT_BUCKETS, err);
+    if (!c) q->n = 0;
+    return c;
+}
+
 #else /* no MPI: a world of one process */
 
 whale_code whale_dist_init(whale_err *err) {
@@ -295,6 +363,38 @@ whale_code whale_dist_allgather_f64(const double *mine, int k, double *all, cons
 
 whale_code whale_dist_check_same(uint64_t value, const char *what, whale_err *err) {
     (void)value, (void)what, (void)err;
+    return WHALE_OK;
+}
+
+/* One process has no other rank to send to or receive from. */
+struct whale_dist_reqs {
+    int n;
+};
+
+whale_dist_reqs *whale_dist_reqs_new(void) { return calloc(1, sizeof(whale_dist_reqs)); }
+void whale_dist_reqs_free(whale_dist_reqs *q) { free(q); }
+int whale_dist_reqs_count(const whale_dist_reqs *q) { return q->n; }
+
+whale_code whale_dist_isend_f32(whale_dist_reqs *q, const float *buf, size_t n, int peer, int tag, const char *what,
+                                whale_err *err) {
+    (void)q, (void)buf, (void)n, (void)tag;
+    return whale_errf(err, WHALE_ERR_UNSUPPORTED, "%s: no rank %d in a build without MPI", what, peer);
+}
+
+whale_code whale_dist_irecv_f32(whale_dist_reqs *q, float *buf, size_t n, int peer, int tag, const char *what,
+                                whale_err *err) {
+    (void)q, (void)buf, (void)n, (void)tag;
+    return whale_errf(err, WHALE_ERR_UNSUPPORTED, "%s: no rank %d in a build without MPI", what, peer);
+}
+
+whale_code whale_dist_reqs_test(whale_dist_reqs *q, int *done, const char *what, whale_err *err) {
+    (void)q, (void)what, (void)err;
+    *done = 1;
+    return WHALE_OK;
+}
+
+whale_code whale_dist_reqs_wait(whale_dist_reqs *q, const char *what, int64_t step, whale_err *err) {
+    (void)q, (void)what, (void)step, (void)err;
     return WHALE_OK;
 }
 

@@ -32,13 +32,40 @@ whale_code whale_grad_sum_new(size_t n, const size_t *shards, whale_grad_sum **o
 void whale_grad_sum_free(whale_grad_sum *g);
 /* Bytes held: the owned shard's running sum and the exchange buffers. */
 size_t whale_grad_sum_bytes(const whale_grad_sum *g);
-/* The same for n elements on `ranks` ranks, before any is made (whale memory). */
-size_t whale_grad_sum_bytes_for(size_t n, int ranks, int sharded);
+/* The same for n elements on `ranks` ranks, before any is made (whale
+ * memory), with buckets of `floats` (whale_grad_sum_set_buckets; 0: none). */
+size_t whale_grad_sum_bytes_for(size_t n, int ranks, int sharded, size_t floats);
 /* This rank's shard: [*lo, *hi) of the vector. */
 void whale_grad_sum_range(const whale_grad_sum *g, size_t *lo, size_t *hi);
 /* Add this rank's gradient of one round (first: the first round of a sum,
  * which replaces what the shard held). step names the step in messages. */
 whale_code whale_grad_sum_add(whale_grad_sum *g, const float *grad, int first, int64_t step, whale_err *err);
+/* Buckets sent during the backward pass instead of one exchange after it
+ * (whale_grad_sum_add), for buckets of `floats` (0: none; one rank: nothing
+ * to send). A round is then begin, ready for each range of the gradient as
+ * the backward pass finishes it (whale_session_set_grad_ready), and end.
+ * Ready ranges are gathered into buckets of floats / (N − 1) elements (so
+ * that the N − 1 pieces a rank receives of a bucket's part in its shard
+ * fit in `floats`), each one's part in every rank's shard sent to that rank
+ * at once (non-blocking), and every call progresses the transfers and adds
+ * the buckets whose pieces have all arrived; end sends the rest and waits
+ * for all (for at most the exchange timeout, naming a rank whose data did
+ * not arrive). The pieces of each element are added in rank order, as in
+ * whale_grad_sum_add: the same bits. Two buckets at a time receive, into
+ * the exchange buffer (grown to 2 × floats if smaller); the next one's
+ * receives are posted when a slot frees (the backward pass never waits for
+ * them). Sends go straight from the gradient, which must not change until
+ * end. */
+whale_code whale_grad_sum_set_buckets(whale_grad_sum *g, size_t floats, whale_err *err);
+/* Floats in mb MiB, at least one (--bucket-mb). */
+size_t whale_bucket_floats(double mb);
+int whale_grad_sum_buckets(const whale_grad_sum *g);
+void whale_grad_sum_begin(whale_grad_sum *g, const float *grad, int first, int64_t step);
+whale_code whale_grad_sum_ready(whale_grad_sum *g, size_t lo, size_t hi, whale_err *err);
+whale_code whale_grad_sum_end(whale_grad_sum *g, whale_err *err);
+/* Bytes this rank sent in buckets while backward passes ran, so far (the
+ * rest of whale_dist_stats's went after them); 0 without buckets. */
+double whale_grad_sum_bytes_early(const whale_grad_sum *g);
 /* The whole sum into grad (n floats), on every rank. */
 whale_code whale_grad_sum_finish(whale_grad_sum *g, float *grad, int64_t step, whale_err *err);
 /* Instead of finish, with shards: only this rank's shard of the sum, into
@@ -93,6 +120,31 @@ whale_code whale_dist_allgatherv_bytes(const void *send, int n, void *recv, cons
 /* MPI_Gatherv of floats to rank 0 (recv, cnt and dsp are used there only). */
 whale_code whale_dist_gatherv_f32(const float *send, int n, float *recv, const int *cnt, const int *dsp,
                                   const char *what, int64_t step, whale_err *err);
+/* A set of non-blocking sends and receives of floats (point to point, on
+ * the ranks' own tag space: sends to a rank with one tag arrive in the
+ * order they were posted). Buffers must stay valid, and a send's unchanged,
+ * until the set has completed. */
+typedef struct whale_dist_reqs whale_dist_reqs;
+whale_dist_reqs *whale_dist_reqs_new(void); /* NULL: out of memory */
+void whale_dist_reqs_free(whale_dist_reqs *q);
+/* Requests posted and not yet completed by a test or wait. */
+int whale_dist_reqs_count(const whale_dist_reqs *q);
+/* n floats to / from rank peer (n < 2^31); the bytes sent count in
+ * whale_dist_stats. what names the exchange in messages. */
+whale_code whale_dist_isend_f32(whale_dist_reqs *q, const float *buf, size_t n, int peer, int tag, const char *what,
+                                whale_err *err);
+whale_code whale_dist_irecv_f32(whale_dist_reqs *q, float *buf, size_t n, int peer, int tag, const char *what,
+                                whale_err *err);
+/* Progress the set without waiting: *done 1 when every request has
+ * completed (the set is then empty again). */
+whale_code whale_dist_reqs_test(whale_dist_reqs *q, int *done, const char *what, whale_err *err);
+/* Wait for every request for at most the exchange timeout, polling (and
+ * after the first millisecond sleeping between polls, leaving the
+ * processor to a rank still computing); past it, an error naming the ranks
+ * whose data has not arrived (dead or hung). The time counts as moving
+ * data in whale_dist_stats (it includes waiting for a slower rank). */
+whale_code whale_dist_reqs_wait(whale_dist_reqs *q, const char *what, int64_t step, whale_err *err);
+
 /* Every rank's k doubles, rank-major: all[r·k + j] is rank r's mine[j];
  * what names the exchange in messages. */
 whale_code whale_dist_allgather_f64(const double *mine, int k, double *all, const char *what, whale_err *err);

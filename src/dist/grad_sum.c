@@ -10,14 +10,41 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A bucket: a range of the vector sent as soon as the backward pass has
+ * finished it. Its part in each rank's shard goes to that rank. */
+typedef struct {
+    size_t lo, hi;         /* elements [lo, hi) of the vector */
+    int slot;              /* the receive slot of the other ranks' pieces of its part in this rank's shard,
+                              NO_RECV (none, or added) or RECV_LATER (waiting for a slot) */
+    whale_dist_reqs *recv; /* those receives */
+} bucket;
+
+enum { SLOTS = 2, TAG_BUCKET = 7002, NO_RECV = -1, RECV_LATER = -2 };
+
 struct whale_grad_sum {
     size_t n;           /* elements of the vector */
     int size, rank;
     size_t *off;        /* [size + 1]: rank r owns [off[r], off[r+1]) */
     size_t chunk;       /* elements per rank and exchange */
     float *acc;         /* the owned shard's running sum */
-    float *send, *recv; /* [size × chunk] each, with more than one rank (send: above 2^31 elements) */
+    float *send;        /* [size × chunk] with more than one rank, above 2^31 elements */
+    float *recv;        /* [size × chunk], or the buckets' receive slots when larger (used in turn) */
     float *piece;       /* [chunk]: this rank's piece of a vector gathered from spans (shards given) */
+    /* buckets sent during the backward pass (whale_grad_sum_set_buckets) */
+    size_t bucket;          /* elements per bucket; 0: one exchange after the backward (whale_grad_sum_add) */
+    size_t slot_len;        /* elements of a receive slot: (size − 1) pieces of at most min(bucket, shard) */
+    float *slots;           /* [SLOTS × slot_len]: recv */
+    int slot_used[SLOTS];
+    bucket *b;              /* this round's buckets in the order sent: [0, done) added, [posted, nb) not received into yet */
+    int nb, cap, done, posted;
+    whale_dist_reqs *sends; /* this round's sends */
+    const float *grad;      /* this round's gradient */
+    int first;
+    int64_t step;
+    size_t pend_lo, pend_hi; /* final and not sent yet: one range */
+    size_t sent;             /* elements of the vector sent this round */
+    int ending;              /* in whale_grad_sum_end: the backward pass is over */
+    double early;            /* bytes sent to other ranks during backward passes, so far */
 };
 
 static size_t max_shard(const whale_grad_sum *g);
@@ -34,16 +61,37 @@ static size_t chunk_for(int size, size_t largest) {
     return largest < chunk ? (largest ? largest : 1) : chunk;
 }
 
-/* Floats of the exchange buffers (recv, send, piece) for n elements on size ranks. */
-static size_t buffer_floats(size_t n, int size, int sharded) {
-    size_t chunk = chunk_for(size, (n + (size_t)size - 1) / (size_t)size);
-    if (size == 1) return 0;
-    return chunk * (size_t)size * (1 + (n + chunk > (size_t)INT_MAX)) + (sharded ? chunk : 0);
+/* Elements per bucket for buckets of `floats` on size ranks: the N − 1
+ * pieces a rank receives of a bucket's part in its shard fit in `floats`. */
+static size_t bucket_for(int size, size_t floats) {
+    size_t b = floats / (size_t)(size - 1);
+    return b ? b : 1;
 }
 
-size_t whale_grad_sum_bytes_for(size_t n, int size, int sharded) {
+/* Elements of a bucket's receive slot: the other ranks' pieces of its part
+ * in a shard of at most `largest` elements. */
+static size_t slot_for(int size, size_t bucket, size_t largest) {
+    return (size_t)(size - 1) * (bucket < largest ? bucket : largest);
+}
+
+/* Floats of recv: the exchange's pieces, or the buckets' slots when larger. */
+static size_t recv_floats(int size, size_t chunk, size_t bucket, size_t own) {
+    size_t slots = bucket ? SLOTS * slot_for(size, bucket, own) : 0;
+    return chunk * (size_t)size > slots ? chunk * (size_t)size : slots;
+}
+
+/* Floats of the exchange buffers (recv, send, piece) for n elements on size
+ * ranks, with buckets of `floats` (0: none). */
+static size_t buffer_floats(size_t n, int size, int sharded, size_t floats) {
+    size_t own = (n + (size_t)size - 1) / (size_t)size, chunk = chunk_for(size, own);
+    if (size == 1) return 0;
+    return recv_floats(size, chunk, floats ? bucket_for(size, floats) : 0, own) +
+           chunk * (size_t)size * (n + chunk > (size_t)INT_MAX) + (sharded ? chunk : 0);
+}
+
+size_t whale_grad_sum_bytes_for(size_t n, int size, int sharded, size_t bucket) {
     size_t own = (n + (size_t)size - 1) / (size_t)size;
-    return sizeof(float) * (own + buffer_floats(n, size, sharded));
+    return sizeof(float) * (own + buffer_floats(n, size, sharded, bucket));
 }
 
 void whale_grad_sum_free(whale_grad_sum *g) {
@@ -53,6 +101,9 @@ void whale_grad_sum_free(whale_grad_sum *g) {
     free(g->send);
     free(g->recv);
     free(g->piece);
+    for (int k = 0; k < g->cap; k++) whale_dist_reqs_free(g->b[k].recv);
+    free(g->b);
+    whale_dist_reqs_free(g->sends);
     free(g);
 }
 
@@ -85,7 +136,9 @@ whale_code whale_grad_sum_new(size_t n, const size_t *shards, whale_grad_sum **o
 
 size_t whale_grad_sum_bytes(const whale_grad_sum *g) {
     size_t own = g->off[g->rank + 1] - g->off[g->rank];
-    size_t buffers = g->size == 1 ? 0 : g->chunk * (size_t)g->size * (1 + !direct(g)) + (g->piece ? g->chunk : 0);
+    size_t buffers = g->size == 1 ? 0
+                                  : recv_floats(g->size, g->chunk, g->bucket, own) +
+                                        g->chunk * (size_t)g->size * !direct(g) + (g->piece ? g->chunk : 0);
     return sizeof(float) * (own + buffers);
 }
 
@@ -144,6 +197,185 @@ whale_code whale_grad_sum_add(whale_grad_sum *g, const float *grad, int first, i
     }
     whale_code c = whale_dist_barrier("gradient exchange", step, err);
     for (size_t at = 0, m = max_shard(g); !c && at < m; at += g->chunk) c = scatter_round(g, grad, at, first, step, err);
+    return c;
+}
+
+/* ---------------------------------------------------------------- buckets during the backward pass */
+
+size_t whale_bucket_floats(double mb) {
+    double f = mb * 1048576.0 / sizeof(float);
+    return f < 1 ? 1 : f > (double)INT_MAX ? (size_t)INT_MAX : (size_t)f;
+}
+
+whale_code whale_grad_sum_set_buckets(whale_grad_sum *g, size_t floats, whale_err *err) {
+    if (g->size == 1 || !floats) return WHALE_OK; /* one process has nothing to send */
+    size_t own = g->off[g->rank + 1] - g->off[g->rank], bucket = bucket_for(g->size, floats);
+    size_t before = recv_floats(g->size, g->chunk, 0, own), need = recv_floats(g->size, g->chunk, bucket, own);
+    if (need > before) { /* the slots are larger than the exchange's buffer: grow it */
+        free(g->recv);
+        g->recv = whale_alloc(sizeof(float) * need);
+    }
+    if (!g->sends) g->sends = whale_dist_reqs_new();
+    if (!g->recv || !g->sends)
+        return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB to receive gradient buckets",
+                          need * 4.0 / 1048576.0);
+    g->bucket = bucket;
+    g->slot_len = slot_for(g->size, bucket, own);
+    g->slots = g->recv; /* free between exchanges: the buckets' rounds end before any other use */
+    return WHALE_OK;
+}
+
+int whale_grad_sum_buckets(const whale_grad_sum *g) { return g->bucket != 0; }
+
+void whale_grad_sum_begin(whale_grad_sum *g, const float *grad, int first, int64_t step) {
+    assert(g->bucket && g->done == g->nb && !whale_dist_reqs_count(g->sends));
+    g->grad = grad, g->first = first, g->step = step;
+    g->nb = g->done = g->posted = 0;
+    g->pend_lo = g->pend_hi = g->sent = 0;
+}
+
+/* [*a, *e): the part of [lo, hi) in rank r's shard (empty: *a >= *e). */
+static void part_of(const whale_grad_sum *g, int r, size_t lo, size_t hi, size_t *a, size_t *e) {
+    *a = lo > g->off[r] ? lo : g->off[r];
+    *e = hi < g->off[r + 1] ? hi : g->off[r + 1];
+}
+
+/* The bucket's part of this rank's shard, its pieces all received: added
+ * in rank order (this rank's own piece from the gradient itself). */
+static void add_bucket(whale_grad_sum *g, bucket *k) {
+    int P = g->size;
+    size_t a, e;
+    part_of(g, g->rank, k->lo, k->hi, &a, &e);
+    const float *in = g->slots + (size_t)k->slot * g->slot_len, *piece[P];
+    for (int r = 0; r < P; r++) piece[r] = r == g->rank ? g->grad + a : in + (size_t)(r - (r > g->rank)) * (e - a);
+    add_pieces(g->acc + (a - g->off[g->rank]), piece, P, e - a, g->first);
+    g->slot_used[k->slot] = 0;
+    k->slot = NO_RECV;
+}
+
+/* Past the buckets that have nothing more to receive. */
+static void advance(whale_grad_sum *g) {
+    while (g->done < g->nb && g->b[g->done].slot == NO_RECV) g->done++;
+}
+
+/* Post the receives of the buckets waiting for a slot, in the order sent
+ * (the messages from one rank match its receives in that order), while
+ * slots are free. */
+static whale_code post_receives(whale_grad_sum *g, whale_err *err) {
+    for (; g->posted < g->nb; g->posted++) {
+        bucket *k = &g->b[g->posted];
+        if (k->slot == NO_RECV) continue;
+        int slot = -1;
+        for (int q = 0; q < SLOTS && slot < 0; q++)
+            if (!g->slot_used[q]) slot = q;
+        if (slot < 0) return WHALE_OK;
+        size_t a, e;
+        part_of(g, g->rank, k->lo, k->hi, &a, &e);
+        for (int r = 0; r < g->size; r++) /* the other ranks' pieces of this rank's part, in rank order */
+            if (r != g->rank) {
+                float *in = g->slots + (size_t)slot * g->slot_len + (size_t)(r - (r > g->rank)) * (e - a);
+                whale_code c = whale_dist_irecv_f32(k->recv, in, e - a, r, TAG_BUCKET, "gradient exchange", err);
+                if (c) return c;
+            }
+        k->slot = slot;
+        g->slot_used[slot] = 1;
+    }
+    return WHALE_OK;
+}
+
+/* Add the buckets whose pieces have all arrived and post the receives of
+ * those waiting for their slots, without waiting. */
+static whale_code poll_buckets(whale_grad_sum *g, whale_err *err) {
+    for (int i = g->done; i < g->posted; i++) {
+        int done = 0;
+        whale_code c = g->b[i].slot < 0 ? WHALE_OK : whale_dist_reqs_test(g->b[i].recv, &done, "gradient exchange", err);
+        if (c) return c;
+        if (done) add_bucket(g, &g->b[i]);
+    }
+    advance(g);
+    return post_receives(g, err);
+}
+
+/* Wait for the oldest bucket still receiving (for at most the exchange
+ * timeout) and add it. */
+static whale_code finish_oldest(whale_grad_sum *g, whale_err *err) {
+    advance(g);
+    whale_code c = post_receives(g, err); /* the buckets before it are done: a slot is free */
+    assert(c || (g->done < g->nb && g->b[g->done].slot >= 0));
+    bucket *k = &g->b[g->done];
+    if (!c) c = whale_dist_reqs_wait(k->recv, "gradient exchange", g->step, err);
+    if (!c) add_bucket(g, k);
+    advance(g);
+    return c;
+}
+
+/* Room for one more bucket in this round's list. */
+static whale_code grow_buckets(whale_grad_sum *g, whale_err *err) {
+    if (g->nb < g->cap) return WHALE_OK;
+    int cap = g->cap ? 2 * g->cap : 16;
+    bucket *b = realloc(g->b, sizeof *b * (size_t)cap);
+    if (!b) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory for %d gradient buckets", cap);
+    g->b = b;
+    for (; g->cap < cap; g->cap++)
+        if (!(g->b[g->cap].recv = whale_dist_reqs_new()))
+            return whale_errf(err, WHALE_ERR_NOMEM, "out of memory for %d gradient buckets", cap);
+    return WHALE_OK;
+}
+
+/* Send bucket [lo, hi): each other rank's part of it to that rank, and
+ * receive the other ranks' pieces of this rank's part into a free slot —
+ * or later, when one frees: the backward pass never waits here (a sender
+ * whose receiver has not posted yet keeps its data until it does). */
+static whale_code send_bucket(whale_grad_sum *g, size_t lo, size_t hi, whale_err *err) {
+    whale_code c = grow_buckets(g, err);
+    if (c) return c;
+    size_t a, e;
+    part_of(g, g->rank, lo, hi, &a, &e);
+    bucket *k = &g->b[g->nb++];
+    *k = (bucket){lo, hi, a < e ? RECV_LATER : NO_RECV, k->recv};
+    for (int r = 0; !c && r < g->size; r++) { /* this rank's pieces of the others' parts */
+        size_t ra, re;
+        part_of(g, r, lo, hi, &ra, &re);
+        if (r != g->rank && ra < re) {
+            c = whale_dist_isend_f32(g->sends, g->grad + ra, re - ra, r, TAG_BUCKET, "gradient exchange", err);
+            if (!g->ending) g->early += sizeof(float) * (double)(re - ra);
+        }
+    }
+    g->sent += hi - lo;
+    return c ? c : post_receives(g, err);
+}
+
+whale_code whale_grad_sum_ready(whale_grad_sum *g, size_t lo, size_t hi, whale_err *err) {
+    assert(g->bucket && lo < hi && hi <= g->n);
+    whale_code c = WHALE_OK;
+    int pending = g->pend_lo < g->pend_hi;
+    if (pending && hi == g->pend_lo) g->pend_lo = lo;
+    else if (pending && lo == g->pend_hi) g->pend_hi = hi;
+    else {
+        if (pending) c = send_bucket(g, g->pend_lo, g->pend_hi, err);
+        g->pend_lo = lo, g->pend_hi = hi;
+    }
+    /* full buckets from the top: what is left is the part just finished */
+    while (!c && g->pend_hi - g->pend_lo >= g->bucket) {
+        c = send_bucket(g, g->pend_hi - g->bucket, g->pend_hi, err);
+        g->pend_hi -= g->bucket;
+    }
+    return c ? c : poll_buckets(g, err);
+}
+
+double whale_grad_sum_bytes_early(const whale_grad_sum *g) { return g ? g->early : 0; }
+
+whale_code whale_grad_sum_end(whale_grad_sum *g, whale_err *err) {
+    whale_code c = WHALE_OK;
+    g->ending = 1;
+    if (!g->sent && g->pend_lo == g->pend_hi && g->n) /* nothing reported: a micro-batch without targets */
+        c = whale_grad_sum_ready(g, 0, g->n, err);
+    if (!c && g->pend_lo < g->pend_hi) c = send_bucket(g, g->pend_lo, g->pend_hi, err);
+    g->pend_lo = g->pend_hi = 0;
+    assert(c || g->sent == g->n); /* every element sent once */
+    while (!c && (advance(g), g->done < g->nb)) c = finish_oldest(g, err);
+    if (!c) c = whale_dist_reqs_wait(g->sends, "gradient exchange", g->step, err);
+    g->ending = 0;
     return c;
 }
 

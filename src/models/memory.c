@@ -142,7 +142,8 @@ whale_code whale_memory_estimate(const char *config, const whale_memory_plan *pl
         int N = plan->ranks > 1 ? plan->ranks : 1, zero = plan->zero && N > 1;
         size_t T = (size_t)mm->trainable;
         mm->grads = full ? ss.grads : T * sizeof(float);
-        if (N > 1 || plan->grad_accum > 1) mm->grads += whale_grad_sum_bytes_for(T, N, zero);
+        size_t bucket = N > 1 && plan->bucket_mb > 0 ? whale_bucket_floats(plan->bucket_mb) : 0;
+        if (N > 1 || plan->grad_accum > 1) mm->grads += whale_grad_sum_bytes_for(T, N, zero, bucket);
         mm->moments = 2 * ((T + (size_t)(zero ? N : 1) - 1) / (size_t)(zero ? N : 1)) * sizeof(float);
         mm->ranks = N, mm->zero = zero;
     }

@@ -922,13 +922,17 @@ whale_code whale_session_train_step(whale_session *s, const int32_t *ids, const 
     }
     s->training = loss_scale != 0; /* evaluation runs without LoRA dropout */
     s->lora_calls++;
-    return s->train_fn(s, ids, labels, pos, seg, B, S, loss_scale, loss, count, err);
+    s->grad_final_from = m->n_lora ? m->n_base_params : m->n_params; /* none reported yet */
+    whale_code c = s->train_fn(s, ids, labels, pos, seg, B, S, loss_scale, loss, count, err);
+    /* the gradient-ready hook: what the family has not reported, at the end */
+    return c || loss_scale == 0 ? c : whale_session_grads_final(s, NULL, err);
 }
 
 void whale_session_free(whale_session *s) {
     if (!s) return;
     free(s->seq_adapter); /* the runtime's (runtime.c); the rest is the family's */
     free(s->run_mem);
+    free(s->grad_runs);
     s->free_fn(s);
 }
 

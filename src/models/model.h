@@ -242,6 +242,25 @@ whale_code whale_session_open_backend(whale_session *s, whale_err *err);
  * family calls it before each layer). */
 whale_code whale_session_check_abort(whale_session *s, whale_err *err);
 
+/* A training session's gradient-ready hook: told, during the backward pass
+ * of whale_session_train_step, that elements [lo, hi) of the gradient
+ * buffer (within the trainable ones, [0, n_grad_train)) are final for this
+ * micro-batch — the backward pass writes them no more — so a caller can
+ * send them while the earlier layers' backward runs. Every trainable
+ * element is reported exactly once per training step (an evaluation pass,
+ * loss_scale 0, reports nothing); an error from fn stops the step. fn
+ * NULL removes the hook; with none, nothing is reported. */
+typedef whale_code (*whale_grad_ready_fn)(void *user, size_t lo, size_t hi, whale_err *err);
+whale_code whale_session_set_grad_ready(whale_session *s, whale_grad_ready_fn fn, void *user, whale_err *err);
+/* Families, during the backward pass: the gradients of the base parameters
+ * from the one whose values are at w (in table order) to the last, and
+ * those of their LoRA adapters, are final (w NULL: every parameter's).
+ * Those not reported before go to the hook. A family calls it where that
+ * holds: after its output head, after each layer from the last back (a
+ * parameter written in several places — a tied embedding — comes before
+ * the layers in the table, so it waits for the end). */
+whale_code whale_session_grads_final(whale_session *s, const float *w, whale_err *err);
+
 /* Common session header; families embed it first in their session struct. */
 struct whale_session {
     whale_model *model;
@@ -281,6 +300,10 @@ struct whale_session {
     size_t *grad_offsets;  /* [n_params] */
     size_t n_grad;         /* floats in grads */
     size_t n_grad_train;   /* the first floats of grads: the trainable (not frozen) parameters', in order */
+    whale_grad_ready_fn grad_ready; /* whale_session_set_grad_ready */
+    void *grad_ready_user;
+    int grad_final_from;   /* base parameters [grad_final_from, n_base) reported final in this backward */
+    size_t (*grad_runs)[2]; /* [n_params]: scratch for one report's ranges (offset, floats) */
     whale_code (*train_fn)(whale_session *s, const int32_t *ids, const int32_t *labels, const int32_t *pos,
                            const int32_t *seg, int B, int S, double loss_scale, double *loss, int64_t *count,
                            whale_err *err);

@@ -1055,6 +1055,8 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
         e = mix_backward(s, T, M, MD, Xf, nw->hc_head_fn, s->head_mix, s->head_rstd, b->dmix, dX, gw->hc_head_fn, err);
     });
     if (e) return e;
+    /* the norm and an untied lm_head (the HC head's parameters lead the table: at the end) */
+    if ((e = whale_session_grads_final(base, nw->norm, err))) return e;
     TRACE(WHALE_F32, b->dhn, 2, DIMS(T, D), "grad.final_hidden");
     TRACE(WHALE_F32, dX, 3, DIMS(T, M, D), "grad.layers.%d.hc_ffn.state", c->L - 1);
 
@@ -1098,6 +1100,7 @@ static whale_code nw_train_step(whale_session *base, const int32_t *ids, const i
                                                 ly->attn_norm, &a->hca, dX, gl->hc_attn_fn, gl->hc_attn_scale,
                                                 gl->hc_attn_base, gl->attn_norm, err));
         if (e) return e;
+        if ((e = whale_session_grads_final(base, ly->hc_attn_fn, err))) return e; /* layer l's first parameter on */
         if (l > 0) TRACE(WHALE_F32, dX, 3, DIMS(T, M, D), "grad.layers.%d.hc_ffn.state", l - 1);
         else TRACE(WHALE_F32, dX, 3, DIMS(T, M, D), "grad.embedding");
     }

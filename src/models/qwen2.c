@@ -919,6 +919,7 @@ static whale_code qw_train_step(whale_session *base, const int32_t *ids, const i
 
     TRACE(WHALE_F32, b->dx, 2, DIMS(T, D), "grad.final_hidden");
     PROF(s, P_B_NORM, OP(rmsnorm_backward, b->dx, gw->norm, b->dx, s->X[c->L], qw->norm, s->hn_rstd, T, D));
+    if ((e = whale_session_grads_final(base, qw->norm, err))) return e; /* the norm and an untied lm_head */
     for (int l = c->L - 1; l >= 0; l--) {
         if ((e = whale_session_check_abort(&s->base, err))) return e;
         const qw_layer *ly = &qw->layers[l];
@@ -940,6 +941,7 @@ static whale_code qw_train_step(whale_session *base, const int32_t *ids, const i
         PROF(s, P_B_ATTN, e = attention_backward(s, qw, ly, gl, a, l, B, S, err));
         if (e) return e;
         PROF(s, P_B_NORM, norm_backward(s, s->X[l], ly->in_norm, gl->in_norm, a->rstd1, T, D));
+        if ((e = whale_session_grads_final(base, ly->wq, err))) return e; /* layer l's first parameter on */
     }
     TRACE(WHALE_F32, b->dx, 2, DIMS(T, D), "grad.embedding");
     /* embedding: each token's row gets its gradient, in token order (deterministic) */

@@ -253,6 +253,58 @@ whale_code whale_session_check_abort(whale_session *s, whale_err *err) {
                                                      : WHALE_OK;
 }
 
+whale_code whale_session_set_grad_ready(whale_session *s, whale_grad_ready_fn fn, void *user, whale_err *err) {
+    if (fn && !s->grads) return whale_errf(err, WHALE_ERR_ARG, "only a training session has gradients to report");
+    if (fn && !s->grad_runs && !(s->grad_runs = malloc(sizeof *s->grad_runs * (size_t)(s->model->n_params + 1))))
+        return whale_errf(err, WHALE_ERR_NOMEM, "out of memory for the gradient-ready hook");
+    s->grad_ready = fn;
+    s->grad_ready_user = user;
+    return WHALE_OK;
+}
+
+/* Parameter i's gradient range as a run (offset, floats), if it is trainable. */
+static int add_run_of(const whale_session *s, int i, int n) {
+    const whale_param *p = &s->model->params[i];
+    if (p->frozen) return n; /* no buffer, or one that stays out of the exchange */
+    assert(s->grad_offsets[i] + (size_t)whale_shape_numel(p->ndim, p->shape) <= s->n_grad_train);
+    s->grad_runs[n][0] = s->grad_offsets[i];
+    s->grad_runs[n][1] = (size_t)whale_shape_numel(p->ndim, p->shape);
+    return n + 1;
+}
+
+static int run_cmp_offset(const void *x, const void *y) {
+    const size_t *a = x, *b = y;
+    return a[0] < b[0] ? -1 : a[0] > b[0];
+}
+
+whale_code whale_session_grads_final(whale_session *s, const float *w, whale_err *err) {
+    const whale_model *m = s->model;
+    if (!s->grad_ready) return WHALE_OK;
+    int p = 0, n = 0, nb = m->n_lora ? m->n_base_params : m->n_params;
+    if (w) {
+        while (p < nb && m->params[p].data != w) p++;
+        assert(p < nb); /* w is a base parameter's values */
+    }
+    if (p >= s->grad_final_from) return WHALE_OK;
+    for (int i = p; i < s->grad_final_from; i++) n = add_run_of(s, i, n);
+    for (int k = 0; k < m->n_lora; k++)
+        if (m->lora[k].base >= p && m->lora[k].base < s->grad_final_from)
+            n = add_run_of(s, m->lora[k].b, add_run_of(s, m->lora[k].a, n));
+    s->grad_final_from = p;
+    qsort(s->grad_runs, (size_t)n, sizeof *s->grad_runs, run_cmp_offset);
+    /* adjacent runs as one range, the last first: the order the backward
+     * pass finishes them in */
+    for (int hi = n; hi > 0;) {
+        int lo = hi - 1;
+        while (lo > 0 && s->grad_runs[lo - 1][0] + s->grad_runs[lo - 1][1] == s->grad_runs[lo][0]) lo--;
+        size_t a = s->grad_runs[lo][0], b = s->grad_runs[hi - 1][0] + s->grad_runs[hi - 1][1];
+        whale_code c = a < b ? s->grad_ready(s->grad_ready_user, a, b, err) : WHALE_OK;
+        if (c) return c;
+        hi = lo;
+    }
+    return WHALE_OK;
+}
+
 whale_session_params whale_session_get_params(const whale_session *s) {
     return (whale_session_params){s->max_batch, s->max_seq, s->n_batch};
 }

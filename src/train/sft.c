@@ -42,6 +42,7 @@ whale_sft_run_opts whale_sft_run_defaults(void) {
     o.save_steps = 500;
     o.logging_steps = 5;
     o.seed = 42;
+    o.bucket_mb = WHALE_BUCKET_MB;
     return o;
 }
 
@@ -590,7 +591,8 @@ static whale_code sft_check_memory(const sft_run *r, whale_err *err) {
     whale_memory_plan plan = {.dtype = o->dtype, .train = r->lora ? WHALE_TRAIN_LORA : WHALE_TRAIN_FULL,
                               .lora_rank = o->lora.rank, .lora_targets = o->lora.target_modules, .batch = r->B,
                               .seq_len = r->S, .recompute = o->recompute, .grad_accum = r->grad_accum,
-                              .ranks = whale_dist_size(), .zero = o->zero};
+                              .ranks = whale_dist_size(), .zero = o->zero,
+                              .bucket_mb = o->bucket_mb};
     whale_memory est;
     whale_code c = whale_memory_estimate(r->model_dir, &plan, &est, err);
     if (c) return c;
@@ -634,7 +636,8 @@ static whale_code sft_build(sft_run *r, whale_err *err) {
     whale_loss_scaler_init(&r->scaler);
     if (!(r->history = cJSON_CreateArray())) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
     if ((c = o->zero ? whale_zero_new(r->s, r->opt, r->grad_accum, &r->sum, &r->zero, err)
-                     : whale_step_sum_new(r->s, r->grad_accum, &r->sum, err)))
+                     : whale_step_sum_new(r->s, r->grad_accum, &r->sum, err)) ||
+        (c = whale_step_sum_buckets(r->sum, o->bucket_mb, err)))
         return c;
     snprintf(r->fingerprint, sizeof r->fingerprint, "%s %s, %lld rows of %d tokens (%lld trained), batch %d x %d",
              r->lora ? "lora" : "full", whale_dtype_torch_name(o->dtype), (long long)r->rows, r->S,
@@ -732,7 +735,7 @@ static whale_code sft_log_step(sft_run *r, int64_t step, double lr_now, whale_er
                 e1, e2, whale_peak_rss() / 1073741824.0, spi, (double)r->tokens / r->t_train);
     if (o->dtype == WHALE_F16 && log)
         fprintf(log, ", \"loss_scale\": %.0f, \"skipped_steps\": %lld", r->scaler.scale, (long long)r->scaler.skipped);
-    whale_code c = whale_step_dist_metrics(log, (double)r->rank_tokens, r->t_train, err);
+    whale_code c = whale_step_dist_metrics(log, r->sum, (double)r->rank_tokens, r->t_train, err);
     if (c) return c;
     if (log) {
         fprintf(log, "}\n");

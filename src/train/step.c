@@ -81,6 +81,27 @@ static uint64_t scored_before(const whale_batch *micro, int i) {
     return n;
 }
 
+/* The session's gradient-ready hook: a range the backward pass finished
+ * goes into the gradient sum's buckets. */
+static whale_code grads_ready(void *sum, size_t lo, size_t hi, whale_err *err) {
+    return whale_grad_sum_ready(sum, lo, hi, err);
+}
+
+/* Round j's micro-batch i into the gradient sum: its gradient sent after
+ * its backward pass, or with buckets during it. */
+static whale_code run_round(whale_session *s, struct whale_diag *nan, whale_grad_sum *sum, whale_batch *b,
+                            double scale, uint64_t calls, int64_t step, int i, int j, double *l, whale_err *err) {
+    if (!sum || !whale_grad_sum_buckets(sum)) {
+        whale_code c = run_micro(s, nan, b, scale, calls, step, i, l, err);
+        return c || !sum ? c : whale_grad_sum_add(sum, s->grads, j == 0, step, err);
+    }
+    whale_grad_sum_begin(sum, s->grads, j == 0, step);
+    whale_code c = whale_session_set_grad_ready(s, grads_ready, sum, err);
+    if (!c) c = run_micro(s, nan, b, scale, calls, step, i, l, err);
+    whale_session_set_grad_ready(s, NULL, NULL, err);
+    return c ? c : whale_grad_sum_end(sum, err);
+}
+
 /* The step's gradient and loss. Without sum (one process, one micro-batch)
  * the backward accumulates straight into the session's gradients. With sum,
  * round j gives rank r micro-batch j·N + r, its gradient computed alone and
@@ -100,8 +121,7 @@ static whale_code step_gradient(whale_session *s, struct whale_diag *nan, whale_
         int64_t cnt = whale_count_targets(micro[i].labels, micro[i].B, micro[i].S);
         double scale = (hf_compat ? 1.0 : (double)cnt / (double)total) * loss_scale;
         if (sum && j) whale_session_zero_grad(s);
-        c = run_micro(s, nan, &micro[i], scale, base + scored_before(micro, i), step, i, &mine[j], err);
-        if (!c && sum) c = whale_grad_sum_add(sum, s->grads, j == 0, step, err);
+        c = run_round(s, nan, sum, &micro[i], scale, base + scored_before(micro, i), step, i, j, &mine[j], err);
     }
     if (!c && sum) c = zero ? whale_grad_sum_shard(sum, s->grads) : whale_grad_sum_finish(sum, s->grads, step, err);
     if (!c) c = whale_dist_allgather_f64(mine, rounds, all, "exchange of losses", err);
@@ -347,6 +367,10 @@ whale_code whale_step_sum_new(whale_session *s, int n_micro, whale_grad_sum **ou
     if (c) return c;
     if (n_micro == 1 && N == 1) return WHALE_OK; /* the backward accumulates in place */
     return whale_grad_sum_new(s->n_grad_train, NULL, out, err); /* frozen buffers stay out of the exchange */
+}
+
+whale_code whale_step_sum_buckets(whale_grad_sum *sum, double mb, whale_err *err) {
+    return sum && mb > 0 ? whale_grad_sum_set_buckets(sum, whale_bucket_floats(mb), err) : WHALE_OK;
 }
 
 void whale_zero_free(whale_zero *z) {
@@ -616,9 +640,11 @@ whale_code whale_step_load_moments(const char *path, const whale_model *m, whale
 
 /* The metrics' fields for several ranks: each rank's tokens per second of
  * its own compute (time in and waiting for exchanges left out), and rank 0's
- * seconds moving data, seconds waiting, and bytes sent in exchanges. Every
- * rank calls it at the same steps. */
-whale_code whale_step_dist_metrics(FILE *f, double rank_tokens, double t_train, whale_err *err) {
+ * seconds moving data, seconds waiting, and bytes sent in exchanges (with
+ * buckets also those sent during backward passes). Every rank calls it at
+ * the same steps. */
+whale_code whale_step_dist_metrics(FILE *f, const whale_grad_sum *sum, double rank_tokens, double t_train,
+                                   whale_err *err) {
     int N = whale_dist_size();
     if (N == 1) return WHALE_OK;
     double comm, wait, bytes, *all = malloc(sizeof(double) * (size_t)N);
@@ -630,6 +656,8 @@ whale_code whale_step_dist_metrics(FILE *f, double rank_tokens, double t_train, 
         fprintf(f, ", \"world_size\": %d, \"rank_tokens_per_s\": [", N);
         for (int r = 0; r < N; r++) fprintf(f, "%s%.1f", r ? ", " : "", all[r]);
         fprintf(f, "], \"comm_s\": %.3f, \"wait_s\": %.3f, \"comm_bytes\": %.0f", comm, wait, bytes);
+        if (sum && whale_grad_sum_buckets(sum))
+            fprintf(f, ", \"comm_bytes_in_backward\": %.0f", whale_grad_sum_bytes_early(sum));
     }
     free(all);
     return c;

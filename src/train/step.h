@@ -53,6 +53,10 @@ whale_code whale_train_one_step(whale_session *s, whale_optimizer *opt, whale_lo
  * many ranks (NULL for one micro-batch in one process); n_micro must be a
  * multiple of the number of ranks (else WHALE_ERR_ARG saying so). */
 whale_code whale_step_sum_new(whale_session *s, int n_micro, whale_grad_sum **out, whale_err *err);
+/* Send the gradient in buckets of mb MiB during each micro-batch's
+ * backward pass (whale_grad_sum_set_buckets; --bucket-mb); 0, no sum or
+ * one rank: one exchange after it. */
+whale_code whale_step_sum_buckets(whale_grad_sum *sum, double mb, whale_err *err);
 /* With several ranks: every rank must start from the same trainable
  * weights, moments (each rank its own shard with --zero 1: not compared),
  * step and data cursor (else an error naming a rank). */
@@ -110,7 +114,8 @@ whale_code whale_step_sum_dealt(const double *mine, int n, int k, double *sum, w
  * (rank_tokens over t_train less its time in and waiting for exchanges),
  * rank 0's seconds moving data, waiting for the others, and bytes sent in
  * exchanges. A collective: every rank calls it at the same steps. */
-whale_code whale_step_dist_metrics(FILE *f, double rank_tokens, double t_train, whale_err *err);
+whale_code whale_step_dist_metrics(FILE *f, const whale_grad_sum *sum, double rank_tokens, double t_train,
+                                   whale_err *err);
 
 /* ---------------------------------------------------------------- optimizer internals (optim.c) */
 

@@ -51,6 +51,7 @@ whale_train_opts whale_train_defaults(void) {
     o.save_every = 0;
     o.log_every = 10;
     o.seed = 42;
+    o.bucket_mb = WHALE_BUCKET_MB;
     return o;
 }
 
@@ -442,6 +443,7 @@ static whale_code build_training(run_t *r, whale_err *err) {
     r->cursor.seed = o->seed;
     if ((c = o->zero ? whale_zero_new(r->s, r->opt, o->grad_accum, &r->sum, &r->zero, err)
                      : whale_step_sum_new(r->s, o->grad_accum, &r->sum, err)) ||
+        (c = whale_step_sum_buckets(r->sum, o->bucket_mb, err)) ||
         (r->resume_dir[0] && (c = load_trainer_state(r, r->resume_dir, err))) ||
         (c = whale_step_check_start(r->s, r->opt, &r->cursor, r->step, err)))
         return c;
@@ -503,7 +505,7 @@ static whale_code log_step(run_t *r, double lr, double loss_scale, int take_step
         fprintf(mf, ", \"loss_scale\": %.0f, \"skipped_steps\": %lld, \"step_skipped\": %s", loss_scale,
                 (long long)r->scaler.skipped, take_step ? "false" : "true");
     double rank_tokens = (double)done * r->tokens_per_step / whale_dist_size();
-    whale_code c = whale_step_dist_metrics(mf, rank_tokens, r->t_train, err);
+    whale_code c = whale_step_dist_metrics(mf, r->sum, rank_tokens, r->t_train, err);
     if (c) return c;
     if (mf) {
         fprintf(mf, "}\n");

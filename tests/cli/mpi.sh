@@ -4,8 +4,10 @@
 # (pretraining, LoRA and full fine-tuning: losses, gradient norms, weights,
 # moments, validation losses), with the optimizer state whole on every rank
 # or sharded (--zero 1); LoRA's frozen parameters stay out of the exchange;
-# a rank killed with SIGKILL or stopped ends the job non-zero within the
-# bound with a message naming the rank and leaves the last checkpoint
+# the gradient sent in buckets during the backward pass (--bucket-mb) or
+# after it gives the same bits; a rank killed with SIGKILL or stopped (with
+# buckets in flight) ends the job non-zero within the bound with a message
+# naming the rank and leaves the last checkpoint
 # intact, from which the run resumes on the same curve (sharded); a
 # checkpoint resumes on another number of ranks, sharded or not; in bf16
 # and fp16 --zero 1 shards the fp32 master weights too. A build
@@ -69,6 +71,23 @@ for ga in 2 4; do
     check "2 ranks --zero 1, --grad-accum $ga: $(tail -1 "$TMP/err")" test -s "$TMP/zero$ga/model.safetensors"
     same_run "train, 2 ranks --zero 1, --grad-accum $ga" "$TMP/one$ga" "$TMP/zero$ga"
 done
+# the gradient in buckets sent during the backward pass (--bucket-mb; the runs above use the default 25
+# MiB, one bucket for this model): small ones, so that many are in flight while the earlier layers'
+# backward runs; 0 sends it in one exchange after the backward pass. The bits of one process either way.
+for z in 0 1; do
+    for bm in 0.004 0; do
+        # --grad-accum 4: two rounds, so the order of the pieces' sum matters
+        run2 "$WHALE" train "${ARGS[@]}" --grad-accum 4 --zero $z --bucket-mb $bm --out "$TMP/bk$z-$bm" >/dev/null 2>"$TMP/err"
+        check "2 ranks --zero $z --bucket-mb $bm: $(tail -1 "$TMP/err")" test -s "$TMP/bk$z-$bm/model.safetensors"
+        same_run "train, 2 ranks --zero $z --bucket-mb $bm" "$TMP/one4" "$TMP/bk$z-$bm"
+    done
+    # rank 0 sends half of the gradient in each of the 2 rounds, then (without --zero) half of the sum in
+    # the all-gather or (--zero 1) half of the weights: nearly all the rounds' part leaves during the backward
+    sent=$(grep -m1 -o '"comm_bytes": [0-9]*, "comm_bytes_in_backward": [0-9]*' "$TMP/bk$z-0.004/metrics.jsonl")
+    check "--bucket-mb 0.004 --zero $z: step 1 sent during the backward pass: $sent" \
+        awk -v s="$sent" 'BEGIN { split(s, f, /[:,] */); exit !(f[4] > 0.6 * f[2]) }'
+    check "--bucket-mb 0 --zero $z: no buckets counted" bash -c "! grep -q comm_bytes_in_backward '$TMP/bk$z-0/metrics.jsonl'"
+done
 check "validation on 2 ranks: the losses of one process" \
     cmp -s <(grep val_loss "$TMP/one4/metrics.jsonl") <(grep val_loss "$TMP/zero4/metrics.jsonl")
 # the global batch does not depend on the number of ranks: resume with another one
@@ -97,6 +116,9 @@ check "bf16, 2 ranks --zero 1: $(tail -1 "$TMP/err")" test -s "$TMP/b16zero/mode
 same_run "train bf16, 2 ranks --zero 1" "$TMP/b16one" "$TMP/b16zero"
 check "train bf16, 2 ranks --zero 1: the gathered fp32 masters of a checkpoint are bit-identical" \
     cmp -s "$TMP/b16one/checkpoint-3/model.safetensors" "$TMP/b16zero/checkpoint-3/model.safetensors"
+run2 "$WHALE" train "${B16[@]}" --zero 1 --bucket-mb 0.004 --out "$TMP/b16bk" >/dev/null 2>"$TMP/err"
+check "bf16, 2 ranks --zero 1 --bucket-mb 0.004: $(tail -1 "$TMP/err")" test -s "$TMP/b16bk/model.safetensors"
+same_run "train bf16, 2 ranks --zero 1 --bucket-mb 0.004" "$TMP/b16one" "$TMP/b16bk"
 check "bf16 --zero 1: the memory line counts one shard of the masters" \
     grep -q 'weights fp32 .*master weights: of the product weights 1/2' "$TMP/err"
 run2 "$WHALE" train "${B16[@]}" --quiet --zero 1 --out "$TMP/b16r12" --resume "$TMP/b16one/checkpoint-3" >/dev/null 2>&1
@@ -145,6 +167,19 @@ for tt in lora full; do
             "$TMP"/sft2-$tt$z/v0-*/checkpoint-3/optimizer.safetensors
     done
 done
+# LoRA with small buckets: each layer's adapters leave as its backward pass ends
+for z in 0 1; do
+    run2 "$WHALE" sft "${SFT[@]}" --train-type lora --zero $z --bucket-mb 0.002 --out "$TMP/sftbk$z" >/dev/null 2>"$TMP/err"
+    what="sft lora, 2 ranks --zero $z --bucket-mb 0.002"
+    check "$what: $(tail -1 "$TMP/err")" test -s "$(ls "$TMP"/sftbk$z/v0-*/checkpoint-3/adapter_model.safetensors)"
+    check "$what: the loss and gradient-norm curves are bit-identical" \
+        cmp -s <(sft_curve "$TMP/sft1-lora") <(sft_curve "$TMP/sftbk$z")
+    check "$what: the adapters and moments are bit-identical" \
+        cmp -s <(cat "$TMP"/sft1-lora/v0-*/checkpoint-3/{adapter_model,optimizer}.safetensors) \
+        <(cat "$TMP"/sftbk$z/v0-*/checkpoint-3/{adapter_model,optimizer}.safetensors)
+    check "$what: adapters sent during the backward pass" \
+        grep -Eq '"comm_bytes_in_backward": [1-9]' "$(ls "$TMP"/sftbk$z/v0-*/logging.jsonl)"
+done
 # full fine-tuning in fp16 (loss scaling) with the masters sharded
 "$WHALE" sft "${SFT[@]}" --train-type full --dtype fp16 --out "$TMP/sft1-f16" >/dev/null 2>"$TMP/err"
 check "sft full fp16, one process: $(tail -1 "$TMP/err")" test -s "$(ls "$TMP"/sft1-f16/v0-*/checkpoint-3/model.safetensors)"
@@ -180,7 +215,8 @@ rank_pid() { # rank_pid OUT_DIR RANK: the pid of that rank of the run writing OU
     done
 }
 LONG=(--init tiny --data "$TMP/data" --tokenizer "$TMP/tok" --seq-len 32 --batch-size 2 --grad-accum 2 --max-steps 100000
-      --lr 3e-3 --lr-scheduler constant --warmup-steps 0 --save-every 2 --log-every 1 --threads 1 --quiet)
+      --lr 3e-3 --lr-scheduler constant --warmup-steps 0 --save-every 2 --log-every 1 --threads 1 --quiet
+      --bucket-mb 0.004) # buckets in flight when the rank stops or dies
 for fault in KILL STOP; do
     # without --quiet: mpirun's own message names a rank that died; the killed run shards its moments
     zero=0
