@@ -512,8 +512,10 @@ typedef struct {
 
 typedef enum { WHALE_TRAIN_NONE = 0, WHALE_TRAIN_FULL, WHALE_TRAIN_LORA } whale_train_kind;
 /* MiB per gradient bucket sent during the backward pass on several ranks
- * by default (--bucket-mb), as PyTorch DDP's bucket_cap_mb. */
-#define WHALE_BUCKET_MB 25.0
+ * by default (--bucket-mb; PyTorch DDP's bucket_cap_mb is 25): 0, one
+ * exchange after the backward pass: buckets were 1-2.5 s slower per step at
+ * 1 Gb/s and within the noise at 10 Gb/s where measured (docs/distributed.md). */
+#define WHALE_BUCKET_MB 0.0
 typedef struct {
     whale_dtype dtype;
     whale_train_kind train;

@@ -37,7 +37,7 @@ typedef struct {
     int loss_scale_interval;   /* fp16: clean steps before the scale doubles (2000); 0 = default */
     int nan_check;             /* trace every forward and backward tensor; stop at the first non-finite one */
     int zero;                  /* 1: on several ranks each holds the AdamW moments of its shard only (ZeRO stage 1) */
-    double bucket_mb;          /* on several ranks: MiB of gradients per bucket sent during the backward pass (25); 0 = one exchange after it */
+    double bucket_mb;          /* on several ranks: MiB of gradients per bucket sent during the backward pass (0: one exchange after it, the default) */
 } whale_train_opts;
 
 whale_train_opts whale_train_defaults(void);
@@ -117,7 +117,7 @@ typedef struct {
     int64_t eval_steps;          /* evaluate every N steps and at the end; 0 = save_steps (ms-swift) */
     int save_only_model;         /* checkpoints without optimizer state (cannot be resumed) */
     int zero;                    /* 1: on several ranks each holds the AdamW moments of its shard only (ZeRO stage 1) */
-    double bucket_mb;            /* on several ranks: MiB of gradients per bucket sent during the backward pass (25); 0 = one exchange after it */
+    double bucket_mb;            /* on several ranks: MiB of gradients per bucket sent during the backward pass (0: one exchange after it, the default) */
 } whale_sft_run_opts;
 
 whale_sft_run_opts whale_sft_run_defaults(void);

@@ -161,7 +161,7 @@ static const char memory_help[] =
     "  --grad-accum A (1)  --ranks N (1)  --zero 0|1 (0)   training on N ranks, per rank; --zero 1\n"
     "              shards the AdamW moments over them, and in bf16/fp16 the product weights' fp32\n"
     "              masters (as mpirun -np N whale train --zero 1)\n"
-    "  --bucket-mb M (25)  on N ranks: the gradient buckets sent during the backward pass (0: none)\n"
+    "  --bucket-mb M (0)   on N ranks: the gradient buckets sent during the backward pass (0: none)\n"
     "  --measure   also run it (random weights, one step) and print the peak resident memory\n"
     "  --json      one JSON object instead of the table";
 

@@ -34,7 +34,7 @@ static const char sft_usage[] =
     "      backward pass instead of keeping its activations   --nan-check  --memory-limit GIB  --threads N  --quiet\n"
     "  --zero 0|1 (0): on several ranks (mpirun), 1 shards the AdamW moments over them, and\n"
     "      in bf16/fp16 the fp32 master weights (ZeRO stage 1)\n"
-    "  --bucket-mb M (25): on several ranks, send the gradients in buckets of M MiB while the backward\n"
+    "  --bucket-mb M (0): on several ranks, send the gradients in buckets of M MiB while the backward\n"
     "      pass runs; 0 = in one exchange after it (same results)\n"
     "  booleans are flags or take true|false|1|0; FILE#N draws N samples of FILE (seeded, as ms-swift)\n"
     "  --out DIR (output; alias --output-dir)   --dry-run [N]: show N samples (3) with the trained text in [[ ]]\n"

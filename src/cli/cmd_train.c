@@ -98,7 +98,7 @@ static const char train_help[] =
     "  --nan-check             stop at the first NaN/inf in any forward or backward tensor, naming it\n"
     "  --zero 0|1 (0)          on several ranks (mpirun): 1 shards the AdamW moments over them, and\n"
     "                          in bf16/fp16 the fp32 master weights (ZeRO-1)\n"
-    "  --bucket-mb M (25)      on several ranks: send the gradients in buckets of M MiB while the\n"
+    "  --bucket-mb M (0)       on several ranks: send the gradients in buckets of M MiB while the\n"
     "                          backward pass runs; 0 = in one exchange after it (same results)\n"
     "  --quiet\n"
     "writes RUN_DIR/metrics.jsonl, RUN_DIR/checkpoint-STEP/ and the final model into RUN_DIR";

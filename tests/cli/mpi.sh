@@ -71,8 +71,8 @@ for ga in 2 4; do
     check "2 ranks --zero 1, --grad-accum $ga: $(tail -1 "$TMP/err")" test -s "$TMP/zero$ga/model.safetensors"
     same_run "train, 2 ranks --zero 1, --grad-accum $ga" "$TMP/one$ga" "$TMP/zero$ga"
 done
-# the gradient in buckets sent during the backward pass (--bucket-mb; the runs above use the default 25
-# MiB, one bucket for this model): small ones, so that many are in flight while the earlier layers'
+# the gradient in buckets sent during the backward pass (--bucket-mb; the runs above use the default 0,
+# one exchange after the backward pass): small ones, so that many are in flight while the earlier layers'
 # backward runs; 0 sends it in one exchange after the backward pass. The bits of one process either way.
 for z in 0 1; do
     for bm in 0.004 0; do
