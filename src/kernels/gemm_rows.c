@@ -30,16 +30,21 @@
  * with it. */
 #define NT_MR_WIDE 8
 
-/* How far ahead (bytes) the bf16 and int8 quad kernels ask for each of
- * their four weight streams. Their loads cover fewer bytes per instruction
- * than the f32 kernel's, so the loads in flight in the out-of-order window
- * span too few cache lines to hide the memory latency, and the hardware
- * prefetcher does not make up for it. On one thread, bench_gemm
+/* How far ahead (bytes) the AVX-512 kernels ask for each of their weight
+ * streams. Their loads cover few bytes per instruction (after widening:
+ * 16 fp16 or int8 weights), so the loads in flight in the out-of-order
+ * window span too few cache lines to hide the memory latency, and the
+ * hardware prefetcher does not make up for it. On one thread, bench_gemm
  * --shape nt_q8 1 45000 896 cold (40 MB) streamed 5-10 GB/s without and
- * 39-41 GB/s with it, nt_bf16 1 22000 896 cold 8-20 and 30-35 GB/s. 1 KB
- * is about what one stream consumes in a DRAM latency (~100 ns at
- * ~10 GB/s); 512 B to 2 KB gave the same rate. A prefetch past a row's end
- * lands in the row that stream takes next (or nowhere: it never faults). */
+ * 39-41 GB/s with it, nt_bf16 1 22000 896 cold 8-20 and 30-35 GB/s; at
+ * WHALE_ISA=avx512 (the fp32-FMA kernel on widened weights), 45000 x 896
+ * cold, best of 4: nt 7.5 -> 4.1 ms, nt_f16 6.2 -> 2.2, nt_bf16 6.6 -> 2.1,
+ * nt_q8 5.3 -> 2.1. The AVX2 kernels (32-byte loads) gained nothing
+ * measurable (nt 4.0-5.0 ms, nt_f16 2.1, nt_q8 1.7 either way) and have
+ * none. 1 KB is about what one stream consumes in a DRAM latency (~100 ns
+ * at ~10 GB/s); 512 B to 2 KB gave the same rate. A prefetch past a row's
+ * end lands in the row that stream takes next (or nowhere: it never
+ * faults). */
 #define NT_PREFETCH 1024
 
 /* Weight types of the skinny kernels nt_quad / nt_single: they widen f32,
@@ -153,6 +158,10 @@ nt_multi(const int wt, const int nw, const int mr, int K, const float *A, size_t
     __mmask16 mask = 0xFFFF;
     for (int k = 0; k < K; k += 16) {
         if (K - k < 16) mask = (__mmask16)((1u << (K - k)) - 1); /* last, partial vector */
+        if ((size_t)k * wt_size(wt) % 64 == 0) { /* once per cache line */
+#pragma GCC unroll 4
+            for (int r = 0; r < nw; r++) _mm_prefetch(w[r] + (size_t)k * wt_size(wt) + NT_PREFETCH, _MM_HINT_T0);
+        }
         __m512 v[4];
 #pragma GCC unroll 4
         for (int r = 0; r < nw; r++) v[r] = load_w(wt, mask, w[r], k);
