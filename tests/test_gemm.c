@@ -1415,8 +1415,9 @@ static void test_parts(whale_gemm *g) {
 
 /* Our decode kernels compute every row of a product with M = 1..16 rows (a
  * batched decode step's streams) as the same sequence of fp32 operations as
- * that row alone, whatever the weight format, the path (quads for up to 4
- * rows, 8 rows per pass over pairs or single weight rows above), the tier
+ * that row alone, whatever the weight format, the path (quads, 4 rows per
+ * pass, up to 4 rows and above 8; 5 to 8 rows in one pass over pairs or
+ * single weight rows), the tier
  * (WHALE_ISA) and the thread count: a stream's greedy continuation never
  * depends on what is batched with it. Odd K and N leave partial vectors and
  * rows outside the quads and pairs. */

@@ -20,11 +20,11 @@
  * four distant sequential streams run as fast as reading rows one by one. */
 #define NT_MR 4
 
-/* Products with more than NT_MR rows take up to NT_MR_WIDE A rows per pass
- * over the weights: against two W streams at a time in the AVX-512 kernels
+/* Products with NT_MR + 1 to NT_MR_WIDE rows take them all in one pass over
+ * the weights: against two W streams at a time in the AVX-512 kernels
  * (2 x 8 accumulators of the 32 zmm registers), one in the AVX2 and plain C
  * ones (8 of 16 ymm), so 5 to 8 rows read each weight once, as one row
- * does, and 9 to 16 in two passes over rows that stay in L1. Every row is
+ * does (more: quads again, see sk_range). Every row is
  * the same sequence of fp32 operations whatever the kernel (quad, pair or
  * single, any mr): a stream's result never depends on what is batched
  * with it. */
@@ -1016,13 +1016,19 @@ static void sk_rows(sk_kind k, int portable, const sk_part *p, int m0, int mr, s
     else nt_single_rows(wt, mr, K, A, lda, W + n * row, sc, C + n, ldc, acc);
 }
 
-/* Rows lo..hi−1 of part p. Up to NT_MR A rows: the range cut into four
- * quarters walked side by side (four distant sequential streams, see
- * NT_MR). More: NT_MR_WIDE rows per pass, over two halves side by side or
- * the rows one by one (sk_pairs). The few left over one by one. */
+/* Rows lo..hi−1 of part p. Up to NT_MR A rows, and more than NT_MR_WIDE:
+ * the range cut into four quarters walked side by side (four distant
+ * sequential streams, see NT_MR), NT_MR A rows per pass. NT_MR + 1 to
+ * NT_MR_WIDE: all rows in one pass, over two halves side by side or the
+ * rows one by one (sk_pairs). The few left over one by one. (At 9 to 16
+ * rows the passes after the first find the weights in L1, and quads were
+ * as fast or faster: one thread, bench_gemm --shape nt_bf16 16 4864 896
+ * cold 0.74 ms against 0.83 in two passes of 8, 12 rows 0.61 against 0.63,
+ * nt_bf16 16 129280 320 6.65 against 6.59, nt_q8 16 4864 896 0.55 against
+ * 0.57.) */
 static void sk_range(sk_kind k, int portable, const sk_part *p, size_t lo, size_t hi,
                      const void *tables) {
-    const int wide = p->M > NT_MR, mr_max = wide ? NT_MR_WIDE : NT_MR;
+    const int wide = p->M > NT_MR && p->M <= NT_MR_WIDE, mr_max = wide ? NT_MR_WIDE : NT_MR;
     const int nw = !wide ? 4 : sk_pairs(k, portable) ? 2 : 1;
     const size_t q = nw > 1 ? (hi - lo) / (size_t)nw : 0;
     for (size_t i = 0; i < q; i++)
