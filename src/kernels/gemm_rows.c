@@ -31,10 +31,10 @@
 #define NT_MR_WIDE 8
 
 /* How far ahead (bytes) the AVX-512 kernels ask for each of their weight
- * streams. Their loads cover few bytes per instruction (after widening:
- * 16 fp16 or int8 weights), so the loads in flight in the out-of-order
- * window span too few cache lines to hide the memory latency, and the
- * hardware prefetcher does not make up for it. On one thread, bench_gemm
+ * streams. The loads in flight in the out-of-order window span too few
+ * cache lines to hide the memory latency (the widening kernel's fp16 and
+ * int8 loads cover 32 and 16 bytes each), and the hardware prefetcher does
+ * not make up for it. On one thread, bench_gemm
  * --shape nt_q8 1 45000 896 cold (40 MB) streamed 5-10 GB/s without and
  * 39-41 GB/s with it, nt_bf16 1 22000 896 cold 8-20 and 30-35 GB/s; at
  * WHALE_ISA=avx512 (the fp32-FMA kernel on widened weights), 45000 x 896
@@ -47,7 +47,7 @@
  * faults). */
 #define NT_PREFETCH 1024
 
-/* Weight types of the skinny kernels nt_quad / nt_single: they widen f32,
+/* Weight types of the skinny kernels nt_multi / nt_single: they widen f32,
  * fp16 and int8 weights to fp32 in registers (vcvtph2ps, vpmovsxbd +
  * vcvtdq2ps) for fp32 FMAs, with A already rounded to the product's format;
  * WT_I8 rows are multiplied by their scale. (bf16 weights, and int8 ones
