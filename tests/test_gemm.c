@@ -1428,6 +1428,63 @@ static void test_parts(whale_gemm *g) {
     for (int i = 0; i < 4; i++) free(A[i]);
 }
 
+/* Our decode kernels compute every row of a product with M = 1..16 rows (a
+ * batched decode step's streams) as the same sequence of fp32 operations as
+ * that row alone, whatever the weight format, the path (quads, 4 rows per
+ * pass, up to 4 rows and above 8; 5 to 8 rows in one pass over pairs or
+ * single weight rows), the tier
+ * (WHALE_ISA) and the thread count: a stream's greedy continuation never
+ * depends on what is batched with it. Odd K and N leave partial vectors and
+ * rows outside the quads and pairs. */
+static void test_rows_alone(whale_gemm *g) {
+    enum { MMAX = 16, K = 203, LDA = K + 3 };
+    static const int ns[] = {37, 3001};
+    static const whale_dtype dts[] = {WHALE_F32, WHALE_BF16, WHALE_F16, WHALE_I8};
+    static const whale_gemm_path paths[] = {WHALE_GEMM_AUTO, WHALE_GEMM_OWN, WHALE_GEMM_OWN_PORTABLE};
+    static const char *const names[] = {"auto", "own", "portable"};
+    whale_rng r;
+    whale_rng_seed(&r, 23);
+    float *A = malloc(sizeof(float) * MMAX * LDA);
+    for (int i = 0; i < MMAX * LDA; i++) A[i] = draw(&r, 0);
+    whale_err err;
+    for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+            const whale_dtype dt = dts[d];
+            const int N = ns[ni];
+            void *W;
+            float *scale;
+            parts_weights(dt, &r, N, K, &W, &scale);
+            float *C = malloc(sizeof(float) * MMAX * N), *one = malloc(sizeof(float) * N);
+            for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++)
+                for (int threads = 1; threads <= 2; threads++) {
+                    whale_gemm_set_path(g, paths[pi]);
+                    omp_set_num_threads(threads);
+                    for (int M = 1; M <= MMAX; M++) {
+                        const whale_nt_part p = {M, N, A, LDA, W, K, scale, C, N};
+                        CHECK(!parts_single(g, dt, K, &p, C, &err), "%s M=%d: %s", whale_dtype_name(dt), M, err.msg);
+                        CHECK(!strncmp(whale_gemm_last_impl(g), "whale:", 6), "%s M=%d path %s ran %s",
+                              whale_dtype_name(dt), M, names[pi], whale_gemm_last_impl(g));
+                        for (int m = 0; m < M; m++) {
+                            const whale_nt_part p1 = {1, N, A + (size_t)m * LDA, LDA, W, K, scale, one, N};
+                            CHECK(!parts_single(g, dt, K, &p1, one, &err), "%s row %d: %s", whale_dtype_name(dt),
+                                  m, err.msg);
+                            CHECK(!memcmp(C + (size_t)m * N, one, sizeof(float) * N),
+                                  "%s N=%d path %s, %d thread(s), tier %s: row %d of an M=%d product differs from "
+                                  "the row alone", whale_dtype_name(dt), N, names[pi], threads,
+                                  whale_isa_name(whale_isa_active()), m, M);
+                        }
+                    }
+                }
+            whale_gemm_set_path(g, WHALE_GEMM_AUTO);
+            omp_set_num_threads(2);
+            free(W);
+            free(scale);
+            free(C);
+            free(one);
+        }
+    free(A);
+}
+
 /* Which of our kernels a decode product runs follows the active tier
  * (whale_isa_active: what the processor offers, capped by WHALE_ISA), never
  * a fixed processor: the vdpbf16ps kernels from avx512_bf16, fp32 FMAs on
@@ -1507,6 +1564,7 @@ int main(void) {
     test_mixed_nan(g);
     test_mixed_misc(g);
     test_parts(g);
+    test_rows_alone(g);
     test_tier_dispatch(g);
     whale_gemm_free(g);
     test_mixed_blocks();

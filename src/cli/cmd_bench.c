@@ -40,7 +40,7 @@ static const char bench_help[] =
     "                          rate measured around it (pct_of_bound)\n"
     "  --threads N             (default: all cores)\n"
     "  --recompute             train: recompute activations in the backward pass\n"
-    "  --profile               time per op group (one more run), as a table on stderr and JSON\n"
+    "  --profile               time per op group (one more run; decode: its steps), as a table on stderr and JSON\n"
     "prints one JSON line per measurement";
 
 enum { BENCH_FORWARD, BENCH_PREFILL, BENCH_DECODE, BENCH_TRAIN };
@@ -50,6 +50,7 @@ typedef struct {
     const char *dir, *preset, *what, *label;
     long batch, seq, context, threads, reps, tokens;
     int profile, recompute, mode;
+    int profiling; /* this run is the profiled one */
     whale_dtype dtype;
     whale_model *m;
     whale_session *s;
@@ -176,6 +177,7 @@ static whale_code bench_run(bench_t *b, double *dt, whale_err *err) {
         c = whale_session_train_step(s, b->ids, NULL, NULL, NULL, B, S, 1.0, &loss, &count, err);
     } else if (b->mode == BENCH_DECODE) { /* batch streams at the same context, one token each per step */
         c = whale_session_forward(s, b->ids, B, (int)b->context, b->logits, 0, err);
+        if (b->profiling) whale_session_set_profile(s, 1); /* the steps only, not the context's prefill */
         t0 = whale_now();
         for (int k = 0; k < b->tokens && !c; k++)
             c = whale_session_forward(s, b->ids + b->batch * (b->context + k), B, 1, b->logits, 0, err);
@@ -198,7 +200,8 @@ static whale_code bench_time(bench_t *b, whale_err *err) {
     b->best = b->best_cpu = 1e30;
     for (int r = 0; r < b->reps + 1 + b->profile; r++) {
         int timed = r > 0 && r <= b->reps;
-        if (b->profile && r == b->reps + 1) whale_session_set_profile(b->s, 1);
+        b->profiling = b->profile && r == b->reps + 1;
+        if (b->profiling) whale_session_set_profile(b->s, 1);
         whale_session_reset(b->s);
         double bw_before = decode && timed ? whale_measure_read_bandwidth(probe_bytes, 1) : 0, dt;
         const double cpu0 = cpu_seconds();

@@ -5,6 +5,8 @@
 #include "kernels/gemm_impl.h"
 #include "whale_bench.h"
 
+#include <assert.h>
+
 /* ------------------------------------------------------------ own kernels: nt */
 
 /* C[m, n] = sum_k A[m, k] * W[n, k] for a few rows of A: every W vector
@@ -18,19 +20,34 @@
  * four distant sequential streams run as fast as reading rows one by one. */
 #define NT_MR 4
 
-/* How far ahead (bytes) the bf16 and int8 quad kernels ask for each of
- * their four weight streams. Their loads cover fewer bytes per instruction
- * than the f32 kernel's, so the loads in flight in the out-of-order window
- * span too few cache lines to hide the memory latency, and the hardware
- * prefetcher does not make up for it. On one thread, bench_gemm
+/* Products with NT_MR + 1 to NT_MR_WIDE rows take them all in one pass over
+ * the weights: against two W streams at a time in the AVX-512 kernels
+ * (2 x 8 accumulators of the 32 zmm registers), one in the AVX2 and plain C
+ * ones (8 of 16 ymm), so 5 to 8 rows read each weight once, as one row
+ * does (more: quads again, see sk_range). Every row is
+ * the same sequence of fp32 operations whatever the kernel (quad, pair or
+ * single, any mr): a stream's result never depends on what is batched
+ * with it. */
+#define NT_MR_WIDE 8
+
+/* How far ahead (bytes) the AVX-512 kernels ask for each of their weight
+ * streams. The loads in flight in the out-of-order window span too few
+ * cache lines to hide the memory latency (the widening kernel's fp16 and
+ * int8 loads cover 32 and 16 bytes each), and the hardware prefetcher does
+ * not make up for it. On one thread, bench_gemm
  * --shape nt_q8 1 45000 896 cold (40 MB) streamed 5-10 GB/s without and
- * 39-41 GB/s with it, nt_bf16 1 22000 896 cold 8-20 and 30-35 GB/s. 1 KB
- * is about what one stream consumes in a DRAM latency (~100 ns at
- * ~10 GB/s); 512 B to 2 KB gave the same rate. A prefetch past a row's end
- * lands in the row that stream takes next (or nowhere: it never faults). */
+ * 39-41 GB/s with it, nt_bf16 1 22000 896 cold 8-20 and 30-35 GB/s; at
+ * WHALE_ISA=avx512 (the fp32-FMA kernel on widened weights), 45000 x 896
+ * cold, best of 4: nt 7.5 -> 4.1 ms, nt_f16 6.2 -> 2.2, nt_bf16 6.6 -> 2.1,
+ * nt_q8 5.3 -> 2.1. The AVX2 kernels (32-byte loads) gained nothing
+ * measurable (nt 4.0-5.0 ms, nt_f16 2.1, nt_q8 1.7 either way) and have
+ * none. 1 KB is about what one stream consumes in a DRAM latency (~100 ns
+ * at ~10 GB/s); 512 B to 2 KB gave the same rate. A prefetch past a row's
+ * end lands in the row that stream takes next (or nowhere: it never
+ * faults). */
 #define NT_PREFETCH 1024
 
-/* Weight types of the skinny kernels nt_quad / nt_single: they widen f32,
+/* Weight types of the skinny kernels nt_multi / nt_single: they widen f32,
  * fp16 and int8 weights to fp32 in registers (vcvtph2ps, vpmovsxbd +
  * vcvtdq2ps) for fp32 FMAs, with A already rounded to the product's format;
  * WT_I8 rows are multiplied by their scale. (bf16 weights, and int8 ones
@@ -39,13 +56,25 @@ enum { WT_F32 = 0, WT_F16, WT_I8, WT_BF16 };
 
 static size_t wt_size(int wt) { return wt == WT_F32 ? 4 : wt == WT_I8 ? 1 : 2; }
 
-/* Copies specialised for the weight type and the number of A rows. */
+/* Copies specialised for the weight type and the number of A rows: up to
+ * NT_MR (quads), up to NT_MR_WIDE (pairs and singles). */
 #define BY_MR(call_with_mr)                                                                        \
     switch (mr) {                                                                                  \
     case 1: call_with_mr(1); break;                                                                \
     case 2: call_with_mr(2); break;                                                                \
     case 3: call_with_mr(3); break;                                                                \
     default: call_with_mr(4); break;                                                               \
+    }
+#define BY_MR_WIDE(call_with_mr)                                                                   \
+    switch (mr) {                                                                                  \
+    case 1: call_with_mr(1); break;                                                                \
+    case 2: call_with_mr(2); break;                                                                \
+    case 3: call_with_mr(3); break;                                                                \
+    case 4: call_with_mr(4); break;                                                                \
+    case 5: call_with_mr(5); break;                                                                \
+    case 6: call_with_mr(6); break;                                                                \
+    case 7: call_with_mr(7); break;                                                                \
+    default: call_with_mr(8); break;                                                               \
     }
 
 /* plain C, f32 weights */
@@ -105,41 +134,51 @@ static inline __attribute__((always_inline)) __m512 load_w(const int wt, __mmask
     return _mm512_maskz_loadu_ps(mask, (const float *)w + k);
 }
 
-/* W rows n, n+q, n+2q, n+3q against mr A rows; results go to the same
+/* Sums of the first two of four vectors, as lanes 0, 1 of the result: in
+ * the order hsum4 gives them. */
+static inline __m128 hsum_nw(const int nw, const __m512 *s) {
+    return nw == 4 ? hsum4(s[0], s[1], s[2], s[3]) : hsum4(s[0], s[1], s[0], s[1]);
+}
+
+/* W rows n + r·q (r < nw: 4 streams a quarter of the range apart, or 2 half
+ * of it apart when mr > NT_MR) against mr A rows; results go to the same
  * columns of C. */
 static inline __attribute__((always_inline)) void
-nt_quad(const int wt, const int mr, int K, const float *A, size_t lda, const void *W, size_t ldw,
-        size_t n, size_t q, const float *scale, float *C, size_t ldc, int acc) {
-    const size_t row = ldw * wt_size(wt), step = q * row;
-    const char *w0 = (const char *)W + n * row, *w1 = w0 + step, *w2 = w1 + step, *w3 = w2 + step;
-    __m512 s[NT_MR][4];
+nt_multi(const int wt, const int nw, const int mr, int K, const float *A, size_t lda, const void *W,
+         size_t ldw, size_t n, size_t q, const float *scale, float *C, size_t ldc, int acc) {
+    const size_t row = ldw * wt_size(wt);
+    const char *w[4];
 #pragma GCC unroll 4
+    for (int r = 0; r < nw; r++) w[r] = (const char *)W + (n + r * q) * row;
+    __m512 s[NT_MR_WIDE][4];
+#pragma GCC unroll 8
     for (int m = 0; m < mr; m++)
 #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) s[m][r] = _mm512_setzero_ps();
+        for (int r = 0; r < nw; r++) s[m][r] = _mm512_setzero_ps();
     __mmask16 mask = 0xFFFF;
     for (int k = 0; k < K; k += 16) {
         if (K - k < 16) mask = (__mmask16)((1u << (K - k)) - 1); /* last, partial vector */
-        const __m512 v0 = load_w(wt, mask, w0, k);
-        const __m512 v1 = load_w(wt, mask, w1, k);
-        const __m512 v2 = load_w(wt, mask, w2, k);
-        const __m512 v3 = load_w(wt, mask, w3, k);
+        if ((size_t)k * wt_size(wt) % 64 == 0) { /* once per cache line */
 #pragma GCC unroll 4
+            for (int r = 0; r < nw; r++) _mm_prefetch(w[r] + (size_t)k * wt_size(wt) + NT_PREFETCH, _MM_HINT_T0);
+        }
+        __m512 v[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < nw; r++) v[r] = load_w(wt, mask, w[r], k);
+#pragma GCC unroll 8
         for (int m = 0; m < mr; m++) {
             const __m512 a = _mm512_maskz_loadu_ps(mask, A + m * lda + k);
-            s[m][0] = _mm512_fmadd_ps(a, v0, s[m][0]);
-            s[m][1] = _mm512_fmadd_ps(a, v1, s[m][1]);
-            s[m][2] = _mm512_fmadd_ps(a, v2, s[m][2]);
-            s[m][3] = _mm512_fmadd_ps(a, v3, s[m][3]);
+#pragma GCC unroll 4
+            for (int r = 0; r < nw; r++) s[m][r] = _mm512_fmadd_ps(a, v[r], s[m][r]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int m = 0; m < mr; m++) {
         float sum[4];
-        _mm_storeu_ps(sum, hsum4(s[m][0], s[m][1], s[m][2], s[m][3]));
+        _mm_storeu_ps(sum, hsum_nw(nw, s[m]));
         float *c = C + m * ldc + n;
 #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
+        for (int r = 0; r < nw; r++) {
             const float v = wt == WT_I8 ? scale[n + r * q] * sum[r] : sum[r];
             c[r * q] = acc ? c[r * q] + v : v;
         }
@@ -151,18 +190,18 @@ nt_quad(const int wt, const int mr, int K, const float *A, size_t lda, const voi
 static inline __attribute__((always_inline)) void
 nt_single(const int wt, const int mr, int K, const float *A, size_t lda, const void *w, float sc,
           float *C, size_t ldc, int acc) {
-    __m512 s[NT_MR];
-#pragma GCC unroll 4
+    __m512 s[NT_MR_WIDE];
+#pragma GCC unroll 8
     for (int m = 0; m < mr; m++) s[m] = _mm512_setzero_ps();
     __mmask16 mask = 0xFFFF;
     for (int k = 0; k < K; k += 16) {
         if (K - k < 16) mask = (__mmask16)((1u << (K - k)) - 1);
         const __m512 v = load_w(wt, mask, w, k);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int m = 0; m < mr; m++)
             s[m] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, A + m * lda + k), v, s[m]);
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int m = 0; m < mr; m++) {
         float v = hsum1(s[m]);
         if (wt == WT_I8) v *= sc;
@@ -170,32 +209,44 @@ nt_single(const int wt, const int mr, int K, const float *A, size_t lda, const v
     }
 }
 
-static void nt_quad_rows_avx512(int wt, int mr, int K, const float *A, size_t lda, const void *W,
-                         size_t ldw, size_t n, size_t q, const float *scale, float *C, size_t ldc,
-                         int acc) {
-#define QUAD(WT, MR) nt_quad(WT, MR, K, A, lda, W, ldw, n, q, scale, C, ldc, acc)
+static void nt_multi_rows_avx512(int wt, int nw, int mr, int K, const float *A, size_t lda, const void *W,
+                                 size_t ldw, size_t n, size_t q, const float *scale, float *C, size_t ldc,
+                                 int acc) {
+#define QUAD(WT, MR) nt_multi(WT, 4, MR, K, A, lda, W, ldw, n, q, scale, C, ldc, acc)
+#define PAIR(WT, MR) nt_multi(WT, 2, MR, K, A, lda, W, ldw, n, q, scale, C, ldc, acc)
 #define QUAD_F32(MR) QUAD(WT_F32, MR)
 #define QUAD_F16(MR) QUAD(WT_F16, MR)
 #define QUAD_I8(MR) QUAD(WT_I8, MR)
 #define QUAD_BF(MR) QUAD(WT_BF16, MR)
-    if (wt == WT_BF16) {
-        BY_MR(QUAD_BF);
+#define PAIR_F32(MR) PAIR(WT_F32, MR)
+#define PAIR_F16(MR) PAIR(WT_F16, MR)
+#define PAIR_I8(MR) PAIR(WT_I8, MR)
+#define PAIR_BF(MR) PAIR(WT_BF16, MR)
+    if (nw == 4) {
+        switch (wt) {
+        case WT_F16: BY_MR(QUAD_F16); break;
+        case WT_I8: BY_MR(QUAD_I8); break;
+        case WT_BF16: BY_MR(QUAD_BF); break;
+        default: BY_MR(QUAD_F32); break;
+        }
         return;
     }
-    if (wt == WT_F16) {
-        BY_MR(QUAD_F16);
-        return;
+    switch (wt) {
+    case WT_F16: BY_MR_WIDE(PAIR_F16); break;
+    case WT_I8: BY_MR_WIDE(PAIR_I8); break;
+    case WT_BF16: BY_MR_WIDE(PAIR_BF); break;
+    default: BY_MR_WIDE(PAIR_F32); break;
     }
-    if (wt == WT_I8) {
-        BY_MR(QUAD_I8);
-        return;
-    }
-    BY_MR(QUAD_F32);
 #undef QUAD
+#undef PAIR
 #undef QUAD_F32
 #undef QUAD_F16
 #undef QUAD_I8
 #undef QUAD_BF
+#undef PAIR_F32
+#undef PAIR_F16
+#undef PAIR_I8
+#undef PAIR_BF
 }
 
 static void nt_single_rows_avx512(int wt, int mr, int K, const float *A, size_t lda, const void *w,
@@ -206,18 +257,18 @@ static void nt_single_rows_avx512(int wt, int mr, int K, const float *A, size_t 
 #define SINGLE_I8(MR) SINGLE(WT_I8, MR)
 #define SINGLE_BF(MR) SINGLE(WT_BF16, MR)
     if (wt == WT_BF16) {
-        BY_MR(SINGLE_BF);
+        BY_MR_WIDE(SINGLE_BF);
         return;
     }
     if (wt == WT_F16) {
-        BY_MR(SINGLE_F16);
+        BY_MR_WIDE(SINGLE_F16);
         return;
     }
     if (wt == WT_I8) {
-        BY_MR(SINGLE_I8);
+        BY_MR_WIDE(SINGLE_I8);
         return;
     }
-    BY_MR(SINGLE_F32);
+    BY_MR_WIDE(SINGLE_F32);
 #undef SINGLE
 #undef SINGLE_F32
 #undef SINGLE_F16
@@ -314,18 +365,18 @@ static inline __attribute__((always_inline)) void
 nt_single8(const int wt, const int mr, int K, const float *A, size_t lda, const void *w, float sc, float *C,
            size_t ldc, int acc) {
     const int K8 = K / NT8 * NT8;
-    __m256 s[NT_MR];
-#pragma GCC unroll 4
+    __m256 s[NT_MR_WIDE];
+#pragma GCC unroll 8
     for (int m = 0; m < mr; m++) s[m] = _mm256_setzero_ps();
     for (int k = 0; k <= K8; k += NT8) {
         if (k == K8 && k == K) break;
         const int tail = k == K8;
         const __m256 v = tail ? tail8_w(wt, w, k, K) : load8_w(wt, w, k);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int m = 0; m < mr; m++)
             s[m] = _mm256_fmadd_ps(tail ? tail8_a(A + m * lda, k, K) : _mm256_loadu_ps(A + m * lda + k), v, s[m]);
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int m = 0; m < mr; m++) {
         float v = hsum1_8(s[m]);
         if (wt == WT_I8) v *= sc;
@@ -361,10 +412,10 @@ static void nt_single_rows_avx2(int wt, int mr, int K, const float *A, size_t ld
 #define SINGLE8_I8(MR) SINGLE8(WT_I8, MR)
 #define SINGLE8_BF(MR) SINGLE8(WT_BF16, MR)
     switch (wt) {
-    case WT_F16: BY_MR(SINGLE8_F16); break;
-    case WT_I8: BY_MR(SINGLE8_I8); break;
-    case WT_BF16: BY_MR(SINGLE8_BF); break;
-    default: BY_MR(SINGLE8_F32); break;
+    case WT_F16: BY_MR_WIDE(SINGLE8_F16); break;
+    case WT_I8: BY_MR_WIDE(SINGLE8_I8); break;
+    case WT_BF16: BY_MR_WIDE(SINGLE8_BF); break;
+    default: BY_MR_WIDE(SINGLE8_F32); break;
     }
 #undef SINGLE8
 #undef SINGLE8_F32
@@ -375,19 +426,23 @@ static void nt_single_rows_avx2(int wt, int mr, int K, const float *A, size_t ld
 WHALE_TARGET_END
 #endif
 
-static void nt_quad_rows(int wt, int mr, int K, const float *A, size_t lda, const void *W,
-                         size_t ldw, size_t n, size_t q, const float *scale, float *C, size_t ldc,
-                         int acc) {
+/* nw W rows n + r·q against mr A rows: 4 (quads, mr <= NT_MR) in every
+ * tier, 2 (pairs, mr <= NT_MR_WIDE) only where nt_pairs() says so. */
+static void nt_multi_rows(int wt, int nw, int mr, int K, const float *A, size_t lda, const void *W,
+                          size_t ldw, size_t n, size_t q, const float *scale, float *C, size_t ldc,
+                          int acc) {
 #if WHALE_X86
     if (gemm_have_avx512()) {
-        nt_quad_rows_avx512(wt, mr, K, A, lda, W, ldw, n, q, scale, C, ldc, acc);
+        nt_multi_rows_avx512(wt, nw, mr, K, A, lda, W, ldw, n, q, scale, C, ldc, acc);
         return;
     }
+    assert(nw == 4);
     if (gemm_have_avx2()) {
         nt_quad_rows_avx2(wt, mr, K, A, lda, W, ldw, n, q, scale, C, ldc, acc);
         return;
     }
 #endif
+    assert(nw == 4);
     nt_quad_rows_c(wt, mr, K, A, lda, W, ldw, n, q, scale, C, ldc, acc);
 }
 
@@ -412,7 +467,7 @@ static void nt_single_rows(int wt, int mr, int K, const float *A, size_t lda, co
  * differs from the vector kernel only in summation order. */
 static void ntx_single_c(int wt, int mr, int K, const float *A, size_t lda, const void *w,
                          float sc, float *C, size_t ldc, int acc) {
-    float s[NT_MR] = {0};
+    float s[NT_MR_WIDE] = {0};
     for (int k = 0; k < K; k++) {
         const float v = wt == WT_F16    ? whale_f16_to_float(((const uint16_t *)w)[k])
                         : wt == WT_BF16 ? whale_bf16_to_float(((const uint16_t *)w)[k])
@@ -575,79 +630,83 @@ static void ntb_single_c(int mr, int K, const uint16_t *A, size_t lda, const uin
 #if WHALE_X86
 WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512_BF16)
 
-/* W rows n, n+q, n+2q, n+3q against mr A rows: vdpbf16ps adds the products
- * of adjacent k pairs into fp32 lanes. */
+/* W rows n + r·q (r < nw, as nt_multi) against mr A rows: vdpbf16ps adds
+ * the products of adjacent k pairs into fp32 lanes. */
 static inline __attribute__((always_inline)) void
-ntb_quad(const int mr, int K, const uint16_t *A, size_t lda, const uint16_t *W, size_t ldw,
-         size_t n, size_t q, float *C, size_t ldc, int acc) {
-    const uint16_t *w0 = W + n * ldw, *w1 = w0 + q * ldw, *w2 = w1 + q * ldw, *w3 = w2 + q * ldw;
-    __m512 s[NT_MR][4];
+ntb_multi(const int nw, const int mr, int K, const uint16_t *A, size_t lda, const uint16_t *W, size_t ldw,
+          size_t n, size_t q, float *C, size_t ldc, int acc) {
+    const uint16_t *w[4];
 #pragma GCC unroll 4
+    for (int r = 0; r < nw; r++) w[r] = W + (n + r * q) * ldw;
+    __m512 s[NT_MR_WIDE][4];
+#pragma GCC unroll 8
     for (int m = 0; m < mr; m++)
 #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) s[m][r] = _mm512_setzero_ps();
+        for (int r = 0; r < nw; r++) s[m][r] = _mm512_setzero_ps();
     __mmask32 mask = 0xFFFFFFFFu;
     for (int k = 0; k < K; k += KB_STEP) {
         if (K - k < KB_STEP) mask = (__mmask32)((1u << (K - k)) - 1); /* W beyond K may be NaN */
-        _mm_prefetch((const char *)(w0 + k) + NT_PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)(w1 + k) + NT_PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)(w2 + k) + NT_PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)(w3 + k) + NT_PREFETCH, _MM_HINT_T0);
-        const __m512bh v0 = (__m512bh)_mm512_maskz_loadu_epi16(mask, w0 + k);
-        const __m512bh v1 = (__m512bh)_mm512_maskz_loadu_epi16(mask, w1 + k);
-        const __m512bh v2 = (__m512bh)_mm512_maskz_loadu_epi16(mask, w2 + k);
-        const __m512bh v3 = (__m512bh)_mm512_maskz_loadu_epi16(mask, w3 + k);
+        __m512bh v[4];
 #pragma GCC unroll 4
+        for (int r = 0; r < nw; r++) {
+            _mm_prefetch((const char *)(w[r] + k) + NT_PREFETCH, _MM_HINT_T0);
+            v[r] = (__m512bh)_mm512_maskz_loadu_epi16(mask, w[r] + k);
+        }
+#pragma GCC unroll 8
         for (int m = 0; m < mr; m++) {
             const __m512bh a = (__m512bh)_mm512_load_si512(A + m * lda + k);
-            s[m][0] = _mm512_dpbf16_ps(s[m][0], a, v0);
-            s[m][1] = _mm512_dpbf16_ps(s[m][1], a, v1);
-            s[m][2] = _mm512_dpbf16_ps(s[m][2], a, v2);
-            s[m][3] = _mm512_dpbf16_ps(s[m][3], a, v3);
+#pragma GCC unroll 4
+            for (int r = 0; r < nw; r++) s[m][r] = _mm512_dpbf16_ps(s[m][r], a, v[r]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int m = 0; m < mr; m++) {
         float sum[4];
-        _mm_storeu_ps(sum, hsum4(s[m][0], s[m][1], s[m][2], s[m][3]));
+        _mm_storeu_ps(sum, hsum_nw(nw, s[m]));
         float *c = C + m * ldc + n;
 #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) c[r * q] = acc ? c[r * q] + sum[r] : sum[r];
+        for (int r = 0; r < nw; r++) c[r * q] = acc ? c[r * q] + sum[r] : sum[r];
     }
 }
 
 static inline __attribute__((always_inline)) void
 ntb_single(const int mr, int K, const uint16_t *A, size_t lda, const uint16_t *w, float *C,
            size_t ldc, int acc) {
-    __m512 s[NT_MR];
-#pragma GCC unroll 4
+    __m512 s[NT_MR_WIDE];
+#pragma GCC unroll 8
     for (int m = 0; m < mr; m++) s[m] = _mm512_setzero_ps();
     __mmask32 mask = 0xFFFFFFFFu;
     for (int k = 0; k < K; k += KB_STEP) {
         if (K - k < KB_STEP) mask = (__mmask32)((1u << (K - k)) - 1);
         const __m512bh v = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + k);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int m = 0; m < mr; m++)
             s[m] = _mm512_dpbf16_ps(s[m], (__m512bh)_mm512_load_si512(A + m * lda + k), v);
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int m = 0; m < mr; m++) {
         const float v = hsum1(s[m]);
         C[m * ldc] = acc ? C[m * ldc] + v : v;
     }
 }
 
-static void ntb_quad_rows(int mr, int K, const uint16_t *A, size_t lda, const uint16_t *W,
-                          size_t ldw, size_t n, size_t q, float *C, size_t ldc, int acc) {
-#define QUAD_BF16(MR) ntb_quad(MR, K, A, lda, W, ldw, n, q, C, ldc, acc)
-    BY_MR(QUAD_BF16)
+static void ntb_multi_rows(int nw, int mr, int K, const uint16_t *A, size_t lda, const uint16_t *W,
+                           size_t ldw, size_t n, size_t q, float *C, size_t ldc, int acc) {
+#define QUAD_BF16(MR) ntb_multi(4, MR, K, A, lda, W, ldw, n, q, C, ldc, acc)
+#define PAIR_BF16(MR) ntb_multi(2, MR, K, A, lda, W, ldw, n, q, C, ldc, acc)
+    if (nw == 4) {
+        BY_MR(QUAD_BF16)
+    } else {
+        BY_MR_WIDE(PAIR_BF16)
+    }
 #undef QUAD_BF16
+#undef PAIR_BF16
 }
 
 static void ntb_single_rows(int mr, int K, const uint16_t *A, size_t lda, const uint16_t *w,
                             float *C, size_t ldc, int acc) {
 #define SINGLE_BF16(MR) ntb_single(MR, K, A, lda, w, C, ldc, acc)
-    BY_MR(SINGLE_BF16)
+    BY_MR_WIDE(SINGLE_BF16)
 #undef SINGLE_BF16
 }
 
@@ -724,42 +783,41 @@ static inline __mmask64 q8_mask(int left) {
     return left >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << left) - 1;
 }
 
+/* W rows n + r·q (r < nw, as nt_multi) against mr A rows. */
 static inline __attribute__((always_inline)) void
-q8_quad(const int mr, int K, const uint16_t *A, size_t lda, const int8_t *W, size_t ldw, size_t n,
-        size_t q, const float *scale, float *C, size_t ldc, int acc, const q8_tables *t) {
-    const int8_t *w0 = W + n * ldw, *w1 = w0 + q * ldw, *w2 = w1 + q * ldw, *w3 = w2 + q * ldw;
-    __m512 s[NT_MR][4];
+q8_multi(const int nw, const int mr, int K, const uint16_t *A, size_t lda, const int8_t *W, size_t ldw,
+         size_t n, size_t q, const float *scale, float *C, size_t ldc, int acc, const q8_tables *t) {
+    const int8_t *w[4];
 #pragma GCC unroll 4
+    for (int r = 0; r < nw; r++) w[r] = W + (n + r * q) * ldw;
+    __m512 s[NT_MR_WIDE][4];
+#pragma GCC unroll 8
     for (int m = 0; m < mr; m++)
 #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) s[m][r] = _mm512_setzero_ps();
+        for (int r = 0; r < nw; r++) s[m][r] = _mm512_setzero_ps();
     for (int k = 0; k < K; k += Q8_STEP) {
         const __mmask64 mask = q8_mask(K - k);
         __m512bh l[4], h[4];
-        _mm_prefetch((const char *)(w0 + k + NT_PREFETCH), _MM_HINT_T0);
-        _mm_prefetch((const char *)(w1 + k + NT_PREFETCH), _MM_HINT_T0);
-        _mm_prefetch((const char *)(w2 + k + NT_PREFETCH), _MM_HINT_T0);
-        _mm_prefetch((const char *)(w3 + k + NT_PREFETCH), _MM_HINT_T0);
-        q8_load(t, mask, w0 + k, &l[0], &h[0]);
-        q8_load(t, mask, w1 + k, &l[1], &h[1]);
-        q8_load(t, mask, w2 + k, &l[2], &h[2]);
-        q8_load(t, mask, w3 + k, &l[3], &h[3]);
 #pragma GCC unroll 4
+        for (int r = 0; r < nw; r++) _mm_prefetch((const char *)(w[r] + k + NT_PREFETCH), _MM_HINT_T0);
+#pragma GCC unroll 4
+        for (int r = 0; r < nw; r++) q8_load(t, mask, w[r] + k, &l[r], &h[r]);
+#pragma GCC unroll 8
         for (int m = 0; m < mr; m++) {
             const __m512bh alo = (__m512bh)_mm512_load_si512(A + m * lda + k);
             const __m512bh ahi = (__m512bh)_mm512_load_si512(A + m * lda + k + 32);
 #pragma GCC unroll 4
-            for (int r = 0; r < 4; r++)
+            for (int r = 0; r < nw; r++)
                 s[m][r] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(s[m][r], alo, l[r]), ahi, h[r]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int m = 0; m < mr; m++) {
         float sum[4];
-        _mm_storeu_ps(sum, hsum4(s[m][0], s[m][1], s[m][2], s[m][3]));
+        _mm_storeu_ps(sum, hsum_nw(nw, s[m]));
         float *c = C + m * ldc + n;
 #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
+        for (int r = 0; r < nw; r++) {
             const float v = scale[n + r * q] * sum[r];
             c[r * q] = acc ? c[r * q] + v : v;
         }
@@ -769,19 +827,19 @@ q8_quad(const int mr, int K, const uint16_t *A, size_t lda, const int8_t *W, siz
 static inline __attribute__((always_inline)) void
 q8_single(const int mr, int K, const uint16_t *A, size_t lda, const int8_t *w, float sc, float *C,
           size_t ldc, int acc, const q8_tables *t) {
-    __m512 s[NT_MR];
-#pragma GCC unroll 4
+    __m512 s[NT_MR_WIDE];
+#pragma GCC unroll 8
     for (int m = 0; m < mr; m++) s[m] = _mm512_setzero_ps();
     for (int k = 0; k < K; k += Q8_STEP) {
         __m512bh l, h;
         q8_load(t, q8_mask(K - k), w + k, &l, &h);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int m = 0; m < mr; m++) {
             s[m] = _mm512_dpbf16_ps(s[m], (__m512bh)_mm512_load_si512(A + m * lda + k), l);
             s[m] = _mm512_dpbf16_ps(s[m], (__m512bh)_mm512_load_si512(A + m * lda + k + 32), h);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int m = 0; m < mr; m++) {
         const float v = sc * hsum1(s[m]);
         C[m * ldc] = acc ? C[m * ldc] + v : v;
@@ -813,18 +871,24 @@ static void a_to_bf16_q8(int M, int K, const float *A, size_t lda, uint16_t *dst
         }
 }
 
-static void q8_quad_rows(int mr, int K, const uint16_t *A, size_t lda, const int8_t *W, size_t ldw,
-                         size_t n, size_t q, const float *scale, float *C, size_t ldc, int acc,
-                         const q8_tables *t) {
-#define QUAD_Q8(MR) q8_quad(MR, K, A, lda, W, ldw, n, q, scale, C, ldc, acc, t)
-    BY_MR(QUAD_Q8)
+static void q8_multi_rows(int nw, int mr, int K, const uint16_t *A, size_t lda, const int8_t *W, size_t ldw,
+                          size_t n, size_t q, const float *scale, float *C, size_t ldc, int acc,
+                          const q8_tables *t) {
+#define QUAD_Q8(MR) q8_multi(4, MR, K, A, lda, W, ldw, n, q, scale, C, ldc, acc, t)
+#define PAIR_Q8(MR) q8_multi(2, MR, K, A, lda, W, ldw, n, q, scale, C, ldc, acc, t)
+    if (nw == 4) {
+        BY_MR(QUAD_Q8)
+    } else {
+        BY_MR_WIDE(PAIR_Q8)
+    }
 #undef QUAD_Q8
+#undef PAIR_Q8
 }
 
 static void q8_single_rows(int mr, int K, const uint16_t *A, size_t lda, const int8_t *w, float sc,
                            float *C, size_t ldc, int acc, const q8_tables *t) {
 #define SINGLE_Q8(MR) q8_single(MR, K, A, lda, w, sc, C, ldc, acc, t)
-    BY_MR(SINGLE_Q8)
+    BY_MR_WIDE(SINGLE_Q8)
 #undef SINGLE_Q8
 }
 
@@ -898,9 +962,17 @@ static void sk_convert(sk_kind k, int portable, int M, int K, const float *A, si
     }
 }
 
-/* W rows n, n+q, n+2q, n+3q (quad) or row n alone (q = 0) of part p against
- * its A rows m0..m0+mr−1. */
-static void sk_rows(sk_kind k, int portable, const sk_part *p, int m0, int mr, size_t n, size_t q,
+/* Does kernel k read two W streams at a time for more than NT_MR rows (the
+ * AVX-512 ones), or one (AVX2, plain C)? */
+static int sk_pairs(sk_kind k, int portable) {
+    if (k == SK_Q8) return 1;
+    if (k == SK_BF16) return !portable;
+    return gemm_have_avx512() && !(portable && k != SK_F32);
+}
+
+/* W rows n + r·q (r < nw: 4, a quad; 2, a pair) or row n alone (q = 0) of
+ * part p against its A rows m0..m0+mr−1. */
+static void sk_rows(sk_kind k, int portable, const sk_part *p, int m0, int mr, size_t n, int nw, size_t q,
                     const void *tables) {
     const int K = p->K, acc = p->acc;
     const size_t lda = p->lda, ldw = p->ldw, ldc = p->ldc;
@@ -912,7 +984,7 @@ static void sk_rows(sk_kind k, int portable, const sk_part *p, int m0, int mr, s
 #if WHALE_X86
         if (k == SK_Q8) {
             const int8_t *W = p->W;
-            if (q) q8_quad_rows(mr, K, A, lda, W, ldw, n, q, p->scale, C, ldc, acc, tables);
+            if (q) q8_multi_rows(nw, mr, K, A, lda, W, ldw, n, q, p->scale, C, ldc, acc, tables);
             else q8_single_rows(mr, K, A, lda, W + n * ldw, sc, C + n, ldc, acc, tables);
             return;
         }
@@ -920,12 +992,12 @@ static void sk_rows(sk_kind k, int portable, const sk_part *p, int m0, int mr, s
         const uint16_t *W = p->W;
 #if WHALE_X86
         if (!portable) {
-            if (q) ntb_quad_rows(mr, K, A, lda, W, ldw, n, q, C, ldc, acc);
+            if (q) ntb_multi_rows(nw, mr, K, A, lda, W, ldw, n, q, C, ldc, acc);
             else ntb_single_rows(mr, K, A, lda, W + n * ldw, C + n, ldc, acc);
             return;
         }
 #endif
-        for (int r = 0; r < (q ? 4 : 1); r++)
+        for (int r = 0; r < (q ? nw : 1); r++)
             ntb_single_c(mr, K, A, lda, W + (n + r * q) * ldw, C + n + r * q, ldc, acc);
         return;
     }
@@ -934,27 +1006,37 @@ static void sk_rows(sk_kind k, int portable, const sk_part *p, int m0, int mr, s
     const char *W = p->W;
     const size_t row = ldw * wt_size(wt);
     if (portable && k != SK_F32) {
-        for (int r = 0; r < (q ? 4 : 1); r++) {
+        for (int r = 0; r < (q ? nw : 1); r++) {
             const size_t i = n + r * q;
             ntx_single_c(wt, mr, K, A, lda, W + i * row, p->scale ? p->scale[i] : 0, C + i, ldc, acc);
         }
         return;
     }
-    if (q) nt_quad_rows(wt, mr, K, A, lda, W, ldw, n, q, p->scale, C, ldc, acc);
+    if (q) nt_multi_rows(wt, nw, mr, K, A, lda, W, ldw, n, q, p->scale, C, ldc, acc);
     else nt_single_rows(wt, mr, K, A, lda, W + n * row, sc, C + n, ldc, acc);
 }
 
-/* Rows lo..hi−1 of part p: cut into four quarters walked side by side (four
- * distant sequential streams, see NT_MR), the few left over one by one. */
+/* Rows lo..hi−1 of part p. Up to NT_MR A rows, and more than NT_MR_WIDE:
+ * the range cut into four quarters walked side by side (four distant
+ * sequential streams, see NT_MR), NT_MR A rows per pass. NT_MR + 1 to
+ * NT_MR_WIDE: all rows in one pass, over two halves side by side or the
+ * rows one by one (sk_pairs). The few left over one by one. (At 9 to 16
+ * rows the passes after the first find the weights in L1, and quads were
+ * as fast or faster: one thread, bench_gemm --shape nt_bf16 16 4864 896
+ * cold 0.74 ms against 0.83 in two passes of 8, 12 rows 0.61 against 0.63,
+ * nt_bf16 16 129280 320 6.65 against 6.59, nt_q8 16 4864 896 0.55 against
+ * 0.57.) */
 static void sk_range(sk_kind k, int portable, const sk_part *p, size_t lo, size_t hi,
                      const void *tables) {
-    const size_t q = (hi - lo) / 4;
+    const int wide = p->M > NT_MR && p->M <= NT_MR_WIDE, mr_max = wide ? NT_MR_WIDE : NT_MR;
+    const int nw = !wide ? 4 : sk_pairs(k, portable) ? 2 : 1;
+    const size_t q = nw > 1 ? (hi - lo) / (size_t)nw : 0;
     for (size_t i = 0; i < q; i++)
-        for (int m0 = 0; m0 < p->M; m0 += NT_MR)
-            sk_rows(k, portable, p, m0, p->M - m0 < NT_MR ? p->M - m0 : NT_MR, lo + i, q, tables);
-    for (size_t n = lo + 4 * q; n < hi; n++)
-        for (int m0 = 0; m0 < p->M; m0 += NT_MR)
-            sk_rows(k, portable, p, m0, p->M - m0 < NT_MR ? p->M - m0 : NT_MR, n, 0, tables);
+        for (int m0 = 0; m0 < p->M; m0 += mr_max)
+            sk_rows(k, portable, p, m0, p->M - m0 < mr_max ? p->M - m0 : mr_max, lo + i, nw, q, tables);
+    for (size_t n = lo + (size_t)nw * q; n < hi; n++)
+        for (int m0 = 0; m0 < p->M; m0 += mr_max)
+            sk_rows(k, portable, p, m0, p->M - m0 < mr_max ? p->M - m0 : mr_max, n, 1, 0, tables);
 }
 
 /* How the W rows of all parts (one row space, part after part) are dealt
