@@ -356,6 +356,11 @@ int main(int argc, char **argv) {
     const int bf16_only = argc > 1 && !strcmp(argv[1], "--sweep-bf16");
     const int moe_only = argc > 1 && !strcmp(argv[1], "--moe"); /* the expert pattern alone */
     const int shape = argc > 1 && !strcmp(argv[1], "--shape");
+    if (argc > 1 && !sweep && !bf16_only && !moe_only && !shape) {
+        fprintf(stderr, "usage: bench_gemm [--sweep | --sweep-bf16 | --moe | --shape KIND M N K [cold]]\n"
+                        "(the top of bench/bench_gemm.c says what each measures)\n");
+        return strcmp(argv[1], "--help") && strcmp(argv[1], "-h") ? 2 : 0;
+    }
     int kind = -1, sM = 0, sN = 0, sK = 0;
     if (shape) {
         for (int k = 0; argc > 2 && k < (int)(sizeof kinds / sizeof *kinds); k++)

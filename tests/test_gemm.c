@@ -1354,6 +1354,7 @@ static void test_parts(whale_gemm *g) {
     static const int ms[NP] = {1, 1, 3, 40, 1, 2}, ns[NP] = {640, 97, 300, 50, 30001, 0}, a_of[NP] = {0, 0, 1, 2, 3, 0};
     static const whale_dtype dts[] = {WHALE_F32, WHALE_BF16, WHALE_F16, WHALE_I8};
     static const whale_gemm_path paths[] = {WHALE_GEMM_AUTO, WHALE_GEMM_OWN, WHALE_GEMM_OWN_PORTABLE};
+    static const char *const part_path_names[] = {"auto", "own", "portable"};
     whale_rng r;
     whale_rng_seed(&r, 21);
     float *A[4];
@@ -1396,12 +1397,12 @@ static void test_parts(whale_gemm *g) {
                 omp_set_num_threads(2);
                 for (int i = 0; i < NP; i++)
                     CHECK(parts_excess(dt, K, &p[i]) <= 0, "%s path %s, %d thread(s): part %d (M=%d N=%d) off the "
-                          "reference by %g beyond the fp32 bound", whale_dtype_name(dt), path_names[pi], threads, i,
+                          "reference by %g beyond the fp32 bound", whale_dtype_name(dt), part_path_names[pi], threads, i,
                           ms[i], ns[i], parts_excess(dt, K, &p[i]));
                 for (int i = 0; i < NP; i++)
                     CHECK(!memcmp(C[i], ref[i], sizeof(float) * (size_t)ms[i] * (ns[i] + 5)),
                           "%s path %s, %d thread(s): part %d (M=%d N=%d) differs from its own call",
-                          whale_dtype_name(dt), path_names[pi], threads, i, ms[i], ns[i]);
+                          whale_dtype_name(dt), part_path_names[pi], threads, i, ms[i], ns[i]);
             }
         whale_gemm_set_path(g, WHALE_GEMM_AUTO);
         /* a bad part: an error naming it, and no part computed */
