@@ -211,9 +211,10 @@ static void check_memory(whale_model *m) {
 static void check_moe_grouped(whale_model *m, const char *name, const run_logits *grouped) {
     nw_model *nw = m->impl;
     run_logits loop = {{0}};
+    int grouped_max = nw->moe_few_tokens;
     nw->moe_few_tokens = 0;
     run_together(m, 0, &loop);
-    nw->moe_few_tokens = 16;
+    nw->moe_few_tokens = grouped_max;
     double d = compare(&loop, grouped, whale_model_vocab_size(m));
     printf("%s %s: experts grouped vs one by one: max |diff| / max |logit| %.3g\n", name,
            whale_dtype_name(whale_model_dtype(m)), d);
