@@ -1061,8 +1061,10 @@ static void sk_range(sk_kind k, int portable, const sk_part *p, size_t lo, size_
  * 0.17 at 8 (a row's stream ~3 A rows' arithmetic). The shares are cut by
  * that cost, so a group of an MoE's products (a routed expert's ~4
  * gathered rows, the shared expert's 8) does not leave the thread with
- * the shared expert's rows last to finish (~9 % of such a call when cut
- * by rows). */
+ * the shared expert's rows last to finish. nanowhale-100m's up products
+ * at 8 tokens (int8, ten 640 × 320 parts, two threads, best of 2000 calls,
+ * median of 6 alternated runs): experts of 4, 4, 4, 4 rows and the shared
+ * 8, 68 µs against 74 cut by rows; of 2, 6, 3, 5 and 8, 73 against 93. */
 #define SK_ROW_COST 3.0
 
 /* The global row where share ch of `shares` starts (on a whole quad):
