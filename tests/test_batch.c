@@ -16,12 +16,18 @@
  * prompts in one product of many rows, which may sum in another order:
  * bounded by 1e-5 of max |logit| in fp32 and 1e-3 in bf16 (rounding the
  * same operands, summing in fp32).
+ * For nanowhale, the experts of a micro-batch of up to 16 tokens run
+ * grouped (two parallel regions per group, nanowhale.c moe_few_tokens): its
+ * decode steps (1..8 tokens) and prompts (1..13) give the bits of the
+ * per-expert loop that longer ones take, forced by moe_few_tokens = 0, in
+ * fp32, bf16 and int8.
  * Then the cells: a prefix copied into another sequence continues as the
  * original does, a sequence cut back and re-fed repeats itself, bad batches
  * are refused without changing any cell, and the cache grows with the
  * sequences while the work buffers do not. */
 #include "testutil.h"
 
+#include "models/nanowhale.h"
 #include "whale.h"
 
 #include <stdlib.h>
@@ -200,10 +206,28 @@ static void check_memory(whale_model *m) {
     whale_session_free(eight);
 }
 
+/* nanowhale: "together" again with the experts one by one (moe's loop)
+ * gives the same bits as with them grouped. */
+static void check_moe_grouped(whale_model *m, const char *name, const run_logits *grouped) {
+    nw_model *nw = m->impl;
+    run_logits loop = {{0}};
+    int grouped_max = nw->moe_few_tokens;
+    nw->moe_few_tokens = 0;
+    run_together(m, 0, &loop);
+    nw->moe_few_tokens = grouped_max;
+    double d = compare(&loop, grouped, whale_model_vocab_size(m));
+    printf("%s %s: experts grouped vs one by one: max |diff| / max |logit| %.3g\n", name,
+           whale_dtype_name(whale_model_dtype(m)), d);
+    CHECK(d == 0, "%s %s: the grouped experts differ from the per-expert loop (%.3g)", name,
+          whale_dtype_name(whale_model_dtype(m)), d);
+    free_run(&loop);
+}
+
 static void check_model(whale_model *m, const char *name) {
     int V = whale_model_vocab_size(m);
     whale_err err;
     whale_dtype dts[2] = {WHALE_F32, WHALE_BF16};
+    int nanowhale = strncmp(name, "nanowhale", 9) == 0;
     for (int d = 0; d < 2; d++) {
         if (d) CHECK(whale_model_set_dtype(m, dts[d], &err) == WHALE_OK, "%s", err.msg);
         run_logits alone = {{0}}, together = {{0}}, mixed = {{0}};
@@ -218,7 +242,16 @@ static void check_model(whale_model *m, const char *name) {
               dt);
         CHECK(dm <= bound, "%s %s: mixed prefill differs by %.3g (bound %g)", name, whale_dtype_name(dts[d]), dm,
               bound);
+        if (nanowhale) check_moe_grouped(m, name, &together);
         free_run(&alone), free_run(&together), free_run(&mixed);
+    }
+    if (nanowhale) { /* int8 too, then back to bf16 */
+        run_logits together = {{0}};
+        CHECK(whale_model_set_dtype(m, WHALE_I8, &err) == WHALE_OK, "%s", err.msg);
+        run_together(m, 0, &together);
+        check_moe_grouped(m, name, &together);
+        free_run(&together);
+        CHECK(whale_model_set_dtype(m, WHALE_BF16, &err) == WHALE_OK, "%s", err.msg);
     }
     check_cells(m);
     check_abort(m);

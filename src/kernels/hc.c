@@ -228,20 +228,36 @@ void k_hc_reduce_backward(float *dX, float *dpre, const float *dy, const float *
     }
 }
 
+/* out[0, n) = p·o + Σ_j c[j]·x_j (x_j = x + j·ldx), summed in acc: in
+ * registers when n is the constant HC_BLOCK. */
+enum { HC_BLOCK = 64 };
+static inline void hc_expand_block(float *out, const float *o, const float *x, long ldx, const float *c, float p,
+                                   int M, int n) {
+    float acc[HC_BLOCK];
+    for (int d = 0; d < n; d++) acc[d] = p * o[d];
+    for (int j = 0; j < M; j++)
+        for (int d = 0; d < n; d++) acc[d] += c[j] * x[j * ldx + d];
+    memcpy(out, acc, sizeof(float) * (size_t)n);
+}
+
+/* Each output row in blocks of HC_BLOCK floats over the M input streams,
+ * instead of reading and writing the row M + 1 times: the same operations
+ * in the same order per element, so the same bits. Serial up to 51
+ * tokens at M 4, D 320 (the threshold below), so the time grows with the
+ * tokens; one thread, per call, median of 3 alternated: 4.7 µs instead of
+ * 5.7 at 4 tokens, 7.3 instead of 10.4 at 8, 12.2 instead of 17.7 at 16,
+ * 2.9 and 3.0 at 1. */
 void k_hc_expand(float *Xout, const float *o, const float *X, const float *post, const float *comb,
                  long rows, int M, int D) {
 #pragma omp parallel for schedule(static) if (rows * M * D > 65536)
-    for (long r = 0; r < rows; r++) {
-        const float *orow = o + r * D, *Xr = X + r * M * D, *pr = post + r * M, *cr = comb + r * M * M;
-        for (int i = 0; i < M; i++) {
-            float *out = Xout + (r * M + i) * D;
-            for (int d = 0; d < D; d++) out[d] = pr[i] * orow[d];
-            for (int j = 0; j < M; j++) {
-                float c = cr[i * M + j];
-                const float *xj = Xr + (long)j * D;
-                for (int d = 0; d < D; d++) out[d] += c * xj[d];
-            }
-        }
+    for (long ri = 0; ri < rows * M; ri++) { /* output stream i of token r */
+        const long r = ri / M;
+        const float *orow = o + r * D, *Xr = X + r * M * D, *cr = comb + ri * M;
+        float *out = Xout + ri * D;
+        int d0 = 0;
+        for (; d0 + HC_BLOCK <= D; d0 += HC_BLOCK)
+            hc_expand_block(out + d0, orow + d0, Xr + d0, D, cr, post[ri], M, HC_BLOCK);
+        if (d0 < D) hc_expand_block(out + d0, orow + d0, Xr + d0, D, cr, post[ri], M, D - d0);
     }
 }
 

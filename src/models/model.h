@@ -463,8 +463,9 @@ struct whale_gemm;
 whale_code whale_linear(whale_session *s, int M, int N, int K, const float *A, int lda, const float *W, int ldw,
                         float *C, int ldc, whale_err *err);
 /* Several whale_linear products of one depth K (same results, bit for
- * bit): one parallel region for those with few rows (whale_gemm_nt_parts)
- * when their weights share a precision and none has an adapter. */
+ * bit): one parallel region for the base products of those with few rows
+ * (whale_gemm_nt_parts) when their weights share a precision, then each
+ * part's adapter terms in turn. */
 typedef struct {
     int M, N;
     const float *A;
@@ -475,6 +476,12 @@ typedef struct {
     int ldc;
 } whale_linear_part;
 whale_code whale_linear_parts(whale_session *s, int K, int n, const whale_linear_part *parts, whale_err *err);
+/* The same with parts on rows gathered from the micro-batch (an MoE
+ * expert's tokens): rows[i] NULL, part i runs on the micro-batch's rows;
+ * else its M ascending rows of the micro-batch, whose sequences' adapters
+ * apply to it (whale_lora_rows_gather). rows NULL: all the micro-batch's. */
+whale_code whale_linear_parts_rows(whale_session *s, int K, int n, const whale_linear_part *parts,
+                                   const int32_t *const *rows, whale_err *err);
 whale_code whale_linear_dx(whale_session *s, int M, int N, int K, const float *dC, int lddc, const float *W, int ldw,
                            float *dA, int ldda, int accumulate, whale_err *err);
 whale_code whale_linear_dw(whale_session *s, int M, int N, int K, const float *dC, int lddc, const float *A, int lda,

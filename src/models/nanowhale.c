@@ -612,40 +612,85 @@ static whale_code swiglu_expert(nw_session *s, const nw_config *c, int n, const 
     return linear(s, n, c->D, c->F, h, c->F, w2, c->F, out, c->D, err);
 }
 
-/* The experts of one token (decoding): the same products and sums as the
- * loop in moe below, but the up products of all its experts and the shared
- * one (all of yn) go in one whale_linear_parts call, and the down products
- * in another: two parallel regions instead of nine for top-2. */
-static whale_code moe_one_token(nw_session *s, const nw_config *c, const nw_layer *ly, nw_layer_acts *a,
-                                const float *yn, int l, whale_err *err) {
-    whale_linear_part up[16], down[8];
-    float *g[8], *u[8], *h[8], limit[8];
-    int n = 0;
-    for (int ex = 0; ex < c->E; ex++) {
-        int r0 = a->ex_off[ex];
-        if (a->ex_off[ex + 1] == r0) continue;
-        g[n] = a->ex_g + (size_t)r0 * c->F, u[n] = a->ex_u + (size_t)r0 * c->F, h[n] = a->ex_h + (size_t)r0 * c->F;
-        up[2 * n] = (whale_linear_part){1, c->F, yn, c->D, ly->w1[ex], c->D, g[n], c->F};
-        up[2 * n + 1] = (whale_linear_part){1, c->F, yn, c->D, ly->w3[ex], c->D, u[n], c->F};
-        down[n] = (whale_linear_part){1, c->D, h[n], c->F, ly->w2[ex], c->F, a->ex_out + (size_t)r0 * c->D, c->D};
-        limit[n++] = c->swiglu_limit;
-    }
-    g[n] = a->sh_g, u[n] = a->sh_u, h[n] = a->sh_h, limit[n] = 0.0f;
-    up[2 * n] = (whale_linear_part){1, c->F, yn, c->D, ly->sw1, c->D, g[n], c->F};
-    up[2 * n + 1] = (whale_linear_part){1, c->F, yn, c->D, ly->sw3, c->D, u[n], c->F};
-    down[n] = (whale_linear_part){1, c->D, h[n], c->F, ly->sw2, c->F, s->ex_in, c->D};
-    n++;
-    whale_code e = whale_linear_parts(&s->base, c->D, 2 * n, up, err);
+/* Up to MOE_FEW_TOKENS tokens, the experts run in groups (moe_few_tokens):
+ * each product has at most that many rows, which the cpu backend's skinny
+ * kernels take (whale_gemm_nt_parts, one parallel region per call); above,
+ * oneDNN's one product at a time. A group holds two up products per expert
+ * (w1, w3) and one down product, on its rows of the micro-batch. */
+enum { MOE_FEW_TOKENS = 16, MOE_GROUP = WHALE_MM_MAX_PARTS / 2 };
+typedef struct {
+    whale_linear_part up[2 * MOE_GROUP], down[MOE_GROUP];
+    const int32_t *up_rows[2 * MOE_GROUP], *rows[MOE_GROUP]; /* NULL: all the micro-batch's rows */
+    float *h[MOE_GROUP], limit[MOE_GROUP];
+    int n;
+} moe_group;
+
+/* Add an expert on the n rows x (rows: which of the micro-batch's, NULL
+ * all) to the group: up products into g, u, SwiGLU into h, down into out. */
+static void moe_group_add(moe_group *gr, const nw_config *c, int n, const float *x, const int32_t *rows,
+                          const float *w1, const float *w2, const float *w3, float limit, float *g, float *u,
+                          float *h, float *out) {
+    int i = gr->n++;
+    gr->up[2 * i] = (whale_linear_part){n, c->F, x, c->D, w1, c->D, g, c->F};
+    gr->up[2 * i + 1] = (whale_linear_part){n, c->F, x, c->D, w3, c->D, u, c->F};
+    gr->down[i] = (whale_linear_part){n, c->D, h, c->F, w2, c->F, out, c->D};
+    gr->up_rows[2 * i] = gr->up_rows[2 * i + 1] = gr->rows[i] = rows;
+    gr->h[i] = h, gr->limit[i] = limit;
+}
+
+/* The group's experts: every up product in one call, the SwiGLUs, every
+ * down product in another (swiglu_expert's arithmetic); then empty. */
+static whale_code moe_group_run(nw_session *s, const nw_config *c, moe_group *gr, whale_err *err) {
+    int n = gr->n;
+    gr->n = 0;
+    whale_code e = whale_linear_parts_rows(&s->base, c->D, 2 * n, gr->up, gr->up_rows, err);
     if (e) return e;
     for (int i = 0; i < n; i++) {
-        OP(buf_copy, h[i], g[i], sizeof(float) * c->F);
-        OP(swiglu, h[i], u[i], c->F, limit[i]);
+        size_t len = (size_t)gr->up[2 * i].M * c->F;
+        OP(buf_copy, gr->h[i], gr->up[2 * i].C, sizeof(float) * len);
+        OP(swiglu, gr->h[i], gr->up[2 * i + 1].C, (long)len, gr->limit[i]);
     }
-    if ((e = whale_linear_parts(&s->base, c->F, n, down, err))) return e;
-    for (int i = 0; i < n - 1; i++) /* ascending expert index, then the shared expert */
-        OP(scatter_add_rows, a->f, c->D, down[i].C, c->D, NULL, &a->ex_w[i], 1, c->D);
+    return whale_linear_parts_rows(&s->base, c->F, n, gr->down, gr->rows, err);
+}
+
+/* The experts of a few tokens (decoding one stream or several): the same
+ * products and sums as the loop in moe below, but each group of up to
+ * MOE_GROUP experts (those with rows, then the shared one on all of yn)
+ * runs in two calls (two parallel regions) instead of three product calls
+ * per expert: nanowhale-100m's four routed experts and the shared one at 2
+ * to 16 tokens, 2 regions per layer instead of 15. One thread, the moe
+ * group for 64 decode steps (whale bench --preset nanowhale-100m --what
+ * decode --threads 1 --tokens 64 --profile, medians of 2-4 alternated runs
+ * on a loaded machine): int8 at 4 / 8 / 16 streams 284 → 189, 321 → 231,
+ * 499 → 379 ms; bf16 310 → 259, 261 → 229, 428 → 442 (noise).
+ * An expert's gathered input rows go where its down product will write
+ * (a->ex_out): its up products read them before. */
+static whale_code moe_few_tokens(nw_session *s, const nw_config *c, const nw_layer *ly, nw_layer_acts *a,
+                                 const float *yn, int T, int l, whale_err *err) {
+    moe_group gr = {.n = 0};
+    whale_code e = WHALE_OK;
+    for (int ex = 0; ex < c->E && !e; ex++) {
+        int r0 = a->ex_off[ex], ne = a->ex_off[ex + 1] - r0;
+        if (!ne) continue;
+        size_t fo = (size_t)r0 * c->F;
+        float *out = a->ex_out + (size_t)r0 * c->D;
+        const int32_t *rows = ne < T ? a->ex_tok + r0 : NULL; /* all T tokens: yn as it is */
+        if (rows) OP(gather_rows, out, yn, c->D, rows, NULL, ne, c->D);
+        moe_group_add(&gr, c, ne, rows ? out : yn, rows, ly->w1[ex], ly->w2[ex], ly->w3[ex], c->swiglu_limit,
+                      a->ex_g + fo, a->ex_u + fo, a->ex_h + fo, out);
+        if (gr.n == MOE_GROUP) e = moe_group_run(s, c, &gr, err);
+    }
+    if (e) return e;
+    moe_group_add(&gr, c, T, yn, NULL, ly->sw1, ly->sw2, ly->sw3, 0.0f, a->sh_g, a->sh_u, a->sh_h, s->ex_in);
+    if ((e = moe_group_run(s, c, &gr, err))) return e;
+    for (int ex = 0; ex < c->E; ex++) { /* ascending expert index, then the shared expert */
+        int r0 = a->ex_off[ex], ne = a->ex_off[ex + 1] - r0;
+        if (ne)
+            OP(scatter_add_rows, a->f, c->D, a->ex_out + (size_t)r0 * c->D, c->D, a->ex_tok + r0, a->ex_w + r0, ne,
+               c->D);
+    }
     TRACE(WHALE_F32, a->ex_h, 2, DIMS(a->ex_off[c->E], c->F), "layers.%d.ffn.expert_hidden", l);
-    OP(add, a->f, a->f, s->ex_in, c->D);
+    OP(add, a->f, a->f, s->ex_in, (size_t)T * c->D);
     return WHALE_OK;
 }
 
@@ -674,7 +719,8 @@ static whale_code moe(nw_session *s, const nw_config *c, const nw_layer *ly, nw_
     a->ex_off[c->E] = n;
 
     OP(buf_zero, a->f, sizeof(float) * (size_t)T * c->D);
-    if (T == 1 && c->K < 8) return moe_one_token(s, c, ly, a, yn, l, err);
+    const nw_model *nw = s->base.model->impl;
+    if (T <= nw->moe_few_tokens) return moe_few_tokens(s, c, ly, a, yn, T, l, err);
     for (int ex = 0; ex < c->E; ex++) { /* ascending expert index: the reference's summation order */
         int r0 = a->ex_off[ex], ne = a->ex_off[ex + 1] - r0;
         if (!ne) continue;
@@ -1227,6 +1273,7 @@ whale_code nanowhale_from_config(const cJSON *cfg, const char *file, whale_model
     whale_code e = whale_model_new_impl(&whale_family_nanowhale, &nw_ops, "deepseek_v4", sizeof(nw_model), &m, err);
     if (e) return e;
     nw_model *nw = m->impl;
+    nw->moe_few_tokens = MOE_FEW_TOKENS;
     e = parse_config(cfg, file, &nw->c, err);
     if (!e) e = register_params(m, nw, err); /* RoPE tables are built by the first session, for its context */
     if (!e) e = whale_model_config_done(m, cfg, file, &nw->config_json, nw->c.vocab, nw->c.max_pos, err);

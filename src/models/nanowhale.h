@@ -30,6 +30,8 @@ typedef struct {
     float **expert_ptrs; /* storage behind the layers' w1/w2/w3 arrays */
     float *rope_cos, *rope_sin; /* [rope_len, R/2], recomputed, never loaded */
     int rope_len;               /* positions the tables cover: the longest session so far */
+    int moe_few_tokens;         /* micro-batches of up to this many tokens run their experts grouped
+                                   (moe_few_tokens in nanowhale.c); tests set 0 for the per-expert loop */
 } nw_model;
 
 #endif

@@ -381,17 +381,6 @@ static whale_code lora_input(whale_session *s, lora_call *lc, int M, int K, cons
     return f32_nt(s, M, t->rank, K, X, ldx, t->A, (int)t->cols, lc->xa, t->rank, 0, err);
 }
 
-/* Whether an adapter bound to some of the rows being run adapts W. */
-static int rows_adapted(const whale_session *s, const float *W) {
-    const whale_adapter *ad = NULL;
-    for (int i = 0; i < s->lora_rows.n_runs; i++) {
-        if (s->lora_rows.runs[i].ad == ad) continue;
-        ad = s->lora_rows.runs[i].ad;
-        if (whale_lora_find_in(ad->t, ad->n, W)) return 1;
-    }
-    return 0;
-}
-
 /* C += s·(X·Aᵀ)·B[rows]ᵀ on each run of rows whose adapter adapts W: the
  * arithmetic of an attached adapter's forward below, restricted to the
  * rows of the sequences bound to that adapter (one lookup per adapter,
@@ -422,12 +411,11 @@ static whale_code rows_forward(whale_session *s, int M, int N, int K, const floa
     return WHALE_OK;
 }
 
-whale_code whale_linear(whale_session *s, int M, int N, int K, const float *A, int lda, const float *W, int ldw,
-                        float *C, int ldc, whale_err *err) {
-    whale_wref w = whale_model_wref(s->model, W, ldw);
-    whale_code e = s->be->matmul_nt(s->be, M, N, K, A, lda, w, C, ldc, 0, err);
-    if (!e && w.format == WHALE_F16) round_rows_f16(C, M, N, ldc);
-    if (!e && s->lora_rows.n_runs) e = rows_forward(s, M, N, K, A, lda, W, C, ldc, err);
+/* The adapters' terms of one product whose base product C holds: those
+ * of the sequences bound to the rows being run, then an attached adapter. */
+static whale_code linear_adapters(whale_session *s, int M, int N, int K, const float *A, int lda, const float *W,
+                                  float *C, int ldc, whale_err *err) {
+    whale_code e = s->lora_rows.n_runs ? rows_forward(s, M, N, K, A, lda, W, C, ldc, err) : WHALE_OK;
     lora_call lc;
     if (e || !lora_begin(s, W, M, K, &lc)) return e;
     /* C += s · (drop(A)·Aᵀ) · B[rows]ᵀ */
@@ -437,7 +425,28 @@ whale_code whale_linear(whale_session *s, int M, int N, int K, const float *A, i
     return f32_nt(s, M, N, t->rank, lc.xa, t->rank, t->B + lc.row0 * t->rank, t->rank, C, ldc, 1, err);
 }
 
-whale_code whale_linear_parts(whale_session *s, int K, int n, const whale_linear_part *parts, whale_err *err) {
+whale_code whale_linear(whale_session *s, int M, int N, int K, const float *A, int lda, const float *W, int ldw,
+                        float *C, int ldc, whale_err *err) {
+    whale_wref w = whale_model_wref(s->model, W, ldw);
+    whale_code e = s->be->matmul_nt(s->be, M, N, K, A, lda, w, C, ldc, 0, err);
+    if (!e && w.format == WHALE_F16) round_rows_f16(C, M, N, ldc);
+    return e ? e : linear_adapters(s, M, N, K, A, lda, W, C, ldc, err);
+}
+
+/* One part on its rows (the micro-batch's, or rows gathered from it): the
+ * whole product (whale_linear), or only its adapters' terms after the
+ * base product ran with the others. */
+static whale_code part_alone(whale_session *s, int K, const whale_linear_part *p, const int32_t *rows, int base,
+                             whale_err *err) {
+    if (rows) whale_lora_rows_gather(s, p->M, rows);
+    whale_code e = base ? whale_linear(s, p->M, p->N, K, p->A, p->lda, p->W, p->ldw, p->C, p->ldc, err)
+                        : linear_adapters(s, p->M, p->N, K, p->A, p->lda, p->W, p->C, p->ldc, err);
+    if (rows) whale_lora_rows_reset(s);
+    return e;
+}
+
+whale_code whale_linear_parts_rows(whale_session *s, int K, int n, const whale_linear_part *parts,
+                                   const int32_t *const *rows, whale_err *err) {
     const whale_model *m = s->model;
     whale_mm_part np[WHALE_MM_MAX_PARTS] = {{0}};
     whale_dtype dt = WHALE_F32;
@@ -446,21 +455,25 @@ whale_code whale_linear_parts(whale_session *s, int K, int n, const whale_linear
         const whale_linear_part *p = &parts[i];
         whale_wref w = whale_model_wref(m, p->W, p->ldw);
         if (!i) dt = w.format;
-        joint = w.format == dt && !(m->n_lora && whale_lora_find(m, p->W)) && !rows_adapted(s, p->W);
+        joint = w.format == dt;
         np[i] = (whale_mm_part){p->M, p->N, p->A, p->lda, w.data, p->ldw, w.scale, p->C, p->ldc};
     }
+    whale_code e = WHALE_OK;
     if (!joint) {
-        for (int i = 0; i < n; i++) {
-            const whale_linear_part *p = &parts[i];
-            whale_code e = whale_linear(s, p->M, p->N, K, p->A, p->lda, p->W, p->ldw, p->C, p->ldc, err);
-            if (e) return e;
-        }
-        return WHALE_OK;
+        for (int i = 0; i < n && !e; i++) e = part_alone(s, K, &parts[i], rows ? rows[i] : NULL, 1, err);
+        return e;
     }
-    whale_code e = s->be->matmul_nt_parts(s->be, dt, K, n, np, 0, err);
-    if (!e && dt == WHALE_F16)
+    if ((e = s->be->matmul_nt_parts(s->be, dt, K, n, np, 0, err))) return e;
+    if (dt == WHALE_F16)
         for (int i = 0; i < n; i++) round_rows_f16(parts[i].C, parts[i].M, parts[i].N, parts[i].ldc);
+    /* then each part's adapters: the sums of whale_linear, part after part */
+    for (int i = 0; i < n && !e && (m->n_lora || s->lora_rows.n_runs); i++)
+        e = part_alone(s, K, &parts[i], rows ? rows[i] : NULL, 0, err);
     return e;
+}
+
+whale_code whale_linear_parts(whale_session *s, int K, int n, const whale_linear_part *parts, whale_err *err) {
+    return whale_linear_parts_rows(s, K, n, parts, NULL, err);
 }
 
 whale_code whale_linear_dx(whale_session *s, int M, int N, int K, const float *dC, int lddc, const float *W, int ldw,
