@@ -134,10 +134,33 @@ static inline __attribute__((always_inline)) __m512 load_w(const int wt, __mmask
     return _mm512_maskz_loadu_ps(mask, (const float *)w + k);
 }
 
-/* Sums of the first two of four vectors, as lanes 0, 1 of the result: in
- * the order hsum4 gives them. */
-static inline __m128 hsum_nw(const int nw, const __m512 *s) {
-    return nw == 4 ? hsum4(s[0], s[1], s[2], s[3]) : hsum4(s[0], s[1], s[0], s[1]);
+/* The sums of s[m][r] (m < mr, r < nw) into sum[m·nw + r], each in the
+ * order hsum4 gives it (lanes i + 8, then i + 4, then adjacent pairs, then
+ * pairs of pairs), with the shuffles shared by 16 vectors at a time: each
+ * step adds two vectors' halves in one 512-bit add. About 45 instructions
+ * for 16 sums against ~14 per row apart; at K = 320 (nanowhale-100m) the
+ * separate sums took a third of the 8-row int8 kernel's time. */
+static inline __attribute__((always_inline)) void hsum_rows(const int mr, const int nw,
+                                                            __m512 s[][4], float *sum) {
+    __m512 v[16], h[8], p[4], r[2];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) v[i] = i / nw < mr ? s[i / nw][i % nw] : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) /* [v2i lanes 0..7, v2i+1 lanes 0..7] + the lanes 8..15 */
+        h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) /* 128-bit lane j: v4i+j's lanes 0..3 + 4..7 */
+        p[i] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0xDD));
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) /* lane j: pairs of v8i+j, then of v8i+4+j */
+        r[i] = _mm512_add_ps(_mm512_shuffle_ps(p[2 * i], p[2 * i + 1], 0x88),
+                             _mm512_shuffle_ps(p[2 * i], p[2 * i + 1], 0xDD));
+    /* lane 4j + e: the sum of v4e+j */
+    const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(r[0], r[1], 0x88), _mm512_shuffle_ps(r[0], r[1], 0xDD));
+    const __m512i to_rows = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    _mm512_storeu_ps(sum, _mm512_permutexvar_ps(to_rows, f));
 }
 
 /* W rows n + r·q (r < nw: 4 streams a quarter of the range apart, or 2 half
@@ -172,14 +195,14 @@ nt_multi(const int wt, const int nw, const int mr, int K, const float *A, size_t
             for (int r = 0; r < nw; r++) s[m][r] = _mm512_fmadd_ps(a, v[r], s[m][r]);
         }
     }
+    float sum[16];
+    hsum_rows(mr, nw, s, sum);
 #pragma GCC unroll 8
     for (int m = 0; m < mr; m++) {
-        float sum[4];
-        _mm_storeu_ps(sum, hsum_nw(nw, s[m]));
         float *c = C + m * ldc + n;
 #pragma GCC unroll 4
         for (int r = 0; r < nw; r++) {
-            const float v = wt == WT_I8 ? scale[n + r * q] * sum[r] : sum[r];
+            const float v = wt == WT_I8 ? scale[n + r * q] * sum[m * nw + r] : sum[m * nw + r];
             c[r * q] = acc ? c[r * q] + v : v;
         }
     }
@@ -659,13 +682,13 @@ ntb_multi(const int nw, const int mr, int K, const uint16_t *A, size_t lda, cons
             for (int r = 0; r < nw; r++) s[m][r] = _mm512_dpbf16_ps(s[m][r], a, v[r]);
         }
     }
+    float sum[16];
+    hsum_rows(mr, nw, s, sum);
 #pragma GCC unroll 8
     for (int m = 0; m < mr; m++) {
-        float sum[4];
-        _mm_storeu_ps(sum, hsum_nw(nw, s[m]));
         float *c = C + m * ldc + n;
 #pragma GCC unroll 4
-        for (int r = 0; r < nw; r++) c[r * q] = acc ? c[r * q] + sum[r] : sum[r];
+        for (int r = 0; r < nw; r++) c[r * q] = acc ? c[r * q] + sum[m * nw + r] : sum[m * nw + r];
     }
 }
 
@@ -811,14 +834,14 @@ q8_multi(const int nw, const int mr, int K, const uint16_t *A, size_t lda, const
                 s[m][r] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(s[m][r], alo, l[r]), ahi, h[r]);
         }
     }
+    float sum[16];
+    hsum_rows(mr, nw, s, sum);
 #pragma GCC unroll 8
     for (int m = 0; m < mr; m++) {
-        float sum[4];
-        _mm_storeu_ps(sum, hsum_nw(nw, s[m]));
         float *c = C + m * ldc + n;
 #pragma GCC unroll 4
         for (int r = 0; r < nw; r++) {
-            const float v = scale[n + r * q] * sum[r];
+            const float v = scale[n + r * q] * sum[m * nw + r];
             c[r * q] = acc ? c[r * q] + v : v;
         }
     }
@@ -1024,11 +1047,16 @@ static void sk_rows(sk_kind k, int portable, const sk_part *p, int m0, int mr, s
  * rows the passes after the first find the weights in L1, and quads were
  * as fast or faster: one thread, bench_gemm --shape nt_bf16 16 4864 896
  * cold 0.74 ms against 0.83 in two passes of 8, 12 rows 0.61 against 0.63,
- * nt_bf16 16 129280 320 6.65 against 6.59, nt_q8 16 4864 896 0.55 against
- * 0.57.) */
+ * nt_bf16 16 129280 320 6.65 against 6.59.) The int8 kernel converts its
+ * weights again in every pass, so it takes 9 to 16 rows in passes of
+ * NT_MR_WIDE over pairs: half the conversions of quads. One thread,
+ * nt_q8 16 4864 896 hot 0.44-0.46 ms against 0.51-0.53 in quads, cold
+ * 0.51-0.53 against 0.59-0.64, 16 129280 320 cold 6.2-7.1 against 6.9-7.7
+ * (three alternating runs each, on a shared machine). */
 static void sk_range(sk_kind k, int portable, const sk_part *p, size_t lo, size_t hi,
                      const void *tables) {
-    const int wide = p->M > NT_MR && p->M <= NT_MR_WIDE, mr_max = wide ? NT_MR_WIDE : NT_MR;
+    const int wide = p->M > NT_MR && (p->M <= NT_MR_WIDE || k == SK_Q8);
+    const int mr_max = wide ? NT_MR_WIDE : NT_MR;
     const int nw = !wide ? 4 : sk_pairs(k, portable) ? 2 : 1;
     const size_t q = nw > 1 ? (hi - lo) / (size_t)nw : 0;
     for (size_t i = 0; i < q; i++)
