@@ -142,6 +142,11 @@ static inline __attribute__((always_inline)) __m512 load_w(const int wt, __mmask
  * separate sums took a third of the 8-row int8 kernel's time. */
 static inline __attribute__((always_inline)) void hsum_rows(const int mr, const int nw,
                                                             __m512 s[][4], float *sum) {
+    if (mr * nw <= 4) { /* one row of a quad, or up to two of a pair: hsum4 itself */
+        const int j = nw == 4 ? 3 : 1;
+        _mm_storeu_ps(sum, hsum4(s[0][0], s[0][1], mr > 1 ? s[1][0] : s[0][2 % nw], mr > 1 ? s[1][1] : s[0][j]));
+        return;
+    }
     __m512 v[16], h[8], p[4], r[2];
 #pragma GCC unroll 16
     for (int i = 0; i < 16; i++) v[i] = i / nw < mr ? s[i / nw][i % nw] : _mm512_setzero_ps();
