@@ -137,14 +137,15 @@ static inline __attribute__((always_inline)) __m512 load_w(const int wt, __mmask
 /* The sums of s[m][r] (m < mr, r < nw) into sum[m·nw + r], each in the
  * order hsum4 gives it (lanes i + 8, then i + 4, then adjacent pairs, then
  * pairs of pairs), with the shuffles shared by 16 vectors at a time: each
- * step adds two vectors' halves in one 512-bit add. About 45 instructions
- * for 16 sums against ~14 per row apart; at K = 320 (nanowhale-100m) the
- * separate sums took a third of the 8-row int8 kernel's time. */
+ * step adds two vectors' halves in one 512-bit add: about 45 instructions
+ * for 16 sums, against ~12 per row of a pair apart. The 8-row int8 loop at
+ * K = 320 (weights in cache, one thread) went from 125 to 135 G
+ * multiply-adds/s with it (see q8_multi). */
 static inline __attribute__((always_inline)) void hsum_rows(const int mr, const int nw,
                                                             __m512 s[][4], float *sum) {
-    if (mr * nw <= 4) { /* one row of a quad, or up to two of a pair: hsum4 itself */
-        const int j = nw == 4 ? 3 : 1;
-        _mm_storeu_ps(sum, hsum4(s[0][0], s[0][1], mr > 1 ? s[1][0] : s[0][2 % nw], mr > 1 ? s[1][1] : s[0][j]));
+    if (mr * nw <= 4) { /* one row of a quad, or one or two of a pair: hsum4 alone */
+        const __m512 *a = s[0], *b = mr > 1 ? s[1] : s[0] + (nw == 4 ? 2 : 0);
+        _mm_storeu_ps(sum, hsum4(a[0], a[1], b[0], b[1]));
         return;
     }
     __m512 v[16], h[8], p[4], r[2];
