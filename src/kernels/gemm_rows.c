@@ -24,7 +24,7 @@
  * the weights: against two W streams at a time in the AVX-512 kernels
  * (2 x 8 accumulators of the 32 zmm registers), one in the AVX2 and plain C
  * ones (8 of 16 ymm), so 5 to 8 rows read each weight once, as one row
- * does (more: quads again, see sk_range). Every row is
+ * does (more: quads again, or passes of 8 for int8; see sk_range). Every row is
  * the same sequence of fp32 operations whatever the kernel (quad, pair or
  * single, any mr): a stream's result never depends on what is batched
  * with it. */
