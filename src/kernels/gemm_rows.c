@@ -24,7 +24,7 @@
  * the weights: against two W streams at a time in the AVX-512 kernels
  * (2 x 8 accumulators of the 32 zmm registers), one in the AVX2 and plain C
  * ones (8 of 16 ymm), so 5 to 8 rows read each weight once, as one row
- * does (more: quads again, see sk_range). Every row is
+ * does (more: quads again, or passes of 8 for int8; see sk_range). Every row is
  * the same sequence of fp32 operations whatever the kernel (quad, pair or
  * single, any mr): a stream's result never depends on what is batched
  * with it. */
@@ -134,10 +134,39 @@ static inline __attribute__((always_inline)) __m512 load_w(const int wt, __mmask
     return _mm512_maskz_loadu_ps(mask, (const float *)w + k);
 }
 
-/* Sums of the first two of four vectors, as lanes 0, 1 of the result: in
- * the order hsum4 gives them. */
-static inline __m128 hsum_nw(const int nw, const __m512 *s) {
-    return nw == 4 ? hsum4(s[0], s[1], s[2], s[3]) : hsum4(s[0], s[1], s[0], s[1]);
+/* The sums of s[m][r] (m < mr, r < nw) into sum[m·nw + r], each in the
+ * order hsum4 gives it (lanes i + 8, then i + 4, then adjacent pairs, then
+ * pairs of pairs), with the shuffles shared by 16 vectors at a time: each
+ * step adds two vectors' halves in one 512-bit add: about 45 instructions
+ * for 16 sums, against ~12 per row of a pair apart. The 8-row int8 loop at
+ * K = 320 (weights in cache, one thread) went from 125 to 135 G
+ * multiply-adds/s with it (see q8_multi). */
+static inline __attribute__((always_inline)) void hsum_rows(const int mr, const int nw,
+                                                            __m512 s[][4], float *sum) {
+    if (mr * nw <= 4) { /* one row of a quad, or one or two of a pair: hsum4 alone */
+        const __m512 *a = s[0], *b = mr > 1 ? s[1] : s[0] + (nw == 4 ? 2 : 0);
+        _mm_storeu_ps(sum, hsum4(a[0], a[1], b[0], b[1]));
+        return;
+    }
+    __m512 v[16], h[8], p[4], r[2];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) v[i] = i / nw < mr ? s[i / nw][i % nw] : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) /* [v2i lanes 0..7, v2i+1 lanes 0..7] + the lanes 8..15 */
+        h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) /* 128-bit lane j: v4i+j's lanes 0..3 + 4..7 */
+        p[i] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0xDD));
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) /* lane j: pairs of v8i+j, then of v8i+4+j */
+        r[i] = _mm512_add_ps(_mm512_shuffle_ps(p[2 * i], p[2 * i + 1], 0x88),
+                             _mm512_shuffle_ps(p[2 * i], p[2 * i + 1], 0xDD));
+    /* lane 4j + e: the sum of v4e+j */
+    const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(r[0], r[1], 0x88), _mm512_shuffle_ps(r[0], r[1], 0xDD));
+    const __m512i to_rows = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    _mm512_storeu_ps(sum, _mm512_permutexvar_ps(to_rows, f));
 }
 
 /* W rows n + r·q (r < nw: 4 streams a quarter of the range apart, or 2 half
@@ -172,14 +201,14 @@ nt_multi(const int wt, const int nw, const int mr, int K, const float *A, size_t
             for (int r = 0; r < nw; r++) s[m][r] = _mm512_fmadd_ps(a, v[r], s[m][r]);
         }
     }
+    float sum[16];
+    hsum_rows(mr, nw, s, sum);
 #pragma GCC unroll 8
     for (int m = 0; m < mr; m++) {
-        float sum[4];
-        _mm_storeu_ps(sum, hsum_nw(nw, s[m]));
         float *c = C + m * ldc + n;
 #pragma GCC unroll 4
         for (int r = 0; r < nw; r++) {
-            const float v = wt == WT_I8 ? scale[n + r * q] * sum[r] : sum[r];
+            const float v = wt == WT_I8 ? scale[n + r * q] * sum[m * nw + r] : sum[m * nw + r];
             c[r * q] = acc ? c[r * q] + v : v;
         }
     }
@@ -659,13 +688,13 @@ ntb_multi(const int nw, const int mr, int K, const uint16_t *A, size_t lda, cons
             for (int r = 0; r < nw; r++) s[m][r] = _mm512_dpbf16_ps(s[m][r], a, v[r]);
         }
     }
+    float sum[16];
+    hsum_rows(mr, nw, s, sum);
 #pragma GCC unroll 8
     for (int m = 0; m < mr; m++) {
-        float sum[4];
-        _mm_storeu_ps(sum, hsum_nw(nw, s[m]));
         float *c = C + m * ldc + n;
 #pragma GCC unroll 4
-        for (int r = 0; r < nw; r++) c[r * q] = acc ? c[r * q] + sum[r] : sum[r];
+        for (int r = 0; r < nw; r++) c[r * q] = acc ? c[r * q] + sum[m * nw + r] : sum[m * nw + r];
     }
 }
 
@@ -771,7 +800,11 @@ q8_load(const q8_tables *t, __mmask64 mask, const int8_t *w, __m512bh *wlo, __m5
     __m512i lo = _mm512_permutex2var_epi8(t->lo0, a, t->lo1);
     hi = _mm512_ternarylogic_epi32(v, _mm512_set1_epi8((char)0x80), hi, 0xEA); /* (v & 0x80) | hi */
     const __mmask64 m128 = _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8(-128));
-    if (m128) { /* |-128| does not fit the tables */
+    /* |-128| does not fit the tables. The engine's quantiser never makes
+     * -128 (|q| <= 127), but the test costs nothing measurable: without
+     * it the 8-row kernel ran no faster (nt_q8 8 4864 896 hot, one thread,
+     * 0.27 ms against 0.21 with it, three alternating runs). */
+    if (m128) {
         hi = _mm512_mask_mov_epi8(hi, m128, _mm512_set1_epi8((char)0xC3));
         lo = _mm512_mask_mov_epi8(lo, m128, _mm512_setzero_si512());
     }
@@ -783,7 +816,18 @@ static inline __mmask64 q8_mask(int left) {
     return left >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << left) - 1;
 }
 
-/* W rows n + r·q (r < nw, as nt_multi) against mr A rows. */
+/* W rows n + r·q (r < nw, as nt_multi) against mr A rows. Per 64 weights
+ * with 8 rows (two streams): 32 vdpbf16ps, 16 A loads (22 as compiled:
+ * with 16 accumulators, the tables and the constants, some are loaded
+ * twice) and 2 x 9 instructions of conversion. Timed alone on weights in
+ * cache (one thread), the loop runs at the rate of vdpbf16ps itself at
+ * K = 2048 (~195 G multiply-adds/s; a loop of independent vdpbf16ps
+ * gives ~193): the conversion hides behind them. At K = 320 the same loop
+ * reached 125 and the row sums after it were the difference (135 with
+ * hsum_rows). From memory it runs at ~100 (the lm_head, 3.0-3.3 ms):
+ * neither compute- nor bandwidth-bound. Not better there: the 8 rows as
+ * two passes of quads (3.7-3.9 ms), an extra prefetch 4-8 KB ahead into
+ * L2, 512 B to 4 KB instead of 1 KB ahead (within the noise). */
 static inline __attribute__((always_inline)) void
 q8_multi(const int nw, const int mr, int K, const uint16_t *A, size_t lda, const int8_t *W, size_t ldw,
          size_t n, size_t q, const float *scale, float *C, size_t ldc, int acc, const q8_tables *t) {
@@ -811,14 +855,14 @@ q8_multi(const int nw, const int mr, int K, const uint16_t *A, size_t lda, const
                 s[m][r] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(s[m][r], alo, l[r]), ahi, h[r]);
         }
     }
+    float sum[16];
+    hsum_rows(mr, nw, s, sum);
 #pragma GCC unroll 8
     for (int m = 0; m < mr; m++) {
-        float sum[4];
-        _mm_storeu_ps(sum, hsum_nw(nw, s[m]));
         float *c = C + m * ldc + n;
 #pragma GCC unroll 4
         for (int r = 0; r < nw; r++) {
-            const float v = scale[n + r * q] * sum[r];
+            const float v = scale[n + r * q] * sum[m * nw + r];
             c[r * q] = acc ? c[r * q] + v : v;
         }
     }
@@ -1024,11 +1068,16 @@ static void sk_rows(sk_kind k, int portable, const sk_part *p, int m0, int mr, s
  * rows the passes after the first find the weights in L1, and quads were
  * as fast or faster: one thread, bench_gemm --shape nt_bf16 16 4864 896
  * cold 0.74 ms against 0.83 in two passes of 8, 12 rows 0.61 against 0.63,
- * nt_bf16 16 129280 320 6.65 against 6.59, nt_q8 16 4864 896 0.55 against
- * 0.57.) */
+ * nt_bf16 16 129280 320 6.65 against 6.59.) The int8 kernel converts its
+ * weights again in every pass, so it takes 9 to 16 rows in passes of
+ * NT_MR_WIDE over pairs: half the conversions of quads. One thread,
+ * nt_q8 16 4864 896 hot 0.44-0.46 ms against 0.51-0.53 in quads, cold
+ * 0.51-0.53 against 0.59-0.64, 16 129280 320 cold 6.2-7.1 against 6.9-7.7
+ * (three alternating runs each, on a shared machine). */
 static void sk_range(sk_kind k, int portable, const sk_part *p, size_t lo, size_t hi,
                      const void *tables) {
-    const int wide = p->M > NT_MR && p->M <= NT_MR_WIDE, mr_max = wide ? NT_MR_WIDE : NT_MR;
+    const int wide = p->M > NT_MR && (p->M <= NT_MR_WIDE || k == SK_Q8);
+    const int mr_max = wide ? NT_MR_WIDE : NT_MR;
     const int nw = !wide ? 4 : sk_pairs(k, portable) ? 2 : 1;
     const size_t q = nw > 1 ? (hi - lo) / (size_t)nw : 0;
     for (size_t i = 0; i < q; i++)
