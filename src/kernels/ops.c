@@ -430,7 +430,8 @@ static void pv_block_avx512(float acc[][ATT_COLS], const float *const *pr, const
         for (int t = 0; t < ctx; t++) {
             const __m512 v = _mm512_loadu_ps(vr[0] + (long)t * ldkv);
 #pragma GCC unroll 8
-            for (int i = 0; i < ATT_FEW_ROWS; i++) a[i] = _mm512_fmadd_ps(_mm512_set1_ps(i < nr ? pr[i][t] : 0.0f), v, a[i]);
+            for (int i = 0; i < ATT_FEW_ROWS; i++)
+                a[i] = _mm512_fmadd_ps(_mm512_set1_ps(i < nr ? pr[i][t] : 0.0f), v, a[i]);
         }
     else
         for (int t = 0; t < ctx; t++)
