@@ -367,7 +367,7 @@ static void masked_softmax(float *row, int lo, int valid, int n, float scale) {
  *     instead of 24; 7.6 instead of 17 and 16 instead of 45.
  * The whole decode step, 2 threads, 8 streams (docs/architecture.md): the
  * attention group 129 → 58 ms for 64 steps (nanowhale-100m bf16, context
- * 128), 192 → 104 (int8, context 512), 487 → 319 (Qwen2.5-0.5B bf16). */
+ * 128), 192 → 104 (int8, context 512), 487 → 326 (Qwen2.5-0.5B bf16). */
 enum { ATT_COLS = 16 /* one zmm of fp32 */, ATT_FEW_ROWS = 8, ATT_GROUP = 64 /* spans per region at most */ };
 
 /* The spans of one region, and where each one's keys, score rows, output
