@@ -289,6 +289,51 @@ static void test_attention(void) {
     }
 }
 
+/* attention_spans: spans of different lengths and p0 (decode and prefill
+ * ones in one call), one and several K/V heads; each span's output equals
+ * the cpu backend's own attention call for it bit for bit, and the
+ * reference within the attention tolerances. */
+static void test_attention_spans(void) {
+    static const int spans[][2] = {{1, 0}, {1, 37}, {3, 12}, {1, 200}, {12, 0}, {2, 90}, {1, 5}}; /* S, p0 */
+    enum { N = sizeof spans / sizeof spans[0], Dh = 40 };
+    whale_err err;
+    char what[128];
+    for (int prod = 0; prod < 2; prod++)
+        for (int Hkv = 1; Hkv <= 2; Hkv++) {
+            const whale_dtype products = prod ? WHALE_BF16 : WHALE_F32;
+            const int Hq = 6, ld = Hkv * Dh + 5;
+            whale_att_span sc[N], sr[N];
+            float *own[N];
+            for (int i = 0; i < N; i++) {
+                int S = spans[i][0], ctx = spans[i][1] + S;
+                size_t no = (size_t)S * Hq * Dh;
+                float *k = rnd_floats((size_t)ctx * ld, -1, 1), *v = rnd_floats((size_t)ctx * ld, -1, 1);
+                sc[i] = (whale_att_span){rnd_floats(no, 0, 1), rnd_floats(no, -1, 1), k, v, ld, NULL, S, spans[i][1]};
+                sr[i] = sc[i], sr[i].out = rnd_floats(no, 0, 1), own[i] = rnd_floats(no, 0, 1);
+            }
+            float *work = malloc(sizeof(float) * cpu->attention_work_floats(cpu, 202, Hq, Hkv, Dh));
+            float scale = 1.0f / sqrtf((float)Dh);
+            CHECK(cpu->attention_spans(cpu, sc, N, Hq, Hkv, Dh, scale, products, work, &err) == 0, "%s", err.msg);
+            CHECK(ref->attention_spans(ref, sr, N, Hq, Hkv, Dh, scale, products, NULL, &err) == 0, "%s", err.msg);
+            for (int i = 0; i < N; i++) {
+                const whale_att_span *p = &sc[i];
+                size_t no = (size_t)p->S * Hq * Dh;
+                CHECK(cpu->attention(cpu, own[i], p->q, p->k, p->v, ld, NULL, p->S, p->p0, Hq, Hkv, Dh, scale,
+                                     products, work, &err) == 0,
+                      "%s", err.msg);
+                CHECK(memcmp(own[i], p->out, sizeof(float) * no) == 0,
+                      "attention_spans %s heads %d/%d: span %d (S=%d p0=%d) differs from its own attention call",
+                      whale_dtype_name(products), Hq, Hkv, i, p->S, p->p0);
+                snprintf(what, sizeof what, "attention_spans %s span %d S=%d p0=%d heads %d/%d × %d",
+                         whale_dtype_name(products), i, p->S, p->p0, Hq, Hkv, Dh);
+                agree(what, p->out, sr[i].out, no, prod ? 5e-3 : 2e-5);
+                free(p->out), free((void *)p->q), free((void *)p->k), free((void *)p->v), free(sr[i].out), free(own[i]);
+            }
+            free(work);
+        }
+    report("attention_spans");
+}
+
 /* ------------------------------------------------------------------ hyper-connections, routing */
 
 static void test_hc(void) {
@@ -563,6 +608,7 @@ int main(void) {
     test_products();
     test_norm_rope_swiglu();
     test_attention();
+    test_attention_spans();
     test_hc();
     test_routing();
     test_bf16_operands();

@@ -8,6 +8,7 @@
 #include "kernels/ops.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -267,6 +268,62 @@ static void test_attention(whale_gemm *g, whale_rng *r, int S, int p0, int Hq, i
     free(work);
 }
 
+/* k_attention_spans against one k_attention call per span, bit for bit,
+ * at 1 and 2 threads either way (decode spans; prefill ones at one thread
+ * count): spans of different contexts, query counts and row strides;
+ * prefill spans (the GEMM path) among decode ones; more spans than one
+ * region holds (70: over 64 spans, and about 150 rows of some 150 keys
+ * where work holds 64 rows of the longest context). */
+static void test_attention_spans(whale_gemm *g, whale_rng *r, int n, int Hq, int Hkv, int Dh, whale_dtype products) {
+    static const int shapes[][2] = {{1, 0}, {1, 5}, {1, 150}, {2, 40}, {4, 300}, {20, 0}, {1, 1}, {9, 30}, {3, 0}};
+    k_att_span *sp = malloc(sizeof *sp * (size_t)n);
+    float **ref = malloc(sizeof(float *) * (size_t)n);
+    int max_ctx = 1;
+    for (int i = 0; i < n; i++) { /* beyond the table: decode spans of assorted contexts */
+        int S = i < 9 ? shapes[i][0] : 1 + i % 4, p0 = i < 9 ? shapes[i][1] : (int)(whale_rng_u64(r) % 300);
+        int ld = Hkv * Dh + i % 3, ctx = p0 + S;
+        float *q = malloc(sizeof(float) * (size_t)S * Hq * Dh), *k = malloc(sizeof(float) * (size_t)ctx * ld),
+              *v = malloc(sizeof(float) * (size_t)ctx * ld);
+        fill(r, q, (long)S * Hq * Dh, 1.0);
+        fill(r, k, (long)ctx * ld, 1.0);
+        fill(r, v, (long)ctx * ld, 1.0);
+        sp[i] = (k_att_span){malloc(sizeof(float) * (size_t)S * Hq * Dh), q, k, v, ld, NULL, S, p0};
+        ref[i] = malloc(sizeof(float) * (size_t)S * Hq * Dh);
+        max_ctx = ctx > max_ctx ? ctx : max_ctx;
+    }
+    float *work = malloc(sizeof(float) * k_attention_work_floats(max_ctx, Hq, Hkv, Dh));
+    whale_err err;
+    float scale = 1.0f / sqrtf((float)Dh);
+    const int threads = omp_get_max_threads();
+    for (int t_ref = 1; t_ref <= 2; t_ref++)
+        for (int t = 1; t <= 2; t++) {
+            omp_set_num_threads(t_ref);
+            for (int i = 0; i < n; i++)
+                CHECK(k_attention(g, ref[i], sp[i].q, sp[i].k, sp[i].v, sp[i].ldkv, NULL, sp[i].S, sp[i].p0, Hq, Hkv,
+                                  Dh, scale, products, work, &err) == WHALE_OK,
+                      "%s", err.msg);
+            omp_set_num_threads(t);
+            CHECK(k_attention_spans(g, sp, n, Hq, Hkv, Dh, scale, products, work, &err) == WHALE_OK, "%s", err.msg);
+            for (int i = 0; i < n; i++) {
+                /* the few-row path's results never depend on the thread
+                 * count; the GEMM path's products may split their sums by
+                 * it (oneDNN at the AVX2 tier), so a prefill span is
+                 * compared at one thread count */
+                int S = sp[i].S, few = S * Hq <= 4 || (S <= 4 && (Hkv > 1 || products != WHALE_BF16 || sp[i].p0));
+                if (!few && t != t_ref) continue;
+                CHECK(memcmp(sp[i].out, ref[i], sizeof(float) * (size_t)S * Hq * Dh) == 0,
+                      "attention_spans (%s) %d spans, heads %d/%d × %d: span %d (S=%d p0=%d) at %d threads differs "
+                      "from its own call at %d",
+                      whale_dtype_name(products), n, Hq, Hkv, Dh, i, S, sp[i].p0, t, t_ref);
+            }
+        }
+    omp_set_num_threads(threads);
+    for (int i = 0; i < n; i++) {
+        free(sp[i].out), free((void *)sp[i].q), free((void *)sp[i].k), free((void *)sp[i].v), free(ref[i]);
+    }
+    free(sp), free(ref), free(work);
+}
+
 int main(void) {
     whale_rng r;
     whale_rng_seed(&r, 7);
@@ -294,6 +351,9 @@ int main(void) {
         test_attention(g, &r, 130, 5, 6, 2, p);
         test_attention(g, &r, 90, 0, 14, 2, p); /* GQA 7:1 over two query blocks */
         test_attention(g, &r, 90, 7, 14, 2, p);
+        test_attention_spans(g, &r, 9, 8, 1, 64, p);
+        test_attention_spans(g, &r, 8, 14, 2, 40, p); /* GQA; the last 8 of 40 columns a partial block */
+        test_attention_spans(g, &r, 70, 8, 1, 24, p); /* more spans than a region holds */
     }
     whale_gemm_free(g);
     return test_finish("test_ops");

@@ -29,7 +29,7 @@
 
 #include "whale.h"
 
-#define WHALE_BACKEND_VERSION 1
+#define WHALE_BACKEND_VERSION 2 /* 2: attention_spans */
 
 /* A weight operand of a product: W [N, K] (nt) or [K, N] (nn) in its
  * format: F32 (float), BF16 / F16 (uint16_t bit patterns) or I8 (int8_t,
@@ -54,6 +54,17 @@ typedef struct {
     int ldc;
 } whale_mm_part;
 enum { WHALE_MM_MAX_PARTS = 16 };
+
+/* One sequence's part of a micro-batch for attention_spans: S query tokens
+ * at positions p0 .. p0+S−1 (q, out [S, Hq·Dh]) over keys k, v [p0+S rows,
+ * stride ldkv]; seg as for attention (NULL: none). */
+typedef struct {
+    float *out;
+    const float *q, *k, *v;
+    int ldkv;
+    const int32_t *seg;
+    int S, p0;
+} whale_att_span;
 
 typedef struct whale_backend whale_backend;
 struct whale_backend {
@@ -202,6 +213,16 @@ struct whale_backend {
                        const float *bias, int32_t *idx, float *w);
     void (*gate_route_backward)(whale_backend *be, long T, int scoring, int E, int K, float scale,
                                 const float *logit, const int32_t *idx, const float *dw, float *dlogit);
+
+    /* ---- version 2 ----
+     * attention of n spans of a micro-batch (one Hq, Hkv, Dh, scale,
+     * products), each output exactly what its own attention call gives;
+     * outputs do not overlap. work holds attention_work_floats(c, ...)
+     * floats for a c at least every span's p0 + S. The cpu backend runs the
+     * decode spans (few query rows) in one parallel region
+     * (k_attention_spans). */
+    whale_code (*attention_spans)(whale_backend *be, const whale_att_span *spans, int n, int Hq, int Hkv, int Dh,
+                                  float scale, whale_dtype products, float *work, whale_err *err);
 };
 
 /* The backend called name ("cpu" or "ref"), for one session. */

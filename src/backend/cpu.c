@@ -236,6 +236,23 @@ static whale_code cpu_attention_backward(whale_backend *be, float *dq, float *dk
     return k_attention_backward(GEMM(be), dq, dk, dv, dout, q, k, v, ldkv, seg, S, p0, Hq, Hkv, Dh, scale, products,
                                 work, err);
 }
+/* the spans in runs of 64, k_attention_spans' region at most */
+static whale_code cpu_attention_spans(whale_backend *be, const whale_att_span *spans, int n, int Hq, int Hkv, int Dh,
+                                      float scale, whale_dtype products, float *work, whale_err *err) {
+    assert(n >= 0 && Hkv > 0 && Hq % Hkv == 0);
+    k_att_span ks[64];
+    for (int i0 = 0; i0 < n; i0 += 64) {
+        int m = n - i0 < 64 ? n - i0 : 64;
+        for (int i = 0; i < m; i++) {
+            const whale_att_span *sp = &spans[i0 + i];
+            assert(sp->S >= 0 && sp->p0 >= 0 && sp->ldkv >= Hkv * Dh);
+            ks[i] = (k_att_span){sp->out, sp->q, sp->k, sp->v, sp->ldkv, sp->seg, sp->S, sp->p0};
+        }
+        whale_code c = k_attention_spans(GEMM(be), ks, m, Hq, Hkv, Dh, scale, products, work, err);
+        if (c) return c;
+    }
+    return WHALE_OK;
+}
 
 static void cpu_hc_coeffs(whale_backend *be, long T, float *mix, const float *rstd, const float *scale,
                           const float *base, int M, int iters, float eps, float *pre, float *post, float *comb) {
@@ -359,6 +376,7 @@ static const whale_backend cpu_table = {
     .rstd_backward = cpu_rstd_backward,
     .gate_route = cpu_gate_route,
     .gate_route_backward = cpu_gate_route_backward,
+    .attention_spans = cpu_attention_spans,
 };
 
 whale_code whale_backend_cpu_open(whale_backend **out, whale_err *err) {

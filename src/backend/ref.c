@@ -359,6 +359,17 @@ static whale_code ref_attention(whale_backend *be, float *out, const float *q, c
     return WHALE_OK;
 }
 
+static whale_code ref_attention_spans(whale_backend *be, const whale_att_span *spans, int n, int Hq, int Hkv, int Dh,
+                                      float scale, whale_dtype products, float *work, whale_err *err) {
+    for (int i = 0; i < n; i++) {
+        const whale_att_span *sp = &spans[i];
+        whale_code c = ref_attention(be, sp->out, sp->q, sp->k, sp->v, sp->ldkv, sp->seg, sp->S, sp->p0, Hq, Hkv, Dh,
+                                     scale, products, work, err);
+        if (c) return c;
+    }
+    return WHALE_OK;
+}
+
 /* o = Σ_j p_j v_j, p = softmax(scale·q·k): dv_j += p_j·do, dp_j = do·v_j,
  * dz_j = p_j (dp_j − Σ p·dp), dq = scale Σ dz_j k_j, dk_j += scale dz_j q
  * (fp32 products: the check of the bf16 forms is the forward's) */
@@ -717,6 +728,7 @@ static const whale_backend ref_table = {
     .rstd_backward = ref_rstd_backward,
     .gate_route = ref_gate_route,
     .gate_route_backward = ref_gate_route_backward,
+    .attention_spans = ref_attention_spans,
 };
 
 whale_code whale_backend_ref_open(whale_backend **out, whale_err *err) {

@@ -337,106 +337,202 @@ static void masked_softmax(float *row, int lo, int valid, int n, float scale) {
 /* first key a query may see: its segment's start, or 0 */
 #define SEG_LO(seg, s) ((seg) ? (seg)[s] : 0)
 
-/* Few query positions (decoding): one parallel region, three steps with a
- * barrier between. Scores: each thread runs the skinny nt kernel over one
- * contiguous share of the keys (long streams; every key read once for all
- * query heads that share it). Softmax: row by row. Output: threads take
- * ATT_COLS columns of the head dimension each and walk the keys once for a
- * block of up to ATT_FEW_ROWS rows, so V is read once too. No result
- * depends on the thread count. Products in fp32. Against the GEMM path
- * below (three products, three regions) inside nanowhale-100m's decode:
- * 9-10 us instead of 12-14 per layer at context 128, 40 instead of 50-86 at
- * context 1024. */
-enum { ATT_COLS = 16 /* one zmm of fp32 */, ATT_FEW_ROWS = 8 };
+/* Decoding: a few query positions per span, all spans of a micro-batch in
+ * one parallel region, three steps with a barrier between.
+ *   Scores: the keys of all spans, laid end to end, are cut into one
+ *   contiguous share per thread; a thread runs the skinny nt kernel over
+ *   its share's part of each span, for the rep query heads of each K/V
+ *   head (every key read once for all query heads that share it). One long
+ *   span splits its keys over the threads; eight short ones keep them all
+ *   busy too.
+ *   Softmax: row by row, over all spans' rows.
+ *   Output: items of up to ATT_FEW_ROWS rows of one span × ATT_COLS
+ *   columns of the head dimension; an item walks its span's keys once, so
+ *   V is read once.
+ * Each row's scores, softmax and output come from the same calls on the
+ * same operands whatever the thread count and whichever spans share the
+ * region (a span's row blocks start at its first row), so batching changes
+ * no bit. Products in fp32. Against the GEMM path of k_attention (three
+ * products, three regions) inside nanowhale-100m's decode: 9-10 us instead
+ * of 12-14 per layer at context 128, 40 instead of 50-86 at context 1024.
+ * All spans in one region against one region per span (main's kernel; the
+ * call alone, 8 spans of context 160-209 or 512-561, medians of 5
+ * alternated runs), nanowhale-100m's heads (8 on one K/V head, 96 wide) and
+ * Qwen2.5-0.5B's (14 on 2, 64 wide):
+ *   1 thread, processor time: 61 us instead of 127 and 179 instead of 330;
+ *     109 instead of 172 and 348 instead of 489 (one span: 12 instead of
+ *     16.5, 16 instead of 20, at context 160);
+ *   2 threads on 2 cores shared with other work (load average 9, where a
+ *     barrier waits for a descheduled thread): 2.1 ms instead of 17 and 9
+ *     instead of 24; 7.6 instead of 17 and 16 instead of 45.
+ * The whole decode step, 2 threads, 8 streams (docs/architecture.md): the
+ * attention group 129 → 58 ms for 64 steps (nanowhale-100m bf16, context
+ * 128), 192 → 104 (int8, context 512), 487 → 326 (Qwen2.5-0.5B bf16). */
+enum { ATT_COLS = 16 /* one zmm of fp32 */, ATT_FEW_ROWS = 8, ATT_GROUP = 64 /* spans per region at most */ };
+
+/* The spans of one region, and where each one's keys, score rows, output
+ * items and scores start (offsets of span i at [i], totals at [n]). */
+typedef struct {
+    int n, Hq, Hkv, Dh;
+    k_att_span sp[ATT_GROUP];
+    long keys[ATT_GROUP + 1], rows[ATT_GROUP + 1], items[ATT_GROUP + 1];
+    size_t sc[ATT_GROUP + 1]; /* floats into work: [S·Hq, p0 + S] each */
+} att_group;
+
+static void group_init(att_group *G, int Hq, int Hkv, int Dh) {
+    G->n = 0, G->Hq = Hq, G->Hkv = Hkv, G->Dh = Dh;
+    G->keys[0] = G->rows[0] = G->items[0] = 0, G->sc[0] = 0;
+}
+
+static void group_add(att_group *G, const k_att_span *sp) {
+    const int i = G->n++, ctx = sp->p0 + sp->S, rows = sp->S * G->Hq;
+    G->sp[i] = *sp;
+    G->keys[i + 1] = G->keys[i] + ctx;
+    G->rows[i + 1] = G->rows[i] + rows;
+    G->items[i + 1] = G->items[i] + (long)((rows + ATT_FEW_ROWS - 1) / ATT_FEW_ROWS) *
+                                        ((G->Dh + ATT_COLS - 1) / ATT_COLS);
+    G->sc[i + 1] = G->sc[i] + (size_t)rows * ctx;
+}
+
+/* the span whose range [off[i], off[i+1]) holds x (0 <= x < off[n]) */
+static int group_find(const long *off, int n, long x) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (off[mid] <= x) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Scores of keys [lo, hi) of the spans laid end to end. */
+static void few_scores(const att_group *G, float *work, long lo, long hi) {
+    const int rep = G->Hq / G->Hkv, Dh = G->Dh;
+    for (int i = lo < hi ? group_find(G->keys, G->n, lo) : G->n; i < G->n && G->keys[i] < hi; i++) {
+        const k_att_span *sp = &G->sp[i];
+        const int ctx = sp->p0 + sp->S;
+        const int t0 = (int)((lo > G->keys[i] ? lo : G->keys[i]) - G->keys[i]);
+        const int t1 = (int)((hi < G->keys[i + 1] ? hi : G->keys[i + 1]) - G->keys[i]);
+        float *sc = work + G->sc[i];
+        for (int s = 0; s < sp->S; s++)
+            for (int j = 0; j < G->Hkv; j++) { /* the rep query heads of K/V head j: consecutive rows */
+                const long r0 = (long)s * G->Hq + (long)j * rep;
+                whale_gemm_nt_serial(rep, t1 - t0, Dh, sp->q + r0 * Dh, Dh, sp->k + (long)t0 * sp->ldkv + (long)j * Dh,
+                                     sp->ldkv, sc + r0 * ctx + t0, ctx);
+            }
+    }
+}
 
 #if WHALE_X86
 WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512)
 /* acc[i][0..16) = sum_t p_i[t] · v_i[t][0..16) for a block of
  * ATT_FEW_ROWS rows (rows from nr on get weight 0): the full-width column
- * block of attention_few's P·V, kept in registers. */
+ * block of few_pv_item, kept in registers. When the rows share one K/V
+ * head (all of them with one K/V head) each key's V vector is loaded once
+ * for all of them: the same products and sums, 9 loads per 8 FMAs instead
+ * of 16; nanowhale-100m's decode attention of 8 spans (context 160-210)
+ * took 15-25% less processor time with it at 1 thread. */
 static void pv_block_avx512(float acc[][ATT_COLS], const float *const *pr, const float *const *vr, int nr,
                             int ctx, int ldkv) {
     __m512 a[ATT_FEW_ROWS];
+    int shared = 1;
 #pragma GCC unroll 8
-    for (int i = 0; i < ATT_FEW_ROWS; i++) a[i] = _mm512_setzero_ps();
-    for (int t = 0; t < ctx; t++)
+    for (int i = 0; i < ATT_FEW_ROWS; i++) a[i] = _mm512_setzero_ps(), shared &= vr[i] == vr[0];
+    if (shared)
+        for (int t = 0; t < ctx; t++) {
+            const __m512 v = _mm512_loadu_ps(vr[0] + (long)t * ldkv);
 #pragma GCC unroll 8
-        for (int i = 0; i < ATT_FEW_ROWS; i++)
-            a[i] = _mm512_fmadd_ps(_mm512_set1_ps(i < nr ? pr[i][t] : 0.0f),
-                                   _mm512_loadu_ps(vr[i] + (long)t * ldkv), a[i]);
+            for (int i = 0; i < ATT_FEW_ROWS; i++)
+                a[i] = _mm512_fmadd_ps(_mm512_set1_ps(i < nr ? pr[i][t] : 0.0f), v, a[i]);
+        }
+    else
+        for (int t = 0; t < ctx; t++)
+#pragma GCC unroll 8
+            for (int i = 0; i < ATT_FEW_ROWS; i++)
+                a[i] = _mm512_fmadd_ps(_mm512_set1_ps(i < nr ? pr[i][t] : 0.0f),
+                                       _mm512_loadu_ps(vr[i] + (long)t * ldkv), a[i]);
 #pragma GCC unroll 8
     for (int i = 0; i < ATT_FEW_ROWS; i++) _mm512_storeu_ps(acc[i], a[i]);
 }
 WHALE_TARGET_END
 #endif
 
-
-static void attention_few(float *out, const float *q, const float *k, const float *v, int ldkv, const int32_t *seg,
-                          int S, int p0, int Hq, int Hkv, int Dh, float scale, float *work) {
-    const int ctx = p0 + S, rep = Hq / Hkv, rows = S * Hq;
-    const int cchunks = (Dh + ATT_COLS - 1) / ATT_COLS;
-    float *sc = work; /* [rows, ctx]; keys past a row's position are computed, then masked */
-#pragma omp parallel if ((long)rows * ctx * Dh >= 32768)
-    {
-        { /* each thread one contiguous share of the keys: long streams */
-            const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-            const int t0 = (int)((long)ctx * id / nt), n = (int)((long)ctx * (id + 1) / nt) - t0;
-            for (int s = 0; s < S && n > 0; s++)
-                for (int j = 0; j < Hkv; j++) { /* the rep query heads of K/V head j: consecutive rows */
-                    const long r0 = (long)s * Hq + (long)j * rep;
-                    whale_gemm_nt_serial(rep, n, Dh, q + r0 * Dh, Dh, k + (long)t0 * ldkv + (long)j * Dh, ldkv,
-                                         sc + r0 * ctx + t0, ctx);
+/* Output item `it` of span i: rows rb .. rb + ATT_FEW_ROWS − 1 (those that
+ * exist) × columns c0 .. c0 + ATT_COLS − 1 of P·V. */
+static void few_pv_item(const att_group *G, int i, long it, const float *work) {
+    const k_att_span *sp = &G->sp[i];
+    const int Dh = G->Dh, rep = G->Hq / G->Hkv, cchunks = (Dh + ATT_COLS - 1) / ATT_COLS;
+    const int ctx = sp->p0 + sp->S, rows = sp->S * G->Hq;
+    const int rb = (int)(it / cchunks) * ATT_FEW_ROWS, c0 = (int)(it % cchunks) * ATT_COLS;
+    const int w = Dh - c0 < ATT_COLS ? Dh - c0 : ATT_COLS, nr = rows - rb < ATT_FEW_ROWS ? rows - rb : ATT_FEW_ROWS;
+    const float *sc = work + G->sc[i];
+    /* a full block of rows (missing ones repeat the last with weight 0) and
+     * whole vectors, so the accumulators stay in registers; probabilities
+     * are 0 outside a row's keys, so every row walks all of them */
+    float acc[ATT_FEW_ROWS][ATT_COLS] = {{0}}, vbuf[ATT_COLS] = {0};
+    const float *vr[ATT_FEW_ROWS], *pr[ATT_FEW_ROWS];
+    for (int x = 0; x < ATT_FEW_ROWS; x++) {
+        int r = rb + (x < nr ? x : nr - 1);
+        vr[x] = sp->v + (long)((r % G->Hq) / rep) * Dh + c0;
+        pr[x] = sc + (long)r * ctx;
+    }
+#if WHALE_X86
+    if (w == ATT_COLS && whale_isa_at_least(WHALE_ISA_AVX512))
+        pv_block_avx512(acc, pr, vr, nr, ctx, sp->ldkv);
+    else
+#endif
+        for (int t = 0; t < ctx; t++)
+            for (int x = 0; x < ATT_FEW_ROWS; x++) {
+                const float p = x < nr ? pr[x][t] : 0.0f, *vt = vr[x] + (long)t * sp->ldkv;
+                if (w < ATT_COLS) { /* the last, partial columns */
+                    memcpy(vbuf, vt, sizeof(float) * (size_t)w);
+                    vt = vbuf;
                 }
-        }
+                for (int c = 0; c < ATT_COLS; c++) acc[x][c] += p * vt[c];
+            }
+    for (int x = 0; x < nr; x++) memcpy(sp->out + (long)(rb + x) * Dh + c0, acc[x], sizeof(float) * (size_t)w);
+}
+
+/* The three steps over a group; scores in work [G->sc[n]]. */
+static void attention_few(const att_group *G, float scale, float *work) {
+    const long nkeys = G->keys[G->n], nrows = G->rows[G->n], nitems = G->items[G->n];
+#pragma omp parallel if ((long)G->sc[G->n] * G->Dh >= 32768)
+    {
+        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        few_scores(G, work, nkeys * id / nt, nkeys * (id + 1) / nt);
 #pragma omp barrier
 #pragma omp for schedule(static)
-        for (int r = 0; r < rows; r++)
-            masked_softmax(sc + (long)r * ctx, SEG_LO(seg, r / Hq), p0 + r / Hq + 1, ctx, scale);
-#pragma omp for schedule(static) collapse(2)
-        for (int rb = 0; rb < rows; rb += ATT_FEW_ROWS)
-            for (int cc = 0; cc < cchunks; cc++) {
-                const int c0 = cc * ATT_COLS, w = Dh - c0 < ATT_COLS ? Dh - c0 : ATT_COLS;
-                const int nr = rows - rb < ATT_FEW_ROWS ? rows - rb : ATT_FEW_ROWS;
-                /* a full block of rows (missing ones repeat the last with
-                 * weight 0) and whole vectors, so the accumulators stay in
-                 * registers; probabilities are 0 outside a row's keys, so
-                 * every row walks all of them */
-                float acc[ATT_FEW_ROWS][ATT_COLS] = {{0}}, vbuf[ATT_COLS] = {0};
-                const float *vr[ATT_FEW_ROWS], *pr[ATT_FEW_ROWS];
-                for (int i = 0; i < ATT_FEW_ROWS; i++) {
-                    int r = rb + (i < nr ? i : nr - 1);
-                    vr[i] = v + (long)((r % Hq) / rep) * Dh + c0;
-                    pr[i] = sc + (long)r * ctx;
-                }
-#if WHALE_X86
-                if (w == ATT_COLS && whale_isa_at_least(WHALE_ISA_AVX512))
-                    pv_block_avx512(acc, pr, vr, nr, ctx, ldkv);
-                else
-#endif
-                    for (int t = 0; t < ctx; t++)
-                        for (int i = 0; i < ATT_FEW_ROWS; i++) {
-                            const float p = i < nr ? pr[i][t] : 0.0f, *vt = vr[i] + (long)t * ldkv;
-                            if (w < ATT_COLS) { /* the last, partial columns */
-                                memcpy(vbuf, vt, sizeof(float) * (size_t)w);
-                                vt = vbuf;
-                            }
-                            for (int x = 0; x < ATT_COLS; x++) acc[i][x] += p * vt[x];
-                        }
-                for (int i = 0; i < nr; i++) memcpy(out + (long)(rb + i) * Dh + c0, acc[i], sizeof(float) * (size_t)w);
-            }
+        for (long r = 0; r < nrows; r++) {
+            const int i = group_find(G->rows, G->n, r), rr = (int)(r - G->rows[i]), s = rr / G->Hq;
+            const k_att_span *sp = &G->sp[i];
+            masked_softmax(work + G->sc[i] + (size_t)rr * (size_t)(sp->p0 + sp->S), SEG_LO(sp->seg, s),
+                           sp->p0 + s + 1, sp->p0 + sp->S, scale);
+        }
+#pragma omp for schedule(static)
+        for (long it = 0; it < nitems; it++) {
+            const int i = group_find(G->items, G->n, it);
+            few_pv_item(G, i, it - G->items[i], work);
+        }
     }
+}
+
+/* Whether k_attention takes the few-row path: a few query positions
+ * (decoding) in one region in fp32, where the GEMM path costs three
+ * regions per K/V head; a bf16 forward of a whole (short) sequence with
+ * one K/V head keeps its bf16 products, as at any other length. */
+static int att_few(int S, int p0, int Hq, int Hkv, whale_dtype products) {
+    const int bf16_whole = products == WHALE_BF16 && p0 == 0;
+    return S * Hq <= ATT_DIRECT_ROWS || (S <= ATT_DIRECT_ROWS && (Hkv > 1 || !bf16_whole));
 }
 
 whale_code k_attention(whale_gemm *g, float *out, const float *q, const float *k, const float *v,
                        int ldkv, const int32_t *seg, int S, int p0, int Hq, int Hkv, int Dh, float scale,
                        whale_dtype products, float *work, whale_err *err) {
-    /* A few query positions (decoding) take attention_few, one region in
-     * fp32, where the GEMM path below costs three regions per K/V head; a
-     * bf16 forward of a whole (short) sequence with one K/V head keeps its
-     * bf16 products, as at any other length. */
-    const int bf16_whole = products == WHALE_BF16 && p0 == 0;
-    if (S * Hq <= ATT_DIRECT_ROWS || (S <= ATT_DIRECT_ROWS && (Hkv > 1 || !bf16_whole))) {
-        attention_few(out, q, k, v, ldkv, seg, S, p0, Hq, Hkv, Dh, scale, work);
+    if (att_few(S, p0, Hq, Hkv, products)) {
+        att_group G;
+        group_init(&G, Hq, Hkv, Dh);
+        group_add(&G, &(k_att_span){out, q, k, v, ldkv, seg, S, p0});
+        attention_few(&G, scale, work);
         return WHALE_OK;
     }
     int rep = Hq / Hkv;
@@ -469,6 +565,33 @@ whale_code k_attention(whale_gemm *g, float *out, const float *q, const float *k
             if (Hkv > 1) scatter_group(out, Og, s0, nq, Hq, rep, j, Dh);
         }
     }
+    return WHALE_OK;
+}
+
+whale_code k_attention_spans(whale_gemm *g, const k_att_span *spans, int n, int Hq, int Hkv, int Dh, float scale,
+                             whale_dtype products, float *work, whale_err *err) {
+    int max_ctx = 1;
+    for (int i = 0; i < n; i++)
+        if (spans[i].p0 + spans[i].S > max_ctx) max_ctx = spans[i].p0 + spans[i].S;
+    /* what the caller's work holds at least; one span's scores always fit */
+    const size_t cap = k_attention_work_floats(max_ctx, Hq, Hkv, Dh);
+    att_group G;
+    group_init(&G, Hq, Hkv, Dh);
+    for (int i = 0; i < n; i++) {
+        const k_att_span *sp = &spans[i];
+        if (!att_few(sp->S, sp->p0, Hq, Hkv, products)) { /* prefill: its own products */
+            whale_code c = k_attention(g, sp->out, sp->q, sp->k, sp->v, sp->ldkv, sp->seg, sp->S, sp->p0, Hq, Hkv,
+                                       Dh, scale, products, work, err);
+            if (c) return c;
+            continue;
+        }
+        if (G.n == ATT_GROUP || G.sc[G.n] + (size_t)sp->S * Hq * (size_t)(sp->p0 + sp->S) > cap) {
+            attention_few(&G, scale, work);
+            group_init(&G, Hq, Hkv, Dh);
+        }
+        group_add(&G, sp);
+    }
+    if (G.n) attention_few(&G, scale, work);
     return WHALE_OK;
 }
 

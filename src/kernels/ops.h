@@ -124,6 +124,25 @@ whale_code k_attention(whale_gemm *g, float *out, const float *q, const float *k
                        int ldkv, const int32_t *seg, int S, int p0, int Hq, int Hkv, int Dh, float scale,
                        whale_dtype products, float *work, whale_err *err);
 
+/* One sequence's part of a micro-batch for k_attention_spans: S query
+ * tokens at positions p0 .. p0+S−1 (q, out [S, Hq·Dh]) over keys k, v
+ * [p0+S rows, stride ldkv]; seg as for k_attention (NULL: none). */
+typedef struct {
+    float *out;
+    const float *q, *k, *v;
+    int ldkv;
+    const int32_t *seg;
+    int S, p0;
+} k_att_span;
+/* k_attention of each of n spans (one Hq, Hkv, Dh, scale, products), each
+ * output the same bits as its own k_attention call gives, for any thread
+ * count: the spans that take the few-row path (decoding) share parallel
+ * regions (up to 64 spans, as many as work holds), the others run one by
+ * one. Outputs do not overlap. work holds k_attention_work_floats(c, Hq,
+ * Hkv, Dh) floats for a c at least every span's p0 + S. */
+whale_code k_attention_spans(whale_gemm *g, const k_att_span *spans, int n, int Hq, int Hkv, int Dh, float scale,
+                             whale_dtype products, float *work, whale_err *err);
+
 /* Backward of k_attention (same arguments), recomputing the probabilities
  * from q and k. dout [S, Hq·Dh] is the output gradient; dq [S, Hq·Dh] is
  * overwritten; dk and dv [p0+S rows, stride ldkv] are accumulated, including

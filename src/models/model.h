@@ -224,6 +224,17 @@ whale_ubatch whale_ubatch_training(whale_span *spans, const int32_t *ids, const 
 /* Row t's RoPE position: ub->pos[t], or its place in its span. */
 void whale_ubatch_positions(const whale_ubatch *ub, int32_t *pos);
 
+/* Causal attention of every span of the session's micro-batch in layer l:
+ * q, out [T, Hq·Dh]; k, v [T, ldkv] the micro-batch's own keys and values
+ * (k == v: one tensor); seg [T] (packed documents) or NULL. With a KV cache
+ * each span's rows are first appended to its sequence's cells (of width
+ * ldkv), which it then attends over; else it attends over its own rows.
+ * One attention_spans call for all spans: a decode step's share one
+ * parallel region. */
+whale_code whale_attention_ubatch(whale_session *s, int l, float *out, const float *q, const float *k, const float *v,
+                                  int ldkv, const int32_t *seg, int Hq, int Hkv, int Dh, float scale, float *work,
+                                  whale_err *err);
+
 /* The lm_head on the rows of hn [T, D] whose logits ub wants, into logits
  * [n_out, V]: all rows in one product, or the chosen rows gathered into
  * rows [max_batch, D] and multiplied max_batch at a time. */

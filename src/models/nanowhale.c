@@ -567,19 +567,9 @@ static whale_code attention(nw_session *s, const nw_model *nw, const nw_layer *l
     OP(rope, a->kv, T, c->Dh, 1, c->Dh, c->R, s->pos, nw->rope_cos, nw->rope_sin, 0);
 
     float scale = 1.0f / sqrtf((float)c->Dh);
-    whale_kv *cache = &s->base.kv;
-    for (int i = 0; i < ub->n_spans; i++) {
-        const whale_span *sp = &ub->spans[i];
-        const float *kv = a->kv + (size_t)sp->row0 * c->Dh;
-        if (cache->k) {
-            whale_kv_append(cache, l, sp->seq, sp->p0, sp->n, kv, kv);
-            kv = whale_kv_k(cache, l, sp->seq);
-        }
-        if ((e = OP(attention, a->att + (size_t)sp->row0 * HD, a->q + (size_t)sp->row0 * HD, kv, kv, c->Dh,
-                             s->seg ? s->seg + sp->row0 : NULL, sp->n, sp->p0, c->H, 1, c->Dh, scale,
-                             whale_attention_products(s->base.model), s->att_work, err)))
-            return e;
-    }
+    if ((e = whale_attention_ubatch(&s->base, l, a->att, a->q, a->kv, a->kv, c->Dh, s->seg, c->H, 1, c->Dh, scale,
+                                    s->att_work, err)))
+        return e;
     TRACE(WHALE_F32, a->qlat, 2, DIMS(T, c->Q), "layers.%d.attn.q_latent", l);
     TRACE(WHALE_F32, a->q, 2, DIMS(T, HD), "layers.%d.attn.q", l);
     TRACE(WHALE_F32, a->kv, 2, DIMS(T, c->Dh), "layers.%d.attn.kv", l);

@@ -685,20 +685,9 @@ static whale_code attention(qw_session *s, const qw_model *qw, const qw_layer *l
     OP(rope, a->k, T, KVD, c->Hkv, c->Dh, c->Dh, s->rpos, s->rcos, s->rsin, 1);
 
     float scale = 1.0f / sqrtf((float)c->Dh);
-    whale_kv *kv = &s->base.kv;
-    for (int i = 0; i < ub->n_spans; i++) {
-        const whale_span *sp = &ub->spans[i];
-        const float *kb = a->k + (size_t)sp->row0 * KVD, *vb = a->v + (size_t)sp->row0 * KVD;
-        if (kv->k) {
-            whale_kv_append(kv, l, sp->seq, sp->p0, sp->n, kb, vb);
-            kb = whale_kv_k(kv, l, sp->seq);
-            vb = whale_kv_v(kv, l, sp->seq);
-        }
-        if ((e = OP(attention, a->att + (size_t)sp->row0 * HD, a->q + (size_t)sp->row0 * HD, kb, vb, KVD,
-                             s->seg ? s->seg + sp->row0 : NULL, sp->n, sp->p0, c->H, c->Hkv, c->Dh, scale,
-                             whale_attention_products(s->base.model), s->att_work, err)))
-            return e;
-    }
+    if ((e = whale_attention_ubatch(&s->base, l, a->att, a->q, a->k, a->v, KVD, s->seg, c->H, c->Hkv, c->Dh, scale,
+                                    s->att_work, err)))
+        return e;
     TRACE(WHALE_F32, a->q, 2, DIMS(T, HD), "layers.%d.attn.q", l);
     TRACE(WHALE_F32, a->k, 2, DIMS(T, KVD), "layers.%d.attn.k", l);
     TRACE(WHALE_F32, a->v, 2, DIMS(T, KVD), "layers.%d.attn.v", l);

@@ -170,6 +170,37 @@ void whale_ubatch_positions(const whale_ubatch *ub, int32_t *pos) {
         for (int r = 0; r < ub->spans[i].n; r++) pos[ub->spans[i].row0 + r] = ub->spans[i].p0 + r;
 }
 
+whale_code whale_attention_ubatch(whale_session *s, int l, float *out, const float *q, const float *k, const float *v,
+                                  int ldkv, const int32_t *seg, int Hq, int Hkv, int Dh, float scale, float *work,
+                                  whale_err *err) {
+    const whale_ubatch *ub = s->ub;
+    whale_kv *kv = &s->kv;
+    const whale_dtype products = whale_attention_products(s->model);
+    assert(!kv->k || kv->width == ldkv);
+    whale_att_span sp[64]; /* 64 spans a call: the cpu backend's region at most */
+    for (int i0 = 0; i0 < ub->n_spans; i0 += 64) {
+        int n = ub->n_spans - i0 < 64 ? ub->n_spans - i0 : 64;
+        for (int i = 0; i < n; i++) {
+            const whale_span *u = &ub->spans[i0 + i];
+            const float *ku = k + (size_t)u->row0 * ldkv, *vu = v + (size_t)u->row0 * ldkv;
+            if (kv->k) {
+                whale_kv_append(kv, l, u->seq, u->p0, u->n, ku, vu);
+                ku = whale_kv_k(kv, l, u->seq);
+                vu = whale_kv_v(kv, l, u->seq);
+            }
+            sp[i] = (whale_att_span){out + (size_t)u->row0 * Hq * Dh, q + (size_t)u->row0 * Hq * Dh, ku, vu, ldkv,
+                                     seg ? seg + u->row0 : NULL, u->n, u->p0};
+        }
+        whale_code c = WHALE_OK;
+        if (s->be->version >= 2) c = WHALE_OP(s, attention_spans, sp, n, Hq, Hkv, Dh, scale, products, work, err);
+        for (int i = 0; s->be->version < 2 && c == WHALE_OK && i < n; i++) /* a backend before attention_spans */
+            c = WHALE_OP(s, attention, sp[i].out, sp[i].q, sp[i].k, sp[i].v, ldkv, sp[i].seg, sp[i].S, sp[i].p0, Hq,
+                         Hkv, Dh, scale, products, work, err);
+        if (c) return c;
+    }
+    return WHALE_OK;
+}
+
 whale_code whale_output_logits(whale_session *s, const whale_ubatch *ub, const float *hn, float *rows, int D, int V,
                                const float *head, float *logits, whale_err *err) {
     if (!ub->out) return whale_linear(s, ub->T, V, D, hn, D, head, D, logits, V, err);
