@@ -119,13 +119,8 @@ double whale_gemm_measure_gflops_bf16(whale_gemm *g, int M, int N, int K, int re
 /* One read pass over blocks lo..hi of READ_BLOCK floats. The vector one
  * walks four distant streams per thread, one 64-byte line of each per
  * step: the access pattern of the decode kernels (sk_range), which one
- * sequential stream per core reaches only about half of. The AVX-512 pass
- * also asks for each stream's line READ_PREFETCH bytes ahead, as the
- * AVX-512 decode kernels do (NT_PREFETCH in gemm_rows.c): without it the
- * probe read slower than the kernels it is the bound of, and `whale bench`
- * reported decode at over 100 % of it. */
+ * sequential stream per core reaches only about half of. */
 #define READ_BLOCK 64
-#define READ_PREFETCH 1024
 static float read_pass_c(const float *buf, long lo, long hi) {
     float s[16] = {0}; /* independent sums: a single chain would time the adds, not the reads */
     for (long b = lo; b < hi; b++)
@@ -166,8 +161,6 @@ static float read_pass_avx512(const float *buf, long lo, long hi) {
     for (long b = lo; b < lo + q; b++)
         for (int l = 0; l < 4; l++) {
             const float *p = buf + b * per_block + (size_t)16 * l;
-#pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) _mm_prefetch((const char *)(p + r * q * per_block) + READ_PREFETCH, _MM_HINT_T0);
             s0 = _mm512_add_ps(s0, _mm512_load_ps(p));
             s1 = _mm512_add_ps(s1, _mm512_load_ps(p + q * per_block));
             s2 = _mm512_add_ps(s2, _mm512_load_ps(p + 2 * q * per_block));
