@@ -53,6 +53,7 @@ struct serve_engine {
     slot_t *slots;
     whale_dbatch batch;
     int *out_slot; /* [n_seq] slot of each logits row */
+    const char **out_fin; /* [n_seq] its finish reason this step, or NULL */
     float *logits; /* [n_seq, V] */
     float *raw;    /* [V] a row as the model gave it, for logprobs (penalties write to the row) */
     int prefill_next; /* round robin over prefilling slots */
@@ -400,15 +401,18 @@ static void step_run(serve_engine *e) {
     for (int k = 0; k < n_out; k++) {
         int i = e->out_slot[k];
         whale_err serr = {0};
-        const char *fin = slot_sample(e, i, e->logits + (size_t)k * e->V, &serr);
-        if (fin && !strcmp(fin, "error")) {
+        e->out_fin[k] = slot_sample(e, i, e->logits + (size_t)k * e->V, &serr);
+        if (e->out_fin[k] && !strcmp(e->out_fin[k], "error")) {
             pthread_mutex_lock(&e->mu);
             e->slots[i].job->err = serr;
             pthread_mutex_unlock(&e->mu);
         }
-        if (fin) slot_finish(e, i, fin);
     }
+    /* counted before any job of this step is answered: a client that has
+     * its reply finds the step in /metrics */
     step_metrics(e, n_seqs, n_out, whale_now() - t0);
+    for (int k = 0; k < n_out; k++)
+        if (e->out_fin[k]) slot_finish(e, e->out_slot[k], e->out_fin[k]);
 }
 
 /* ------------------------------------------------------------ the thread */
@@ -475,9 +479,10 @@ static void *engine_main(void *arg) {
 static whale_code engine_alloc(serve_engine *e, whale_err *err) {
     e->slots = calloc((size_t)e->n_seq, sizeof *e->slots);
     e->out_slot = calloc((size_t)e->n_seq, sizeof(int));
+    e->out_fin = calloc((size_t)e->n_seq, sizeof(char *));
     e->logits = whale_alloc(sizeof(float) * (size_t)e->n_seq * (size_t)e->V);
     e->raw = whale_alloc(sizeof(float) * (size_t)e->V);
-    if (!e->slots || !e->out_slot || !e->logits || !e->raw) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory for the slots");
+    if (!e->slots || !e->out_slot || !e->out_fin || !e->logits || !e->raw) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory for the slots");
     for (int i = 0; i < e->n_seq; i++) {
         slot_t *sl = &e->slots[i];
         sl->toks = malloc(sizeof(int32_t) * (size_t)(e->n_ctx + 1));
@@ -549,6 +554,7 @@ void serve_engine_free(serve_engine *e) {
     free(e->slots);
     free(e->ad);
     free(e->out_slot);
+    free(e->out_fin);
     free(e->logits);
     free(e->raw);
     whale_dbatch_free(&e->batch);
