@@ -81,6 +81,35 @@ static void test_greedy(void) {
     whale_sampler_free(s);
 }
 
+/* Greedy over vocabularies long enough for the lanes: a plain first-maximum
+ * scan decides, with values drawn from a few levels (ties within a lane and
+ * across lanes), NaN and -inf sprinkled, sometimes +inf, and lengths that
+ * leave a tail. */
+static void test_greedy_long(void) {
+    whale_sampler_params p = whale_sampler_defaults();
+    p.temperature = 0;
+    const float levels[6] = {-INFINITY, NAN, -1.0f, 0.5f, 2.0f, INFINITY};
+    uint64_t r = 12345;
+    int wrong = 0, runs = 0;
+    for (int n = 1; n <= 300; n += 7)
+        for (int rep = 0; rep < 40; rep++, runs++) {
+            float x[300];
+            int top = rep % 3 == 0 ? 6 : 5; /* +inf in a third of the runs */
+            for (int i = 0; i < n; i++) {
+                r = r * 6364136223846793005ull + 1442695040888963407ull;
+                x[i] = levels[(r >> 33) % (uint64_t)top];
+            }
+            int32_t want = -1;
+            float best = -INFINITY;
+            for (int i = 0; i < n; i++)
+                if (x[i] > best) best = x[i], want = i;
+            whale_sampler *s = make(p, n);
+            if (whale_sample(s, x, NULL, 0) != want) wrong++;
+            whale_sampler_free(s);
+        }
+    CHECK(wrong == 0, "greedy differed from a first-maximum scan in %d of %d vocabularies", wrong, runs);
+}
+
 static void test_seeds(void) {
     enum { V = 8, N = 500 };
     float logits[V] = {0.1f, 0.2f, 0.0f, -0.1f, 0.3f, 0.05f, -0.2f, 0.15f};
@@ -558,6 +587,7 @@ static void test_large_vocab(void) {
 int main(void) {
     test_defaults();
     test_greedy();
+    test_greedy_long();
     test_seeds();
     test_top_k_one_is_greedy();
     test_top_k();
