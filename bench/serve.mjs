@@ -1,7 +1,9 @@
 // Throughput and latency of a running `whale serve` at several concurrencies
 // (node, no packages): N streams at once, each a different prompt, greedy,
 // a fixed number of tokens (ignore_eos). Per concurrency: aggregate tokens/s
-// (all generated tokens over the wall time of the round), time to first token
+// (all generated tokens over the wall time of the round, prefill included),
+// aggregate decode tokens/s (each stream's tokens after its first over the time
+// from its first token to its last, summed over the streams), time to first token
 // and inter-token latency (p50, p99), and the most sequences the server put
 // in one forward (/metrics). Speed is measured, never asserted.
 //
@@ -24,7 +26,7 @@ async function stream(i) {
     ignore_eos: true, stream: true, stream_options: { include_usage: true } }) });
   if (!r.ok) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
   const times = [];
-  let n = 0, buf = '';
+  let n = 0, buf = '', tEnd = NaN;
   const dec = new TextDecoder();
   for await (const part of r.body) {
     buf += dec.decode(part, { stream: true });
@@ -34,11 +36,11 @@ async function stream(i) {
       buf = buf.slice(k + 2);
       if (!ev.startsWith('data: {')) continue;
       const c = JSON.parse(ev.slice(6));
-      if (c.usage) n = c.usage.completion_tokens;
+      if (c.usage) n = c.usage.completion_tokens, tEnd = performance.now();
       else if (c.choices[0]?.text) times.push(performance.now());
     }
   }
-  return { t0, times, n };
+  return { t0, times, n, tEnd };
 }
 
 const pct = (a, p) => (a.length ? a[Math.min(a.length - 1, Math.floor((p / 100) * a.length))] : NaN);
@@ -55,9 +57,12 @@ for (const n of concurrencies) {
   const wall = (performance.now() - t0) / 1000;
   const total = runs.reduce((s, r) => s + r.n, 0);
   const ttft = runs.map((r) => (r.times[0] - r.t0) / 1000).sort((a, b) => a - b);
+  // decode alone: each stream's tokens after its first over the time from its
+  // first text to its usage chunk, summed over the streams (they run together)
+  const decode = runs.reduce((s, r) => s + (r.n - 1) / ((r.tEnd - r.times[0]) / 1000), 0);
   const itl = runs.flatMap((r) => r.times.slice(1).map((t, k) => (t - r.times[k]) / 1000)).sort((a, b) => a - b);
   console.log(JSON.stringify({ concurrency: n, tokens: total, seconds: +wall.toFixed(3),
-    aggregate_tokens_per_s: +(total / wall).toFixed(1), ttft_p50_ms: +(pct(ttft, 50) * 1e3).toFixed(1),
+    aggregate_tokens_per_s: +(total / wall).toFixed(1), decode_tokens_per_s: +decode.toFixed(1), ttft_p50_ms: +(pct(ttft, 50) * 1e3).toFixed(1),
     ttft_p99_ms: +(pct(ttft, 99) * 1e3).toFixed(1), itl_p50_ms: +(pct(itl, 50) * 1e3).toFixed(2),
     itl_p99_ms: +(pct(itl, 99) * 1e3).toFixed(2), batch_sequences_max: await metric('whale_batch_sequences_max') }));
 }
