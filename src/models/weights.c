@@ -376,7 +376,7 @@ static whale_code own_f32(whale_model *m, whale_err *err) {
         w->start = m->params[w->param].data;
         w->end = w->start + whale_shape_numel(2, m->params[w->param].shape);
     }
-    qsort(m->copies, (size_t)m->n_copies, sizeof *m->copies, copy_cmp);
+    if (m->n_copies) qsort(m->copies, (size_t)m->n_copies, sizeof *m->copies, copy_cmp);
     whale_lora_rekey(m);
     return WHALE_OK;
 }
