@@ -242,10 +242,10 @@ whale_code whale_model_load_as(const char *dir, whale_dtype dt, whale_model **ou
 whale_code whale_model_drop_master(whale_model *m, whale_err *err);
 /* Give the weights read in place from the checkpoint (its fp32 tensors, or
  * BF16/F16 copies already in the run's dtype) owned memory in 2 MiB pages,
- * dropping the mapping's pages behind each copy, then unmap the checkpoint.
+ * dropping the mapping's pages behind the copy, then unmap the checkpoint.
  * For inference: decode streams every weight per token, and through the
- * mapping's 4 KiB pages it ran at about half the speed (fp32) or 80 %
- * (bf16). A frozen LoRA base in training stays mapped instead: its clean
+ * mapping's 4 KiB pages it ran at about 60 % of the speed in fp32 and 90 %
+ * in bf16. A frozen LoRA base in training stays mapped instead: its clean
  * pages can be reclaimed under memory pressure, owned memory cannot. */
 whale_code whale_model_own_weights(whale_model *m, whale_err *err);
 int whale_model_has_master(const whale_model *m);
