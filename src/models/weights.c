@@ -115,13 +115,15 @@ static void convert_block(void *dst, float *scale, whale_dtype dt, const char *s
  * converts one contiguous run of blocks in order and drops the source pages
  * behind it every RELEASE_BYTES, so loading holds at most that much of a
  * tensor twice per thread. Not after every block: each madvise flushes the
- * other threads' TLBs, and with one per 64 rows (112 KiB of bf16 rows of
- * 896) a one-token bench of the 1 GB Qwen2.5-0.5B bf16 checkpoint took
- * 1.2-3.6 s instead of 0.55 s (one per 32 MiB), on 2 threads. Returns 0
- * when a thread could not get its scratch (nothing is skipped silently). */
+ * other threads' TLBs, and copying the 1 GB Qwen2.5-0.5B bf16 checkpoint
+ * on 2 threads made 7,130 calls taking 3.3 s with one per 64 rows (112 KiB)
+ * against 502 taking 0.14 s with one per 4 MiB (strace -c). Not much more:
+ * at 32 MiB the pages held at once put the peak of an int8 nanowhale-100m
+ * run 12 % over `whale memory`'s estimate. Returns 0 when a thread could
+ * not get its scratch (nothing is skipped silently). */
 static int convert_rows(void *dst, float *scale, whale_dtype dt, const void *src, whale_dtype sdt, int64_t rows,
                         int64_t cols, int release_src) {
-    enum { BLOCK = 64, RELEASE_BYTES = 32 << 20 };
+    enum { BLOCK = 64, RELEASE_BYTES = 4 << 20 };
     int64_t nblocks = (rows + BLOCK - 1) / BLOCK;
     size_t row_bytes = (size_t)cols * whale_dtype_size(sdt);
     const int scratch = needs_tmp(src, sdt, dt);
