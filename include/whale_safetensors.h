@@ -57,6 +57,8 @@ const whale_st_entry *whale_st_find(const whale_st *st, const char *name);
  * shard (in name order) that has the key wins. */
 const char *whale_st_metadata(const whale_st *st, const char *key);
 void whale_st_close(whale_st *st);
+/* Whether p points into one of the mapped files. */
+int whale_st_holds(const whale_st *st, const void *p);
 /* Drop the resident pages of the mappings (data is read again from the
  * files on the next access): after converting tensors into other memory. */
 void whale_st_release_pages(whale_st *st);

@@ -8,8 +8,8 @@
  * exact), a PEFT adapter folder on qwen2-gqa2 against the reference's LoRA
  * (tests/reference/gen_qwen2_lora.py: logits, loss, adapter gradients,
  * merged logits, rsLoRA), save/load, bf16 and int8 loads without fp32
- * weights (and LoRA training on the bf16 one), sharded checkpoints and their failures, bad
- * configs, the memory estimate against live sessions and the parameter
+ * weights (and LoRA training on the bf16 one), sharded checkpoints and their failures, the
+ * weights of a checkpoint moved into owned memory, bad configs, the memory estimate against live sessions and the parameter
  * counts of the real Qwen2.5-0.5B and 7B shapes. */
 #include "testutil.h"
 
@@ -651,6 +651,87 @@ static void check_files(void) {
     whale_model_free(m);
 }
 
+/* whale_model_own_weights (how the inference commands hold a checkpoint)
+ * gives the logits of the same model read in place from the file, bit for
+ * bit, with nothing left mapped: fp32; fp32 masters with bf16 copies (found
+ * by the moved fp32 addresses); a BF16 checkpoint in bf16; one with a
+ * product weight left in F32 (copies partly owned, partly mapped); int8
+ * from fp32 (only the norms move). */
+static void check_own_weights(void) {
+    whale_err err;
+    whale_model *m = NULL, *m16 = NULL;
+    char tmp[512], f32[600], b16[600], mixed[600], path[700];
+    test_tmpdir("qwen2-own", tmp, sizeof tmp);
+    snprintf(f32, sizeof f32, "%s/f32", tmp);
+    snprintf(b16, sizeof b16, "%s/bf16", tmp);
+    snprintf(mixed, sizeof mixed, "%s/mixed", tmp);
+    CHECK(whale_model_init("qwen2-tiny", 9, &m, &err) == WHALE_OK && whale_model_save(m, f32, &err) == WHALE_OK &&
+              whale_model_load_as(f32, WHALE_BF16, &m16, &err) == WHALE_OK &&
+              whale_model_save(m16, b16, &err) == WHALE_OK && whale_model_save(m16, mixed, &err) == WHALE_OK,
+          "%s", err.msg);
+    if (!m16) {
+        whale_model_free(m);
+        return;
+    }
+    int n = whale_model_num_params(m16), replaced = 0;
+    whale_tensor *ts = calloc((size_t)n, sizeof *ts);
+    whale_st_item *items = calloc((size_t)n, sizeof *items);
+    for (int i = 0; i < n; i++) {
+        ts[i] = whale_model_param(m16, i);
+        if (ts[i].dtype == WHALE_BF16 && !replaced++) ts[i] = whale_model_param(m, i); /* one product weight in F32 */
+        items[i] = (whale_st_item){whale_model_param_name(m16, i), ts[i].dtype, ts[i].ndim, m16->params[i].shape,
+                                   ts[i].data};
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", mixed);
+    CHECK(whale_st_write(path, items, n, NULL, &err) == WHALE_OK, "%s", err.msg);
+    free(items);
+    free(ts);
+    whale_model_free(m16);
+    whale_model_free(m);
+
+    enum { B = 1, S = 7 };
+    const int32_t ids[S] = {3, 91, 400, 17, 17, 250, 8};
+    const struct {
+        const char *dir;
+        whale_dtype load, run;
+        int mapped_copies;
+    } cases[] = {{f32, WHALE_F32, WHALE_F32, 0},
+                 {f32, WHALE_F32, WHALE_BF16, 0},
+                 {b16, WHALE_BF16, WHALE_BF16, 1},
+                 {mixed, WHALE_BF16, WHALE_BF16, 1},
+                 {f32, WHALE_I8, WHALE_I8, 0}};
+    for (int k = 0; k < (int)(sizeof cases / sizeof cases[0]); k++) {
+        whale_model *x = NULL;
+        whale_code c = cases[k].load == WHALE_F32 ? whale_model_load(cases[k].dir, &x, &err)
+                                                  : whale_model_load_as(cases[k].dir, cases[k].load, &x, &err);
+        if (!c && cases[k].run != cases[k].load) c = whale_model_set_dtype(x, cases[k].run, &err);
+        CHECK(!c, "case %d: %s", k, err.msg);
+        if (c) {
+            whale_model_free(x);
+            continue;
+        }
+        int V = whale_model_vocab_size(x);
+        float *a = malloc(sizeof(float) * S * V), *b = malloc(sizeof(float) * S * V);
+        whale_memory before, after;
+        whale_memory_of_model(x, &before);
+        forward_all(x, ids, B, S, a);
+        CHECK(whale_model_own_weights(x, &err) == WHALE_OK, "case %d: %s", k, err.msg);
+        whale_memory_of_model(x, &after);
+        forward_all(x, ids, B, S, b);
+        CHECK(!x->source && !after.weights_mapped && !!before.weights_mapped == cases[k].mapped_copies &&
+                  after.weights_lowp == before.weights_lowp + before.weights_mapped &&
+                  after.weights_f32 == before.weights_f32,
+              "case %d: source %p, mapped %zu → %zu, copies %zu → %zu", k, (void *)x->source, before.weights_mapped,
+              after.weights_mapped, before.weights_lowp, after.weights_lowp);
+        CHECK(memcmp(a, b, sizeof(float) * S * V) == 0, "case %d: owned weights give other logits", k);
+        if (cases[k].dir == mixed)
+            CHECK(before.weights_lowp > 0, "the mixed checkpoint has no converted copy");
+        free(a);
+        free(b);
+        whale_model_free(x);
+    }
+}
+
 /* ------------------------------------------------------------ configs */
 
 static void check_bad_configs(void) {
@@ -775,6 +856,7 @@ int main(void) {
     check_lora();
     check_lora_reference();
     check_files();
+    check_own_weights();
     check_bad_configs();
     check_sizes();
     return test_finish("test_qwen2");

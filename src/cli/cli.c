@@ -450,7 +450,7 @@ whale_code cli_load_model(const char *dir, const char *adapters, cli_run *run, w
     if (run->dtype == CLI_DTYPE_AUTO && (run->dtype = cli_checkpoint_dtype(from)) != WHALE_F32 && run->cmd)
         fprintf(stderr, "%s: %s, the checkpoint's dtype (--dtype to change)\n", run->cmd, cli_dtype_name(run->dtype));
     if ((c = cli_check_memory(from, run, 1, 0, err)) || (c = whale_model_load_as(from, run->dtype, m, err)) ||
-        (adapters && (c = whale_lora_load(*m, adapters, err)))) {
+        (c = whale_model_own_weights(*m, err)) || (adapters && (c = whale_lora_load(*m, adapters, err)))) {
         whale_model_free(*m);
         *m = NULL;
         free(base), free(t), free(sys);

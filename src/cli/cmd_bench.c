@@ -128,14 +128,15 @@ static int bench_parse(int argc, char **argv, bench_t *b) {
     return 0;
 }
 
-/* The model (inference runs hold only the dtype's weights, a checkpoint
- * already in that dtype used in place; training keeps fp32 masters), its
+/* The model (inference runs hold only the dtype's weights, in owned memory
+ * as whale run and serve hold them; training keeps fp32 masters), its
  * session and random token ids. */
 static whale_code bench_load(bench_t *b, whale_err *err) {
     int train = b->mode == BENCH_TRAIN, decode = b->mode == BENCH_DECODE;
     whale_code c = b->dir ? (train ? whale_model_load(b->dir, &b->m, err) : whale_model_load_as(b->dir, b->dtype, &b->m, err))
                           : whale_model_init(b->preset, 0, &b->m, err);
-    if (c || (c = whale_model_set_dtype(b->m, b->dtype, err)) || (!train && (c = whale_model_drop_master(b->m, err))))
+    if (c || (c = whale_model_set_dtype(b->m, b->dtype, err)) || (!train && (c = whale_model_drop_master(b->m, err))) ||
+        (!train && (c = whale_model_own_weights(b->m, err))))
         return c;
     int V = whale_model_vocab_size(b->m);
     int ctx_total = decode ? (int)(b->context + b->tokens) : (int)b->seq;

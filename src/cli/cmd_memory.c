@@ -28,6 +28,7 @@ static whale_code run_step(const char *config, const whale_memory_plan *p, int i
     if (is_dir) c = full ? whale_model_load(config, &m, err) : whale_model_load_as(config, p->dtype, &m, err);
     else c = whale_model_init(config, 1, &m, err);
     if (!c) c = whale_model_set_dtype(m, p->dtype, err);
+    if (!c && !p->train) c = whale_model_own_weights(m, err); /* as inference runs hold them */
     if (!c && p->train == WHALE_TRAIN_LORA) {
         whale_lora_config lc = whale_lora_defaults();
         lc.rank = p->lora_rank;

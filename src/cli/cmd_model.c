@@ -153,7 +153,7 @@ int cmd_score(int argc, char **argv) {
     whale_set_threads((int)threads);
     whale_err err;
     whale_model *m = NULL;
-    if (whale_model_load_as(dir, dtype, &m, &err)) {
+    if (whale_model_load_as(dir, dtype, &m, &err) || whale_model_own_weights(m, &err)) {
         whale_model_free(m);
         return cli_fail(&err);
     }

@@ -135,6 +135,7 @@ static whale_code child_run(const opts_t *o, const model_info *mi, const batch_t
     size_t n_logits = (size_t)T * mi->vocab, n_topk = (size_t)mi->layers * T * mi->topk;
     double *margin = malloc(sizeof(double) * mi->layers);
     whale_code c = dt == WHALE_F32 ? whale_model_load(o->dir, &m, err) : whale_model_load_as(o->dir, dt, &m, err);
+    if (!c) c = whale_model_own_weights(m, err);
     if (c) goto done;
     if (whale_model_vocab_size(m) != mi->vocab) {
         c = whale_errf(err, WHALE_ERR_FORMAT, "%s: config.json changed while the report ran", o->dir);

@@ -256,7 +256,10 @@ int cmd_eval(int argc, char **argv) {
     whale_set_threads((int)threads);
     whale_err err;
     whale_model *m;
-    if (whale_model_load(dir, &m, &err)) return cli_fail(&err);
+    if (whale_model_load(dir, &m, &err) || whale_model_own_weights(m, &err)) {
+        whale_model_free(m);
+        return cli_fail(&err);
+    }
     double loss;
     int64_t tokens;
     whale_code c = text ? eval_text(m, dir, text, (int)seq, &loss, &tokens, &err)

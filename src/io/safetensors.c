@@ -203,6 +203,14 @@ void whale_st_release_pages(whale_st *st) {
     for (int i = 0; st && i < st->nfiles; i++) madvise(st->files[i].base, st->files[i].size, MADV_DONTNEED);
 }
 
+int whale_st_holds(const whale_st *st, const void *p) {
+    for (int i = 0; st && i < st->nfiles; i++) {
+        const char *b = st->files[i].base;
+        if ((const char *)p >= b && (const char *)p < b + st->files[i].size) return 1;
+    }
+    return 0;
+}
+
 void whale_st_close(whale_st *st) {
     if (!st) return;
     for (int i = 0; i < st->n; i++) free((char *)st->entries[i].name);

@@ -157,6 +157,7 @@ whale_code serve_open(const serve_config *cfg, serve_server **out, whale_err *er
     s->name = cfg->model_name ? strdup(cfg->model_name) : default_name(cfg->model_dir);
     if (!s->name) rc = whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
     if (!rc) rc = whale_model_load_as(cfg->model_dir, cfg->dtype, &s->m, err);
+    if (!rc) rc = whale_model_own_weights(s->m, err);
     if (!rc) rc = load_text(s, err);
     if (!rc) rc = load_adapters(s, err); /* before the session: its scratch fits their ranks */
     if (!rc) {
