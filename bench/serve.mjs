@@ -7,14 +7,17 @@
 // and inter-token latency (p50, p99), and the most sequences the server put
 // in one forward (/metrics). Speed is measured, never asserted.
 //
-//   node bench/serve.mjs URL MODEL [TOKENS (64)] [CONCURRENCIES (1,4,8,16)] [KEY]
+//   node bench/serve.mjs URL MODEL[,MODEL...] [TOKENS (64)] [CONCURRENCIES (1,4,8,16)] [KEY]
+//   (several models, e.g. the base and its adapters: stream i asks for the
+//   i-th, round robin)
 //   e.g. build/whale serve -m model --parallel 16 --ctx-size 512 &
 //        node bench/serve.mjs http://127.0.0.1:8080 model 64 1,4,8,16
 const [url, model, tokensArg, concArg, key] = process.argv.slice(2);
 if (!url || !model) {
-  console.error('usage: node bench/serve.mjs URL MODEL [TOKENS] [CONCURRENCIES] [KEY]');
+  console.error('usage: node bench/serve.mjs URL MODEL[,MODEL...] [TOKENS] [CONCURRENCIES] [KEY]');
   process.exit(2);
 }
+const models = model.split(',');
 const tokens = Number(tokensArg ?? 64);
 const concurrencies = (concArg ?? '1,4,8,16').split(',').map(Number);
 const headers = { 'Content-Type': 'application/json', ...(key ? { Authorization: `Bearer ${key}` } : {}) };
@@ -22,7 +25,7 @@ const headers = { 'Content-Type': 'application/json', ...(key ? { Authorization:
 async function stream(i) {
   const t0 = performance.now();
   const r = await fetch(url + '/v1/completions', { method: 'POST', headers, body: JSON.stringify({
-    model, prompt: `Stream ${i}: once upon a time there was a whale that`, max_tokens: tokens, temperature: 0,
+    model: models[(i + models.length) % models.length], prompt: `Stream ${i}: once upon a time there was a whale that`, max_tokens: tokens, temperature: 0,
     ignore_eos: true, stream: true, stream_options: { include_usage: true } }) });
   if (!r.ok) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
   const times = [];
