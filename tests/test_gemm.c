@@ -271,7 +271,7 @@ static void test_cache(void) {
             t.N = 24;
             t.K = tokens;
         }
-        if (t.kind == NN) t.M = WHALE_GEMM_OWN_MAX_M_NN + 1 + (int)(whale_rng_u64(&r) % 300);
+        if (t.kind == NN) t.M = R->own_max_m_nn + 1 + (int)(whale_rng_u64(&r) % 300);
         failed += !run_case(g, &t, ONLY(WHALE_GEMM_AUTO), i & 1, whale_rng_u64(&r));
     }
     whale_gemm_get_stats(g, &st);
@@ -314,8 +314,9 @@ static void test_rules(whale_gemm *g) {
         int own; /* 1: our kernel, 0: oneDNN */
     } rules[] = {
         {NT, 1, 1},  {NT, WHALE_GEMM_OWN_MAX_M_NT, 1},     {NT, WHALE_GEMM_OWN_MAX_M_NT + 1, 0},
-        {NN, 1, 1},  {NN, WHALE_GEMM_OWN_MAX_M_NN, 1},     {NN, WHALE_GEMM_OWN_MAX_M_NN + 1, 0},
-        {TN, 2, 1},  {TN, WHALE_GEMM_OWN_MAX_M_NN + 1, 0}, {NT, R->exact_below_m_nt, 0},
+        {NN, 1, R->own_max_m_nn >= 1},     {NN, R->own_max_m_nn > 1 ? R->own_max_m_nn : 1, R->own_max_m_nn >= 1},
+        {NN, R->own_max_m_nn + 1, 0},      {TN, 2, R->own_max_m_nn >= 2},
+        {TN, R->own_max_m_nn + 1, 0},      {NT, R->exact_below_m_nt, 0},
     };
     for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
         gcase t = {rules[i].kind, rules[i].M, 8, 8, 0, 0, 0, 0, 0, 0, 0};

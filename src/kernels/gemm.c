@@ -65,11 +65,11 @@ static whale_gemm_path f32_standin(whale_gemm_path p) { return own_path(p) ? WHA
  * Below AVX-512 the bf16 products are f32 ones (dnnl_has_bf16), so only
  * the f32 rule applies there. */
 static const whale_gemm_rules tier_rules[WHALE_ISA_COUNT] = {
-    [WHALE_ISA_BASE] = {256, 256, 64},
-    [WHALE_ISA_AVX2] = {256, 256, 64},
-    [WHALE_ISA_AVX512] = {256, 256, 64},
-    [WHALE_ISA_AVX512_BF16] = {256, 256, 64},
-    [WHALE_ISA_AMX] = {256, 4096, 64},
+    [WHALE_ISA_BASE] = {4, 256, 256, 64},
+    [WHALE_ISA_AVX2] = {1, 256, 256, 64}, /* nn/tn: oneDNN's AVX2 kernels win from 2 rows */
+    [WHALE_ISA_AVX512] = {4, 256, 256, 64},
+    [WHALE_ISA_AVX512_BF16] = {4, 256, 256, 64},
+    [WHALE_ISA_AMX] = {4, 256, 4096, 64},
 };
 
 const whale_gemm_rules *whale_gemm_rules_for(whale_isa t) {
@@ -201,7 +201,7 @@ whale_code gemm_f32(whale_gemm *g, const gemm_call *c, whale_gemm_path path, wha
                    : s->M < rules()->exact_below_m_nt ? WHALE_GEMM_DNNL_EXACT
                                                         : WHALE_GEMM_DNNL_RUNTIME;
         else
-            path = s->M <= WHALE_GEMM_OWN_MAX_M_NN ? WHALE_GEMM_OWN : WHALE_GEMM_DNNL_RUNTIME;
+            path = s->M <= rules()->own_max_m_nn ? WHALE_GEMM_OWN : WHALE_GEMM_DNNL_RUNTIME;
     }
     if (path == WHALE_GEMM_OWN) {
         if (s->kind == KIND_NT) return gemm_own_nt(g, c, 1, SK_F32, 0, err);

@@ -276,7 +276,7 @@ void whale_gemm_get_stats(const whale_gemm *g, whale_gemm_stats *st);
  *  - nt with M <= WHALE_GEMM_OWN_MAX_M_NT rows: our kernel (decode: it
  *    streams weights from DRAM at close to the read rate, where oneDNN's
  *    per-call work dominates);
- *  - nn/tn with M <= WHALE_GEMM_OWN_MAX_M_NN rows: our kernel.
+ *  - nn/tn with M <= whale_gemm_rules' own_max_m_nn rows: our kernel.
  * Where oneDNN's primitives for the exact shape stop paying against one
  * runtime-size primitive per (kind, accumulate) depends on the instruction
  * tier: whale_gemm_rules. fp16 and int8 weights follow the nt / nt_bf16
@@ -284,7 +284,6 @@ void whale_gemm_get_stats(const whale_gemm *g, whale_gemm_stats *st);
  * rule, per tier, are in docs/architecture.md (bench_gemm --sweep and
  * --sweep-bf16). */
 #define WHALE_GEMM_OWN_MAX_M_NT 16
-#define WHALE_GEMM_OWN_MAX_M_NN 4
 
 /* Exact-shape primitives below these many rows of C, one runtime-size
  * primitive from there on (so the varying token counts of the experts
@@ -292,6 +291,7 @@ void whale_gemm_get_stats(const whale_gemm *g, whale_gemm_stats *st);
  * weight gradient and K the tokens, which may change every call: a rule on
  * K would create a primitive per token count. */
 typedef struct {
+    int own_max_m_nn;          /* f32 nn and tn: our kernel up to these many rows */
     int exact_below_m_nt;      /* f32 nt */
     int bf16_exact_below_m_nt; /* bf16 nt (and int8 weights above our kernel) */
     int bf16_exact_below_m_nn; /* bf16 nn and tn */
