@@ -66,7 +66,7 @@ static whale_gemm_path f32_standin(whale_gemm_path p) { return own_path(p) ? WHA
  * the f32 rule applies there. */
 static const whale_gemm_rules tier_rules[WHALE_ISA_COUNT] = {
     [WHALE_ISA_BASE] = {4, 256, 256, 64},
-    [WHALE_ISA_AVX2] = {1, 256, 256, 64}, /* nn/tn: oneDNN's AVX2 kernels win from 2 rows */
+    [WHALE_ISA_AVX2] = {4, 256, 256, 64},
     [WHALE_ISA_AVX512] = {4, 256, 256, 64},
     [WHALE_ISA_AVX512_BF16] = {4, 256, 256, 64},
     [WHALE_ISA_AMX] = {4, 256, 4096, 64},
