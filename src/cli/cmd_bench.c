@@ -249,13 +249,15 @@ static void print_decode(const bench_t *b) {
         for (int o = 1; o <= reps; o++) below += share[o] < share[r] || (share[o] == share[r] && o < r);
         if (below == (reps - 1) / 2) med = r;
     }
-    /* a step reads the weights once for all its streams */
+    /* a step reads the weights once for all its streams; the share in
+     * significant digits, since a tiny model's run on a loaded machine can
+     * use less than 0.05 % of the read rate */
     double tps = (double)batch * tokens / b->best, bw = b->bw_of[med], bound = batch * bw * 1e9 / bytes;
     print_machine();
     printf("\"what\": \"decode\", \"model\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"streams\": %ld, "
            "\"context\": %ld, "
            "\"tokens\": %ld, \"tokens_per_s\": %.2f, \"gflops\": %.2f, \"weight_mb_per_token\": %.1f, "
-           "\"weights_gb_s\": %.1f, \"read_gb_s\": %.1f, \"bound_tokens_per_s\": %.1f, \"pct_of_bound\": %.1f}\n",
+           "\"weights_gb_s\": %.1f, \"read_gb_s\": %.1f, \"bound_tokens_per_s\": %.1f, \"pct_of_bound\": %.3g}\n",
            b->label, cli_dtype_name(b->dtype), whale_get_threads(), batch, b->context, tokens, tps,
            flops / b->best / 1e9, bytes / 1e6, bytes * tps / batch / 1e9, bw, bound, 100 * share[med]);
 }
