@@ -168,7 +168,6 @@ static void apply_repeat_penalty(whale_sampler *s, float *logits, const int32_t 
     }
 }
 
-/* Lowest id among the largest logits; NaN counts as -inf; -1 if none > -inf. */
 /* Greedy: the first id of the largest logit; -1 when every logit is NaN or
  * -inf. Sixteen lanes keep their own first maximum (strict >: a lane's
  * earlier id wins its ties, and NaN never wins), which the compiler
