@@ -38,7 +38,9 @@ try {
   const question = process.env.SERVE_PAGE_QUESTION ?? 'Hello! What can you tell me about the sea?';
   await page.fill('#system', system);
   await page.fill('#temperature', '0');
-  await page.fill('#max_tokens', '48');
+  // long enough that the reply arrives over several reads however fast the
+  // server is (48 tokens once came in a single one)
+  await page.fill('#max_tokens', '160');
 
   // record every change of the reply's text: a streamed reply arrives in several
   await page.evaluate(() => {
@@ -60,7 +62,7 @@ try {
   const api = await (await fetch(url + '/v1/chat/completions', { method: 'POST',
     headers: { 'Content-Type': 'application/json', ...auth }, body: JSON.stringify({ model: env.model,
       messages: [...(system ? [{ role: 'system', content: system }] : []), { role: 'user', content: question }],
-      temperature: 0, top_p: 0.9, max_tokens: 48 }) })).json();
+      temperature: 0, top_p: 0.9, max_tokens: 160 }) })).json();
   check('page: the reply is the API\'s greedy reply', reply === api.choices[0].message.content,
         JSON.stringify([reply, api.choices[0].message.content]));
   await page.waitForFunction(() => /tokens\/s/.test(document.getElementById('stat').textContent), null,
