@@ -5,6 +5,7 @@
 #include "cli.h"
 
 #include "whale_bench.h"
+#include "whale_lora.h"
 #include "whale_util.h"
 
 #include <stdio.h>
@@ -41,6 +42,8 @@ static const char bench_help[] =
     "  --threads N             (default: all cores)\n"
     "  --recompute             train: recompute activations in the backward pass\n"
     "  --profile               time per op group (one more run; decode: its steps), as a table on stderr and JSON\n"
+    "  --adapters DIR ...      decode: LoRA adapters (PEFT folders) beside the model; stream i runs the\n"
+    "                          (i mod (n+1))-th of the base and the n adapters, as a server's requests would\n"
     "prints one JSON line per measurement";
 
 enum { BENCH_FORWARD, BENCH_PREFILL, BENCH_DECODE, BENCH_TRAIN };
@@ -50,6 +53,7 @@ typedef struct {
     const char *dir, *preset, *what, *label;
     long batch, seq, context, threads, reps, tokens;
     int profile, recompute, mode;
+    cli_list adapters; /* decode: adapter folders, bound round robin after the base */
     int profiling; /* this run is the profiled one */
     whale_dtype dtype;
     whale_model *m;
@@ -108,6 +112,7 @@ static int bench_parse(int argc, char **argv, bench_t *b) {
         {"--threads", CLI_LONG, &b->threads, 1, 1024, NULL},
         {"--profile", CLI_FLAG, &b->profile, 0, 0, NULL},
         {"--recompute", CLI_FLAG, &b->recompute, 0, 0, NULL},
+        {"--adapters", CLI_LIST, &b->adapters, 0, 0, NULL},
         {NULL, 0, NULL, 0, 0, NULL},
     };
     int st = cli_parse("bench", bench_help, argc, argv, table, NULL, NULL);
@@ -125,6 +130,7 @@ static int bench_parse(int argc, char **argv, bench_t *b) {
     if (b->seq < 0) b->seq = wide ? 256 : 512;
     if (b->mode == BENCH_PREFILL && b->batch != 1)
         return cli_usage("bench", "--batch applies to --what forward, decode and train only");
+    if (b->adapters.n && b->mode != BENCH_DECODE) return cli_usage("bench", "--adapters applies to --what decode only");
     return 0;
 }
 
@@ -146,9 +152,16 @@ static whale_code bench_load(bench_t *b, whale_err *err) {
     b->logits = whale_alloc(sizeof(float) * rows * V);
     if (!b->ids || !b->logits)
         return whale_errf(err, WHALE_ERR_NOMEM, "cannot allocate %.1f MiB of logits", rows * V * 4 / 1048576.0);
+    whale_adapter *ad[CLI_LIST_MAX];
+    for (int i = 0; i < b->adapters.n; i++)
+        if ((c = whale_adapter_load(b->m, b->adapters.v[i], &ad[i], err))) return c;
     if ((c = train ? whale_train_session_new(b->m, (int)b->batch, (int)b->seq, b->recompute, &b->s, err)
                    : whale_session_new(b->m, (int)b->batch, ctx_total, &b->s, err)))
         return c;
+    for (int i = 0; i < b->batch && b->adapters.n; i++) { /* stream i: the base, then each adapter, round robin */
+        int k = i % (b->adapters.n + 1);
+        if (k && (c = whale_kv_seq_set_adapter(b->s, i, ad[k - 1], err))) return c;
+    }
     whale_rng rng;
     whale_rng_seed(&rng, 1);
     random_ids(b->ids, n_ids, V, &rng);
@@ -255,10 +268,10 @@ static void print_decode(const bench_t *b) {
     double tps = (double)batch * tokens / b->best, bw = b->bw_of[med], bound = batch * bw * 1e9 / bytes;
     print_machine();
     printf("\"what\": \"decode\", \"model\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"streams\": %ld, "
-           "\"context\": %ld, "
+           "\"adapters\": %d, \"context\": %ld, "
            "\"tokens\": %ld, \"tokens_per_s\": %.2f, \"gflops\": %.2f, \"weight_mb_per_token\": %.1f, "
            "\"weights_gb_s\": %.1f, \"read_gb_s\": %.1f, \"bound_tokens_per_s\": %.1f, \"pct_of_bound\": %.3g}\n",
-           b->label, cli_dtype_name(b->dtype), whale_get_threads(), batch, b->context, tokens, tps,
+           b->label, cli_dtype_name(b->dtype), whale_get_threads(), batch, b->adapters.n, b->context, tokens, tps,
            flops / b->best / 1e9, bytes / 1e6, bytes * tps / batch / 1e9, bw, bound, 100 * share[med]);
 }
 

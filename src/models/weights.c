@@ -478,12 +478,59 @@ static whale_code lora_input(whale_session *s, lora_call *lc, int M, int K, cons
     return f32_nt(s, M, t->rank, K, X, ldx, t->A, (int)t->cols, lc->xa, t->rank, 0, err);
 }
 
-/* C += s·(X·Aᵀ)·B[rows]ᵀ on each run of rows whose adapter adapts W: the
- * arithmetic of an attached adapter's forward below, restricted to the
- * rows of the sequences bound to that adapter (one lookup per adapter,
- * two products per run). */
-static whale_code rows_forward(whale_session *s, int M, int N, int K, const float *X, int lda, const float *W,
-                               float *C, int ldc, whale_err *err) {
+/* The bound adapters' terms C += s·(X·Aᵀ)·B[rows]ᵀ, gathered over parts:
+ * each run of a part's rows whose adapter adapts the part's weight is a
+ * job. The A products of up to WHALE_MM_MAX_PARTS jobs go to the backend
+ * in one call (they share K), their B products in one call per rank, and
+ * each product is what its own call would give (matmul_nt_parts), so the
+ * sums do not depend on how jobs are grouped. Every job's x·Aᵀ [n, rank]
+ * sits in s->lora_work, which holds rank × rows of the micro-batch at
+ * least (whale_lora_work_floats): a job that does not fit flushes those
+ * before it. */
+typedef struct {
+    const whale_lora_target *t;
+    const whale_linear_part *p;
+    int row0, n;   /* its rows of the part */
+    int64_t wrow0; /* the first row of the base weight the part uses */
+    float *xa;     /* [n, rank] */
+} lora_job;
+
+typedef struct {
+    lora_job job[WHALE_MM_MAX_PARTS];
+    int n;
+    size_t used, cap; /* floats of s->lora_work */
+} lora_jobs;
+
+static whale_code jobs_flush(whale_session *s, int K, lora_jobs *J, whale_err *err) {
+    whale_mm_part np[WHALE_MM_MAX_PARTS];
+    for (int i = 0; i < J->n; i++) {
+        const lora_job *j = &J->job[i];
+        np[i] = (whale_mm_part){j->n, j->t->rank, j->p->A + (size_t)j->row0 * j->p->lda, j->p->lda, j->t->A,
+                                (int)j->t->cols, NULL, j->xa, j->t->rank};
+    }
+    whale_code e = J->n ? s->be->matmul_nt_parts(s->be, WHALE_F32, K, J->n, np, 0, err) : WHALE_OK;
+    for (int i = 0; i < J->n && !e; i++)
+        for (size_t k = 0; k < (size_t)J->job[i].n * J->job[i].t->rank; k++) J->job[i].xa[k] *= J->job[i].t->scale;
+    unsigned done = 0; /* jobs whose B product ran, one call per rank */
+    for (int i = 0; i < J->n && !e; i++) {
+        if (done >> i & 1) continue;
+        const int r = J->job[i].t->rank;
+        int m = 0;
+        for (int k = i; k < J->n; k++) {
+            const lora_job *j = &J->job[k];
+            if (j->t->rank != r) continue;
+            done |= 1u << k;
+            np[m++] = (whale_mm_part){j->n, j->p->N, j->xa, r, j->t->B + j->wrow0 * r, r, NULL,
+                                      j->p->C + (size_t)j->row0 * j->p->ldc, j->p->ldc};
+        }
+        e = s->be->matmul_nt_parts(s->be, WHALE_F32, r, m, np, 1, err);
+    }
+    J->n = 0, J->used = 0;
+    return e;
+}
+
+/* Part p's jobs on the rows being run (s->lora_rows). */
+static whale_code jobs_add(whale_session *s, int K, const whale_linear_part *p, lora_jobs *J, whale_err *err) {
     const whale_lora_rows *rw = &s->lora_rows;
     const whale_adapter *ad = NULL;
     const whale_lora_target *t = NULL;
@@ -491,21 +538,30 @@ static whale_code rows_forward(whale_session *s, int M, int N, int K, const floa
         const whale_lora_run *r = &rw->runs[i];
         if (r->ad != ad) {
             ad = r->ad;
-            t = whale_lora_find_in(ad->t, ad->n, W);
+            t = whale_lora_find_in(ad->t, ad->n, p->W);
         }
         if (!t) continue;
-        assert(M == rw->rows && r->row0 >= 0 && r->row0 + r->n <= M && 2 * (size_t)t->rank <= s->lora_work_floats);
-        int rk = t->rank;
-        int64_t row0 = (int64_t)(W - t->start) / t->cols;
-        float *xa = s->lora_work;
-        whale_code e = f32_nt(s, r->n, rk, K, X + (size_t)r->row0 * lda, lda, t->A, (int)t->cols, xa, rk, 0, err);
-        if (e) return e;
-        for (size_t k = 0; k < (size_t)r->n * rk; k++) xa[k] *= t->scale;
-        if ((e = f32_nt(s, r->n, N, rk, xa, rk, t->B + row0 * rk, rk, C + (size_t)r->row0 * ldc, ldc, 1, err)))
+        assert(p->M == rw->rows && r->row0 >= 0 && r->row0 + r->n <= p->M && (size_t)r->n * t->rank <= J->cap);
+        whale_code e;
+        if ((J->n == WHALE_MM_MAX_PARTS || J->used + (size_t)r->n * t->rank > J->cap) && (e = jobs_flush(s, K, J, err)))
             return e;
+        J->job[J->n++] = (lora_job){t, p, r->row0, r->n, (int64_t)(p->W - t->start) / t->cols, s->lora_work + J->used};
+        J->used += (size_t)r->n * t->rank;
     }
-    (void)M;
     return WHALE_OK;
+}
+
+static lora_jobs jobs_new(const whale_session *s) {
+    return (lora_jobs){.cap = (size_t)s->ub->T * s->lora_work_floats};
+}
+
+/* One product's bound-adapter terms (a single part). */
+static whale_code rows_forward(whale_session *s, int M, int N, int K, const float *X, int lda, const float *W,
+                               float *C, int ldc, whale_err *err) {
+    const whale_linear_part p = {M, N, X, lda, W, 0, C, ldc};
+    lora_jobs J = jobs_new(s);
+    whale_code e = jobs_add(s, K, &p, &J, err);
+    return e ? e : jobs_flush(s, K, &J, err);
 }
 
 /* The adapters' terms of one product whose base product C holds: those
@@ -563,10 +619,18 @@ whale_code whale_linear_parts_rows(whale_session *s, int K, int n, const whale_l
     if ((e = s->be->matmul_nt_parts(s->be, dt, K, n, np, 0, err))) return e;
     if (dt == WHALE_F16)
         for (int i = 0; i < n; i++) round_rows_f16(parts[i].C, parts[i].M, parts[i].N, parts[i].ldc);
-    /* then each part's adapters: the sums of whale_linear, part after part */
-    for (int i = 0; i < n && !e && (m->n_lora || s->lora_rows.n_runs); i++)
-        e = part_alone(s, K, &parts[i], rows ? rows[i] : NULL, 0, err);
-    return e;
+    /* then the adapters' terms: attached ones part after part (the sums of
+     * whale_linear); bound ones gathered over all parts */
+    for (int i = 0; i < n && !e && m->n_lora; i++) e = part_alone(s, K, &parts[i], rows ? rows[i] : NULL, 0, err);
+    if (e || m->n_lora || !s->lora_rows.n_runs) return e;
+    lora_jobs J = jobs_new(s);
+    for (int i = 0; i < n && !e; i++) {
+        const int32_t *r = rows ? rows[i] : NULL;
+        if (r) whale_lora_rows_gather(s, parts[i].M, r);
+        e = jobs_add(s, K, &parts[i], &J, err);
+        if (r) whale_lora_rows_reset(s);
+    }
+    return e ? e : jobs_flush(s, K, &J, err);
 }
 
 whale_code whale_linear_parts(whale_session *s, int K, int n, const whale_linear_part *parts, whale_err *err) {
