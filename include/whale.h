@@ -123,6 +123,12 @@ int64_t whale_shape_numel(int ndim, const int64_t *shape);
 /* Number of threads for OpenMP regions and oneDNN (0 = all cores). */
 void whale_set_threads(int n);
 int whale_get_threads(void);
+/* Let go of the calling thread's idle OpenMP workers, before its work moves
+ * to another thread (a server that loads on the main thread and runs on an
+ * engine thread). Idle workers still count as running threads: with more
+ * of them than cores, OpenMP's workers stop spinning between regions and
+ * sleep and wake at every one. The next region started here makes new ones. */
+void whale_threads_release(void);
 
 /* ---------------------------------------------------------------- processor */
 

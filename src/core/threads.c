@@ -9,3 +9,5 @@ void whale_set_threads(int n) {
 }
 
 int whale_get_threads(void) { return omp_get_max_threads(); }
+
+void whale_threads_release(void) { omp_pause_resource_all(omp_pause_hard); }
