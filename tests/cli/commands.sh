@@ -120,6 +120,12 @@ expect 0 '' -- "$WHALE" bench -m "$TINY" --what decode --context 8 --tokens 4 --
 check "decode bench: the median run's share of the read rate is a positive number" \
     awk '{ if (match($0, /"pct_of_bound": [0-9.]+/)) { v = substr($0, RSTART + 16, RLENGTH - 16) + 0; ok = v > 0 } }
          END { exit !ok }' "$TMP/out"
+# decode streams bound round robin to the base and adapters beside it
+expect 0 '' -- "$WHALE" bench -m "$TINY" --what decode --batch 3 --context 8 --tokens 4 --reps 1 \
+    --adapters "$DATA/lora-tiny" "$DATA/lora-tiny"
+check "decode bench with adapters: they are counted" grep -q '"streams": 3, "adapters": 2' "$TMP/out"
+expect 2 'decode only' -- "$WHALE" bench -m "$TINY" --what forward --adapters "$DATA/lora-tiny"
+expect 3 'adapter_config.json' -- "$WHALE" bench -m "$TINY" --what decode --adapters "$TMP/nowhere"
 
 echo "cli: $((checks - fails)) passed, $fails failed"
 [ "$fails" = 0 ]
