@@ -313,7 +313,7 @@ static void test_rules(whale_gemm *g) {
         int kind, M;
         int own; /* 1: our kernel, 0: oneDNN */
     } rules[] = {
-        {NT, 1, 1},  {NT, WHALE_GEMM_OWN_MAX_M_NT, 1},     {NT, WHALE_GEMM_OWN_MAX_M_NT + 1, 0},
+        {NT, 1, 1},  {NT, R->own_max_m_nt, 1},     {NT, R->own_max_m_nt + 1, 0},
         {NN, 1, R->own_max_m_nn >= 1},     {NN, R->own_max_m_nn > 1 ? R->own_max_m_nn : 1, R->own_max_m_nn >= 1},
         {NN, R->own_max_m_nn + 1, 0},      {TN, 2, R->own_max_m_nn >= 2},
         {TN, R->own_max_m_nn + 1, 0},      {NT, R->exact_below_m_nt, 0},
@@ -328,7 +328,7 @@ static void test_rules(whale_gemm *g) {
     /* exact primitives for mid-size nt, one shared runtime primitive above */
     whale_gemm_stats a, b;
     whale_gemm_get_stats(g, &a);
-    for (int M = WHALE_GEMM_OWN_MAX_M_NT + 1; M < WHALE_GEMM_OWN_MAX_M_NT + 4; M++) {
+    for (int M = R->own_max_m_nt + 1; M < R->own_max_m_nt + 4; M++) {
         gcase t = {NT, M, 9, 8, 0, 0, 0, 0, 0, 0, 0}; /* N = 9: shapes not seen yet */
         run_case(g, &t, ONLY(WHALE_GEMM_AUTO), 1, (uint64_t)M);
     }
@@ -640,13 +640,13 @@ static void test_bf16_rules(void) {
         CHECK(0, "%s", err.msg);
         return;
     }
-    bcase t = {WHALE_GEMM_OWN_MAX_M_NT, 64, 40, 0, 0, 0, 0};
+    bcase t = {R->own_max_m_nt, 64, 40, 0, 0, 0, 0};
     run_bf16(g, &t, 1, 1, 1);
     CHECK(!strncmp(whale_gemm_last_impl(g), "whale:", 6), "bf16 M=%d ran %s", t.M,
           whale_gemm_last_impl(g));
     whale_gemm_stats st;
     for (int i = 0; i < 3; i++) { /* the same exact shape: one primitive */
-        t.M = WHALE_GEMM_OWN_MAX_M_NT + 1;
+        t.M = R->own_max_m_nt + 1;
         run_bf16(g, &t, 1, 1, 2 + i);
     }
     whale_gemm_get_stats(g, &st);
@@ -1183,8 +1183,9 @@ static void test_mixed_rules(void) {
         CHECK(0, "%s", err.msg);
         return;
     }
+    const int own_nt = whale_gemm_rules_for(whale_isa_active())->own_max_m_nt;
     for (int kind = MX_NT_F16; kind <= MX_NT_Q8; kind++) {
-        mcase t = {kind, WHALE_GEMM_OWN_MAX_M_NT, 40, 24, 0, 0, 0, 0};
+        mcase t = {kind, own_nt, 40, 24, 0, 0, 0, 0};
         run_mixed(g, &t, 1, 1, 3);
         CHECK(!strncmp(whale_gemm_last_impl(g), "whale:", 6), "%s M=%d ran %s",
               mx_names[kind], t.M, whale_gemm_last_impl(g));
@@ -1350,6 +1351,7 @@ static double parts_excess(whale_dtype dt, int K, const whale_nt_part *p) {
 
 static void test_parts(whale_gemm *g) {
     enum { NP = 6, K = 200 };
+    const int own_nt = whale_gemm_rules_for(whale_isa_active())->own_max_m_nt;
     /* decode-like parts sharing A, a large one (several chunks per
      * thread), more rows than our kernel takes, an empty one */
     static const int ms[NP] = {1, 1, 3, 40, 1, 2}, ns[NP] = {640, 97, 300, 50, 30001, 0}, a_of[NP] = {0, 0, 1, 2, 3, 0};
@@ -1388,7 +1390,7 @@ static void test_parts(whale_gemm *g) {
                 for (int i = 0; i < NP; i++) {
                     size_t nc = (size_t)ms[i] * (ns[i] + 5);
                     for (size_t j = 0; j < nc; j++) C[i][j] = ref[i][j] = C_SENTINEL;
-                    const int dnnl_part = paths[pi] == WHALE_GEMM_AUTO && ms[i] > WHALE_GEMM_OWN_MAX_M_NT;
+                    const int dnnl_part = paths[pi] == WHALE_GEMM_AUTO && ms[i] > own_nt;
                     omp_set_num_threads(dnnl_part ? threads : 2);
                     CHECK(!parts_single(g, dt, K, &p[i], ref[i], &err), "%s part %d alone: %s",
                           whale_dtype_name(dt), i, err.msg);

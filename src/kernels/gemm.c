@@ -61,15 +61,16 @@ static whale_gemm_path f32_standin(whale_gemm_path p) { return own_path(p) ? WHA
 
 /* Where exact-shape primitives stop paying, by tier (bench_gemm --sweep,
  * --sweep-bf16 and --moe; the figures are in docs/architecture.md: Zen 4
- * for avx512_bf16 and the tiers below, an AMX Xeon for amx).
+ * for avx512_bf16 and the tiers below, an AMX Xeon for amx, a Zen 5-class
+ * EPYC capped at avx512 for that tier's nt limit).
  * Below AVX-512 the bf16 products are f32 ones (dnnl_has_bf16), so only
  * the f32 rule applies there. */
 static const whale_gemm_rules tier_rules[WHALE_ISA_COUNT] = {
-    [WHALE_ISA_BASE] = {4, 256, 256, 64},
-    [WHALE_ISA_AVX2] = {4, 256, 256, 64},
-    [WHALE_ISA_AVX512] = {4, 256, 256, 64},
-    [WHALE_ISA_AVX512_BF16] = {4, 256, 256, 64},
-    [WHALE_ISA_AMX] = {4, 256, 4096, 64},
+    [WHALE_ISA_BASE] = {16, 4, 256, 256, 64},
+    [WHALE_ISA_AVX2] = {16, 4, 256, 256, 64},
+    [WHALE_ISA_AVX512] = {32, 4, 256, 256, 64},
+    [WHALE_ISA_AVX512_BF16] = {16, 4, 256, 256, 64},
+    [WHALE_ISA_AMX] = {16, 4, 256, 4096, 64},
 };
 
 const whale_gemm_rules *whale_gemm_rules_for(whale_isa t) {
@@ -93,7 +94,7 @@ static whale_code gemm_bf16(whale_gemm *g, const gemm_call *c, whale_err *err) {
     const gemm_key *s = &c->s;
     whale_gemm_path path = g->path;
     if (path == WHALE_GEMM_AUTO)
-        path = s->M <= WHALE_GEMM_OWN_MAX_M_NT ? WHALE_GEMM_OWN : gemm_bf16_auto(KIND_NT_BF16, s->M);
+        path = s->M <= rules()->own_max_m_nt ? WHALE_GEMM_OWN : gemm_bf16_auto(KIND_NT_BF16, s->M);
     if (own_path(path)) {
         sk_kind k;
         int portable;
@@ -197,7 +198,7 @@ whale_code gemm_f32(whale_gemm *g, const gemm_call *c, whale_gemm_path path, wha
     if (path == WHALE_GEMM_OWN_PORTABLE) path = WHALE_GEMM_OWN;
     if (path == WHALE_GEMM_AUTO) {
         if (s->kind == KIND_NT)
-            path = s->M <= WHALE_GEMM_OWN_MAX_M_NT        ? WHALE_GEMM_OWN
+            path = s->M <= rules()->own_max_m_nt  ? WHALE_GEMM_OWN
                    : s->M < rules()->exact_below_m_nt ? WHALE_GEMM_DNNL_EXACT
                                                         : WHALE_GEMM_DNNL_RUNTIME;
         else

@@ -54,7 +54,7 @@ whale_code whale_gemm_tn(whale_gemm *g, int M, int N, int K, const float *A, int
  * AVX512_BF16) does not, so the two may differ there. A NaN in a row of A or
  * W gives NaN in its row/column of C.
  * Routing as for whale_gemm_nt: our vdpbf16ps kernel up to
- * WHALE_GEMM_OWN_MAX_M_NT rows, oneDNN bf16 matmul (src bf16, weights bf16,
+ * own_max_m_nt rows (whale_gemm_rules), oneDNN bf16 matmul (src bf16, weights bf16,
  * dst f32: "brg:avx512_core_bf16") above, with A rounded into a scratch
  * buffer of the whale_gemm that grows to the largest M·K seen and is kept
  * until whale_gemm_free. */
@@ -78,7 +78,7 @@ whale_code whale_gemm_nt_bf16(whale_gemm *g, int M, int N, int K, const float *A
 /* C[M,N] = A[M,K] · W[N,K]^T with W in fp16 (IEEE binary16 bit patterns,
  * row stride ldw), A rounded to fp16. No fp16 matmul exists on this CPU
  * (no AVX512-FP16; oneDNN 2.6 refuses f16 without it), so: up to
- * WHALE_GEMM_OWN_MAX_M_NT rows our kernel (fp16 weights widened with
+ * own_max_m_nt rows (whale_gemm_rules) our kernel (fp16 weights widened with
  * vcvtph2ps, fp32 FMAs: decode streams the 2-byte weights), above that the
  * f32 oneDNN path (same shape rules as whale_gemm_nt) on blocks of W
  * widened to f32 and A rounded, in scratch bounded by ~16 MB per block
@@ -92,7 +92,7 @@ whale_code whale_gemm_nt_f16(whale_gemm *g, int M, int N, int K, const float *A,
 /* Weight-only int8 (W8A16): C[m,n] = scale[n] · sum_k bf16(A[m,k]) · W[n,k]
  * (+ C[m,n] with accumulate), W int8 [N,K] (row stride ldw), scale[N] fp32
  * per output row (whale_quantize_q8_rows), A rounded to bf16. Up to
- * WHALE_GEMM_OWN_MAX_M_NT rows our kernel: int8 converted exactly to bf16
+ * own_max_m_nt rows (whale_gemm_rules) our kernel: int8 converted exactly to bf16
  * in registers (|q| <= 128 needs 8 bits; a vpermi2b table lookup) for
  * vdpbf16ps, or without AVX512_BF16/VBMI widened to fp32 for FMAs. Above
  * that oneDNN bf16 matmul on chunks of W converted exactly to bf16, each
@@ -124,7 +124,7 @@ typedef struct {
 /* n products with weights of type wtype (WHALE_F32, BF16, F16 or I8) and
  * depth K, each exactly what its own whale_gemm_nt / _nt_bf16 / _nt_f16 /
  * _nt_q8 call gives (same bits). Those our kernel takes (up to
- * WHALE_GEMM_OWN_MAX_M_NT rows) share one parallel region, their W rows cut
+ * own_max_m_nt rows (whale_gemm_rules)) share one parallel region, their W rows cut
  * into chunks the threads take as they finish (A converted once for parts
  * that share it): a decode step's small weights (the experts, the
  * attention inputs) pay one fork/join instead of one each. The rest (more
@@ -233,7 +233,7 @@ double whale_gemm_measure_gflops_dtype(whale_gemm *g, whale_dtype w, int M, int 
 /* Which implementation handles a call. AUTO is the normal shape-based
  * choice; the others force one path, to compare or test them. For the
  * products computed on converted blocks (nt_f16 and nt_q8 above
- * WHALE_GEMM_OWN_MAX_M_NT rows, nn/tn bf16 and f16) a forced DNNL path
+ * own_max_m_nt rows (whale_gemm_rules), nn/tn bf16 and f16) a forced DNNL path
  * applies to every block product; OWN on nn/tn bf16 and f16 runs our f32
  * kernels on the converted blocks. */
 typedef enum {
@@ -272,18 +272,16 @@ typedef struct {
 } whale_gemm_stats;
 void whale_gemm_get_stats(const whale_gemm *g, whale_gemm_stats *st);
 
-/* Shape rules for WHALE_GEMM_AUTO. The same on every tier:
- *  - nt with M <= WHALE_GEMM_OWN_MAX_M_NT rows: our kernel (decode: it
- *    streams weights from DRAM at close to the read rate, where oneDNN's
- *    per-call work dominates);
- *  - nn/tn with M <= whale_gemm_rules' own_max_m_nn rows: our kernel.
- * Where oneDNN's primitives for the exact shape stop paying against one
- * runtime-size primitive per (kind, accumulate) depends on the instruction
- * tier: whale_gemm_rules. fp16 and int8 weights follow the nt / nt_bf16
- * rules (their blocks are f32 / bf16 products). The figures behind every
- * rule, per tier, are in docs/architecture.md (bench_gemm --sweep and
- * --sweep-bf16). */
-#define WHALE_GEMM_OWN_MAX_M_NT 16
+/* Shape rules for WHALE_GEMM_AUTO, per instruction tier (whale_gemm_rules):
+ *  - nt with M <= own_max_m_nt rows: our kernel (decode: it streams
+ *    weights from DRAM at close to the read rate, where oneDNN's per-call
+ *    work dominates), for every weight format;
+ *  - nn/tn with M <= own_max_m_nn rows: our kernel;
+ *  - above, where oneDNN's primitives for the exact shape stop paying
+ *    against one runtime-size primitive per (kind, accumulate).
+ * fp16 and int8 weights follow the nt / nt_bf16 rules (their blocks are
+ * f32 / bf16 products). The figures behind every rule, per tier, are in
+ * docs/architecture.md (bench_gemm --sweep and --sweep-bf16). */
 
 /* Exact-shape primitives below these many rows of C, one runtime-size
  * primitive from there on (so the varying token counts of the experts
@@ -291,6 +289,7 @@ void whale_gemm_get_stats(const whale_gemm *g, whale_gemm_stats *st);
  * weight gradient and K the tokens, which may change every call: a rule on
  * K would create a primitive per token count. */
 typedef struct {
+    int own_max_m_nt;          /* nt, every weight format: our kernel up to these many rows */
     int own_max_m_nn;          /* f32 nn and tn: our kernel up to these many rows */
     int exact_below_m_nt;      /* f32 nt */
     int bf16_exact_below_m_nt; /* bf16 nt (and int8 weights above our kernel) */

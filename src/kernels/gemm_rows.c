@@ -1180,7 +1180,7 @@ void whale_gemm_nt_serial(int M, int N, int K, const float *A, int lda, const fl
  * which one? (Else oneDNN, directly or on converted blocks.) */
 int gemm_sk_choose(const whale_gemm *g, int kind, int M, sk_kind *k, int *portable) {
     const whale_gemm_path path = g->path;
-    const int auto_own = path == WHALE_GEMM_AUTO && M <= WHALE_GEMM_OWN_MAX_M_NT;
+    const int auto_own = path == WHALE_GEMM_AUTO && M <= whale_gemm_rules_for(whale_isa_active())->own_max_m_nt;
     *portable = path == WHALE_GEMM_OWN_PORTABLE;
     switch (kind) {
     case KIND_NT: *k = SK_F32; *portable = 0; return auto_own || own_path(path);
