@@ -475,8 +475,10 @@ whale_code whale_linear(whale_session *s, int M, int N, int K, const float *A, i
                         float *C, int ldc, whale_err *err);
 /* Several whale_linear products of one depth K (same results, bit for
  * bit): one parallel region for the base products of those with few rows
- * (whale_gemm_nt_parts) when their weights share a precision, then each
- * part's adapter terms in turn. */
+ * (whale_gemm_nt_parts) when their weights share a precision, then the
+ * adapters' terms: an attached adapter's part after part, the adapters
+ * bound to sequences as one call for all their x·Aᵀ and one per rank for
+ * the B products. */
 typedef struct {
     int M, N;
     const float *A;
