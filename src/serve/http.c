@@ -48,6 +48,17 @@ static void count_status(serve_server *s, int status) {
     last_status = status;
 }
 
+/* Every response says how long the connection may then stay idle (the
+ * --timeout after which the deadline watchdog shuts it): a client that
+ * honours it (undici, the fetch of Node.js, opens a new connection a
+ * second before) does not send its next request into a socket the server
+ * is closing. */
+static void keep_alive(const serve_server *s, struct MHD_Response *r) {
+    char v[32];
+    snprintf(v, sizeof v, "timeout=%d", (int)s->cfg.upload_seconds);
+    MHD_add_response_header(r, "Keep-Alive", v);
+}
+
 /* Queue body (malloc'd, taken over; NULL means out of memory: a 500). */
 static enum MHD_Result respond(serve_server *s, struct MHD_Connection *c, int status, const char *type, char *body,
                                const char *retry_after) {
@@ -64,6 +75,7 @@ static enum MHD_Result respond(serve_server *s, struct MHD_Connection *c, int st
     MHD_add_response_header(r, "Content-Type", type);
     if (retry_after) MHD_add_response_header(r, "Retry-After", retry_after);
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    keep_alive(s, r);
     count_status(s, status);
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
@@ -356,6 +368,7 @@ static enum MHD_Result handle_generation(serve_server *s, struct MHD_Connection 
         }
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
+        keep_alive(s, r);
         count_status(s, 200);
         enum MHD_Result ok = MHD_queue_response(c, 200, r);
         MHD_destroy_response(r);

@@ -128,6 +128,11 @@ if (process.env.SERVE_URL2) {
   check('slow clients: another is served meanwhile', meanwhile.status === 200 && !slowDone,
         `${meanwhile.status} after ${Date.now() - t0} ms`);
   await meanwhile.text();
+  // how long the connection may stay idle (the watchdog's --timeout): the
+  // client opens a new one for the requests below rather than racing the
+  // server's close of this one
+  check('responses give the idle limit', meanwhile.headers.get('keep-alive') === 'timeout=3',
+        meanwhile.headers.get('keep-alive'));
   const [sb, h] = [await slowBody, await slowHead];
   check('a body one byte a second: closed after the timeout', sb.closed && !/^HTTP\/1\.1 200/.test(sb.out) &&
         sb.ms >= 2500 && sb.ms < 9000, sb.ms);
