@@ -25,7 +25,9 @@
  * "tn_bf16" / "nn_f16" / "tn_f16" the mixed-precision backward products
  * (B in bf16 / fp16 for nn, operands rounded per call for tn), "nn_b16" /
  * "tn_b16" the bf16 ones on operands rounded beforehand (the training
- * step rounds a gradient once for both products). Lines with
+ * step rounds a gradient once for both products), "nt_a8" whale_gemm_nt_a8
+ * (the int8 weights of nt_q8 packed, activations rounded to int8 per
+ * block of 32; its one path is ours). Lines with
  * "ceiling" are whale_gemm_measure_gflops_dtype (hot weights, auto path).
  *
  * The machine may be shared: run it when idle (other processes show up as
@@ -41,9 +43,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { NT, NN, TN, NT_BF16, NT_F16, NT_Q8, NN_BF16, TN_BF16, NN_F16, TN_F16, NN_B16, TN_B16 };
-static const char *const kinds[] = {"nt",     "nn",      "tn",      "nt_bf16", "nt_f16", "nt_q8",
-                                    "nn_bf16", "tn_bf16", "nn_f16", "tn_f16",  "nn_b16", "tn_b16"};
+enum { NT, NN, TN, NT_BF16, NT_F16, NT_Q8, NN_BF16, TN_BF16, NN_F16, TN_F16, NN_B16, TN_B16, NT_A8 };
+static const char *const kinds[] = {"nt",     "nn",      "tn",      "nt_bf16", "nt_f16", "nt_q8",  "nn_bf16",
+                                    "tn_bf16", "nn_f16", "tn_f16",  "nn_b16", "tn_b16", "nt_a8"};
 static const char *const paths[] = {"auto", "own", "exact", "runtime"};
 
 /* B holds 129280 x 320 floats (165 MB): the lm_head, or copies of smaller
@@ -57,11 +59,13 @@ typedef struct {
     uint16_t *F16; /* B rounded to fp16 (83 MB) */
     int8_t *B8;    /* B quantised in rows of 320 (41 MB) ... */
     float *scale;  /* ... and their scales (one per 64 values: room for any K >= 64) */
+    uint8_t *P8;   /* copies of B8 packed for nt_a8 at the current shape (a8_pack) */
+    size_t p8_bytes, p8_cap;
 } bufs;
 
 /* Weight bytes per element for a kind (GB/s of the decode rows). */
 static size_t weight_bytes(int kind) {
-    return kind == NT_Q8 ? 1 : kind == NT || kind == NN || kind == TN ? 4 : 2;
+    return kind == NT_Q8 || kind == NT_A8 ? 1 : kind == NT || kind == NN || kind == TN ? 4 : 2;
 }
 
 /* The narrow-weight kinds read their copy of B at the same element offset. */
@@ -72,6 +76,9 @@ static whale_code run(whale_gemm *g, int kind, int M, int N, int K, const bufs *
     case NT_BF16:
         return whale_gemm_nt_bf16(g, M, N, K, b->A, K, b->B16 + off, K, b->C, N, 0, err);
     case NT_F16: return whale_gemm_nt_f16(g, M, N, K, b->A, K, b->F16 + off, K, b->C, N, 0, err);
+    case NT_A8:
+        return whale_gemm_nt_a8(g, M, N, K, b->A, K, b->P8 + off / ((size_t)N * K) * b->p8_bytes, 0,
+                                b->scale + off / (size_t)K, b->C, N, 0, err);
     case NT_Q8:
         return whale_gemm_nt_q8(g, M, N, K, b->A, K, b->B8 + off, K, b->scale + off / (size_t)K,
                                 b->C, N, 0, err);
@@ -87,13 +94,32 @@ static whale_code run(whale_gemm *g, int kind, int M, int N, int K, const bufs *
     }
 }
 
+/* The copies of B8 that the calls on N x K weights read, packed for nt_a8
+ * (0 when out of memory). */
+static int a8_pack(bufs *b, int N, int K, int copies) {
+    const size_t one = whale_q8p_bytes(N, K), need = one * (size_t)copies;
+    if (need > b->p8_cap) {
+        free(b->P8);
+        b->P8 = whale_alloc(need);
+        b->p8_cap = b->P8 ? need : 0;
+        if (!b->P8) return 0;
+    }
+    b->p8_bytes = one;
+    for (int c = 0; c < copies; c++) whale_q8p_pack(b->P8 + c * one, b->B8 + (size_t)c * N * K, K, N, K);
+    return 1;
+}
+
 /* Best seconds per call after an untimed warm-up, within ~0.3 s. Cold: each
  * timed sample is a pass over all copies of B, divided by their number. */
-static double time_call(whale_gemm *g, int kind, int M, int N, int K, const bufs *b, int cold) {
+static double time_call(whale_gemm *g, int kind, int M, int N, int K, bufs *b, int cold) {
     const size_t size = (size_t)N * K;
     int copies = cold ? (int)(B_FLOATS / size) : 1; /* bf16: copies fill 83 MB, int8 41 MB */
     if (copies > 4096) copies = 4096;
     whale_err err;
+    if (kind == NT_A8 && !a8_pack(b, N, K, copies)) {
+        fprintf(stderr, "bench_gemm: out of memory\n");
+        return -1;
+    }
     if (run(g, kind, M, N, K, b, b->B, &err)) {
         fprintf(stderr, "bench_gemm: %s\n", err.msg);
         return -1;
@@ -109,7 +135,7 @@ static double time_call(whale_gemm *g, int kind, int M, int N, int K, const bufs
 }
 
 static void bench_shape(whale_gemm *g, int kind, int M, int N, int K, whale_gemm_path path,
-                        int cold, const bufs *b) {
+                        int cold, bufs *b) {
     whale_gemm_set_path(g, path);
     double t = time_call(g, kind, M, N, K, b, cold);
     whale_gemm_set_path(g, WHALE_GEMM_AUTO);
@@ -124,8 +150,8 @@ static void bench_shape(whale_gemm *g, int kind, int M, int N, int K, whale_gemm
 }
 
 /* The normal choice plus every forced path, for comparison. */
-static void bench_paths(whale_gemm *g, int kind, int M, int N, int K, int cold, const bufs *b) {
-    for (int p = WHALE_GEMM_AUTO; p <= WHALE_GEMM_DNNL_RUNTIME; p++) {
+static void bench_paths(whale_gemm *g, int kind, int M, int N, int K, int cold, bufs *b) {
+    for (int p = WHALE_GEMM_AUTO; p <= (kind == NT_A8 ? WHALE_GEMM_AUTO : WHALE_GEMM_DNNL_RUNTIME); p++) {
         if (p == WHALE_GEMM_OWN && M > 32) continue; /* our kernels are for few rows */
         bench_shape(g, kind, M, N, K, (whale_gemm_path)p, cold, b);
     }
@@ -247,7 +273,7 @@ static void bench_moe_all(const bufs *b) {
 
 /* The standard shapes: training products in every format, the lm_head,
  * decode, decode attention and the mixture-of-experts pattern. */
-static void bench_standard(whale_gemm *g, const bufs *b) {
+static void bench_standard(whale_gemm *g, bufs *b) {
     /* training-size products (a 320-wide model with 1280-wide MLP) */
     static const int shapes[][3] = {{1024, 1280, 320}, {1024, 320, 1280}, {1024, 640, 320}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
@@ -261,6 +287,7 @@ static void bench_standard(whale_gemm *g, const bufs *b) {
     for (size_t i = 0; i < 2; i++) {
         bench_paths(g, NT_F16, shapes[i][0], shapes[i][1], shapes[i][2], 0, b);
         bench_paths(g, NT_Q8, shapes[i][0], shapes[i][1], shapes[i][2], 0, b);
+        bench_paths(g, NT_A8, shapes[i][0], shapes[i][1], shapes[i][2], 0, b);
     }
     /* the mixed-precision backward products at the same shapes (the f32 nn
      * and tn lines above are the comparison) */
@@ -288,7 +315,9 @@ static void bench_standard(whale_gemm *g, const bufs *b) {
     for (int cold = 0; cold < 2; cold++) bench_paths(g, NT_BF16, 1, 1280, 320, cold, b);
     /* fp16 and int8 weights: the lm_head and a Linear at decode, a prefill
      * chunk through a Linear */
-    for (int kind = NT_F16; kind <= NT_Q8; kind++) {
+    static const int narrow[] = {NT_F16, NT_Q8, NT_A8};
+    for (int i = 0; i < 3; i++) {
+        const int kind = narrow[i];
         bench_paths(g, kind, 1, 129280, 320, 0, b);
         bench_paths(g, kind, 4, 129280, 320, 0, b);
         bench_paths(g, kind, 16, 129280, 320, 0, b);
@@ -307,7 +336,7 @@ static void bench_standard(whale_gemm *g, const bufs *b) {
 }
 
 /* Every path over small and medium M (how the shape rules were chosen). */
-static void bench_sweep(whale_gemm *g, const bufs *b) {
+static void bench_sweep(whale_gemm *g, bufs *b) {
     static const int ms[] = {1,  2,  3,  4,  5,   6,   8,   12,  16, 24,
                              32, 48, 64, 96, 128, 192, 256, 384, 512};
     static const int nk[][2] = {{1280, 320}, {320, 1280}, {640, 320}};
@@ -322,7 +351,7 @@ static void bench_sweep(whale_gemm *g, const bufs *b) {
         bench_paths(g, NT, ms[i], 129280, 320, 0, b);
 }
 
-static void bench_sweep_bf16(whale_gemm *g, const bufs *b) {
+static void bench_sweep_bf16(whale_gemm *g, bufs *b) {
     /* the bf16 products from a few rows to a training batch: where exact
      * primitives stop paying against the runtime one depends on the
      * tier (AVX512_BF16 brgemm, AMX tiles) */
@@ -367,7 +396,7 @@ int main(int argc, char **argv) {
             if (!strcmp(argv[2], kinds[k])) kind = k;
         if (argc < 6 || kind < 0 || (sM = atoi(argv[3])) < 1 || (sN = atoi(argv[4])) < 1 || (sK = atoi(argv[5])) < 1 ||
             (size_t)sN * sK > B_FLOATS || (size_t)sM * (sK > sN ? sK : sN) > (size_t)1024 * 129280 ||
-            (sK < 64 && kind == NT_Q8)) {
+            (sK < 64 && (kind == NT_Q8 || kind == NT_A8))) {
             fprintf(stderr, "bench_gemm: --shape KIND M N K [cold]: a kind of this file's list, B at most %zu values, "
                             "A and C at most 1024 x 129280\n", (size_t)B_FLOATS);
             return 1;
@@ -380,7 +409,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     /* big enough for every shape below (lm_head: 1024 x 129280 outputs) */
-    bufs b;
+    bufs b = {0};
     b.A = filled((size_t)1024 * 129280, 1);
     b.B = filled(B_FLOATS, 2);
     b.C = filled((size_t)1024 * 129280, 3);
@@ -420,5 +449,6 @@ int main(int argc, char **argv) {
     free(b.F16);
     free(b.B8);
     free(b.scale);
+    free(b.P8);
     return 0;
 }

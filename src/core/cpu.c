@@ -26,8 +26,9 @@ static struct {
     char model[64];
     char extras[64];
     int vbmi;
+    int vnni;
     size_t l2; /* bytes of one core's L2 cache */
-} cpu = {PTHREAD_ONCE_INIT, WHALE_ISA_BASE, WHALE_ISA_BASE, "", "", "", 0, 0};
+} cpu = {PTHREAD_ONCE_INIT, WHALE_ISA_BASE, WHALE_ISA_BASE, "", "", "", 0, 0, 0};
 
 const char *whale_isa_name(whale_isa t) {
     return (unsigned)t < WHALE_ISA_COUNT ? isa_names[t] : "unknown";
@@ -92,6 +93,7 @@ static whale_isa detect(void) {
                        BIT(l7.b, 28); /* F BW VL DQ CD */
     const int bf16 = BIT(l71.a, 5); /* AVX512_BF16 */
     cpu.vbmi = avx512 && BIT(l7.c, 1);
+    cpu.vnni = avx512 && BIT(l7.c, 11); /* AVX512_VNNI */
     const int fp16 = zmm && BIT(l7.d, 23);
     const int amx_bf16 = BIT(l7.d, 22), amx_tile = BIT(l7.d, 24), amx_int8 = BIT(l7.d, 25);
     const int amx = tiles && amx_tile && amx_bf16 && amx_int8 && amx_permitted();
@@ -171,6 +173,11 @@ const char *whale_cpu_model(void) {
 int whale_cpu_has_vbmi(void) {
     (void)whale_isa_active();
     return cpu.vbmi;
+}
+
+int whale_cpu_has_vnni(void) {
+    (void)whale_isa_active();
+    return cpu.vnni;
 }
 
 size_t whale_cpu_l2_bytes(void) {

@@ -28,6 +28,9 @@
 /* VBMI (vpermi2b) is not part of a tier: Cooper Lake has AVX512_BF16
  * without it. The one kernel that needs it checks whale_cpu_has_vbmi(). */
 #define WHALE_FEATURES_AVX512_BF16_VBMI WHALE_FEATURES_AVX512_BF16 ",avx512vbmi"
+/* AVX512_VNNI (vpdpbusd) is not part of a tier either: Skylake-X has
+ * AVX-512 without it. The int8-activation kernel checks whale_cpu_has_vnni(). */
+#define WHALE_FEATURES_AVX512_VNNI WHALE_FEATURES_AVX512 ",avx512vnni"
 
 #define WHALE_PRAGMA_(x) _Pragma(#x)
 #if WHALE_X86 && defined(__clang__)
@@ -54,6 +57,8 @@ static inline int whale_isa_at_least(whale_isa t) {
 /* Does the processor have AVX512_VBMI (with AVX-512 usable)? Detected
  * with the tier; not capped by WHALE_ISA, so callers also check the tier. */
 int whale_cpu_has_vbmi(void);
+/* The same for AVX512_VNNI. */
+int whale_cpu_has_vnni(void);
 
 /* Bytes of one core's L2 cache (sysconf, else sysfs, else 256 KiB): what
  * blocks meant to stay in cache are sized by. */

@@ -26,7 +26,7 @@
 
 const char *const gemm_kind_names[KIND_COUNT] = {
     "nt",     "nn",     "tn",     "nt_bf16", "nn_bf16", "tn_bf16", "nt_f16",
-    "nn_f16", "tn_f16", "nt_q8",  "nn_b16",  "tn_b16",  "nn_q8"};
+    "nn_f16", "tn_f16", "nt_q8",  "nn_b16",  "tn_b16",  "nn_q8",   "nt_a8"};
 
 /* ------------------------------------------------------------ scratch */
 
@@ -243,7 +243,7 @@ static whale_code gemm_check(const whale_gemm *g, const gemm_call *c, whale_err 
     if (!c->A || !c->B)
         return whale_errf(err, WHALE_ERR_ARG, "gemm %s: %s is NULL", kn,
                           !c->A ? "A" : is_nt ? "W" : "B");
-    if ((s->kind == KIND_NT_Q8 || s->kind == KIND_NN_Q8) && !c->scale)
+    if ((s->kind == KIND_NT_Q8 || s->kind == KIND_NN_Q8 || s->kind == KIND_NT_A8) && !c->scale)
         return whale_errf(err, WHALE_ERR_ARG, "gemm %s: scale is NULL", kn);
     return WHALE_OK;
 }
@@ -358,6 +358,49 @@ whale_code whale_gemm_nt_q8(whale_gemm *g, int M, int N, int K, const float *A, 
     return gemm(g, &c, err);
 }
 
+/* ---- W8A8 (gemm_a8.c) ---- */
+
+static gemm_call a8_call(int M, int N, int K, const float *A, int lda, const uint8_t *Wp, const float *scale,
+                         float *C, int ldc, int accumulate) {
+    /* the packed W has no row stride: ldw = K passes the check */
+    return (gemm_call){{KIND_NT_A8, accumulate ? 1 : 0, M, N, K, lda, K, ldc}, A, Wp, C, scale};
+}
+
+static whale_code a8_row0_check(int row0, whale_err *err) {
+    if (row0 < 0 || row0 > 15)
+        return whale_errf(err, WHALE_ERR_ARG, "gemm nt_a8: row0=%d outside its panel (0..15)", row0);
+    return WHALE_OK;
+}
+
+whale_code whale_gemm_nt_a8(whale_gemm *g, int M, int N, int K, const float *A, int lda, const uint8_t *Wp,
+                            int row0, const float *scale, float *C, int ldc, int accumulate, whale_err *err) {
+    const gemm_call c = a8_call(M, N, K, A, lda, Wp, scale, C, ldc, accumulate);
+    whale_code rc = gemm_check(g, &c, err);
+    if (!rc) rc = a8_row0_check(row0, err);
+    if (rc || gemm_trivial(g, &c)) return rc;
+    return gemm_nt_a8(g, &c, row0, err);
+}
+
+whale_code whale_gemm_nt_a8_parts(whale_gemm *g, int K, int n, const whale_a8_part *parts, int accumulate,
+                                  whale_err *err) {
+    if (n < 0 || n > SK_PARTS_MAX || (n && !parts))
+        return whale_errf(err, WHALE_ERR_ARG, "gemm nt_a8_parts: %d parts (at most %d)%s", n, SK_PARTS_MAX,
+                          n > 0 && !parts ? " at NULL" : "");
+    gemm_call c[SK_PARTS_MAX];
+    int row0[SK_PARTS_MAX], m = 0;
+    for (int i = 0; i < n; i++) { /* all checked before any is computed */
+        const whale_a8_part *p = &parts[i];
+        const gemm_call ci = a8_call(p->M, p->N, K, p->A, p->lda, p->W, p->scale, p->C, p->ldc, accumulate);
+        whale_code rc = gemm_check(g, &ci, err);
+        if (!rc) rc = a8_row0_check(p->row0, err);
+        if (rc) return rc;
+        if (gemm_trivial(g, &ci)) continue; /* nothing to multiply (K = 0: C zeroed or kept) */
+        c[m] = ci;
+        row0[m++] = p->row0;
+    }
+    return m ? gemm_nt_a8_parts(g, c, row0, m, err) : WHALE_OK;
+}
+
 /* Part p of a whale_gemm_nt_parts call as a gemm_call. */
 static gemm_call part_call(int kind, int K, int accumulate, const whale_nt_part *p) {
     return (gemm_call){{kind, accumulate ? 1 : 0, p->M, p->N, K, p->lda, p->ldw, p->ldc}, p->A, p->W, p->C, p->scale};
@@ -400,6 +443,24 @@ whale_code whale_gemm_nn_q8(whale_gemm *g, int M, int N, int K, const float *A, 
 }
 
 /* ------------------------------------------------------------ int8 weights */
+
+whale_code whale_gemm_nn_q8p(whale_gemm *g, int M, int N, int K, const float *A, int lda, const uint8_t *Bp,
+                             int row0, const float *scale, float *C, int ldc, int accumulate, whale_err *err) {
+    enum { ROWS = 1024 }; /* rows of B unpacked at a time */
+    const gemm_call c = {{KIND_NN_Q8, accumulate ? 1 : 0, M, N, K, lda, N, ldc}, A, Bp, C, scale};
+    whale_code rc = gemm_check(g, &c, err);
+    if (!rc && (row0 < 0 || row0 > 15))
+        rc = whale_errf(err, WHALE_ERR_ARG, "gemm nn_q8p: row0=%d outside its panel (0..15)", row0);
+    if (rc || gemm_trivial(g, &c)) return rc;
+    const int rows = K < ROWS ? K : ROWS;
+    if ((rc = gemm_scratch_reserve(&g->sd, (size_t)rows * N, 1, &c, err))) return rc;
+    for (int k0 = 0; k0 < K && !rc; k0 += ROWS) {
+        const int kk = K - k0 < ROWS ? K - k0 : ROWS;
+        whale_q8p_unpack(g->sd.p, N, Bp, row0 + k0, kk, N);
+        rc = whale_gemm_nn_q8(g, M, N, kk, A + k0, lda, g->sd.p, N, scale + k0, C, ldc, accumulate || k0, err);
+    }
+    return rc;
+}
 
 void whale_quantize_q8_rows(int8_t *q, float *scale, const float *W, int rows, int cols) {
     if (rows <= 0 || cols <= 0) return;
@@ -493,6 +554,7 @@ void whale_gemm_free(whale_gemm *g) {
     free(g->sa.p);
     free(g->sb.p);
     free(g->sc.p);
+    free(g->sd.p);
     for (int i = 0; i < g->n_thread_stream; i++) dnnl_stream_destroy(g->thread_stream[i]);
     free(g->thread_stream);
     dnnl_stream_destroy(g->stream);

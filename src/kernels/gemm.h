@@ -107,6 +107,83 @@ whale_code whale_gemm_nt_q8(whale_gemm *g, int M, int N, int K, const float *A, 
                             const int8_t *W, int ldw, const float *scale, float *C, int ldc,
                             int accumulate, whale_err *err);
 
+/* ---- int8 weights and int8 activations (W8A8) ----
+ *
+ * The int8 weights of whale_gemm_nt_q8 (q[N,K], scale[N]) repacked for
+ * products with int8 activations: panels of 16 output rows; in a panel,
+ * for each group of 4 consecutive k (4j .. 4j+3), the 16 rows' 4 values,
+ * row after row, each stored as q + 128 (an unsigned byte). K is padded to a
+ * multiple of 32 and N to one of 16 with zeros (stored as 128). One 64-byte
+ * load then holds 4 terms of 16 outputs: vpdpbusd adds them to 16 int32
+ * sums with no sum across lanes. whale_q8p_bytes(N, K) bytes, 64-aligned
+ * panels if dst is. */
+#define WHALE_A8_BLOCK 32
+size_t whale_q8p_bytes(int N, int K);
+void whale_q8p_pack(uint8_t *dst, const int8_t *q, int ldq, int N, int K);
+
+/* Activations to int8 in blocks of 32 along a row (the last one padded with
+ * zeros to Kp = K rounded up to 32), by the rule whale_quantize_q8_rows
+ * applies to a weight row: d = max |a| / 127 over the block, q = a / d
+ * rounded to nearest even, clamped to +-127; a block of zeros (or of values
+ * below ~1e-43) gets d = 0 and q = 0, one holding inf or NaN d = NaN and
+ * q = 0. Row m: aq[m*ldq ..] (Kp values), d[m*ldd ..] and
+ * corr[m*ldd ..] = -128 * (sum of the block's q), Kp / 32 of each. */
+void whale_quantize_a8_rows(int M, int K, const float *A, int lda, int8_t *aq, int ldq, float *d,
+                            int32_t *corr, int ldd);
+
+/* W8A8: C[m,n] = scale[n] * sum_b d[m,b] * sum_{k in block b} q[n,k] * aq[m,k]
+ * (+ C[m,n] with accumulate), A quantised by whale_quantize_a8_rows, W
+ * packed by whale_q8p_pack from the int8 weights of whale_gemm_nt_q8. Each
+ * block's sum is exact (int32); the blocks are summed in fp32 in order of
+ * k, each term d * sum fused into the running sum (fmaf), then multiplied
+ * by the scale (fused with the add under accumulate). So every path, tier,
+ * thread count and row count gives the same bits for a row. What changes
+ * against the W8A16 product: the activations are rounded to 8 bits per
+ * block of 32 instead of to bf16 (docs/precision.md measures what that
+ * costs). Paths: vpdpbusd (AVX512_VNNI) or plain C (forced by
+ * WHALE_GEMM_OWN_PORTABLE; oneDNN has no per-block activation scales, so
+ * the other forced paths take ours). A NaN or inf in a block of A poisons
+ * its row of C, a NaN or inf scale its column.
+ * A view of rows r .. r+N-1 of a packed matrix: Wp points at the panel
+ * holding row r (whale_q8p_bytes(r - r % 16, K) bytes in) and row0 = r % 16;
+ * scale[0] is row r's scale. */
+whale_code whale_gemm_nt_a8(whale_gemm *g, int M, int N, int K, const float *A, int lda, const uint8_t *Wp,
+                            int row0, const float *scale, float *C, int ldc, int accumulate, whale_err *err);
+
+/* One product of whale_gemm_nt_a8_parts (the arguments of whale_gemm_nt_a8). */
+typedef struct {
+    int M, N;
+    const float *A;
+    int lda;
+    const uint8_t *W;
+    int row0;
+    const float *scale;
+    float *C;
+    int ldc;
+} whale_a8_part;
+
+/* Up to 16 W8A8 products of one depth K, each exactly what its own
+ * whale_gemm_nt_a8 call gives, in one parallel region (A quantised once
+ * for consecutive parts that share it): a decode step's small weights pay
+ * one fork/join. All parts are checked before any is computed. */
+whale_code whale_gemm_nt_a8_parts(whale_gemm *g, int K, int n, const whale_a8_part *parts, int accumulate,
+                                  whale_err *err);
+
+/* Row `row` (counted from Wp's first panel) of a packed matrix with K
+ * columns, times scale, as fp32 (an embedding lookup). */
+void whale_q8p_row(float *dst, const uint8_t *Wp, int row, int K, float scale);
+/* rows rows from row0 (counted from Wp's first panel) of a packed matrix
+ * with K columns back to int8, dst rows ldd apart. */
+void whale_q8p_unpack(int8_t *dst, int ldd, const uint8_t *Wp, int row0, int rows, int K);
+
+/* whale_gemm_nn_q8 with B given packed (rows row0 .. row0+K-1 of a packed
+ * matrix with N columns, scale[0] row row0's scale): the input gradient
+ * through a packed int8 weight. Unpacks B in blocks of 1024 rows into
+ * scratch kept until whale_gemm_free and runs whale_gemm_nn_q8 on each,
+ * accumulating: the same rounding, summed over those blocks. */
+whale_code whale_gemm_nn_q8p(whale_gemm *g, int M, int N, int K, const float *A, int lda, const uint8_t *Bp,
+                             int row0, const float *scale, float *C, int ldc, int accumulate, whale_err *err);
+
 /* One product of whale_gemm_nt_parts: C[M,N] = A[M,K] · W[N,K]^T, W of the
  * call's weight type (uint16_t bf16/fp16 patterns, int8 with scale[N], or
  * float), strides in elements. */

@@ -34,8 +34,8 @@
  * f32, and bf16 A and B (already converted) with f32 C. The others are
  * computed by our kernels or through those six on converted blocks. The
  * layout (nt, nn, tn) of kind k is k % 3 for the first nine; layout() gives
- * it for all (KIND_NT_Q8 is nt, KIND_NN_B16 and KIND_NN_Q8 nn, KIND_TN_B16
- * tn). */
+ * it for all (KIND_NT_Q8 and KIND_NT_A8 are nt, KIND_NN_B16 and KIND_NN_Q8 nn,
+ * KIND_TN_B16 tn). */
 enum {
     KIND_NT = 0, KIND_NN, KIND_TN,
     KIND_NT_BF16, KIND_NN_BF16, KIND_TN_BF16,
@@ -43,12 +43,15 @@ enum {
     KIND_NT_Q8,
     KIND_NN_B16, KIND_TN_B16, /* nn_bf16 / tn_bf16 with A (and B) given in bf16 */
     KIND_NN_Q8,               /* nn with int8 B and per-row scales of B */
+    KIND_NT_A8,               /* nt with int8 activations, packed int8 W (gemm_a8.c) */
     KIND_COUNT
 };
 extern const char *const gemm_kind_names[KIND_COUNT];
 
 /* KIND_NT, KIND_NN or KIND_TN */
-static inline int layout(int kind) { return kind == KIND_NN_Q8 ? KIND_NN : kind % 3; }
+static inline int layout(int kind) {
+    return kind == KIND_NN_Q8 ? KIND_NN : kind == KIND_NT_A8 ? KIND_NT : kind % 3;
+}
 static inline int is_bf16_kind(int kind) { return kind >= KIND_NT_BF16 && kind <= KIND_TN_BF16; }
 
 /* Our kernels run single-threaded below this many multiply-adds, where the
@@ -88,9 +91,9 @@ struct whale_gemm {
     char last_impl[64];
     /* Scratch: sa holds A converted (A rounded for our kernels, or an A block
      * for gemm_converted), sb a converted B block, sc a C block (nt_q8 with
-     * accumulate). Each grows to the largest size used and is freed with
-     * the object. */
-    scratch sa, sb, sc;
+     * accumulate), sd the unpacked rows of whale_gemm_nn_q8p. Each grows to
+     * the largest size used and is freed with the object. */
+    scratch sa, sb, sc, sd;
     int block_mn;       /* gemm_converted block limits; 0: the defaults */
     size_t block_bytes;
     dnnl_stream_t *thread_stream; /* one per thread of gemm_nt_q8_chunks */
@@ -177,5 +180,11 @@ whale_code gemm_converted(whale_gemm *g, const gemm_call *c, int inner, whale_ge
  * multiplying its own chunks (its opening comment has the details); *done
  * 0 when K does not fit the scratch bound whole (gemm_converted then). */
 whale_code gemm_nt_q8_chunks(whale_gemm *g, const gemm_call *c, int *done, whale_err *err);
+
+/* gemm_a8.c: the W8A8 product c (validated, M, N, K > 0; B the packed
+ * weights, output n in lane row0 + n of its panels); n such products of
+ * one K in one parallel region. */
+whale_code gemm_nt_a8(whale_gemm *g, const gemm_call *c, int row0, whale_err *err);
+whale_code gemm_nt_a8_parts(whale_gemm *g, const gemm_call *c, const int *row0, int n, whale_err *err);
 
 #endif

@@ -1,0 +1,352 @@
+/* W8A8 products: int8 weights, packed in panels of 16 rows
+ * (whale_q8p_pack), times activations rounded to int8 in blocks of 32
+ * (whale_quantize_a8_rows). gemm.h says what is computed; this file how.
+ *
+ * Why a second weight layout. vpdpbusd multiplies 64 unsigned bytes by 64
+ * signed ones and adds each group of 4 products to one of 16 int32 lanes:
+ * 64 multiply-adds per instruction, against vdpbf16ps's 32, and no
+ * conversion of the weights. On row-major weights the 16 lanes would hold
+ * 16 partial sums of one output, to be added across lanes and scaled per
+ * block of 32, which costs more than the products. Packed, one 64-byte load
+ * holds 4 consecutive k of 16 outputs, so the lanes are 16 outputs: a block
+ * of 32 k is 8 vpdpbusd per (panel, activation row) into int32 sums that
+ * are exact, then one conversion and one fused multiply-add by the block's
+ * activation scale. The weights are stored as q + 128 (vpdpbusd wants the
+ * unsigned operand there: the activations keep their sign), and the sums
+ * start at -128 times the block's activation sum, which takes the 128 out
+ * again, exactly.
+ *
+ * Register blocks: a tile is np panels (16 outputs each) by mr activation
+ * rows, each with an int32 and an fp32 accumulator: np x mr <= 8, so one
+ * to four streams of weights. Every output is the same sequence of
+ * operations whatever the tile, path or thread split. */
+#include "kernels/gemm_impl.h"
+
+#include <assert.h>
+
+#define A8_PANEL 16 /* outputs per panel */
+#define A8_BLOCK WHALE_A8_BLOCK
+#define A8_MR 8 /* activation rows per pass over a chunk of panels */
+
+/* How far ahead (bytes) the VNNI kernel asks for each weight stream: as
+ * NT_PREFETCH in gemm_rows.c (one load covers 64 bytes here). */
+#define A8_PREFETCH 1024
+
+static int a8_kp(int K) { return (K + A8_BLOCK - 1) / A8_BLOCK * A8_BLOCK; }
+
+size_t whale_q8p_bytes(int N, int K) {
+    if (N <= 0 || K <= 0) return 0;
+    return (size_t)((N + A8_PANEL - 1) / A8_PANEL) * A8_PANEL * (size_t)a8_kp(K);
+}
+
+void whale_q8p_pack(uint8_t *dst, const int8_t *q, int ldq, int N, int K) {
+    if (N <= 0 || K <= 0) return;
+    const int Kp = a8_kp(K), panels = (N + A8_PANEL - 1) / A8_PANEL;
+    const int par = (double)N * K >= OWN_PARALLEL_MIN_WORK * 16.0;
+#pragma omp parallel for schedule(static) if (par)
+    for (int p = 0; p < panels; p++) {
+        uint8_t *o = dst + (size_t)p * A8_PANEL * Kp;
+        for (int j = 0; j < Kp / 4; j++)
+            for (int r = 0; r < A8_PANEL; r++) {
+                const int n = p * A8_PANEL + r;
+                for (int i = 0; i < 4; i++) {
+                    const int k = 4 * j + i;
+                    const int v = n < N && k < K ? q[(size_t)n * ldq + k] : 0;
+                    *o++ = (uint8_t)(v + 128);
+                }
+            }
+    }
+}
+
+/* One block of up to 32 values of a row: the rule of whale_quantize_q8_rows. */
+static void a8_block(const float *a, int n, int8_t *o, float *d, int32_t *corr) {
+    float amax = 0;
+    int finite = 1;
+    for (int i = 0; i < n; i++) {
+        const float v = fabsf(a[i]);
+        if (!(v <= FLT_MAX)) finite = 0; /* inf or NaN */
+        else amax = v > amax ? v : amax;
+    }
+    const float s = amax / 127.0f;
+    memset(o, 0, A8_BLOCK);
+    *corr = 0;
+    if (!finite || s == 0) {
+        *d = finite ? 0.0f : NAN;
+        return;
+    }
+    int sum = 0;
+    for (int i = 0; i < n; i++) {
+        float v = nearbyintf(a[i] / s); /* the default rounding mode: ties to even */
+        v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+        o[i] = (int8_t)v;
+        sum += (int)v;
+    }
+    *d = s;
+    *corr = -128 * sum;
+}
+
+void whale_quantize_a8_rows(int M, int K, const float *A, int lda, int8_t *aq, int ldq, float *d,
+                            int32_t *corr, int ldd) {
+    if (M <= 0 || K <= 0) return;
+    const int nb = a8_kp(K) / A8_BLOCK;
+    const int par = (double)M * K >= OWN_PARALLEL_MIN_WORK;
+#pragma omp parallel for schedule(static) if (par)
+    for (int m = 0; m < M; m++)
+        for (int b = 0; b < nb; b++) {
+            const int k0 = b * A8_BLOCK, n = K - k0 < A8_BLOCK ? K - k0 : A8_BLOCK;
+            a8_block(A + (size_t)m * lda + k0, n, aq + (size_t)m * ldq + k0, d + (size_t)m * ldd + b,
+                     corr + (size_t)m * ldd + b);
+        }
+}
+
+/* What a tile works on: the quantised rows and their block scales, the
+ * panels (pstride bytes apart; output n is lane row0 + n of them), the
+ * scales and C. */
+typedef struct {
+    int M, N, nb, row0, panels;
+    const int8_t *aq;
+    size_t ldq;
+    const float *d;
+    const int32_t *corr;
+    size_t ldd;
+    const uint8_t *W;
+    size_t pstride;
+    const float *scale;
+    float *C;
+    size_t ldc;
+    int acc;
+} a8_job;
+
+/* The lanes [*lo, *hi) of panel p that hold outputs, the first being
+ * output n0 = 16p + lo - row0. */
+static void a8_lanes(const a8_job *J, int p, int *lo, int *hi) {
+    const int end = J->row0 + J->N - p * A8_PANEL;
+    *lo = p ? 0 : J->row0;
+    *hi = end < A8_PANEL ? end : A8_PANEL;
+}
+
+/* plain C: np panels from p, mr rows from m0; the VNNI kernel's operations
+ * one output at a time (exact int32 block sums, fmaf). */
+static void a8_tile_c(const a8_job *J, int np, int mr, int p, int m0) {
+    for (int pp = p; pp < p + np; pp++) {
+        const uint8_t *w = J->W + (size_t)pp * J->pstride;
+        int lo, hi;
+        a8_lanes(J, pp, &lo, &hi);
+        for (int m = m0; m < m0 + mr; m++) {
+            const int8_t *a = J->aq + (size_t)m * J->ldq;
+            const float *d = J->d + (size_t)m * J->ldd;
+            const int32_t *corr = J->corr + (size_t)m * J->ldd;
+            for (int r = lo; r < hi; r++) {
+                float f = 0;
+                for (int b = 0; b < J->nb; b++) {
+                    int32_t s = corr[b];
+                    const uint8_t *wb = w + (size_t)b * A8_BLOCK * A8_PANEL + (size_t)r * 4;
+                    const int8_t *ab = a + b * A8_BLOCK;
+                    for (int j = 0; j < A8_BLOCK / 4; j++)
+                        for (int i = 0; i < 4; i++) s += (int32_t)wb[j * 64 + i] * ab[4 * j + i];
+                    f = fmaf((float)s, d[b], f);
+                }
+                const int n = pp * A8_PANEL + r - J->row0;
+                float *c = J->C + (size_t)m * J->ldc + n;
+                *c = J->acc ? fmaf(f, J->scale[n], *c) : f * J->scale[n];
+            }
+        }
+    }
+}
+
+#if WHALE_X86
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512_VNNI)
+/* The results of one panel for one row: F times the scales (plus C), into
+ * C. A first panel that starts inside (row0 > 0) moves its lanes down. */
+static inline __attribute__((always_inline)) void a8_store(const a8_job *J, int p, int m, __m512 F) {
+    int lo, hi;
+    a8_lanes(J, p, &lo, &hi);
+    if (!lo) {
+        const int n0 = p * A8_PANEL - J->row0;
+        const __mmask16 mask = (__mmask16)((1u << hi) - 1u);
+        const __m512 s = _mm512_maskz_loadu_ps(mask, J->scale + n0);
+        float *c = J->C + (size_t)m * J->ldc + n0;
+        const __m512 out = J->acc ? _mm512_fmadd_ps(F, s, _mm512_maskz_loadu_ps(mask, c)) : _mm512_mul_ps(F, s);
+        _mm512_mask_storeu_ps(c, mask, out);
+        return;
+    }
+    const __mmask16 lanes = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+    const __m512 s = _mm512_maskz_expandloadu_ps(lanes, J->scale);
+    float *c = J->C + (size_t)m * J->ldc;
+    const __m512 out = J->acc ? _mm512_fmadd_ps(F, s, _mm512_maskz_expandloadu_ps(lanes, c)) : _mm512_mul_ps(F, s);
+    _mm512_mask_storeu_ps(c, (__mmask16)((1u << (hi - lo)) - 1u), _mm512_maskz_compress_ps(lanes, out));
+}
+
+static inline __attribute__((always_inline)) void a8_tile_vnni(const a8_job *J, const int np, const int mr,
+                                                               int p, int m0) {
+    __m512 F[4][A8_MR];
+    __m512i I[4][A8_MR];
+    const uint8_t *w[4];
+    const int8_t *a[A8_MR];
+    for (int q = 0; q < np; q++) {
+        w[q] = J->W + (size_t)(p + q) * J->pstride;
+        for (int m = 0; m < mr; m++) F[q][m] = _mm512_setzero_ps();
+    }
+    for (int m = 0; m < mr; m++) a[m] = J->aq + (size_t)(m0 + m) * J->ldq;
+    for (int b = 0; b < J->nb; b++) {
+        for (int m = 0; m < mr; m++) {
+            const __m512i c0 = _mm512_set1_epi32(J->corr[(size_t)(m0 + m) * J->ldd + b]);
+            for (int q = 0; q < np; q++) I[q][m] = c0;
+        }
+        for (int j = 0; j < A8_BLOCK / 4; j++) {
+            __m512i wv[4];
+            for (int q = 0; q < np; q++) {
+                const uint8_t *at = w[q] + (size_t)b * A8_BLOCK * A8_PANEL + j * 64;
+                wv[q] = _mm512_loadu_si512(at);
+                _mm_prefetch((const char *)at + A8_PREFETCH, _MM_HINT_T0);
+            }
+            for (int m = 0; m < mr; m++) {
+                int32_t four;
+                memcpy(&four, a[m] + b * A8_BLOCK + 4 * j, 4);
+                const __m512i av = _mm512_set1_epi32(four);
+                for (int q = 0; q < np; q++) I[q][m] = _mm512_dpbusd_epi32(I[q][m], wv[q], av);
+            }
+        }
+        for (int m = 0; m < mr; m++) {
+            const __m512 dm = _mm512_set1_ps(J->d[(size_t)(m0 + m) * J->ldd + b]);
+            for (int q = 0; q < np; q++) F[q][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[q][m]), dm, F[q][m]);
+        }
+    }
+    for (int q = 0; q < np; q++)
+        for (int m = 0; m < mr; m++) a8_store(J, p + q, m0 + m, F[q][m]);
+}
+
+/* The copies the passes use: np = 4, 2 or 1 panels side by side. */
+static void a8_tile_fast(const a8_job *J, int np, int mr, int p, int m0) {
+#define A8_T(NP, MR) a8_tile_vnni(J, NP, MR, p, m0)
+    if (np == 4) {
+        if (mr == 1) A8_T(4, 1);
+        else A8_T(4, 2);
+    } else if (np == 2) {
+        if (mr == 3) A8_T(2, 3);
+        else A8_T(2, 4);
+    } else switch (mr) {
+        case 1: A8_T(1, 1); break;
+        case 2: A8_T(1, 2); break;
+        case 3: A8_T(1, 3); break;
+        case 4: A8_T(1, 4); break;
+        case 5: A8_T(1, 5); break;
+        case 6: A8_T(1, 6); break;
+        case 7: A8_T(1, 7); break;
+        default: A8_T(1, 8); break;
+        }
+#undef A8_T
+}
+WHALE_TARGET_END
+#endif
+
+/* Panels side by side for mr rows: as many as 8 accumulator pairs allow. */
+static int a8_np(int mr) { return mr <= 2 ? 4 : mr <= 4 ? 2 : 1; }
+
+/* Panels [p0, p1) of a job for every row: chunks of panels that stay in L2
+ * while the rows pass over them in groups of A8_MR. */
+static void a8_range(const a8_job *J, int fast, int p0, int p1) {
+    int chunk = (int)(whale_cpu_l2_bytes() / 2 / J->pstride);
+    chunk = chunk < 4 ? 4 : chunk / 4 * 4;
+    for (int c0 = p0; c0 < p1; c0 += chunk) {
+        const int c1 = p1 - c0 < chunk ? p1 : c0 + chunk;
+        for (int m0 = 0; m0 < J->M; m0 += A8_MR) {
+            const int mr = J->M - m0 < A8_MR ? J->M - m0 : A8_MR;
+            int p = c0;
+#if WHALE_X86
+            if (fast) {
+                const int np = a8_np(mr);
+                for (; p + np <= c1; p += np) a8_tile_fast(J, np, mr, p, m0);
+                for (; p < c1; p++) a8_tile_fast(J, 1, mr, p, m0);
+            }
+#endif
+            if (p < c1) a8_tile_c(J, c1 - p, mr, p, m0);
+        }
+    }
+}
+
+static int a8_have_vnni(void) {
+    return WHALE_X86 && whale_isa_at_least(WHALE_ISA_AVX512) && whale_cpu_has_vnni();
+}
+
+/* The products c[0..n) (validated, M, N, K > 0, one K): A quantised into
+ * scratch (once for consecutive parts with the same A), then the panels
+ * of all parts split over the threads by their cost (rows x panels). */
+static whale_code a8_run(whale_gemm *g, const gemm_call *c, const int *row0, int n, whale_err *err) {
+    const int K = c[0].s.K, Kp = a8_kp(K), nb = Kp / A8_BLOCK;
+    const size_t ldq = (size_t)Kp;
+    size_t need = 0;
+    for (int i = 0; i < n; i++)
+        if (!i || c[i].A != c[i - 1].A || c[i].s.lda != c[i - 1].s.lda || c[i].s.M != c[i - 1].s.M)
+            need += ((size_t)c[i].s.M * ldq + 63) / 64 * 64 + (size_t)c[i].s.M * nb * 8;
+    whale_code rc = gemm_scratch_reserve(&g->sa, need, 1, c, err);
+    if (rc) return rc;
+    a8_job J[SK_PARTS_MAX];
+    int64_t cost[SK_PARTS_MAX + 1] = {0};
+    char *at = g->sa.p;
+    double work = 0;
+    for (int i = 0; i < n; i++) {
+        const gemm_key *s = &c[i].s;
+        a8_job *j = &J[i];
+        *j = (a8_job){s->M, s->N, nb, row0[i], (row0[i] + s->N + A8_PANEL - 1) / A8_PANEL,
+                      NULL, ldq, NULL, NULL, (size_t)nb, c[i].B, (size_t)A8_PANEL * Kp, c[i].scale, c[i].C,
+                      (size_t)s->ldc, s->acc};
+        if (i && c[i].A == c[i - 1].A && s->lda == c[i - 1].s.lda && s->M == c[i - 1].s.M) {
+            j->aq = J[i - 1].aq, j->d = J[i - 1].d, j->corr = J[i - 1].corr;
+        } else {
+            j->aq = (int8_t *)at;
+            at += ((size_t)s->M * ldq + 63) / 64 * 64;
+            j->d = (float *)at;
+            j->corr = (int32_t *)(at + (size_t)s->M * nb * 4);
+            at += (size_t)s->M * nb * 8;
+            whale_quantize_a8_rows(s->M, K, c[i].A, s->lda, (int8_t *)j->aq, Kp, (float *)j->d,
+                                   (int32_t *)j->corr, nb);
+        }
+        cost[i + 1] = cost[i] + (int64_t)j->panels * (s->M + 1); /* +1: a panel's fixed work */
+        work += (double)s->M * s->N * K;
+    }
+    const int fast = g->path != WHALE_GEMM_OWN_PORTABLE && a8_have_vnni();
+#pragma omp parallel if (work >= OWN_PARALLEL_MIN_WORK)
+    {
+        const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t lo = cost[n] * t / nt, hi = cost[n] * (t + 1) / nt;
+        for (int i = 0; i < n; i++) { /* this thread's panels of part i */
+            const int64_t per = J[i].M + 1;
+            int64_t a = lo > cost[i] ? lo : cost[i], b = hi < cost[i + 1] ? hi : cost[i + 1];
+            if (a >= b) continue;
+            const int p0 = (int)((a - cost[i] + per - 1) / per), p1 = (int)((b - cost[i] + per - 1) / per);
+            if (p0 < p1) a8_range(&J[i], fast, p0, p1);
+        }
+    }
+    snprintf(g->last_impl, sizeof g->last_impl, "%s", fast ? "whale:nt_a8_vnni" : "whale:nt_a8_c");
+    g->stats.own_calls += n;
+    return WHALE_OK;
+}
+
+whale_code gemm_nt_a8(whale_gemm *g, const gemm_call *c, int row0, whale_err *err) {
+    return a8_run(g, c, &row0, 1, err);
+}
+
+whale_code gemm_nt_a8_parts(whale_gemm *g, const gemm_call *c, const int *row0, int n, whale_err *err) {
+    return a8_run(g, c, row0, n, err);
+}
+
+/* ------------------------------------------------------------ reading packed rows */
+
+void whale_q8p_row(float *dst, const uint8_t *Wp, int row, int K, float scale) {
+    const int Kp = a8_kp(K);
+    const uint8_t *w = Wp + (size_t)(row / A8_PANEL) * A8_PANEL * Kp + (size_t)(row % A8_PANEL) * 4;
+    for (int k = 0; k < K; k++) dst[k] = (float)((int)w[(size_t)(k / 4) * 64 + k % 4] - 128) * scale;
+}
+
+void whale_q8p_unpack(int8_t *dst, int ldd, const uint8_t *Wp, int row0, int rows, int K) {
+    const int Kp = a8_kp(K);
+    const int par = (double)rows * K >= OWN_PARALLEL_MIN_WORK * 16.0;
+#pragma omp parallel for schedule(static) if (par)
+    for (int r = 0; r < rows; r++) {
+        const int g = row0 + r;
+        const uint8_t *w = Wp + (size_t)(g / A8_PANEL) * A8_PANEL * Kp + (size_t)(g % A8_PANEL) * 4;
+        int8_t *o = dst + (size_t)r * ldd;
+        for (int k = 0; k < K; k++) o[k] = (int8_t)((int)w[(size_t)(k / 4) * 64 + k % 4] - 128);
+    }
+}
