@@ -259,7 +259,9 @@ whale_dtype whale_model_dtype(const whale_model *m);
 
 /* Parameters by Hugging Face name, in state_dict order. A parameter held
  * only in a low-precision copy is returned in that dtype (BF16, F16, or I8
- * with one fp32 scale per row that this view does not show). */
+ * with one fp32 scale per row that this view does not show; I8 values are
+ * stored in the packed layout of the W8A8 products, panels of 16 rows,
+ * not row after row: docs/precision.md). */
 int whale_model_num_params(const whale_model *m);
 const char *whale_model_param_name(const whale_model *m, int i);
 whale_tensor whale_model_param(const whale_model *m, int i);

@@ -17,6 +17,7 @@
 
 #include "backend/backend.h"
 #include "kernels/convert.h"
+#include "kernels/gemm.h"
 #include "kernels/ops.h"
 
 #include <math.h>
@@ -69,17 +70,25 @@ typedef struct {
     float *scale;
 } weight;
 
+/* int8 weights are packed in panels of 16 rows; W is a view that starts at
+ * row I8_ROW0 of its matrix, inside the first panel */
+enum { I8_ROW0 = 5 };
+
 static weight make_weight(whale_dtype f, int rows, int cols) {
-    weight W = {{f, NULL, cols, NULL}, NULL, NULL};
+    weight W = {{f, NULL, cols, NULL, 0}, NULL, NULL};
     size_t n = (size_t)rows * cols;
     float *x = rnd_floats(n, -1, 1);
     if (f == WHALE_F32) {
         W.mem = x;
     } else if (f == WHALE_I8) {
-        int8_t *q = malloc(n ? n : 1);
-        for (size_t i = 0; i < n; i++) q[i] = (int8_t)lrint(x[i] * 127);
-        W.mem = q;
-        W.scale = rnd_floats((size_t)rows, 0.001, 0.02);
+        const size_t all = (size_t)(rows + I8_ROW0) * cols;
+        int8_t *q = malloc(all ? all : 1);
+        for (size_t i = 0; i < all; i++) q[i] = i < (size_t)I8_ROW0 * cols ? 99 : (int8_t)lrint(x[i - (size_t)I8_ROW0 * cols] * 127);
+        W.mem = malloc(whale_q8p_bytes(rows + I8_ROW0, cols ? cols : 1) + 1);
+        if (cols) whale_q8p_pack(W.mem, q, cols, rows + I8_ROW0, cols);
+        free(q);
+        W.scale = rnd_floats((size_t)rows + I8_ROW0, 0.001, 0.02);
+        W.w.row0 = I8_ROW0;
         free(x);
     } else {
         uint16_t *h = malloc(2 * (n ? n : 1));
@@ -88,7 +97,7 @@ static weight make_weight(whale_dtype f, int rows, int cols) {
         free(x);
     }
     W.w.data = W.mem;
-    W.w.scale = W.scale;
+    W.w.scale = W.scale ? W.scale + W.w.row0 : NULL;
     return W;
 }
 
@@ -477,7 +486,7 @@ static void test_bf16_operands(void) {
         cpu->from_bf16(cpu, back1, B16, (size_t)K * N);
         ref->from_bf16(ref, back2, B16, (size_t)K * N);
         agree("from_bf16", back1, back2, (size_t)K * N, 0);
-        whale_wref W = {WHALE_BF16, B16, N, NULL};
+        whale_wref W = {WHALE_BF16, B16, N, NULL, 0};
         float *c1 = rnd_floats((size_t)M * N, -1, 1), *c2 = dup(c1, (size_t)M * N);
         CHECK(cpu->matmul_nn_b16(cpu, M, N, K, A16, K, W, c1, N, 1, &err) == 0, "%s", err.msg);
         CHECK(ref->matmul_nn_b16(ref, M, N, K, A16, K, W, c2, N, 1, &err) == 0, "%s", err.msg);
@@ -496,7 +505,7 @@ static void test_bf16_operands(void) {
             for (int p = 0; p < 3; p++) {
                 w[p] = make_weight(formats[fi], N + p, K);
                 out1[p] = malloc(4 * (size_t)M * (N + p)), out2[p] = malloc(4 * (size_t)M * (N + p));
-                parts[p] = (whale_mm_part){M, N + p, A, K, w[p].w.data, K, w[p].w.scale, out1[p], N + p};
+                parts[p] = (whale_mm_part){M, N + p, A, K, w[p].w.data, K, w[p].w.scale, out1[p], N + p, w[p].w.row0};
             }
             CHECK(cpu->matmul_nt_parts(cpu, formats[fi], K, 3, parts, 0, &err) == 0, "%s", err.msg);
             for (int p = 0; p < 3; p++) {

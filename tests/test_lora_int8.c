@@ -172,19 +172,20 @@ static void test_against_fp32(void) {
            all[I8], worst[I8], wn[I8], all[BF16], worst[BF16], all[DEQ], worst[DEQ]);
     printf("row 1: int8 vs fp32 on the dequantized weights: %.3g (worst %.3g, %s)\n", all_q, worst_q, wn_q);
     /* Tolerances, from the values printed above (measured: int8 against
-     * fp32 2.6 % together, 5.3 % worst tensor; fp32 on the dequantized
-     * weights the same, 2.6 % / 5.2 %, so nearly all of it is the
-     * quantisation; int8 against those dequantized weights 0.63 % / 1.05 %,
-     * below bf16 against fp32, 0.97 % / 1.5 %). The weights are off by
-     * 0.6 % RMS (each within scale/2) and a gradient, a product of several
-     * weights and of activations carrying their errors, moves by a few
-     * times that: 5 % together and 10 % for the worst tensor. The
-     * products' own rounding is the bf16 policy's: 2 % together, 3 % worst,
-     * about twice bf16 against fp32. */
+     * fp32 3.4 % together, 6.1 % worst tensor; fp32 on the dequantized
+     * weights 2.7 % / 4.7 %, so most of it is the weights' quantisation;
+     * int8 against those dequantized weights 2.1 % / 3.8 %, against bf16
+     * vs fp32's 1.1 % / 1.8 %). The weights are off by 0.6 % RMS (each
+     * within scale/2) and a gradient, a product of several weights and of
+     * activations carrying their errors, moves by a few times that: 5 %
+     * together and 10 % for the worst tensor. The products' own rounding
+     * is the forward's activations rounded to int8 per block of 32 (an
+     * error up to 1/254 of the block's largest value, 2-4 times bf16's
+     * 2^-9 relative) and the backward's bf16: 4 % together, 6 % worst. */
     CHECK(dl <= 5e-3, "int8 loss %g vs fp32 %g", loss[I8], loss[F32]);
     CHECK(all[I8] <= 0.05, "adapter gradients on the int8 base off by %g", all[I8]);
     CHECK(worst[I8] <= 0.10, "adapter gradient %s off by %g", wn[I8], worst[I8]);
-    CHECK(all_q <= 0.02 && worst_q <= 0.03, "int8 vs the dequantized fp32 base: %g, worst %g (%s)", all_q, worst_q,
+    CHECK(all_q <= 0.04 && worst_q <= 0.06, "int8 vs the dequantized fp32 base: %g, worst %g (%s)", all_q, worst_q,
           wn_q);
     /* both rows: the loss only (the routing change is a per-token effect) */
     double lb[3];
@@ -250,8 +251,10 @@ static void test_input_gradient(void) {
             double *ref = malloc(na * sizeof(double));
             fill(dC, (long)nc, 11u + (unsigned)(w * 7 + ri), 1e-2f);
             fill(a0, (long)na, 99u + (unsigned)(w * 7 + ri), 3e-3f);
+            int8_t *q = malloc((size_t)N * K); /* the weight's values, row after row */
+            whale_q8p_unpack(q, K, v.data, v.row0, N, K);
             for (int acc = 0; acc < 2; acc++) {
-                ref_dx(M, N, K, dC, v.data, v.scale, acc ? a0 : NULL, ref);
+                ref_dx(M, N, K, dC, q, v.scale, acc ? a0 : NULL, ref);
                 /* the shape rules, then several blocks (small limits), then our f32 kernels */
                 for (int mode = 0; mode < 3; mode++) {
                     whale_gemm_set_block_limits(whale_backend_cpu_gemm(s->be), mode == 1 ? 16 : 0, mode == 1 ? 4096 : 0);
@@ -284,6 +287,7 @@ static void test_input_gradient(void) {
                 CHECK(r <= 1e-5, "%s with its adapter, M=%d accumulate=%d: relative %g", names[w], M, acc, r);
             }
             free(dC);
+            free(q);
             free(dA);
             free(a0);
             free(ref);

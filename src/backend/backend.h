@@ -29,20 +29,25 @@
 
 #include "whale.h"
 
-#define WHALE_BACKEND_VERSION 2 /* 2: attention_spans */
+#define WHALE_BACKEND_VERSION 3 /* 2: attention_spans; 3: packed I8 weights (row0) */
 
 /* A weight operand of a product: W [N, K] (nt) or [K, N] (nn) in its
- * format: F32 (float), BF16 / F16 (uint16_t bit patterns) or I8 (int8_t,
- * with scale per row of W [N, K]: W = q · scale[row]). ld in elements. */
+ * format: F32 (float), BF16 / F16 (uint16_t bit patterns) or I8 (int8
+ * values q with scale per row of W [N, K]: W = q · scale[row]), ld in
+ * elements. I8 weights are packed (whale_q8p_pack, kernels/gemm.h): data
+ * points at the panel of 16 rows holding W's first row, which is row row0
+ * of that panel; scale[0] is its scale. */
 typedef struct {
     whale_dtype format;
     const void *data;
     int ld;
     const float *scale;
+    int row0;
 } whale_wref;
 
 /* One product of matmul_nt_parts: C[M,N] = A[M,K] · W[N,K]ᵀ, W of the
- * call's format (scale for I8), strides in elements. */
+ * call's format (scale and row0 for I8, as in whale_wref), strides in
+ * elements. */
 typedef struct {
     int M, N;
     const float *A;
@@ -52,6 +57,7 @@ typedef struct {
     const float *scale;
     float *C;
     int ldc;
+    int row0;
 } whale_mm_part;
 enum { WHALE_MM_MAX_PARTS = 16 };
 
@@ -84,8 +90,9 @@ struct whale_backend {
 
     /* ---- products: C = A·Wᵀ (nt), A·W (nn), Aᵀ·B (tn) ----
      * accumulate 0 writes C, 1 adds to it. nt: W [N, K] in any format, A
-     * rounded to the format's compute type (bf16 for BF16 and I8, fp16 for
-     * F16) and the exact products summed in fp32, as whale_gemm_nt*. nn:
+     * rounded to the format's compute type (bf16 for BF16, fp16 for F16)
+     * and the exact products summed in fp32, as whale_gemm_nt*; I8: A
+     * rounded to int8 in blocks of 32 (W8A8, whale_gemm_nt_a8). nn:
      * the input gradient dA = dC · W, W [N, K] read as B [K = N, N = K]
      * (W.format as nt, I8: each dC value times its row's scale, then bf16).
      * tn: dW = Aᵀ · B with both fp32 operands rounded to products (F32 or

@@ -39,7 +39,7 @@ static whale_code cpu_matmul_nt(whale_backend *be, int M, int N, int K, const fl
     case WHALE_F32: return whale_gemm_nt(GEMM(be), M, N, K, A, lda, W.data, W.ld, C, ldc, acc, err);
     case WHALE_BF16: return whale_gemm_nt_bf16(GEMM(be), M, N, K, A, lda, W.data, W.ld, C, ldc, acc, err);
     case WHALE_F16: return whale_gemm_nt_f16(GEMM(be), M, N, K, A, lda, W.data, W.ld, C, ldc, acc, err);
-    case WHALE_I8: return whale_gemm_nt_q8(GEMM(be), M, N, K, A, lda, W.data, W.ld, W.scale, C, ldc, acc, err);
+    case WHALE_I8: return whale_gemm_nt_a8(GEMM(be), M, N, K, A, lda, W.data, W.row0, W.scale, C, ldc, acc, err);
     default: return whale_errf(err, WHALE_ERR_ARG, "no product with %s weights", whale_dtype_name(W.format));
     }
 }
@@ -51,7 +51,7 @@ static whale_code cpu_matmul_nn(whale_backend *be, int M, int N, int K, const fl
     case WHALE_F32: return whale_gemm_nn(GEMM(be), M, N, K, A, lda, B.data, B.ld, C, ldc, acc, err);
     case WHALE_BF16: return whale_gemm_nn_bf16(GEMM(be), M, N, K, A, lda, B.data, B.ld, C, ldc, acc, err);
     case WHALE_F16: return whale_gemm_nn_f16(GEMM(be), M, N, K, A, lda, B.data, B.ld, C, ldc, acc, err);
-    case WHALE_I8: return whale_gemm_nn_q8(GEMM(be), M, N, K, A, lda, B.data, B.ld, B.scale, C, ldc, acc, err);
+    case WHALE_I8: return whale_gemm_nn_q8p(GEMM(be), M, N, K, A, lda, B.data, B.row0, B.scale, C, ldc, acc, err);
     default: return whale_errf(err, WHALE_ERR_ARG, "no product with %s weights", whale_dtype_name(B.format));
     }
 }
@@ -70,6 +70,14 @@ static whale_code cpu_matmul_tn(whale_backend *be, whale_dtype products, int M, 
 static whale_code cpu_matmul_nt_parts(whale_backend *be, whale_dtype format, int K, int n, const whale_mm_part *parts,
                                       int acc, whale_err *err) {
     if (n > WHALE_MM_MAX_PARTS) return whale_errf(err, WHALE_ERR_ARG, "%d products in one call (at most %d)", n, WHALE_MM_MAX_PARTS);
+    if (format == WHALE_I8) {
+        whale_a8_part ap[WHALE_MM_MAX_PARTS];
+        for (int i = 0; i < n; i++) {
+            const whale_mm_part *p = &parts[i];
+            ap[i] = (whale_a8_part){p->M, p->N, p->A, p->lda, p->W, p->row0, p->scale, p->C, p->ldc};
+        }
+        return whale_gemm_nt_a8_parts(GEMM(be), K, n, ap, acc, err);
+    }
     whale_nt_part np[WHALE_MM_MAX_PARTS];
     for (int i = 0; i < n; i++) {
         const whale_mm_part *p = &parts[i];
@@ -104,11 +112,7 @@ static void row_to_f32(whale_wref W, int32_t r, int cols, float *out) {
     switch (W.format) {
     case WHALE_BF16: whale_bf16_to_f32(out, (const uint16_t *)W.data + at, (size_t)cols); break;
     case WHALE_F16: whale_f16_to_f32(out, (const uint16_t *)W.data + at, (size_t)cols); break;
-    case WHALE_I8: {
-        const int8_t *q = (const int8_t *)W.data + at;
-        for (int i = 0; i < cols; i++) out[i] = (float)q[i] * W.scale[r];
-        break;
-    }
+    case WHALE_I8: whale_q8p_row(out, W.data, W.row0 + r, cols, W.scale[r]); break;
     default: memcpy(out, (const float *)W.data + at, sizeof(float) * (size_t)cols);
     }
 }

@@ -27,7 +27,8 @@ static whale_code ref_sync(whale_backend *be, whale_err *err) { return (void)be,
 
 /* ------------------------------------------------------------------ products */
 
-/* x rounded as a product in format f reads it */
+/* x rounded as a product in format f reads it (I8 nn: the scaled gradient
+ * in bf16; I8 nt rounds A in blocks: a8_row) */
 static double rnd(whale_dtype f, float x) {
     if (f == WHALE_BF16 || f == WHALE_I8) return whale_bf16_to_float(whale_float_to_bf16(x));
     if (f == WHALE_F16) return whale_f16_to_float(whale_float_to_f16(x));
@@ -40,8 +41,33 @@ static double wval(whale_wref W, int r, int c) {
     switch (W.format) {
     case WHALE_BF16: return whale_bf16_to_float(((const uint16_t *)W.data)[i]);
     case WHALE_F16: return whale_f16_to_float(((const uint16_t *)W.data)[i]);
-    case WHALE_I8: return ((const int8_t *)W.data)[i];
+    case WHALE_I8: { /* packed: 16-row panels, groups of 4 columns, q + 128 */
+        const size_t kp = ((size_t)W.ld + 31) / 32 * 32, g = (size_t)W.row0 + (size_t)r;
+        const uint8_t *p = (const uint8_t *)W.data + g / 16 * 16 * kp + (size_t)c / 4 * 64 + g % 16 * 4 + (size_t)c % 4;
+        return (int)*p - 128;
+    }
     default: return ((const float *)W.data)[i];
+    }
+}
+
+/* Row a [K] of an I8 product's A as it multiplies: in blocks of 32, d =
+ * max |a| / 127 and a = d · round(a / d) (ties to even, clamped to ±127);
+ * a block holding inf or NaN is NaN. */
+static void a8_row(double *out, const float *a, int K) {
+    for (int k0 = 0; k0 < K; k0 += 32) {
+        const int n = K - k0 < 32 ? K - k0 : 32;
+        float amax = 0;
+        int finite = 1;
+        for (int i = 0; i < n; i++) {
+            finite &= isfinite(a[k0 + i]);
+            if (fabsf(a[k0 + i]) > amax) amax = fabsf(a[k0 + i]);
+        }
+        const float d = amax / 127.0f;
+        for (int i = 0; i < n; i++) {
+            float q = d == 0 ? 0.0f : nearbyintf(a[k0 + i] / d);
+            q = q > 127 ? 127 : q < -127 ? -127 : q;
+            out[k0 + i] = finite ? (double)d * q : NAN;
+        }
     }
 }
 
@@ -53,13 +79,21 @@ static whale_code ref_matmul_nt(whale_backend *be, int M, int N, int K, const fl
                                 float *C, int ldc, int acc, whale_err *err) {
     (void)be;
     if (!known_format(W.format)) return whale_errf(err, WHALE_ERR_ARG, "no product with %s weights", whale_dtype_name(W.format));
-    for (int m = 0; m < M; m++)
+    double *a = malloc(sizeof(double) * (size_t)(K ? K : 1));
+    if (!a) return whale_errf(err, WHALE_ERR_NOMEM, "out of memory");
+    for (int m = 0; m < M; m++) {
+        const float *am = A + (size_t)m * lda;
+        if (W.format == WHALE_I8) a8_row(a, am, K);
+        else
+            for (int k = 0; k < K; k++) a[k] = rnd(W.format, am[k]);
         for (int n = 0; n < N; n++) {
             double s = 0;
-            for (int k = 0; k < K; k++) s += rnd(W.format, A[(size_t)m * lda + k]) * wval(W, n, k);
+            for (int k = 0; k < K; k++) s += a[k] * wval(W, n, k);
             if (W.format == WHALE_I8) s *= W.scale[n];
             store(&C[(size_t)m * ldc + n], s, acc);
         }
+    }
+    free(a);
     return WHALE_OK;
 }
 
@@ -99,7 +133,7 @@ static whale_code ref_matmul_nt_parts(whale_backend *be, whale_dtype format, int
                                       int acc, whale_err *err) {
     for (int i = 0; i < n; i++) {
         const whale_mm_part *p = &parts[i];
-        whale_code e = ref_matmul_nt(be, p->M, p->N, K, p->A, p->lda, (whale_wref){format, p->W, p->ldw, p->scale},
+        whale_code e = ref_matmul_nt(be, p->M, p->N, K, p->A, p->lda, (whale_wref){format, p->W, p->ldw, p->scale, p->row0},
                                      p->C, p->ldc, acc, err);
         if (e) return e;
     }

@@ -462,32 +462,54 @@ whale_code whale_gemm_nn_q8p(whale_gemm *g, int M, int N, int K, const float *A,
     return rc;
 }
 
+/* The scale of one row by whale_quantize_q8_rows' rule: 0 for an (all but)
+ * zero row, NaN for one holding inf or NaN (its values are then 0). */
+static float q8_row_scale(const float *w, int cols) {
+    float amax = 0;
+    int finite = 1;
+    for (int i = 0; i < cols; i++) {
+        const float a = fabsf(w[i]);
+        if (!(a <= FLT_MAX)) finite = 0; /* inf or NaN */
+        else if (a > amax) amax = a;
+    }
+    return finite ? amax / 127.0f : NAN;
+}
+
+/* w / s rounded to nearest even (the default rounding mode), clamped to
+ * +-127; 0 where s is 0 or NaN. */
+static int8_t q8_value(float w, float s) {
+    if (!(s > 0)) return 0;
+    float v = nearbyintf(w / s);
+    v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+    return (int8_t)v;
+}
+
 void whale_quantize_q8_rows(int8_t *q, float *scale, const float *W, int rows, int cols) {
     if (rows <= 0 || cols <= 0) return;
-    const size_t row_bytes = (size_t)cols;
     const int par = (double)rows * cols >= OWN_PARALLEL_MIN_WORK;
 #pragma omp parallel for schedule(static) if (par)
     for (int r = 0; r < rows; r++) {
         const float *w = W + (size_t)r * cols;
-        int8_t *qr = q + (size_t)r * cols;
-        float amax = 0;
-        int finite = 1;
-        for (int i = 0; i < cols; i++) {
-            const float a = fabsf(w[i]);
-            if (!(a <= FLT_MAX)) finite = 0; /* inf or NaN */
-            else if (a > amax) amax = a;
-        }
-        const float s = amax / 127.0f;
-        if (!finite || s == 0) { /* see gemm.h: NaN scale, or an (all but) zero row */
-            memset(qr, 0, row_bytes);
-            scale[r] = finite ? 0.0f : NAN;
-            continue;
-        }
+        const float s = q8_row_scale(w, cols);
         scale[r] = s;
-        for (int i = 0; i < cols; i++) {
-            float v = nearbyintf(w[i] / s); /* the default rounding mode: ties to even */
-            v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
-            qr[i] = (int8_t)v;
+        for (int i = 0; i < cols; i++) q[(size_t)r * cols + i] = q8_value(w[i], s);
+    }
+}
+
+void whale_q8p_quantize(uint8_t *dst, float *scale, const float *W, int rows, int cols) {
+    if (rows <= 0 || cols <= 0) return;
+    const size_t kp = ((size_t)cols + WHALE_A8_BLOCK - 1) / WHALE_A8_BLOCK * WHALE_A8_BLOCK;
+    const int panels = (rows + 15) / 16;
+    const int par = (double)rows * cols >= OWN_PARALLEL_MIN_WORK;
+#pragma omp parallel for schedule(static) if (par)
+    for (int p = 0; p < panels; p++) {
+        uint8_t *o = dst + (size_t)p * 16 * kp;
+        memset(o, 128, 16 * kp); /* padding: zeros */
+        for (int r = 0; r < 16 && p * 16 + r < rows; r++) {
+            const float *w = W + (size_t)(p * 16 + r) * cols;
+            const float s = q8_row_scale(w, cols);
+            scale[p * 16 + r] = s;
+            for (int k = 0; k < cols; k++) o[(size_t)k / 4 * 64 + (size_t)r * 4 + k % 4] = (uint8_t)(q8_value(w[k], s) + 128);
         }
     }
 }

@@ -223,6 +223,9 @@ void whale_gemm_nt_serial(int M, int N, int K, const float *A, int lda, const fl
  * 0 and q 0; a row holding inf or NaN gets scale NaN and q 0, so the
  * product shows it. */
 void whale_quantize_q8_rows(int8_t *q, float *scale, const float *W, int rows, int cols);
+/* The same values and scales written packed (whale_q8p_pack's layout,
+ * padding included): whale_q8p_bytes(rows, cols) bytes at dst. */
+void whale_q8p_quantize(uint8_t *dst, float *scale, const float *W, int rows, int cols);
 
 /* ---- backward products for mixed-precision training ----
  *
@@ -301,7 +304,7 @@ double whale_gemm_measure_gflops(whale_gemm *g, int M, int N, int K, int reps);
 /* The same for whale_gemm_nt_bf16 (weights converted from the same values). */
 double whale_gemm_measure_gflops_bf16(whale_gemm *g, int M, int N, int K, int reps);
 /* The same with weights of type w: WHALE_F32 (whale_gemm_nt), WHALE_BF16
- * (nt_bf16), WHALE_F16 (nt_f16) or WHALE_I8 (nt_q8); 0 for other types. */
+ * (nt_bf16), WHALE_F16 (nt_f16) or WHALE_I8 (nt_a8 on packed weights, as the models hold int8); 0 for other types. */
 double whale_gemm_measure_gflops_dtype(whale_gemm *g, whale_dtype w, int M, int N, int K,
                                        int reps);
 

@@ -21,7 +21,7 @@ double whale_gemm_measure_gflops_dtype(whale_gemm *g, whale_dtype dt, int M, int
     float *W = whale_alloc(nw * sizeof(float));
     float *C = whale_alloc(nc * sizeof(float));
     uint16_t *W16 = dt == WHALE_BF16 || dt == WHALE_F16 ? whale_alloc(nw * sizeof(uint16_t)) : NULL;
-    int8_t *W8 = dt == WHALE_I8 ? whale_alloc(nw) : NULL;
+    uint8_t *W8 = dt == WHALE_I8 ? whale_alloc(whale_q8p_bytes(N, K)) : NULL; /* packed, as the models hold int8 */
     float *scale = dt == WHALE_I8 ? whale_alloc((size_t)N * sizeof(float)) : NULL;
     double best = 0;
     const int have = dt == WHALE_F32 ? 1 : dt == WHALE_I8 ? W8 && scale : W16 != NULL;
@@ -31,7 +31,7 @@ double whale_gemm_measure_gflops_dtype(whale_gemm *g, whale_dtype dt, int M, int
         for (size_t i = 0; i < nw; i++) W[i] = (float)((int)(i % 13) - 6) * 0.0625f;
         if (dt == WHALE_BF16) whale_f32_to_bf16_rows(W16, W, nw);
         if (dt == WHALE_F16) whale_f32_to_f16_rows(W16, W, nw);
-        if (dt == WHALE_I8) whale_quantize_q8_rows(W8, scale, W, N, K);
+        if (dt == WHALE_I8) whale_q8p_quantize(W8, scale, W, N, K);
         whale_err err;
         double t_best = 0;
         for (int r = -1; r < reps; r++) { /* r = -1: untimed warm-up */
@@ -41,7 +41,7 @@ double whale_gemm_measure_gflops_dtype(whale_gemm *g, whale_dtype dt, int M, int
             case WHALE_BF16: rc = whale_gemm_nt_bf16(g, M, N, K, A, K, W16, K, C, N, 0, &err); break;
             case WHALE_F16: rc = whale_gemm_nt_f16(g, M, N, K, A, K, W16, K, C, N, 0, &err); break;
             case WHALE_I8:
-                rc = whale_gemm_nt_q8(g, M, N, K, A, K, W8, K, scale, C, N, 0, &err);
+                rc = whale_gemm_nt_a8(g, M, N, K, A, K, W8, 0, scale, C, N, 0, &err);
                 break;
             default: rc = whale_gemm_nt(g, M, N, K, A, K, W, K, C, N, 0, &err); break;
             }

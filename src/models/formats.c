@@ -26,13 +26,14 @@ static void f16_from(void *dst, float *scale, const float *src, int64_t rows, in
 static void f16_row(float *dst, const void *src, float scale, int64_t cols) {
     (void)scale, whale_f16_to_f32(dst, src, (size_t)cols);
 }
-/* per output row: scale = max |w| / 127, q = round(w / scale) (whale_quantize_q8_rows) */
+/* per output row: scale = max |w| / 127, q = round(w / scale) (whale_quantize_q8_rows),
+ * stored packed for the W8A8 products (whale_q8p_quantize): dst is the
+ * panel of the first row, which starts a panel */
 static void i8_from(void *dst, float *scale, const float *src, int64_t rows, int64_t cols) {
-    whale_quantize_q8_rows(dst, scale, src, (int)rows, (int)cols);
+    whale_q8p_quantize(dst, scale, src, (int)rows, (int)cols);
 }
 static void i8_row(float *dst, const void *src, float scale, int64_t cols) {
-    const int8_t *q = src;
-    for (int64_t i = 0; i < cols; i++) dst[i] = (float)q[i] * scale;
+    whale_q8p_row(dst, src, 0, (int)cols, scale); /* the first row of a panel (whale_model_row reads any) */
 }
 
 static const whale_format formats[] = {
@@ -49,9 +50,14 @@ const whale_format *whale_format_of(whale_dtype dt) {
     return NULL;
 }
 
+size_t whale_copy_values_bytes(whale_dtype dt, int64_t rows, int64_t cols) {
+    if (dt == WHALE_I8) return whale_q8p_bytes((int)rows, (int)cols);
+    return (size_t)(rows * cols) * whale_dtype_size(dt);
+}
+
 size_t whale_copy_bytes(whale_dtype dt, int64_t rows, int64_t cols) {
     const whale_format *f = whale_format_of(dt);
-    size_t b = (size_t)(rows * cols) * whale_dtype_size(dt);
+    size_t b = whale_copy_values_bytes(dt, rows, cols);
     if (f && f->row_scale) b += sizeof(float) * (size_t)rows;
     return (b + 63) & ~(size_t)63;
 }

@@ -92,8 +92,9 @@ typedef struct {
  * of a row): its copy in the compute precision, or the fp32 values. */
 typedef struct {
     whale_dtype dtype;   /* F32, BF16, F16 or I8 */
-    const void *data;    /* at W's row/column */
+    const void *data;    /* at W's row/column; I8: the panel holding W's row */
     const float *scale;  /* I8: scale of W's row */
+    int row0;            /* I8: W's row within that panel (whale_wref) */
 } whale_wview;
 
 /* A LoRA adapter on one weight (whale_lora.h). */
@@ -549,7 +550,8 @@ void whale_model_clear_copies(whale_model *m);
 typedef struct {
     whale_dtype dtype;
     const char *name; /* the CLI's spelling: fp32, bf16, fp16, int8 */
-    int row_scale;    /* one fp32 scale per row, stored after the values (int8) */
+    int row_scale;    /* one fp32 scale per row, stored after the values (int8, whose
+                         values are packed in panels of 16 rows: whale_q8p_pack) */
     int trainable;    /* weight gradients exist (int8: an inference format, or a frozen LoRA base) */
     int saveable;     /* a Hugging Face checkpoint holds it as it is */
     /* rows × cols fp32 values into the format (scale [rows] when row_scale) */
@@ -563,6 +565,9 @@ const whale_format *whale_format_of(whale_dtype dt);
 /* Bytes the compute copy of a rows × cols weight takes in dt (int8: with
  * its scales), as allocated. */
 size_t whale_copy_bytes(whale_dtype dt, int64_t rows, int64_t cols);
+/* Bytes of the first rows × cols values of a copy (int8: the packed panels
+ * holding them, so rows a multiple of 16 for an offset into a copy). */
+size_t whale_copy_values_bytes(whale_dtype dt, int64_t rows, int64_t cols);
 /* whale_model_save with tensor i's bytes from produce(user, i, err)
  * (whale_st_write_stream) instead of the parameter's own (NULL: those). */
 whale_code whale_model_save_stream(const whale_model *m, const char *dir, whale_st_producer produce, void *user,

@@ -383,7 +383,7 @@ static const char *const prof_names[P_COUNT] = {
 #define PROF(s, id, stmt) WHALE_PROF(&(s)->base, id, stmt)
 /* an op of the session's backend (backend/backend.h); an fp32 weight operand */
 #define OP(op, ...) WHALE_OP(&s->base, op, __VA_ARGS__)
-#define F32W(W, ld) ((whale_wref){WHALE_F32, (W), (ld), NULL})
+#define F32W(W, ld) ((whale_wref){WHALE_F32, (W), (ld), NULL, 0})
 
 static whale_code nw_forward(whale_session *base, const whale_ubatch *ub, float *logits, whale_err *err);
 

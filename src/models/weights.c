@@ -50,17 +50,22 @@ static const whale_wcopy *find_copy(const whale_model *m, const float *W) {
 
 whale_wview whale_model_weight(const whale_model *m, const float *W) {
     const whale_wcopy *w = m->n_copies ? find_copy(m, W) : NULL;
-    if (!w) return (whale_wview){WHALE_F32, W, NULL};
+    if (!w) return (whale_wview){WHALE_F32, W, NULL, 0};
     size_t off = (size_t)(W - w->start);
-    whale_wview v = {w->dtype, (const char *)w->data + off * whale_dtype_size(w->dtype), NULL};
-    if (w->scale) v.scale = w->scale + off / (size_t)w->cols; /* int8 views start at a row */
-    return v;
+    if (w->dtype == WHALE_I8) { /* int8 views start at a row, in a packed panel */
+        assert(off % (size_t)w->cols == 0);
+        const int64_t r = (int64_t)(off / (size_t)w->cols);
+        return (whale_wview){WHALE_I8, (const char *)w->data + whale_copy_values_bytes(WHALE_I8, r - r % 16, w->cols),
+                             w->scale + r, (int)(r % 16)};
+    }
+    return (whale_wview){w->dtype, (const char *)w->data + off * whale_dtype_size(w->dtype), NULL, 0};
 }
 
 static void view_row_to_f32(const whale_wview *v, int64_t cols, float *out) {
     const whale_format *f = whale_format_of(v->dtype);
     assert(f);
-    f->row_to_f32(out, v->data, f->row_scale ? v->scale[0] : 1.0f, cols);
+    if (v->dtype == WHALE_I8) whale_q8p_row(out, v->data, v->row0, (int)cols, v->scale[0]);
+    else f->row_to_f32(out, v->data, f->row_scale ? v->scale[0] : 1.0f, cols);
 }
 
 void whale_model_row(const whale_model *m, const float *W, int64_t r, int64_t cols, float *out) {
@@ -96,6 +101,7 @@ static int needs_tmp(const void *src, whale_dtype sdt, whale_dtype dt) {
 static void convert_block(void *dst, float *scale, whale_dtype dt, const char *sb, whale_dtype sdt, float *tmp,
                           int64_t r0, int64_t n, int64_t cols) {
     size_t off = (size_t)(r0 * cols), cnt = (size_t)(n * cols);
+    assert(dt != WHALE_I8 || r0 % 16 == 0); /* packed int8 blocks start a panel */
     if (sdt == dt) {
         memcpy((char *)dst + off * whale_dtype_size(dt), sb, cnt * whale_dtype_size(dt));
         return;
@@ -107,7 +113,7 @@ static void convert_block(void *dst, float *scale, whale_dtype dt, const char *s
     if (sdt != WHALE_F32 || (uintptr_t)sb & (sizeof(float) - 1)) f = tmp;
     const whale_format *fmt = whale_format_of(dt);
     assert(fmt);
-    fmt->from_f32((char *)dst + off * whale_dtype_size(dt), fmt->row_scale ? scale + r0 : NULL, f, n, cols);
+    fmt->from_f32((char *)dst + whale_copy_values_bytes(dt, r0, cols), fmt->row_scale ? scale + r0 : NULL, f, n, cols);
 }
 
 /* dst (rows × cols of dt, int8 scales into scale) from src of dtype sdt, in
@@ -179,7 +185,7 @@ whale_code whale_model_build_copies(whale_model *m, whale_dtype dt, const whale_
         if (!whale_param_is_product_weight(p)) continue;
         n++;
         const whale_st_entry *e = src ? src[i] : NULL;
-        int mapped = e && e->dtype == dt && !((uintptr_t)e->data & 1);
+        int mapped = e && e->dtype == dt && dt != WHALE_I8 && !((uintptr_t)e->data & 1);
         if (!mapped) total += whale_copy_bytes(dt, p->shape[0], p->shape[1]);
     }
     m->copies = calloc((size_t)(n ? n : 1), sizeof *m->copies);
@@ -197,13 +203,13 @@ whale_code whale_model_build_copies(whale_model *m, whale_dtype dt, const whale_
         whale_wcopy *w = &m->copies[m->n_copies++];
         *w = (whale_wcopy){p->data, p->data + rows * cols, dt, NULL, NULL, cols, i};
         const whale_st_entry *e = src ? src[i] : NULL;
-        if (e && e->dtype == dt && !((uintptr_t)e->data & 1)) { /* checkpoint already in dt: zero copy */
+        if (e && e->dtype == dt && dt != WHALE_I8 && !((uintptr_t)e->data & 1)) { /* checkpoint already in dt: zero copy */
             w->data = e->data;
             m->mapped_copy_bytes += (size_t)(rows * cols) * whale_dtype_size(dt);
             continue;
         }
         char *dst = (char *)m->copy_mem + off;
-        float *scale = whale_format_of(dt)->row_scale ? (float *)(dst + (size_t)(rows * cols)) : NULL;
+        float *scale = whale_format_of(dt)->row_scale ? (float *)(dst + whale_copy_values_bytes(dt, rows, cols)) : NULL;
         /* the int8 values come first; scales after them, 4-byte aligned */
         if (scale) scale = (float *)(((uintptr_t)scale + 3) & ~(uintptr_t)3);
         if (!(e ? convert_rows(dst, scale, dt, e->data, e->dtype, rows, cols, 1)
@@ -446,11 +452,11 @@ static int lora_begin(whale_session *s, const float *W, int M, int K, lora_call 
 /* The fp32 products of the adapters, through the session's backend. */
 static whale_code f32_nt(whale_session *s, int M, int N, int K, const float *A, int lda, const float *W, int ldw,
                          float *C, int ldc, int acc, whale_err *err) {
-    return s->be->matmul_nt(s->be, M, N, K, A, lda, (whale_wref){WHALE_F32, W, ldw, NULL}, C, ldc, acc, err);
+    return s->be->matmul_nt(s->be, M, N, K, A, lda, (whale_wref){WHALE_F32, W, ldw, NULL, 0}, C, ldc, acc, err);
 }
 static whale_code f32_nn(whale_session *s, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                          float *C, int ldc, int acc, whale_err *err) {
-    return s->be->matmul_nn(s->be, M, N, K, A, lda, (whale_wref){WHALE_F32, B, ldb, NULL}, C, ldc, acc, err);
+    return s->be->matmul_nn(s->be, M, N, K, A, lda, (whale_wref){WHALE_F32, B, ldb, NULL, 0}, C, ldc, acc, err);
 }
 static whale_code f32_tn(whale_session *s, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                          float *C, int ldc, whale_err *err) {
@@ -459,7 +465,7 @@ static whale_code f32_tn(whale_session *s, int M, int N, int K, const float *A, 
 
 whale_wref whale_model_wref(const whale_model *m, const float *W, int ldw) {
     whale_wview v = whale_model_weight(m, W);
-    return (whale_wref){v.dtype, v.dtype == WHALE_F32 ? (const void *)W : v.data, ldw, v.scale};
+    return (whale_wref){v.dtype, v.dtype == WHALE_F32 ? (const void *)W : v.data, ldw, v.scale, v.row0};
 }
 
 /* xa = drop(X)·Aᵀ; with dropout, xd receives drop(X). */
@@ -506,7 +512,7 @@ static whale_code jobs_flush(whale_session *s, int K, lora_jobs *J, whale_err *e
     for (int i = 0; i < J->n; i++) {
         const lora_job *j = &J->job[i];
         np[i] = (whale_mm_part){j->n, j->t->rank, j->p->A + (size_t)j->row0 * j->p->lda, j->p->lda, j->t->A,
-                                (int)j->t->cols, NULL, j->xa, j->t->rank};
+                                (int)j->t->cols, NULL, j->xa, j->t->rank, 0};
     }
     whale_code e = J->n ? s->be->matmul_nt_parts(s->be, WHALE_F32, K, J->n, np, 0, err) : WHALE_OK;
     for (int i = 0; i < J->n && !e; i++)
@@ -521,7 +527,7 @@ static whale_code jobs_flush(whale_session *s, int K, lora_jobs *J, whale_err *e
             if (j->t->rank != r) continue;
             done |= 1u << k;
             np[m++] = (whale_mm_part){j->n, j->p->N, j->xa, r, j->t->B + j->wrow0 * r, r, NULL,
-                                      j->p->C + (size_t)j->row0 * j->p->ldc, j->p->ldc};
+                                      j->p->C + (size_t)j->row0 * j->p->ldc, j->p->ldc, 0};
         }
         e = s->be->matmul_nt_parts(s->be, WHALE_F32, r, m, np, 1, err);
     }
@@ -609,7 +615,7 @@ whale_code whale_linear_parts_rows(whale_session *s, int K, int n, const whale_l
         whale_wref w = whale_model_wref(m, p->W, p->ldw);
         if (!i) dt = w.format;
         joint = w.format == dt;
-        np[i] = (whale_mm_part){p->M, p->N, p->A, p->lda, w.data, p->ldw, w.scale, p->C, p->ldc};
+        np[i] = (whale_mm_part){p->M, p->N, p->A, p->lda, w.data, p->ldw, w.scale, p->C, p->ldc, w.row0};
     }
     whale_code e = WHALE_OK;
     if (!joint) {
