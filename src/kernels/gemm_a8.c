@@ -32,6 +32,9 @@
  * NT_PREFETCH in gemm_rows.c (one load covers 64 bytes here). */
 #define A8_PREFETCH 1024
 
+/* The kernels: plain C, AVX2, vpdpbusd (AVX512_VNNI). */
+enum { A8_C = 0, A8_AVX2, A8_VNNI };
+
 static int a8_kp(int K) { return (K + A8_BLOCK - 1) / A8_BLOCK * A8_BLOCK; }
 
 size_t whale_q8p_bytes(int N, int K) {
@@ -240,6 +243,76 @@ static void a8_tile_fast(const a8_job *J, int np, int mr, int p, int m0) {
 WHALE_TARGET_END
 #endif
 
+#if WHALE_X86
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX2)
+/* AVX2 (and AVX-512 without VNNI): a half panel (8 outputs x 4 k) per
+ * 32-byte load, the weights back to signed (xor 128), and each group of 4
+ * products summed exactly as llama.cpp's q8_0 kernels do: |a| (unsigned)
+ * times w with a's sign moved onto it (vpsignb) in vpmaddubsw, whose pair
+ * sums (at most 2 x 127 x 127) cannot saturate, then vpmaddwd by ones to
+ * int32. The same exact block sums as vpdpbusd's (less the 128 offset, so
+ * they start at 0), then the same fused steps: the same bits. */
+static inline __attribute__((always_inline)) void a8_tile_avx2(const a8_job *J, const int mr, int p, int m0) {
+    __m256 F[2][3];
+    __m256i I[2][3];
+    const uint8_t *w = J->W + (size_t)p * J->pstride;
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    for (int m = 0; m < mr; m++) F[0][m] = F[1][m] = _mm256_setzero_ps();
+    for (int b = 0; b < J->nb; b++) {
+        for (int m = 0; m < mr; m++) I[0][m] = I[1][m] = _mm256_setzero_si256();
+        for (int j = 0; j < A8_BLOCK / 4; j++) {
+            const uint8_t *at = w + (size_t)b * A8_BLOCK * A8_PANEL + j * 64;
+            const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)at), flip);
+            const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(at + 32)), flip);
+            for (int m = 0; m < mr; m++) {
+                int32_t four;
+                memcpy(&four, J->aq + (size_t)(m0 + m) * J->ldq + b * A8_BLOCK + 4 * j, 4);
+                const __m256i a = _mm256_set1_epi32(four), ua = _mm256_sign_epi8(a, a);
+                const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(ua, _mm256_sign_epi8(w0, a)), ones);
+                const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(ua, _mm256_sign_epi8(w1, a)), ones);
+                I[0][m] = _mm256_add_epi32(I[0][m], p0);
+                I[1][m] = _mm256_add_epi32(I[1][m], p1);
+            }
+        }
+        for (int m = 0; m < mr; m++) {
+            const __m256 dm = _mm256_set1_ps(J->d[(size_t)(m0 + m) * J->ldd + b]);
+            F[0][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[0][m]), dm, F[0][m]);
+            F[1][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[1][m]), dm, F[1][m]);
+        }
+    }
+    int lo, hi;
+    a8_lanes(J, p, &lo, &hi);
+    const int n0 = p * A8_PANEL - J->row0; /* output of lane 0 (negative in a first panel that starts inside) */
+    for (int m = 0; m < mr; m++) {
+        float *c = J->C + (size_t)(m0 + m) * J->ldc;
+        if (lo == 0 && hi == A8_PANEL) {
+            for (int h = 0; h < 2; h++) {
+                const __m256 sc = _mm256_loadu_ps(J->scale + n0 + 8 * h);
+                float *ch = c + n0 + 8 * h;
+                _mm256_storeu_ps(ch, J->acc ? _mm256_fmadd_ps(F[h][m], sc, _mm256_loadu_ps(ch)) : _mm256_mul_ps(F[h][m], sc));
+            }
+            continue;
+        }
+        float f[16];
+        _mm256_storeu_ps(f, F[0][m]);
+        _mm256_storeu_ps(f + 8, F[1][m]);
+        for (int l = lo; l < hi; l++) {
+            const int n = n0 + l;
+            c[n] = J->acc ? fmaf(f[l], J->scale[n], c[n]) : f[l] * J->scale[n];
+        }
+    }
+}
+
+static void a8_tile_avx2_rows(const a8_job *J, int mr, int p, int m0) {
+    switch (mr) {
+    case 1: a8_tile_avx2(J, 1, p, m0); break;
+    case 2: a8_tile_avx2(J, 2, p, m0); break;
+    default: a8_tile_avx2(J, 3, p, m0); break;
+    }
+}
+WHALE_TARGET_END
+#endif
+
 /* Panels side by side for mr rows: as many as 8 accumulator pairs allow. */
 static int a8_np(int mr) { return mr <= 2 ? 4 : mr <= 4 ? 2 : 1; }
 
@@ -254,10 +327,13 @@ static void a8_range(const a8_job *J, int fast, int p0, int p1) {
             const int mr = J->M - m0 < A8_MR ? J->M - m0 : A8_MR;
             int p = c0;
 #if WHALE_X86
-            if (fast) {
+            if (fast == A8_VNNI) {
                 const int np = a8_np(mr);
                 for (; p + np <= c1; p += np) a8_tile_fast(J, np, mr, p, m0);
                 for (; p < c1; p++) a8_tile_fast(J, 1, mr, p, m0);
+            } else if (fast == A8_AVX2) {
+                for (; p < c1; p++)
+                    for (int m = m0; m < m0 + mr; m += 3) a8_tile_avx2_rows(J, m0 + mr - m < 3 ? m0 + mr - m : 3, p, m);
             }
 #endif
             if (p < c1) a8_tile_c(J, c1 - p, mr, p, m0);
@@ -265,8 +341,9 @@ static void a8_range(const a8_job *J, int fast, int p0, int p1) {
     }
 }
 
-static int a8_have_vnni(void) {
-    return WHALE_X86 && whale_isa_at_least(WHALE_ISA_AVX512) && whale_cpu_has_vnni();
+static int a8_kernel(whale_gemm_path path) {
+    if (!WHALE_X86 || path == WHALE_GEMM_OWN_PORTABLE || !whale_isa_at_least(WHALE_ISA_AVX2)) return A8_C;
+    return whale_isa_at_least(WHALE_ISA_AVX512) && whale_cpu_has_vnni() ? A8_VNNI : A8_AVX2;
 }
 
 /* The products c[0..n) (validated, M, N, K > 0, one K): A quantised into
@@ -305,7 +382,7 @@ static whale_code a8_run(whale_gemm *g, const gemm_call *c, const int *row0, int
         cost[i + 1] = cost[i] + (int64_t)j->panels * (s->M + 1); /* +1: a panel's fixed work */
         work += (double)s->M * s->N * K;
     }
-    const int fast = g->path != WHALE_GEMM_OWN_PORTABLE && a8_have_vnni();
+    const int fast = a8_kernel(g->path);
 #pragma omp parallel if (work >= OWN_PARALLEL_MIN_WORK)
     {
         const int nt = omp_get_num_threads(), t = omp_get_thread_num();
@@ -318,7 +395,8 @@ static whale_code a8_run(whale_gemm *g, const gemm_call *c, const int *row0, int
             if (p0 < p1) a8_range(&J[i], fast, p0, p1);
         }
     }
-    snprintf(g->last_impl, sizeof g->last_impl, "%s", fast ? "whale:nt_a8_vnni" : "whale:nt_a8_c");
+    snprintf(g->last_impl, sizeof g->last_impl, "%s",
+             fast == A8_VNNI ? "whale:nt_a8_vnni" : fast == A8_AVX2 ? "whale:nt_a8_avx2" : "whale:nt_a8_c");
     g->stats.own_calls += n;
     return WHALE_OK;
 }
