@@ -51,6 +51,38 @@ static void check_quantiser(void) {
             CHECK(s == 0 ? top == 0 : top == 127, "row %d block %d: largest |q| %d with d %g", m, b, top, (double)s);
         }
     CHECK(d[2 * nb] == 0, "a zero block has d %g", (double)d[2 * nb]);
+    /* every kernel of the quantiser (whole blocks are vectorised) against
+     * the rule written out here, value for value */
+    enum { RM = 5, RK = 200 };
+    static float R[RM * RK];
+    static int8_t rq[RM * 224];
+    float rd[RM * 7];
+    int32_t rc[RM * 7];
+    for (int i = 0; i < RM * RK; i++) R[i] = frand() * (i % 17 == 0 ? 100.0f : 1.0f);
+    R[3 * RK + 70] = NAN;
+    for (int k = 96; k < 128; k++) R[4 * RK + k] = 0;
+    whale_quantize_a8_rows(RM, RK, R, RK, rq, 224, rd, rc, 7);
+    int same = 1;
+    for (int m = 0; m < RM; m++)
+        for (int b = 0; b < 7; b++) {
+            float amax = 0;
+            int finite = 1, sum = 0;
+            for (int k = b * 32; k < RK && k < b * 32 + 32; k++) {
+                finite &= isfinite(R[m * RK + k]);
+                amax = fabsf(R[m * RK + k]) > amax ? fabsf(R[m * RK + k]) : amax;
+            }
+            const float s = amax / 127.0f;
+            const int zero = !finite || s == 0;
+            for (int k = b * 32; k < RK && k < b * 32 + 32; k++) {
+                float v = zero ? 0.0f : nearbyintf(R[m * RK + k] / s);
+                v = v > 127 ? 127 : v < -127 ? -127 : v;
+                same &= rq[m * 224 + k] == (int8_t)v;
+                sum += (int)v;
+            }
+            const float want = finite ? (zero ? 0.0f : s) : NAN;
+            same &= (isnan(want) ? isnan(rd[m * 7 + b]) : rd[m * 7 + b] == want) && rc[m * 7 + b] == -128 * sum;
+        }
+    CHECK(same, "the quantiser differs from its rule");
 }
 
 /* A double-precision sum of the quantised operands, block scales applied

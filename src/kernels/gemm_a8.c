@@ -88,17 +88,62 @@ static void a8_block(const float *a, int n, int8_t *o, float *d, int32_t *corr) 
     *corr = -128 * sum;
 }
 
+#if WHALE_X86
+WHALE_TARGET_BEGIN(WHALE_FEATURES_AVX512)
+/* a8_block on a whole block of 32 with AVX-512: the same operations
+ * (|a| max, one division per value, round to nearest even, clamp), so
+ * the same values. */
+static void a8_block32_avx512(const float *a, int8_t *o, float *d, int32_t *corr) {
+    const __m512 x0 = _mm512_loadu_ps(a), x1 = _mm512_loadu_ps(a + 16);
+    const __m512 m0 = _mm512_abs_ps(x0), m1 = _mm512_abs_ps(x1);
+    /* inf or NaN anywhere: the scalar rule (it gives NaN) */
+    if (_mm512_cmp_ps_mask(m0, _mm512_set1_ps(FLT_MAX), _CMP_NLE_UQ) ||
+        _mm512_cmp_ps_mask(m1, _mm512_set1_ps(FLT_MAX), _CMP_NLE_UQ)) {
+        a8_block(a, A8_BLOCK, o, d, corr);
+        return;
+    }
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
+    const float s = amax / 127.0f;
+    if (s == 0) {
+        a8_block(a, A8_BLOCK, o, d, corr);
+        return;
+    }
+    const __m512 sv = _mm512_set1_ps(s), lim = _mm512_set1_ps(127.0f), nlim = _mm512_set1_ps(-127.0f);
+    const int r = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    __m512 q0 = _mm512_roundscale_ps(_mm512_div_ps(x0, sv), r), q1 = _mm512_roundscale_ps(_mm512_div_ps(x1, sv), r);
+    q0 = _mm512_max_ps(_mm512_min_ps(q0, lim), nlim);
+    q1 = _mm512_max_ps(_mm512_min_ps(q1, lim), nlim);
+    const __m512i i0 = _mm512_cvtps_epi32(q0), i1 = _mm512_cvtps_epi32(q1);
+    _mm_storeu_si128((__m128i *)o, _mm512_cvtepi32_epi8(i0));
+    _mm_storeu_si128((__m128i *)(o + 16), _mm512_cvtepi32_epi8(i1));
+    *d = s;
+    *corr = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+}
+WHALE_TARGET_END
+#endif
+
 void whale_quantize_a8_rows(int M, int K, const float *A, int lda, int8_t *aq, int ldq, float *d,
                             int32_t *corr, int ldd) {
     if (M <= 0 || K <= 0) return;
     const int nb = a8_kp(K) / A8_BLOCK;
     const int par = (double)M * K >= OWN_PARALLEL_MIN_WORK;
+    const int wide = WHALE_X86 && whale_isa_at_least(WHALE_ISA_AVX512);
+    (void)wide;
 #pragma omp parallel for schedule(static) if (par)
     for (int m = 0; m < M; m++)
         for (int b = 0; b < nb; b++) {
             const int k0 = b * A8_BLOCK, n = K - k0 < A8_BLOCK ? K - k0 : A8_BLOCK;
-            a8_block(A + (size_t)m * lda + k0, n, aq + (size_t)m * ldq + k0, d + (size_t)m * ldd + b,
-                     corr + (size_t)m * ldd + b);
+            const float *a = A + (size_t)m * lda + k0;
+            int8_t *o = aq + (size_t)m * ldq + k0;
+            float *dm = d + (size_t)m * ldd + b;
+            int32_t *cm = corr + (size_t)m * ldd + b;
+#if WHALE_X86
+            if (wide && n == A8_BLOCK) {
+                a8_block32_avx512(a, o, dm, cm);
+                continue;
+            }
+#endif
+            a8_block(a, n, o, dm, cm);
         }
 }
 
