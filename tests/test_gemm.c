@@ -1432,16 +1432,18 @@ static void test_parts(whale_gemm *g) {
     for (int i = 0; i < 4; i++) free(A[i]);
 }
 
-/* Our decode kernels compute every row of a product with M = 1..16 rows (a
- * batched decode step's streams) as the same sequence of fp32 operations as
- * that row alone, whatever the weight format, the path (quads, 4 rows per
- * pass, up to 4 rows and above 8; 5 to 8 rows in one pass over pairs or
- * single weight rows), the tier
- * (WHALE_ISA) and the thread count: a stream's greedy continuation never
- * depends on what is batched with it. Odd K and N leave partial vectors and
- * rows outside the quads and pairs. */
+/* Our decode kernels compute every row of a product with M = 1 to the
+ * active tier's own_max_m_nt rows (a batched decode step's streams; 16 to
+ * 32 by tier) as the same sequence of fp32 operations as that row alone,
+ * whatever the weight format, the path (quads, 4 rows per pass, up to 4
+ * rows and above 8; 5 to 8 rows in one pass over pairs or single weight
+ * rows), the tier (WHALE_ISA) and the thread count: a stream's greedy
+ * continuation never depends on what is batched with it. Odd K and N leave
+ * partial vectors and rows outside the quads and pairs. */
 static void test_rows_alone(whale_gemm *g) {
-    enum { MMAX = 16, K = 203, LDA = K + 3 };
+    enum { MMAX = 32, K = 203, LDA = K + 3 };
+    const int mmax = whale_gemm_rules_for(whale_isa_active())->own_max_m_nt;
+    CHECK(mmax <= MMAX, "own_max_m_nt %d above the %d rows this test holds", mmax, MMAX);
     static const int ns[] = {37, 3001};
     static const whale_dtype dts[] = {WHALE_F32, WHALE_BF16, WHALE_F16, WHALE_I8};
     static const whale_gemm_path paths[] = {WHALE_GEMM_AUTO, WHALE_GEMM_OWN, WHALE_GEMM_OWN_PORTABLE};
@@ -1458,25 +1460,27 @@ static void test_rows_alone(whale_gemm *g) {
             void *W;
             float *scale;
             parts_weights(dt, &r, N, K, &W, &scale);
-            float *C = malloc(sizeof(float) * MMAX * N), *one = malloc(sizeof(float) * N);
+            /* one: each row alone, computed once per path and thread count */
+            float *C = malloc(sizeof(float) * MMAX * N), *one = malloc(sizeof(float) * MMAX * N);
             for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++)
                 for (int threads = 1; threads <= 2; threads++) {
                     whale_gemm_set_path(g, paths[pi]);
                     omp_set_num_threads(threads);
-                    for (int M = 1; M <= MMAX; M++) {
+                    for (int m = 0; m < mmax && m < MMAX; m++) {
+                        const whale_nt_part p1 = {1, N, A + (size_t)m * LDA, LDA, W, K, scale, one + (size_t)m * N, N};
+                        CHECK(!parts_single(g, dt, K, &p1, p1.C, &err), "%s row %d: %s", whale_dtype_name(dt), m,
+                              err.msg);
+                    }
+                    for (int M = 1; M <= mmax && M <= MMAX; M++) {
                         const whale_nt_part p = {M, N, A, LDA, W, K, scale, C, N};
                         CHECK(!parts_single(g, dt, K, &p, C, &err), "%s M=%d: %s", whale_dtype_name(dt), M, err.msg);
                         CHECK(!strncmp(whale_gemm_last_impl(g), "whale:", 6), "%s M=%d path %s ran %s",
                               whale_dtype_name(dt), M, names[pi], whale_gemm_last_impl(g));
-                        for (int m = 0; m < M; m++) {
-                            const whale_nt_part p1 = {1, N, A + (size_t)m * LDA, LDA, W, K, scale, one, N};
-                            CHECK(!parts_single(g, dt, K, &p1, one, &err), "%s row %d: %s", whale_dtype_name(dt),
-                                  m, err.msg);
-                            CHECK(!memcmp(C + (size_t)m * N, one, sizeof(float) * N),
+                        for (int m = 0; m < M; m++)
+                            CHECK(!memcmp(C + (size_t)m * N, one + (size_t)m * N, sizeof(float) * N),
                                   "%s N=%d path %s, %d thread(s), tier %s: row %d of an M=%d product differs from "
                                   "the row alone", whale_dtype_name(dt), N, names[pi], threads,
                                   whale_isa_name(whale_isa_active()), m, M);
-                        }
                     }
                 }
             whale_gemm_set_path(g, WHALE_GEMM_AUTO);

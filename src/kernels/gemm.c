@@ -62,14 +62,15 @@ static whale_gemm_path f32_standin(whale_gemm_path p) { return own_path(p) ? WHA
 /* Where exact-shape primitives stop paying, by tier (bench_gemm --sweep,
  * --sweep-bf16 and --moe; the figures are in docs/architecture.md: Zen 4
  * for avx512_bf16 and the tiers below, an AMX Xeon for amx, a Zen 5-class
- * EPYC capped at avx512 for that tier's nt limit).
+ * EPYC for the nt limits of avx512 (capped there) and avx512_bf16 and for
+ * avx2's nn/tn limit).
  * Below AVX-512 the bf16 products are f32 ones (dnnl_has_bf16), so only
  * the f32 rule applies there. */
 static const whale_gemm_rules tier_rules[WHALE_ISA_COUNT] = {
     [WHALE_ISA_BASE] = {16, 4, 256, 256, 64},
-    [WHALE_ISA_AVX2] = {16, 4, 256, 256, 64},
+    [WHALE_ISA_AVX2] = {16, 1, 256, 256, 64},
     [WHALE_ISA_AVX512] = {32, 4, 256, 256, 64},
-    [WHALE_ISA_AVX512_BF16] = {16, 4, 256, 256, 64},
+    [WHALE_ISA_AVX512_BF16] = {24, 4, 256, 256, 64},
     [WHALE_ISA_AMX] = {16, 4, 256, 4096, 64},
 };
 

@@ -1069,8 +1069,8 @@ static void sk_rows(sk_kind k, int portable, const sk_part *p, int m0, int mr, s
  * as fast or faster: one thread, bench_gemm --shape nt_bf16 16 4864 896
  * cold 0.74 ms against 0.83 in two passes of 8, 12 rows 0.61 against 0.63,
  * nt_bf16 16 129280 320 6.65 against 6.59.) The int8 kernel converts its
- * weights again in every pass, so it takes 9 to 16 rows in passes of
- * NT_MR_WIDE over pairs: half the conversions of quads. One thread,
+ * weights again in every pass, so it takes more than NT_MR rows in passes
+ * of NT_MR_WIDE over pairs: half the conversions of quads. One thread,
  * nt_q8 16 4864 896 hot 0.44-0.46 ms against 0.51-0.53 in quads, cold
  * 0.51-0.53 against 0.59-0.64, 16 129280 320 cold 6.2-7.1 against 6.9-7.7
  * (three alternating runs each, on a shared machine). */

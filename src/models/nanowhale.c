@@ -605,8 +605,9 @@ static whale_code swiglu_expert(nw_session *s, const nw_config *c, int n, const 
 /* Up to MOE_FEW_TOKENS tokens, the experts run in groups (moe_few_tokens):
  * each product has at most that many rows, which the cpu backend's skinny
  * kernels take (whale_gemm_nt_parts, one parallel region per call); above,
- * oneDNN's one product at a time. A group holds two up products per expert
- * (w1, w3) and one down product, on its rows of the micro-batch. */
+ * one product at a time (oneDNN's beyond own_max_m_nt rows). A group holds
+ * two up products per expert (w1, w3) and one down product, on its rows of
+ * the micro-batch. */
 enum { MOE_FEW_TOKENS = 16, MOE_GROUP = WHALE_MM_MAX_PARTS / 2 };
 typedef struct {
     whale_linear_part up[2 * MOE_GROUP], down[MOE_GROUP];
