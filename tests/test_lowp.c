@@ -58,8 +58,8 @@ int main(void) {
      * logits drift by a few percent; fp16 keeps 11 */
     const struct {
         whale_dtype dt;
-        double logit_tol, loss_tol;
-    } formats[] = {{WHALE_BF16, 0.05, 0.01}, {WHALE_F16, 0.01, 0.002}, {WHALE_I8, 0.08, 0.02}};
+        double logit_tol, loss_tol, decode_tol;
+    } formats[] = {{WHALE_BF16, 0.05, 0.01, 1e-2}, {WHALE_F16, 0.01, 0.002, 1e-2}, {WHALE_I8, 0.08, 0.02, 3e-2}};
     for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) {
         whale_dtype dt = formats[f].dt;
         const char *name = whale_dtype_name(dt);
@@ -84,16 +84,21 @@ int main(void) {
         CHECK(agree >= B * S * 9 / 10, "%s top-1 agreement %d of %d", name, agree, B * S);
 
         /* incremental decoding equals a full forward up to summation order
-         * (decode rows take the skinny kernels, the full forward oneDNN);
-         * 1e-2 of the largest logit leaves room for a token whose nearly
-         * tied experts swap under the different order, not for a wrong cache */
+         * (decode attention reads the cache, the full forward does not; at
+         * some tiers the other products take other kernels too); 1e-2 of
+         * the largest logit leaves room for a token whose nearly tied
+         * experts swap under the different order, not for a wrong cache.
+         * int8 rounds each product's input to steps of 1/127 of its block's
+         * largest value, so an order difference that crosses a rounding
+         * boundary moves a value by a whole step: 3e-2 there. */
         whale_session *inc;
         CHECK(whale_session_new(m, 1, S, &inc, &err) == WHALE_OK, "%s", err.msg);
         CHECK(whale_session_forward(inc, ids, 1, S - 3, last, 0, &err) == WHALE_OK, "%s", err.msg);
         for (int k = S - 3; k < S; k++) {
             const float *ref = low + (size_t)(k - 1) * V;
             double dd = test_max_abs_diff(last, ref, V);
-            CHECK(dd <= 1e-2 * test_max_abs(ref, V), "%s decode at %d differs from the full forward by %g", name, k, dd);
+            CHECK(dd <= formats[f].decode_tol * test_max_abs(ref, V), "%s decode at %d differs from the full forward by %g",
+                  name, k, dd);
             CHECK(whale_session_forward(inc, ids + k, 1, 1, last, 0, &err) == WHALE_OK, "%s", err.msg);
         }
         whale_session_free(inc);
