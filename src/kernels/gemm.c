@@ -463,28 +463,6 @@ whale_code whale_gemm_nn_q8p(whale_gemm *g, int M, int N, int K, const float *A,
     return rc;
 }
 
-/* The scale of one row by whale_quantize_q8_rows' rule: 0 for an (all but)
- * zero row, NaN for one holding inf or NaN (its values are then 0). */
-static float q8_row_scale(const float *w, int cols) {
-    float amax = 0;
-    int finite = 1;
-    for (int i = 0; i < cols; i++) {
-        const float a = fabsf(w[i]);
-        if (!(a <= FLT_MAX)) finite = 0; /* inf or NaN */
-        else if (a > amax) amax = a;
-    }
-    return finite ? amax / 127.0f : NAN;
-}
-
-/* w / s rounded to nearest even (the default rounding mode), clamped to
- * +-127; 0 where s is 0 or NaN. */
-static int8_t q8_value(float w, float s) {
-    if (!(s > 0)) return 0;
-    float v = nearbyintf(w / s);
-    v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
-    return (int8_t)v;
-}
-
 void whale_quantize_q8_rows(int8_t *q, float *scale, const float *W, int rows, int cols) {
     if (rows <= 0 || cols <= 0) return;
     const int par = (double)rows * cols >= OWN_PARALLEL_MIN_WORK;

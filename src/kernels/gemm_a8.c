@@ -61,28 +61,15 @@ void whale_q8p_pack(uint8_t *dst, const int8_t *q, int ldq, int N, int K) {
     }
 }
 
-/* One block of up to 32 values of a row: the rule of whale_quantize_q8_rows. */
+/* One block of up to 32 values of a row (padded with zeros): the rule of
+ * whale_quantize_q8_rows. */
 static void a8_block(const float *a, int n, int8_t *o, float *d, int32_t *corr) {
-    float amax = 0;
-    int finite = 1;
-    for (int i = 0; i < n; i++) {
-        const float v = fabsf(a[i]);
-        if (!(v <= FLT_MAX)) finite = 0; /* inf or NaN */
-        else amax = v > amax ? v : amax;
-    }
-    const float s = amax / 127.0f;
-    memset(o, 0, A8_BLOCK);
-    *corr = 0;
-    if (!finite || s == 0) {
-        *d = finite ? 0.0f : NAN;
-        return;
-    }
+    const float s = q8_row_scale(a, n);
     int sum = 0;
-    for (int i = 0; i < n; i++) {
-        float v = nearbyintf(a[i] / s); /* the default rounding mode: ties to even */
-        v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
-        o[i] = (int8_t)v;
-        sum += (int)v;
+    memset(o, 0, A8_BLOCK);
+    for (int i = 0; i < n && s > 0; i++) {
+        o[i] = q8_value(a[i], s);
+        sum += o[i];
     }
     *d = s;
     *corr = -128 * sum;

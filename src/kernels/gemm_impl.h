@@ -54,6 +54,27 @@ static inline int layout(int kind) {
 }
 static inline int is_bf16_kind(int kind) { return kind >= KIND_NT_BF16 && kind <= KIND_TN_BF16; }
 
+/* The int8 rule of weight rows and activation blocks alike: the scale of
+ * n values, max |w| / 127 (0 for (all but) zeros, NaN when one is inf or
+ * NaN), and a value w / s rounded to nearest even (the default rounding
+ * mode), clamped to +-127 (0 where s is 0 or NaN). */
+static inline float q8_row_scale(const float *w, int n) {
+    float amax = 0;
+    int finite = 1;
+    for (int i = 0; i < n; i++) {
+        const float a = fabsf(w[i]);
+        if (!(a <= FLT_MAX)) finite = 0; /* inf or NaN */
+        else if (a > amax) amax = a;
+    }
+    return finite ? amax / 127.0f : NAN;
+}
+static inline int8_t q8_value(float w, float s) {
+    if (!(s > 0)) return 0;
+    float v = nearbyintf(w / s);
+    v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+    return (int8_t)v;
+}
+
 /* Our kernels run single-threaded below this many multiply-adds, where the
  * fork/join of a parallel region (~1-2 us) eats the gain; at 2^16 two
  * threads are already ~1.6x faster than one. */
