@@ -22,8 +22,6 @@
  * operations whatever the tile, path or thread split. */
 #include "kernels/gemm_impl.h"
 
-#include <assert.h>
-
 #define A8_PANEL 16 /* outputs per panel */
 #define A8_BLOCK WHALE_A8_BLOCK
 #define A8_MR 8 /* activation rows per pass over a chunk of panels */
@@ -252,7 +250,7 @@ static inline __attribute__((always_inline)) void a8_tile_vnni(const a8_job *J, 
 }
 
 /* The copies the passes use: np = 4, 2 or 1 panels side by side. */
-static void a8_tile_fast(const a8_job *J, int np, int mr, int p, int m0) {
+static void a8_tile_vnni_rows(const a8_job *J, int np, int mr, int p, int m0) {
 #define A8_T(NP, MR) a8_tile_vnni(J, NP, MR, p, m0)
     if (np == 4) {
         if (mr == 1) A8_T(4, 1);
@@ -350,7 +348,7 @@ static int a8_np(int mr) { return mr <= 2 ? 4 : mr <= 4 ? 2 : 1; }
 
 /* Panels [p0, p1) of a job for every row: chunks of panels that stay in L2
  * while the rows pass over them in groups of A8_MR. */
-static void a8_range(const a8_job *J, int fast, int p0, int p1) {
+static void a8_range(const a8_job *J, int kernel, int p0, int p1) {
     int chunk = (int)(whale_cpu_l2_bytes() / 2 / J->pstride);
     chunk = chunk < 4 ? 4 : chunk / 4 * 4;
     for (int c0 = p0; c0 < p1; c0 += chunk) {
@@ -359,11 +357,11 @@ static void a8_range(const a8_job *J, int fast, int p0, int p1) {
             const int mr = J->M - m0 < A8_MR ? J->M - m0 : A8_MR;
             int p = c0;
 #if WHALE_X86
-            if (fast == A8_VNNI) {
+            if (kernel == A8_VNNI) {
                 const int np = a8_np(mr);
-                for (; p + np <= c1; p += np) a8_tile_fast(J, np, mr, p, m0);
-                for (; p < c1; p++) a8_tile_fast(J, 1, mr, p, m0);
-            } else if (fast == A8_AVX2) {
+                for (; p + np <= c1; p += np) a8_tile_vnni_rows(J, np, mr, p, m0);
+                for (; p < c1; p++) a8_tile_vnni_rows(J, 1, mr, p, m0);
+            } else if (kernel == A8_AVX2) {
                 for (; p < c1; p++)
                     for (int m = m0; m < m0 + mr; m += 3) a8_tile_avx2_rows(J, m0 + mr - m < 3 ? m0 + mr - m : 3, p, m);
             }
@@ -414,7 +412,7 @@ static whale_code a8_run(whale_gemm *g, const gemm_call *c, const int *row0, int
         cost[i + 1] = cost[i] + (int64_t)j->panels * (s->M + 1); /* +1: a panel's fixed work */
         work += (double)s->M * s->N * K;
     }
-    const int fast = a8_kernel(g->path);
+    const int kernel = a8_kernel(g->path);
 #pragma omp parallel if (work >= OWN_PARALLEL_MIN_WORK)
     {
         const int nt = omp_get_num_threads(), t = omp_get_thread_num();
@@ -424,11 +422,11 @@ static whale_code a8_run(whale_gemm *g, const gemm_call *c, const int *row0, int
             int64_t a = lo > cost[i] ? lo : cost[i], b = hi < cost[i + 1] ? hi : cost[i + 1];
             if (a >= b) continue;
             const int p0 = (int)((a - cost[i] + per - 1) / per), p1 = (int)((b - cost[i] + per - 1) / per);
-            if (p0 < p1) a8_range(&J[i], fast, p0, p1);
+            if (p0 < p1) a8_range(&J[i], kernel, p0, p1);
         }
     }
     snprintf(g->last_impl, sizeof g->last_impl, "%s",
-             fast == A8_VNNI ? "whale:nt_a8_vnni" : fast == A8_AVX2 ? "whale:nt_a8_avx2" : "whale:nt_a8_c");
+             kernel == A8_VNNI ? "whale:nt_a8_vnni" : kernel == A8_AVX2 ? "whale:nt_a8_avx2" : "whale:nt_a8_c");
     g->stats.own_calls += n;
     return WHALE_OK;
 }
