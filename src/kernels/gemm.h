@@ -359,8 +359,9 @@ void whale_gemm_get_stats(const whale_gemm *g, whale_gemm_stats *st);
  *  - nn/tn with M <= own_max_m_nn rows: our kernel;
  *  - above, where oneDNN's primitives for the exact shape stop paying
  *    against one runtime-size primitive per (kind, accumulate).
- * fp16 and int8 weights follow the nt / nt_bf16 rules (their blocks are
- * f32 / bf16 products). The figures behind every rule, per tier, are in
+ * fp16 and row-major int8 weights (nt_q8) follow the nt / nt_bf16 rules
+ * (their blocks are f32 / bf16 products); the W8A8 product (nt_a8) is ours
+ * at every row count. The figures behind every rule, per tier, are in
  * docs/architecture.md (bench_gemm --sweep and --sweep-bf16). */
 
 /* Exact-shape primitives below these many rows of C, one runtime-size
