@@ -94,8 +94,10 @@ static void a8_block32_avx512(const float *a, int8_t *o, float *d, int32_t *corr
         return;
     }
     const __m512 sv = _mm512_set1_ps(s), lim = _mm512_set1_ps(127.0f), nlim = _mm512_set1_ps(-127.0f);
-    const int r = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    __m512 q0 = _mm512_roundscale_ps(_mm512_div_ps(x0, sv), r), q1 = _mm512_roundscale_ps(_mm512_div_ps(x1, sv), r);
+#define A8_RND (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC) /* an immediate for every compiler */
+    __m512 q0 = _mm512_roundscale_ps(_mm512_div_ps(x0, sv), A8_RND);
+    __m512 q1 = _mm512_roundscale_ps(_mm512_div_ps(x1, sv), A8_RND);
+#undef A8_RND
     q0 = _mm512_max_ps(_mm512_min_ps(q0, lim), nlim);
     q1 = _mm512_max_ps(_mm512_min_ps(q1, lim), nlim);
     const __m512i i0 = _mm512_cvtps_epi32(q0), i1 = _mm512_cvtps_epi32(q1);
