@@ -12,6 +12,7 @@
 //   i-th, round robin)
 //   e.g. build/whale serve -m model --parallel 16 --ctx-size 512 &
 //        node bench/serve.mjs http://127.0.0.1:8080 model 64 1,4,8,16
+import http from 'node:http';
 const [url, model, tokensArg, concArg, key] = process.argv.slice(2);
 if (!url || !model) {
   console.error('usage: node bench/serve.mjs URL MODEL[,MODEL...] [TOKENS] [CONCURRENCIES] [KEY]');
@@ -22,28 +23,44 @@ const tokens = Number(tokensArg ?? 64);
 const concurrencies = (concArg ?? '1,4,8,16').split(',').map(Number);
 const headers = { 'Content-Type': 'application/json', ...(key ? { Authorization: `Bearer ${key}` } : {}) };
 
-async function stream(i) {
-  const t0 = performance.now();
-  const r = await fetch(url + '/v1/completions', { method: 'POST', headers, body: JSON.stringify({
+// node:http rather than fetch: the client shares the machine's cores with the
+// server, and fetch's web streams cost it several times the CPU per event
+const agent = new http.Agent({ keepAlive: true });
+function stream(i) {
+  const body = JSON.stringify({
     model: models[(i + models.length) % models.length], prompt: `Stream ${i}: once upon a time there was a whale that`, max_tokens: tokens, temperature: 0,
-    ignore_eos: true, stream: true, stream_options: { include_usage: true } }) });
-  if (!r.ok) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
-  const times = [];
-  let n = 0, buf = '', tEnd = NaN;
-  const dec = new TextDecoder();
-  for await (const part of r.body) {
-    buf += dec.decode(part, { stream: true });
-    let k;
-    while ((k = buf.indexOf('\n\n')) >= 0) {
-      const ev = buf.slice(0, k);
-      buf = buf.slice(k + 2);
-      if (!ev.startsWith('data: {')) continue;
-      const c = JSON.parse(ev.slice(6));
-      if (c.usage) n = c.usage.completion_tokens, tEnd = performance.now();
-      else if (c.choices[0]?.text) times.push(performance.now());
-    }
-  }
-  return { t0, times, n, tEnd };
+    ignore_eos: true, stream: true, stream_options: { include_usage: true } });
+  return new Promise((resolve, reject) => {
+    const t0 = performance.now();
+    const times = [];
+    let n = 0, buf = '', tEnd = NaN;
+    const req = http.request(url + '/v1/completions', { method: 'POST', agent,
+      headers: { ...headers, 'Content-Length': Buffer.byteLength(body) } }, (r) => {
+      r.setEncoding('utf8');
+      if (r.statusCode !== 200) {
+        let text = '';
+        r.on('data', (d) => (text += d));
+        r.on('end', () => reject(new Error(`HTTP ${r.statusCode}: ${text}`)));
+        return;
+      }
+      r.on('data', (part) => {
+        buf += part;
+        let k;
+        while ((k = buf.indexOf('\n\n')) >= 0) {
+          const ev = buf.slice(0, k);
+          buf = buf.slice(k + 2);
+          if (!ev.startsWith('data: {')) continue;
+          const c = JSON.parse(ev.slice(6));
+          if (c.usage) n = c.usage.completion_tokens, tEnd = performance.now();
+          else if (c.choices[0]?.text) times.push(performance.now());
+        }
+      });
+      r.on('end', () => resolve({ t0, times, n, tEnd }));
+      r.on('error', reject);
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
 }
 
 const pct = (a, p) => (a.length ? a[Math.min(a.length - 1, Math.floor((p / 100) * a.length))] : NaN);

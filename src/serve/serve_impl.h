@@ -55,6 +55,7 @@ typedef struct serve_job {
     double t_submit, t_first, t_done;
     int refs;
     pthread_cond_t cv;
+    size_t wake_at; /* the waiter's: wake it once ready reaches this (or done) */
     struct serve_job *next; /* the queue */
 } serve_job;
 
@@ -105,8 +106,9 @@ size_t serve_engine_kv_bytes(const serve_engine *e);
 /* Queue a job (the engine takes a reference). WHALE_ERR_RANGE: the queue
  * is full; WHALE_ERR_UNSUPPORTED: the server is draining. */
 whale_code serve_engine_submit(serve_engine *e, serve_job *j, whale_err *err);
-/* Wait until j is done, has new text beyond *seen bytes, or timeout_ms
- * passed. Returns 1 when done. */
+/* Wait until j is done, has new text beyond seen bytes, or timeout_ms
+ * passed (seen (size_t)-1: until done; the engine then wakes the waiter
+ * only when the job ends, not at every token). Returns 1 when done. */
 int serve_engine_wait(serve_engine *e, serve_job *j, size_t seen, int timeout_ms);
 void serve_engine_cancel(serve_engine *e, serve_job *j);
 /* Copy out the job's result state under the lock. */
