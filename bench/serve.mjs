@@ -24,7 +24,8 @@ const concurrencies = (concArg ?? '1,4,8,16').split(',').map(Number);
 const headers = { 'Content-Type': 'application/json', ...(key ? { Authorization: `Bearer ${key}` } : {}) };
 
 // node:http rather than fetch: the client shares the machine's cores with the
-// server, and fetch's web streams cost it several times the CPU per event
+// server, and fetch's web streams cost it 116 us of processor time per token
+// against 69 (8 streams of 512 tokens, per-token difference of a long and a short run)
 const agent = new http.Agent({ keepAlive: true });
 function stream(i) {
   const body = JSON.stringify({

@@ -376,6 +376,12 @@ void whale_kv_seq_keep(whale_session *s, int seq, int n);
 whale_code whale_kv_seq_copy(whale_session *s, int src, int dst, int n, whale_err *err);
 /* Bytes of the KV cache (all sequences' cells). */
 size_t whale_kv_bytes(const whale_session *s);
+/* Write every cell no sequence holds (zeros; held cells and lengths are
+ * unchanged), so the cache's memory
+ * is the process's from now on instead of arriving page by page as the
+ * sequences grow: a server's memory is then fixed at start, and the first
+ * requests to reach each slot do not pay its page faults. */
+void whale_kv_commit(whale_session *s);
 
 /* Adapters per sequence (multi-LoRA serving, as vLLM's and SGLang's
  * per-request LoRA): a whale_adapter is a LoRA adapter loaded beside a

@@ -157,6 +157,36 @@ static void check_cells(whale_model *m) {
     whale_session_free(s);
 }
 
+/* whale_kv_commit writes only the cells no sequence holds: a sequence
+ * continues with the same logits, bit for bit, as in a session where the
+ * cache was not committed. */
+static void check_commit(whale_model *m) {
+    int V = whale_model_vocab_size(m);
+    whale_err err;
+    whale_dbatch b;
+    whale_dbatch_init(&b, NBATCH, &err);
+    float *l[2] = {malloc(sizeof(float) * V), malloc(sizeof(float) * V)};
+    const whale_session_params p = {2, CTX, NBATCH};
+    for (int commit = 0; commit < 2; commit++) {
+        whale_session *s;
+        CHECK(whale_session_new_batched(m, &p, &s, &err) == WHALE_OK, "%s", err.msg);
+        whale_dbatch_clear(&b);
+        for (int i = 0; i < 11; i++) whale_dbatch_add(&b, test_token_at(5, i, V), i, 1, 0, &err);
+        CHECK(whale_session_decode(s, &b, NULL, &err) == WHALE_OK, "%s", err.msg);
+        if (commit) whale_kv_commit(s);
+        CHECK(whale_kv_seq_len(s, 0) == 0 && whale_kv_seq_len(s, 1) == 11, "lengths moved");
+        whale_dbatch_clear(&b);
+        whale_dbatch_add(&b, test_token_at(5, 11, V), 11, 1, 1, &err);
+        CHECK(whale_session_decode(s, &b, l[commit], &err) == WHALE_OK, "%s", err.msg);
+        whale_session_free(s);
+    }
+    CHECK(memcmp(l[0], l[1], sizeof(float) * V) == 0, "a committed cache changed held cells (max |diff| %g)",
+          test_max_abs_diff(l[0], l[1], V));
+    free(l[0]);
+    free(l[1]);
+    whale_dbatch_free(&b);
+}
+
 /* An abort callback stops a decode before a layer, and the cells stay. */
 static int calls_left;
 static int stop_after(void *user) {
@@ -254,6 +284,7 @@ static void check_model(whale_model *m, const char *name) {
         CHECK(whale_model_set_dtype(m, WHALE_BF16, &err) == WHALE_OK, "%s", err.msg);
     }
     check_cells(m);
+    check_commit(m);
     check_abort(m);
     check_memory(m);
 }

@@ -568,6 +568,7 @@ whale_code serve_engine_new(whale_model *m, const whale_tokenizer *tok, const in
     whale_session_params p = {e->n_seq, e->n_ctx, e->n_batch};
     whale_code c = whale_session_new_batched(m, &p, &e->s, err);
     if (!c) c = engine_alloc(e, err);
+    if (!c) whale_kv_commit(e->s); /* every slot's cells resident from the start */
     if (!c) c = engine_warm_up(e, err);
     if (!c) whale_threads_release(); /* the engine thread's team is then the process's only one */
     if (!c && pthread_create(&e->thread, NULL, engine_main, e))
