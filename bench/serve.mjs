@@ -4,8 +4,9 @@
 // (all generated tokens over the wall time of the round, prefill included),
 // aggregate decode tokens/s (each stream's tokens after its first over the time
 // from its first token to its last, summed over the streams), time to first token
-// and inter-token latency (p50, p99), and the most sequences the server put
-// in one forward (/metrics). Speed is measured, never asserted.
+// and inter-token latency (p50, p99), the server's mean time per step (a
+// batched forward and its sampling, /metrics) and the most sequences it put
+// in one forward. Speed is measured, never asserted.
 //
 //   node bench/serve.mjs URL MODEL[,MODEL...] [TOKENS (64)] [CONCURRENCIES (1,4,8,16)] [KEY]
 //   (several models, e.g. the base and its adapters: stream i asks for the
@@ -65,14 +66,23 @@ function stream(i) {
 }
 
 const pct = (a, p) => (a.length ? a[Math.min(a.length - 1, Math.floor((p / 100) * a.length))] : NaN);
-async function metric(name) {
+async function metrics(...names) {
   const text = await (await fetch(url + '/metrics', { headers })).text();
-  const m = text.match(new RegExp(`^${name} (\\S+)$`, 'm'));
-  return m ? Number(m[1]) : NaN;
+  return names.map((name) => {
+    const m = text.match(new RegExp(`^${name} (\\S+)$`, 'm'));
+    return m ? Number(m[1]) : NaN;
+  });
 }
+const steps = () => metrics('whale_step_seconds_sum', 'whale_step_seconds_count');
 
+// fetch (for /metrics) first, before the warm-up: node loads it on the first
+// call and keeps a core busy for a while after; when that call came between
+// two rounds, the server's steps in the next round took 4.5-5 ms instead of
+// 1.8 (one stream, nanowhale-100m int8, 2 cores)
+await steps();
 await stream(-1); // warm up
 for (const n of concurrencies) {
+  const [s0, c0] = await steps();
   const t0 = performance.now();
   const runs = await Promise.all(Array.from({ length: n }, (_, i) => stream(i)));
   const wall = (performance.now() - t0) / 1000;
@@ -81,9 +91,14 @@ for (const n of concurrencies) {
   // decode alone: each stream's tokens after its first over the time from its
   // first text to its usage chunk, summed over the streams (they run together)
   const decode = runs.reduce((s, r) => s + (r.n - 1) / ((r.tEnd - r.times[0]) / 1000), 0);
+  // the server's own time per batched forward and its sampling over the
+  // round (prefill steps included): what the engine did, apart from the
+  // HTTP, the streaming and the client that share the machine with it
+  const [s1, c1] = await steps();
   const itl = runs.flatMap((r) => r.times.slice(1).map((t, k) => (t - r.times[k]) / 1000)).sort((a, b) => a - b);
   console.log(JSON.stringify({ concurrency: n, tokens: total, seconds: +wall.toFixed(3),
     aggregate_tokens_per_s: +(total / wall).toFixed(1), decode_tokens_per_s: +decode.toFixed(1), ttft_p50_ms: +(pct(ttft, 50) * 1e3).toFixed(1),
     ttft_p99_ms: +(pct(ttft, 99) * 1e3).toFixed(1), itl_p50_ms: +(pct(itl, 50) * 1e3).toFixed(2),
-    itl_p99_ms: +(pct(itl, 99) * 1e3).toFixed(2), batch_sequences_max: await metric('whale_batch_sequences_max') }));
+    itl_p99_ms: +(pct(itl, 99) * 1e3).toFixed(2), step_ms: +(((s1 - s0) / (c1 - c0)) * 1e3).toFixed(3),
+    batch_sequences_max: (await metrics('whale_batch_sequences_max'))[0] }));
 }
