@@ -282,7 +282,8 @@ int main(void) {
     }
     check_quantiser();
     const int shapes[][3] = {{1, 16, 32}, {1, 37, 70}, {2, 64, 896},  {3, 50, 31},  {5, 100, 200},
-                             {8, 129, 320}, {9, 48, 64}, {17, 33, 100}, {40, 260, 130}};
+                             {8, 129, 320}, {9, 48, 64}, {11, 40, 96}, {13, 70, 100}, {14, 50, 64},
+                             {17, 33, 100}, {40, 260, 130}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         check_shape(g, shapes[i][0], shapes[i][1], shapes[i][2]);
     check_views(g);

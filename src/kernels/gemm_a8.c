@@ -17,10 +17,12 @@
  * again, exactly.
  *
  * Register blocks: a tile is np panels (16 outputs each) by mr activation
- * rows, each with an int32 and an fp32 accumulator: np x mr <= 8, so one
- * to four streams of weights. Every output is the same sequence of
- * operations whatever the tile, path or thread split. */
+ * rows, each with an int32 and an fp32 accumulator: np x mr <= 12, one or
+ * two streams of weights (a8_np says which when). Every output is the same
+ * sequence of operations whatever the tile, path or thread split. */
 #include "kernels/gemm_impl.h"
+
+#include <assert.h>
 
 #define A8_PANEL 16 /* outputs per panel */
 #define A8_BLOCK WHALE_A8_BLOCK
@@ -214,9 +216,9 @@ static inline __attribute__((always_inline)) void a8_store(const a8_job *J, int 
 
 static inline __attribute__((always_inline)) void a8_tile_vnni(const a8_job *J, const int np, const int mr,
                                                                int p, int m0) {
-    __m512 F[4][A8_MR];
-    __m512i I[4][A8_MR];
-    const uint8_t *w[4];
+    __m512 F[2][A8_MR];
+    __m512i I[2][A8_MR];
+    const uint8_t *w[2];
     const int8_t *a[A8_MR];
     for (int q = 0; q < np; q++) {
         w[q] = J->W + (size_t)(p + q) * J->pstride;
@@ -229,7 +231,7 @@ static inline __attribute__((always_inline)) void a8_tile_vnni(const a8_job *J, 
             for (int q = 0; q < np; q++) I[q][m] = c0;
         }
         for (int j = 0; j < A8_BLOCK / 4; j++) {
-            __m512i wv[4];
+            __m512i wv[2];
             for (int q = 0; q < np; q++) {
                 const uint8_t *at = w[q] + (size_t)b * A8_BLOCK * A8_PANEL + j * 64;
                 wv[q] = _mm512_loadu_si512(at);
@@ -251,16 +253,17 @@ static inline __attribute__((always_inline)) void a8_tile_vnni(const a8_job *J, 
         for (int m = 0; m < mr; m++) a8_store(J, p + q, m0 + m, F[q][m]);
 }
 
-/* The copies the passes use: np = 4, 2 or 1 panels side by side. */
+/* The copies the passes use: np = 2 or 1 panels side by side. */
 static void a8_tile_vnni_rows(const a8_job *J, int np, int mr, int p, int m0) {
+    assert(np == 2 ? mr >= 3 && mr <= 6 : np == 1 && mr >= 1 && mr <= A8_MR);
 #define A8_T(NP, MR) a8_tile_vnni(J, NP, MR, p, m0)
-    if (np == 4) {
-        if (mr == 1) A8_T(4, 1);
-        else A8_T(4, 2);
-    } else if (np == 2) {
-        if (mr == 3) A8_T(2, 3);
-        else A8_T(2, 4);
-    } else switch (mr) {
+    if (np == 2) switch (mr) {
+        case 3: A8_T(2, 3); break;
+        case 4: A8_T(2, 4); break;
+        case 5: A8_T(2, 5); break;
+        default: A8_T(2, 6); break;
+        }
+    else switch (mr) {
         case 1: A8_T(1, 1); break;
         case 2: A8_T(1, 2); break;
         case 3: A8_T(1, 3); break;
@@ -345,22 +348,38 @@ static void a8_tile_avx2_rows(const a8_job *J, int mr, int p, int m0) {
 WHALE_TARGET_END
 #endif
 
-/* Panels side by side for mr rows: as many as 8 accumulator pairs allow. */
-static int a8_np(int mr) { return mr <= 2 ? 4 : mr <= 4 ? 2 : 1; }
+/* Panels side by side for a pass of mr rows. When the rows pass over the
+ * weights more than once (M > A8_MR, the later passes reading them from
+ * L2), two for 3 to 6 rows (12 accumulator pairs at most): each activation
+ * broadcast then serves both. When one pass reads them (M <= A8_MR:
+ * decoding, the weights coming from memory), one panel at a time: one
+ * sequential stream per thread, which the hardware prefetchers follow
+ * best. Measured against the tiles before (four panels for 1-2 rows, two
+ * for 3-4, one for 5-8), one thread, weights from memory (bench_gemm
+ * --shape nt_a8 M N K cold), alternated: 129,280 x 320 (nanowhale-100m's
+ * lm_head) 0.79 ms instead of 0.86-0.96 at 1 row, 0.95-0.96 instead of
+ * 1.12-1.14 at 2, 1.00 instead of 1.26-1.28 at 4, the same at 8; 4864 x
+ * 896 at 512 rows 6.4-6.9 ms instead of 8.1-8.2. */
+static int a8_np(int mr, int one_pass) { return one_pass || mr < 3 || mr > 6 ? 1 : 2; }
+
+/* Rows in the pass from row m0: 6 (two panels side by side), or all that
+ * are left when at most A8_MR (one pass over the weights rather than 6 and
+ * a pass of 1 or 2). */
+static int a8_pass_rows(int M, int m0) { return M - m0 <= A8_MR ? M - m0 : 6; }
 
 /* Panels [p0, p1) of a job for every row: chunks of panels that stay in L2
- * while the rows pass over them in groups of A8_MR. */
+ * while the rows pass over them (a8_pass_rows). */
 static void a8_range(const a8_job *J, int kernel, int p0, int p1) {
     int chunk = (int)(whale_cpu_l2_bytes() / 2 / J->pstride);
     chunk = chunk < 4 ? 4 : chunk / 4 * 4;
     for (int c0 = p0; c0 < p1; c0 += chunk) {
         const int c1 = p1 - c0 < chunk ? p1 : c0 + chunk;
-        for (int m0 = 0; m0 < J->M; m0 += A8_MR) {
-            const int mr = J->M - m0 < A8_MR ? J->M - m0 : A8_MR;
+        for (int m0 = 0, mr; m0 < J->M; m0 += mr) {
+            mr = a8_pass_rows(J->M, m0);
             int p = c0;
 #if WHALE_X86
             if (kernel == A8_VNNI) {
-                const int np = a8_np(mr);
+                const int np = a8_np(mr, J->M <= A8_MR);
                 for (; p + np <= c1; p += np) a8_tile_vnni_rows(J, np, mr, p, m0);
                 for (; p < c1; p++) a8_tile_vnni_rows(J, 1, mr, p, m0);
             } else if (kernel == A8_AVX2) {
