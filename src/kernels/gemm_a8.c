@@ -17,8 +17,8 @@
  * again, exactly.
  *
  * Register blocks: a tile is np panels (16 outputs each) by mr activation
- * rows, each with an int32 and an fp32 accumulator: np x mr <= 12, one or
- * two streams of weights (a8_np says which when). Every output is the same
+ * rows, each with an int32 and an fp32 accumulator: np x mr <= 12, one to
+ * four streams of weights (a8_np says which when). Every output is the same
  * sequence of operations whatever the tile, path or thread split. */
 #include "kernels/gemm_impl.h"
 
@@ -216,9 +216,9 @@ static inline __attribute__((always_inline)) void a8_store(const a8_job *J, int 
 
 static inline __attribute__((always_inline)) void a8_tile_vnni(const a8_job *J, const int np, const int mr,
                                                                int p, int m0) {
-    __m512 F[2][A8_MR];
-    __m512i I[2][A8_MR];
-    const uint8_t *w[2];
+    __m512 F[4][A8_MR];
+    __m512i I[4][A8_MR];
+    const uint8_t *w[4];
     const int8_t *a[A8_MR];
     for (int q = 0; q < np; q++) {
         w[q] = J->W + (size_t)(p + q) * J->pstride;
@@ -231,7 +231,7 @@ static inline __attribute__((always_inline)) void a8_tile_vnni(const a8_job *J, 
             for (int q = 0; q < np; q++) I[q][m] = c0;
         }
         for (int j = 0; j < A8_BLOCK / 4; j++) {
-            __m512i wv[2];
+            __m512i wv[4];
             for (int q = 0; q < np; q++) {
                 const uint8_t *at = w[q] + (size_t)b * A8_BLOCK * A8_PANEL + j * 64;
                 wv[q] = _mm512_loadu_si512(at);
@@ -253,11 +253,14 @@ static inline __attribute__((always_inline)) void a8_tile_vnni(const a8_job *J, 
         for (int m = 0; m < mr; m++) a8_store(J, p + q, m0 + m, F[q][m]);
 }
 
-/* The copies the passes use: np = 2 or 1 panels side by side. */
+/* The copies the passes use: np = 4, 2 or 1 panels side by side. */
 static void a8_tile_vnni_rows(const a8_job *J, int np, int mr, int p, int m0) {
-    assert(np == 2 ? mr >= 3 && mr <= 6 : np == 1 && mr >= 1 && mr <= A8_MR);
+    assert(np == 4 ? mr <= 2 : np == 2 ? mr >= 3 && mr <= 6 : np == 1 && mr >= 1 && mr <= A8_MR);
 #define A8_T(NP, MR) a8_tile_vnni(J, NP, MR, p, m0)
-    if (np == 2) switch (mr) {
+    if (np == 4) {
+        if (mr == 1) A8_T(4, 1);
+        else A8_T(4, 2);
+    } else if (np == 2) switch (mr) {
         case 3: A8_T(2, 3); break;
         case 4: A8_T(2, 4); break;
         case 5: A8_T(2, 5); break;
@@ -348,19 +351,19 @@ static void a8_tile_avx2_rows(const a8_job *J, int mr, int p, int m0) {
 WHALE_TARGET_END
 #endif
 
-/* Panels side by side for a pass of mr rows. When the rows pass over the
- * weights more than once (M > A8_MR, the later passes reading them from
- * L2), two for 3 to 6 rows (12 accumulator pairs at most): each activation
- * broadcast then serves both. When one pass reads them (M <= A8_MR:
- * decoding, the weights coming from memory), one panel at a time: one
- * sequential stream per thread, which the hardware prefetchers follow
- * best. Measured against the tiles before (four panels for 1-2 rows, two
- * for 3-4, one for 5-8), one thread, weights from memory (bench_gemm
- * --shape nt_a8 M N K cold), alternated: 129,280 x 320 (nanowhale-100m's
- * lm_head) 0.79 ms instead of 0.86-0.96 at 1 row, 0.95-0.96 instead of
- * 1.12-1.14 at 2, 1.00 instead of 1.26-1.28 at 4, the same at 8; 4864 x
- * 896 at 512 rows 6.4-6.9 ms instead of 8.1-8.2. */
-static int a8_np(int mr, int one_pass) { return one_pass || mr < 3 || mr > 6 ? 1 : 2; }
+/* Panels side by side for a pass of mr rows: as many as 8 accumulator
+ * pairs allow when one pass reads the weights (M <= A8_MR: decoding, the
+ * weights coming from memory, where more streams at once keep more reads
+ * in flight), as many as 12 when the rows pass over them several times
+ * (M > A8_MR, the later passes reading them from L2: 6 rows over two
+ * panels, each activation broadcast serving both). Two threads, weights
+ * from memory (bench_gemm --shape nt_a8 M N K cold), a single panel at a
+ * time for 1-4 rows was 10-20% slower on 896 x 4864 and faster on
+ * 129,280 x 320 at 1 row, slower at 2: no one choice for every shape. The
+ * passes of 6 over two panels, one thread, 4864 x 896: 512 rows 6.3-6.9 ms
+ * instead of 7.8-8.2 with passes of 8 over one panel, 16 rows 0.20
+ * instead of 0.24. */
+static int a8_np(int mr, int one_pass) { return mr <= 2 ? 4 : mr <= (one_pass ? 4 : 6) ? 2 : 1; }
 
 /* Rows in the pass from row m0: 6 (two panels side by side), or all that
  * are left when at most A8_MR (one pass over the weights rather than 6 and
