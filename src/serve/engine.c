@@ -443,8 +443,33 @@ static void step_run(serve_engine *e) {
 
 /* ------------------------------------------------------------ the thread */
 
-/* Under e->mu: take queued jobs into free slots (outside the lock they are
- * set up); release slots whose jobs were cancelled. */
+/* Under e->mu: end the queued jobs whose clients went away, at once (not
+ * when a slot frees): they give their places in the queue back. */
+static void queue_drop_cancelled(serve_engine *e) {
+    serve_job **p = &e->qhead, *last = NULL;
+    while (*p) {
+        serve_job *j = *p;
+        if (!j->cancelled) {
+            last = j;
+            p = &j->next;
+            continue;
+        }
+        *p = j->next;
+        e->qlen--;
+        j->done = 1;
+        j->finish = "cancelled";
+        pthread_mutex_lock(&e->metrics->mu);
+        e->metrics->cancelled++;
+        pthread_mutex_unlock(&e->metrics->mu);
+        pthread_cond_broadcast(&j->cv);
+        job_unref(j);
+    }
+    e->qtail = last;
+}
+
+/* Under e->mu: release slots whose jobs were cancelled, drop cancelled
+ * queued jobs, take queued jobs into free slots (outside the lock they are
+ * set up). A job cancelled while it is set up ends at the next step. */
 static void admit(serve_engine *e) {
     for (int i = 0; i < e->n_seq; i++)
         if (e->slots[i].job && e->slots[i].job->cancelled) {
@@ -452,18 +477,12 @@ static void admit(serve_engine *e) {
             slot_finish(e, i, "cancelled");
             pthread_mutex_lock(&e->mu);
         }
+    queue_drop_cancelled(e);
     while (e->qhead && e->busy < e->n_seq) {
         serve_job *j = e->qhead;
         e->qhead = j->next;
         if (!e->qhead) e->qtail = NULL;
         e->qlen--;
-        if (j->cancelled) {
-            j->done = 1;
-            j->finish = "cancelled";
-            pthread_cond_broadcast(&j->cv);
-            job_unref(j);
-            continue;
-        }
         e->busy++;
         pthread_mutex_unlock(&e->mu);
         whale_err err = {0};

@@ -245,8 +245,9 @@ static char *stream_next(stream_t *st, int *end) {
         } else {
             free(text);
         }
-        if (!v.done) {
+        if (!v.done) { /* a client gone while its job waits for a slot or text cancels it */
             serve_engine_wait(s->eng, st->job, st->sent, 100);
+            if (client_gone(st->c)) return *end = -1, NULL;
             continue;
         }
         if (v.code) {

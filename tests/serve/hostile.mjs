@@ -139,8 +139,36 @@ if (process.env.SERVE_URL2) {
   check('headers one byte a second: closed after the timeout', h.closed && h.out === '' && h.ms >= 2500 &&
         h.ms < 9000, `${h.ms} ms, ${JSON.stringify(h.out.slice(0, 80))}`);
 
-  const long = () => fetch(url2 + '/v1/chat/completions', { method: 'POST', headers: auth,
-    body: JSON.stringify({ model: env.model, messages, max_tokens: 200, ignore_eos: true, stream: true }) });
+  const long = (n = 200) => fetch(url2 + '/v1/chat/completions', { method: 'POST', headers: auth,
+    body: JSON.stringify({ model: env.model, messages, max_tokens: n, ignore_eos: true, stream: true }) });
+  // a client that goes away while its request waits for the slot: counted as
+  // aborted like one whose generation runs (the role chunk goes out first)
+  const metric2 = (name) => metric(name, url2);
+  const occupier = await long(240);
+  for (let i = 0; i < 100 && (await metric2('whale_slots_busy')) !== 1; i++) await new Promise((r) => setTimeout(r, 10));
+  const aborted0 = await metric2('whale_requests_aborted_total');
+  const queuedBody = JSON.stringify({ model: env.model, messages, max_tokens: 8, stream: true });
+  let depth = NaN, seen = false;
+  await raw([head(Buffer.byteLength(queuedBody)) + queuedBody], {
+    port: port2, timeoutMs: 10000,
+    onData: async (out, sock) => {
+      if (seen || !out.includes('"content":"')) return;
+      seen = true;
+      depth = await metric2('whale_queue_depth');
+      sock.destroy();
+    } });
+  let aborted1 = aborted0;
+  for (let i = 0; i < 100 && aborted1 === aborted0; i++) {
+    await new Promise((r) => setTimeout(r, 20));
+    aborted1 = await metric2('whale_requests_aborted_total');
+  }
+  const occupied = await occupier.text();
+  check('disconnect while queued: counted as aborted', aborted1 === aborted0 + 1, `${aborted0} -> ${aborted1}`);
+  check('disconnect while queued: it had waited, the running stream ends', depth === 1 &&
+        occupied.trimEnd().endsWith('data: [DONE]'), `queue depth ${depth}`);
+  check('disconnect while queued: nothing left behind', (await metric2('whale_slots_busy')) === 0 &&
+        (await metric2('whale_queue_depth')) === 0);
+
   const first = await long(), second = await long(), third = await long();
   check('queue full: 503 with Retry-After', third.status === 503 && third.headers.get('retry-after') === '1',
         third.status);
