@@ -69,20 +69,26 @@ const chunked = await raw([`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAut
 check('a chunked body past --max-body: closed', chunked.closed && !/^HTTP\/1\.1 200/.test(chunked.out));
 // a client that disconnects mid-stream cancels its generation and frees its
 // slot; so does one that gives up waiting for a whole reply
-async function abortedBy(what, send) {
-  const before = await metric('whale_requests_aborted_total');
+async function abortedBy(what, send, url = env.url) {
+  const before = await metric('whale_requests_aborted_total', url);
   await send();
   let after = before;
-  for (let i = 0; i < 100 && !(after > before && (await metric('whale_slots_busy')) === 0); i++) {
+  for (let i = 0; i < 100 && !(after > before && (await metric('whale_slots_busy', url)) === 0); i++) {
     await new Promise((r) => setTimeout(r, 100));
-    after = await metric('whale_requests_aborted_total');
+    after = await metric('whale_requests_aborted_total', url);
   }
-  check(`${what}: cancelled, slot freed`, after === before + 1 && (await metric('whale_slots_busy')) === 0,
+  check(`${what}: cancelled, slot freed`, after === before + 1 && (await metric('whale_slots_busy', url)) === 0,
         `${before} -> ${after}`);
 }
-const streamBody = JSON.stringify({ model: env.model, messages, max_tokens: 240, stream: true, ignore_eos: true });
+// on the server with the longer context (SERVE_PAGE_URL, 2,048 cells) when
+// there is one: 1,500 tokens take seconds, so a client slowed down by a busy
+// machine still leaves before its reply ends
+const longUrl = process.env.SERVE_PAGE_URL ?? env.url, longPort = Number(new URL(longUrl).port);
+const streamBody = JSON.stringify({ model: env.model, messages, max_tokens: process.env.SERVE_PAGE_URL ? 1500 : 240,
+                                    stream: true, ignore_eos: true });
 await abortedBy('disconnect mid-stream', () => raw([head(Buffer.byteLength(streamBody)) + streamBody], {
-  timeoutMs: 10000, onData: (out, sock) => { if (out.includes('"content":"')) sock.destroy(); } }));
+  port: longPort, timeoutMs: 10000, onData: (out, sock) => { if (out.includes('"content":"')) sock.destroy(); } }),
+  longUrl);
 // the client gives up after a quarter of the time the whole reply takes on
 // this machine (measured first: 240 tokens of this small model can take
 // less than 300 ms)
