@@ -3,6 +3,7 @@
  * nothing to wait for); ctx is the GEMM primitive cache. */
 #include "backend/backend.h"
 
+#include "core/par.h"
 #include "core/core.h"
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
@@ -89,8 +90,9 @@ static whale_code cpu_matmul_nt_parts(whale_backend *be, whale_dtype format, int
 static void cpu_to_bf16(whale_backend *be, uint16_t *dst, const float *src, size_t n) {
     enum { BLOCK = 1 << 16 };
     (void)be;
-#pragma omp parallel for schedule(static) if (n > BLOCK)
-    for (size_t i = 0; i < n; i += BLOCK) whale_f32_to_bf16_rows(dst + i, src + i, n - i < BLOCK ? n - i : BLOCK);
+    WHALE_FOR_IF(n > BLOCK, (size_t i = 0; i < n; i += BLOCK), {
+        whale_f32_to_bf16_rows(dst + i, src + i, n - i < BLOCK ? n - i : BLOCK);
+    });
 }
 static void cpu_from_bf16(whale_backend *be, float *dst, const uint16_t *src, size_t n) {
     (void)be, whale_bf16_to_f32(dst, src, n);
@@ -130,8 +132,7 @@ static void cpu_gather_rows(whale_backend *be, float *dst, const float *src, int
 static void cpu_gather_rows_bf16(whale_backend *be, uint16_t *dst, const float *src, int ld, const int32_t *idx,
                                  const float *w, long n, int cols) {
     (void)be;
-#pragma omp parallel for schedule(static) if (n > 64)
-    for (long i = 0; i < n; i++) {
+    WHALE_FOR_IF(n > 64, (long i = 0; i < n; i++), {
         const float *x = src + (size_t)(idx ? idx[i] : i) * ld;
         uint16_t *y = dst + (size_t)i * cols;
         if (!w) {
@@ -144,7 +145,7 @@ static void cpu_gather_rows_bf16(whale_backend *be, uint16_t *dst, const float *
             for (int j = 0; j < m; j++) o[j] = w[i] * x[d0 + j];
             whale_f32_to_bf16_rows(y + d0, o, (size_t)m);
         }
-    }
+    });
 }
 static void cpu_scatter_add_rows(whale_backend *be, float *dst, int ldd, const float *src, int lds, const int32_t *idx,
                                  const float *w, long n, int cols) {
@@ -163,28 +164,26 @@ static void cpu_repeat_rows(whale_backend *be, float *dst, long rows, int times,
 static void cpu_scale_rows_backward(whale_backend *be, float *dy, float *ds, const float *y, const float *sc, long rows,
                                     int n) {
     (void)be;
-#pragma omp parallel for schedule(static) if (rows > 64)
-    for (long r = 0; r < rows; r++) {
+    WHALE_FOR_IF(rows > 64, (long r = 0; r < rows; r++), {
         float *d = dy + (size_t)r * n;
         const float *yr = y + (size_t)r * n;
         double acc = 0;
         for (int k = 0; k < n; k++) acc += (double)d[k] * yr[k];
         ds[r] = (float)(acc / sc[r]);
         for (int k = 0; k < n; k++) d[k] *= sc[r];
-    }
+    });
 }
 static void cpu_swiglu_backward_bf16(whale_backend *be, uint16_t *dg16, uint16_t *du16, const float *dh, const float *g,
                                      const float *u, long n, float limit) {
     enum { BLK = 256 };
     (void)be;
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (long b0 = 0; b0 < n; b0 += BLK) {
+    WHALE_FOR_IF(n > 65536, (long b0 = 0; b0 < n; b0 += BLK), {
         float tg[BLK], tu[BLK];
         int m = n - b0 < BLK ? (int)(n - b0) : BLK;
         k_swiglu_backward_block(tg, tu, dh + b0, g + b0, u + b0, m, limit);
         whale_f32_to_bf16_rows(dg16 + b0, tg, (size_t)m);
         whale_f32_to_bf16_rows(du16 + b0, tu, (size_t)m);
-    }
+    });
 }
 
 static void cpu_rmsnorm(whale_backend *be, float *y, const float *x, const float *w, long rows, int n, float eps,
@@ -262,13 +261,12 @@ static void cpu_hc_coeffs(whale_backend *be, long T, float *mix, const float *rs
                           const float *base, int M, int iters, float eps, float *pre, float *post, float *comb) {
     (void)be;
     int nmix = (2 + M) * M;
-#pragma omp parallel for schedule(static) if (T > 64)
-    for (long t = 0; t < T; t++) {
+    WHALE_FOR_IF(T > 64, (long t = 0; t < T; t++), {
         float *mx = mix + (size_t)t * nmix;
         for (int i = 0; i < nmix; i++) mx[i] *= rstd[t];
         k_hc_coeffs(mx, scale, base, M, iters, eps, pre + (size_t)t * M, post + (size_t)t * M,
                     comb + (size_t)t * M * M);
-    }
+    });
 }
 static void cpu_hc_coeffs_backward(whale_backend *be, long T, const float *mix, const float *scale,
                                    const float *base, int M, int iters, float eps, const float *dpre,
@@ -322,10 +320,10 @@ static void cpu_gate_route(whale_backend *be, long T, int scoring, int E, int K,
 static void cpu_gate_route_backward(whale_backend *be, long T, int scoring, int E, int K, float scale,
                                     const float *logit, const int32_t *idx, const float *dw, float *dlogit) {
     (void)be;
-#pragma omp parallel for schedule(static) if (T > 64)
-    for (long t = 0; t < T; t++)
+    WHALE_FOR_IF(T > 64, (long t = 0; t < T; t++), {
         k_gate_route_backward(scoring, E, K, scale, logit + (size_t)t * E, idx + (size_t)t * K, dw + (size_t)t * K,
                               dlogit + (size_t)t * E);
+    });
 }
 
 static const whale_backend cpu_table = {

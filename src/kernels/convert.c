@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/cpu.h"
+#include "core/par.h"
 
 #if WHALE_X86
 #include <immintrin.h>
@@ -286,11 +287,10 @@ static void sr_range(float *x, size_t n, uint64_t seed, uint64_t j0) {
 
 void whale_round_bf16_sr_inplace(float *x, size_t n, uint64_t seed, uint64_t counter) {
     /* each element's result depends on its index only, so any split is fine */
-#pragma omp parallel if (n >= ((size_t)1 << 16))
-    {
-        const size_t nt = (size_t)omp_get_num_threads(), id = (size_t)omp_get_thread_num();
-        const size_t lo = n / nt * id + (id < n % nt ? id : n % nt);
-        const size_t len = n / nt + (id < n % nt);
+    WHALE_PARALLEL_IF(n >= ((size_t)1 << 16), t, nt, {
+        const size_t id = (size_t)t, m = (size_t)nt;
+        const size_t lo = n / m * id + (id < n % m ? id : n % m);
+        const size_t len = n / m + (id < n % m);
         sr_range(x + lo, len, seed, counter + lo);
-    }
+    });
 }

@@ -24,6 +24,7 @@
 #include "kernels/gemm_impl.h"
 #include "whale_bench.h"
 
+#include "core/par.h"
 const char *const gemm_kind_names[KIND_COUNT] = {
     "nt",     "nn",     "tn",     "nt_bf16", "nn_bf16", "tn_bf16", "nt_f16",
     "nn_f16", "tn_f16", "nt_q8",  "nn_b16",  "tn_b16",  "nn_q8",   "nt_a8"};
@@ -113,8 +114,7 @@ static whale_code gemm_bf16(whale_gemm *g, const gemm_call *c, whale_err *err) {
     const int M = s->M;
     const size_t lda = (size_t)s->lda;
     const int par = (double)M * K >= OWN_PARALLEL_MIN_WORK;
-#pragma omp parallel for schedule(static) if (par)
-    for (int m = 0; m < M; m++) whale_f32_to_bf16_rows(A16 + m * K, A + m * lda, K);
+    WHALE_FOR_IF(par, (int m = 0; m < M; m++), { whale_f32_to_bf16_rows(A16 + m * K, A + m * lda, K); });
     gemm_call d = *c;
     d.s.lda = s->K;
     d.A = A16;
@@ -466,13 +466,12 @@ whale_code whale_gemm_nn_q8p(whale_gemm *g, int M, int N, int K, const float *A,
 void whale_quantize_q8_rows(int8_t *q, float *scale, const float *W, int rows, int cols) {
     if (rows <= 0 || cols <= 0) return;
     const int par = (double)rows * cols >= OWN_PARALLEL_MIN_WORK;
-#pragma omp parallel for schedule(static) if (par)
-    for (int r = 0; r < rows; r++) {
+    WHALE_FOR_IF(par, (int r = 0; r < rows; r++), {
         const float *w = W + (size_t)r * cols;
         const float s = q8_row_scale(w, cols);
         scale[r] = s;
         for (int i = 0; i < cols; i++) q[(size_t)r * cols + i] = q8_value(w[i], s);
-    }
+    });
 }
 
 void whale_q8p_quantize(uint8_t *dst, float *scale, const float *W, int rows, int cols) {
@@ -480,8 +479,7 @@ void whale_q8p_quantize(uint8_t *dst, float *scale, const float *W, int rows, in
     const size_t kp = ((size_t)cols + WHALE_A8_BLOCK - 1) / WHALE_A8_BLOCK * WHALE_A8_BLOCK;
     const int panels = (rows + 15) / 16;
     const int par = (double)rows * cols >= OWN_PARALLEL_MIN_WORK;
-#pragma omp parallel for schedule(static) if (par)
-    for (int p = 0; p < panels; p++) {
+    WHALE_FOR_IF(par, (int p = 0; p < panels; p++), {
         uint8_t *o = dst + (size_t)p * 16 * kp;
         memset(o, 128, 16 * kp); /* padding: zeros */
         for (int r = 0; r < 16 && p * 16 + r < rows; r++) {
@@ -490,7 +488,7 @@ void whale_q8p_quantize(uint8_t *dst, float *scale, const float *W, int rows, in
             scale[p * 16 + r] = s;
             for (int k = 0; k < cols; k++) o[(size_t)k / 4 * 64 + (size_t)r * 4 + k % 4] = (uint8_t)(q8_value(w[k], s) + 128);
         }
-    }
+    });
 }
 
 /* ------------------------------------------------------------ object */

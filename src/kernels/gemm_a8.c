@@ -22,6 +22,8 @@
  * sequence of operations whatever the tile, path or thread split. */
 #include "kernels/gemm_impl.h"
 
+#include "core/par.h"
+
 #include <assert.h>
 
 #define A8_PANEL 16 /* outputs per panel */
@@ -46,8 +48,7 @@ void whale_q8p_pack(uint8_t *dst, const int8_t *q, int ldq, int N, int K) {
     if (N <= 0 || K <= 0) return;
     const int Kp = a8_kp(K), panels = (N + A8_PANEL - 1) / A8_PANEL;
     const int par = (double)N * K >= OWN_PARALLEL_MIN_WORK * 16.0;
-#pragma omp parallel for schedule(static) if (par)
-    for (int p = 0; p < panels; p++) {
+    WHALE_FOR_IF(par, (int p = 0; p < panels; p++), {
         uint8_t *o = dst + (size_t)p * A8_PANEL * Kp;
         for (int j = 0; j < Kp / 4; j++)
             for (int r = 0; r < A8_PANEL; r++) {
@@ -58,7 +59,7 @@ void whale_q8p_pack(uint8_t *dst, const int8_t *q, int ldq, int N, int K) {
                     *o++ = (uint8_t)(v + 128);
                 }
             }
-    }
+    });
 }
 
 /* One block of up to 32 values of a row (padded with zeros): the rule of
@@ -111,29 +112,31 @@ static void a8_block32_avx512(const float *a, int8_t *o, float *d, int32_t *corr
 WHALE_TARGET_END
 #endif
 
+/* Row m's nb blocks. */
+static void a8_quantize_row(int K, int nb, const float *A, int8_t *aq, float *d, int32_t *corr, int wide) {
+    (void)wide;
+    for (int b = 0; b < nb; b++) {
+        const int k0 = b * A8_BLOCK, n = K - k0 < A8_BLOCK ? K - k0 : A8_BLOCK;
+#if WHALE_X86
+        if (wide && n == A8_BLOCK) {
+            a8_block32_avx512(A + k0, aq + k0, d + b, corr + b);
+            continue;
+        }
+#endif
+        a8_block(A + k0, n, aq + k0, d + b, corr + b);
+    }
+}
+
 void whale_quantize_a8_rows(int M, int K, const float *A, int lda, int8_t *aq, int ldq, float *d,
                             int32_t *corr, int ldd) {
     if (M <= 0 || K <= 0) return;
     const int nb = a8_kp(K) / A8_BLOCK;
     const int par = (double)M * K >= OWN_PARALLEL_MIN_WORK;
     const int wide = WHALE_X86 && whale_isa_at_least(WHALE_ISA_AVX512);
-    (void)wide;
-#pragma omp parallel for schedule(static) if (par)
-    for (int m = 0; m < M; m++)
-        for (int b = 0; b < nb; b++) {
-            const int k0 = b * A8_BLOCK, n = K - k0 < A8_BLOCK ? K - k0 : A8_BLOCK;
-            const float *a = A + (size_t)m * lda + k0;
-            int8_t *o = aq + (size_t)m * ldq + k0;
-            float *dm = d + (size_t)m * ldd + b;
-            int32_t *cm = corr + (size_t)m * ldd + b;
-#if WHALE_X86
-            if (wide && n == A8_BLOCK) {
-                a8_block32_avx512(a, o, dm, cm);
-                continue;
-            }
-#endif
-            a8_block(a, n, o, dm, cm);
-        }
+    WHALE_FOR_IF(par, (int m = 0; m < M; m++), {
+        a8_quantize_row(K, nb, A + (size_t)m * lda, aq + (size_t)m * ldq, d + (size_t)m * ldd,
+                        corr + (size_t)m * ldd, wide);
+    });
 }
 
 /* What a tile works on: the quantised rows and their block scales, the
@@ -437,9 +440,7 @@ static whale_code a8_run(whale_gemm *g, const gemm_call *c, const int *row0, int
         work += (double)s->M * s->N * K;
     }
     const int kernel = a8_kernel(g->path);
-#pragma omp parallel if (work >= OWN_PARALLEL_MIN_WORK)
-    {
-        const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    WHALE_PARALLEL_IF(work >= OWN_PARALLEL_MIN_WORK, t, nt, {
         const int64_t lo = cost[n] * t / nt, hi = cost[n] * (t + 1) / nt;
         for (int i = 0; i < n; i++) { /* this thread's panels of part i */
             const int64_t per = J[i].M + 1;
@@ -448,7 +449,7 @@ static whale_code a8_run(whale_gemm *g, const gemm_call *c, const int *row0, int
             const int p0 = (int)((a - cost[i] + per - 1) / per), p1 = (int)((b - cost[i] + per - 1) / per);
             if (p0 < p1) a8_range(&J[i], kernel, p0, p1);
         }
-    }
+    });
     snprintf(g->last_impl, sizeof g->last_impl, "%s",
              kernel == A8_VNNI ? "whale:nt_a8_vnni" : kernel == A8_AVX2 ? "whale:nt_a8_avx2" : "whale:nt_a8_c");
     g->stats.own_calls += n;
@@ -474,11 +475,10 @@ void whale_q8p_row(float *dst, const uint8_t *Wp, int row, int K, float scale) {
 void whale_q8p_unpack(int8_t *dst, int ldd, const uint8_t *Wp, int row0, int rows, int K) {
     const int Kp = a8_kp(K);
     const int par = (double)rows * K >= OWN_PARALLEL_MIN_WORK * 16.0;
-#pragma omp parallel for schedule(static) if (par)
-    for (int r = 0; r < rows; r++) {
+    WHALE_FOR_IF(par, (int r = 0; r < rows; r++), {
         const int g = row0 + r;
         const uint8_t *w = Wp + (size_t)(g / A8_PANEL) * A8_PANEL * Kp + (size_t)(g % A8_PANEL) * 4;
         int8_t *o = dst + (size_t)r * ldd;
         for (int k = 0; k < K; k++) o[k] = (int8_t)((int)w[(size_t)(k / 4) * 64 + k % 4] - 128);
-    }
+    });
 }

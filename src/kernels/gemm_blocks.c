@@ -3,6 +3,7 @@
  * converted into scratch, then f32 or bf16 oneDNN products on the blocks. */
 #include "kernels/gemm_impl.h"
 
+#include "core/par.h"
 /* ------------------------------------------------------------ bf16 weights */
 
 /* fp32 -> bf16, round to nearest even; NaN stays NaN (quiet, sign and top
@@ -111,8 +112,7 @@ static void convert_block(conv cv, void *dst, size_t ldd, const void *src, size_
                           int cols, const float *scale) {
     const size_t ss = conv_src_size(cv, 0), ds = conv_dst_size(cv), n = (size_t)cols;
     const int par = (double)rows * cols >= OWN_PARALLEL_MIN_WORK;
-#pragma omp parallel for schedule(static) if (par)
-    for (int r = 0; r < rows; r++) {
+    WHALE_FOR_IF(par, (int r = 0; r < rows; r++), {
         const void *s = (const char *)src + (size_t)r * lds * ss;
         void *d = (char *)dst + (size_t)r * ldd * ds;
         switch (cv) {
@@ -127,7 +127,7 @@ static void convert_block(conv cv, void *dst, size_t ldd, const void *src, size_
         case CV_F32S_BF16R: scaled_to_bf16_rows(d, s, scale, n, 1); break;
         case CV_NONE: break;
         }
-    }
+    });
 }
 
 /* Row m of scale_cols. */
@@ -145,8 +145,7 @@ static void scale_row(float *C, size_t ldc, const float *T, size_t ldt, int m, i
 static void scale_cols(float *C, size_t ldc, const float *T, size_t ldt, int rows, int cols,
                        const float *scale, int acc) {
     const int par = (double)rows * cols >= OWN_PARALLEL_MIN_WORK;
-#pragma omp parallel for schedule(static) if (par)
-    for (int m = 0; m < rows; m++) scale_row(C, ldc, T, ldt, m, cols, scale, acc);
+    WHALE_FOR_IF(par, (int m = 0; m < rows; m++), { scale_row(C, ldc, T, ldt, m, cols, scale, acc); });
 }
 
 /* One block product of gemm_converted. */

@@ -5,6 +5,8 @@
 #include "kernels/gemm_impl.h"
 #include "whale_bench.h"
 
+#include "core/par.h"
+
 #include <assert.h>
 
 /* ------------------------------------------------------------ own kernels: nt */
@@ -622,8 +624,7 @@ void gemm_own_nn_tn(const gemm_call *c) {
     float *C = c->C;
     const int nblocks = (N + NN_COLS - 1) / NN_COLS;
     const int par = (double)M * N * K >= OWN_PARALLEL_MIN_WORK;
-#pragma omp parallel for schedule(static) if (par)
-    for (int b = 0; b < nblocks; b++) {
+    WHALE_FOR_IF(par, (int b = 0; b < nblocks; b++), {
         const int n0 = b * NN_COLS;
         const int width = N - n0 < NN_COLS ? N - n0 : NN_COLS;
         for (int m0 = 0; m0 < M; m0 += NN_MR) {
@@ -631,7 +632,7 @@ void gemm_own_nn_tn(const gemm_call *c) {
             nn_rows(mr, width, K, A + m0 * sam, sam, sak, B + n0, ldb, C + m0 * ldc + n0, ldc,
                     acc);
         }
-    }
+    });
 }
 
 
@@ -1128,6 +1129,17 @@ static size_t sk_cut(const sk_part *parts, int n, const size_t *first, double to
     return first[n] / 4 * 4;
 }
 
+/* const void *name: the tables a thread's kernels read (the q8 ones, built
+ * on its stack, or none). */
+#if WHALE_X86
+#define SK_TABLES(name)                                                                                        \
+    q8_tables name##_;                                                                                         \
+    if (k == SK_Q8) q8_tables_init(&name##_);                                                                  \
+    const void *name = &name##_
+#else
+#define SK_TABLES(name) const void *name = NULL
+#endif
+
 static void sk_run(sk_kind k, int portable, const sk_part *parts, int n) {
     double work = 0, cost = 0;
     size_t rows = 0, first[SK_PARTS_MAX + 1];
@@ -1147,15 +1159,14 @@ static void sk_run(sk_kind k, int portable, const sk_part *parts, int n) {
         chunks = chunks > (size_t)SK_CHUNKS_MAX * nt ? (size_t)SK_CHUNKS_MAX * nt : chunks;
         chunks = (chunks + nt - 1) / nt * nt;
     }
-#pragma omp parallel if (par)
+    if (!par) { /* one thread, without entering OpenMP (core/par.h) */
+        SK_TABLES(tables);
+        for (int i = 0; i < n; i++) sk_range(k, portable, &parts[i], 0, (size_t)parts[i].N, tables);
+        return;
+    }
+#pragma omp parallel
     {
-#if WHALE_X86
-        q8_tables tab;
-        if (k == SK_Q8) q8_tables_init(&tab);
-        const void *tables = &tab;
-#else
-        const void *tables = NULL;
-#endif
+        SK_TABLES(tables);
 #pragma omp for schedule(dynamic, 1)
         for (size_t ch = 0; ch < chunks; ch++) {
             /* global rows [lo, hi), starts on whole quads */

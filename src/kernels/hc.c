@@ -1,5 +1,6 @@
 #include "kernels/hc.h"
 
+#include "core/par.h"
 #include "kernels/vmath.h"
 
 #include <math.h>
@@ -162,9 +163,9 @@ static void hc_param_grads(const float *mix, const float *scale, int M, int nm, 
     }
     for (int c = 0; c < nm; c++) dbase[c] += (float)sb[c];
     for (int k = 0; k < (nm > M ? 3 : 1); k++) dscale[k] += (float)ss[k];
-#pragma omp parallel for schedule(static) if (T * nm > 65536)
-    for (long t = 0; t < T; t++)
+    WHALE_FOR_IF(T * nm > 65536, (long t = 0; t < T; t++), {
         for (int c = 0; c < nm; c++) dmix[t * nm + c] *= scale[c < M ? 0 : c < 2 * M ? 1 : 2];
+    });
 }
 
 void k_hc_coeffs_backward(const float *mix, const float *scale, const float *base, int M, int iters, float eps,
@@ -177,10 +178,10 @@ void k_hc_coeffs_backward_rows(const float *mix, const float *scale, const float
                                const float *dpre, const float *dpost, const float *dcomb, float *dmix, float *dscale,
                                float *dbase, long T) {
     int nm = (2 + M) * M;
-#pragma omp parallel for schedule(static) if (T > 64)
-    for (long t = 0; t < T; t++)
+    WHALE_FOR_IF(T > 64, (long t = 0; t < T; t++), {
         hc_dz(mix + t * nm, scale, base, M, iters, eps, dpre + t * M, dpost ? dpost + t * M : NULL,
               dcomb ? dcomb + t * M * M : NULL, dmix + t * nm, 0);
+    });
     hc_param_grads(mix, scale, M, nm, dmix, dscale, dbase, T);
 }
 
@@ -199,33 +200,32 @@ void k_hc_head_coeffs_backward(const float *mix, const float *scale, const float
 
 void k_hc_head_coeffs_backward_rows(const float *mix, const float *scale, const float *base, int M, float eps,
                                     const float *dpre, float *dmix, float *dscale, float *dbase, long T) {
-#pragma omp parallel for schedule(static) if (T > 256)
-    for (long t = 0; t < T; t++) hc_dz(mix + t * M, scale, base, M, 0, eps, dpre + t * M, NULL, NULL, dmix + t * M, 1);
+    WHALE_FOR_IF(T > 256, (long t = 0; t < T; t++), {
+        hc_dz(mix + t * M, scale, base, M, 0, eps, dpre + t * M, NULL, NULL, dmix + t * M, 1);
+    });
     hc_param_grads(mix, scale, M, M, dmix, dscale, dbase, T);
 }
 
 void k_hc_reduce(float *y, const float *X, const float *pre, long rows, int M, int D) {
-#pragma omp parallel for schedule(static) if (rows * M * D > 65536)
-    for (long r = 0; r < rows; r++) {
+    WHALE_FOR_IF(rows * M * D > 65536, (long r = 0; r < rows; r++), {
         float *yr = y + r * D;
         const float *Xr = X + r * M * D, *p = pre + r * M;
         for (int d = 0; d < D; d++) yr[d] = p[0] * Xr[d];
         for (int m = 1; m < M; m++)
             for (int d = 0; d < D; d++) yr[d] += p[m] * Xr[(long)m * D + d];
-    }
+    });
 }
 
 void k_hc_reduce_backward(float *dX, float *dpre, const float *dy, const float *X, const float *pre, long rows,
                           int M, int D) {
-#pragma omp parallel for schedule(static) if (rows * M * D > 65536)
-    for (long r = 0; r < rows; r++) {
+    WHALE_FOR_IF(rows * M * D > 65536, (long r = 0; r < rows; r++), {
         const float *dyr = dy + r * D, *Xr = X + r * M * D, *p = pre + r * M;
         float *dXr = dX + r * M * D;
         for (int m = 0; m < M; m++) {
             dpre[r * M + m] = (float)k_dot_f64(dyr, Xr + (long)m * D, D);
             for (int d = 0; d < D; d++) dXr[(long)m * D + d] += p[m] * dyr[d];
         }
-    }
+    });
 }
 
 /* out[0, n) = p·o + Σ_j c[j]·x_j (x_j = x + j·ldx), summed in acc: in
@@ -249,8 +249,7 @@ static inline void hc_expand_block(float *out, const float *o, const float *x, l
  * 2.9 and 3.0 at 1. */
 void k_hc_expand(float *Xout, const float *o, const float *X, const float *post, const float *comb,
                  long rows, int M, int D) {
-#pragma omp parallel for schedule(static) if (rows * M * D > 65536)
-    for (long ri = 0; ri < rows * M; ri++) { /* output stream i of token r */
+    WHALE_FOR_IF(rows * M * D > 65536, (long ri = 0; ri < rows * M; ri++), { /* output stream i of token r */
         const long r = ri / M;
         const float *orow = o + r * D, *Xr = X + r * M * D, *cr = comb + ri * M;
         float *out = Xout + ri * D;
@@ -258,13 +257,12 @@ void k_hc_expand(float *Xout, const float *o, const float *X, const float *post,
         for (; d0 + HC_BLOCK <= D; d0 += HC_BLOCK)
             hc_expand_block(out + d0, orow + d0, Xr + d0, D, cr, post[ri], M, HC_BLOCK);
         if (d0 < D) hc_expand_block(out + d0, orow + d0, Xr + d0, D, cr, post[ri], M, D - d0);
-    }
+    });
 }
 
 void k_hc_expand_backward(float *dout, float *dX, float *dpost, float *dcomb, const float *dXout, const float *o,
                           const float *X, const float *post, const float *comb, long rows, int M, int D) {
-#pragma omp parallel for schedule(static) if (rows * M * D > 65536)
-    for (long r = 0; r < rows; r++) {
+    WHALE_FOR_IF(rows * M * D > 65536, (long r = 0; r < rows; r++), {
         const float *orow = o + r * D, *Xr = X + r * M * D, *pr = post + r * M, *cr = comb + r * M * M;
         const float *g = dXout + r * M * D;
         float *dor = dout + r * D, *dXr = dX + r * M * D;
@@ -284,25 +282,23 @@ void k_hc_expand_backward(float *dout, float *dX, float *dpost, float *dcomb, co
                 for (int d = 0; d < D; d++) dxj[d] += c * gi[d];
             }
         }
-    }
+    });
 }
 
 void k_hc_rstd(float *rstd, const float *X, long rows, int MD, float eps) {
-#pragma omp parallel for schedule(static) if (rows * MD > 65536)
-    for (long r = 0; r < rows; r++) {
+    WHALE_FOR_IF(rows * MD > 65536, (long r = 0; r < rows; r++), {
         const float *x = X + r * MD;
         double ss = k_dot_f64(x, x, MD);
         rstd[r] = (float)(1.0 / sqrt(ss / MD + (double)eps));
-    }
+    });
 }
 
 void k_rstd_backward(float *dx, const float *x, const float *rstd, const float *drstd, long rows, int n) {
-#pragma omp parallel for schedule(static) if (rows * n > 65536)
-    for (long r = 0; r < rows; r++) {
+    WHALE_FOR_IF(rows * n > 65536, (long r = 0; r < rows; r++), {
         double rs = rstd[r];
         float c = (float)(-(double)drstd[r] * rs * rs * rs / n);
         const float *xr = x + r * n;
         float *dxr = dx + r * n;
         for (int i = 0; i < n; i++) dxr[i] += c * xr[i];
-    }
+    });
 }

@@ -3,6 +3,7 @@
  * the training variants that also produce the gradient (kernels/loss.h). */
 #include "kernels/loss.h"
 
+#include "core/par.h"
 #include "core/cpu.h"
 #include "kernels/convert.h"
 #include "kernels/vmath.h"
@@ -106,8 +107,9 @@ static void scale_narrow_bf16(float *dst, const float *src, float a, long y, flo
 }
 
 void whale_narrow_rows_bf16(float *x, long rows, long V) {
-#pragma omp parallel for schedule(static) if (rows * V >= (1 << 16))
-    for (long r = 0; r < rows; r++) scale_narrow_bf16(x + r * V, x + r * V, 1.0f, -1, 0.0f, V);
+    WHALE_FOR_IF(rows * V >= (1 << 16), (long r = 0; r < rows; r++), {
+        scale_narrow_bf16(x + r * V, x + r * V, 1.0f, -1, 0.0f, V);
+    });
 }
 
 /* Loss of every scored row, summed per thread over a contiguous slice of

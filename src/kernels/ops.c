@@ -1,5 +1,6 @@
 #include "kernels/ops.h"
 
+#include "core/par.h"
 #include "core/cpu.h"
 #include "kernels/vmath.h"
 
@@ -12,8 +13,7 @@
 #endif
 
 void k_rmsnorm(float *y, const float *x, const float *w, long rows, int n, float eps, float *rstd) {
-#pragma omp parallel for schedule(static) if (rows * n > 16384)
-    for (long r = 0; r < rows; r++) {
+    WHALE_FOR_IF(rows * n > 16384, (long r = 0; r < rows; r++), {
         const float *xr = x + r * n;
         float *yr = y + r * n;
         double ss = k_dot_f64(xr, xr, n); /* double sum: the mean is exact to fp32 rounding */
@@ -23,7 +23,7 @@ void k_rmsnorm(float *y, const float *x, const float *w, long rows, int n, float
             for (int i = 0; i < n; i++) yr[i] = w[i] * (xr[i] * rs);
         else
             for (int i = 0; i < n; i++) yr[i] = xr[i] * rs;
-    }
+    });
 }
 
 /* Columns per dw block: each block is summed by one thread over all rows. */
@@ -34,8 +34,7 @@ void k_rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, c
     /* dw first: dx may overwrite dy. */
     if (dw) {
         int nb = (n + NORM_DW_COLS - 1) / NORM_DW_COLS;
-#pragma omp parallel for schedule(static) if (rows * n > 16384)
-        for (int b = 0; b < nb; b++) {
+        WHALE_FOR_IF(rows * n > 16384, (int b = 0; b < nb; b++), {
             int c0 = b * NORM_DW_COLS, c1 = c0 + NORM_DW_COLS < n ? c0 + NORM_DW_COLS : n;
             double acc[NORM_DW_COLS] = {0};
             for (long r = 0; r < rows; r++) {
@@ -44,10 +43,9 @@ void k_rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, c
                 for (int i = c0; i < c1; i++) acc[i - c0] += (double)dyr[i] * (xr[i] * rs);
             }
             for (int i = c0; i < c1; i++) dw[i] += (float)acc[i - c0];
-        }
+        });
     }
-#pragma omp parallel for schedule(static) if (rows * n > 16384)
-    for (long r = 0; r < rows; r++) {
+    WHALE_FOR_IF(rows * n > 16384, (long r = 0; r < rows; r++), {
         const float *dyr = dy + r * n, *xr = x + r * n;
         float *dxr = dx + r * n;
         /* g = dy·w goes through dx (element for element, so dx may be dy) */
@@ -59,7 +57,7 @@ void k_rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, c
         double rs = rstd[r], dot = k_dot_f64(gr, xr, n);
         float a = (float)rs, c = (float)(rs * rs * rs * dot / n);
         for (int i = 0; i < n; i++) dxr[i] = a * gr[i] - c * xr[i];
-    }
+    });
 }
 
 void k_rope_table(float *cos_t, float *sin_t, int max_pos, int R, float theta) {
@@ -78,8 +76,7 @@ void k_rope(float *x, long rows, int ld, int nh, int hd, int R, const int32_t *p
             const float *cos_t, const float *sin_t, int inverse) {
     int half = R / 2;
     float sgn = inverse ? -1.0f : 1.0f;
-#pragma omp parallel for schedule(static) if (rows * nh > 256)
-    for (long r = 0; r < rows; r++) {
+    WHALE_FOR_IF(rows * nh > 256, (long r = 0; r < rows; r++), {
         const float *c = cos_t + (long)pos[r] * half, *s = sin_t + (long)pos[r] * half;
         for (int h = 0; h < nh; h++) {
             float *a = x + r * ld + (long)h * hd + (hd - R), *b = a + half;
@@ -89,7 +86,7 @@ void k_rope(float *x, long rows, int ld, int nh, int hd, int R, const int32_t *p
                 b[j] = bj * c[j] - aj * sj;
             }
         }
-    }
+    });
 }
 
 void k_rope_backward(float *dx, long rows, int ld, int nh, int hd, int R, const int32_t *pos,
@@ -107,8 +104,7 @@ static void neg_exp_block(float *e, const float *g, int m, float limit) {
 }
 
 void k_swiglu(float *g, const float *u, long n, float limit) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (long b0 = 0; b0 < n; b0 += SWIGLU_BLOCK) {
+    WHALE_FOR_IF(n > 65536, (long b0 = 0; b0 < n; b0 += SWIGLU_BLOCK), {
         float e[SWIGLU_BLOCK];
         int m = n - b0 < SWIGLU_BLOCK ? (int)(n - b0) : SWIGLU_BLOCK;
         neg_exp_block(e, g + b0, m, limit);
@@ -120,7 +116,7 @@ void k_swiglu(float *g, const float *u, long n, float limit) {
             }
             g[b0 + j] = gi / (1.0f + e[j]) * ui;
         }
-    }
+    });
 }
 
 void k_swiglu_backward_block(float *dg, float *du, const float *dh, const float *g, const float *u, int m,
@@ -149,11 +145,10 @@ void k_swiglu_backward_block(float *dg, float *du, const float *dh, const float 
 }
 
 void k_swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u, long n, float limit) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (long b0 = 0; b0 < n; b0 += SWIGLU_BLOCK) {
+    WHALE_FOR_IF(n > 65536, (long b0 = 0; b0 < n; b0 += SWIGLU_BLOCK), {
         int m = n - b0 < SWIGLU_BLOCK ? (int)(n - b0) : SWIGLU_BLOCK;
         k_swiglu_backward_block(dg + b0, du + b0, dh + b0, g + b0, u + b0, m, limit);
-    }
+    });
 }
 
 void k_gate_scores(int scoring, int E, const float *logit, float *sc) {
@@ -278,11 +273,10 @@ static att_kv att_kv_make(const float *k, const float *v, int ldkv, int ctx, int
     att_kv kv = {k, v, NULL, NULL, ldkv, Hkv * Dh};
     if (products != WHALE_BF16 || p0 > 0) return kv;
     uint16_t *k16 = b16, *v16 = k == v ? k16 : b16 + (size_t)ctx * Hkv * Dh;
-#pragma omp parallel for schedule(static) if ((long)ctx * Hkv * Dh >= 65536)
-    for (int t = 0; t < ctx; t++) {
+    WHALE_FOR_IF((long)ctx * Hkv * Dh >= 65536, (int t = 0; t < ctx; t++), {
         whale_f32_to_bf16_rows(k16 + (size_t)t * Hkv * Dh, k + (size_t)t * ldkv, (size_t)Hkv * Dh);
         if (v16 != k16) whale_f32_to_bf16_rows(v16 + (size_t)t * Hkv * Dh, v + (size_t)t * ldkv, (size_t)Hkv * Dh);
-    }
+    });
     kv.k16 = k16, kv.v16 = v16;
     return kv;
 }
@@ -494,20 +488,34 @@ static void few_pv_item(const att_group *G, int i, long it, const float *work) {
 }
 
 /* The three steps over a group; scores in work [G->sc[n]]. */
+/* Row r of the group's scores (its span's row rr) through the masked softmax. */
+static void few_softmax_row(const att_group *G, float scale, float *work, long r) {
+    const int i = group_find(G->rows, G->n, r), rr = (int)(r - G->rows[i]), s = rr / G->Hq;
+    const k_att_span *sp = &G->sp[i];
+    masked_softmax(work + G->sc[i] + (size_t)rr * (size_t)(sp->p0 + sp->S), SEG_LO(sp->seg, s), sp->p0 + s + 1,
+                   sp->p0 + sp->S, scale);
+}
+
+/* The three steps over a group; scores in work [G->sc[n]]. On one thread
+ * without entering OpenMP when the group is small (core/par.h). */
 static void attention_few(const att_group *G, float scale, float *work) {
     const long nkeys = G->keys[G->n], nrows = G->rows[G->n], nitems = G->items[G->n];
-#pragma omp parallel if ((long)G->sc[G->n] * G->Dh >= 32768)
+    if ((long)G->sc[G->n] * G->Dh < 32768) {
+        few_scores(G, work, 0, nkeys);
+        for (long r = 0; r < nrows; r++) few_softmax_row(G, scale, work, r);
+        for (long it = 0; it < nitems; it++) {
+            const int i = group_find(G->items, G->n, it);
+            few_pv_item(G, i, it - G->items[i], work);
+        }
+        return;
+    }
+#pragma omp parallel
     {
         const int nt = omp_get_num_threads(), id = omp_get_thread_num();
         few_scores(G, work, nkeys * id / nt, nkeys * (id + 1) / nt);
 #pragma omp barrier
 #pragma omp for schedule(static)
-        for (long r = 0; r < nrows; r++) {
-            const int i = group_find(G->rows, G->n, r), rr = (int)(r - G->rows[i]), s = rr / G->Hq;
-            const k_att_span *sp = &G->sp[i];
-            masked_softmax(work + G->sc[i] + (size_t)rr * (size_t)(sp->p0 + sp->S), SEG_LO(sp->seg, s),
-                           sp->p0 + s + 1, sp->p0 + sp->S, scale);
-        }
+        for (long r = 0; r < nrows; r++) few_softmax_row(G, scale, work, r);
 #pragma omp for schedule(static)
         for (long it = 0; it < nitems; it++) {
             const int i = group_find(G->items, G->n, it);
@@ -725,49 +733,44 @@ whale_code k_attention_backward(whale_gemm *g, float *dq, float *dk, float *dv, 
 }
 
 void k_add(float *y, const float *a, const float *b, size_t n) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+    WHALE_FOR_IF(n > 65536, (size_t i = 0; i < n; i++), { y[i] = a[i] + b[i]; });
 }
 
 void k_add_rows(float *y, const float *b, long rows, int n) {
-#pragma omp parallel for schedule(static) if (rows * n > 65536)
-    for (long r = 0; r < rows; r++) {
+    WHALE_FOR_IF(rows * n > 65536, (long r = 0; r < rows; r++), {
         float *yr = y + (size_t)r * n;
         for (int i = 0; i < n; i++) yr[i] += b[i];
-    }
+    });
 }
 
 void k_add_rows_backward(float *db, const float *dy, long rows, int n) {
     enum { COLS = 32 };
     int nb = (n + COLS - 1) / COLS;
-#pragma omp parallel for schedule(static) if (rows * n > 16384)
-    for (int b = 0; b < nb; b++) {
+    WHALE_FOR_IF(rows * n > 16384, (int b = 0; b < nb; b++), {
         int c0 = b * COLS, c1 = c0 + COLS < n ? c0 + COLS : n;
         double acc[COLS] = {0};
         for (long r = 0; r < rows; r++)
             for (int i = c0; i < c1; i++) acc[i - c0] += dy[(size_t)r * n + i];
         for (int i = c0; i < c1; i++) db[i] += (float)acc[i - c0];
-    }
+    });
 }
 
 void k_gather_rows(float *dst, const float *src, int ld, const int32_t *idx, const float *w, long n, int cols) {
-#pragma omp parallel for schedule(static) if (n * cols > 65536)
-    for (long i = 0; i < n; i++) {
+    WHALE_FOR_IF(n * cols > 65536, (long i = 0; i < n; i++), {
         const float *x = src + (size_t)(idx ? idx[i] : i) * ld;
         float *y = dst + (size_t)i * cols;
         if (w)
             for (int d = 0; d < cols; d++) y[d] = w[i] * x[d];
         else
             memcpy(y, x, sizeof(float) * (size_t)cols);
-    }
+    });
 }
 
 void k_scatter_add_rows(float *dst, int ldd, const float *src, int lds, const int32_t *idx, const float *w, long n,
                         int cols) {
     enum { COLS = 64 };
     int nb = (cols + COLS - 1) / COLS;
-#pragma omp parallel for schedule(static) if (n * cols > 65536)
-    for (int b = 0; b < nb; b++) {
+    WHALE_FOR_IF(n * cols > 65536, (int b = 0; b < nb; b++), {
         int c0 = b * COLS, c1 = c0 + COLS < cols ? c0 + COLS : cols;
         for (long i = 0; i < n; i++) {
             float *o = dst + (size_t)(idx ? idx[i] : i) * ldd;
@@ -777,12 +780,12 @@ void k_scatter_add_rows(float *dst, int ldd, const float *src, int lds, const in
             else
                 for (int d = c0; d < c1; d++) o[d] += r[d];
         }
-    }
+    });
 }
 
 void k_dot_rows(float *out, const float *A, int lda, const int32_t *ia, const float *B, int ldb, const int32_t *ib,
                 long n, int cols) {
-#pragma omp parallel for schedule(static) if (n > 64)
-    for (long i = 0; i < n; i++)
+    WHALE_FOR_IF(n > 64, (long i = 0; i < n; i++), {
         out[i] = (float)k_dot_f64(A + (size_t)(ia ? ia[i] : i) * lda, B + (size_t)(ib ? ib[i] : i) * ldb, cols);
+    });
 }

@@ -22,6 +22,7 @@
 #include "serve/serve_impl.h"
 
 #include "core/core.h"
+#include "core/par.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -421,9 +422,9 @@ static void step_run(serve_engine *e) {
     for (int k = 0; k < e->batch.n_tokens; k++) n_seqs += k == 0 || e->batch.seq_id[k] != e->batch.seq_id[k - 1];
     /* each row on its own thread: a greedy draw reads the row once (a
      * 129,280-word row of nanowhale-100m, 0.5 MB, ~27 us on one core) */
-#pragma omp parallel for schedule(static) if (n_out > 1)
-    for (int k = 0; k < n_out; k++)
+    WHALE_FOR_IF(n_out > 1, (int k = 0; k < n_out; k++), {
         e->out_tok[k] = slot_draw(e, e->out_slot[k], e->logits + (size_t)k * e->V, e->raw + (size_t)k * e->V);
+    });
     for (int k = 0; k < n_out; k++) {
         int i = e->out_slot[k];
         whale_err serr = {0};

@@ -3,6 +3,7 @@
  * v ← β2·v + (1−β2)·g²; θ ← θ − lr/(1−β1ᵗ) · m / (sqrt(v)/sqrt(1−β2ᵗ) + ε). */
 #include "whale.h"
 
+#include "core/par.h"
 #include "core/core.h"
 #include "whale_safetensors.h"
 #include "kernels/convert.h"
@@ -144,12 +145,11 @@ void whale_adamw_step(whale_optimizer *o, whale_session *s, double lr) {
         long n = (long)(k1 - k0);
         float *w = p->data + k0, *mm = o->m + (a + k0 - o->lo), *vv = o->v + (a + k0 - o->lo);
         const float *g = whale_session_grad(s, i) + k0;
-#pragma omp parallel for schedule(static) if (n > 65536)
-        for (long k = 0; k < n; k++) {
+        WHALE_FOR_IF(n > 65536, (long k = 0; k < n; k++), {
             mm[k] = b1 * mm[k] + (1.0f - b1) * g[k];
             vv[k] = b2 * vv[k] + (1.0f - b2) * g[k] * g[k];
             w[k] = w[k] * decay - step * mm[k] / (sqrtf(vv[k]) * inv_sqrt_bc2 + eps);
-        }
+        });
         /* pure bf16: the weights themselves are stored in bf16 (no fp32
          * master), so an update smaller than half a bf16 step is lost unless
          * it is rounded stochastically */

@@ -1,0 +1,50 @@
+/* Loops and regions that run on the OpenMP team only when they are worth it.
+ *
+ * `#pragma omp parallel if (0)` is not free: libgomp still builds a team of
+ * one for the region and frees it afterwards (a malloc, a free and a futex
+ * call), about 1.3 µs a region on a 2-core virtual machine, against nothing
+ * for a plain loop. Decoding one token of nanowhale-100m runs some 550
+ * regions too small to share (norms, rope, the hyper-connection ops, the
+ * quantisation of each product's input), so that cost was 40 % of a step.
+ * These macros test the condition themselves and run a small loop inline.
+ *
+ * WHALE_FOR_IF(cond, (init; test; step), { body });
+ *     for (init; test; step) body, split statically over the team when
+ *     cond, else on the calling thread. The body must not depend on the
+ *     thread running it (it may not call omp_get_thread_num).
+ * WHALE_PARALLEL_IF(cond, t, nt, { body });
+ *     body once per thread of a team when cond, with t the thread's index
+ *     and nt the team's size (const int); else once here with t = 0 and
+ *     nt = 1 (even inside an enclosing parallel region).
+ * Neither body may hold a preprocessor directive (they are macro
+ * arguments). */
+#ifndef WHALE_CORE_PAR_H
+#define WHALE_CORE_PAR_H
+
+#include <omp.h>
+
+#define WHALE_FOR_IF(cond, header, ...)                                                                        \
+    do {                                                                                                       \
+        if (cond) {                                                                                            \
+            _Pragma("omp parallel for schedule(static)") for header __VA_ARGS__                               \
+        } else {                                                                                               \
+            for header __VA_ARGS__                                                                             \
+        }                                                                                                      \
+    } while (0)
+
+#define WHALE_PARALLEL_IF(cond, t, nt, ...)                                                                    \
+    do {                                                                                                       \
+        if (cond) {                                                                                            \
+            _Pragma("omp parallel") {                                                                          \
+                const int t = omp_get_thread_num(), nt = omp_get_num_threads();                                \
+                (void)t, (void)nt;                                                                             \
+                __VA_ARGS__                                                                                    \
+            }                                                                                                  \
+        } else {                                                                                               \
+            const int t = 0, nt = 1;                                                                           \
+            (void)t, (void)nt;                                                                                 \
+            __VA_ARGS__                                                                                        \
+        }                                                                                                      \
+    } while (0)
+
+#endif
