@@ -3,8 +3,8 @@
  * nothing to wait for); ctx is the GEMM primitive cache. */
 #include "backend/backend.h"
 
-#include "core/par.h"
 #include "core/core.h"
+#include "core/par.h"
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
 #include "kernels/hc.h"

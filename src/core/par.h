@@ -6,16 +6,19 @@
  * for a plain loop. Decoding one token of nanowhale-100m runs some 550
  * regions too small to share (norms, rope, the hyper-connection ops, the
  * quantisation of each product's input), so that cost was 40 % of a step.
- * These macros test the condition themselves and run a small loop inline.
+ * These macros test the condition themselves and run a small loop inline;
+ * likewise when there is one thread to run on, or when they are reached
+ * inside a parallel region (nested regions are inactive: a team of one).
  *
  * WHALE_FOR_IF(cond, (init; test; step), { body });
  *     for (init; test; step) body, split statically over the team when
- *     cond, else on the calling thread. The body must not depend on the
- *     thread running it (it may not call omp_get_thread_num).
+ *     cond holds and there is more than one thread, else on the calling
+ *     thread. The body must not depend on the thread running it (it may not
+ *     call omp_get_thread_num).
  * WHALE_PARALLEL_IF(cond, t, nt, { body });
- *     body once per thread of a team when cond, with t the thread's index
- *     and nt the team's size (const int); else once here with t = 0 and
- *     nt = 1 (even inside an enclosing parallel region).
+ *     body once per thread of a team under the same test, with t the
+ *     thread's index and nt the team's size (const int); else once here
+ *     with t = 0 and nt = 1 (even inside an enclosing parallel region).
  * Neither body may hold a preprocessor directive (they are macro
  * arguments). */
 #ifndef WHALE_CORE_PAR_H
@@ -23,9 +26,12 @@
 
 #include <omp.h>
 
+/* Whether a region would have more than one thread. */
+#define WHALE_PAR_WORTH(cond) ((cond) && omp_get_max_threads() > 1 && !omp_in_parallel())
+
 #define WHALE_FOR_IF(cond, header, ...)                                                                        \
     do {                                                                                                       \
-        if (cond) {                                                                                            \
+        if (WHALE_PAR_WORTH(cond)) {                                                                           \
             _Pragma("omp parallel for schedule(static)") for header __VA_ARGS__                               \
         } else {                                                                                               \
             for header __VA_ARGS__                                                                             \
@@ -34,7 +40,7 @@
 
 #define WHALE_PARALLEL_IF(cond, t, nt, ...)                                                                    \
     do {                                                                                                       \
-        if (cond) {                                                                                            \
+        if (WHALE_PAR_WORTH(cond)) {                                                                           \
             _Pragma("omp parallel") {                                                                          \
                 const int t = omp_get_thread_num(), nt = omp_get_num_threads();                                \
                 (void)t, (void)nt;                                                                             \

@@ -22,9 +22,9 @@
  *  call always produces the same bits.
  * The files: gemm_impl.h. */
 #include "kernels/gemm_impl.h"
+#include "core/par.h"
 #include "whale_bench.h"
 
-#include "core/par.h"
 const char *const gemm_kind_names[KIND_COUNT] = {
     "nt",     "nn",     "tn",     "nt_bf16", "nn_bf16", "tn_bf16", "nt_f16",
     "nn_f16", "tn_f16", "nt_q8",  "nn_b16",  "tn_b16",  "nn_q8",   "nt_a8"};

@@ -4,6 +4,7 @@
 #include "kernels/gemm_impl.h"
 
 #include "core/par.h"
+
 /* ------------------------------------------------------------ bf16 weights */
 
 /* fp32 -> bf16, round to nearest even; NaN stays NaN (quiet, sign and top

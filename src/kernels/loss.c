@@ -3,8 +3,8 @@
  * the training variants that also produce the gradient (kernels/loss.h). */
 #include "kernels/loss.h"
 
-#include "core/par.h"
 #include "core/cpu.h"
+#include "core/par.h"
 #include "kernels/convert.h"
 #include "kernels/vmath.h"
 

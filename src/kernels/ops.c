@@ -1,7 +1,7 @@
 #include "kernels/ops.h"
 
-#include "core/par.h"
 #include "core/cpu.h"
+#include "core/par.h"
 #include "kernels/vmath.h"
 
 #include <math.h>

@@ -3,8 +3,8 @@
  * v ← β2·v + (1−β2)·g²; θ ← θ − lr/(1−β1ᵗ) · m / (sqrt(v)/sqrt(1−β2ᵗ) + ε). */
 #include "whale.h"
 
-#include "core/par.h"
 #include "core/core.h"
+#include "core/par.h"
 #include "whale_safetensors.h"
 #include "kernels/convert.h"
 #include "models/model.h"
