@@ -1150,7 +1150,7 @@ static void sk_run(sk_kind k, int portable, const sk_part *parts, int n) {
         rows += (size_t)parts[i].N;
     }
     first[n] = rows;
-    const int par = work >= SK_PARALLEL_MIN_WORK;
+    const int par = WHALE_PAR_WORTH(work >= SK_PARALLEL_MIN_WORK);
     const int nt = par ? omp_get_max_threads() : 1;
     const size_t bytes = rows * (size_t)parts[0].K * sk_wsize(k); /* one K for all parts */
     size_t chunks = (size_t)nt;
@@ -1159,7 +1159,7 @@ static void sk_run(sk_kind k, int portable, const sk_part *parts, int n) {
         chunks = chunks > (size_t)SK_CHUNKS_MAX * nt ? (size_t)SK_CHUNKS_MAX * nt : chunks;
         chunks = (chunks + nt - 1) / nt * nt;
     }
-    if (!par) { /* one thread, without entering OpenMP (core/par.h) */
+    if (!par) { /* on this thread, without entering OpenMP (core/par.h) */
         SK_TABLES(tables);
         for (int i = 0; i < n; i++) sk_range(k, portable, &parts[i], 0, (size_t)parts[i].N, tables);
         return;

@@ -363,6 +363,9 @@ static void masked_softmax(float *row, int lo, int valid, int n, float scale) {
  * attention group 129 → 58 ms for 64 steps (nanowhale-100m bf16, context
  * 128), 192 → 104 (int8, context 512), 487 → 326 (Qwen2.5-0.5B bf16). */
 enum { ATT_COLS = 16 /* one zmm of fp32 */, ATT_FEW_ROWS = 8, ATT_GROUP = 64 /* spans per region at most */ };
+/* Below this many score × head-dimension products a group runs on the
+ * calling thread. */
+#define ATT_FEW_PARALLEL_MIN 32768L
 
 /* The spans of one region, and where each one's keys, score rows, output
  * items and scores start (offsets of span i at [i], totals at [n]). */
@@ -496,17 +499,20 @@ static void few_softmax_row(const att_group *G, float scale, float *work, long r
                    sp->p0 + sp->S, scale);
 }
 
-/* The three steps over a group; scores in work [G->sc[n]]. On one thread
+/* Item it of the group through P·V. */
+static void few_pv(const att_group *G, float *work, long it) {
+    const int i = group_find(G->items, G->n, it);
+    few_pv_item(G, i, it - G->items[i], work);
+}
+
+/* The three steps over a group; scores in work [G->sc[n]]. On this thread
  * without entering OpenMP when the group is small (core/par.h). */
 static void attention_few(const att_group *G, float scale, float *work) {
     const long nkeys = G->keys[G->n], nrows = G->rows[G->n], nitems = G->items[G->n];
-    if ((long)G->sc[G->n] * G->Dh < 32768) {
+    if (!WHALE_PAR_WORTH((long)G->sc[G->n] * G->Dh >= ATT_FEW_PARALLEL_MIN)) {
         few_scores(G, work, 0, nkeys);
         for (long r = 0; r < nrows; r++) few_softmax_row(G, scale, work, r);
-        for (long it = 0; it < nitems; it++) {
-            const int i = group_find(G->items, G->n, it);
-            few_pv_item(G, i, it - G->items[i], work);
-        }
+        for (long it = 0; it < nitems; it++) few_pv(G, work, it);
         return;
     }
 #pragma omp parallel
@@ -517,10 +523,7 @@ static void attention_few(const att_group *G, float scale, float *work) {
 #pragma omp for schedule(static)
         for (long r = 0; r < nrows; r++) few_softmax_row(G, scale, work, r);
 #pragma omp for schedule(static)
-        for (long it = 0; it < nitems; it++) {
-            const int i = group_find(G->items, G->n, it);
-            few_pv_item(G, i, it - G->items[i], work);
-        }
+        for (long it = 0; it < nitems; it++) few_pv(G, work, it);
     }
 }
 
@@ -566,9 +569,9 @@ whale_code k_attention(whale_gemm *g, float *out, const float *q, const float *k
             }
             whale_code c = att_nt(g, rows, ctx, Dh, Q, Dh, h.k, h.k16, &h, work, ctx, err);
             if (c) return c;
-#pragma omp parallel for schedule(static)
-            for (int r = 0; r < rows; r++)
+            WHALE_FOR_IF((long)rows * ctx > 16384, (int r = 0; r < rows; r++), {
                 masked_softmax(work + (long)r * ctx, SEG_LO(seg, s0 + r / rep), p0 + s0 + r / rep + 1, ctx, scale);
+            });
             if ((c = att_nn(g, rows, Dh, ctx, work, ctx, h.v, h.v16, &h, O, Dh, err))) return c;
             if (Hkv > 1) scatter_group(out, Og, s0, nq, Hq, rep, j, Dh);
         }

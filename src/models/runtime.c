@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "core/core.h"
+#include "core/par.h"
 
 #include <stdlib.h>
 
@@ -75,13 +76,13 @@ void whale_kv_commit(whale_session *s) {
     if (!kv->k) return;
     const size_t w = (size_t)kv->width, n = (size_t)kv->n_layer * kv->n_seq;
     const int both = kv->v != kv->k;
-#pragma omp parallel for schedule(static) if (n * kv->n_ctx * w >= (1u << 20))
-    for (size_t i = 0; i < n; i++) { /* layer i / n_seq, sequence i % n_seq: the cells it does not hold */
+    /* layer i / n_seq, sequence i % n_seq: the cells it does not hold */
+    WHALE_FOR_IF(n * kv->n_ctx * w >= (1u << 20), (size_t i = 0; i < n; i++), {
         const int l = (int)(i / (size_t)kv->n_seq), q = (int)(i % (size_t)kv->n_seq), held = kv->len[q];
         const size_t bytes = sizeof(float) * (size_t)(kv->n_ctx - held) * w;
         memset(whale_kv_k(kv, l, q) + (size_t)held * w, 0, bytes);
         if (both) memset(whale_kv_v(kv, l, q) + (size_t)held * w, 0, bytes);
-    }
+    });
 }
 
 /* ------------------------------------------------------------------ adapters per sequence */

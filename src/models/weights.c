@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 
 #include "core/core.h"
+#include "core/par.h"
 #include "whale_safetensors.h"
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
@@ -119,7 +120,7 @@ static void convert_block(void *dst, float *scale, whale_dtype dt, const char *s
 /* dst (rows × cols of dt, int8 scales into scale) from src of dtype sdt, in
  * blocks of rows. With release_src (src is checkpoint data), each thread
  * converts one contiguous run of blocks in order and drops the source pages
- * behind it every RELEASE_BYTES, so loading holds at most that much of a
+ * behind it every CONVERT_RELEASE_BYTES, so loading holds at most that much of a
  * tensor twice per thread. Not after every block: each madvise flushes the
  * other threads' TLBs, and copying the 1 GB Qwen2.5-0.5B bf16 checkpoint
  * on 2 threads made 7,130 calls taking 3.3 s with one per 64 rows (112 KiB)
@@ -127,29 +128,36 @@ static void convert_block(void *dst, float *scale, whale_dtype dt, const char *s
  * at 32 MiB the pages held at once put the peak of an int8 nanowhale-100m
  * run 12 % over `whale memory`'s estimate. Returns 0 when a thread could
  * not get its scratch (nothing is skipped silently). */
+enum { CONVERT_BLOCK = 64, CONVERT_RELEASE_BYTES = 4 << 20 };
+
+/* Thread t of nt's share of convert_rows: its run of blocks, in order. */
+static int convert_share(void *dst, float *scale, whale_dtype dt, const void *src, whale_dtype sdt, int64_t rows,
+                         int64_t cols, int release_src, int t, int nt) {
+    const int64_t nblocks = (rows + CONVERT_BLOCK - 1) / CONVERT_BLOCK;
+    const int64_t b0 = nblocks * t / nt, b1 = nblocks * (t + 1) / nt;
+    const size_t row_bytes = (size_t)cols * whale_dtype_size(sdt);
+    if (b0 == b1) return 1;
+    float *tmp = NULL;
+    if (needs_tmp(src, sdt, dt) && !(tmp = whale_alloc(sizeof(float) * CONVERT_BLOCK * (size_t)cols))) return 0;
+    const char *done = (const char *)src + (size_t)(b0 * CONVERT_BLOCK) * row_bytes; /* released up to */
+    for (int64_t b = b0; b < b1; b++) {
+        int64_t r0 = b * CONVERT_BLOCK, n = rows - r0 < CONVERT_BLOCK ? rows - r0 : CONVERT_BLOCK;
+        const char *sb = (const char *)src + (size_t)r0 * row_bytes;
+        convert_block(dst, scale, dt, sb, sdt, tmp, r0, n, cols);
+        const char *end = sb + (size_t)n * row_bytes;
+        if (release_src && (end - done >= CONVERT_RELEASE_BYTES || b == b1 - 1)) done = release_pages(done, end);
+    }
+    free(tmp);
+    return 1;
+}
+
 static int convert_rows(void *dst, float *scale, whale_dtype dt, const void *src, whale_dtype sdt, int64_t rows,
                         int64_t cols, int release_src) {
-    enum { BLOCK = 64, RELEASE_BYTES = 4 << 20 };
-    int64_t nblocks = (rows + BLOCK - 1) / BLOCK;
-    size_t row_bytes = (size_t)cols * whale_dtype_size(sdt);
-    const int scratch = needs_tmp(src, sdt, dt);
     int ok = 1;
-#pragma omp parallel reduction(&& : ok)
-    {
-        float *tmp = scratch ? whale_alloc(sizeof(float) * BLOCK * (size_t)cols) : NULL;
-        int nt = omp_get_num_threads(), t = omp_get_thread_num();
-        int64_t b0 = nblocks * t / nt, b1 = nblocks * (t + 1) / nt;
-        const char *done = (const char *)src + (size_t)(b0 * BLOCK) * row_bytes; /* released up to */
-        ok = !scratch || tmp || b0 == b1;
-        for (int64_t b = b0; b < b1 && ok; b++) {
-            int64_t r0 = b * BLOCK, n = rows - r0 < BLOCK ? rows - r0 : BLOCK;
-            const char *sb = (const char *)src + (size_t)r0 * row_bytes;
-            convert_block(dst, scale, dt, sb, sdt, tmp, r0, n, cols);
-            const char *end = sb + (size_t)n * row_bytes;
-            if (release_src && (end - done >= RELEASE_BYTES || b == b1 - 1)) done = release_pages(done, end);
-        }
-        free(tmp);
-    }
+    WHALE_PARALLEL_IF(rows > CONVERT_BLOCK, t, nt, {
+        if (!convert_share(dst, scale, dt, src, sdt, rows, cols, release_src, t, nt))
+            __atomic_store_n(&ok, 0, __ATOMIC_RELAXED);
+    });
     return ok;
 }
 
@@ -472,12 +480,12 @@ whale_wref whale_model_wref(const whale_model *m, const float *W, int ldw) {
 static whale_code lora_input(whale_session *s, lora_call *lc, int M, int K, const float *X, int ldx, whale_err *err) {
     const whale_lora_target *t = lc->t;
     if (lc->xd) {
-#pragma omp parallel for schedule(static) if ((long)M * K > 65536)
-        for (int i = 0; i < M; i++)
+        WHALE_FOR_IF((long)M * K > 65536, (int i = 0; i < M; i++), {
             for (int k = 0; k < K; k++) {
                 uint64_t e = (uint64_t)i * (uint64_t)K + (uint64_t)k;
                 lc->xd[e] = lora_keep(lc->key, e, lc->threshold) ? X[(size_t)i * ldx + k] * lc->keep_scale : 0.0f;
             }
+        });
         X = lc->xd;
         ldx = K;
     }
@@ -658,12 +666,12 @@ whale_code whale_linear_dx(whale_session *s, int M, int N, int K, const float *d
     for (size_t i = 0; i < (size_t)M * r; i++) lc.u[i] *= t->scale;
     if (!lc.xd) return f32_nn(s, M, K, r, lc.u, r, t->A, (int)t->cols, dA, ldda, 1, err);
     if ((e = f32_nn(s, M, K, r, lc.u, r, t->A, (int)t->cols, lc.xd, K, 0, err))) return e;
-#pragma omp parallel for schedule(static) if ((long)M * K > 65536)
-    for (int i = 0; i < M; i++)
+    WHALE_FOR_IF((long)M * K > 65536, (int i = 0; i < M; i++), {
         for (int k = 0; k < K; k++) {
             uint64_t el = (uint64_t)i * (uint64_t)K + (uint64_t)k;
             if (lora_keep(lc.key, el, lc.threshold)) dA[(size_t)i * ldda + k] += lc.xd[el] * lc.keep_scale;
         }
+    });
     return WHALE_OK;
 }
 
