@@ -86,7 +86,7 @@ static void check_model(whale_model *m, const char *name) {
  * nanowhale-100m's sizes; fails when one differs from want (0), or when
  * one enters none (want < 0). */
 static void check_kernels(long rows, int want) {
-    enum { D = 768, M = 4, NH = 8, HD = 96, R = 64, FF = 640 };
+    enum { D = 320, M = 4, NH = 8, HD = 96, R = 32, FF = 640 };
     float *x = calloc((size_t)rows * M * D, sizeof(float)), *y = calloc((size_t)rows * M * D, sizeof(float));
     float *o = calloc((size_t)rows * D, sizeof(float)), *w = calloc(D, sizeof(float));
     float *c = calloc((size_t)rows * (M + M * M + 1), sizeof(float)), *rs = calloc((size_t)rows, sizeof(float));
