@@ -13,7 +13,7 @@
  *   two threads   that prefill enters some (the counter counts, and work
  *                 large enough is still shared);
  *                 the element-wise kernels at one token of nanowhale-100m's
- *                 sizes (a norm over 768, the 4 × 768 hyper-connection state,
+ *                 sizes (a norm over 320, the 4 × 320 hyper-connection state,
  *                 RoPE over 8 heads, SwiGLU over 2 × 640) enter none, and the
  *                 same kernels over 4,096 tokens enter one each.
  * oneDNN's own regions (from libdnnl) are not counted. */
