@@ -15,7 +15,7 @@
  *                 the element-wise kernels at one token of nanowhale-100m's
  *                 sizes (a norm over 320, the 4 × 320 hyper-connection state,
  *                 RoPE over 8 heads, SwiGLU over 2 × 640) enter none, and the
- *                 same kernels over 4,096 tokens enter one each.
+ *                 same kernels over 4,096 tokens enter at least one each.
  * oneDNN's own regions (from libdnnl) are not counted. */
 #include "testutil.h"
 
