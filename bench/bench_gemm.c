@@ -16,8 +16,9 @@
  * Fields: kind, M, N, K, path (auto = the normal choice; own / exact /
  * runtime forced), impl (what ran), ms and gflops (best of repeated calls),
  * weights: "hot" (the same operand every call, so it sits in cache) or
- * "cold" (calls rotate over copies filling 165 MB, so every call streams the
- * weights from DRAM, as decode does with a model much larger than L3), and
+ * "cold" (calls rotate over copies filling 165 MB, or twice the last-level
+ * cache where that is more, so every call streams the weights from DRAM,
+ * as decode does with a model much larger than L3), and
  * for M <= 16 gbs: weight bytes read per second. Kind "nt_bf16" is
  * whale_gemm_nt_bf16 (weights in bf16: half the bytes; A rounded per call),
  * "nt_f16" whale_gemm_nt_f16 (fp16 weights), "nt_q8" whale_gemm_nt_q8
@@ -42,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { NT, NN, TN, NT_BF16, NT_F16, NT_Q8, NN_BF16, TN_BF16, NN_F16, TN_F16, NN_B16, TN_B16, NT_A8 };
 static const char *const kinds[] = {"nt",     "nn",      "tn",      "nt_bf16", "nt_f16", "nt_q8",  "nn_bf16",
@@ -51,6 +53,12 @@ static const char *const paths[] = {"auto", "own", "exact", "runtime"};
 /* B holds 129280 x 320 floats (165 MB): the lm_head, or copies of smaller
  * weights for the cold runs. */
 #define B_FLOATS ((size_t)129280 * 320)
+
+/* Values each weight buffer holds (B_FLOATS at least): the cold runs' copies
+ * fill twice the last-level cache in the weights' format, so every call
+ * reads them from DRAM also where that cache is large (a Xeon's host may
+ * report 260 MB). Set once in main. */
+static size_t cap_f32, cap_16, cap_8;
 
 typedef struct {
     float *A, *B, *C;
@@ -66,6 +74,21 @@ typedef struct {
 /* Weight bytes per element for a kind (GB/s of the decode rows). */
 static size_t weight_bytes(int kind) {
     return kind == NT_Q8 || kind == NT_A8 ? 1 : kind == NT || kind == NN || kind == TN ? 4 : 2;
+}
+
+/* Values of the buffer a kind reads its weights from. */
+static size_t weight_cap(int kind) {
+    switch (kind) {
+    case NT_Q8:
+    case NT_A8: return cap_8;
+    case NT_BF16:
+    case NT_F16:
+    case NN_BF16:
+    case NN_F16:
+    case NN_B16:
+    case TN_B16: return cap_16;
+    default: return cap_f32; /* f32, and tn_bf16 / tn_f16, which round B per call */
+    }
 }
 
 /* The narrow-weight kinds read their copy of B at the same element offset. */
@@ -113,7 +136,7 @@ static int a8_pack(bufs *b, int N, int K, int copies) {
  * timed sample is a pass over all copies of B, divided by their number. */
 static double time_call(whale_gemm *g, int kind, int M, int N, int K, bufs *b, int cold) {
     const size_t size = (size_t)N * K;
-    int copies = cold ? (int)(B_FLOATS / size) : 1; /* bf16: copies fill 83 MB, int8 41 MB */
+    int copies = cold ? (int)(weight_cap(kind) / size) : 1;
     if (copies > 4096) copies = 4096;
     whale_err err;
     if (kind == NT_A8 && !a8_pack(b, N, K, copies)) {
@@ -410,28 +433,41 @@ int main(int argc, char **argv) {
     }
     /* big enough for every shape below (lm_head: 1024 x 129280 outputs) */
     bufs b = {0};
+    const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    const size_t cold = llc > 0 ? 2 * (size_t)llc : 0;
+    cap_f32 = cold / 4 > B_FLOATS ? cold / 4 / 320 * 320 : B_FLOATS;
+    cap_16 = cold / 2 > B_FLOATS ? cold / 2 / 320 * 320 : B_FLOATS;
+    cap_8 = cold > B_FLOATS ? cold / 320 * 320 : B_FLOATS;
     b.A = filled((size_t)1024 * 129280, 1);
-    b.B = filled(B_FLOATS, 2);
+    b.B = filled(cap_f32, 2);
     b.C = filled((size_t)1024 * 129280, 3);
     b.A16 = whale_alloc((size_t)1024 * 129280 * sizeof(uint16_t));
-    b.B16 = whale_alloc(B_FLOATS * sizeof(uint16_t));
-    b.F16 = whale_alloc(B_FLOATS * sizeof(uint16_t));
-    b.B8 = whale_alloc(B_FLOATS);
-    b.scale = whale_alloc(B_FLOATS / 64 * sizeof(float));
+    b.B16 = whale_alloc(cap_16 * sizeof(uint16_t));
+    b.F16 = whale_alloc(cap_16 * sizeof(uint16_t));
+    b.B8 = whale_alloc(cap_8);
+    b.scale = whale_alloc(cap_8 / 64 * sizeof(float));
     if (!b.A || !b.A16 || !b.B || !b.C || !b.B16 || !b.F16 || !b.B8 || !b.scale) {
         fprintf(stderr, "bench_gemm: out of memory\n");
         return 1;
     }
-    whale_f32_to_bf16_rows(b.B16, b.B, B_FLOATS);
     whale_f32_to_bf16_rows(b.A16, b.A, (size_t)1024 * 129280);
-    whale_f32_to_f16_rows(b.F16, b.B, B_FLOATS);
-    whale_quantize_q8_rows(b.B8, b.scale, b.B, (int)(B_FLOATS / 320), 320);
+    for (size_t i = 0; i < cap_16; i += cap_f32) { /* the narrow copies repeat B's values */
+        const size_t n = cap_16 - i < cap_f32 ? cap_16 - i : cap_f32;
+        whale_f32_to_bf16_rows(b.B16 + i, b.B, n);
+        whale_f32_to_f16_rows(b.F16 + i, b.B, n);
+    }
+    memset(b.scale, 0, cap_8 / 64 * sizeof(float));
+    for (size_t i = 0; i < cap_8; i += cap_f32) {
+        const size_t n = cap_8 - i < cap_f32 ? cap_8 - i : cap_f32;
+        whale_quantize_q8_rows(b.B8 + i, b.scale + i / 320, b.B, (int)(n / 320), 320);
+    }
     printf("{\"threads\":%d,\"cpu\":\"%s\",\"isa\":\"%s\",\"isa_detected\":\"%s\",\"extras\":\"%s\"}\n",
            omp_get_max_threads(), whale_cpu_model(), whale_isa_name(whale_isa_active()),
            whale_isa_name(whale_isa_detected()), whale_cpu_extras());
 
-    double bw = whale_measure_read_bandwidth((size_t)256 << 20, 5);
-    printf("{\"read_bandwidth_gbs\":%.1f,\"bytes\":%zu}\n", bw, (size_t)256 << 20);
+    const size_t probe = cold > ((size_t)256 << 20) ? cold : (size_t)256 << 20;
+    double bw = whale_measure_read_bandwidth(probe, 5);
+    printf("{\"read_bandwidth_gbs\":%.1f,\"bytes\":%zu,\"llc_mb\":%ld}\n", bw, probe, llc > 0 ? llc >> 20 : 0L);
 
     if (shape) bench_paths(g, kind, sM, sN, sK, argc > 6 && !strcmp(argv[6], "cold"), &b);
     else if (moe_only) bench_moe_all(&b);
