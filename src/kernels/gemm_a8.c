@@ -31,8 +31,18 @@
 #define A8_MR 8 /* activation rows per pass over a chunk of panels */
 
 /* How far ahead (bytes) the VNNI kernel asks for each weight stream: as
- * NT_PREFETCH in gemm_rows.c (one load covers 64 bytes here). */
+ * NT_PREFETCH in gemm_rows.c (one load covers 64 bytes here) for tiles of
+ * two or four panels side by side, four times that for a tile of one panel
+ * (5 to 8 rows), whose single stream would otherwise have a quarter of the
+ * reads in flight while eight rows' vpdpbusd run on each load. Xeon
+ * (Sapphire Rapids class, no AMX), 2 threads, 1 KB against 4 KB
+ * alternated: `bench_gemm --shape nt_a8 8 129280 320 cold` 2.43-2.45 ms
+ * against 2.11-2.15, 8 x 640 x 320 cold 0.017 against 0.013-0.015; whale
+ * bench nanowhale-100m int8 decode at 8 streams 1,541-2,008 tokens/s against
+ * 1,949-2,156, one stream (four panels) unchanged. At 4 rows (two panels)
+ * 2 KB gained nothing. */
 #define A8_PREFETCH 1024
+#define A8_PREFETCH_ONE_PANEL 4096
 
 /* The kernels: plain C, AVX2, vpdpbusd (AVX512_VNNI). */
 enum { A8_C = 0, A8_AVX2, A8_VNNI };
@@ -238,7 +248,7 @@ static inline __attribute__((always_inline)) void a8_tile_vnni(const a8_job *J, 
             for (int q = 0; q < np; q++) {
                 const uint8_t *at = w[q] + (size_t)b * A8_BLOCK * A8_PANEL + j * 64;
                 wv[q] = _mm512_loadu_si512(at);
-                _mm_prefetch((const char *)at + A8_PREFETCH, _MM_HINT_T0);
+                _mm_prefetch((const char *)at + (np == 1 ? A8_PREFETCH_ONE_PANEL : A8_PREFETCH), _MM_HINT_T0);
             }
             for (int m = 0; m < mr; m++) {
                 int32_t four;
