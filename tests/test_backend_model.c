@@ -112,19 +112,10 @@ static void check_family(whale_model *m, const char *name) {
 }
 
 int main(void) {
+    static const char *const dense[] = {"qwen2-tiny", "llama-tiny", "qwen3-tiny"}; /* the dense decoder's variants */
+    test_tiny_models(dense, 3, 7, check_family);
     whale_err err;
     whale_model *m;
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/tiny", WHALE_TEST_DATA);
-    CHECK(whale_model_load(dir, &m, &err) == WHALE_OK, "%s", err.msg);
-    if (m) check_family(m, "nanowhale tiny");
-    whale_model_free(m);
-    static const char *const dense[] = {"qwen2-tiny", "llama-tiny", "qwen3-tiny"}; /* the dense decoder's variants */
-    for (int k = 0; k < 3; k++) {
-        CHECK(whale_model_init(dense[k], 7, &m, &err) == WHALE_OK, "%s", err.msg);
-        if (m) check_family(m, dense[k]);
-        whale_model_free(m);
-    }
 
     setenv("WHALE_BACKEND", "cuda", 1);
     CHECK(whale_model_init("qwen2-tiny", 7, &m, &err) == WHALE_OK, "%s", err.msg);

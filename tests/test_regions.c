@@ -115,16 +115,8 @@ out:
 }
 
 int main(void) {
-    whale_err err;
-    whale_model *m;
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/tiny", WHALE_TEST_DATA);
-    CHECK(whale_model_load(dir, &m, &err) == WHALE_OK, "%s", err.msg);
-    if (m) check_model(m, "nanowhale tiny");
-    whale_model_free(m);
-    CHECK(whale_model_init("qwen2-tiny", 5, &m, &err) == WHALE_OK, "%s", err.msg);
-    if (m) check_model(m, "qwen2-tiny");
-    whale_model_free(m);
+    static const char *const dense[] = {"qwen2-tiny"};
+    test_tiny_models(dense, 1, 5, check_model);
     whale_set_threads(2);
     check_kernels(1, 0);
     check_kernels(4096, -1);

@@ -95,6 +95,22 @@ const char *test_tmpdir(const char *tag, char *buf, size_t cap) {
     return buf;
 }
 
+void test_tiny_models(const char *const *dense, int n_dense, uint64_t seed,
+                      void (*check)(whale_model *m, const char *name)) {
+    whale_err err;
+    whale_model *m;
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/tiny", WHALE_TEST_DATA);
+    CHECK(whale_model_load(dir, &m, &err) == WHALE_OK, "%s", err.msg);
+    if (m) check(m, "nanowhale tiny");
+    whale_model_free(m);
+    for (int k = 0; k < n_dense; k++) {
+        CHECK(whale_model_init(dense[k], seed, &m, &err) == WHALE_OK, "%s: %s", dense[k], err.msg);
+        if (m) check(m, dense[k]);
+        whale_model_free(m);
+    }
+}
+
 int test_finish(const char *name) {
     if (test_failures) {
         fprintf(stderr, "%s: %d of %d checks failed\n", name, test_failures, test_checks);

@@ -69,6 +69,11 @@ void test_decode_alone(whale_session *s, const test_decode_plan *p, int q, int V
  * batch, else one prefill batch each; then each step one batch of the
  * sequences with steps left, at their different positions. */
 void test_decode_together(whale_session *s, const test_decode_plan *p, int mixed, int V, float **l);
+/* check(m, name) on nanowhale's tiny checkpoint (tests/data/tiny), then on
+ * each dense preset of dense[n_dense] made with seed; each model is freed
+ * after its check. */
+void test_tiny_models(const char *const *dense, int n_dense, uint64_t seed,
+                      void (*check)(whale_model *m, const char *name));
 int test_finish(const char *name);
 
 #endif
