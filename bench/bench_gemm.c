@@ -43,7 +43,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 enum { NT, NN, TN, NT_BF16, NT_F16, NT_Q8, NN_BF16, TN_BF16, NN_F16, TN_F16, NN_B16, TN_B16, NT_A8 };
 static const char *const kinds[] = {"nt",     "nn",      "tn",      "nt_bf16", "nt_f16", "nt_q8",  "nn_bf16",
@@ -433,8 +432,7 @@ int main(int argc, char **argv) {
     }
     /* big enough for every shape below (lm_head: 1024 x 129280 outputs) */
     bufs b = {0};
-    const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
-    const size_t cold = llc > 0 ? 2 * (size_t)llc : 0;
+    const size_t llc = whale_cpu_llc_bytes(), cold = 2 * llc;
     cap_f32 = cold / 4 > B_FLOATS ? cold / 4 / 320 * 320 : B_FLOATS;
     cap_16 = cold / 2 > B_FLOATS ? cold / 2 / 320 * 320 : B_FLOATS;
     cap_8 = cold > B_FLOATS ? cold / 320 * 320 : B_FLOATS;
@@ -467,7 +465,7 @@ int main(int argc, char **argv) {
 
     const size_t probe = cold > ((size_t)256 << 20) ? cold : (size_t)256 << 20;
     double bw = whale_measure_read_bandwidth(probe, 5);
-    printf("{\"read_bandwidth_gbs\":%.1f,\"bytes\":%zu,\"llc_mb\":%ld}\n", bw, probe, llc > 0 ? llc >> 20 : 0L);
+    printf("{\"read_bandwidth_gbs\":%.1f,\"bytes\":%zu,\"llc_mb\":%zu}\n", bw, probe, llc >> 20);
 
     if (shape) bench_paths(g, kind, sM, sN, sK, argc > 6 && !strcmp(argv[6], "cold"), &b);
     else if (moe_only) bench_moe_all(&b);

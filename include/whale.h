@@ -164,6 +164,9 @@ const char *whale_isa_name(whale_isa t);
  * granted), space-separated, empty when none. */
 const char *whale_cpu_model(void);
 const char *whale_cpu_extras(void);
+/* Bytes of the last-level (L3) cache the C library or sysfs reports, 0
+ * when neither does: what a read meant to come from memory must exceed. */
+size_t whale_cpu_llc_bytes(void);
 
 /* ---------------------------------------------------------------- models */
 

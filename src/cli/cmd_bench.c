@@ -209,7 +209,8 @@ static whale_code bench_run(bench_t *b, double *dt, whale_err *err) {
  * its own moment (a best of several passes would compare a 0.1 s run with
  * the peak of a burst); the median run is reported. */
 static whale_code bench_time(bench_t *b, whale_err *err) {
-    const size_t probe_bytes = (size_t)512 << 20;
+    /* from memory: 512 MiB, or twice a larger last-level cache */
+    const size_t llc2 = 2 * whale_cpu_llc_bytes(), probe_bytes = llc2 > ((size_t)512 << 20) ? llc2 : (size_t)512 << 20;
     int decode = b->mode == BENCH_DECODE;
     b->best = b->best_cpu = 1e30;
     for (int r = 0; r < b->reps + 1 + b->profile; r++) {
@@ -270,9 +271,11 @@ static void print_decode(const bench_t *b) {
     printf("\"what\": \"decode\", \"model\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"streams\": %ld, "
            "\"adapters\": %d, \"context\": %ld, "
            "\"tokens\": %ld, \"tokens_per_s\": %.2f, \"gflops\": %.2f, \"weight_mb_per_token\": %.1f, "
-           "\"weights_gb_s\": %.1f, \"read_gb_s\": %.1f, \"bound_tokens_per_s\": %.1f, \"pct_of_bound\": %.3g}\n",
+           "\"weights_gb_s\": %.1f, \"read_gb_s\": %.1f, \"bound_tokens_per_s\": %.1f, \"pct_of_bound\": %.3g, "
+           "\"llc_mb\": %.0f}\n",
            b->label, cli_dtype_name(b->dtype), whale_get_threads(), batch, b->adapters.n, b->context, tokens, tps,
-           flops / b->best / 1e9, bytes / 1e6, bytes * tps / batch / 1e9, bw, bound, 100 * share[med]);
+           flops / b->best / 1e9, bytes / 1e6, bytes * tps / batch / 1e9, bw, bound, 100 * share[med],
+           (double)whale_cpu_llc_bytes() / (1 << 20));
 }
 
 static void print_rate(const bench_t *b, double ceiling) {

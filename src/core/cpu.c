@@ -27,8 +27,9 @@ static struct {
     char extras[64];
     int vbmi;
     int vnni;
-    size_t l2; /* bytes of one core's L2 cache */
-} cpu = {PTHREAD_ONCE_INIT, WHALE_ISA_BASE, WHALE_ISA_BASE, "", "", "", 0, 0, 0};
+    size_t l2;  /* bytes of one core's L2 cache */
+    size_t llc; /* bytes of the last-level (L3) cache, 0 unknown */
+} cpu = {PTHREAD_ONCE_INIT, WHALE_ISA_BASE, WHALE_ISA_BASE, "", "", "", 0, 0, 0, 0};
 
 const char *whale_isa_name(whale_isa t) {
     return (unsigned)t < WHALE_ISA_COUNT ? isa_names[t] : "unknown";
@@ -113,27 +114,41 @@ static whale_isa detect(void) { return WHALE_ISA_BASE; }
 
 #endif
 
-/* One core's L2 cache as the C library reports it, else as Linux's sysfs
- * does ("1024K"), else 256 KiB, the smallest of x86-64 processors with
- * AVX2 (a block sized to it still fits a larger cache). */
-static size_t l2_bytes(void) {
-    long v = -1;
-#ifdef _SC_LEVEL2_CACHE_SIZE
-    v = sysconf(_SC_LEVEL2_CACHE_SIZE);
-#endif
+/* A cache's bytes as the C library reports them (name: its sysconf key),
+ * else as Linux's sysfs does (index: cpu0's cache/indexN, "1024K"), else
+ * 0. */
+static size_t cache_bytes(int name, int index) {
+    long v = name >= 0 ? sysconf(name) : -1;
     if (v > 0) return (size_t)v;
-    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index2/size", "r");
+    char path[64];
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", index);
+    FILE *f = fopen(path, "r");
     char unit = 0;
     if (f) {
         if (fscanf(f, "%ld%c", &v, &unit) < 1) v = -1;
         fclose(f);
     }
     if (v > 0 && v < (1L << 30)) return (size_t)v << (unit == 'K' ? 10 : unit == 'M' ? 20 : 0);
-    return (size_t)256 << 10;
+    return 0;
+}
+
+#ifndef _SC_LEVEL2_CACHE_SIZE
+#define _SC_LEVEL2_CACHE_SIZE (-1)
+#endif
+#ifndef _SC_LEVEL3_CACHE_SIZE
+#define _SC_LEVEL3_CACHE_SIZE (-1)
+#endif
+
+/* One core's L2 cache, else 256 KiB, the smallest of x86-64 processors
+ * with AVX2 (a block sized to it still fits a larger cache). */
+static size_t l2_bytes(void) {
+    const size_t v = cache_bytes(_SC_LEVEL2_CACHE_SIZE, 2);
+    return v ? v : (size_t)256 << 10;
 }
 
 static void init_once(void) {
     cpu.l2 = l2_bytes();
+    cpu.llc = cache_bytes(_SC_LEVEL3_CACHE_SIZE, 3);
     cpu.detected = detect();
     cpu.active = cpu.detected;
     const char *env = getenv("WHALE_ISA");
@@ -183,6 +198,11 @@ int whale_cpu_has_vnni(void) {
 size_t whale_cpu_l2_bytes(void) {
     pthread_once(&cpu.once, init_once);
     return cpu.l2;
+}
+
+size_t whale_cpu_llc_bytes(void) {
+    pthread_once(&cpu.once, init_once);
+    return cpu.llc;
 }
 
 const char *whale_cpu_extras(void) {
