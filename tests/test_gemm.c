@@ -16,6 +16,7 @@
  *    rounding of the result. We allow (K + 2) u sum|a b| + 2 u |c|.
  */
 #include "core/core.h"
+#include "core/cpu.h"
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
 #include "whale_bench.h"
@@ -652,20 +653,21 @@ static void test_bf16_rules(void) {
     whale_gemm_get_stats(g, &st);
     CHECK(st.created == 1 && st.hits == 2, "bf16 exact shape thrice: created %lld, hits %lld",
           (long long)st.created, (long long)st.hits);
-    /* what runs it follows the tier: oneDNN's brgemm on the bf16 or AMX
-     * instructions, another oneDNN kernel on plain AVX-512, f32 products of
-     * the widened operands below */
+    /* what runs it follows the tier and the processor: oneDNN's brgemm on
+     * the bf16 or AMX instructions where they are fast, else f32 products
+     * of the widened operands (on AVX-512 instructions from that tier up) */
     const char *impl = whale_gemm_last_impl(g);
     const whale_isa tier = whale_isa_active();
-    if (tier >= WHALE_ISA_AVX512_BF16)
+    const int native = whale_gemm_bf16_native();
+    CHECK(native == (tier == WHALE_ISA_AMX || (tier == WHALE_ISA_AVX512_BF16 && whale_cpu_bf16_dot_fast())),
+          "bf16 products native %d at tier %s", native, whale_isa_name(tier));
+    if (native)
         CHECK(!strncmp(impl, "brg:", 4) && strstr(impl, "bf16") && !strstr(impl, "amx") == (tier != WHALE_ISA_AMX),
               "bf16 M=%d ran %s at tier %s", t.M, impl, whale_isa_name(tier));
-    else if (tier == WHALE_ISA_AVX512)
-        CHECK(strncmp(impl, "whale:", 6) && !strstr(impl, "cvt") && !strstr(impl, "amx"), "bf16 M=%d ran %s at tier %s",
-              t.M, impl, whale_isa_name(tier));
     else
-        CHECK(!strncmp(impl, "cvt_bf16+", 9) && !strstr(impl, "avx512"), "bf16 M=%d ran %s at tier %s", t.M, impl,
-              whale_isa_name(tier));
+        CHECK(!strncmp(impl, "cvt_bf16+", 9) && !strstr(impl + 9, "bf16") && !strstr(impl, "amx") &&
+                  (tier >= WHALE_ISA_AVX512 || !strstr(impl, "avx512")),
+              "bf16 M=%d ran %s at tier %s", t.M, impl, whale_isa_name(tier));
     /* varying large M: one runtime primitive, separate from the f32 ones */
     for (int M = R->bf16_exact_below_m_nt; M < R->bf16_exact_below_m_nt + 30;
          M += 7) {
@@ -675,9 +677,9 @@ static void test_bf16_rules(void) {
     gcase f = {NT, 300, 64, 40, 0, 0, 0, 0, 0, 0, 0};
     run_case(g, &f, ONLY(WHALE_GEMM_AUTO), 1, 5);
     whale_gemm_get_stats(g, &st);
-    /* below AVX-512 the bf16 products are f32 ones: the f32 call finds
-     * their runtime primitive */
-    const int want = tier >= WHALE_ISA_AVX512 ? 3 : 2;
+    /* where the bf16 products are f32 ones, the f32 call finds their
+     * runtime primitive */
+    const int want = native ? 3 : 2;
     CHECK(st.created == want, "bf16 varying M then f32: created %lld primitives, want %d",
           (long long)st.created, want);
     /* errors are reported like the f32 ones */
@@ -1194,9 +1196,9 @@ static void test_mixed_rules(void) {
         CHECK(!strncmp(whale_gemm_last_impl(g), kind == MX_NT_F16 ? "cvt_f16+" : "cvt_q8+", 7),
               "%s M=%d ran %s", mx_names[kind], t.M, whale_gemm_last_impl(g));
     }
-    /* oneDNN has bf16 products from AVX-512 up; below, f32 ones on the
+    /* oneDNN's bf16 products where they are fast; elsewhere f32 ones on the
      * widened operands stand in */
-    const int dnnl_bf16 = whale_isa_active() >= WHALE_ISA_AVX512;
+    const int dnnl_bf16 = whale_gemm_bf16_native();
     mcase t = {MX_NN_BF16, 300, 40, 24, 0, 0, 0, 0};
     run_mixed(g, &t, 1, 1, 5);
     if (dnnl_bf16)

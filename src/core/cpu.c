@@ -27,9 +27,10 @@ static struct {
     char extras[64];
     int vbmi;
     int vnni;
+    int bf16_dot_fast; /* vdpbf16ps outpaces the fp32 FMAs (whale_cpu_bf16_dot_fast) */
     size_t l2;  /* bytes of one core's L2 cache */
     size_t llc; /* bytes of the last-level (L3) cache, 0 unknown */
-} cpu = {PTHREAD_ONCE_INIT, WHALE_ISA_BASE, WHALE_ISA_BASE, "", "", "", 0, 0, 0, 0};
+} cpu = {PTHREAD_ONCE_INIT, WHALE_ISA_BASE, WHALE_ISA_BASE, "", "", "", 0, 0, 0, 0, 0};
 
 const char *whale_isa_name(whale_isa t) {
     return (unsigned)t < WHALE_ISA_COUNT ? isa_names[t] : "unknown";
@@ -93,6 +94,8 @@ static whale_isa detect(void) {
     const int avx512 = zmm && BIT(l7.b, 16) && BIT(l7.b, 30) && BIT(l7.b, 31) && BIT(l7.b, 17) &&
                        BIT(l7.b, 28); /* F BW VL DQ CD */
     const int bf16 = BIT(l71.a, 5); /* AVX512_BF16 */
+    const regs l0 = cpuid(0, 0); /* vendor: "Auth" "enti" "cAMD" in EBX, EDX, ECX */
+    cpu.bf16_dot_fast = bf16 && l0.b == 0x68747541u && l0.d == 0x69746e65u && l0.c == 0x444d4163u;
     cpu.vbmi = avx512 && BIT(l7.c, 1);
     cpu.vnni = avx512 && BIT(l7.c, 11); /* AVX512_VNNI */
     const int fp16 = zmm && BIT(l7.d, 23);
@@ -188,6 +191,11 @@ const char *whale_cpu_model(void) {
 int whale_cpu_has_vbmi(void) {
     (void)whale_isa_active();
     return cpu.vbmi;
+}
+
+int whale_cpu_bf16_dot_fast(void) {
+    (void)whale_isa_active();
+    return cpu.bf16_dot_fast;
 }
 
 int whale_cpu_has_vnni(void) {

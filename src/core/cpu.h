@@ -59,6 +59,15 @@ static inline int whale_isa_at_least(whale_isa t) {
 int whale_cpu_has_vbmi(void);
 /* The same for AVX512_VNNI. */
 int whale_cpu_has_vnni(void);
+/* Does the processor's vdpbf16ps (AVX512_BF16) do more multiply-adds a
+ * cycle than its fp32 FMAs? AMD's Zen 4 and 5 issue it at the FMA's rate,
+ * twice the multiply-adds; Intel's cores without AMX at under half the
+ * FMA's multiply-adds (Sapphire Rapids class, a loop of independent ones:
+ * 1.1 G vdpbf16ps a second against 5.2 G vfmadd231ps, 35 against 83 G
+ * multiply-adds). Yes on AMD processors with AVX512_BF16, no elsewhere
+ * (a vendor rule, not a timing, so a machine always computes the same
+ * sums). Not capped by WHALE_ISA, so callers also check the tier. */
+int whale_cpu_bf16_dot_fast(void);
 
 /* Bytes of one core's L2 cache (sysconf, else sysfs, else 256 KiB): what
  * blocks meant to stay in cache are sized by. */

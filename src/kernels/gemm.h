@@ -381,6 +381,13 @@ typedef struct {
  * those of whale_isa_active(). */
 const whale_gemm_rules *whale_gemm_rules_for(whale_isa t);
 
+/* Are the bf16 products (and int8 weights beyond our kernels) oneDNN's
+ * bf16 ones at the active tier: AMX, or AVX512_BF16 where vdpbf16ps is
+ * fast (whale_cpu_bf16_dot_fast)? Else they are f32 products of the
+ * operands rounded to bf16 and widened, in blocks ("cvt_bf16+...");
+ * so too when DNNL_MAX_CPU_ISA keeps oneDNN below avx512_core. */
+int whale_gemm_bf16_native(void);
+
 /* Primitives kept per whale_gemm; the least recently used one is dropped
  * when a new shape needs room. Exact shapes whose N or K change every call
  * (attention over a growing context) each create a primitive once (a

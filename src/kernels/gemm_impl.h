@@ -167,8 +167,8 @@ static inline int own_path(whale_gemm_path p) {
 whale_code gemm_scratch_reserve(scratch *sc, size_t n, size_t size, const gemm_call *c, whale_err *err);
 whale_code gemm_f32(whale_gemm *g, const gemm_call *c, whale_gemm_path path, whale_err *err);
 whale_gemm_path gemm_bf16_auto(int kind, int M);
-/* Does oneDNN compute bf16 products at the active tier (else f32 ones on
- * widened blocks stand in)? */
+/* Does oneDNN compute the bf16 products here (whale_gemm_bf16_native, and
+ * oneDNN not capped below avx512_core)? Else f32 ones on widened blocks. */
 int gemm_dnnl_has_bf16(void);
 
 /* gemm_rows.c: does our kernel compute an nt product of this kind with M

@@ -10,6 +10,7 @@
 
 #include "core/cpu.h"
 #include "dist/dist.h"
+#include "kernels/gemm.h"
 
 #include <string.h>
 #include <sys/resource.h>
@@ -24,13 +25,17 @@
  * weight (packed weights, the conversion blocks of the fp16/int8 paths,
  * bounded at 16 MiB in kernels/gemm.c). Measured over the fp32 runs of the
  * same shapes: ~6 MiB for the `small` preset, 14-17 MiB for nanowhale-100m.
- * Below AVX-512 the bf16 products run as fp32 products, so the weight
- * blocks are widened to fp32 in scratch too (within the 16 MiB conversion
- * budget): they count once more, up to 8 MiB. (Measured on `small`,
+ * Where the bf16 products run as fp32 products (below AVX-512, and where
+ * vdpbf16ps is slow: whale_gemm_bf16_native), both operands are widened
+ * to fp32 in blocks (kernels/gemm_blocks.c: up to 2048 rows of each, as
+ * deep as its 16 MiB budget allows): the largest pair of blocks of the
+ * step's products counts once more (wide_blocks). (Measured on `small`,
  * training at batch 4 x 128: bf16 takes 17.5 MB more than fp32 at the avx2
  * tier, 10.3 MB at the AMX tier; the rest of that gap is oneDNN's own
  * fp32 kernels and is not modelled.) */
-static size_t lowp_gemm_bytes(const whale_model *m) {
+static size_t wide_blocks(const whale_model *m, int64_t rows, int train);
+
+static size_t lowp_gemm_bytes(const whale_model *m, int64_t rows, int train) {
     size_t largest = 0;
     for (int i = 0; i < m->n_params; i++)
         if (whale_param_is_product_weight(&m->params[i])) {
@@ -38,9 +43,35 @@ static size_t lowp_gemm_bytes(const whale_model *m) {
             if (b > largest) largest = b;
         }
     size_t grow = 2 * largest < ((size_t)12 << 20) ? 2 * largest : ((size_t)12 << 20);
-    if (m->compute_dtype == WHALE_BF16 && !whale_isa_at_least(WHALE_ISA_AVX512))
-        grow += 2 * largest < ((size_t)8 << 20) ? 2 * largest : ((size_t)8 << 20);
+    if (m->compute_dtype == WHALE_BF16 && !whale_gemm_bf16_native()) grow += wide_blocks(m, rows, train);
     return ((size_t)4 << 20) + grow;
+}
+
+/* fp32 bytes of the blocks of a product [M, K] x [K, N] (gemm_blocks.c). */
+static size_t block_pair(int64_t M, int64_t N, int64_t K) {
+    const int64_t cap = 2048;
+    size_t b = (size_t)((M < cap ? M : cap) + (N < cap ? N : cap)) * (size_t)K * sizeof(float);
+    return b < ((size_t)16 << 20) ? b : ((size_t)16 << 20);
+}
+
+/* The largest pair of widened blocks over the products of every weight
+ * [N, K] on `rows` rows: the forward one, and in training the input
+ * gradient's ([rows, N] x [N, K]) and the weight gradient's (depth rows). */
+static size_t wide_blocks(const whale_model *m, int64_t rows, int train) {
+    size_t most = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const whale_param *p = &m->params[i];
+        if (!whale_param_is_product_weight(p)) continue;
+        const int64_t N = p->shape[0], K = p->shape[1];
+        size_t b = block_pair(rows, N, K);
+        if (train) {
+            const size_t dx = block_pair(rows, K, N), dw = block_pair(N, K, rows);
+            b = b > dx ? b : dx;
+            b = b > dw ? b : dw;
+        }
+        most = b > most ? b : most;
+    }
+    return most;
 }
 
 static size_t pad_f32(int64_t n) { return (((size_t)n + 15) & ~(size_t)15) * sizeof(float); }
@@ -76,7 +107,9 @@ void whale_memory_add_session(whale_memory *mm, const whale_session *s) {
     mm->activations += s->activation_bytes;
     mm->recompute_saves += s->recompute_saves;
     mm->kv_cache += s->kv_bytes;
-    mm->workspace += s->work_bytes + (s->model->compute_dtype != WHALE_F32 ? lowp_gemm_bytes(s->model) : 0);
+    mm->workspace += s->work_bytes + (s->model->compute_dtype != WHALE_F32
+                                          ? lowp_gemm_bytes(s->model, s->n_batch, s->n_grad_bytes > 0)
+                                          : 0);
     mm->grads += s->n_grad_bytes;
     total(mm);
 }
@@ -135,7 +168,9 @@ whale_code whale_memory_estimate(const char *config, const whale_memory_plan *pl
     mm->activations = ss.activations;
     mm->recompute_saves = ss.recompute_saves;
     mm->kv_cache = ss.kv_cache;
-    mm->workspace = ss.work + (dt != WHALE_F32 ? lowp_gemm_bytes(m) : 0);
+    mm->workspace = ss.work + (dt != WHALE_F32 ? lowp_gemm_bytes(m, (int64_t)plan->batch * plan->seq_len,
+                                                                 plan->train != WHALE_TRAIN_NONE)
+                                               : 0);
     if (plan->train) {
         /* on N ranks: the gradient sum's shard and exchange buffers (also
          * for grad-accum > 1 in one process), the moments' shard with zero */
