@@ -27,6 +27,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { NT, NN, TN };
 static const char *const kind_names[] = {"nt", "nn", "tn"};
@@ -1529,6 +1530,13 @@ static void test_tier_dispatch(whale_gemm *g) {
     const whale_isa got = whale_isa_detected() == WHALE_ISA_AMX ? WHALE_ISA_AVX512_BF16 : whale_isa_detected();
     CHECK(got == want, "detected tier %s, the compiler's feature checks say %s", whale_isa_name(whale_isa_detected()),
           whale_isa_name(want));
+    /* the bf16 dot product counts as fast on AMD's processors with AVX512_BF16 alone */
+    const int amd_bf16 = __builtin_cpu_is("amd") && __builtin_cpu_supports("avx512bf16");
+    CHECK(whale_cpu_bf16_dot_fast() == amd_bf16, "bf16 dot product fast %d, AMD with AVX512_BF16 %d",
+          whale_cpu_bf16_dot_fast(), amd_bf16);
+    const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    CHECK(llc <= 0 || whale_cpu_llc_bytes() == (size_t)llc, "last-level cache %zu bytes, sysconf says %ld",
+          whale_cpu_llc_bytes(), llc);
     CHECK(!whale_gemm_nt_bf16(g, 1, N, K, A, K, W16, K, C, N, 0, &err) && !strcmp(whale_gemm_last_impl(g), bf16),
           "bf16 decode at tier %s ran %s, want %s", whale_isa_name(t), whale_gemm_last_impl(g), bf16);
     CHECK(!whale_gemm_nt_f16(g, 1, N, K, A, K, W16, K, C, N, 0, &err) && !strcmp(whale_gemm_last_impl(g), f16),

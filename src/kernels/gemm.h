@@ -381,6 +381,13 @@ typedef struct {
  * those of whale_isa_active(). */
 const whale_gemm_rules *whale_gemm_rules_for(whale_isa t);
 
+/* Products on converted operands (the formats oneDNN does not take, and
+ * bf16 ones where whale_gemm_bf16_native says no) run on blocks of at most
+ * this many rows of each operand, as deep as this many bytes of scratch
+ * allow (kernels/gemm_blocks.c; the memory estimate counts them). */
+#define WHALE_CONV_BLOCK_MN 2048
+#define WHALE_CONV_SCRATCH_BYTES ((size_t)16 << 20)
+
 /* Are the bf16 products (and int8 weights beyond our kernels) oneDNN's
  * bf16 ones at the active tier: AMX, or AVX512_BF16 where vdpbf16ps is
  * fast (whale_cpu_bf16_dot_fast)? Else they are f32 products of the

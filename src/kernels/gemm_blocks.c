@@ -158,12 +158,11 @@ static whale_code inner_run(whale_gemm *g, const gemm_call *d, whale_gemm_path p
     return gemm_dnnl_run(g, d, path == WHALE_GEMM_DNNL_RUNTIME, err);
 }
 
-/* Blocks of gemm_converted: at most this many rows of C and columns of C
- * per block (inner products this size run at full speed), and as much of
- * K as fits the scratch bound with them (K itself in every product of the
- * models: >= 1024 deep blocks even at the largest rows and columns). */
-#define CONV_BLOCK_MN 2048
-#define CONV_SCRATCH_BYTES ((size_t)16 << 20)
+/* Blocks of gemm_converted: at most WHALE_CONV_BLOCK_MN rows of C and
+ * columns of C per block (inner products this size run at full speed), and
+ * as much of K as fits WHALE_CONV_SCRATCH_BYTES with them (K itself in
+ * every product of the models: >= 1024 deep blocks even at the largest
+ * rows and columns). */
 
 /* The product c computed as inner-kind products (f32 or bf16 operands) of
  * converted blocks: A via ca, B via cb (CV_NONE: used in place). Loops over
@@ -179,8 +178,8 @@ whale_code gemm_converted(whale_gemm *g, const gemm_call *c, int inner, whale_ge
     const int q8 = s->kind == KIND_NT_Q8, nnq8 = s->kind == KIND_NN_Q8;
     const size_t in_size = is_bf16_kind(inner) ? 2 : 4;
     const size_t sa_src = conv_src_size(ca, in_size), sb_src = conv_src_size(cb, in_size);
-    const int blk = g->block_mn > 0 ? g->block_mn : CONV_BLOCK_MN;
-    const size_t budget = g->block_bytes ? g->block_bytes : CONV_SCRATCH_BYTES;
+    const int blk = g->block_mn > 0 ? g->block_mn : WHALE_CONV_BLOCK_MN;
+    const size_t budget = g->block_bytes ? g->block_bytes : WHALE_CONV_SCRATCH_BYTES;
     const int mb = M < blk ? M : blk, nb = N < blk ? N : blk;
     const size_t per_k = (size_t)mb * conv_dst_size(ca) + (size_t)nb * conv_dst_size(cb);
     int kb = K;
@@ -287,8 +286,8 @@ static size_t round64(size_t x) { return (x + 63) & ~(size_t)63; }
  * there) or Q8_CHUNK_MIN_N rows; the chunks are evened out and their count
  * made a multiple of the threads, so they share the work equally. */
 static int q8_plan_make(const whale_gemm *g, const gemm_key *s, int nthr, q8_plan *p) {
-    const int blk = g->block_mn > 0 ? g->block_mn : CONV_BLOCK_MN;
-    const size_t budget = g->block_bytes ? g->block_bytes : CONV_SCRATCH_BYTES;
+    const int blk = g->block_mn > 0 ? g->block_mn : WHALE_CONV_BLOCK_MN;
+    const size_t budget = g->block_bytes ? g->block_bytes : WHALE_CONV_SCRATCH_BYTES;
     const size_t row = (size_t)s->K * sizeof(uint16_t); /* one converted row of A or W */
     size_t nb = whale_cpu_l2_bytes() / 2 / row;
     if (nb < Q8_CHUNK_MIN_N) nb = Q8_CHUNK_MIN_N;

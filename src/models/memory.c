@@ -20,38 +20,11 @@
  * of `whale memory --config tiny --measure` (12.6-13.8 MiB). */
 #define RUNTIME_BYTES ((size_t)13 << 20)
 
-/* What the low-precision products keep besides the operands: oneDNN's bf16
- * kernels (JIT code, ~4 MiB) plus scratch that grows with the largest
- * weight (packed weights, the conversion blocks of the fp16/int8 paths,
- * bounded at 16 MiB in kernels/gemm.c). Measured over the fp32 runs of the
- * same shapes: ~6 MiB for the `small` preset, 14-17 MiB for nanowhale-100m.
- * Where the bf16 products run as fp32 products (below AVX-512, and where
- * vdpbf16ps is slow: whale_gemm_bf16_native), both operands are widened
- * to fp32 in blocks (kernels/gemm_blocks.c: up to 2048 rows of each, as
- * deep as its 16 MiB budget allows): the largest pair of blocks of the
- * step's products counts once more (wide_blocks). (Measured on `small`,
- * training at batch 4 x 128: bf16 takes 17.5 MB more than fp32 at the avx2
- * tier, 10.3 MB at the AMX tier; the rest of that gap is oneDNN's own
- * fp32 kernels and is not modelled.) */
-static size_t wide_blocks(const whale_model *m, int64_t rows, int train);
-
-static size_t lowp_gemm_bytes(const whale_model *m, int64_t rows, int train) {
-    size_t largest = 0;
-    for (int i = 0; i < m->n_params; i++)
-        if (whale_param_is_product_weight(&m->params[i])) {
-            size_t b = (size_t)whale_shape_numel(2, m->params[i].shape) * 2;
-            if (b > largest) largest = b;
-        }
-    size_t grow = 2 * largest < ((size_t)12 << 20) ? 2 * largest : ((size_t)12 << 20);
-    if (m->compute_dtype == WHALE_BF16 && !whale_gemm_bf16_native()) grow += wide_blocks(m, rows, train);
-    return ((size_t)4 << 20) + grow;
-}
-
 /* fp32 bytes of the blocks of a product [M, K] x [K, N] (gemm_blocks.c). */
 static size_t block_pair(int64_t M, int64_t N, int64_t K) {
-    const int64_t cap = 2048;
+    const int64_t cap = WHALE_CONV_BLOCK_MN;
     size_t b = (size_t)((M < cap ? M : cap) + (N < cap ? N : cap)) * (size_t)K * sizeof(float);
-    return b < ((size_t)16 << 20) ? b : ((size_t)16 << 20);
+    return b < WHALE_CONV_SCRATCH_BYTES ? b : WHALE_CONV_SCRATCH_BYTES;
 }
 
 /* The largest pair of widened blocks over the products of every weight
@@ -72,6 +45,31 @@ static size_t wide_blocks(const whale_model *m, int64_t rows, int train) {
         most = b > most ? b : most;
     }
     return most;
+}
+
+/* What the low-precision products keep besides the operands: oneDNN's bf16
+ * kernels (JIT code, ~4 MiB) plus scratch that grows with the largest
+ * weight (packed weights, the conversion blocks of the fp16/int8 paths,
+ * bounded at 16 MiB in kernels/gemm.c). Measured over the fp32 runs of the
+ * same shapes: ~6 MiB for the `small` preset, 14-17 MiB for nanowhale-100m.
+ * Where the bf16 products run as fp32 products (below AVX-512, and where
+ * vdpbf16ps is slow: whale_gemm_bf16_native), both operands are widened
+ * to fp32 in blocks (kernels/gemm_blocks.c: up to 2048 rows of each, as
+ * deep as its 16 MiB budget allows): the largest pair of blocks of the
+ * step's products counts once more (wide_blocks). (Measured on `small`,
+ * training at batch 4 x 128: bf16 takes 17.5 MB more than fp32 at the avx2
+ * tier, 10.3 MB at the AMX tier; the rest of that gap is oneDNN's own
+ * fp32 kernels and is not modelled.) */
+static size_t lowp_gemm_bytes(const whale_model *m, int64_t rows, int train) {
+    size_t largest = 0;
+    for (int i = 0; i < m->n_params; i++)
+        if (whale_param_is_product_weight(&m->params[i])) {
+            size_t b = (size_t)whale_shape_numel(2, m->params[i].shape) * 2;
+            if (b > largest) largest = b;
+        }
+    size_t grow = 2 * largest < ((size_t)12 << 20) ? 2 * largest : ((size_t)12 << 20);
+    if (m->compute_dtype == WHALE_BF16 && !whale_gemm_bf16_native()) grow += wide_blocks(m, rows, train);
+    return ((size_t)4 << 20) + grow;
 }
 
 static size_t pad_f32(int64_t n) { return (((size_t)n + 15) & ~(size_t)15) * sizeof(float); }

@@ -116,6 +116,7 @@ expect 0 '' -- "$WHALE" bench -m "$TINY" --what forward --batch 1 --seq-len 8 --
 check "bench prints tokens_per_s" grep -q '"tokens_per_s"' "$TMP/out"
 expect 0 '' -- "$WHALE" bench -m "$TINY" --what decode --context 8 --tokens 4 --reps 1
 check "decode bench prints its bound" grep -q '"bound_tokens_per_s"' "$TMP/out"
+check "decode bench names the last-level cache its read probe outgrows" grep -q '"llc_mb": [0-9]' "$TMP/out"
 expect 0 '' -- "$WHALE" bench -m "$TINY" --what decode --context 8 --tokens 4 --reps 3
 check "decode bench: the median run's share of the read rate is a positive number" \
     awk '{ if (match($0, /"pct_of_bound": [0-9.]+/)) { v = substr($0, RSTART + 16, RLENGTH - 16) + 0; ok = v > 0 } }
