@@ -246,7 +246,10 @@ static void test_attention(void) {
     /* S, p0, Hq, Hkv, Dh, packed documents */
     static const int cases[][6] = {{1, 0, 1, 1, 8, 0},   {1, 9, 4, 2, 8, 0},   {3, 5, 8, 1, 16, 0},
                                    {17, 0, 4, 2, 8, 0},  {40, 0, 8, 8, 16, 0}, {33, 0, 6, 1, 32, 1},
-                                   {70, 0, 4, 1, 24, 1}, {5, 30, 14, 2, 64, 0}};
+                                   {70, 0, 4, 1, 24, 1}, {5, 30, 14, 2, 64, 0},
+                                   /* decoding over a cache, 48 columns at a time where a block of 8
+                                    * query rows shares its K/V head (and the 16 left over) */
+                                   {1, 40, 8, 1, 96, 0}, {2, 20, 8, 1, 112, 0}, {1, 33, 16, 2, 64, 0}};
     whale_err err;
     char what[128];
     for (int prod = 0; prod < 2; prod++) {

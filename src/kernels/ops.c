@@ -340,9 +340,10 @@ static void masked_softmax(float *row, int lo, int valid, int n, float scale) {
  *   span splits its keys over the threads; eight short ones keep them all
  *   busy too.
  *   Softmax: row by row, over all spans' rows.
- *   Output: items of up to ATT_FEW_ROWS rows of one span × ATT_COLS
- *   columns of the head dimension; an item walks its span's keys once, so
- *   V is read once.
+ *   Output: items of up to ATT_FEW_ROWS rows of one span × ATT_ITEM_COLS
+ *   columns of the head dimension; an item walks its span's keys once per
+ *   ATT_COLS columns (once for all three when its rows share one K/V
+ *   head), so V is read once.
  * Each row's scores, softmax and output come from the same calls on the
  * same operands whatever the thread count and whichever spans share the
  * region (a span's row blocks start at its first row), so batching changes
@@ -362,7 +363,12 @@ static void masked_softmax(float *row, int lo, int valid, int n, float scale) {
  * The whole decode step, 2 threads, 8 streams (docs/architecture.md): the
  * attention group 129 → 58 ms for 64 steps (nanowhale-100m bf16, context
  * 128), 192 → 104 (int8, context 512), 487 → 326 (Qwen2.5-0.5B bf16). */
-enum { ATT_COLS = 16 /* one zmm of fp32 */, ATT_FEW_ROWS = 8, ATT_GROUP = 64 /* spans per region at most */ };
+enum {
+    ATT_COLS = 16,      /* one zmm of fp32 */
+    ATT_ITEM_COLS = 48, /* columns of an output item: three of those */
+    ATT_FEW_ROWS = 8,
+    ATT_GROUP = 64 /* spans per region at most */
+};
 /* Below this many score × head-dimension products a group runs on the
  * calling thread. */
 #define ATT_FEW_PARALLEL_MIN 32768L
@@ -387,7 +393,7 @@ static void group_add(att_group *G, const k_att_span *sp) {
     G->keys[i + 1] = G->keys[i] + ctx;
     G->rows[i + 1] = G->rows[i] + rows;
     G->items[i + 1] = G->items[i] + (long)((rows + ATT_FEW_ROWS - 1) / ATT_FEW_ROWS) *
-                                        ((G->Dh + ATT_COLS - 1) / ATT_COLS);
+                                        ((G->Dh + ATT_ITEM_COLS - 1) / ATT_ITEM_COLS);
     G->sc[i + 1] = G->sc[i] + (size_t)rows * ctx;
 }
 
@@ -435,7 +441,15 @@ static void pv_block_avx512(float acc[][ATT_COLS], const float *const *pr, const
     int shared = 1;
 #pragma GCC unroll 8
     for (int i = 0; i < ATT_FEW_ROWS; i++) a[i] = _mm512_setzero_ps(), shared &= vr[i] == vr[0];
-    if (shared)
+    if (shared && nr == ATT_FEW_ROWS) { /* a whole block: rows ctx apart, no row to mask */
+        const float *p = pr[0], *v = vr[0];
+        const long st = pr[1] - pr[0];
+        for (int t = 0; t < ctx; t++) {
+            const __m512 vt = _mm512_loadu_ps(v + (long)t * ldkv);
+#pragma GCC unroll 8
+            for (int i = 0; i < ATT_FEW_ROWS; i++) a[i] = _mm512_fmadd_ps(_mm512_set1_ps(p[i * st + t]), vt, a[i]);
+        }
+    } else if (shared)
         for (int t = 0; t < ctx; t++) {
             const __m512 v = _mm512_loadu_ps(vr[0] + (long)t * ldkv);
 #pragma GCC unroll 8
@@ -451,16 +465,43 @@ static void pv_block_avx512(float acc[][ATT_COLS], const float *const *pr, const
 #pragma GCC unroll 8
     for (int i = 0; i < ATT_FEW_ROWS; i++) _mm512_storeu_ps(acc[i], a[i]);
 }
+
+/* out[i][0..48) = sum_t p[i·st + t] · v[t·ldkv + 0..48) for a whole block
+ * of ATT_FEW_ROWS rows on one V head: per key three V loads and eight
+ * broadcasts for 24 FMAs (pv_block_avx512: one load and eight broadcasts
+ * for 8), each lane the same fused sums in key order, so the same bits.
+ * nanowhale-100m's decode attention of 8 spans (context 150), one thread,
+ * processor time of a call (best of 2000), six runs alternated: 62-77 us
+ * against 75-96 with 16 columns an item (and 73-90 with 16 columns and
+ * the whole block's branch above). */
+static void pv_wide_avx512(float *out, long ldo, const float *p, long st, const float *v, int ctx, int ldkv) {
+    __m512 a[ATT_FEW_ROWS][3];
+#pragma GCC unroll 8
+    for (int i = 0; i < ATT_FEW_ROWS; i++) a[i][0] = a[i][1] = a[i][2] = _mm512_setzero_ps();
+    for (int t = 0; t < ctx; t++) {
+        const float *vt = v + (long)t * ldkv;
+        const __m512 v0 = _mm512_loadu_ps(vt), v1 = _mm512_loadu_ps(vt + 16), v2 = _mm512_loadu_ps(vt + 32);
+#pragma GCC unroll 8
+        for (int i = 0; i < ATT_FEW_ROWS; i++) {
+            const __m512 b = _mm512_set1_ps(p[i * st + t]);
+            a[i][0] = _mm512_fmadd_ps(b, v0, a[i][0]);
+            a[i][1] = _mm512_fmadd_ps(b, v1, a[i][1]);
+            a[i][2] = _mm512_fmadd_ps(b, v2, a[i][2]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < ATT_FEW_ROWS; i++)
+        for (int j = 0; j < 3; j++) _mm512_storeu_ps(out + i * ldo + 16 * j, a[i][j]);
+}
 WHALE_TARGET_END
 #endif
 
-/* Output item `it` of span i: rows rb .. rb + ATT_FEW_ROWS − 1 (those that
- * exist) × columns c0 .. c0 + ATT_COLS − 1 of P·V. */
-static void few_pv_item(const att_group *G, int i, long it, const float *work) {
+/* Rows rb .. rb + ATT_FEW_ROWS − 1 (those that exist) × columns c0 .. c0 +
+ * ATT_COLS − 1 of span i's P·V. */
+static void few_pv_cols(const att_group *G, int i, int rb, int c0, const float *work) {
     const k_att_span *sp = &G->sp[i];
-    const int Dh = G->Dh, rep = G->Hq / G->Hkv, cchunks = (Dh + ATT_COLS - 1) / ATT_COLS;
+    const int Dh = G->Dh, rep = G->Hq / G->Hkv;
     const int ctx = sp->p0 + sp->S, rows = sp->S * G->Hq;
-    const int rb = (int)(it / cchunks) * ATT_FEW_ROWS, c0 = (int)(it % cchunks) * ATT_COLS;
     const int w = Dh - c0 < ATT_COLS ? Dh - c0 : ATT_COLS, nr = rows - rb < ATT_FEW_ROWS ? rows - rb : ATT_FEW_ROWS;
     const float *sc = work + G->sc[i];
     /* a full block of rows (missing ones repeat the last with weight 0) and
@@ -488,6 +529,28 @@ static void few_pv_item(const att_group *G, int i, long it, const float *work) {
                 for (int c = 0; c < ATT_COLS; c++) acc[x][c] += p * vt[c];
             }
     for (int x = 0; x < nr; x++) memcpy(sp->out + (long)(rb + x) * Dh + c0, acc[x], sizeof(float) * (size_t)w);
+}
+
+/* Output item `it` of span i: rows rb .. rb + ATT_FEW_ROWS − 1 (those that
+ * exist) × columns c0 .. c0 + ATT_ITEM_COLS − 1 (those that exist) of P·V:
+ * a whole block of rows on one K/V head and all 48 columns in one walk over
+ * the keys (pv_wide_avx512), else 16 columns at a time. */
+static void few_pv_item(const att_group *G, int i, long it, const float *work) {
+    const k_att_span *sp = &G->sp[i];
+    const int Dh = G->Dh, rep = G->Hq / G->Hkv, chunks = (Dh + ATT_ITEM_COLS - 1) / ATT_ITEM_COLS;
+    const int rows = sp->S * G->Hq, rb = (int)(it / chunks) * ATT_FEW_ROWS, c0 = (int)(it % chunks) * ATT_ITEM_COLS;
+#if WHALE_X86
+    const int last = rb + ATT_FEW_ROWS - 1; /* one K/V head: within one position, heads only grow */
+    const int one_head = G->Hkv == 1 || (rb / G->Hq == last / G->Hq && (rb % G->Hq) / rep == (last % G->Hq) / rep);
+    const int whole = rows - rb >= ATT_FEW_ROWS && Dh - c0 >= ATT_ITEM_COLS && one_head;
+    if (whole && whale_isa_at_least(WHALE_ISA_AVX512)) {
+        const int ctx = sp->p0 + sp->S;
+        pv_wide_avx512(sp->out + (long)rb * Dh + c0, Dh, work + G->sc[i] + (size_t)rb * ctx, ctx,
+                       sp->v + (long)((rb % G->Hq) / rep) * Dh + c0, ctx, sp->ldkv);
+        return;
+    }
+#endif
+    for (int c = c0; c < Dh && c < c0 + ATT_ITEM_COLS; c += ATT_COLS) few_pv_cols(G, i, rb, c, work);
 }
 
 /* The three steps over a group; scores in work [G->sc[n]]. */
