@@ -226,6 +226,46 @@ static void check_views(whale_gemm *g) {
     free(P);
 }
 
+/* Parts with activations of their own, as a decode step's experts bring
+ * (their routed rows, a pair of up products sharing them), from 1 to 20
+ * rows: in one call, on every thread count, each part the same bits as
+ * its own call (the run's quantisation shared by the threads from a few
+ * rows on). */
+static void check_parts_inputs(whale_gemm *g) {
+    enum { NP = 9, N = 100, K = 96 };
+    const int M[NP] = {8, 8, 4, 5, 5, 3, 12, 1, 20}, same_as_prev[NP] = {0, 1, 0, 0, 1, 0, 0, 0, 0};
+    float Wf[N * K], scale[N], *A[NP], *C[NP], *one[NP];
+    int8_t W[N * K];
+    for (int i = 0; i < N * K; i++) Wf[i] = frand();
+    whale_quantize_q8_rows(W, scale, Wf, N, K);
+    uint8_t *P = malloc(whale_q8p_bytes(N, K));
+    whale_q8p_pack(P, W, K, N, K);
+    whale_a8_part parts[NP];
+    for (int i = 0; i < NP; i++) {
+        A[i] = same_as_prev[i] ? A[i - 1] : malloc(sizeof(float) * (size_t)M[i] * K);
+        for (int k = 0; k < M[i] * K && !same_as_prev[i]; k++) A[i][k] = frand();
+        C[i] = malloc(sizeof(float) * (size_t)M[i] * N), one[i] = malloc(sizeof(float) * (size_t)M[i] * N);
+        parts[i] = (whale_a8_part){M[i], N, A[i], K, P, 0, scale, C[i], N};
+    }
+    whale_err err;
+    const int threads = omp_get_max_threads();
+    for (int t = 1; t <= threads; t++) {
+        omp_set_num_threads(t);
+        CHECK(!whale_gemm_nt_a8_parts(g, K, NP, parts, 0, &err), "%s", err.msg);
+        for (int i = 0; i < NP; i++) {
+            CHECK(!whale_gemm_nt_a8(g, M[i], N, K, A[i], K, P, 0, scale, one[i], N, 0, &err), "%s", err.msg);
+            CHECK(same_bits(C[i], one[i], (size_t)M[i] * N), "%d threads: part %d (%d rows, own input) differs", t, i,
+                  M[i]);
+        }
+    }
+    omp_set_num_threads(threads);
+    for (int i = 0; i < NP; i++) {
+        if (!same_as_prev[i]) free(A[i]);
+        free(C[i]), free(one[i]);
+    }
+    free(P);
+}
+
 /* NaN and inf: a block of A poisons its row, a scale its column; a
  * finite row next to them is untouched. */
 static void check_specials(whale_gemm *g) {
@@ -287,6 +327,7 @@ int main(void) {
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         check_shape(g, shapes[i][0], shapes[i][1], shapes[i][2]);
     check_views(g);
+    check_parts_inputs(g);
     check_specials(g);
     check_accuracy(g);
     whale_err e2;

@@ -29,6 +29,9 @@
 #define A8_PANEL 16 /* outputs per panel */
 #define A8_BLOCK WHALE_A8_BLOCK
 #define A8_MR 8 /* activation rows per pass over a chunk of panels */
+/* From this many activation rows a run's quantisation is shared by the
+ * threads of its region (a8_run); below, the calling thread does it first. */
+#define A8_SHARED_PREP_ROWS 4
 
 /* How far ahead (bytes) the VNNI kernel asks for each weight stream: as
  * NT_PREFETCH in gemm_rows.c (one load covers 64 bytes here) for tiles of
@@ -48,6 +51,12 @@
 enum { A8_C = 0, A8_AVX2, A8_VNNI };
 
 static int a8_kp(int K) { return (K + A8_BLOCK - 1) / A8_BLOCK * A8_BLOCK; }
+
+/* The team's barrier, outside a WHALE_PARALLEL_IF body (which may not hold
+ * a directive). */
+static void a8_barrier(void) {
+#pragma omp barrier
+}
 
 size_t whale_q8p_bytes(int N, int K) {
     if (N <= 0 || K <= 0) return 0;
@@ -150,7 +159,7 @@ void whale_quantize_a8_rows(int M, int K, const float *A, int lda, int8_t *aq, i
 }
 
 /* What a tile works on: the quantised rows (row after row, and for the
- * VNNI kernel also by passes: a8_interleave) and their block scales, the
+ * VNNI kernel also by passes: a8_prepare_row) and their block scales, the
  * panels (pstride bytes apart; output n is lane row0 + n of them), the
  * scales and C. */
 typedef struct {
@@ -395,18 +404,28 @@ static int a8_np(int mr, int one_pass) { return mr <= 2 ? 4 : mr <= (one_pass ? 
  * a pass of 1 or 2). */
 static int a8_pass_rows(int M, int m0) { return M - m0 <= A8_MR ? M - m0 : 6; }
 
-/* The VNNI kernel's copy of the quantised rows: by passes (a8_pass_rows),
- * a pass of mr rows from m0 at ag + m0 * Kp holding, for each group of 4 k,
- * its mr rows' 4 bytes side by side. A tile then reads every row's
- * broadcast from one pointer at fixed offsets: with a pointer per row, 8
- * rows and 4 weight streams outgrew the general registers. */
-static void a8_interleave(int M, int Kp, const int8_t *aq, size_t ldq, int8_t *ag) {
-    for (int m0 = 0, mr; m0 < M; m0 += mr) {
-        mr = a8_pass_rows(M, m0);
-        int8_t *o = ag + (size_t)m0 * Kp;
-        for (int k = 0; k < Kp; k += 4)
-            for (int m = m0; m < m0 + mr; m++, o += 4) memcpy(o, aq + (size_t)m * ldq + k, 4);
-    }
+/* The pass (a8_pass_rows) that holds row m of M: its first row and rows. */
+static void a8_pass_of(int M, int m, int *m0, int *mr) {
+    const int six = M <= A8_MR ? 0 : (M - A8_MR + 5) / 6 * 6; /* rows in passes of 6 */
+    *m0 = m < six ? m / 6 * 6 : six;
+    *mr = m < six ? 6 : M - six;
+}
+
+/* Row m of a job's activations: quantised into aq, d and corr, and for the
+ * VNNI kernel copied into ag by passes (a8_pass_rows): a pass of mr rows
+ * from m0 at ag + m0 * Kp holding, for each group of 4 k, its mr rows' 4
+ * bytes side by side. A tile then reads every row's broadcast from one
+ * pointer at fixed offsets: with a pointer per row, 8 rows and 4 weight
+ * streams outgrew the general registers. */
+static void a8_prepare_row(const a8_job *J, const float *A, size_t lda, int K, int m, int wide) {
+    int8_t *q = (int8_t *)J->aq + (size_t)m * J->ldq;
+    a8_quantize_row(K, J->nb, A + (size_t)m * lda, q, (float *)J->d + (size_t)m * J->ldd,
+                    (int32_t *)J->corr + (size_t)m * J->ldd, wide);
+    if (!J->ag) return;
+    int m0, mr;
+    a8_pass_of(J->M, m, &m0, &mr);
+    int8_t *o = (int8_t *)J->ag + (size_t)m0 * J->ldq + (size_t)(m - m0) * 4;
+    for (int k = 0; k < J->nb * A8_BLOCK; k += 4, o += 4 * mr) memcpy(o, q + k, 4);
 }
 
 /* Panels [p0, p1) of a job for every row: chunks of panels that stay in L2
@@ -439,13 +458,48 @@ static int a8_kernel(whale_gemm_path path) {
     return whale_isa_at_least(WHALE_ISA_AVX512) && whale_cpu_has_vnni() ? A8_VNNI : A8_AVX2;
 }
 
+/* The activations of a run: the parts that bring their own (the others
+ * reuse the previous part's), and where each one's rows start among all. */
+typedef struct {
+    int n, part[SK_PARTS_MAX];
+    int row[SK_PARTS_MAX + 1];
+} a8_inputs;
+
+/* Rows [lo, hi) of all the run's activations through a8_prepare_row. */
+static void a8_prepare(const a8_job *J, const gemm_call *c, const a8_inputs *in, int lo, int hi, int wide) {
+    for (int x = 0; x < in->n; x++)
+        for (int r = lo > in->row[x] ? lo : in->row[x]; r < hi && r < in->row[x + 1]; r++) {
+            const int i = in->part[x];
+            a8_prepare_row(&J[i], c[i].A, (size_t)c[i].s.lda, c[i].s.K, r - in->row[x], wide);
+        }
+}
+
+/* This thread's panels of the run: cost[] the parts' cumulative cost
+ * (rows + 1 per panel), split evenly over the nt threads. */
+static void a8_panels(const a8_job *J, const int64_t *cost, int n, int kernel, int t, int nt) {
+    const int64_t lo = cost[n] * t / nt, hi = cost[n] * (t + 1) / nt;
+    for (int i = 0; i < n; i++) {
+        const int64_t per = J[i].M + 1;
+        int64_t a = lo > cost[i] ? lo : cost[i], b = hi < cost[i + 1] ? hi : cost[i + 1];
+        if (a >= b) continue;
+        const int p0 = (int)((a - cost[i] + per - 1) / per), p1 = (int)((b - cost[i] + per - 1) / per);
+        if (p0 < p1) a8_range(&J[i], kernel, p0, p1);
+    }
+}
+
 /* The products c[0..n) (validated, M, N, K > 0, one K): A quantised into
  * scratch (once for consecutive parts with the same A), then the panels
- * of all parts split over the threads by their cost (rows x panels). */
+ * of all parts split over the threads by their cost (rows x panels). With
+ * a few rows or more the quantisation runs in the products' region, the
+ * rows shared by the threads, a barrier before the panels: at eight
+ * decoding streams of nanowhale-100m it had been a fifth of the step's
+ * time on the calling thread while the other waited (the experts' down
+ * products: 14 us of preparation to 39 of products, timed per call). */
 static whale_code a8_run(whale_gemm *g, const gemm_call *c, const int *row0, int n, whale_err *err) {
     const int K = c[0].s.K, Kp = a8_kp(K), nb = Kp / A8_BLOCK;
     const size_t ldq = (size_t)Kp;
     const int kernel = a8_kernel(g->path), copies = kernel == A8_VNNI ? 2 : 1; /* aq (+ ag) */
+    const int wide = WHALE_X86 && whale_isa_at_least(WHALE_ISA_AVX512);
     size_t need = 0;
     for (int i = 0; i < n; i++)
         if (!i || c[i].A != c[i - 1].A || c[i].s.lda != c[i - 1].s.lda || c[i].s.M != c[i - 1].s.M)
@@ -453,6 +507,7 @@ static whale_code a8_run(whale_gemm *g, const gemm_call *c, const int *row0, int
     whale_code rc = gemm_scratch_reserve(&g->sa, need, 1, c, err);
     if (rc) return rc;
     a8_job J[SK_PARTS_MAX];
+    a8_inputs in = {.n = 0};
     int64_t cost[SK_PARTS_MAX + 1] = {0};
     char *at = g->sa.p;
     double work = 0;
@@ -474,22 +529,22 @@ static whale_code a8_run(whale_gemm *g, const gemm_call *c, const int *row0, int
             j->d = (float *)at;
             j->corr = (int32_t *)(at + (size_t)s->M * nb * 4);
             at += (size_t)s->M * nb * 8;
-            whale_quantize_a8_rows(s->M, K, c[i].A, s->lda, (int8_t *)j->aq, Kp, (float *)j->d,
-                                   (int32_t *)j->corr, nb);
-            if (j->ag) a8_interleave(s->M, Kp, j->aq, ldq, (int8_t *)j->ag);
+            in.part[in.n] = i;
+            in.row[in.n + 1] = in.row[in.n] + s->M;
+            in.n++;
         }
         cost[i + 1] = cost[i] + (int64_t)j->panels * (s->M + 1); /* +1: a panel's fixed work */
         work += (double)s->M * s->N * K;
     }
+    const int rows = in.row[in.n];
+    const int shared = WHALE_PAR_WORTH(work >= OWN_PARALLEL_MIN_WORK) && rows >= A8_SHARED_PREP_ROWS;
+    if (!shared) a8_prepare(J, c, &in, 0, rows, wide); /* one row or a few: not worth a barrier */
     WHALE_PARALLEL_IF(work >= OWN_PARALLEL_MIN_WORK, t, nt, {
-        const int64_t lo = cost[n] * t / nt, hi = cost[n] * (t + 1) / nt;
-        for (int i = 0; i < n; i++) { /* this thread's panels of part i */
-            const int64_t per = J[i].M + 1;
-            int64_t a = lo > cost[i] ? lo : cost[i], b = hi < cost[i + 1] ? hi : cost[i + 1];
-            if (a >= b) continue;
-            const int p0 = (int)((a - cost[i] + per - 1) / per), p1 = (int)((b - cost[i] + per - 1) / per);
-            if (p0 < p1) a8_range(&J[i], kernel, p0, p1);
+        if (shared) {
+            a8_prepare(J, c, &in, rows * t / nt, rows * (t + 1) / nt, wide);
+            a8_barrier();
         }
+        a8_panels(J, cost, n, kernel, t, nt);
     });
     snprintf(g->last_impl, sizeof g->last_impl, "%s",
              kernel == A8_VNNI ? "whale:nt_a8_vnni" : kernel == A8_AVX2 ? "whale:nt_a8_avx2" : "whale:nt_a8_c");
