@@ -28,7 +28,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sched.h>
 #include <time.h>
 
 /* Tokens of the warm-up prompt (engine_warm_up). */
@@ -441,15 +440,6 @@ static void step_run(serve_engine *e) {
     step_metrics(e, n_seqs, n_out, whale_now() - t0);
     for (int k = 0; k < n_out; k++)
         if (e->out_fin[k]) slot_finish(e, e->out_slot[k], e->out_fin[k]);
-    /* The threads just woken (a streaming reply's, its client when it shares
-     * the machine) run now, on this core, rather than at the next forward,
-     * where each one would take a core from an OpenMP thread mid-region and
-     * hold the whole team at the region's barrier. With nothing else to run
-     * this returns at once. nanowhale-100m int8 through bench/serve.mjs on a
-     * 2-core Xeon, seven servers each alternated with the build without it
-     * (docs/serving.md), medians of 14 rounds: one stream 499 -> 540
-     * decode tokens/s, eight 1,560 -> 1,912. */
-    if (n_out) sched_yield();
 }
 
 /* ------------------------------------------------------------ the thread */
