@@ -492,9 +492,9 @@ static void a8_panels(const a8_job *J, const int64_t *cost, int n, int kernel, i
  * of all parts split over the threads by their cost (rows x panels). With
  * a few rows or more the quantisation runs in the products' region, the
  * rows shared by the threads, a barrier before the panels: at eight
- * decoding streams of nanowhale-100m it had been a fifth of the step's
- * time on the calling thread while the other waited (the experts' down
- * products: 14 us of preparation to 39 of products, timed per call). */
+ * decoding streams of nanowhale-100m it had been about a tenth of the
+ * step's time on the calling thread while the other waited (the experts'
+ * down products: 14 us of preparation to 39 of products, timed per call). */
 static whale_code a8_run(whale_gemm *g, const gemm_call *c, const int *row0, int n, whale_err *err) {
     const int K = c[0].s.K, Kp = a8_kp(K), nb = Kp / A8_BLOCK;
     const size_t ldq = (size_t)Kp;
