@@ -409,6 +409,7 @@ static void a8_pass_of(int M, int m, int *m0, int *mr) {
     const int six = M <= A8_MR ? 0 : (M - A8_MR + 5) / 6 * 6; /* rows in passes of 6 */
     *m0 = m < six ? m / 6 * 6 : six;
     *mr = m < six ? 6 : M - six;
+    assert(*mr == a8_pass_rows(M, *m0) && m < *m0 + *mr);
 }
 
 /* Row m of a job's activations: quantised into aq, d and corr, and for the

@@ -441,15 +441,7 @@ static void pv_block_avx512(float acc[][ATT_COLS], const float *const *pr, const
     int shared = 1;
 #pragma GCC unroll 8
     for (int i = 0; i < ATT_FEW_ROWS; i++) a[i] = _mm512_setzero_ps(), shared &= vr[i] == vr[0];
-    if (shared && nr == ATT_FEW_ROWS) { /* a whole block: rows ctx apart, no row to mask */
-        const float *p = pr[0], *v = vr[0];
-        const long st = pr[1] - pr[0];
-        for (int t = 0; t < ctx; t++) {
-            const __m512 vt = _mm512_loadu_ps(v + (long)t * ldkv);
-#pragma GCC unroll 8
-            for (int i = 0; i < ATT_FEW_ROWS; i++) a[i] = _mm512_fmadd_ps(_mm512_set1_ps(p[i * st + t]), vt, a[i]);
-        }
-    } else if (shared)
+    if (shared)
         for (int t = 0; t < ctx; t++) {
             const __m512 v = _mm512_loadu_ps(vr[0] + (long)t * ldkv);
 #pragma GCC unroll 8
@@ -472,8 +464,7 @@ static void pv_block_avx512(float acc[][ATT_COLS], const float *const *pr, const
  * for 8), each lane the same fused sums in key order, so the same bits.
  * nanowhale-100m's decode attention of 8 spans (context 150), one thread,
  * processor time of a call (best of 2000), six runs alternated: 62-77 us
- * against 75-96 with 16 columns an item (and 73-90 with 16 columns and
- * the whole block's branch above). */
+ * against 75-96 with 16 columns an item. */
 static void pv_wide_avx512(float *out, long ldo, const float *p, long st, const float *v, int ctx, int ldkv) {
     __m512 a[ATT_FEW_ROWS][3];
 #pragma GCC unroll 8
