@@ -126,7 +126,7 @@ printf 'sekret-key\n' >"$TMP/key"
 start_server "$TMP/serve.log" -m "$TMP/m" --parallel 8 --ctx-size 256 --batch 64 --api-key-file "$TMP/key" --max-body 1048576 \
     --threads 2 --adapters "sql=$A1" --lora-modules "poet=$A2" || exit 1
 PID1=$PID URL1=$URL
-start_server "$TMP/serve2.log" -m "$TMP/m" --parallel 1 --queue 1 --ctx-size 256 --api-key sekret-key --timeout 3 --threads 1 ||
+start_server "$TMP/serve2.log" -m "$TMP/m" --parallel 1 --queue 1 --ctx-size 2048 --api-key sekret-key --timeout 3 --threads 1 ||
     exit 1
 PID2=$PID URL2=$URL
 start_server "$TMP/serve3.log" -m "$TMP/tools" --parallel 2 --ctx-size 512 --api-key sekret-key --threads 2 || exit 1

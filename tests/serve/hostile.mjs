@@ -175,14 +175,22 @@ if (process.env.SERVE_URL2) {
   check('disconnect while queued: nothing left behind', (await metric2('whale_slots_busy')) === 0 &&
         (await metric2('whale_queue_depth')) === 0);
 
-  // one slot and a queue of one: of three requests sent together, the one
-  // that arrives last is turned away (sent one after another, the first
-  // could finish its tokens before the third arrived)
-  const three = await Promise.all([long(240), long(240), long(240)]);
-  const full = three.filter((r) => r.status === 503), kept = three.filter((r) => r.status === 200);
-  check('queue full: 503 with Retry-After', full.length === 1 && kept.length === 2 &&
-        full[0].headers.get('retry-after') === '1', three.map((r) => r.status).join(' '));
-  await Promise.all(three.filter((r) => r.status !== 200).map((r) => r.text()));
+  // one slot and a queue of one: the third request is turned away. Each is
+  // sent once the server's metrics show the one before it running or queued,
+  // and the first asks for 1,500 tokens, so it cannot end before the third
+  // arrives however fast or slow the machine is
+  const until = async (name, v) => {
+    for (let i = 0; i < 500 && (await metric2(name)) !== v; i++) await new Promise((r) => setTimeout(r, 10));
+  };
+  const running = await long(1500);
+  await until('whale_slots_busy', 1);
+  const queued = await long(1500);
+  await until('whale_queue_depth', 1);
+  const third = await long(1500);
+  const kept = [running, queued];
+  check('queue full: 503 with Retry-After', third.status === 503 && kept.every((r) => r.status === 200) &&
+        third.headers.get('retry-after') === '1', [running, queued, third].map((r) => r.status).join(' '));
+  await third.text();
   // SIGTERM: the running and queued streams finish, then the process exits
   process.kill(Number(process.env.SERVE_PID2), 'SIGTERM');
   await new Promise((r) => setTimeout(r, 200));
