@@ -150,8 +150,12 @@ if (process.env.SERVE_URL2) {
   // a client that goes away while its request waits for the slot: counted as
   // aborted like one whose generation runs (the role chunk goes out first)
   const metric2 = (name) => metric(name, url2);
+  // until the second server's metric reads v (at most 5 s)
+  const until = async (name, v) => {
+    for (let i = 0; i < 500 && (await metric2(name)) !== v; i++) await new Promise((r) => setTimeout(r, 10));
+  };
   const occupier = await long(240);
-  for (let i = 0; i < 100 && (await metric2('whale_slots_busy')) !== 1; i++) await new Promise((r) => setTimeout(r, 10));
+  await until('whale_slots_busy', 1);
   const aborted0 = await metric2('whale_requests_aborted_total');
   const queuedBody = JSON.stringify({ model: env.model, messages, max_tokens: 8, stream: true });
   let depth = NaN, seen = false;
@@ -179,9 +183,6 @@ if (process.env.SERVE_URL2) {
   // sent once the server's metrics show the one before it running or queued,
   // and the first asks for 1,500 tokens, so it cannot end before the third
   // arrives however fast or slow the machine is
-  const until = async (name, v) => {
-    for (let i = 0; i < 500 && (await metric2(name)) !== v; i++) await new Promise((r) => setTimeout(r, 10));
-  };
   const running = await long(1500);
   await until('whale_slots_busy', 1);
   const queued = await long(1500);
