@@ -56,9 +56,11 @@ whale_code serve_open(const serve_config *cfg, serve_server **out, whale_err *er
 int serve_port(const serve_server *s);
 /* One line about what it holds: model, slots, context, KV bytes. */
 void serve_describe(const serve_server *s, FILE *f);
-/* Refuse new requests (503), let the running and queued ones finish (at
- * most timeout seconds; the rest are cancelled), then stop. */
-void serve_drain(serve_server *s, double timeout);
+/* Refuse new requests (503) from now on and wait, at most timeout seconds,
+ * for the running and queued ones to finish. Returns 1 when none is left,
+ * 0 on timeout (serve_close then cancels the rest). Call it again to wait
+ * longer. */
+int serve_drain(serve_server *s, double timeout);
 /* Stop (cancelling what still runs) and free. NULL is fine. */
 void serve_close(serve_server *s);
 

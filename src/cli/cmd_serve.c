@@ -1,6 +1,7 @@
 /* whale serve: an OpenAI-compatible HTTP server (src/serve, docs/serving.md).
- * Runs until SIGTERM or SIGINT, then drains: running requests finish, new
- * ones get 503, and it exits 0. */
+ * Runs until SIGTERM or SIGINT, then drains: new requests get 503, running
+ * and queued ones finish (for at most --drain-timeout seconds, or until a
+ * second signal), and it exits 0. */
 #include "cli.h"
 
 #include "whale_util.h"
@@ -29,6 +30,8 @@ static const char serve_help[] =
     "  --max-body BYTES       largest request body (8388608)\n"
     "  --timeout S            a request's headers and body must arrive within S seconds, however slowly sent;\n"
     "                         idle connections close (30)\n"
+    "  --drain-timeout S      after SIGTERM or SIGINT, running and queued requests get S seconds to finish\n"
+    "                         before they are cancelled (60; a second signal cancels them at once)\n"
     "  --max-connections N    (256)   --threads N (all cores)   --verbose\n"
     "  --memory-limit GIB     refuse, before loading, a server whose estimate (weights, every slot's KV cells,\n"
     "                         one batch's workspace) is larger (the machine's memory)\n"
@@ -42,7 +45,7 @@ typedef struct {
     cli_list adapters;                         /* NAME=DIR */
     serve_adapter parsed[CLI_LIST_MAX]; /* the same, split */
     char names[CLI_LIST_MAX][SERVE_MAX_ADAPTER_NAME + 1];
-    long port, parallel, ctx, batch, queue, max_body, timeout, max_conn, threads;
+    long port, parallel, ctx, batch, queue, max_body, timeout, drain, max_conn, threads;
     double memory_limit; /* GiB; 0: the machine's memory */
     whale_dtype dtype;
     int verbose;
@@ -65,6 +68,7 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
         {"--chat-template", CLI_STR, &o->tmpl, 0, 0, NULL},
         {"--max-body", CLI_LONG, &o->max_body, 1, 1L << 30, NULL},
         {"--timeout", CLI_LONG, &o->timeout, 1, 86400, NULL},
+        {"--drain-timeout", CLI_LONG, &o->drain, 0, 86400, NULL},
         {"--max-connections", CLI_LONG, &o->max_conn, 1, 65536, NULL},
         {"--threads", CLI_LONG, &o->threads, 1, 1024, NULL},
         {"--memory-limit", CLI_DOUBLE, &o->memory_limit, 1e-6, 1e6, NULL},
@@ -119,10 +123,28 @@ static whale_code read_key(const char *path, char **key, whale_err *err) {
     return WHALE_OK;
 }
 
+/* Wait for the running and queued requests, a quarter second at a time,
+ * until none is left, timeout seconds pass or a second signal comes. */
+static void drain(serve_server *s, const sigset_t *set, double timeout) {
+    double left = timeout;
+    while (!serve_drain(s, left < 0.25 ? left : 0.25)) {
+        left -= 0.25;
+        struct timespec now = {0, 0};
+        if (sigtimedwait(set, NULL, &now) > 0) {
+            fprintf(stderr, "serve: a second signal: cancelling what still runs\n");
+            return;
+        }
+        if (left <= 0) {
+            fprintf(stderr, "serve: the drain timeout passed: cancelling what still runs\n");
+            return;
+        }
+    }
+}
+
 int cmd_serve(int argc, char **argv) {
     serve_config d = serve_config_defaults();
     serve_opts o = {.port = d.port, .parallel = d.parallel, .batch = d.batch, .queue = d.queue,
-                    .max_body = (long)d.max_body, .timeout = d.upload_seconds, .max_conn = d.max_connections,
+                    .max_body = (long)d.max_body, .timeout = d.upload_seconds, .drain = 60, .max_conn = d.max_connections,
                     .dtype = CLI_DTYPE_AUTO};
     int bad = serve_parse(argc, argv, &o);
     if (bad) return bad < 0 ? 0 : bad;
@@ -165,8 +187,8 @@ int cmd_serve(int argc, char **argv) {
     serve_describe(s, stderr);
     int sig = 0;
     sigwait(&set, &sig);
-    fprintf(stderr, "serve: %s: draining\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-    serve_drain(s, 60);
+    fprintf(stderr, "serve: %s: draining (at most %ld s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT", o.drain);
+    drain(s, &set, (double)o.drain);
     serve_close(s);
     free(key);
     fprintf(stderr, "serve: stopped\n");

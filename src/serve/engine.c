@@ -709,7 +709,7 @@ char *serve_engine_take(serve_engine *e, serve_job *j, size_t from, size_t *len,
     return out;
 }
 
-void serve_engine_drain(serve_engine *e, double timeout) {
+int serve_engine_drain(serve_engine *e, double timeout) {
     double t0 = whale_now();
     pthread_mutex_lock(&e->mu);
     e->draining = 1;
@@ -718,7 +718,8 @@ void serve_engine_drain(serve_engine *e, double timeout) {
         pthread_mutex_lock(&e->mu);
         int idle = !e->qhead && e->busy == 0;
         pthread_mutex_unlock(&e->mu);
-        if (idle || whale_now() - t0 > timeout) break;
+        if (idle) return 1;
+        if (whale_now() - t0 >= timeout) return 0;
         struct timespec ts = {0, 20 * 1000000L};
         nanosleep(&ts, NULL);
     }

@@ -123,8 +123,9 @@ serve_job_view serve_engine_view(serve_engine *e, serve_job *j);
 /* A copy (malloc'd, NUL-terminated; NULL when *len is 0) of the job's
  * sendable text from byte `from`, and its state, under the lock. */
 char *serve_engine_take(serve_engine *e, serve_job *j, size_t from, size_t *len, serve_job_view *v);
-/* Stop taking jobs; wait until none runs or timeout seconds pass. */
-void serve_engine_drain(serve_engine *e, double timeout);
+/* Stop taking jobs; wait until none runs or is queued (1) or timeout
+ * seconds pass (0). */
+int serve_engine_drain(serve_engine *e, double timeout);
 int serve_engine_draining(serve_engine *e);
 
 serve_job *serve_job_new(void);

@@ -195,8 +195,8 @@ void serve_describe(const serve_server *s, FILE *f) {
             strchr(s->cfg.host, ':') ? "]" : "", s->port);
 }
 
-void serve_drain(serve_server *s, double timeout) {
-    if (s && s->eng) serve_engine_drain(s->eng, timeout);
+int serve_drain(serve_server *s, double timeout) {
+    return !s || !s->eng || serve_engine_drain(s->eng, timeout);
 }
 
 void serve_close(serve_server *s) {

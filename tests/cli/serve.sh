@@ -95,6 +95,7 @@ expect_status 2 'given twice.*base' -- "$WHALE" serve -m "$TMP/m" --port 0 --ada
 expect_status 2 'given twice' -- "$WHALE" serve -m "$TMP/m" --port 0 --adapters "a=$A1" "a=$A2"
 expect_status 2 'must be 1 to' -- "$WHALE" serve -m "$TMP/m" --port 0 --adapters "a b=$A1"
 expect_status 3 'adapter_config.json' -- "$WHALE" serve -m "$TMP/m" --port 0 --adapters "a=$TMP/nowhere"
+expect_status 2 '--drain-timeout' -- "$WHALE" serve -m "$TMP/m" --drain-timeout -1
 expect_status 2 '--parallel expects an integer' -- "$WHALE" serve -m "$TMP/m" --parallel 0
 expect_status 5 'exceeds the model' -- "$WHALE" serve -m "$TMP/m" --ctx-size 100000 --port 0
 printf '' >"$TMP/empty-key"
@@ -126,13 +127,14 @@ printf 'sekret-key\n' >"$TMP/key"
 start_server "$TMP/serve.log" -m "$TMP/m" --parallel 8 --ctx-size 256 --batch 64 --api-key-file "$TMP/key" --max-body 1048576 \
     --threads 2 --adapters "sql=$A1" --lora-modules "poet=$A2" || exit 1
 PID1=$PID URL1=$URL
-start_server "$TMP/serve2.log" -m "$TMP/m" --parallel 1 --queue 1 --ctx-size 2048 --api-key sekret-key --timeout 3 --threads 1 ||
+start_server "$TMP/serve2.log" -m "$TMP/m" --parallel 1 --queue 1 --ctx-size 2048 --api-key sekret-key --timeout 3 --threads 1 \
+    --drain-timeout 600 ||
     exit 1
 PID2=$PID URL2=$URL
 start_server "$TMP/serve3.log" -m "$TMP/tools" --parallel 2 --ctx-size 512 --api-key sekret-key --threads 2 || exit 1
 PID3=$PID URL3=$URL
 start_server "$TMP/serve4.log" -m "$TMP/m" --parallel 2 --ctx-size 2048 --api-key sekret-key --threads 2 \
-    --adapters "sql=$A1" || exit 1
+    --adapters "sql=$A1" --drain-timeout 0 || exit 1
 PID4=$PID URL4=$URL
 # another precision and template than the folder's, the address given, a
 # small batch: a long prompt takes several chunks
@@ -142,7 +144,7 @@ PID5=$PID URL5=$URL
 check "the log names --dtype and --chat-template" grep -q '^serve: model "m" (BF16, .*/qwen2_5.jinja template)' "$TMP/serve5.log"
 
 export SERVE_URL=$URL1 SERVE_KEY=sekret-key SERVE_MODEL=m SERVE_DIR=$TMP/m WHALE TMP SERVE_PID=$PID1
-export SERVE_URL2=$URL2 SERVE_PID2=$PID2 SERVE_TOOLS_URL=$URL3 SERVE_TOOLS_DIR=$TMP/tools SERVE_PAGE_URL=$URL4 SERVE_PAGE_ADAPTERS=1 SERVE_ADAPTERS="sql=$A1,poet=$A2"
+export SERVE_URL2=$URL2 SERVE_PID2=$PID2 SERVE_TOOLS_URL=$URL3 SERVE_TOOLS_DIR=$TMP/tools SERVE_PAGE_URL=$URL4 SERVE_PID4=$PID4 SERVE_PAGE_ADAPTERS=1 SERVE_ADAPTERS="sql=$A1,poet=$A2"
 export SERVE_OPT_URL=$URL5 SERVE_OPT_BATCH=32 SERVE_OPT_DTYPE=bf16 SERVE_OPT_TEMPLATE=$TEMPLATE
 scripts=(client.mjs logprobs.mjs tools.mjs "concurrent.mjs 16" prefill.mjs options.mjs hostile.mjs)
 # the page in headless Chromium: scripts/setup.sh installs Debian's chromium and
@@ -156,6 +158,7 @@ elif [ "${CI:-}" = true ] || cmp -s "$SERVE_JS/package-lock.json" "$SERVE_JS/nod
 else
     echo "serve.sh: SKIP the chat page test: /usr/bin/chromium or playwright-core is missing (run scripts/setup.sh)" >&2
 fi
+scripts+=(drain.mjs) # last: it stops the page server
 for script in "${scripts[@]}"; do
     # shellcheck disable=SC2086
     node "$SERVE_JS"/$script >"$TMP/node.out" 2>&1
@@ -164,8 +167,8 @@ for script in "${scripts[@]}"; do
     check "node $script" test $st = 0
 done
 
-# hostile.mjs sent SIGTERM to the second server; give it 30 s to drain and exit
-for _ in $(seq 1 300); do kill -0 "$PID2" 2>/dev/null || break; sleep 0.1; done
+# hostile.mjs sent SIGTERM to the second server; give it 60 s to drain and exit
+for _ in $(seq 1 600); do kill -0 "$PID2" 2>/dev/null || break; sleep 0.1; done
 kill -0 "$PID2" 2>/dev/null && kill -9 "$PID2"
 wait "$PID2"
 check "SIGTERM: the drained server exits 0" test $? = 0
@@ -173,8 +176,12 @@ check "SIGTERM: it says it drained" grep -q 'draining' "$TMP/serve2.log"
 kill -TERM "$PID1"
 wait "$PID1"
 check "SIGTERM: exit 0" test $? = 0
-kill -TERM "$PID3" "$PID4" "$PID5"
-wait "$PID3" "$PID4" "$PID5"
+# drain.mjs sent SIGTERM to the fourth (--drain-timeout 0) during a stream
+wait "$PID4"
+check "--drain-timeout 0: exit 0" test $? = 0
+check "--drain-timeout 0: it says it cancelled" grep -q 'drain timeout passed' "$TMP/serve4.log"
+kill -TERM "$PID3" "$PID5"
+wait "$PID3" "$PID5"
 check "the servers printed no error" test "$(cat "$TMP/serve.log" "$TMP/serve5.log" | grep -c -i 'error\|sanitizer')" = 0
 if [ "$fails" != 0 ]; then
     echo "--- server log:" && tail -n 40 "$TMP/serve.log"

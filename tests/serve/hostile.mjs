@@ -172,7 +172,7 @@ if (process.env.SERVE_URL2) {
     await new Promise((r) => setTimeout(r, 20));
     aborted1 = await metric2('whale_requests_aborted_total');
   }
-  const occupied = await occupier.text();
+  const occupied = await occupier.text().catch(() => '(connection closed)');
   check('disconnect while queued: counted as aborted', aborted1 === aborted0 + 1, `${aborted0} -> ${aborted1}`);
   check('disconnect while queued: it had waited, the running stream ends', depth === 1 &&
         occupied.trimEnd().endsWith('data: [DONE]'), `queue depth ${depth}`);
@@ -200,7 +200,7 @@ if (process.env.SERVE_URL2) {
   const refused = await fetch(url2 + '/v1/chat/completions', { method: 'POST', headers: auth,
     body: JSON.stringify({ model: env.model, messages }) }).then((r) => r.status, () => 'closed');
   check('draining: new requests are refused', refused === 503 || refused === 'closed', refused);
-  const texts = await Promise.all(kept.map((r) => r.text()));
+  const texts = await Promise.all(kept.map((r) => r.text().catch(() => '(connection closed)')));
   check('draining: running and queued streams end with [DONE]',
         texts.length === 2 && texts.every((t) => t.trimEnd().endsWith('data: [DONE]')));
 }
