@@ -48,9 +48,9 @@ export async function call(path, body, { headers = auth, method, url = env.url }
 
 // A raw request over a socket: write `chunks` (strings/Buffers, `gapMs` apart),
 // collect what comes back until the server closes or `timeoutMs`
-// (`closeAfterMs`: close the socket that long after the last write went out);
-// resolves to {out, closed, ms}.
-export function raw(chunks, { gapMs = 0, timeoutMs = 10000, onData, closeAfterMs, port: to = port } = {}) {
+// (`closeWhen`: close the socket once this async function, called after the
+// last write went out, resolves); resolves to {out, closed, ms}.
+export function raw(chunks, { gapMs = 0, timeoutMs = 10000, onData, closeWhen, port: to = port } = {}) {
   return new Promise((resolve) => {
     const sock = net.connect(to, '127.0.0.1'), t0 = Date.now();
     let out = '', closed = false;
@@ -64,7 +64,10 @@ export function raw(chunks, { gapMs = 0, timeoutMs = 10000, onData, closeAfterMs
         await new Promise((r) => sock.write(c, r));
         if (gapMs) await new Promise((r) => setTimeout(r, gapMs));
       }
-      if (closeAfterMs !== undefined) setTimeout(() => sock.destroy(), closeAfterMs);
+      if (closeWhen) {
+        await closeWhen();
+        sock.destroy();
+      }
     })();
   });
 }
