@@ -31,6 +31,7 @@ typedef struct {
     char *body;
     size_t len, cap;
     double t0;
+    int replying;   /* counted in serve_server.replying until the reply is sent */
     char line[160]; /* "METHOD URL" for --verbose */
 } conn_ctx;
 
@@ -357,6 +358,10 @@ static enum MHD_Result handle_generation(serve_server *s, struct MHD_Connection 
         stream_free(st);
         return respond_error(s, c, &e);
     }
+    pthread_mutex_lock(&s->metrics.mu);
+    s->replying++;
+    pthread_mutex_unlock(&s->metrics.mu);
+    cc->replying = 1;
     if (st->req.stream && st->req.tools && !(st->ts = serve_toolstream_new())) {
         stream_free(st);
         return respond_json(s, c, 500, NULL);
@@ -483,6 +488,11 @@ void serve_on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enu
     serve_deadline_set(s->deadlines, c, 1); /* the next request on the connection may begin */
     conn_ctx *cc = *con_cls;
     if (!cc) return;
+    if (cc->replying) {
+        pthread_mutex_lock(&s->metrics.mu);
+        s->replying--;
+        pthread_mutex_unlock(&s->metrics.mu);
+    }
     if (s->cfg.verbose) {
         const char *how = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection closed)";
         fprintf(stderr, "serve: %s -> %d in %.1f ms%s\n", cc->line, last_status, (whale_now() - cc->t0) * 1e3,

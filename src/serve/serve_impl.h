@@ -286,7 +286,8 @@ struct serve_server {
     struct MHD_Daemon *d;
     serve_deadlines *deadlines;
     int port;
-    unsigned long next_id;
+    unsigned long next_id;  /* under metrics.mu */
+    int replying;           /* generation requests from submission until their reply is sent, under metrics.mu */
 };
 
 /* libmicrohttpd's access handler and completion callback (http.c). */

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 serve_config serve_config_defaults(void) {
     serve_config c;
@@ -202,9 +203,20 @@ int serve_drain(serve_server *s, double timeout) {
 void serve_close(serve_server *s) {
     if (!s) return;
     /* the engine first: it cancels what runs, so connection threads waiting
-     * for a job return; then the daemon, which joins those threads */
+     * for a job return, each sending its reply's end (finish_reason
+     * "cancelled"); then, once they have (at most 2 s: a client that does
+     * not read holds its thread), the daemon, which closes the connections
+     * and joins their threads */
     if (s->d) MHD_quiesce_daemon(s->d);
     serve_engine_stop(s->eng);
+    for (int i = 0; s->d && i < 200; i++) {
+        pthread_mutex_lock(&s->metrics.mu);
+        int replying = s->replying;
+        pthread_mutex_unlock(&s->metrics.mu);
+        if (!replying) break;
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     if (s->d) MHD_stop_daemon(s->d);
     serve_deadlines_stop(s->deadlines);
     serve_engine_free(s->eng);
