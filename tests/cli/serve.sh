@@ -160,10 +160,12 @@ else
 fi
 scripts+=(drain.mjs) # last: it stops the page server
 for script in "${scripts[@]}"; do
+    t=$SECONDS
     # shellcheck disable=SC2086
     node "$SERVE_JS"/$script >"$TMP/node.out" 2>&1
     st=$?
     cat "$TMP/node.out"
+    echo "serve.sh: node $script took $((SECONDS - t)) s"
     check "node $script" test $st = 0
 done
 

@@ -155,6 +155,7 @@ if (process.env.SERVE_URL2) {
   const until = async (name, v) => {
     for (let i = 0; i < 500 && (await metric2(name)) !== v; i++) await new Promise((r) => setTimeout(r, 10));
   };
+  const tOccupier = performance.now();
   const occupier = await long(240);
   await until('whale_slots_busy', 1);
   const aborted0 = await metric2('whale_requests_aborted_total');
@@ -174,6 +175,7 @@ if (process.env.SERVE_URL2) {
     aborted1 = await metric2('whale_requests_aborted_total');
   }
   const occupied = await occupier.text().catch(() => '(connection closed)');
+  const occupierSeconds = (performance.now() - tOccupier) / 1000;
   check('disconnect while queued: counted as aborted', aborted1 === aborted0 + 1, `${aborted0} -> ${aborted1}`);
   check('disconnect while queued: it had waited, the running stream ends', depth === 1 &&
         occupied.trimEnd().endsWith('data: [DONE]'), `queue depth ${depth}`);
@@ -182,16 +184,20 @@ if (process.env.SERVE_URL2) {
 
   // one slot and a queue of one: the third request is turned away. Each is
   // sent once the server's metrics show the one before it running or queued,
-  // and the first asks for 1,500 tokens, so it cannot end before the third
-  // arrives however fast or slow the machine is
-  const running = await long(1500);
+  // and the first asks for about two seconds of tokens at the rate the
+  // occupier above was served (64 to 1,500), so it cannot end before the
+  // third arrives however fast or slow the machine is, and the drain below
+  // does not wait minutes on a slow one
+  const runTokens = Math.max(64, Math.min(1500, Math.round(2 * 240 / occupierSeconds)));
+  const running = await long(runTokens);
   await until('whale_slots_busy', 1);
-  const queued = await long(1500);
+  const queued = await long(8);
   await until('whale_queue_depth', 1);
-  const third = await long(1500);
+  const third = await long(8);
   const kept = [running, queued];
   check('queue full: 503 with Retry-After', third.status === 503 && kept.every((r) => r.status === 200) &&
-        third.headers.get('retry-after') === '1', [running, queued, third].map((r) => r.status).join(' '));
+        third.headers.get('retry-after') === '1',
+        `${[running, queued, third].map((r) => r.status).join(' ')} (the first asked for ${runTokens} tokens)`);
   await third.text();
   // SIGTERM: the running and queued streams finish, then the process exits
   process.kill(Number(process.env.SERVE_PID2), 'SIGTERM');
