@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 #   libdnnl-dev ocl-icd-opencl-dev        oneDNN; its CMake config requires OpenCL, which libdnnl-dev only recommends
 #   libpcre2-dev libcjson-dev             regular expressions, JSON
 #   libmicrohttpd-dev                     whale serve's HTTP server
+#   libcurl4-openssl-dev                  bench_serve, the serving benchmark's HTTP client (tests/cli/serve.sh runs it)
 #   ca-certificates                       npm's downloads over TLS
 #   python3                               the adapter-file check in the tests
 #   clang libclang-rt-14-dev libomp-dev   the fuzz targets (scripts/fuzz.sh; scripts/test.sh runs a smoke)
@@ -20,7 +21,7 @@ cd "$(dirname "$0")/.."
 # The other tools the scripts and tests use (awk, cmp, od, dd, iconv, mount,
 # sha256sum, tar, ...) are in every Debian system.
 packages=(gcc libc6-dev make cmake pkg-config libdnnl-dev ocl-icd-opencl-dev libpcre2-dev libcjson-dev
-    libmicrohttpd-dev ca-certificates python3 clang libclang-rt-14-dev libomp-dev openmpi-bin libopenmpi-dev chromium)
+    libmicrohttpd-dev libcurl4-openssl-dev ca-certificates python3 clang libclang-rt-14-dev libomp-dev openmpi-bin libopenmpi-dev chromium)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -175,6 +175,19 @@ kill -0 "$PID2" 2>/dev/null && kill -9 "$PID2"
 wait "$PID2"
 check "SIGTERM: the drained server exits 0" test $? = 0
 check "SIGTERM: it says it drained" grep -q 'draining' "$TMP/serve2.log"
+# bench/bench_serve, the load generator of the serving benchmark, on the
+# first server: the base and two adapters round robin, every token counted
+BENCH_SERVE=$(dirname "$WHALE")/bench_serve
+"$BENCH_SERVE" "$URL1" m,sql,poet 8 1,3 sekret-key >"$TMP/bench.out" 2>&1
+check "bench_serve: exit 0" test $? = 0
+check "bench_serve: two rounds of 8 and 24 tokens, batched" node -e 'const fs = require("fs");
+const r = fs.readFileSync(process.argv[1], "utf8").trim().split("\n").map(JSON.parse);
+const ok = r.length === 2 && r[0].concurrency === 1 && r[0].tokens === 8 && r[1].concurrency === 3 &&
+  r[1].tokens === 24 && r[1].batch_sequences_max > 1 && r.every((x) => x.step_ms > 0 &&
+  Object.values(x).every((v) => v === null || (Number.isFinite(v) && v >= 0))); // a tiny model: tokens may arrive together
+process.exit(ok ? 0 : 1)' "$TMP/bench.out"
+expect_status 1 'HTTP 401' -- "$BENCH_SERVE" "$URL1" m 8 1 wrong-key
+expect_status 1 'HTTP 404.*model' -- "$BENCH_SERVE" "$URL1" nosuchmodel 8 1 sekret-key
 kill -TERM "$PID1"
 wait "$PID1"
 check "SIGTERM: exit 0" test $? = 0
