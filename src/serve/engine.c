@@ -377,8 +377,12 @@ static const char *slot_publish(serve_engine *e, int i, int32_t tok, whale_err *
     if (pl && job_append(j, piece, pl, err)) cut = -1;
     if (record && cut == 0) j->lp[j->n_lp++].end = j->len; /* published with the text */
     if (pl && cut == 0) cut = job_check_stop(j, from);
-    if (j->ready >= j->wake_at) pthread_cond_broadcast(&j->cv);
+    int wake = j->ready >= j->wake_at;
     pthread_mutex_unlock(&e->mu);
+    /* after the unlock: a reader woken under it would block at once on
+     * the mutex the engine still holds (two switches a token, not one);
+     * the slot's reference keeps j alive */
+    if (wake) pthread_cond_broadcast(&j->cv);
     if (cut < 0) return "error";
     if (is_stop) return "stop";
     if (cut) return "stop_string";
