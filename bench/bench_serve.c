@@ -33,6 +33,7 @@
 #include <time.h>
 
 #define MAX_STREAMS 256
+#define MAX_EVENT (16u << 20) /* bytes of one server-sent event, at most */
 
 typedef struct {
     CURL *h;
@@ -43,7 +44,7 @@ typedef struct {
     double *times;         /* arrival of each chunk with text */
     int n_times, max_times;
     int n_tokens;          /* usage.completion_tokens */
-    int failed;            /* an event that is not JSON, or out of memory */
+    int failed;            /* 1 an event that is not JSON, 2 one over MAX_EVENT */
 } stream_t;
 
 static const char *g_url, *g_key;
@@ -98,6 +99,10 @@ static void on_event(stream_t *s, const char *ev, size_t len) {
 static size_t on_data(char *p, size_t size, size_t nmemb, void *arg) {
     stream_t *s = arg;
     size_t len = size * nmemb;
+    if (s->n + len > MAX_EVENT) {
+        s->failed = 2; /* libcurl ends the transfer with an error */
+        return 0;
+    }
     if (s->n + len + 1 > s->cap) {
         size_t cap = 2 * (s->n + len + 1);
         char *b = realloc(s->buf, cap);
@@ -220,8 +225,11 @@ static void run_streams(CURLM *multi, stream_t *st, int n, char **models, int n_
     CURLMsg *m;
     int left;
     while ((m = curl_multi_info_read(multi, &left)))
-        if (m->msg == CURLMSG_DONE && m->data.result != CURLE_OK)
-            die("POST %s/v1/completions: %s", g_url, curl_easy_strerror(m->data.result));
+        for (int i = 0; i < n; i++)
+            if (m->msg == CURLMSG_DONE && m->easy_handle == st[i].h && st[i].failed == 2)
+                die("POST %s/v1/completions: an event of over %u bytes", g_url, MAX_EVENT);
+            else if (m->msg == CURLMSG_DONE && m->easy_handle == st[i].h && m->data.result != CURLE_OK)
+                die("POST %s/v1/completions: %s", g_url, curl_easy_strerror(m->data.result));
     for (int i = 0; i < n; i++) {
         long status = 0;
         curl_easy_getinfo(st[i].h, CURLINFO_RESPONSE_CODE, &status);
@@ -311,6 +319,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     g_url = argv[1], g_key = argc > 5 ? argv[5] : NULL;
+    for (size_t k = strlen(argv[1]); k > 0 && argv[1][k - 1] == '/'; k--) argv[1][k - 1] = 0; /* URL/ is URL */
     char *models[64], conc_arg[256] = "1,4,8,16";
     int n_models = 0, conc[64];
     for (char *t = strtok(argv[2], ","); t && n_models < 64; t = strtok(NULL, ",")) models[n_models++] = t;
