@@ -18,7 +18,7 @@
  * Why C and libcurl: on a small machine the client shares the cores with
  * the server, and every microsecond it spends on a token is taken from the
  * forward. A node:http client used ~100 us of processor time a token on a
- * 2-core Zen 5, this one ~20; the events are still parsed as JSON (cJSON),
+ * 2-core Zen 5, this one ~40; the events are still parsed as JSON (cJSON),
  * over real HTTP/1.1 with chunked transfer (libcurl), as a program would.
  */
 #include <cjson/cJSON.h>
@@ -258,12 +258,22 @@ static double pct(const double *a, int n, double p) {
     return a[k < n - 1 ? k : n - 1];
 }
 
-/* The round's line, from the streams' timings and /metrics before and after. */
-static void report(CURL *h, const stream_t *st, int n, double wall, double cpu, double s0, double c0) {
+/* What a round reads of /metrics, before it and after. */
+typedef struct {
+    double step_sum, steps, batch_max;
+} server_stats;
+
+static server_stats stats(CURL *h) {
     char *m = get_text(h, "/metrics");
-    double s1 = metric(m, "whale_step_seconds_sum"), c1 = metric(m, "whale_step_seconds_count");
-    double bmax = metric(m, "whale_batch_sequences_max");
+    server_stats v = {metric(m, "whale_step_seconds_sum"), metric(m, "whale_step_seconds_count"),
+                      metric(m, "whale_batch_sequences_max")};
     free(m);
+    return v;
+}
+
+/* The round's line, from the streams' timings and the server's counts. */
+static void report(const stream_t *st, int n, double wall, double cpu, server_stats s0, server_stats s1) {
+    const double bmax = s1.batch_max;
     int total = 0, n_itl = 0;
     double decode = 0, *ttft = malloc(sizeof(double) * (size_t)n), *itl;
     for (int i = 0; i < n; i++) n_itl += st[i].n_times - 1;
@@ -282,7 +292,7 @@ static void report(CURL *h, const stream_t *st, int n, double wall, double cpu, 
     char f[8][32];
     jnum(f[0], total / wall, 1), jnum(f[1], decode, 1), jnum(f[2], 1e3 * pct(ttft, n, 50), 1);
     jnum(f[3], 1e3 * pct(ttft, n, 99), 1), jnum(f[4], 1e3 * pct(itl, n_itl, 50), 2);
-    jnum(f[5], 1e3 * pct(itl, n_itl, 99), 2), jnum(f[6], 1e3 * (s1 - s0) / (c1 - c0), 3);
+    jnum(f[5], 1e3 * pct(itl, n_itl, 99), 2), jnum(f[6], 1e3 * (s1.step_sum - s0.step_sum) / (s1.steps - s0.steps), 3);
     jnum(f[7], total ? 1e6 * cpu / total : 0.0 / 0.0, 1);
     printf("{\"concurrency\": %d, \"tokens\": %d, \"seconds\": %.3f, \"aggregate_tokens_per_s\": %s, "
            "\"decode_tokens_per_s\": %s, \"ttft_p50_ms\": %s, \"ttft_p99_ms\": %s, \"itl_p50_ms\": %s, "
@@ -293,13 +303,6 @@ static void report(CURL *h, const stream_t *st, int n, double wall, double cpu, 
     free(itl);
 }
 
-static void steps(CURL *h, double *sum, double *count) {
-    char *m = get_text(h, "/metrics");
-    *sum = metric(m, "whale_step_seconds_sum");
-    *count = metric(m, "whale_step_seconds_count");
-    free(m);
-}
-
 /* ------------------------------------------------------------ main */
 
 static int parse_list(char *s, int *out, int max) {
@@ -307,7 +310,8 @@ static int parse_list(char *s, int *out, int max) {
     for (char *t = strtok(s, ","); t; t = strtok(NULL, ",")) {
         char *end;
         long v = strtol(t, &end, 10);
-        if (*end || v < 1 || v > MAX_STREAMS || n == max) die("concurrencies: 1 to %d, comma-separated: \"%s\"", MAX_STREAMS, t);
+        if (*end || v < 1 || v > MAX_STREAMS) die("concurrencies: 1 to %d, comma-separated: \"%s\"", MAX_STREAMS, t);
+        if (n == max) die("concurrencies: at most %d rounds", max);
         out[n++] = (int)v;
     }
     return n;
@@ -322,7 +326,11 @@ int main(int argc, char **argv) {
     for (size_t k = strlen(argv[1]); k > 0 && argv[1][k - 1] == '/'; k--) argv[1][k - 1] = 0; /* URL/ is URL */
     char *models[64], conc_arg[256] = "1,4,8,16";
     int n_models = 0, conc[64];
-    for (char *t = strtok(argv[2], ","); t && n_models < 64; t = strtok(NULL, ",")) models[n_models++] = t;
+    for (char *t = strtok(argv[2], ","); t; t = strtok(NULL, ",")) {
+        if (n_models == 64) die("MODEL: at most 64 names");
+        models[n_models++] = t;
+    }
+    if (!n_models) die("MODEL: a name is needed");
     char *end;
     long tokens = argc > 3 ? strtol(argv[3], &end, 10) : 64;
     if (argc > 3 && (*end || tokens < 1 || tokens > 1000000)) die("TOKENS: an integer from 1: \"%s\"", argv[3]);
@@ -346,12 +354,11 @@ int main(int argc, char **argv) {
 
     run_streams(multi, st, 1, models, n_models, -1, (int)tokens); /* warm up */
     for (int k = 0; k < n_conc; k++) {
-        double s0, c0;
-        steps(get, &s0, &c0);
+        const server_stats s0 = stats(get);
         double t0 = now(), cpu0 = cpu_seconds();
         run_streams(multi, st, conc[k], models, n_models, 0, (int)tokens);
         double wall = now() - t0, cpu = cpu_seconds() - cpu0;
-        report(get, st, conc[k], wall, cpu, s0, c0);
+        report(st, conc[k], wall, cpu, s0, stats(get));
     }
     for (int i = 0; i < most; i++) {
         curl_easy_cleanup(st[i].h);

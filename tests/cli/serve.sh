@@ -178,7 +178,7 @@ check "SIGTERM: it says it drained" grep -q 'draining' "$TMP/serve2.log"
 # bench/bench_serve, the load generator of the serving benchmark, on the
 # first server: the base and two adapters round robin, every token counted
 BENCH_SERVE=$(dirname "$WHALE")/bench_serve
-"$BENCH_SERVE" "$URL1" m,sql,poet 8 1,3 sekret-key >"$TMP/bench.out" 2>&1
+"$BENCH_SERVE" "$URL1/" m,sql,poet 8 1,3 sekret-key >"$TMP/bench.out" 2>&1 # URL/ is URL
 check "bench_serve: exit 0" test $? = 0
 check "bench_serve: two rounds of 8 and 24 tokens, batched" node -e 'const fs = require("fs");
 const r = fs.readFileSync(process.argv[1], "utf8").trim().split("\n").map(JSON.parse);
@@ -188,6 +188,16 @@ const ok = r.length === 2 && r[0].concurrency === 1 && r[0].tokens === 8 && r[1]
 process.exit(ok ? 0 : 1)' "$TMP/bench.out"
 expect_status 1 'HTTP 401' -- "$BENCH_SERVE" "$URL1" m 8 1 wrong-key
 expect_status 1 'HTTP 404.*model' -- "$BENCH_SERVE" "$URL1" nosuchmodel 8 1 sekret-key
+expect_status 1 'TOKENS' -- "$BENCH_SERVE" "$URL1" m 0 1 sekret-key
+expect_status 1 'concurrencies: 1 to 256.*"x"' -- "$BENCH_SERVE" "$URL1" m 8 1,x sekret-key
+expect_status 1 "Couldn't connect" -- "$BENCH_SERVE" http://127.0.0.1:1 m 8 1
+node "$SERVE_JS/bench_fake.mjs" >"$TMP/fake.url" &
+FAKE=$!
+PIDS+=("$FAKE")
+for _ in $(seq 1 100); do [ -s "$TMP/fake.url" ] && break; sleep 0.1; done
+expect_status 1 'not JSON' -- "$BENCH_SERVE" "$(cat "$TMP/fake.url")" bad 8 1
+expect_status 1 'an event of over 16777216 bytes' -- "$BENCH_SERVE" "$(cat "$TMP/fake.url")" big 8 1
+kill "$FAKE"
 kill -TERM "$PID1"
 wait "$PID1"
 check "SIGTERM: exit 0" test $? = 0
