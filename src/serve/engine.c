@@ -678,9 +678,9 @@ int serve_engine_wait(serve_engine *e, serve_job *j, size_t seen, int timeout_ms
     j->wake_at = seen == (size_t)-1 ? seen : seen + 1;
     while (!j->done && j->ready <= seen)
         if (pthread_cond_timedwait(&j->cv, &e->mu, &ts) == ETIMEDOUT) break;
-    int done = j->done;
+    int r = j->done ? 1 : j->ready > seen ? 0 : -1;
     pthread_mutex_unlock(&e->mu);
-    return done;
+    return r;
 }
 
 void serve_engine_cancel(serve_engine *e, serve_job *j) {

@@ -108,7 +108,8 @@ size_t serve_engine_kv_bytes(const serve_engine *e);
 whale_code serve_engine_submit(serve_engine *e, serve_job *j, whale_err *err);
 /* Wait until j is done, has new text beyond seen bytes, or timeout_ms
  * passed (seen (size_t)-1: until done; the engine then wakes the waiter
- * only when the job ends, not at every token). Returns 1 when done. */
+ * only when the job ends, not at every token). Returns 1 when done, 0 when
+ * it has new text, -1 when the time passed without either. */
 int serve_engine_wait(serve_engine *e, serve_job *j, size_t seen, int timeout_ms);
 void serve_engine_cancel(serve_engine *e, serve_job *j);
 /* Copy out the job's result state under the lock. */
