@@ -488,6 +488,23 @@ static void a8_panels(const a8_job *J, const int64_t *cost, int n, int kernel, i
     }
 }
 
+/* Whether a run is worth splitting over the team: when one thread would
+ * take at least twice what a region costs (whale_par_sync_us), from its
+ * weights' bytes (one core streams some 28 KB a microsecond from memory)
+ * or its products (one core's vpdpbusd tile some 250,000 a microsecond, a
+ * third of that without VNNI). A work threshold of a constant 65,536
+ * products had split nanowhale-100m's attention products at eight rows
+ * (0.4 to 1 M products, 50 to 120 KB of weights), each then slower on two
+ * threads than on one where a region costs 5 us (a 2-core virtual
+ * machine, bench_gemm --shape nt_a8, one thread against two, weights from
+ * memory): 8 x 768 x 160 6.1 us against 11.1, 8 x 320 x 640 9.6 against
+ * 17.5, 1 x 768 x 160 6.2 against 9.7; 1 x 1280 x 320 (410 KB) 14.8
+ * against 12.0 gains from two. */
+static int a8_worth_team(int kernel, double bytes, double macs) {
+    const double us = whale_par_sync_us(), macs_per_us = kernel == A8_VNNI ? 250000.0 : 80000.0;
+    return us > 0 && (bytes >= 2 * us * 28000.0 || macs >= 2 * us * macs_per_us);
+}
+
 /* The products c[0..n) (validated, M, N, K > 0, one K): A quantised into
  * scratch (once for consecutive parts with the same A), then the panels
  * of all parts split over the threads by their cost (rows x panels). With
@@ -511,7 +528,7 @@ static whale_code a8_run(whale_gemm *g, const gemm_call *c, const int *row0, int
     a8_inputs in = {.n = 0};
     int64_t cost[SK_PARTS_MAX + 1] = {0};
     char *at = g->sa.p;
-    double work = 0;
+    double work = 0, bytes = 0;
     for (int i = 0; i < n; i++) {
         const gemm_key *s = &c[i].s;
         a8_job *j = &J[i];
@@ -536,11 +553,12 @@ static whale_code a8_run(whale_gemm *g, const gemm_call *c, const int *row0, int
         }
         cost[i + 1] = cost[i] + (int64_t)j->panels * (s->M + 1); /* +1: a panel's fixed work */
         work += (double)s->M * s->N * K;
+        bytes += (double)s->N * Kp;
     }
-    const int rows = in.row[in.n];
-    const int shared = WHALE_PAR_WORTH(work >= OWN_PARALLEL_MIN_WORK) && rows >= A8_SHARED_PREP_ROWS;
+    const int rows = in.row[in.n], team = a8_worth_team(kernel, bytes, work);
+    const int shared = WHALE_PAR_WORTH(team) && rows >= A8_SHARED_PREP_ROWS;
     if (!shared) a8_prepare(J, c, &in, 0, rows, wide); /* one row or a few: not worth a barrier */
-    WHALE_PARALLEL_IF(work >= OWN_PARALLEL_MIN_WORK, t, nt, {
+    WHALE_PARALLEL_IF(team, t, nt, {
         if (shared) {
             a8_prepare(J, c, &in, rows * t / nt, rows * (t + 1) / nt, wide);
             a8_barrier();
