@@ -273,14 +273,19 @@ static void test_attention(whale_gemm *g, whale_rng *r, int S, int p0, int Hq, i
  * count): spans of different contexts, query counts and row strides;
  * prefill spans (the GEMM path) among decode ones; more spans than one
  * region holds (70: over 64 spans, and about 150 rows of some 150 keys
- * where work holds 64 rows of the longest context). */
-static void test_attention_spans(whale_gemm *g, whale_rng *r, int n, int Hq, int Hkv, int Dh, whale_dtype products) {
+ * where work holds 64 rows of the longest context). long_p0 > 0 gives
+ * span 0 that many cached keys: one span that dominates the group, whose
+ * steps the threads split (keys, rows, items), where the others' spans
+ * go to the threads whole. */
+static void test_attention_spans(whale_gemm *g, whale_rng *r, int n, int Hq, int Hkv, int Dh, whale_dtype products,
+                                 int long_p0) {
     static const int shapes[][2] = {{1, 0}, {1, 5}, {1, 150}, {2, 40}, {4, 300}, {20, 0}, {1, 1}, {9, 30}, {3, 0}};
     k_att_span *sp = malloc(sizeof *sp * (size_t)n);
     float **ref = malloc(sizeof(float *) * (size_t)n);
     int max_ctx = 1;
     for (int i = 0; i < n; i++) { /* beyond the table: decode spans of assorted contexts */
         int S = i < 9 ? shapes[i][0] : 1 + i % 4, p0 = i < 9 ? shapes[i][1] : (int)(whale_rng_u64(r) % 300);
+        if (i == 0 && long_p0 > 0) p0 = long_p0;
         int ld = Hkv * Dh + i % 3, ctx = p0 + S;
         float *q = malloc(sizeof(float) * (size_t)S * Hq * Dh), *k = malloc(sizeof(float) * (size_t)ctx * ld),
               *v = malloc(sizeof(float) * (size_t)ctx * ld);
@@ -325,6 +330,10 @@ static void test_attention_spans(whale_gemm *g, whale_rng *r, int n, int Hq, int
 }
 
 int main(void) {
+    /* the cost of a region the splits assume, fixed (core/par.h): a
+     * measured one would make which attention path a test takes depend on
+     * the machine's load */
+    setenv("WHALE_PAR_US", "1", 0);
     whale_rng r;
     whale_rng_seed(&r, 7);
     whale_err err;
@@ -351,9 +360,11 @@ int main(void) {
         test_attention(g, &r, 130, 5, 6, 2, p);
         test_attention(g, &r, 90, 0, 14, 2, p); /* GQA 7:1 over two query blocks */
         test_attention(g, &r, 90, 7, 14, 2, p);
-        test_attention_spans(g, &r, 9, 8, 1, 64, p);
-        test_attention_spans(g, &r, 8, 14, 2, 40, p); /* GQA; the last 8 of 40 columns a partial block */
-        test_attention_spans(g, &r, 70, 8, 1, 24, p); /* more spans than a region holds */
+        test_attention_spans(g, &r, 9, 8, 1, 64, p, 0);
+        test_attention_spans(g, &r, 8, 14, 2, 40, p, 0); /* GQA; the last 8 of 40 columns a partial block */
+        test_attention_spans(g, &r, 70, 8, 1, 24, p, 0); /* more spans than a region holds */
+        test_attention_spans(g, &r, 3, 8, 1, 96, p, 2500); /* one long span: its steps split */
+        test_attention_spans(g, &r, 1, 8, 1, 96, p, 2500);
     }
     whale_gemm_free(g);
     return test_finish("test_ops");

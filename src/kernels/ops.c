@@ -332,7 +332,11 @@ static void masked_softmax(float *row, int lo, int valid, int n, float scale) {
 #define SEG_LO(seg, s) ((seg) ? (seg)[s] : 0)
 
 /* Decoding: a few query positions per span, all spans of a micro-batch in
- * one parallel region, three steps with a barrier between.
+ * one parallel region. When no span holds more than half of the scores,
+ * the threads take whole spans, each through the three steps below on its
+ * own (few_span): no barrier, and a span's keys stay in one core's cache.
+ * Otherwise (one span, or one long one among short ones) the three steps
+ * are split over the threads with a barrier between:
  *   Scores: the keys of all spans, laid end to end, are cut into one
  *   contiguous share per thread; a thread runs the skinny nt kernel over
  *   its share's part of each span, for the rep query heads of each K/V
@@ -369,9 +373,22 @@ enum {
     ATT_FEW_ROWS = 8,
     ATT_GROUP = 64 /* spans per region at most */
 };
-/* Below this many score × head-dimension products a group runs on the
- * calling thread. */
-#define ATT_FEW_PARALLEL_MIN 32768L
+/* Score × head-dimension products a group needs per microsecond that a
+ * region costs (whale_par_sync_us) to run on the team: ATT_SPANS_PER_US
+ * when its spans are shared out whole (one region), ATT_STEPS_PER_US when
+ * the steps are split (a region and three barriers); below, on the calling
+ * thread. One thread does some 27,000 a microsecond with its operands in
+ * cache, a third of that in the decode step. On a 2-core virtual machine
+ * (a region 3.5 us, a barrier 1.7; whale_par_sync_us 5), nanowhale-100m's
+ * heads (8 on one K/V head, 96 wide), the call alone, one thread against
+ * two: one span of context 144 4.1 us against 13 (split steps), 1,024
+ * keys 26 against 29, 2,048 keys 66 against 45; eight spans of context
+ * 16 6.9 against 8.8 (whole spans), 64 16.5 against 16.2, 144 33 against
+ * 25-31 (split steps: 38). In the decode step (whale bench, int8, 256
+ * tokens from context 16), the attention call per layer: one stream 21 us
+ * -> 12, eight 41-49 -> 33-38, against a single constant of 32,768. */
+#define ATT_SPANS_PER_US 80000.0
+#define ATT_STEPS_PER_US 200000.0
 
 /* The spans of one region, and where each one's keys, score rows, output
  * items and scores start (offsets of span i at [i], totals at [n]). */
@@ -559,11 +576,38 @@ static void few_pv(const att_group *G, float *work, long it) {
     few_pv_item(G, i, it - G->items[i], work);
 }
 
-/* The three steps over a group; scores in work [G->sc[n]]. On this thread
- * without entering OpenMP when the group is small (core/par.h). */
+/* Span i through the three steps on this thread: the calls the serial path
+ * makes for it, so the same bits. */
+static void few_span(const att_group *G, float scale, float *work, int i) {
+    few_scores(G, work, G->keys[i], G->keys[i + 1]);
+    for (long r = G->rows[i]; r < G->rows[i + 1]; r++) few_softmax_row(G, scale, work, r);
+    for (long it = G->items[i]; it < G->items[i + 1]; it++) few_pv(G, work, it);
+}
+
+/* Whether the group's spans can be shared out whole: two or more, none
+ * holding more than half of the scores. */
+static int few_by_spans(const att_group *G) {
+    size_t most = 0;
+    for (int i = 0; i < G->n; i++)
+        if (G->sc[i + 1] - G->sc[i] > most) most = G->sc[i + 1] - G->sc[i];
+    return G->n >= 2 && 2 * most <= G->sc[G->n];
+}
+
+/* The three steps over a group; scores in work [G->sc[n]]. Spans that can
+ * be shared out whole go to the threads in contiguous shares, each span
+ * through all three steps (few_span): one region and no barrier.
+ * Otherwise (one span or one that dominates) the three steps split keys,
+ * rows and items with a barrier between. On this thread without entering
+ * OpenMP when the group is small for what a region costs. */
 static void attention_few(const att_group *G, float scale, float *work) {
     const long nkeys = G->keys[G->n], nrows = G->rows[G->n], nitems = G->items[G->n];
-    if (!WHALE_PAR_WORTH((long)G->sc[G->n] * G->Dh >= ATT_FEW_PARALLEL_MIN)) {
+    const double products = (double)G->sc[G->n] * G->Dh, us = whale_par_sync_us();
+    if (us > 0 && few_by_spans(G) && products >= us * ATT_SPANS_PER_US) {
+#pragma omp parallel for schedule(static)
+        for (int i = 0; i < G->n; i++) few_span(G, scale, work, i);
+        return;
+    }
+    if (!(us > 0 && products >= us * ATT_STEPS_PER_US)) {
         few_scores(G, work, 0, nkeys);
         for (long r = 0; r < nrows; r++) few_softmax_row(G, scale, work, r);
         for (long it = 0; it < nitems; it++) few_pv(G, work, it);
