@@ -1101,10 +1101,19 @@ static void sk_range(sk_kind k, int portable, const sk_part *p, size_t lo, size_
 #define SK_CHUNK_BYTES ((size_t)1 << 20)
 #define SK_CHUNKS_MAX 64
 
-/* The skinny kernels stream their weights from memory (decode): two
- * threads read faster than one from a quarter of the general threshold up
- * (a 16K-weight product is ~16-64 KB). */
-#define SK_PARALLEL_MIN_WORK (OWN_PARALLEL_MIN_WORK / 4)
+/* Whether a run is worth splitting over the team: when one thread would
+ * take at least twice what a region costs (whale_par_sync_us), from its
+ * weights' bytes (one core streams some 28 KB a microsecond from memory)
+ * or its products (some 30,000 fp32 multiply-adds a microsecond at a few
+ * rows). 2-core virtual machine (a region 5 us), bench_gemm --shape KIND
+ * M N K cold, one thread against two: nt_bf16 1 x 768 x 160 (246 KB) 11.3
+ * us against 13.2, 1 x 1280 x 320 45.7 against 28.8; nt 1 x 768 x 160
+ * (492 KB) 33 against 19; nt_bf16 8 x 768 x 160 29 against 26. A constant
+ * threshold of 16,384 products had split them all. */
+static int sk_worth_team(double bytes, double macs) {
+    const double us = whale_par_sync_us();
+    return us > 0 && (bytes >= 2 * us * 28000.0 || macs >= 2 * us * 30000.0);
+}
 
 /* What a W row of a part with M rows of A costs, in A rows: SK_ROW_COST +
  * M. One thread, nt_q8 6400 × 320 from DRAM: 0.062 ms at M = 1, 0.10 at 4,
@@ -1150,9 +1159,9 @@ static void sk_run(sk_kind k, int portable, const sk_part *parts, int n) {
         rows += (size_t)parts[i].N;
     }
     first[n] = rows;
-    const int par = WHALE_PAR_WORTH(work >= SK_PARALLEL_MIN_WORK);
-    const int nt = par ? omp_get_max_threads() : 1;
     const size_t bytes = rows * (size_t)parts[0].K * sk_wsize(k); /* one K for all parts */
+    const int par = sk_worth_team((double)bytes, work);
+    const int nt = par ? omp_get_max_threads() : 1;
     size_t chunks = (size_t)nt;
     if (par && bytes > SK_DYNAMIC_BYTES) {
         chunks = bytes / SK_CHUNK_BYTES;
