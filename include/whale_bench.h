@@ -22,5 +22,10 @@ double whale_measure_gemm_ceiling(whale_dtype w, int M, int N, int K, int reps, 
  * by side (the decode kernels' pattern); best of reps. Returns 0 on
  * failure. */
 double whale_measure_read_bandwidth(size_t bytes, int reps);
+/* Microseconds a parallel region with one barrier costs at the current
+ * thread count, as the kernels measured it (once per thread count) or
+ * WHALE_PAR_US gave it: what they weigh their work against before they
+ * split it over the threads. 0 with one thread or inside a region. */
+double whale_par_sync_us(void);
 
 #endif

@@ -13,14 +13,17 @@
 #include <string.h>
 #include <time.h>
 
-/* Opens a result line with the processor and the instruction tier the
- * kernels ran at: figures are only comparable between lines that agree. */
+/* Opens a result line with the processor, the instruction tier the
+ * kernels ran at and what a parallel region costs (the size from which
+ * they split work over the threads): figures are only comparable between
+ * lines that agree on the first two. */
 static void print_machine(void) {
     char model[80];
     snprintf(model, sizeof model, "%s", whale_cpu_model());
     for (char *c = model; *c; c++)
         if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) *c = ' ';
-    printf("{\"cpu\": \"%s\", \"isa\": \"%s\", ", model, whale_isa_name(whale_isa_active()));
+    printf("{\"cpu\": \"%s\", \"isa\": \"%s\", \"region_us\": %.2f, ", model, whale_isa_name(whale_isa_active()),
+           whale_par_sync_us());
 }
 
 static void random_ids(int32_t *ids, size_t n, int vocab, whale_rng *r) {

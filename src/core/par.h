@@ -24,6 +24,8 @@
 #ifndef WHALE_CORE_PAR_H
 #define WHALE_CORE_PAR_H
 
+#include "whale_bench.h"
+
 #include <omp.h>
 
 /* Whether a region would have more than one thread. */
@@ -53,16 +55,15 @@
         }                                                                                                      \
     } while (0)
 
-/* Microseconds a parallel region of the current team size costs, one
- * barrier inside included (fork, barrier, join): measured the first time
- * it is asked for each team size (some 100 regions, well under a
- * millisecond), then remembered. 0 with one thread or inside a region.
- * On bare metal it is about a microsecond; under a hypervisor whose system
- * calls are dear (libgomp wakes its team with futex calls even when they
- * spin) it was 5 on a 2-core virtual machine. Kernels weigh it against
- * their work to decide whether to split it (gemm_a8.c, the decode
+/* whale_par_sync_us() (whale_bench.h): microseconds a parallel region of
+ * the current team size costs, one barrier inside included (fork,
+ * barrier, join), measured the first time it is asked for each team size
+ * (some 100 regions, well under a millisecond), then remembered. On bare
+ * metal it is about a microsecond; under a hypervisor whose system calls
+ * are dear (libgomp wakes its team with futex calls even when they spin)
+ * it was 5 on a 2-core virtual machine. Kernels weigh it against their
+ * work to decide whether to split it (gemm_a8.c, gemm_rows.c, the decode
  * attention of ops.c). WHALE_PAR_US (microseconds, > 0) fixes it instead,
  * for splits that do not change from run to run. Thread-safe. */
-double whale_par_sync_us(void);
 
 #endif

@@ -117,6 +117,14 @@ check "bench prints tokens_per_s" grep -q '"tokens_per_s"' "$TMP/out"
 expect 0 '' -- "$WHALE" bench -m "$TINY" --what decode --context 8 --tokens 4 --reps 1
 check "decode bench prints its bound" grep -q '"bound_tokens_per_s"' "$TMP/out"
 check "decode bench names the last-level cache its read probe outgrows" grep -q '"llc_mb": [0-9]' "$TMP/out"
+expect 0 '' -- "$WHALE" bench -m "$TINY" --what decode --context 8 --tokens 4 --reps 1 --threads 2
+check "bench gives the region cost it measured at two threads (a positive number)" \
+    awk '{ if (match($0, /"region_us": [0-9.]+/)) { v = substr($0, RSTART + 13, RLENGTH - 13) + 0; ok = v > 0 } }
+         END { exit !ok }' "$TMP/out"
+expect 0 '' -- env WHALE_PAR_US=2.5 "$WHALE" bench -m "$TINY" --what decode --context 8 --tokens 4 --reps 1 --threads 2
+check "WHALE_PAR_US fixes the region cost" grep -q '"region_us": 2.50,' "$TMP/out"
+expect 0 '' -- "$WHALE" bench -m "$TINY" --what decode --context 8 --tokens 4 --reps 1 --threads 1
+check "one thread: no region cost" grep -q '"region_us": 0.00,' "$TMP/out"
 expect 0 '' -- "$WHALE" bench -m "$TINY" --what decode --context 8 --tokens 4 --reps 3
 check "decode bench: the median run's share of the read rate is a positive number" \
     awk '{ if (match($0, /"pct_of_bound": [0-9.]+/)) { v = substr($0, RSTART + 16, RLENGTH - 16) + 0; ok = v > 0 } }
