@@ -27,5 +27,8 @@ double whale_measure_read_bandwidth(size_t bytes, int reps);
  * WHALE_PAR_US gave it: what they weigh their work against before they
  * split it over the threads. 0 with one thread or inside a region. */
 double whale_par_sync_us(void);
+/* WHALE_ERR_ARG when WHALE_PAR_US is set to anything but a number of
+ * microseconds in (0, 1e6) (the kernels would otherwise measure). */
+whale_code whale_par_init(whale_err *err);
 
 #endif

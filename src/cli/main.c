@@ -1,6 +1,7 @@
 /* whale: the nanowhale.c command-line program. */
 #include "cli.h"
 
+#include "whale_bench.h"
 #include "whale_util.h"
 #include "whale_dist.h"
 
@@ -84,6 +85,7 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     whale_err err;
     if (whale_isa_init(&err)) return cli_fail(&err); /* a WHALE_ISA that names no tier */
+    if (whale_par_init(&err)) return cli_fail(&err);
     static const struct {
         const char *name;
         int (*fn)(int, char **);

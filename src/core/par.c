@@ -20,13 +20,28 @@ static void par_region(int nt) {
     }
 }
 
-static long par_measure(int nt) {
+/* WHALE_PAR_US as microseconds: 1 when set to a number in (0, 1e6), with
+ * *us; 0 when unset or empty; -1 when set to anything else. */
+static int par_env(double *us) {
     const char *env = getenv("WHALE_PAR_US");
-    if (env && *env) { /* a fixed cost: the same splits on every run */
-        char *end;
-        const double us = strtod(env, &end);
-        if (*end == 0 && us > 0 && us < 1e6) return (long)(us * 1e3) > 0 ? (long)(us * 1e3) : 1;
-    }
+    if (!env || !*env) return 0;
+    char *end;
+    *us = strtod(env, &end);
+    return *end == 0 && *us > 0 && *us < 1e6 ? 1 : -1;
+}
+
+whale_code whale_par_init(whale_err *err) {
+    double us;
+    if (par_env(&us) < 0)
+        return whale_errf(err, WHALE_ERR_ARG, "WHALE_PAR_US=%.40s is not a number of microseconds above 0 and below 1e6",
+                          getenv("WHALE_PAR_US"));
+    return WHALE_OK;
+}
+
+static long par_measure(int nt) {
+    double us;
+    if (par_env(&us) > 0) /* a fixed cost: the same splits on every run */
+        return (long)(us * 1e3) > 0 ? (long)(us * 1e3) : 1;
     for (int i = 0; i < PAR_REGIONS; i++) par_region(nt); /* wake the team */
     double best = 0;
     for (int r = 0; r < PAR_ROUNDS; r++) {
@@ -49,4 +64,9 @@ double whale_par_sync_us(void) {
         atomic_store_explicit(&par_ns[slot], ns, memory_order_relaxed);
     }
     return (double)ns * 1e-3;
+}
+
+int whale_par_worth(double one_thread_us, double regions) {
+    const double us = whale_par_sync_us();
+    return us > 0 && one_thread_us >= 2 * regions * us;
 }

@@ -66,4 +66,14 @@
  * attention of ops.c). WHALE_PAR_US (microseconds, > 0) fixes it instead,
  * for splits that do not change from run to run. Thread-safe. */
 
+/* One core streams about this many bytes of weights a microsecond from
+ * memory: the kernels' estimate of a memory-bound run's time. */
+#define WHALE_CORE_BYTES_PER_US 28000.0
+
+/* Whether work that one thread would do in one_thread_us microseconds is
+ * worth splitting over the team: it takes at least twice what `regions`
+ * regions cost (whale_par_sync_us; a barrier counts about half a region).
+ * 0 with one thread or inside a region. */
+int whale_par_worth(double one_thread_us, double regions);
+
 #endif

@@ -25,6 +25,7 @@
 #include "core/par.h"
 
 #include <assert.h>
+#include <math.h>
 
 #define A8_PANEL 16 /* outputs per panel */
 #define A8_BLOCK WHALE_A8_BLOCK
@@ -501,8 +502,8 @@ static void a8_panels(const a8_job *J, const int64_t *cost, int n, int kernel, i
  * 17.5, 1 x 768 x 160 6.2 against 9.7; 1 x 1280 x 320 (410 KB) 14.8
  * against 12.0 gains from two. */
 static int a8_worth_team(int kernel, double bytes, double macs) {
-    const double us = whale_par_sync_us(), macs_per_us = kernel == A8_VNNI ? 250000.0 : 80000.0;
-    return us > 0 && (bytes >= 2 * us * 28000.0 || macs >= 2 * us * macs_per_us);
+    const double macs_per_us = kernel == A8_VNNI ? 250000.0 : 80000.0;
+    return whale_par_worth(fmax(bytes / WHALE_CORE_BYTES_PER_US, macs / macs_per_us), 1);
 }
 
 /* The products c[0..n) (validated, M, N, K > 0, one K): A quantised into

@@ -8,6 +8,7 @@
 #include "core/par.h"
 
 #include <assert.h>
+#include <math.h>
 
 /* ------------------------------------------------------------ own kernels: nt */
 
@@ -1111,8 +1112,7 @@ static void sk_range(sk_kind k, int portable, const sk_part *p, size_t lo, size_
  * (492 KB) 33 against 19; nt_bf16 8 x 768 x 160 29 against 26. A constant
  * threshold of 16,384 products had split them all. */
 static int sk_worth_team(double bytes, double macs) {
-    const double us = whale_par_sync_us();
-    return us > 0 && (bytes >= 2 * us * 28000.0 || macs >= 2 * us * 30000.0);
+    return whale_par_worth(fmax(bytes / WHALE_CORE_BYTES_PER_US, macs / 30000.0), 1);
 }
 
 /* What a W row of a part with M rows of A costs, in A rows: SK_ROW_COST +

@@ -373,12 +373,14 @@ enum {
     ATT_FEW_ROWS = 8,
     ATT_GROUP = 64 /* spans per region at most */
 };
-/* Score × head-dimension products a group needs per microsecond that a
- * region costs (whale_par_sync_us) to run on the team: ATT_SPANS_PER_US
- * when its spans are shared out whole (one region), ATT_STEPS_PER_US when
- * the steps are split (a region and three barriers); below, on the calling
- * thread. One thread does some 27,000 a microsecond with its operands in
- * cache, a third of that in the decode step. On a 2-core virtual machine
+/* A group runs on the team when one thread's time for it, at
+ * ATT_PRODUCTS_PER_US score × head-dimension products a microsecond, is
+ * worth one region (spans shared out whole) or ATT_STEPS_REGIONS (the
+ * steps split: a region and three barriers) by whale_par_worth; below, on
+ * the calling thread. One thread does some 27,000 a microsecond with its
+ * operands in cache, a third of that in the decode step; 40,000 puts the
+ * thresholds where they were measured best here (80,000 and 200,000
+ * products a microsecond of region cost). On a 2-core virtual machine
  * (a region 3.5 us, a barrier 1.7; whale_par_sync_us 5), nanowhale-100m's
  * heads (8 on one K/V head, 96 wide), the call alone, one thread against
  * two: one span of context 144 4.1 us against 13 (split steps), 1,024
@@ -387,8 +389,8 @@ enum {
  * 25-31 (split steps: 38). In the decode step (whale bench, int8, 256
  * tokens from context 16), the attention call per layer: one stream 21 us
  * -> 12, eight 41-49 -> 33-38, against a single constant of 32,768. */
-#define ATT_SPANS_PER_US 80000.0
-#define ATT_STEPS_PER_US 200000.0
+#define ATT_PRODUCTS_PER_US 40000.0
+#define ATT_STEPS_REGIONS 2.5
 
 /* The spans of one region, and where each one's keys, score rows, output
  * items and scores start (offsets of span i at [i], totals at [n]). */
@@ -601,13 +603,13 @@ static int few_by_spans(const att_group *G) {
  * OpenMP when the group is small for what a region costs. */
 static void attention_few(const att_group *G, float scale, float *work) {
     const long nkeys = G->keys[G->n], nrows = G->rows[G->n], nitems = G->items[G->n];
-    const double products = (double)G->sc[G->n] * G->Dh, us = whale_par_sync_us();
-    if (us > 0 && few_by_spans(G) && products >= us * ATT_SPANS_PER_US) {
+    const double one_thread_us = (double)G->sc[G->n] * G->Dh / ATT_PRODUCTS_PER_US;
+    if (few_by_spans(G) && whale_par_worth(one_thread_us, 1)) {
 #pragma omp parallel for schedule(static)
         for (int i = 0; i < G->n; i++) few_span(G, scale, work, i);
         return;
     }
-    if (!(us > 0 && products >= us * ATT_STEPS_PER_US)) {
+    if (!whale_par_worth(one_thread_us, ATT_STEPS_REGIONS)) {
         few_scores(G, work, 0, nkeys);
         for (long r = 0; r < nrows; r++) few_softmax_row(G, scale, work, r);
         for (long it = 0; it < nitems; it++) few_pv(G, work, it);

@@ -30,6 +30,8 @@ expect 2 'unknown command' -- "$WHALE" frobnicate
 expect 2 'unknown option "--bogus"' -- "$WHALE" info -m "$TINY" --bogus
 expect 2 '--top-p expects a number' -- "$WHALE" generate -m "$TINY" --ids 1 --top-p 2
 expect 2 'WHALE_ISA=avx3 names no instruction tier' -- env WHALE_ISA=avx3 "$WHALE" info -m "$TINY"
+expect 2 'WHALE_PAR_US=fast is not a number of microseconds' -- env WHALE_PAR_US=fast "$WHALE" info -m "$TINY"
+expect 2 'WHALE_PAR_US=0 is not a number of microseconds' -- env WHALE_PAR_US=0 "$WHALE" info -m "$TINY"
 
 # info
 expect 0 '' -- "$WHALE" info -m "$TINY"
