@@ -319,12 +319,17 @@ static double pct(const double *a, int n, double p) {
 /* What a round reads of /metrics, before it and after. */
 typedef struct {
     double step_sum, steps, batch_max;
+    double phase[3]; /* whale_step_phase_seconds_total: forward, sampling, publishing */
 } server_stats;
 
 static server_stats stats(CURL *h) {
     char *m = get_text(h, "/metrics");
-    server_stats v = {metric(m, "whale_step_seconds_sum"), metric(m, "whale_step_seconds_count"),
-                      metric(m, "whale_batch_sequences_max")};
+    server_stats v = {metric(m, "whale_step_seconds_sum"),
+                      metric(m, "whale_step_seconds_count"),
+                      metric(m, "whale_batch_sequences_max"),
+                      {metric(m, "whale_step_phase_seconds_total{phase=\"forward\"}"),
+                       metric(m, "whale_step_phase_seconds_total{phase=\"sampling\"}"),
+                       metric(m, "whale_step_phase_seconds_total{phase=\"publishing\"}")}};
     free(m);
     return v;
 }
@@ -347,15 +352,18 @@ static void report(const stream_t *st, int n, double wall, double cpu, server_st
     }
     qsort(ttft, (size_t)n, sizeof(double), cmp_double);
     qsort(itl, (size_t)n_itl, sizeof(double), cmp_double);
-    char f[8][32];
+    char f[11][32];
     jnum(f[0], total / wall, 1), jnum(f[1], decode, 1), jnum(f[2], 1e3 * pct(ttft, n, 50), 1);
     jnum(f[3], 1e3 * pct(ttft, n, 99), 1), jnum(f[4], 1e3 * pct(itl, n_itl, 50), 2);
     jnum(f[5], 1e3 * pct(itl, n_itl, 99), 2), jnum(f[6], 1e3 * (s1.step_sum - s0.step_sum) / (s1.steps - s0.steps), 3);
     jnum(f[7], total ? 1e6 * cpu / total : 0.0 / 0.0, 1);
+    for (int k = 0; k < 3; k++) jnum(f[8 + k], 1e3 * (s1.phase[k] - s0.phase[k]) / (s1.steps - s0.steps), 3);
     printf("{\"concurrency\": %d, \"tokens\": %d, \"seconds\": %.3f, \"aggregate_tokens_per_s\": %s, "
            "\"decode_tokens_per_s\": %s, \"ttft_p50_ms\": %s, \"ttft_p99_ms\": %s, \"itl_p50_ms\": %s, "
-           "\"itl_p99_ms\": %s, \"step_ms\": %s, \"batch_sequences_max\": %.0f, \"client_cpu_us_per_token\": %s}\n",
-           n, total, wall, f[0], f[1], f[2], f[3], f[4], f[5], f[6], isfinite(bmax) ? bmax : 0, f[7]);
+           "\"itl_p99_ms\": %s, \"step_ms\": %s, \"forward_ms\": %s, \"sampling_ms\": %s, "
+           "\"publishing_ms\": %s, \"batch_sequences_max\": %.0f, \"client_cpu_us_per_token\": %s}\n",
+           n, total, wall, f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[8], f[9], f[10], isfinite(bmax) ? bmax : 0,
+           f[7]);
     fflush(stdout);
     free(ttft);
     free(itl);

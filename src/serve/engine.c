@@ -390,9 +390,12 @@ static const char *slot_publish(serve_engine *e, int i, int32_t tok, whale_err *
     return NULL;
 }
 
-static void step_metrics(serve_engine *e, int n_seqs, int n_gen, double dt) {
+/* t: the step's start, the end of its forward, of its draws, of publishing. */
+static void step_metrics(serve_engine *e, int n_seqs, int n_gen, const double t[4]) {
     serve_metrics *m = e->metrics;
+    const double dt = t[3] - t[0];
     pthread_mutex_lock(&m->mu);
+    for (int i = 0; i < 3; i++) m->phase_seconds[i] += t[i + 1] - t[i];
     m->decode_steps++;
     m->generated_tokens += (uint64_t)n_gen;
     m->batch_seqs_last = n_seqs;
@@ -409,8 +412,9 @@ static void step_run(serve_engine *e) {
     int n_out, n_prefill;
     whale_code c = step_build(e, &n_out, &n_prefill, &err);
     if (!c && e->batch.n_tokens == 0) return;
-    double t0 = whale_now();
+    double t[4] = {whale_now()};
     if (!c) c = whale_session_decode(e->s, &e->batch, e->logits, &err);
+    t[1] = whale_now();
     if (c) {
         for (int i = 0; i < e->n_seq; i++)
             if (e->slots[i].job) {
@@ -429,6 +433,7 @@ static void step_run(serve_engine *e) {
     WHALE_FOR_IF(n_out > 1, (int k = 0; k < n_out; k++), {
         e->out_tok[k] = slot_draw(e, e->out_slot[k], e->logits + (size_t)k * e->V, e->raw + (size_t)k * e->V);
     });
+    t[2] = whale_now();
     for (int k = 0; k < n_out; k++) {
         int i = e->out_slot[k];
         whale_err serr = {0};
@@ -441,7 +446,8 @@ static void step_run(serve_engine *e) {
     }
     /* counted before any job of this step is answered: a client that has
      * its reply finds the step in /metrics */
-    step_metrics(e, n_seqs, n_out, whale_now() - t0);
+    t[3] = whale_now();
+    step_metrics(e, n_seqs, n_out, t);
     for (int k = 0; k < n_out; k++)
         if (e->out_fin[k]) slot_finish(e, e->out_slot[k], e->out_fin[k]);
 }

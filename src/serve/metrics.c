@@ -105,6 +105,12 @@ char *serve_metrics_text(serve_metrics *m, size_t kv_bytes, int parallel, int ct
             m->batch_seqs_max);
     put_hist(&s, "whale_batch_sequences_per_step", "sequences per batched forward", &m->batch_seqs);
     put_hist(&s, "whale_step_seconds", "time of one batched forward and its sampling", &m->step);
+    static const char *phases[] = {"forward", "sampling", "publishing"};
+    whale_sb_printf(&s, "# HELP whale_step_phase_seconds_total time of the steps by phase: the batched forward, "
+                        "drawing the tokens, publishing their text to the connections\n"
+                        "# TYPE whale_step_phase_seconds_total counter\n");
+    for (int i = 0; i < 3; i++)
+        whale_sb_printf(&s, "whale_step_phase_seconds_total{phase=\"%s\"} %.9g\n", phases[i], m->phase_seconds[i]);
     put_hist(&s, "whale_time_to_first_token_seconds", "from submission to the first generated token", &m->ttft);
     put_hist(&s, "whale_request_seconds", "from submission to the end of generation", &m->latency);
     put_per_model(&s, m, "whale_model_requests_total", "finished generations by model (the base or an adapter)",

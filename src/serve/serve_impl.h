@@ -74,6 +74,11 @@ typedef struct {
     uint64_t requests[8];   /* by endpoint (serve_endpoint) */
     uint64_t responses[6];  /* by status class: 2xx, 400, 401, 404, 413/408, 503, other */
     uint64_t prompt_tokens, reused_tokens, generated_tokens, cancelled, decode_steps;
+    /* seconds of the steps by phase: [0] the batched forward, [1] drawing
+     * the tokens from its logits, [2] publishing their text to the waiting
+     * connections (the connection threads that wakes run then too, on the
+     * same cores) */
+    double phase_seconds[3];
     int queue_depth, slots_busy, batch_seqs_last, batch_seqs_max;
     serve_hist ttft, latency, step, batch_seqs;
     /* per model id (the base, then each adapter): finished requests, generated tokens */

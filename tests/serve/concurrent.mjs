@@ -65,7 +65,9 @@ const maxBefore = await metric('whale_batch_sequences_max');
 // the /metrics families the streams must move: requests, tokens, latencies, forwards
 const counted = ['whale_requests_total\\{endpoint="chat_completions"\\}', 'whale_generated_tokens_total',
   'whale_time_to_first_token_seconds_count', 'whale_request_seconds_count', 'whale_batch_sequences_per_step_count',
-  'whale_decode_steps_total'];
+  'whale_decode_steps_total', 'whale_step_phase_seconds_total\\{phase="forward"\\}',
+  'whale_step_phase_seconds_total\\{phase="sampling"\\}', 'whale_step_phase_seconds_total\\{phase="publishing"\\}',
+  'whale_step_seconds_sum'];
 const countedBefore = await Promise.all(counted.map((n) => metric(n)));
 const reqBefore = await Promise.all(models.map((m) => metric(`whale_model_requests_total\\{model="${m.name}"\\}`)));
 const together = await Promise.all(prompts.map((_, i) => streamOne(i)));
@@ -83,6 +85,10 @@ check('/metrics: N more chat requests, their tokens, times to first token and re
       JSON.stringify(delta));
 check('/metrics: one batch-size observation per forward, fewer forwards than tokens (batched)',
       delta[4] === delta[5] && delta[5] > 0 && delta[5] < delta[1], JSON.stringify(delta));
+// the phases are parts of each step: every one moved, and they add up to no more than the steps' time
+check('/metrics: forward, sampling and publishing time of the steps, within the steps\' time',
+      delta[6] > 0 && delta[7] > 0 && delta[8] > 0 && delta[6] + delta[7] + delta[8] <= delta[9] + 1e-5, // sum: to 1 us
+      JSON.stringify(delta.slice(6)));
 check('/metrics: the queue depth and busy slots are gauges, 0 when idle',
       (await metric('whale_queue_depth')) === 0 && /^# TYPE whale_queue_depth gauge$/m.test((await call('/metrics')).text));
 for (let k = 0; k < models.length; k++) {
