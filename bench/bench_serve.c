@@ -7,8 +7,9 @@
  * tokens/s (each stream's tokens after its first over the time from its
  * first text to its usage chunk, summed over the streams), time to first
  * token and inter-token latency (p50, p99), the server's mean time per step
- * (a batched forward and its sampling, from /metrics), the most sequences it
- * put in one forward, and this client's own processor time per token.
+ * and its phases (the batched forward, sampling, publishing the text to the
+ * connections; from /metrics), the most sequences it put in one forward,
+ * and this client's own processor time per token.
  *
  *   bench_serve URL MODEL[,MODEL...] [TOKENS (64)] [CONCURRENCIES (1,4,8,16)] [KEY]
  *

@@ -104,7 +104,7 @@ char *serve_metrics_text(serve_metrics *m, size_t kv_bytes, int parallel, int ct
     put_one(&s, "whale_batch_sequences_max", "gauge", "most sequences in one batched forward so far",
             m->batch_seqs_max);
     put_hist(&s, "whale_batch_sequences_per_step", "sequences per batched forward", &m->batch_seqs);
-    put_hist(&s, "whale_step_seconds", "time of one batched forward and its sampling", &m->step);
+    put_hist(&s, "whale_step_seconds", "time of one step: a batched forward, its sampling and publishing", &m->step);
     static const char *phases[] = {"forward", "sampling", "publishing"};
     whale_sb_printf(&s, "# HELP whale_step_phase_seconds_total time of the steps by phase: the batched forward, "
                         "drawing the tokens, publishing their text to the connections\n"
