@@ -180,10 +180,11 @@ check "SIGTERM: it says it drained" grep -q 'draining' "$TMP/serve2.log"
 BENCH_SERVE=$(dirname "$WHALE")/bench_serve
 "$BENCH_SERVE" "$URL1/" m,sql,poet 8 1,3 sekret-key >"$TMP/bench.out" 2>&1 # URL/ is URL
 check "bench_serve: exit 0" test $? = 0
-check "bench_serve: two rounds of 8 and 24 tokens, batched" node -e 'const fs = require("fs");
+check "bench_serve: two rounds of 8 and 24 tokens, batched, the step's phases within it" node -e 'const fs = require("fs");
 const r = fs.readFileSync(process.argv[1], "utf8").trim().split("\n").map(JSON.parse);
 const ok = r.length === 2 && r[0].concurrency === 1 && r[0].tokens === 8 && r[1].concurrency === 3 &&
-  r[1].tokens === 24 && r[1].batch_sequences_max > 1 && r.every((x) => x.step_ms > 0 &&
+  r[1].tokens === 24 && r[1].batch_sequences_max > 1 && r.every((x) => x.step_ms > 0 && x.forward_ms > 0 &&
+  x.sampling_ms >= 0 && x.publishing_ms >= 0 && x.forward_ms + x.sampling_ms + x.publishing_ms <= x.step_ms + 0.003 &&
   Object.values(x).every((v) => v === null || (Number.isFinite(v) && v >= 0))); // a tiny model: tokens may arrive together
 process.exit(ok ? 0 : 1)' "$TMP/bench.out"
 expect_status 1 'HTTP 401' -- "$BENCH_SERVE" "$URL1" m 8 1 wrong-key
