@@ -460,9 +460,9 @@ int main(int argc, char **argv) {
         whale_quantize_q8_rows(b.B8 + i, b.scale + i / 320, b.B, (int)(n / 320), 320);
     }
     printf("{\"threads\":%d,\"cpu\":\"%s\",\"isa\":\"%s\",\"isa_detected\":\"%s\",\"extras\":\"%s\","
-           "\"region_us\":%.2f}\n",
+           "\"region_us\":%.2f,\"move_64k_us\":%.2f}\n",
            omp_get_max_threads(), whale_cpu_model(), whale_isa_name(whale_isa_active()),
-           whale_isa_name(whale_isa_detected()), whale_cpu_extras(), whale_par_sync_us());
+           whale_isa_name(whale_isa_detected()), whale_cpu_extras(), whale_par_sync_us(), whale_par_move_us(65536));
 
     const size_t probe = cold > ((size_t)256 << 20) ? cold : (size_t)256 << 20;
     double bw = whale_measure_read_bandwidth(probe, 5);

@@ -27,6 +27,12 @@ double whale_measure_read_bandwidth(size_t bytes, int reps);
  * WHALE_PAR_US gave it: what they weigh their work against before they
  * split it over the threads. 0 with one thread or inside a region. */
 double whale_par_sync_us(void);
+/* Microseconds the kernels count for handing `bytes` between the calling
+ * thread's core and another's: as many as streaming them from memory
+ * takes one core (2.34 for 64 KiB), or as WHALE_PAR_MOVE_US gives it for
+ * 64 KiB; 0 when whale_par_sync_us is. They add it for a split's inputs
+ * and outputs to what the split costs. */
+double whale_par_move_us(double bytes);
 /* WHALE_ERR_ARG when WHALE_PAR_US is set to anything but a number of
  * microseconds in (0, 1e6) (the kernels would otherwise measure). */
 whale_code whale_par_init(whale_err *err);

@@ -1546,10 +1546,12 @@ static void test_tier_dispatch(whale_gemm *g) {
 }
 
 int main(void) {
-    /* a region assumed all but free (core/par.h): the skinny kernels split
-     * even these small products at two threads, so the thread-count
-     * comparisons below run the split path whatever a region costs here */
+    /* a region and moving data between cores assumed all but free
+     * (core/par.h): the skinny kernels split even these small products at
+     * two threads, so the thread-count comparisons below run the split
+     * path whatever those cost here */
     setenv("WHALE_PAR_US", "0.001", 0);
+    setenv("WHALE_PAR_MOVE_US", "0", 0);
     whale_err err;
     whale_gemm *g;
     if (whale_gemm_new(&g, &err)) {

@@ -319,6 +319,7 @@ int main(void) {
      * thread-count variants below run the split and the shared
      * quantisation, whatever a region costs on this machine */
     setenv("WHALE_PAR_US", "0.001", 0);
+    setenv("WHALE_PAR_MOVE_US", "0", 0); /* nor moving data between cores */
     whale_err err;
     whale_gemm *g = NULL;
     if (whale_gemm_new(&g, &err)) {

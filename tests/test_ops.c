@@ -332,8 +332,9 @@ static void test_attention_spans(whale_gemm *g, whale_rng *r, int n, int Hq, int
 int main(void) {
     /* the cost of a region the splits assume, fixed (core/par.h): a
      * measured one would make which attention path a test takes depend on
-     * the machine's load */
+     * the machine's load; likewise moving data between cores */
     setenv("WHALE_PAR_US", "1", 0);
+    setenv("WHALE_PAR_MOVE_US", "0", 0);
     whale_rng r;
     whale_rng_seed(&r, 7);
     whale_err err;

@@ -115,10 +115,12 @@ out:
 }
 
 int main(void) {
-    /* a region assumed all but free (core/par.h), so that the tiny models'
-     * int8 products still split at two threads whatever a region costs
-     * here; the element-wise kernels' thresholds do not depend on it */
+    /* a region and moving data between cores assumed all but free
+     * (core/par.h), so that the tiny models' int8 products still split at
+     * two threads whatever they cost here; the element-wise kernels'
+     * thresholds do not depend on them */
     setenv("WHALE_PAR_US", "0.001", 0);
+    setenv("WHALE_PAR_MOVE_US", "0", 0);
     static const char *const dense[] = {"qwen2-tiny"};
     test_tiny_models(dense, 1, 5, check_model);
     whale_set_threads(2);

@@ -22,8 +22,8 @@ static void print_machine(void) {
     snprintf(model, sizeof model, "%s", whale_cpu_model());
     for (char *c = model; *c; c++)
         if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) *c = ' ';
-    printf("{\"cpu\": \"%s\", \"isa\": \"%s\", \"region_us\": %.2f, ", model, whale_isa_name(whale_isa_active()),
-           whale_par_sync_us());
+    printf("{\"cpu\": \"%s\", \"isa\": \"%s\", \"region_us\": %.2f, \"move_64k_us\": %.2f, ", model,
+           whale_isa_name(whale_isa_active()), whale_par_sync_us(), whale_par_move_us(65536));
 }
 
 static void random_ids(int32_t *ids, size_t n, int vocab, whale_rng *r) {

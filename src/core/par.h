@@ -64,16 +64,24 @@
  * it was 5 on a 2-core virtual machine. Kernels weigh it against their
  * work to decide whether to split it (gemm_a8.c, gemm_rows.c, the decode
  * attention of ops.c). WHALE_PAR_US (microseconds, > 0) fixes it instead,
- * for splits that do not change from run to run. Thread-safe. */
+ * for splits that do not change from run to run, and WHALE_PAR_MOVE_US
+ * (microseconds for 64 KiB, >= 0) what handing data between cores costs
+ * (whale_par_move_us). Thread-safe. */
 
 /* One core streams about this many bytes of weights a microsecond from
  * memory: the kernels' estimate of a memory-bound run's time. */
 #define WHALE_CORE_BYTES_PER_US 28000.0
 
+/* whale_par_move_us() (whale_bench.h): a split hands its input to the
+ * other cores and their outputs back. On a 2-core virtual machine
+ * nanowhale-100m's 8 x 24 x 1280 fp32 hyper-connection product (40 KB of
+ * input) was twice as slow split (11 us against 5.4), and the serial op
+ * that next wrote its input four times as slow (8.5 us against 1.9). */
 /* Whether work that one thread would do in one_thread_us microseconds is
  * worth splitting over the team: it takes at least twice what `regions`
- * regions cost (whale_par_sync_us; a barrier counts about half a region).
- * 0 with one thread or inside a region. */
-int whale_par_worth(double one_thread_us, double regions);
+ * regions cost (whale_par_sync_us; a barrier counts about half a region)
+ * and handing moved_bytes between the cores (whale_par_move_us). 0 with
+ * one thread or inside a region. */
+int whale_par_worth(double one_thread_us, double regions, double moved_bytes);
 
 #endif

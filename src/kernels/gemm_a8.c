@@ -501,9 +501,9 @@ static void a8_panels(const a8_job *J, const int64_t *cost, int n, int kernel, i
  * memory): 8 x 768 x 160 6.1 us against 11.1, 8 x 320 x 640 9.6 against
  * 17.5, 1 x 768 x 160 6.2 against 9.7; 1 x 1280 x 320 (410 KB) 14.8
  * against 12.0 gains from two. */
-static int a8_worth_team(int kernel, double bytes, double macs) {
+static int a8_worth_team(int kernel, double bytes, double macs, double moved) {
     const double macs_per_us = kernel == A8_VNNI ? 250000.0 : 80000.0;
-    return whale_par_worth(fmax(bytes / WHALE_CORE_BYTES_PER_US, macs / macs_per_us), 1);
+    return whale_par_worth(fmax(bytes / WHALE_CORE_BYTES_PER_US, macs / macs_per_us), 1, moved);
 }
 
 /* The products c[0..n) (validated, M, N, K > 0, one K): A quantised into
@@ -529,7 +529,7 @@ static whale_code a8_run(whale_gemm *g, const gemm_call *c, const int *row0, int
     a8_inputs in = {.n = 0};
     int64_t cost[SK_PARTS_MAX + 1] = {0};
     char *at = g->sa.p;
-    double work = 0, bytes = 0;
+    double work = 0, bytes = 0, moved = 0;
     for (int i = 0; i < n; i++) {
         const gemm_key *s = &c[i].s;
         a8_job *j = &J[i];
@@ -551,12 +551,14 @@ static whale_code a8_run(whale_gemm *g, const gemm_call *c, const int *row0, int
             in.part[in.n] = i;
             in.row[in.n + 1] = in.row[in.n] + s->M;
             in.n++;
+            moved += 2.0 * s->M * ((double)Kp + 8.0 * nb); /* the quantised rows and scales, there and back */
         }
         cost[i + 1] = cost[i] + (int64_t)j->panels * (s->M + 1); /* +1: a panel's fixed work */
         work += (double)s->M * s->N * K;
         bytes += (double)s->N * Kp;
+        moved += 4.0 * s->M * s->N; /* C, read here next; A below */
     }
-    const int rows = in.row[in.n], team = a8_worth_team(kernel, bytes, work);
+    const int rows = in.row[in.n], team = a8_worth_team(kernel, bytes, work, moved);
     const int shared = WHALE_PAR_WORTH(team) && rows >= A8_SHARED_PREP_ROWS;
     if (!shared) a8_prepare(J, c, &in, 0, rows, wide); /* one row or a few: not worth a barrier */
     WHALE_PARALLEL_IF(team, t, nt, {

@@ -1111,8 +1111,23 @@ static void sk_range(sk_kind k, int portable, const sk_part *p, size_t lo, size_
  * us against 13.2, 1 x 1280 x 320 45.7 against 28.8; nt 1 x 768 x 160
  * (492 KB) 33 against 19; nt_bf16 8 x 768 x 160 29 against 26. A constant
  * threshold of 16,384 products had split them all. */
-static int sk_worth_team(double bytes, double macs) {
-    return whale_par_worth(fmax(bytes / WHALE_CORE_BYTES_PER_US, macs / 30000.0), 1);
+static int sk_worth_team(double bytes, double macs, double moved) {
+    return whale_par_worth(fmax(bytes / WHALE_CORE_BYTES_PER_US, macs / 30000.0), 1, moved);
+}
+
+/* The bytes a split of the run hands between cores (whale_par_move_us):
+ * each distinct A twice (converted or not: written here, read by the
+ * other threads, its lines taken back when it is next written here) and
+ * every C once (written there, read here next). */
+static double sk_moved(sk_kind k, const sk_part *parts, int n) {
+    const size_t a_len = sk_a_len(k, parts[0].K), a_size = a_len ? sk_a_size(k) : 4;
+    double moved = 0;
+    for (int i = 0; i < n; i++) {
+        if (!i || parts[i].A != parts[i - 1].A || parts[i].M != parts[i - 1].M)
+            moved += 2.0 * parts[i].M * (double)(a_len ? a_len : (size_t)parts[i].K) * (double)a_size;
+        moved += 4.0 * parts[i].M * parts[i].N;
+    }
+    return moved;
 }
 
 /* What a W row of a part with M rows of A costs, in A rows: SK_ROW_COST +
@@ -1160,7 +1175,7 @@ static void sk_run(sk_kind k, int portable, const sk_part *parts, int n) {
     }
     first[n] = rows;
     const size_t bytes = rows * (size_t)parts[0].K * sk_wsize(k); /* one K for all parts */
-    const int par = sk_worth_team((double)bytes, work);
+    const int par = sk_worth_team((double)bytes, work, sk_moved(k, parts, n));
     const int nt = par ? omp_get_max_threads() : 1;
     size_t chunks = (size_t)nt;
     if (par && bytes > SK_DYNAMIC_BYTES) {

@@ -604,12 +604,15 @@ static int few_by_spans(const att_group *G) {
 static void attention_few(const att_group *G, float scale, float *work) {
     const long nkeys = G->keys[G->n], nrows = G->rows[G->n], nitems = G->items[G->n];
     const double one_thread_us = (double)G->sc[G->n] * G->Dh / ATT_PRODUCTS_PER_US;
-    if (few_by_spans(G) && whale_par_worth(one_thread_us, 1)) {
+    /* handed between cores (whale_par_move_us): the queries and outputs,
+     * and when the steps split, the scores between them */
+    const double qo = 8.0 * (double)nrows * G->Dh, scores = 8.0 * (double)G->sc[G->n];
+    if (few_by_spans(G) && whale_par_worth(one_thread_us, 1, qo)) {
 #pragma omp parallel for schedule(static)
         for (int i = 0; i < G->n; i++) few_span(G, scale, work, i);
         return;
     }
-    if (!whale_par_worth(one_thread_us, ATT_STEPS_REGIONS)) {
+    if (!whale_par_worth(one_thread_us, ATT_STEPS_REGIONS, qo + scores)) {
         few_scores(G, work, 0, nkeys);
         for (long r = 0; r < nrows; r++) few_softmax_row(G, scale, work, r);
         for (long it = 0; it < nitems; it++) few_pv(G, work, it);

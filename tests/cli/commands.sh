@@ -32,6 +32,7 @@ expect 2 '--top-p expects a number' -- "$WHALE" generate -m "$TINY" --ids 1 --to
 expect 2 'WHALE_ISA=avx3 names no instruction tier' -- env WHALE_ISA=avx3 "$WHALE" info -m "$TINY"
 expect 2 'WHALE_PAR_US=fast is not a number of microseconds' -- env WHALE_PAR_US=fast "$WHALE" info -m "$TINY"
 expect 2 'WHALE_PAR_US=0 is not a number of microseconds' -- env WHALE_PAR_US=0 "$WHALE" info -m "$TINY"
+expect 2 'WHALE_PAR_MOVE_US=-1 is not a number of microseconds' -- env WHALE_PAR_MOVE_US=-1 "$WHALE" info -m "$TINY"
 
 # info
 expect 0 '' -- "$WHALE" info -m "$TINY"
@@ -123,10 +124,16 @@ expect 0 '' -- "$WHALE" bench -m "$TINY" --what decode --context 8 --tokens 4 --
 check "bench gives the region cost it measured at two threads (a positive number)" \
     awk '{ if (match($0, /"region_us": [0-9.]+/)) { v = substr($0, RSTART + 13, RLENGTH - 13) + 0; ok = v > 0 } }
          END { exit !ok }' "$TMP/out"
+check "bench gives what moving 64 KiB between cores counts: streaming them from memory" \
+    grep -q '"move_64k_us": 2.34,' "$TMP/out"
 expect 0 '' -- env WHALE_PAR_US=2.5 "$WHALE" bench -m "$TINY" --what decode --context 8 --tokens 4 --reps 1 --threads 2
 check "WHALE_PAR_US fixes the region cost" grep -q '"region_us": 2.50,' "$TMP/out"
+expect 0 '' -- env WHALE_PAR_MOVE_US=1.5 "$WHALE" bench -m "$TINY" --what decode --context 8 --tokens 4 --reps 1 --threads 2
+check "WHALE_PAR_MOVE_US fixes the cost of moving 64 KiB" grep -q '"move_64k_us": 1.50,' "$TMP/out"
+expect 0 '' -- env WHALE_PAR_US=2.5 WHALE_PAR_MOVE_US=0 "$WHALE" bench -m "$TINY" --what decode --context 8 --tokens 4 --reps 1 --threads 2
+check "both fixed" grep -q '"region_us": 2.50, "move_64k_us": 0.00,' "$TMP/out"
 expect 0 '' -- "$WHALE" bench -m "$TINY" --what decode --context 8 --tokens 4 --reps 1 --threads 1
-check "one thread: no region cost" grep -q '"region_us": 0.00,' "$TMP/out"
+check "one thread: no region cost" grep -q '"region_us": 0.00, "move_64k_us": 0.00,' "$TMP/out"
 expect 0 '' -- "$WHALE" bench -m "$TINY" --what decode --context 8 --tokens 4 --reps 3
 check "decode bench: the median run's share of the read rate is a positive number" \
     awk '{ if (match($0, /"pct_of_bound": [0-9.]+/)) { v = substr($0, RSTART + 16, RLENGTH - 16) + 0; ok = v > 0 } }
