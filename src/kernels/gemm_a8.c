@@ -556,7 +556,7 @@ static whale_code a8_run(whale_gemm *g, const gemm_call *c, const int *row0, int
         cost[i + 1] = cost[i] + (int64_t)j->panels * (s->M + 1); /* +1: a panel's fixed work */
         work += (double)s->M * s->N * K;
         bytes += (double)s->N * Kp;
-        moved += 4.0 * s->M * s->N; /* C, read here next; A below */
+        moved += 4.0 * s->M * s->N; /* C, read here next (its input: above) */
     }
     const int rows = in.row[in.n], team = a8_worth_team(kernel, bytes, work, moved);
     const int shared = WHALE_PAR_WORTH(team) && rows >= A8_SHARED_PREP_ROWS;
