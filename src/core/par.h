@@ -77,6 +77,7 @@
  * nanowhale-100m's 8 x 24 x 1280 fp32 hyper-connection product (40 KB of
  * input) was twice as slow split (11 us against 5.4), and the serial op
  * that next wrote its input four times as slow (8.5 us against 1.9). */
+
 /* Whether work that one thread would do in one_thread_us microseconds is
  * worth splitting over the team: it takes at least twice what `regions`
  * regions cost (whale_par_sync_us; a barrier counts about half a region)
