@@ -82,19 +82,21 @@ double whale_par_sync_us(void) {
 /* A line another core holds arrives about as fast as one from memory (a
  * 2-core Zen 5 virtual machine: 27-32 GB/s read after the other core wrote
  * 32-512 KiB, one core streaming 29 from memory), so 64 KiB cost what
- * WHALE_CORE_BYTES_PER_US says, unless WHALE_PAR_MOVE_US fixes it. */
-double whale_par_move_us(double bytes) {
-    if (whale_par_sync_us() <= 0) return 0;
+ * WHALE_CORE_BYTES_PER_US says, unless WHALE_PAR_MOVE_US fixes it.
+ * Microseconds per byte, read once. */
+static double par_move_us_per_byte(void) {
     long ns = atomic_load_explicit(&par_move_ns, memory_order_relaxed);
     if (!ns) {
         double us;
         ns = 1 + (par_env("WHALE_PAR_MOVE_US", 1, &us) > 0 ? (long)(us * 1e3) : (long)(65536e3 / WHALE_CORE_BYTES_PER_US));
         atomic_store_explicit(&par_move_ns, ns, memory_order_relaxed);
     }
-    return (double)(ns - 1) * 1e-3 * bytes / 65536.0;
+    return (double)(ns - 1) * 1e-3 / 65536.0;
 }
+
+double whale_par_move_us(double bytes) { return whale_par_sync_us() > 0 ? bytes * par_move_us_per_byte() : 0; }
 
 int whale_par_worth(double one_thread_us, double regions, double moved_bytes) {
     const double us = whale_par_sync_us();
-    return us > 0 && one_thread_us >= 2 * (regions * us + whale_par_move_us(moved_bytes));
+    return us > 0 && one_thread_us >= 2 * (regions * us + moved_bytes * par_move_us_per_byte());
 }
