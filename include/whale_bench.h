@@ -34,7 +34,8 @@ double whale_par_sync_us(void);
  * and outputs to what the split costs. */
 double whale_par_move_us(double bytes);
 /* WHALE_ERR_ARG when WHALE_PAR_US is set to anything but a number of
- * microseconds in (0, 1e6) (the kernels would otherwise measure). */
+ * microseconds in (0, 1e6) (the kernels would otherwise measure), or
+ * WHALE_PAR_MOVE_US to anything but one in [0, 1e6). */
 whale_code whale_par_init(whale_err *err);
 
 #endif

@@ -22,8 +22,8 @@ static void par_region(int nt) {
 }
 
 /* The environment variable `name` as microseconds: 1 when set to a number
- * in [lo, 1e6) (above 0 if lo is 0 and not zero_ok), with *us; 0 when
- * unset or empty; -1 when set to anything else. */
+ * above 0 (or 0 too, with zero_ok) and below 1e6, with *us; 0 when unset
+ * or empty; -1 when set to anything else. */
 static int par_env(const char *name, int zero_ok, double *us) {
     const char *env = getenv(name);
     if (!env || !*env) return 0;
