@@ -40,6 +40,7 @@ typedef struct {
     size_t max_body;           /* request body bytes */
     int upload_seconds;        /* a request's headers and body must arrive within this */
     int max_connections;
+    int stream_interval;       /* a streaming reply's text goes out every this many tokens (its first at once) */
     int verbose;               /* one line per request on stderr */
     whale_sampler_params sampling; /* what requests leave out (seed: none, each request draws one) */
 } serve_config;

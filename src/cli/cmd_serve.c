@@ -32,6 +32,8 @@ static const char serve_help[] =
     "                         idle connections close (30)\n"
     "  --drain-timeout S      after SIGTERM or SIGINT, running and queued requests get S seconds to finish\n"
     "                         before they are cancelled (60; a second signal cancels them at once)\n"
+    "  --stream-interval N    a streaming reply sends its text every N generated tokens, its first at once (1):\n"
+    "                         fewer events and wake-ups a token when many streams run, in coarser pieces\n"
     "  --max-connections N    (256)   --threads N (all cores)   --verbose\n"
     "  --memory-limit GIB     refuse, before loading, a server whose estimate (weights, every slot's KV cells,\n"
     "                         one batch's workspace) is larger (the machine's memory)\n"
@@ -45,7 +47,7 @@ typedef struct {
     cli_list adapters;                         /* NAME=DIR */
     serve_adapter parsed[CLI_LIST_MAX]; /* the same, split */
     char names[CLI_LIST_MAX][SERVE_MAX_ADAPTER_NAME + 1];
-    long port, parallel, ctx, batch, queue, max_body, timeout, drain, max_conn, threads;
+    long port, parallel, ctx, batch, queue, max_body, timeout, drain, max_conn, threads, interval;
     double memory_limit; /* GiB; 0: the machine's memory */
     whale_dtype dtype;
     int verbose;
@@ -70,6 +72,7 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
         {"--timeout", CLI_LONG, &o->timeout, 1, 86400, NULL},
         {"--drain-timeout", CLI_LONG, &o->drain, 0, 86400, NULL},
         {"--max-connections", CLI_LONG, &o->max_conn, 1, 65536, NULL},
+        {"--stream-interval", CLI_LONG, &o->interval, 1, 1024, NULL},
         {"--threads", CLI_LONG, &o->threads, 1, 1024, NULL},
         {"--memory-limit", CLI_DOUBLE, &o->memory_limit, 1e-6, 1e6, NULL},
         {"--verbose", CLI_FLAG, &o->verbose, 0, 0, NULL},
@@ -109,6 +112,7 @@ static serve_config serve_config_from(const serve_opts *o) {
     c.max_body = (size_t)o->max_body;
     c.upload_seconds = (int)o->timeout;
     c.max_connections = (int)o->max_conn;
+    c.stream_interval = (int)o->interval;
     c.verbose = o->verbose;
     return c;
 }
@@ -145,6 +149,7 @@ int cmd_serve(int argc, char **argv) {
     serve_config d = serve_config_defaults();
     serve_opts o = {.port = d.port, .parallel = d.parallel, .batch = d.batch, .queue = d.queue,
                     .max_body = (long)d.max_body, .timeout = d.upload_seconds, .drain = 60, .max_conn = d.max_connections,
+                    .interval = d.stream_interval,
                     .dtype = CLI_DTYPE_AUTO};
     int bad = serve_parse(argc, argv, &o);
     if (bad) return bad < 0 ? 0 : bad;

@@ -52,6 +52,7 @@ struct serve_engine {
     whale_adapter **ad; /* [n_models]: ad[0] NULL (the base), ad[k] the job model k's */
     int n_models;
     int n_seq, n_ctx, n_batch, V, qmax;
+    int interval; /* --stream-interval: a waiter is woken at every interval-th token (and its first) */
     int32_t stop_ids[32];
     int n_stop_ids;
     slot_t *slots;
@@ -377,7 +378,7 @@ static const char *slot_publish(serve_engine *e, int i, int32_t tok, whale_err *
     if (pl && job_append(j, piece, pl, err)) cut = -1;
     if (record && cut == 0) j->lp[j->n_lp++].end = j->len; /* published with the text */
     if (pl && cut == 0) cut = job_check_stop(j, from);
-    int wake = j->ready >= j->wake_at;
+    int wake = j->ready >= j->wake_at && (j->n_gen == 1 || j->n_gen % e->interval == 0);
     pthread_mutex_unlock(&e->mu);
     /* after the unlock: a reader woken under it would block at once on
      * the mutex the engine still holds (two switches a token, not one);
@@ -591,6 +592,7 @@ whale_code serve_engine_new(whale_model *m, const whale_tokenizer *tok, const in
     e->n_batch = cfg->batch > cfg->parallel ? cfg->batch : cfg->parallel;
     e->V = whale_model_vocab_size(m);
     e->qmax = cfg->queue;
+    e->interval = cfg->stream_interval > 1 ? cfg->stream_interval : 1;
     e->n_stop_ids = n_stop < 32 ? n_stop : 32;
     memcpy(e->stop_ids, stop_ids, sizeof(int32_t) * (size_t)e->n_stop_ids);
     pthread_mutex_init(&e->mu, NULL);

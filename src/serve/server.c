@@ -26,6 +26,7 @@ serve_config serve_config_defaults(void) {
     c.max_body = (size_t)8 << 20;
     c.upload_seconds = 30;
     c.max_connections = 256;
+    c.stream_interval = 1;
     c.sampling = whale_sampler_defaults(); /* OpenAI's: temperature 1, top_p 1 */
     return c;
 }
@@ -35,6 +36,8 @@ static whale_code check_config(const serve_config *c, whale_err *err) {
     if (c->parallel < 1 || c->parallel > 1024) return whale_errf(err, WHALE_ERR_ARG, "serve: --parallel must be in [1, 1024]");
     if (c->batch < 1 || c->queue < 0 || c->max_body < 1 || c->upload_seconds < 1 || c->max_connections < 1)
         return whale_errf(err, WHALE_ERR_ARG, "serve: --batch, --queue, --max-body, --timeout, --max-connections out of range");
+    if (c->stream_interval < 1 || c->stream_interval > 1024)
+        return whale_errf(err, WHALE_ERR_ARG, "serve: --stream-interval must be in [1, 1024]");
     if (c->port < 0 || c->port > 65535) return whale_errf(err, WHALE_ERR_ARG, "serve: --port must be in [0, 65535]");
     if (c->n_adapters < 0 || c->n_adapters > SERVE_MAX_ADAPTERS || (c->n_adapters && !c->adapters))
         return whale_errf(err, WHALE_ERR_ARG, "serve: --adapters takes at most %d adapters", SERVE_MAX_ADAPTERS);

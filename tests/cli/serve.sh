@@ -97,6 +97,7 @@ expect_status 2 'must be 1 to' -- "$WHALE" serve -m "$TMP/m" --port 0 --adapters
 expect_status 3 'adapter_config.json' -- "$WHALE" serve -m "$TMP/m" --port 0 --adapters "a=$TMP/nowhere"
 expect_status 2 '--drain-timeout' -- "$WHALE" serve -m "$TMP/m" --drain-timeout -1
 expect_status 2 '--parallel expects an integer' -- "$WHALE" serve -m "$TMP/m" --parallel 0
+expect_status 2 '--stream-interval expects an integer' -- "$WHALE" serve -m "$TMP/m" --stream-interval 0
 expect_status 5 'exceeds the model' -- "$WHALE" serve -m "$TMP/m" --ctx-size 100000 --port 0
 printf '' >"$TMP/empty-key"
 expect_status 4 'API key file is empty' -- "$WHALE" serve -m "$TMP/m" --api-key-file "$TMP/empty-key"
@@ -137,15 +138,16 @@ start_server "$TMP/serve4.log" -m "$TMP/m" --parallel 2 --ctx-size 2048 --api-ke
     --adapters "sql=$A1" --drain-timeout 0 || exit 1
 PID4=$PID URL4=$URL
 # another precision and template than the folder's, the address given, a
-# small batch: a long prompt takes several chunks
+# small batch (a long prompt takes several chunks), streamed text every 4
+# tokens
 start_server "$TMP/serve5.log" -m "$TMP/m" --host 127.0.0.1 --dtype bf16 --chat-template "$TEMPLATE" --parallel 2 \
-    --ctx-size 1024 --batch 32 --api-key sekret-key --threads 2 || exit 1
+    --ctx-size 1024 --batch 32 --api-key sekret-key --threads 2 --stream-interval 4 || exit 1
 PID5=$PID URL5=$URL
 check "the log names --dtype and --chat-template" grep -q '^serve: model "m" (BF16, .*/qwen2_5.jinja template)' "$TMP/serve5.log"
 
 export SERVE_URL=$URL1 SERVE_KEY=sekret-key SERVE_MODEL=m SERVE_DIR=$TMP/m WHALE TMP SERVE_PID=$PID1
 export SERVE_URL2=$URL2 SERVE_PID2=$PID2 SERVE_TOOLS_URL=$URL3 SERVE_TOOLS_DIR=$TMP/tools SERVE_PAGE_URL=$URL4 SERVE_PID4=$PID4 SERVE_PAGE_ADAPTERS=1 SERVE_ADAPTERS="sql=$A1,poet=$A2"
-export SERVE_OPT_URL=$URL5 SERVE_OPT_BATCH=32 SERVE_OPT_DTYPE=bf16 SERVE_OPT_TEMPLATE=$TEMPLATE
+export SERVE_OPT_URL=$URL5 SERVE_OPT_BATCH=32 SERVE_OPT_DTYPE=bf16 SERVE_OPT_TEMPLATE=$TEMPLATE SERVE_OPT_INTERVAL=4
 scripts=(client.mjs logprobs.mjs tools.mjs "concurrent.mjs 16" prefill.mjs options.mjs hostile.mjs)
 # the page in headless Chromium: scripts/setup.sh installs Debian's chromium and
 # playwright-core; without both (and setup.sh not run) the page test is skipped,

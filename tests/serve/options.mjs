@@ -46,4 +46,19 @@ const lp = f?.choices?.[0]?.logprobs?.token_logprobs?.[0], lp0 = f0?.choices?.[0
 check(`the first token's logprob in ${dtype} differs from the checkpoint precision's`,
       f.choices[0].text === f0.choices[0].text && Number.isFinite(lp) && Number.isFinite(lp0) && lp !== lp0,
       JSON.stringify([lp, lp0]));
+
+// --stream-interval: a streamed reply's text wakes its connection every
+// interval-th token, so the same greedy tokens come in fewer events
+const interval = Number(process.env.SERVE_OPT_INTERVAL), m = 24;
+const body = { model: env.model, messages, max_tokens: m, temperature: 0, ignore_eos: true, logprobs: true };
+const whole = (await call('/v1/chat/completions', body, { url })).json;
+const streamed = await call('/v1/chat/completions', { ...body, stream: true }, { url });
+const events = streamed.text.split('\n\n').filter((e) => e.startsWith('data: {')).map((e) => JSON.parse(e.slice(6)));
+const counts = events.map((e) => e.choices?.[0]?.logprobs?.content?.length ?? 0).filter((k) => k > 0);
+check(`--stream-interval ${interval}: the streamed text is the whole reply's`,
+      streamed.status === 200 && events.map((e) => e.choices?.[0]?.delta?.content ?? '').join('') ===
+        whole?.choices?.[0]?.message?.content, streamed.text.slice(0, 300));
+check(`--stream-interval ${interval}: each token's logprob once`, counts.reduce((a, k) => a + k, 0) === m,
+      JSON.stringify(counts));
+check(`--stream-interval ${interval}: ${m} tokens in at most ${m / 2} events`, counts.length <= m / 2, JSON.stringify(counts));
 finish('serve-options');
