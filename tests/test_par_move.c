@@ -13,6 +13,7 @@
  * kernels enter are counted; the products are forced onto our kernels
  * (WHALE_GEMM_OWN), whose split is the one decided here. */
 #include "testutil.h"
+#include "region_count.h"
 
 #include "core/par.h"
 #include "kernels/gemm.h"
@@ -21,14 +22,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-void __real_GOMP_parallel(void (*fn)(void *), void *data, unsigned nthreads, unsigned flags);
-static long regions;
-void __wrap_GOMP_parallel(void (*fn)(void *), void *data, unsigned nthreads, unsigned flags);
-void __wrap_GOMP_parallel(void (*fn)(void *), void *data, unsigned nthreads, unsigned flags) {
-    __atomic_add_fetch(&regions, 1, __ATOMIC_RELAXED);
-    __real_GOMP_parallel(fn, data, nthreads, flags);
-}
 
 enum { M = 8, K = 1280, N_SMALL = 24, N_LARGE = 2048 };
 

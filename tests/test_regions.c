@@ -18,20 +18,13 @@
  *                 same kernels over 4,096 tokens enter at least one each.
  * oneDNN's own regions (from libdnnl) are not counted. */
 #include "testutil.h"
+#include "region_count.h"
 
 #include "kernels/hc.h"
 #include "kernels/ops.h"
 #include "whale.h"
 
 #include <stdlib.h>
-
-void __real_GOMP_parallel(void (*fn)(void *), void *data, unsigned nthreads, unsigned flags);
-static long regions;
-void __wrap_GOMP_parallel(void (*fn)(void *), void *data, unsigned nthreads, unsigned flags);
-void __wrap_GOMP_parallel(void (*fn)(void *), void *data, unsigned nthreads, unsigned flags) {
-    __atomic_add_fetch(&regions, 1, __ATOMIC_RELAXED);
-    __real_GOMP_parallel(fn, data, nthreads, flags);
-}
 
 enum { NSEQ = 4, PROMPT = 8, CTX = 32 };
 
