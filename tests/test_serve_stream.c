@@ -1,6 +1,7 @@
 /* whale serve's streamed pieces: the tool-call parser fed byte by byte (as
  * a slow model writes) and all at once, and the logprobs of a logits row
- * against a log-softmax computed here in long double. */
+ * against a log-softmax computed here in long double. Also serve_open's
+ * refusals of a configuration out of range, before it loads anything. */
 #include "serve/serve_impl.h"
 #include "testutil.h"
 
@@ -154,7 +155,52 @@ static void test_logprobs(void) {
         }
 }
 
+/* serve_open with one field out of range: WHALE_ERR_ARG naming the
+ * option, nothing opened; a folder that holds no model: its error, the
+ * folder named, nothing opened (and, under the sanitizers, nothing kept). */
+static void test_config_refused(void) {
+    static const struct {
+        const char *field, *says;
+        int value;
+    } bad[] = {
+        {"parallel", "--parallel", 0},
+        {"parallel", "--parallel", 1025},
+        {"stream_interval", "--stream-interval", 0},
+        {"stream_interval", "--stream-interval", 1025},
+        {"port", "--port", -1},
+        {"port", "--port", 65536},
+        {"queue", "--queue", -1},
+        {"n_adapters", "--adapters", SERVE_MAX_ADAPTERS + 1},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        serve_config c = serve_config_defaults();
+        c.model_dir = "no-such-model";
+        int *f = !strcmp(bad[i].field, "parallel") ? &c.parallel
+                 : !strcmp(bad[i].field, "stream_interval") ? &c.stream_interval
+                 : !strcmp(bad[i].field, "port") ? &c.port
+                 : !strcmp(bad[i].field, "queue") ? &c.queue
+                                                   : &c.n_adapters;
+        *f = bad[i].value;
+        serve_server *s = (serve_server *)&c; /* must come back NULL */
+        whale_err err = {0};
+        whale_code rc = serve_open(&c, &s, &err);
+        CHECK(rc == WHALE_ERR_ARG && !s && strstr(err.msg, bad[i].says), "%s = %d: code %d, \"%s\"", bad[i].field,
+              bad[i].value, (int)rc, err.msg);
+    }
+    serve_config c = serve_config_defaults();
+    serve_server *s = (serve_server *)&c;
+    whale_err err = {0};
+    whale_code rc = serve_open(&c, &s, &err);
+    CHECK(rc == WHALE_ERR_ARG && !s && strstr(err.msg, "model folder"), "no model folder: code %d, \"%s\"", (int)rc,
+          err.msg);
+    c.model_dir = "no-such-model";
+    rc = serve_open(&c, &s, &err);
+    CHECK(rc != WHALE_OK && !s && strstr(err.msg, "no-such-model"), "missing folder: code %d, \"%s\"", (int)rc,
+          err.msg);
+}
+
 int main(void) {
+    test_config_refused();
     test_hermes();
     test_announce_early();
     test_malformed();
