@@ -6,6 +6,7 @@
 #include "testutil.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -160,31 +161,27 @@ static void test_logprobs(void) {
  * folder named, nothing opened (and, under the sanitizers, nothing kept). */
 static void test_config_refused(void) {
     static const struct {
-        const char *field, *says;
+        size_t field; /* an int of serve_config */
+        const char *says;
         int value;
     } bad[] = {
-        {"parallel", "--parallel", 0},
-        {"parallel", "--parallel", 1025},
-        {"stream_interval", "--stream-interval", 0},
-        {"stream_interval", "--stream-interval", 1025},
-        {"port", "--port", -1},
-        {"port", "--port", 65536},
-        {"queue", "--queue", -1},
-        {"n_adapters", "--adapters", SERVE_MAX_ADAPTERS + 1},
+        {offsetof(serve_config, parallel), "--parallel", 0},
+        {offsetof(serve_config, parallel), "--parallel", 1025},
+        {offsetof(serve_config, stream_interval), "--stream-interval", 0},
+        {offsetof(serve_config, stream_interval), "--stream-interval", 1025},
+        {offsetof(serve_config, port), "--port", -1},
+        {offsetof(serve_config, port), "--port", 65536},
+        {offsetof(serve_config, queue), "--queue", -1},
+        {offsetof(serve_config, n_adapters), "--adapters", SERVE_MAX_ADAPTERS + 1},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         serve_config c = serve_config_defaults();
         c.model_dir = "no-such-model";
-        int *f = !strcmp(bad[i].field, "parallel") ? &c.parallel
-                 : !strcmp(bad[i].field, "stream_interval") ? &c.stream_interval
-                 : !strcmp(bad[i].field, "port") ? &c.port
-                 : !strcmp(bad[i].field, "queue") ? &c.queue
-                                                   : &c.n_adapters;
-        *f = bad[i].value;
+        *(int *)((char *)&c + bad[i].field) = bad[i].value;
         serve_server *s = (serve_server *)&c; /* must come back NULL */
         whale_err err = {0};
         whale_code rc = serve_open(&c, &s, &err);
-        CHECK(rc == WHALE_ERR_ARG && !s && strstr(err.msg, bad[i].says), "%s = %d: code %d, \"%s\"", bad[i].field,
+        CHECK(rc == WHALE_ERR_ARG && !s && strstr(err.msg, bad[i].says), "%s %d: code %d, \"%s\"", bad[i].says,
               bad[i].value, (int)rc, err.msg);
     }
     serve_config c = serve_config_defaults();
